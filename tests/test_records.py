@@ -1,0 +1,74 @@
+import json
+import math
+from dataclasses import dataclass
+
+import pytest
+
+from reports import records
+from reports.records import RecordError, make_record, read_record, write_record
+
+
+@dataclass(frozen=True)
+class _Point:
+    latency_us: float
+    bandwidth_gbps: float | None
+    sizes: tuple[int, ...]
+
+
+def test_round_trip(tmp_path):
+    rec = make_record("topology", {"points": [_Point(1.5, math.nan, (1, 2))]}, argv=["x"])
+    path = write_record(rec, tmp_path / "topology.json")
+    back = read_record(path)
+    assert back.probe == "topology" and back.status == "ok"
+    assert back.schema_version == records.SCHEMA_VERSION
+    # NaN never reaches JSON; tuples become lists
+    assert back.data == {"points": [{"latency_us": 1.5, "bandwidth_gbps": None, "sizes": [1, 2]}]}
+    assert back.provenance.argv == ("x",)
+    assert back.provenance.utc.endswith("+00:00")
+
+
+def test_waived_needs_reason():
+    with pytest.raises(ValueError):
+        make_record("topology", {}, status="waived")
+    rec = records.waived("topology", "needs NVIDIA GPUs", argv=[])
+    assert rec.status == "waived" and rec.reason == "needs NVIDIA GPUs"
+
+
+def test_bad_status_rejected():
+    with pytest.raises(ValueError):
+        make_record("x", {}, status="fine", reason="r")
+
+
+def test_atomic_write_leaves_no_temp_files(tmp_path):
+    write_record(make_record("a", {"v": 1}, argv=[]), tmp_path / "a.json")
+    write_record(make_record("a", {"v": 2}, argv=[]), tmp_path / "a.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json"]
+    assert read_record(tmp_path / "a.json").data == {"v": 2}
+
+
+def test_unserialisable_value_does_not_clobber_old_file(tmp_path):
+    path = write_record(make_record("a", {"v": 1}, argv=[]), tmp_path / "a.json")
+    with pytest.raises(TypeError):
+        records.write_json_atomic(path, {"v": object()})
+    assert json.loads(path.read_text())["data"] == {"v": 1}
+
+
+@pytest.mark.parametrize("content, fragment", [
+    ("{not json", "invalid JSON"),
+    ("[1, 2]", "not an object"),
+    ('{"probe": "x"}', "not a ppscope record"),
+])
+def test_corrupt_record_one_line_error(tmp_path, content, fragment):
+    p = tmp_path / "bad.json"
+    p.write_text(content)
+    with pytest.raises(RecordError) as e:
+        read_record(p)
+    msg = str(e.value)
+    assert "\n" not in msg and str(p) in msg and fragment in msg
+
+
+def test_provenance_does_not_import_torch():
+    import subprocess, sys
+    code = ("import sys; from reports.records import collect_provenance; collect_provenance([]); "
+            "sys.exit(1 if 'torch' in sys.modules else 0)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
