@@ -35,11 +35,11 @@ help:
 
 $(VPY):
 	$(PYTHON) -m venv --system-site-packages $(VENV)
-	$(VPY) -m pip install -q --upgrade pip
 
 $(CORE_STAMP): pyproject.toml | $(VPY)
 	$(VPY) -m pip install -q $(CORE_DEPS)
-	$(VPY) -m pip install -q --no-deps -e .
+	$(VPY) -m pip install -q --no-deps --no-build-isolation -e . 2>/dev/null || \
+	  $(VPY) -m pip install -q --no-deps -e .
 	@touch $@
 
 $(TORCH_STAMP): $(CORE_STAMP)
