@@ -1,0 +1,53 @@
+"""bench_serving results (JSONL of several versions, printed block) and Prometheus /metrics."""
+from __future__ import annotations
+
+import pytest
+
+from microbench import sglang_bench, sglang_metrics
+from reports.errors import CliError
+
+
+def test_bench_jsonl_any_version(fixtures):
+    b = sglang_bench.read_bench(fixtures / "sglang" / "bench.jsonl")
+    assert b["source"] == "jsonl" and b["lines_unrecognised"] == 1
+    assert [r["concurrency_set"] for r in b["runs"]] == [1, 7.9, 32]
+    c32 = b["runs"][-1]
+    assert (c32["output_throughput"], c32["mean_tpot_ms"], c32["median_itl_ms"]) == (248.1, 120.2, 110.0)
+    old = b["runs"][1]  # older keys: output_token_throughput, no max_concurrency
+    assert old["output_throughput"] == 81.7 and old["completed"] == 8 and old["duration"] == 12.0
+
+
+def test_bench_printed_block(fixtures):
+    b = sglang_bench.read_bench(fixtures / "sglang" / "bench_printed.txt")
+    assert b["source"] == "printed" and len(b["runs"]) == 1
+    r = b["runs"][0]
+    assert r["concurrency_set"] == 8 and r["output_throughput"] == 81.7
+    assert (r["mean_ttft_ms"], r["median_tpot_ms"], r["p99_itl_ms"]) == (310.4, 96.5, 310.75)
+    assert r["request_rate"] == float("inf") or r["request_rate"] == "inf"
+
+
+def test_bench_errors(tmp_path):
+    (tmp_path / "e.txt").write_text("")
+    with pytest.raises(CliError, match="empty"):
+        sglang_bench.read_bench(tmp_path / "e.txt")
+    (tmp_path / "x.txt").write_text("hello\n")
+    with pytest.raises(CliError, match="no bench_serving results"):
+        sglang_bench.read_bench(tmp_path / "x.txt")
+
+
+def test_metrics_per_rank(fixtures):
+    m = sglang_metrics.read_metrics(str(fixtures / "sglang" / "metrics.txt"))
+    r0, r1 = m["ranks"]["0"], m["ranks"]["1"]
+    assert r0["num_running_reqs"] == 8.0 and r1["num_running_reqs"] == 2.0
+    assert r0["cuda_graph_passes_total{mode=decode}"] == 900.0
+    assert r1["scheduler_stage_seconds_total{category=idle}"] == 12.5
+    itl = r0["inter_token_latency_seconds"]
+    assert itl["count"] == 100.0 and itl["mean"] == pytest.approx(0.095)
+    assert itl["p50"] == pytest.approx(0.05 + 0.05 * 50 / 80)   # inside the (0.05, 0.1] bucket
+    assert itl["p99"] == pytest.approx(0.1 + 0.1 * 19 / 20)
+    assert m["lines_other"] == 1
+
+
+def test_metrics_unreachable():
+    with pytest.raises(CliError, match="cannot read metrics"):
+        sglang_metrics.read_metrics("http://127.0.0.1:9/metrics")
