@@ -1,0 +1,553 @@
+"""`ppscope dispatch`: SGLang's PP scheduler loop on real GPUs, to measure the herd directly.
+
+What is measured and why: the user's hypothesis is that SGLang's PP scheduler "dispatches in a
+way that wastes batching potential" (a burst of requests lands in one or two of the
+`pp + async_depth` slots and stays there). This probe runs that loop discipline
+(microbench/pp_loop.py, one process per GPU under torchrun, gloo for the pickled request list,
+NCCL for hidden states and returned tokens) with admission policy `sglang` and `even`, and
+records per stage: time blocked waiting for input, dispatch latency (input available on the GPU
+-> first forward kernel starts), host time per iteration, GPU forward time by micro-batch size,
+send time, busy fraction; per run: slot sizes, decode tok/s and TPOT.
+
+How to run: `ppscope dispatch --pp 2 --work moe --concurrency 1,8,32 --policies sglang,even`
+(see `--help`); `make dispatch PP=8`. Writes `results/dispatch.json` and a Chrome/Perfetto trace
+`results/dispatch.trace.json` (open in ui.perfetto.dev: one process per stage, one per slot).
+
+How to read it: `tok_per_s` per (policy, C); `even_vs_sglang` gives the throughput ratio and, when
+`even` does not help, why (the per-micro-batch forward cost at b vs b/m: with MoE every
+micro-batch re-reads the experts it touches). `busy_frac` < 1 on a stage is pipeline bubble;
+a large `dispatch_latency_us` means the host, not the GPU, paces the loop.
+
+Pure functions here (summaries, trace) run on CPU and are tested there; only `run` launches GPUs.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from reports.records import Record, make_record, write_json_atomic, write_record
+from reports.slots import SlotConfig, default_max_micro_batch
+
+PROBE = "dispatch"
+ARRIVALS = ("burst", "staggered", "poisson")
+WORKS = ("busy", "moe")
+
+
+@dataclass(frozen=True)
+class DispatchConfig:
+    pp: int = 2
+    async_depth: int | None = None          # None: = pp (the seed's PP8 uses 8)
+    max_running_requests: int = 1024
+    max_micro_batch: int | None = None      # None: max(max_running_requests // pp, 1)
+    micro_batches: int | None = None        # `even` policy: None = pp
+    work: str = "moe"
+    layers_per_stage: int = 2
+    cost_us: str = "1:800,8:900,32:1200"
+    model: str = "kimi-k2"
+    graphs: bool = True
+    concurrency: tuple[int, ...] = (1, 8, 32)
+    policies: tuple[str, ...] = ("sglang", "even")
+    arrivals: tuple[str, ...] = ("burst",)
+    prompt_len: int = 16
+    stagger_ms: float = 2.0
+    poisson_rate_per_s: float = 500.0
+    seconds_per_point: float = 2.0
+    max_iters_per_point: int = 20000
+    seed: int = 0
+    collective_timeout_s: float = 120.0
+    timeout_s: float = 600.0
+    profile_dir: str | None = None
+    json_path: str = "results/dispatch.json"
+    trace_path: str | None = None           # None: next to json_path, .trace.json
+    trace_ms_per_point: float = 300.0
+    torchrun_args: tuple[str, ...] = ()
+    argv: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def depth(self) -> int:
+        return self.pp if self.async_depth is None else self.async_depth
+
+    @property
+    def cap(self) -> int:
+        return self.max_micro_batch or default_max_micro_batch(self.max_running_requests, self.pp)
+
+    @property
+    def slot_config(self) -> SlotConfig:
+        return SlotConfig(self.pp, self.depth, self.cap)
+
+
+def visible_gpus() -> int:
+    """GPUs this process can see, without initialising CUDA in this process (NVML, then
+    nvidia-smi), honouring CUDA_VISIBLE_DEVICES."""
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if vis is not None:
+        return len([v for v in vis.split(",") if v.strip() and v.strip() != "-1"])
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetCount())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        pass
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+            return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+        except (OSError, subprocess.TimeoutExpired):
+            return 0
+    return 0
+
+
+def available() -> str | None:
+    """None if the probe can run here, else the reason."""
+    try:
+        import torch  # noqa: F401
+        import torch.distributed as dist
+    except ImportError:
+        return "torch is not installed"
+    if not dist.is_available():
+        return "this torch build has no torch.distributed"
+    n = visible_gpus()
+    if n < 2:
+        return f"needs at least 2 GPUs for a pipeline, {n} visible"
+    return None
+
+
+def resolve_pp(pp: str | int, n_gpus: int) -> int:
+    """`auto` -> number of visible GPUs; a number is checked against it (one-line errors)."""
+    if str(pp) == "auto":
+        if n_gpus < 2:
+            raise ValueError(f"--pp auto: needs at least 2 GPUs, {n_gpus} visible")
+        return n_gpus
+    try:
+        v = int(pp)
+    except ValueError:
+        raise ValueError(f"--pp must be a number or 'auto', got {pp!r}") from None
+    if v < 2:
+        raise ValueError(f"--pp must be >= 2 (a pipeline), got {v}")
+    if v > n_gpus:
+        raise ValueError(f"--pp {v} needs {v} GPUs but only {n_gpus} are visible")
+    return v
+
+
+def loop_config(cfg: DispatchConfig) -> dict:
+    """The JSON the ranks read: dimensions from the model preset, the points to run."""
+    from reports.model_config import load_model
+
+    m = load_model(cfg.model)
+    if cfg.work == "moe" and not m.n_routed_experts:
+        raise ValueError(f"--work moe needs a MoE model; {m.name} is dense")
+    from microbench.pp_loop import parse_cost_curve
+    pts = parse_cost_curve(cfg.cost_us) if cfg.work == "busy" else []
+    points = [{"policy": p, "arrival": a, "concurrency": c}
+              for a in cfg.arrivals for c in cfg.concurrency for p in cfg.policies]
+    return {"pp": cfg.pp, "async_depth": cfg.depth, "max_micro_batch": cfg.cap,
+            "micro_batches": cfg.micro_batches, "work": cfg.work,
+            "layers_per_stage": cfg.layers_per_stage, "cost_points": pts,
+            "model": m.name, "hidden": m.hidden, "moe_intermediate": m.moe_intermediate,
+            "n_routed_experts": m.n_routed_experts, "top_k": m.top_k,
+            "n_shared_experts": m.n_shared_experts, "graphs": cfg.graphs,
+            "concurrency": list(cfg.concurrency), "prompt_len": cfg.prompt_len,
+            "stagger_ms": cfg.stagger_ms, "poisson_rate_per_s": cfg.poisson_rate_per_s,
+            "seconds_per_point": cfg.seconds_per_point,
+            "max_iters_per_point": cfg.max_iters_per_point, "seed": cfg.seed,
+            "collective_timeout_s": cfg.collective_timeout_s, "profile_dir": cfg.profile_dir,
+            "points": points}
+
+
+# ---------------------------------------------------------------------------------------------
+# Summaries (pure; CPU-tested)
+
+def _pct(v: list[float], q: float) -> float | None:
+    return float(np.percentile(np.asarray(v, dtype=float), q)) if v else None
+
+
+def stage_summary(pt: dict) -> dict:
+    """One rank's raw columns for one point -> the `stages[]` entry of dispatch.json.
+    Only iterations in the measurement window (`measure`) count."""
+    c = pt["columns"]
+    idx = [i for i, m in enumerate(c["measure"]) if m]
+    disp, wait, host, send, busy = [], [], [], [], 0.0
+    gpu_by_b: dict[int, list[float]] = {}
+    for i in idx:
+        wait.append(c["wait_us"][i])
+        host.append((c["t_end"][i] - c["t_start"][i]) * 1e6 - c["wait_us"][i])
+        fs, fe = c["t_fs"][i], c["t_fe"][i]
+        if fs is None or fe is None:
+            continue
+        busy += fe - fs
+        gpu_by_b.setdefault(c["rows"][i], []).append((fe - fs) * 1e6)
+        if c["t_in"][i] is not None:
+            disp.append(max(0.0, (fs - c["t_in"][i]) * 1e6))
+        if c["t_se"][i] is not None:
+            send.append(max(0.0, (c["t_se"][i] - fe) * 1e6))
+    fss = [c["t_fs"][i] for i in idx if c["t_fs"][i] is not None]
+    fes = [c["t_fe"][i] for i in idx if c["t_fe"][i] is not None]
+    span = (max(fes) - min(fss)) if fss and fes else 0.0
+    return {
+        "rank": pt["rank"],
+        "busy_frac": busy / span if span > 0 else None,
+        "dispatch_latency_us": {"p50": _pct(disp, 50), "p99": _pct(disp, 99), "n": len(disp)},
+        "wait_us_p50": _pct(wait, 50),
+        "host_us_p50": _pct(host, 50),
+        "gpu_us_p50": {str(b): _pct(v, 50) for b, v in sorted(gpu_by_b.items())},
+        "send_us_p50": _pct(send, 50),
+        "iterations": len(idx),
+        "busy_frac_series": busy_series(pt),
+    }
+
+
+def busy_series(pt: dict, bins: int = 20) -> list[dict]:
+    """Busy fraction of the GPU forward over the whole point (warm-up included), `bins` bins."""
+    c = pt["columns"]
+    iv = [(fs, fe) for fs, fe in zip(c["t_fs"], c["t_fe"]) if fs is not None and fe is not None]
+    if not iv:
+        return []
+    t0 = pt["t_point_start"]
+    t1 = max(fe for _, fe in iv)
+    if t1 <= t0:
+        return []
+    w = (t1 - t0) / bins
+    out = []
+    for k in range(bins):
+        a, b = t0 + k * w, t0 + (k + 1) * w
+        cov = sum(max(0.0, min(fe, b) - max(fs, a)) for fs, fe in iv)
+        out.append({"t_ms": round((a - t0) * 1e3, 3), "busy_frac": round(cov / w, 4)})
+    return out
+
+
+def run_summary(points_by_rank: list[dict]) -> dict:
+    """All ranks' results for one point -> one `runs[]` entry (throughput from rank 0)."""
+    r0 = next(p for p in points_by_rank if p["rank"] == 0)
+    c, S = r0["columns"], r0["slots"]
+    idx = [i for i, m in enumerate(c["measure"]) if m]
+    point = r0["point"]
+    sizes = [0] * S
+    for i, s in enumerate(c["slot"]):  # requests per slot after admission (they never move)
+        if c["kind"][i] == "prefill":
+            sizes[s] += c["n"][i]
+    tok, visits, span = 0, [0] * S, 0.0
+    if len(idx) >= 2:
+        # window: from the first measured iteration to the start of the last one
+        span = c["t_start"][idx[-1]] - c["t_start"][idx[0]]
+        for i in idx[:-1]:
+            if c["kind"][i] == "decode":
+                tok += c["n"][i]
+                visits[c["slot"][i]] += 1
+    tps = tok / span if span > 0 else None
+    per_req = [span / visits[s] * 1e3 for s in range(S) for _ in range(sizes[s]) if visits[s]]
+    return {
+        "policy": point["policy"], "arrival": point["arrival"],
+        "concurrency": point["concurrency"],
+        "tok_per_s": tps,
+        "tpot_ms": float(np.mean(per_req)) if per_req else None,
+        "slot_sizes": sizes,
+        "admitted": r0.get("admitted"),
+        "window_s": span,
+        "decode_tokens": tok,
+        "stages": [stage_summary(p) for p in sorted(points_by_rank, key=lambda p: p["rank"])],
+    }
+
+
+def hop_in_loop(points_by_rank: list[dict]) -> dict:
+    """Per hop r -> r+1: sender's forward end -> receiver's input available, same iteration,
+    only where the receiver's GPU was idle before (so the gap is the transfer, not a queue)."""
+    by_rank = {p["rank"]: p["columns"] for p in points_by_rank}
+    out: dict[str, Any] = {}
+    allv = []
+    for r in sorted(by_rank):
+        if r + 1 not in by_rank:
+            continue
+        a, b = by_rank[r], by_rank[r + 1]
+        bi = {it: i for i, it in enumerate(b["it"])}
+        prev_fe_b, vals = None, []
+        last_fe = {}
+        for j, fe in enumerate(b["t_fe"]):
+            last_fe[b["it"][j]] = prev_fe_b
+            if fe is not None:
+                prev_fe_b = fe
+        for i, it in enumerate(a["it"]):
+            j = bi.get(it)
+            if j is None or a["t_fe"][i] is None or b["t_in"][j] is None:
+                continue
+            idle_before = last_fe.get(it)
+            if idle_before is not None and idle_before > a["t_fe"][i]:
+                continue  # receiver still busy when the data left: a queue, not a hop
+            vals.append((b["t_in"][j] - a["t_fe"][i]) * 1e6)
+        allv += vals
+        out[f"{r}->{r + 1}"] = {"p50_us": _pct(vals, 50), "p10_us": _pct(vals, 10),
+                                "n": len(vals)}
+    return {"p50_us": _pct(allv, 50), "p10_us": _pct(allv, 10), "n": len(allv), "by_hop": out}
+
+
+def _p50_at(stages: list[dict], b: int) -> float | None:
+    """Slowest stage's p50 forward time for micro-batches of b requests, if measured."""
+    v = [s["gpu_us_p50"].get(str(b)) for s in stages]
+    v = [x for x in v if x is not None]
+    return max(v) if v else None
+
+
+def compare_policies(runs: list[dict], pp: int) -> list[dict]:
+    """even/sglang throughput ratio per (arrival, C) and, if even does not help, why."""
+    out = []
+    for r in runs:
+        if r["policy"] != "sglang":
+            continue
+        ev = next((e for e in runs if e["policy"] == "even" and e["arrival"] == r["arrival"]
+                   and e["concurrency"] == r["concurrency"]), None)
+        if ev is None or not r["tok_per_s"] or not ev["tok_per_s"]:
+            continue
+        ratio = ev["tok_per_s"] / r["tok_per_s"]
+        row = {"arrival": r["arrival"], "concurrency": r["concurrency"], "ratio": ratio,
+               "sglang_tok_per_s": r["tok_per_s"], "even_tok_per_s": ev["tok_per_s"],
+               "sglang_slot_sizes": r["slot_sizes"], "even_slot_sizes": ev["slot_sizes"],
+               "why_not": None}
+        if ratio < 1.02:
+            row["why_not"] = why_even_does_not_help(r, ev, pp)
+        out.append(row)
+    return out
+
+
+def why_even_does_not_help(sg: dict, ev: dict, pp: int) -> str:
+    big = max(sg["slot_sizes"])
+    parts = [x for x in ev["slot_sizes"] if x]
+    m = len(parts)
+    if sg["concurrency"] <= 1 or m <= 1:
+        return f"C={sg['concurrency']}: one request cannot be split; both policies use one slot"
+    small = max(parts)
+    sg_used = sum(1 for x in sg["slot_sizes"] if x)
+    t_big = _p50_at(sg["stages"], big)
+    t_small = _p50_at(ev["stages"], small)
+    msg = (f"C={sg['concurrency']}: sglang runs {sg_used} micro-batch(es) of up to {big}, "
+           f"even runs {m} of up to {small}")
+    if t_big is not None and t_small is not None:
+        msg += (f"; slowest stage forward {t_big:.0f} us at b={big} vs {t_small:.0f} us at "
+                f"b={small}, so one round costs {m * t_small:.0f} us of stage time for even "
+                f"vs {sg_used * t_big:.0f} us for sglang")
+        if m * t_small >= sg_used * t_big * 0.98:
+            msg += (" (a micro-batch costs nearly as much at b/m as at b: with MoE each "
+                    "micro-batch re-reads the experts its tokens touch)")
+    busy = [s["busy_frac"] for s in sg["stages"] if s["busy_frac"] is not None]
+    if busy and min(busy) > 0.8:
+        msg += f"; under sglang every stage is already {min(busy):.0%}+ busy, no bubble to fill"
+    if m < pp:
+        msg += f"; fewer micro-batches ({m}) than stages ({pp})"
+    return msg
+
+
+def summarize(loop_cfg: dict, rank_results: list[dict], nccl_p2p_disabled: bool) -> dict:
+    """Per-rank JSONs -> the dispatch.json data payload (finished points only)."""
+    npts = min((len(r["points"]) for r in rank_results), default=0)
+    runs, hops = [], []
+    for k in range(npts):
+        pts = [r["points"][k] for r in rank_results]
+        runs.append(run_summary(pts))
+        hops.append(hop_in_loop(pts))
+    allv = [h["p50_us"] for h in hops if h["p50_us"] is not None]
+    info = {str(r["rank"]): r.get("info", {}) for r in rank_results}
+    layers = [i.get("layers_used") for i in info.values() if i.get("layers_used") is not None]
+    return {
+        "config": {"pp": loop_cfg["pp"], "async_depth": loop_cfg["async_depth"],
+                   "slots": loop_cfg["pp"] + loop_cfg["async_depth"],
+                   "max_micro_batch": loop_cfg["max_micro_batch"],
+                   "micro_batches": loop_cfg["micro_batches"],
+                   "work": loop_cfg["work"],
+                   "layers_per_stage": min(layers) if layers and loop_cfg["work"] == "moe"
+                   else loop_cfg["layers_per_stage"] if loop_cfg["work"] == "moe" else 0,
+                   "model": loop_cfg["model"], "dtype": "bf16", "graphs": loop_cfg["graphs"],
+                   "nccl_p2p_disabled": nccl_p2p_disabled,
+                   "prompt_len": loop_cfg["prompt_len"],
+                   "cost_points_us": loop_cfg["cost_points"],
+                   "capture_sizes": rank_results[0].get("capture_sizes") if rank_results else []},
+        "runs": runs,
+        "even_vs_sglang": compare_policies(runs, loop_cfg["pp"]),
+        "hop_us_in_loop": float(np.median(allv)) if allv else None,
+        "hop_detail": hops,
+        "ranks": info,
+        "devices": {str(r["rank"]): r.get("device") for r in rank_results},
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Chrome / Perfetto trace (pure)
+
+def build_trace(rank_results: list[dict], trace_ms_per_point: float = 300.0) -> dict:
+    """One process per stage (tracks: host loop, GPU forward, send) and one per slot
+    (micro-batch passages, from rank 0's forward start to the last rank's forward end),
+    plus slot-occupancy counters. Times in microseconds from the first point's start."""
+    ev: list[dict] = []
+    if not rank_results or not rank_results[0]["points"]:
+        return {"traceEvents": ev, "displayTimeUnit": "ms"}
+    origin = min(r["points"][0]["t_point_start"] for r in rank_results if r["points"])
+    pp = len(rank_results)
+    slots_pid = pp  # the "slots" process after the stages
+
+    def us(t):
+        return round((t - origin) * 1e6, 3)
+    for r in rank_results:
+        rk = r["rank"]
+        ev.append({"ph": "M", "name": "process_name", "pid": rk, "args": {"name": f"stage {rk}"}})
+        for tid, name in ((0, "host loop"), (1, "GPU forward"), (2, "send")):
+            ev.append({"ph": "M", "name": "thread_name", "pid": rk, "tid": tid,
+                       "args": {"name": name}})
+    ev.append({"ph": "M", "name": "process_name", "pid": slots_pid, "args": {"name": "slots"}})
+    npts = min(len(r["points"]) for r in rank_results)
+    for k in range(npts):
+        first = {}  # it -> (t of rank 0's fs)
+        lastfe = {}
+        label = None
+        for r in rank_results:
+            pt = r["points"][k]
+            p = pt["point"]
+            label = f"{p['policy']} {p['arrival']} C={p['concurrency']}"
+            c = pt["columns"]
+            t_lim = pt["t_point_start"] + trace_ms_per_point / 1e3
+            for i, it in enumerate(c["it"]):
+                if c["t_start"][i] > t_lim:
+                    break
+                a = {"it": it, "slot": c["slot"][i], "kind": c["kind"][i], "n": c["n"][i],
+                     "point": label}
+                ev.append({"ph": "X", "pid": r["rank"], "tid": 0, "name": c["kind"][i],
+                           "ts": us(c["t_start"][i]),
+                           "dur": round((c["t_end"][i] - c["t_start"][i]) * 1e6, 3), "args": a})
+                fs, fe, se = c["t_fs"][i], c["t_fe"][i], c["t_se"][i]
+                if fs is not None and fe is not None:
+                    ev.append({"ph": "X", "pid": r["rank"], "tid": 1,
+                               "name": f"slot {c['slot'][i]} b={c['rows'][i]}", "ts": us(fs),
+                               "dur": round((fe - fs) * 1e6, 3), "args": a})
+                    if r["rank"] == 0:
+                        first[it] = (fs, c["slot"][i], c["kind"][i], c["n"][i])
+                    if r["rank"] == pp - 1:
+                        lastfe[it] = fe
+                    if se is not None:
+                        ev.append({"ph": "X", "pid": r["rank"], "tid": 2, "name": "send",
+                                   "ts": us(fe), "dur": round(max(0.0, se - fe) * 1e6, 3)})
+            if r["rank"] == 0:
+                for t, sizes in pt.get("occupancy", []):
+                    if t > t_lim:
+                        break
+                    ev.append({"ph": "C", "pid": slots_pid, "name": "requests per slot",
+                               "ts": us(t), "args": {f"slot {s}": v for s, v in enumerate(sizes)}})
+                ev.append({"ph": "i", "pid": slots_pid, "tid": 0, "s": "g", "name": label,
+                           "ts": us(pt["t_point_start"])})
+        for it, (fs, s, kind, n) in first.items():
+            if it in lastfe:
+                ev.append({"ph": "X", "pid": slots_pid, "tid": 100 + s,
+                           "name": f"{kind} n={n}", "ts": us(fs),
+                           "dur": round(max(0.0, lastfe[it] - fs) * 1e6, 3),
+                           "args": {"it": it, "point": label}})
+    slots = rank_results[0]["points"][0]["slots"]
+    for s in range(slots):
+        ev.append({"ph": "M", "name": "thread_name", "pid": slots_pid, "tid": 100 + s,
+                   "args": {"name": f"slot {s}"}})
+    return {"traceEvents": ev, "displayTimeUnit": "ms"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch
+
+def _read_ranks(d: Path, pp: int) -> list[dict]:
+    out = []
+    for r in range(pp):
+        p = d / f"rank{r}.json"
+        try:
+            out.append(json.loads(p.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue
+    return out
+
+
+def _rank_errors(d: Path) -> list[str]:
+    return [p.read_text().strip() for p in sorted(d.glob("rank*.error"))]
+
+
+def trace_path_for(cfg: DispatchConfig) -> Path:
+    if cfg.trace_path:
+        return Path(cfg.trace_path)
+    p = Path(cfg.json_path)
+    return p.with_name(p.name[:-5] + ".trace.json" if p.name.endswith(".json")
+                       else p.name + ".trace.json")
+
+
+def torchrun_command(cfg: DispatchConfig, config_path: Path, out_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(cfg.pp),
+            *(cfg.torchrun_args or ("--standalone",)),
+            "-m", "microbench.pp_loop", "--config", str(config_path), "--out-dir", str(out_dir)]
+
+
+def run(cfg: DispatchConfig) -> Record:
+    """Launch the ranks, wait (with a timeout), merge what they wrote. Always returns a record:
+    `ok`, `waived` (cannot run here) or `error` (with the failed rank's message); the record
+    and trace are written to cfg.json_path / the trace path even on failure or Ctrl-C."""
+    argv = list(cfg.argv) or None
+    reason = available()
+    if reason:
+        rec = make_record(PROBE, {"config": asdict(cfg)}, status="waived", reason=reason,
+                          argv=argv)
+        write_record(rec, cfg.json_path)
+        return rec
+    lcfg = loop_config(cfg)
+    p2p_off = os.environ.get("NCCL_P2P_DISABLE", "0") not in ("0", "")
+    work = Path(tempfile.mkdtemp(prefix="ppscope-dispatch-"))
+    cfg_path = work / "config.json"
+    write_json_atomic(cfg_path, lcfg)
+    cmd = torchrun_command(cfg, cfg_path, work)
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    status, why = "ok", None
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    try:
+        try:
+            proc.wait(timeout=cfg.timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+            status, why = "error", f"timed out after {cfg.timeout_s:.0f} s (--timeout)"
+        if status == "ok" and proc.returncode != 0:
+            errs = _rank_errors(work)
+            status = "error"
+            why = errs[0] if errs else f"torchrun exited with code {proc.returncode}"
+    except KeyboardInterrupt:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        status, why = "error", "interrupted; finished points kept"
+        _finish(cfg, lcfg, work, p2p_off, status, why, argv)
+        raise
+    rec = _finish(cfg, lcfg, work, p2p_off, status, why, argv)
+    shutil.rmtree(work, ignore_errors=True)
+    return rec
+
+
+def _finish(cfg, lcfg, work: Path, p2p_off: bool, status, why, argv) -> Record:
+    ranks = _read_ranks(work, cfg.pp)
+    data = summarize(lcfg, ranks, p2p_off) if len(ranks) == cfg.pp else \
+        {"config": lcfg, "runs": [], "hop_us_in_loop": None}
+    if status == "ok" and not data["runs"]:
+        status, why = "error", "no point finished"
+    notes = [i.get("note") for i in data.get("ranks", {}).values() if i.get("note")]
+    if status == "ok" and notes:
+        why = "; ".join(sorted(set(notes)))
+    rec = make_record(PROBE, data, status=status, reason=why, argv=argv)
+    write_record(rec, cfg.json_path)
+    if len(ranks) == cfg.pp:
+        write_json_atomic(trace_path_for(cfg), build_trace(ranks, cfg.trace_ms_per_point))
+    return rec

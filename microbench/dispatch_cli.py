@@ -1,0 +1,188 @@
+"""`ppscope dispatch`: argument parsing and the human-readable table for microbench/dispatch.py.
+No torch at import time."""
+from __future__ import annotations
+
+import argparse
+
+from reports.errors import CliError
+from reports.paths import default_record_path
+from reports.slots import POLICIES
+
+EPILOG = """\
+examples:
+  ppscope dispatch --pp 2 --work moe --layers-per-stage 2 --concurrency 1,8,32 --policies sglang,even
+  NCCL_P2P_DISABLE=1 ppscope dispatch --pp 2 --json results/dispatch_nop2p.json
+  ppscope dispatch --pp auto --work busy --cost-us 1:800,8:900,32:1200 --no-graphs
+  ppscope dispatch --pp 2 --profile traces/      # per-rank Kineto traces, SGLang-style names
+
+multi-node: pass torchrun's own flags through --torchrun-args, e.g.
+  --torchrun-args "--nnodes 2 --node-rank 0 --rdzv-backend c10d --rdzv-endpoint HOST:29500"
+  (run the same command on every node; --pp is then GPUs per node; host clocks differ between
+  nodes, so cross-node hop times are not meaningful). Not tested.
+
+reading it: tok/s per policy and concurrency; even/sglang ratio (and why, when even does not
+help); per stage: busy fraction, dispatch latency (input on GPU -> first kernel) p50/p99,
+GPU forward time per micro-batch size. Open the trace in ui.perfetto.dev to see the herd.
+"""
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        v = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    if not v or min(v) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return v
+
+
+def _choices(allowed):
+    def parse(text: str) -> tuple[str, ...]:
+        v = tuple(x.strip() for x in text.split(",") if x.strip())
+        bad = [x for x in v if x not in allowed]
+        if not v or bad:
+            raise argparse.ArgumentTypeError(
+                f"{', '.join(bad) or text!r}: choose from {', '.join(allowed)}")
+        return v
+    return parse
+
+
+def register(subparsers) -> None:
+    from microbench.dispatch import ARRIVALS, WORKS
+    p = subparsers.add_parser(
+        "dispatch", help="SGLang's PP scheduler loop on real GPUs: dispatch latency, slot balance",
+        description="Run SGLang's pipeline-parallel decode loop discipline (pp + async-depth "
+                    "slots, requests pinned to the slot that admitted them, gloo request lists, "
+                    "NCCL hidden states) on real GPUs, one process per GPU under torchrun, and "
+                    "measure where each stage's time goes under the `sglang` and `even` "
+                    "admission policies.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pp", default="auto", help="pipeline stages = GPUs (default: auto = all "
+                   "visible GPUs; more than visible is an error)")
+    p.add_argument("--async-depth", type=int, default=None,
+                   help="--pp-async-batch-depth: extra slots (default: = pp)")
+    p.add_argument("--max-running-requests", type=int, default=1024,
+                   help="sets the per-slot cap max(this // pp, 1) (default 1024)")
+    p.add_argument("--max-micro-batch", type=int, default=None,
+                   help="per-slot cap pp_max_micro_batch_size (overrides the above)")
+    p.add_argument("--micro-batches", type=int, default=None,
+                   help="`even` policy: slots to spread over (default pp)")
+    p.add_argument("--work", choices=WORKS, default="moe",
+                   help="stage work: real K2-dims MoE layers (bf16) or a calibrated busy kernel")
+    p.add_argument("--layers-per-stage", type=int, default=2,
+                   help="MoE layers per stage (fewer if memory is short; the record says so)")
+    p.add_argument("--cost-us", default="1:800,8:900,32:1200",
+                   help="--work busy: stage time vs micro-batch size, BATCH:US,... interpolated")
+    p.add_argument("--model", default="kimi-k2", help="model preset for dimensions")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--graphs", dest="graphs", action="store_true", default=True,
+                   help="capture the decode forward in CUDA graphs (default)")
+    g.add_argument("--no-graphs", dest="graphs", action="store_false", help="run eager")
+    p.add_argument("--concurrency", type=_ints, default=(1, 8, 32), help="default 1,8,32")
+    p.add_argument("--policies", type=_choices(POLICIES), default=("sglang", "even"),
+                   help="admission policies (default sglang,even)")
+    p.add_argument("--arrival", type=_choices(ARRIVALS), default=("burst",),
+                   help="arrival patterns: burst (default), staggered, poisson")
+    p.add_argument("--stagger-ms", type=float, default=2.0, help="staggered: gap per stream")
+    p.add_argument("--poisson-rate", type=float, default=500.0, help="poisson: streams/s")
+    p.add_argument("--prompt-len", type=int, default=16, help="prefill tokens per request")
+    p.add_argument("--seconds", type=float, default=2.0,
+                   help="measured steady-decode seconds per point (default 2)")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="whole-run limit in seconds (default 600)")
+    p.add_argument("--collective-timeout", type=float, default=120.0,
+                   help="timeout of every collective / receive, seconds")
+    p.add_argument("--profile", metavar="DIR", default=None,
+                   help="write per-rank torch.profiler traces {id}-TP-0-PP-{rank}.trace.json.gz")
+    p.add_argument("--trace", default=None, help="Perfetto trace path (default next to --json)")
+    p.add_argument("--torchrun-args", default="", help="extra torchrun flags (multi-node)")
+    p.add_argument("--json", default=None, help="record path (default results/dispatch.json)")
+    p.set_defaults(func=handle)
+
+
+def config_from_args(args, n_gpus: int):
+    from microbench.dispatch import DispatchConfig, resolve_pp
+    from microbench.pp_loop import parse_cost_curve
+    try:
+        pp = resolve_pp(args.pp, n_gpus)
+        if args.work == "busy":
+            parse_cost_curve(args.cost_us)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    for name in ("async_depth", "max_micro_batch", "micro_batches"):
+        v = getattr(args, name)
+        if v is not None and v < (0 if name == "async_depth" else 1):
+            raise CliError(f"--{name.replace('_', '-')} must be "
+                           f"{'>= 0' if name == 'async_depth' else '>= 1'}, got {v}")
+    if args.layers_per_stage < 1 or args.prompt_len < 1:
+        raise CliError("--layers-per-stage and --prompt-len must be >= 1")
+    if not args.seconds > 0 or not args.timeout > 0:
+        raise CliError("--seconds and --timeout must be > 0")
+    return DispatchConfig(
+        pp=pp, async_depth=args.async_depth, max_running_requests=args.max_running_requests,
+        max_micro_batch=args.max_micro_batch, micro_batches=args.micro_batches, work=args.work,
+        layers_per_stage=args.layers_per_stage, cost_us=args.cost_us, model=args.model,
+        graphs=args.graphs, concurrency=args.concurrency, policies=args.policies,
+        arrivals=args.arrival, prompt_len=args.prompt_len, stagger_ms=args.stagger_ms,
+        poisson_rate_per_s=args.poisson_rate, seconds_per_point=args.seconds,
+        collective_timeout_s=args.collective_timeout, timeout_s=args.timeout,
+        profile_dir=args.profile, json_path=str(args.json or default_record_path("dispatch")),
+        trace_path=args.trace, torchrun_args=tuple(args.torchrun_args.split()),
+        argv=tuple(getattr(args, "argv", ())))
+
+
+def render(rec) -> str:
+    from tabulate import tabulate
+    d = rec.data
+    lines = [f"dispatch: {rec.status}" + (f" ({rec.reason})" if rec.reason else "")]
+    c = d.get("config", {})
+    if c:
+        lines.append(f"pp={c.get('pp')} slots={c.get('slots')} cap={c.get('max_micro_batch')} "
+                     f"work={c.get('work')} graphs={c.get('graphs')} "
+                     f"nccl_p2p_disabled={c.get('nccl_p2p_disabled')}")
+    rows = []
+    for r in d.get("runs", []):
+        for s in r["stages"]:
+            rows.append([r["policy"], r["arrival"], r["concurrency"],
+                         _f(r["tok_per_s"]), _f(r["tpot_ms"], 2),
+                         ",".join(str(x) for x in r["slot_sizes"]), s["rank"],
+                         _f(s["busy_frac"], 2), _f(s["dispatch_latency_us"]["p50"]),
+                         _f(s["dispatch_latency_us"]["p99"]), _f(s["wait_us_p50"]),
+                         _f(s["send_us_p50"])])
+    if rows:
+        lines.append(tabulate(rows, headers=["policy", "arrival", "C", "tok/s", "TPOT ms",
+                                             "slot sizes", "stage", "busy", "disp p50 us",
+                                             "disp p99 us", "wait p50 us", "send p50 us"]))
+    cmp_rows = [[x["arrival"], x["concurrency"], _f(x["ratio"], 3), x["why_not"] or ""]
+                for x in d.get("even_vs_sglang", [])]
+    if cmp_rows:
+        lines.append(tabulate(cmp_rows, headers=["arrival", "C", "even/sglang", "why not"]))
+    if d.get("hop_us_in_loop") is not None:
+        lines.append(f"hop inside the loop (p50): {d['hop_us_in_loop']:.1f} us")
+    return "\n".join(lines)
+
+
+def _f(x, nd: int = 0) -> str:
+    return "-" if x is None else f"{x:.{nd}f}"
+
+
+def handle(args) -> int:
+    from microbench.dispatch import available, run, trace_path_for, visible_gpus
+    reason = available()
+    if reason and str(args.pp) != "auto":
+        try:  # a wrong --pp is the user's error even here; otherwise leave a waived record
+            int(args.pp)
+        except ValueError:
+            raise CliError(f"--pp must be a number or 'auto', got {args.pp!r}") from None
+    if reason:
+        from reports.records import waived, write_record
+        path = args.json or default_record_path("dispatch")
+        write_record(waived("dispatch", reason, argv=getattr(args, "argv", None)), path)
+        print(f"dispatch: waived ({reason}); wrote {path}")
+        return 0
+    cfg = config_from_args(args, visible_gpus())
+    rec = run(cfg)
+    print(render(rec))
+    print(f"wrote {cfg.json_path} and {trace_path_for(cfg)}")
+    return 0 if rec.status == "ok" else 1
+

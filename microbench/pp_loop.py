@@ -1,0 +1,561 @@
+"""One rank of a real pipeline-parallel decode loop with SGLang's discipline (run under torchrun).
+
+What it measures: how the PP scheduler's loop itself costs time on real GPUs, separated from
+kernels and from the model: per stage and per micro-batch, the time blocked waiting for input,
+the *dispatch latency* (input available on the GPU -> first forward kernel starts), host time in
+the loop body, GPU forward time and send time, plus slot occupancy and decode tok/s.
+
+How (SGLang `event_loop_pp`, see FACTS.md): `pp + async_depth` slots visited round-robin; rank 0
+admits arrivals with `reports.slots.admit` (policy `sglang` or `even`), a slot that admits runs a
+prefill first; every iteration, rank r > 0 blocks on a gloo receive of the pickled request list
+from rank r-1 (empty slots included) and forwards it to r+1, then `irecv`s the hidden state over
+NCCL (`work.wait()`), runs its stage and `isend`s the result. The last rank samples tokens and
+sends them over NCCL to rank 0, which processes them (a host sync, as SGLang's
+`process_batch_result`) when it next visits that slot and passes them on inside the next request
+list (last -> 0 -> 1 -> ...). Simplifications, on purpose: one gloo message per iteration (SGLang
+sends two: the request list and the tensor-dict metadata); requests never finish (steady decode).
+
+Stage work: `busy` (a `torch.cuda._sleep` kernel whose length follows a cost-vs-batch curve,
+calibrated at start) or `moe` (real Kimi-K2-dims MoE layers in bf16 on `torch._grouped_mm`,
+each checked against a per-expert reference first). With graphs on, the decode forward is
+captured per SGLang capture size and batches are padded up, and the next replay waits until NCCL
+has finished reading the previous send (static output buffers), as in SGLang.
+
+Timing: host `perf_counter` (CLOCK_MONOTONIC, shared by the processes of one host) for host
+quantities; CUDA events for GPU quantities, placed on the host clock through one reference event
+per point (recorded then synchronized; error about +/- `ref_err_us`, written out).
+
+Run it through `ppscope dispatch` (microbench/dispatch.py writes the config file and merges the
+per-rank outputs). Directly: `torchrun --nproc-per-node 2 -m microbench.pp_loop --config CFG.json
+--out-dir DIR`; multi-node: the usual torchrun flags (`--nnodes`, `--node-rank`,
+`--rdzv-endpoint`) with the same config on every node (host clocks then differ between nodes).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import gzip
+import json
+import math
+import os
+import pickle
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from reports.records import write_json_atomic
+from reports.slots import SlotConfig, admit
+
+# SGLang's decode capture sizes (FACTS.md, "CUDA graphs under PP").
+def sglang_capture_sizes(max_bs: int) -> list[int]:
+    sizes = [1, 2, 4, 8, 12] + list(range(16, 257, 8)) + list(range(272, 512, 16)) \
+        + list(range(512, max_bs + 1, 32))
+    return sorted(s for s in set(sizes) if s <= max_bs)
+
+
+def padded_size(b: int, sizes: list[int]) -> int | None:
+    """Smallest captured size >= b (SGLang pads up), None if b is over the largest (eager)."""
+    for s in sizes:
+        if s >= b:
+            return s
+    return None
+
+
+def parse_cost_curve(text: str) -> list[tuple[int, float]]:
+    """'1:800,8:900,32:1200' -> [(1, 800.0), (8, 900.0), (32, 1200.0)] (batch: microseconds)."""
+    pts = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        b, sep, us = part.partition(":")
+        try:
+            if not sep:
+                raise ValueError
+            bi, usf = int(b), float(us)
+        except ValueError:
+            raise ValueError(f"bad cost point {part!r}: expected BATCH:MICROSECONDS") from None
+        if bi < 1 or not usf > 0 or not math.isfinite(usf):
+            raise ValueError(f"bad cost point {part!r}: batch >= 1 and time > 0 required")
+        pts.append((bi, usf))
+    if not pts:
+        raise ValueError("empty cost curve")
+    pts.sort()
+    if len({b for b, _ in pts}) != len(pts):
+        raise ValueError("cost curve repeats a batch size")
+    return pts
+
+
+def interp_cost(pts: list[tuple[int, float]], b: float) -> float:
+    """Linear interpolation in batch size; constant below the first point, linear
+    extrapolation (last segment's slope) above the last."""
+    if b <= pts[0][0] or len(pts) == 1:
+        return pts[0][1] if b <= pts[0][0] else pts[0][1]
+    for (b0, c0), (b1, c1) in zip(pts, pts[1:]):
+        if b <= b1:
+            return c0 + (c1 - c0) * (b - b0) / (b1 - b0)
+    (b0, c0), (b1, c1) = pts[-2], pts[-1]
+    return c1 + (c1 - c0) * (b - b1) / (b1 - b0)
+
+
+def arrival_times(arrival: str, n: int, stagger_ms: float, rate_per_s: float, seed: int
+                  ) -> list[float]:
+    """Seconds after the point starts at which each of the n streams arrives."""
+    if arrival == "burst":  # bench clients start all streams at once
+        return [0.0] * n
+    if arrival == "staggered":
+        return [i * stagger_ms / 1e3 for i in range(n)]
+    if arrival == "poisson":
+        rng, t, out = random.Random(seed), 0.0, []
+        for i in range(n):
+            out.append(t)
+            t += rng.expovariate(rate_per_s)
+        return out
+    raise ValueError(f"unknown arrival pattern {arrival!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Stage work (GPU). Everything below imports torch lazily; it runs only inside torchrun ranks.
+
+def _moe_layer(torch, H: int, I: int, E: int, Is: int, dev):
+    """Weights of one MoE layer, [out, in] per matrix like nn.Linear; random, std 0.02."""
+    def w(*shape):
+        return torch.empty(*shape, device=dev, dtype=torch.bfloat16).normal_(0.0, 0.02)
+    return {"gate": w(E, H), "w13": w(E, 2 * I, H), "w2": w(E, H, I),
+            "s13": w(2 * Is, H), "s2": w(H, Is)}
+
+
+def _moe_layer_bytes(H: int, I: int, E: int, Is: int) -> int:
+    return 2 * (E * H + E * 2 * I * H + E * H * I + 3 * Is * H)
+
+
+def _route(torch, x, L, k: int):
+    logits = (x @ L["gate"].t()).float()                    # [T, E]
+    topw, topi = logits.softmax(-1).topk(k, dim=-1)         # [T, k]
+    return (topw / topw.sum(-1, keepdim=True)).to(x.dtype), topi
+
+
+def _moe_forward(torch, F, x, L, k: int):
+    """x [T, H] -> x + MoE(x): routed experts via torch._grouped_mm plus one shared expert."""
+    T, E, I = x.shape[0], L["w13"].shape[0], L["w2"].shape[2]
+    topw, topi = _route(torch, x, L, k)
+    flat = topi.reshape(-1)                                   # [T*k] expert of each pair
+    order = flat.argsort()                                    # pairs grouped by expert
+    counts = torch.zeros(E, dtype=torch.int32, device=x.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))  # graph-safe bincount
+    offs = counts.cumsum(0, dtype=torch.int32)                # [E] end row of each group
+    tok = order // k                                          # [T*k] token of each sorted pair
+    h = torch._grouped_mm(x[tok], L["w13"].transpose(-2, -1), offs=offs)   # [T*k, 2I]
+    a = F.silu(h[:, :I]) * h[:, I:]                           # [T*k, I]
+    y = torch._grouped_mm(a, L["w2"].transpose(-2, -1), offs=offs)         # [T*k, H]
+    y = y * topw.reshape(-1)[order].unsqueeze(1)
+    hs = x @ L["s13"].t()                                     # shared expert [T, 2Is]
+    Is = L["s2"].shape[1]
+    out = (F.silu(hs[:, :Is]) * hs[:, Is:]) @ L["s2"].t()     # [T, H]
+    out.index_add_(0, tok, y)
+    return x + out
+
+
+def _moe_reference(torch, F, x, L, k: int):
+    """Per-token, per-expert float32 loop: the simple reference `_moe_forward` is checked with."""
+    topw, topi = _route(torch, x, L, k)
+    xf, I, Is = x.float(), L["w2"].shape[2], L["s2"].shape[1]
+    hs = xf @ L["s13"].float().t()
+    out = (F.silu(hs[:, :Is]) * hs[:, Is:]) @ L["s2"].float().t()
+    for t in range(x.shape[0]):
+        for j in range(k):
+            e = int(topi[t, j])
+            h = xf[t] @ L["w13"][e].float().t()
+            out[t] += float(topw[t, j]) * ((F.silu(h[:I]) * h[I:]) @ L["w2"][e].float().t())
+    return xf + out
+
+
+def build_work(torch, cfg: dict, rank: int, dev):
+    """Returns (fwd(x) -> y, info). `fwd` enqueues the stage forward on the current stream."""
+    F = torch.nn.functional
+    H = cfg["hidden"]
+    if cfg["work"] == "busy":
+        pts = [tuple(p) for p in cfg["cost_points"]]
+        # calibrate cycles per microsecond of torch.cuda._sleep with the shared timer
+        from microbench.timing import do_bench
+        cyc = 1_000_000
+        t = do_bench(lambda: torch.cuda._sleep(cyc), warmup_ms=5, rep_ms=30).median_us
+        cyc_per_us = cyc / t
+
+        def fwd(x):
+            torch.cuda._sleep(max(1, int(interp_cost(pts, x.shape[0]) * cyc_per_us)))
+            return x + 1.0
+
+        checks = []
+        for b in sorted({pts[0][0], pts[-1][0]}):  # check the calibration before timing
+            x = torch.randn(b, H, device=dev, dtype=torch.bfloat16)
+            got = do_bench(lambda: fwd(x), warmup_ms=5, rep_ms=30).median_us
+            want = interp_cost(pts, b)
+            checks.append({"batch": b, "target_us": want, "measured_us": got})
+            if abs(got - want) > 0.15 * want + 20:
+                raise RuntimeError(f"rank {rank}: busy kernel calibration off at b={b}: "
+                                   f"{got:.0f} us measured vs {want:.0f} us wanted")
+        return fwd, {"busy_cycles_per_us": cyc_per_us, "busy_check": checks,
+                     "layers_used": 0}
+    # moe: as many of `layers_per_stage` K2-dims layers as fit in 85% of free memory
+    I, E, k, Is = cfg["moe_intermediate"], cfg["n_routed_experts"], cfg["top_k"], \
+        cfg["moe_intermediate"] * max(1, cfg["n_shared_experts"])
+    per_layer = _moe_layer_bytes(H, I, E, Is)
+    free, _ = torch.cuda.mem_get_info(dev)
+    n = min(cfg["layers_per_stage"], int(0.85 * free // per_layer))
+    if n < 1:
+        raise RuntimeError(f"rank {rank}: one MoE layer needs {per_layer / 1e9:.1f} GB, "
+                           f"{free / 1e9:.1f} GB free; use --work busy")
+    torch.manual_seed(1234 + rank)
+    layers = [_moe_layer(torch, H, I, E, Is, dev) for _ in range(n)]
+    # check before timing: fresh random input, grouped path vs per-expert reference
+    x = torch.randn(3, H, device=dev, dtype=torch.bfloat16)
+    got = _moe_forward(torch, F, x, layers[0], k).float()
+    want = _moe_reference(torch, F, x, layers[0], k)
+    # compare the MoE contribution (output minus the residual input), which x would swamp
+    err = float((got - x.float() - (want - x.float())).norm() / (want - x.float()).norm())
+    if not err < 3e-2:
+        raise RuntimeError(f"rank {rank}: MoE layer disagrees with its reference "
+                           f"(relative error {err:.3g})")
+
+    def fwd(x):
+        for L in layers:
+            x = _moe_forward(torch, F, x, L, k)
+        return x
+    note = None if n == cfg["layers_per_stage"] else \
+        f"only {n} of {cfg['layers_per_stage']} layers fit in GPU memory"
+    return fwd, {"layers_used": n, "moe_check_rel_err": err, "layer_bytes": per_layer,
+                 "note": note}
+
+
+def capture_graphs(torch, fwd, sizes: list[int], H: int, dev):
+    """One CUDA graph per size, largest first, sharing one memory pool (as SGLang does)."""
+    graphs, pool = {}, torch.cuda.graph_pool_handle()
+    for b in sorted(sizes, reverse=True):
+        x = torch.randn(b, H, device=dev, dtype=torch.bfloat16)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                fwd(x)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool):
+            y = fwd(x)
+        torch.cuda.synchronize()
+        graphs[b] = (g, x, y)
+    return graphs
+
+
+# ---------------------------------------------------------------------------------------------
+# The loop.
+
+def _send_obj(torch, dist, obj, dst, group):
+    """SGLang's point_to_point_pyobj: pickled bytes over gloo, size first."""
+    data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+    dist.send(torch.tensor([data.numel()], dtype=torch.long), dst=dst, group=group)
+    dist.send(data, dst=dst, group=group)
+
+
+def _recv_obj(torch, dist, src, group):
+    size = torch.empty(1, dtype=torch.long)
+    dist.recv(size, src=src, group=group)
+    data = torch.empty(int(size.item()), dtype=torch.uint8)
+    dist.recv(data, src=src, group=group)
+    return pickle.loads(data.numpy().tobytes())
+
+
+def run_point(torch, dist, ctx: dict, point: dict) -> dict:
+    """One (policy, arrival, concurrency) point; returns this rank's raw columns."""
+    cfg, rank, pp = ctx["cfg"], ctx["rank"], ctx["pp"]
+    last, gloo, dev, H = pp - 1, ctx["gloo"], ctx["dev"], cfg["hidden"]
+    scfg = SlotConfig(pp, cfg["async_depth"], cfg["max_micro_batch"])
+    S = scfg.slots
+    profiling = ctx.get("profiler") is not None
+    rf = torch.profiler.record_function if profiling else (lambda name: contextlib.nullcontext())
+    graphs, sizes = ctx["graphs"], ctx["capture_sizes"]
+    emb = ctx["emb"]  # rank 0's stand-in for the embedding output, [rows, H]
+    C = point["concurrency"]
+
+    # host-clock reference for GPU events
+    dist.barrier(group=gloo)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    ref = torch.cuda.Event(enable_timing=True)
+    ref.record()
+    ref.synchronize()
+    t1 = time.perf_counter()
+    t_ref, ref_err_us = (t0 + t1) / 2, (t1 - t0) / 2 * 1e6
+    start = t1
+    arrivals = arrival_times(point["arrival"], C, cfg["stagger_ms"], cfg["poisson_rate_per_s"],
+                             cfg["seed"]) if rank == 0 else []
+
+    cols = {k: [] for k in ("it", "slot", "kind", "n", "rows", "measure", "t_start", "t_end",
+                            "wait_us", "ev")}
+    occupancy = []  # rank 0: (t, sizes) after admission
+    sizes_now = [0] * S
+    pending: dict[int, tuple[int, int, str]] = {}  # rank 0: slot -> (iteration, n, kind)
+    sends = []  # (work, tensor, event_after) not yet completed
+    side = torch.cuda.Stream()
+    admitted, window = 0, None  # window: [first measured iteration, ...]
+    no_admit_rounds, it = 0, 0
+    max_iters = cfg["max_iters_per_point"]
+    seconds = cfg["seconds_per_point"]
+    setup_deadline = start + max(5.0, 3 * seconds)
+
+    def recv_tokens(n):
+        buf = torch.empty(n, dtype=torch.long, device=dev)
+        w = dist.irecv(buf, src=last)
+        w.wait()
+        return buf
+
+    while True:
+        s = it % S
+        t_start = time.perf_counter()
+        ev = {}
+        results = None
+        # ---- 1. inputs: rank 0 processes returned tokens; others get the request list
+        if rank == 0:
+            with rf("process_batch_result"):
+                if s in pending:
+                    pit, pn, pkind = pending.pop(s)
+                    buf = recv_tokens(pn)
+                    e = torch.cuda.Event(enable_timing=True)
+                    e.record()
+                    ev["in"] = e
+                    tw = time.perf_counter()
+                    results = (s, pit, pkind, buf.tolist())  # host sync, as SGLang does
+                    wait_us = (time.perf_counter() - tw) * 1e6
+                else:
+                    wait_us = 0.0
+            now = time.perf_counter() - start
+            with rf("get_next_batch_to_run"):
+                stop = (window is not None and (now - window[1] >= seconds
+                                                or it - window[0] >= max_iters)) \
+                    or it >= 4 * max_iters
+                waiting = sum(1 for a in arrivals[admitted:] if a <= now)
+                n_new = 0 if stop else admit(waiting, sizes_now, s, scfg, point["policy"],
+                                             cfg.get("micro_batches"))
+                admitted += n_new
+                sizes_now[s] += n_new
+                if n_new:
+                    kind, n, rows, no_admit_rounds = "prefill", n_new, n_new * cfg["prompt_len"], 0
+                else:
+                    n = sizes_now[s]
+                    kind, rows = ("decode", n) if n else ("idle", 0)
+                    if s == S - 1:
+                        no_admit_rounds += 1
+                if n_new or not occupancy:  # sizes change only on admission
+                    occupancy.append((time.perf_counter(), list(sizes_now)))
+                if window is None and not stop and (
+                        (admitted == C and no_admit_rounds >= 2)
+                        or (no_admit_rounds >= 4 and all(a <= now for a in arrivals))
+                        or time.perf_counter() > setup_deadline):
+                    window = (it, now)  # steady decode from here on
+                measure = window is not None
+            meta = {"stop": stop, "it": it, "slot": s, "kind": kind, "n": n, "rows": rows,
+                    "measure": measure, "results": results}
+        else:
+            tw = time.perf_counter()
+            with rf("recv_requests"):
+                meta = _recv_obj(torch, dist, rank - 1, gloo)
+            wait_us = (time.perf_counter() - tw) * 1e6
+            stop, kind, n, rows, measure = (meta["stop"], meta["kind"], meta["n"],
+                                            meta["rows"], meta["measure"])
+            assert meta["it"] == it and meta["slot"] == s, "ranks out of step"
+        if rank < last:
+            with rf("send_reqs_to_next_stage"):
+                _send_obj(torch, dist, meta, rank + 1, gloo)
+        if stop:
+            break
+        # ---- 2. forward of this slot's micro-batch
+        if rows:
+            with rf("run_batch"):
+                use_graph = cfg["graphs"] and kind == "decode"
+                pb = padded_size(rows, sizes) if use_graph else None
+                if pb is not None:
+                    g, gx, gy = graphs[pb]
+                    x = gx[:rows]
+                elif rank == 0:
+                    x = emb[:rows] if rows <= emb.shape[0] else \
+                        torch.randn(rows, H, device=dev, dtype=torch.bfloat16)
+                else:
+                    x = torch.empty(rows, H, device=dev, dtype=torch.bfloat16)
+                if rank > 0:
+                    w = dist.irecv(x, src=rank - 1)
+                    w.wait()
+                    e = torch.cuda.Event(enable_timing=True)
+                    e.record()
+                    ev["in"] = e
+                if pb is not None:
+                    # static output buffers: wait until NCCL has read the previous send
+                    for sw, _, _ in sends:
+                        sw.wait()
+                e = torch.cuda.Event(enable_timing=True)
+                e.record()
+                ev["fs"] = e
+                if pb is not None:
+                    g.replay()
+                    y = gy[:rows]
+                else:
+                    y = ctx["fwd"](x)
+                e = torch.cuda.Event(enable_timing=True)
+                e.record()
+                ev["fe"] = e
+                if rank < last:
+                    out = y
+                elif kind == "prefill":  # last token of each new request
+                    out = y.view(n, cfg["prompt_len"], H)[:, -1, :64].argmax(-1)
+                else:
+                    out = y[:, :64].argmax(-1)
+            with rf("send_proxy_dict_to_next_stage"):
+                sw = dist.isend(out.contiguous(), dst=(rank + 1) % pp)
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    sw.wait()  # the side stream, not the compute stream, waits on NCCL
+                    e = torch.cuda.Event(enable_timing=True)
+                    e.record(side)
+                ev["se"] = e
+                sends.append((sw, out, e))
+            if rank == 0:
+                pending[s] = (it, n, kind)
+        sends = [snd for snd in sends if not snd[2].query()]
+        cols["it"].append(it)
+        cols["slot"].append(s)
+        cols["kind"].append(kind)
+        cols["n"].append(n)
+        cols["rows"].append(rows)
+        cols["measure"].append(bool(measure))
+        cols["t_start"].append(t_start)
+        cols["t_end"].append(time.perf_counter())
+        cols["wait_us"].append(wait_us)
+        cols["ev"].append(ev)
+        it += 1
+    # rank 0 drains the tokens still in flight, oldest first
+    if rank == 0:
+        for s_, (pit, pn, _) in sorted(pending.items(), key=lambda kv: kv[1][0]):
+            recv_tokens(pn).tolist()
+    torch.cuda.synchronize()
+    # GPU events -> host clock (seconds)
+    def at(e):
+        return t_ref + ref.elapsed_time(e) / 1e3
+    gpu = {k: [] for k in ("in", "fs", "fe", "se")}
+    for ev in cols.pop("ev"):
+        for k in gpu:
+            gpu[k].append(at(ev[k]) if k in ev else None)
+    cols.update({f"t_{k}": v for k, v in gpu.items()})
+    out = {"point": point, "rank": rank, "slots": S, "ref_err_us": ref_err_us,
+           "t_point_start": start, "columns": cols, "complete": True}
+    if rank == 0:
+        out["arrivals_s"] = arrivals
+        out["admitted"] = admitted
+        out["occupancy"] = occupancy
+        out["window_start_it"] = window[0] if window else None
+    return out
+
+
+def _profile_ctx(torch, cfg, rank, point):
+    """torch.profiler around one point; trace named like SGLang's: {id}-TP-0-PP-{rank}."""
+    if not cfg.get("profile_dir"):
+        return None, None
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                              torch.profiler.ProfilerActivity.CUDA])
+    pid = f"dispatch-{point['policy']}-{point['arrival']}-c{point['concurrency']}"
+    return prof, Path(cfg["profile_dir"]) / f"{pid}-TP-0-PP-{rank}.trace.json"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", required=True, help="JSON written by microbench.dispatch")
+    ap.add_argument("--out-dir", required=True, help="per-rank results go here")
+    a = ap.parse_args(argv)
+    cfg = json.loads(Path(a.config).read_text())
+    out_dir = Path(a.out_dir)
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        return _main(cfg, out_dir, rank)
+    except BaseException as e:  # leave the rank's error where the launcher finds it
+        msg = str(e).splitlines()[0] if str(e) else ""
+        (out_dir / f"rank{rank}.error").write_text(f"rank {rank}: {type(e).__name__}: {msg}\n")
+        raise
+
+
+def _main(cfg: dict, out_dir: Path, rank: int) -> int:
+    import torch
+    import torch.distributed as dist
+
+    pp = int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    if pp != cfg["pp"]:
+        raise RuntimeError(f"world size {pp} != configured pp {cfg['pp']}")
+    torch.cuda.set_device(local)
+    dev = torch.device("cuda", local)
+    timeout = datetime.timedelta(seconds=cfg["collective_timeout_s"])
+    dist.init_process_group("nccl", timeout=timeout, device_id=dev)
+    gloo = dist.new_group(backend="gloo", timeout=timeout)
+    H = cfg["hidden"]
+    fwd, info = build_work(torch, cfg, rank, dev)
+    max_b = max(1, min(cfg["max_micro_batch"], max(cfg["concurrency"])))
+    sizes = sglang_capture_sizes(max(max_b, 1))
+    sizes = sizes[:sizes.index(padded_size(max_b, sizes)) + 1] if padded_size(max_b, sizes) \
+        else sizes
+    graphs = capture_graphs(torch, fwd, sizes, H, dev) if cfg["graphs"] else {}
+    emb_rows = max(cfg["concurrency"]) * cfg["prompt_len"]
+    ctx = {"cfg": cfg, "rank": rank, "pp": pp, "gloo": gloo, "dev": dev, "fwd": fwd,
+           "graphs": graphs, "capture_sizes": sizes if cfg["graphs"] else [],
+           "emb": torch.randn(emb_rows, H, device=dev, dtype=torch.bfloat16)}
+    # warm up every NCCL pair the loop uses, in the loop's order (hidden r->r+1, tokens last->0)
+    x = torch.randn(4, H, device=dev, dtype=torch.bfloat16)
+    if rank > 0:
+        dist.recv(x, src=rank - 1)
+    if rank < pp - 1:
+        dist.send(x, dst=rank + 1)
+    t = torch.zeros(4, dtype=torch.long, device=dev)
+    if rank == pp - 1:
+        dist.send(t, dst=0)
+    if rank == 0:
+        dist.recv(t, src=pp - 1)
+    torch.cuda.synchronize()
+
+    result = {"rank": rank, "pp": pp, "device": torch.cuda.get_device_name(dev),
+              "torch": torch.__version__, "info": info, "capture_sizes": ctx["capture_sizes"],
+              "points": []}
+    path = out_dir / f"rank{rank}.json"
+    write_json_atomic(path, result)
+    bar = None
+    if rank == 0:
+        try:
+            from tqdm import tqdm
+            bar = tqdm(total=len(cfg["points"]), desc="dispatch", unit="point", file=sys.stderr)
+        except ImportError:
+            bar = None
+    for point in cfg["points"]:
+        prof, trace_path = _profile_ctx(torch, cfg, rank, point)
+        if bar is not None:
+            bar.set_postfix_str(f"{point['policy']} {point['arrival']} C={point['concurrency']}")
+        with (prof if prof is not None else contextlib.nullcontext()):
+            ctx["profiler"] = prof
+            res = run_point(torch, dist, ctx, point)
+        if prof is not None:
+            trace_path.parent.mkdir(parents=True, exist_ok=True)
+            prof.export_chrome_trace(str(trace_path))
+            with open(trace_path, "rb") as f, gzip.open(f"{trace_path}.gz", "wb") as g:
+                shutil.copyfileobj(f, g)
+            trace_path.unlink()
+        result["points"].append(res)
+        write_json_atomic(path, result)  # write as you go: Ctrl-C keeps finished points
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    dist.barrier(group=gloo)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
