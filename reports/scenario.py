@@ -262,6 +262,9 @@ def build_inputs(scenario: dict[str, Any], records: dict[str, Record],
             host = vals[len(vals) // 2]
             host_src = ("measured", "dispatch.json")
             used.append("dispatch.json")
+            note = _gpu_note(disp, gpu)
+            if note:
+                warn.append(f"dispatch.json: host time per slot visit {note}")
     params.append(Param("host_us", host, *host_src, "CPU per non-empty slot visit"))
     params.append(Param("empty_us", empty, "estimated", sc_file, "CPU per empty slot visit"))
     params.append(Param("chain_us", chain, "estimated", sc_file, "request-list relay per rank"))
