@@ -1,0 +1,335 @@
+"""The topology probe: discovery + P2P matrices + ring + PP hop, as one record.
+
+`run(cfg)` discovers the GPUs (NVML/sysfs/nvidia-smi), measures copy-engine bandwidth and
+latency with cupy (topology/p2p.py), then launches topology/hop.py under torchrun for the NCCL
+hop cost, and returns the record. It writes the record after every step (status `waived`,
+reason "incomplete" until the end), so Ctrl-C keeps what was measured.
+`from_smi_text(text)` builds the offline record from a saved `nvidia-smi topo -m`.
+Record layout: see `build_data`; every pair key "i-j" has i < j; units live in key names.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from reports.records import Record, make_record, write_record
+from topology.links import hop_class, pair_key, pipeline_pairs
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+MB = 1_000_000
+
+
+@dataclass(frozen=True)
+class TopologyConfig:
+    json_path: Path
+    gpus: tuple[int, ...] | None = None     # NVML indices in pipeline order (default: first pp)
+    pp: int | None = None
+    hidden: int = 7168
+    tensors: int = 2
+    mode: str = "default"                   # quick | default | thorough
+    p2p: bool = True
+    hop: bool = True
+    hop_timeout_s: float = 180.0
+    argv: tuple[str, ...] = ()
+
+
+# Budgets: 8 PCIe GPUs take ~25 s of copies by default, ~5 s with --quick (56 ordered pairs;
+# time grows with the square of the GPU count), plus torchrun start-up for the hop.
+MODES: dict[str, dict[str, Any]] = {
+    "quick": {"nbytes": 64 * MB, "samples": 1, "batches": "1,8,64,256", "warmup": 3,
+              "iters": 10},
+    "default": {"nbytes": 160 * MB, "samples": 2, "batches": "1,2,4,8,16,32,64,128,256",
+                "warmup": 5, "iters": 20},
+    "thorough": {"nbytes": 160 * MB, "samples": 10,
+                 "batches": "1,2,4,8,12,16,24,32,48,64,96,128,192,256", "warmup": 10,
+                 "iters": 100},
+}
+
+
+def available() -> str | None:
+    """Why measurement cannot run here, or None."""
+    from topology.discover import gpu_count
+
+    if gpu_count() == 0:
+        return ("measuring the topology needs NVIDIA GPUs and their driver (NVML found none); "
+                "on this machine you can still parse a saved `nvidia-smi topo -m` with "
+                "`ppscope topology --from-nvidia-smi FILE`")
+    return None
+
+
+def classify_hops(links: dict[str, str], pipeline: list[int]) -> list[dict]:
+    """Each directed pipeline hop with its link level and class."""
+    out = []
+    for src, dst in pipeline_pairs(pipeline):
+        link = links.get(pair_key(src, dst))
+        out.append({"src": src, "dst": dst, "link": link,
+                    "hop_class": hop_class(link) if link else None,
+                    "carries": "tokens" if (src, dst) == (pipeline[-1], pipeline[0])
+                    else "hidden_states"})
+    return out
+
+
+def decode_step_cost(hops: list[dict], pipeline: list[int]) -> dict[str, float]:
+    """Per batch size: the sum of hop_us over the p-1 forward hops a micro-batch makes."""
+    forward = {(pipeline[k], pipeline[k + 1]) for k in range(len(pipeline) - 1)}
+    by_b: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for h in hops:
+        if (h["src"], h["dst"]) in forward and h.get("hop_us") is not None:
+            b = str(h["batch"])
+            by_b[b] = by_b.get(b, 0.0) + h["hop_us"]
+            counts[b] = counts.get(b, 0) + 1
+    return {b: v for b, v in by_b.items() if counts[b] == len(forward)}
+
+
+def build_data(disc, pipeline: list[int], *, p2p=(), latency=(), host=(), ring=None, hops=(),
+               hidden: int, tensors: int, mode: str, waived=(), source: str = "live") -> dict:
+    """The `data` payload of topology.json from a Discovery and measurement lists."""
+    links = dict(disc.links)
+    hop_list = []
+    classes = {(c["src"], c["dst"]): c for c in classify_hops(links, pipeline)}
+    for h in hops:
+        c = classes.get((h["src"], h["dst"]), {})
+        hop_list.append({**h, "link": c.get("link"), "hop_class": c.get("hop_class")})
+    return {
+        "source": source,
+        "gpus": [asdict(g) for g in disc.gpus],
+        "links": links,
+        "links_source": disc.links_source,
+        "p2p_support": disc.p2p_support,
+        "sockets": disc.sockets,
+        "numa_nodes": disc.numa_nodes,
+        "driver": disc.driver,
+        "pipeline": list(pipeline),
+        "pipeline_hops": list(classes.values()),
+        "hidden": hidden,
+        "tensors": tensors,
+        "mode": mode,
+        "p2p": list(p2p),
+        "latency": list(latency),
+        "host": list(host),
+        "ring": ring or {},
+        "hops": hop_list,
+        "decode_step_hop_us": decode_step_cost(hop_list, pipeline),
+        "waived": list(waived),
+        "notes": list(disc.notes),
+    }
+
+
+def from_smi_text(text: str, pipeline: list[int] | None = None, argv=None) -> Record:
+    """Offline record from `nvidia-smi topo -m` text (raises TopoParseError when malformed)."""
+    from topology.discover import Discovery
+    from topology.smi_parse import parse_topo_matrix
+
+    topo = parse_topo_matrix(text)
+    pipeline = pipeline or list(range(len(topo.gpus)))
+    bad = [g for g in pipeline if g >= len(topo.gpus)]
+    if bad:
+        raise ValueError(f"GPU {bad[0]} is not in the file (it lists {len(topo.gpus)} GPUs)")
+    disc = Discovery(gpus=(), links=topo.links, p2p_support={}, sockets=None, numa_nodes=None,
+                     links_source="nvidia-smi")
+    data = build_data(disc, pipeline, hidden=0, tensors=0, mode="offline", source="nvidia-smi")
+    data["gpus"] = [asdict(g) for g in topo.gpus]
+    data["nics"] = list(topo.nics)
+    data["columns"] = list(topo.columns)
+    numa = {g.numa_node for g in topo.gpus if g.numa_node is not None}
+    data["numa_nodes"] = len(numa) or None
+    for k in ("hidden", "tensors"):
+        data.pop(k)
+    return make_record("topology", data, argv=argv)
+
+
+# ---------------------------------------------------------------- live measurement
+
+
+def _p2p_entries(bench, devices, cuda, disc, cfg_p2p, bar, waived, on_step) -> tuple:
+    """All pair measurements. `cuda` maps NVML index -> CUDA ordinal."""
+    from topology.p2p import can_access_peer, peer_access
+
+    p2p, lat = [], []
+    for a in range(len(devices)):
+        for b in range(a + 1, len(devices)):
+            i, j = devices[a], devices[b]
+            ci, cj = cuda[i], cuda[j]
+            ok = can_access_peer(ci, cj)
+            sup = disc.p2p_support.get(pair_key(i, j), {})
+            why = (f"no P2P between GPU{i} and GPU{j}: CUDA cannot access peer "
+                   f"(NVML read: {sup.get('read', '?')}, write: {sup.get('write', '?')}); "
+                   "host-staged numbers given") if not ok else None
+            for peer in (True, False):
+                if peer and not ok:
+                    for s, d in ((i, j), (j, i)):
+                        for op in ("write", "read"):
+                            p2p.append({"src": s, "dst": d, "op": op, "direction": "uni",
+                                        "p2p": True, "status": "waived", "reason": why})
+                        lat.append({"src": s, "dst": d, "p2p": True, "status": "waived",
+                                    "reason": why})
+                    p2p.append({"src": i, "dst": j, "op": "write", "direction": "bi",
+                                "p2p": True, "status": "waived", "reason": why})
+                    bar.update(7)
+                    continue
+                with peer_access([(ci, cj)], on=peer):
+                    for s, d, cs, cd in ((i, j, ci, cj), (j, i, cj, ci)):
+                        ops = ("write", "read") if (peer and cfg_p2p.reads) else ("write",)
+                        for op in ops:
+                            r = bench.unidirectional(cs, cd, read=(op == "read"))
+                            p2p.append({"src": s, "dst": d, "op": op, "direction": "uni",
+                                        "p2p": peer, "status": "ok", **r})
+                            bar.update(1)
+                        lat.append({"src": s, "dst": d, "p2p": peer, "status": "ok",
+                                    **bench.latency(cs, cd)})
+                        bar.update(1)
+                    if cfg_p2p.bidirectional:
+                        p2p.append({"src": i, "dst": j, "op": "write", "direction": "bi",
+                                    "p2p": peer, "status": "ok", **bench.bidirectional(ci, cj)})
+                    bar.update(1)
+                on_step(p2p, lat)
+    return p2p, lat
+
+
+def _ring(bench, devices, cuda, p2p) -> dict:
+    from topology.p2p import can_access_peer, peer_access
+
+    pairs = pipeline_pairs(devices)
+    peer_ok = [(cuda[s], cuda[d]) for s, d in pairs if can_access_peer(cuda[s], cuda[d])]
+    use_p2p = len(peer_ok) == len(pairs)
+    inv = {c: g for g, c in cuda.items()}
+    with peer_access(peer_ok if use_p2p else [], on=True):
+        res = bench.ring([(cuda[s], cuda[d]) for s, d in pairs])
+    alone = {(e["src"], e["dst"]): e.get("bandwidth_gbps") for e in p2p
+             if e["op"] == "write" and e["direction"] == "uni" and e["p2p"] == use_p2p
+             and e["status"] == "ok"}
+    out = []
+    for r in res:
+        s, d = inv[r["src"]], inv[r["dst"]]
+        a = alone.get((s, d))
+        out.append({**r, "src": s, "dst": d, "alone_gbps": a,
+                    "ratio": r["bandwidth_gbps"] / a if a else None})
+    ratios = [o["ratio"] for o in out if o["ratio"] is not None]
+    return {"p2p": use_p2p, "pairs": out, "min_gbps": min(o["bandwidth_gbps"] for o in out),
+            "min_ratio": min(ratios) if ratios else None}
+
+
+def run_hop(devices: list[int], cfg: TopologyConfig, out_json: Path, mode: dict) -> tuple:
+    """torchrun topology.hop on `devices`; returns (hops list, None) or (partial, reason)."""
+    n = len(devices)
+    env = dict(os.environ)
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in devices)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(":")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={n}", "-m", "topology.hop", "--out", str(out_json),
+           "--hidden", str(cfg.hidden), "--tensors", str(cfg.tensors),
+           "--batches", mode["batches"], "--warmup", str(mode["warmup"]),
+           "--iters", str(mode["iters"]), "--timeout-s", str(min(cfg.hop_timeout_s, 120)),
+           "--gpus", ",".join(str(d) for d in devices)]
+    log = cfg.json_path.parent / f"{cfg.json_path.stem}_hop.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as lf:
+        proc = subprocess.Popen(cmd, env=env, stdout=lf, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=cfg.hop_timeout_s)
+            reason = None if rc == 0 else f"torchrun exited with {rc} (log: {log})"
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            reason = f"PP hop timed out after {cfg.hop_timeout_s:.0f} s (log: {log})"
+        except BaseException:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
+    hops = []
+    if out_json.exists():
+        hops = json.loads(out_json.read_text()).get("hops", [])
+    return hops, reason
+
+
+def run(cfg: TopologyConfig) -> Record:
+    """Measure this machine. Writes the record to cfg.json_path as it goes and returns it."""
+    from tqdm import tqdm
+
+    from topology.discover import discover
+
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    mode = MODES[cfg.mode]
+    disc = discover()
+    n = len(disc.gpus)
+    devices = list(cfg.gpus) if cfg.gpus else list(range(min(cfg.pp or n, n)))
+    bad = [d for d in devices if d >= n or d < 0]
+    if bad:
+        raise ValueError(f"GPU {bad[0]} does not exist (this machine has {n})")
+    waived: list[dict] = []
+    state: dict[str, Any] = {"p2p": [], "latency": [], "host": [], "ring": None, "hops": []}
+    argv = list(cfg.argv) or None
+
+    def save(final: bool = False) -> Record:
+        data = build_data(disc, devices, hidden=cfg.hidden, tensors=cfg.tensors, mode=cfg.mode,
+                          waived=waived, **state)
+        reason = "; ".join(w["reason"] for w in waived) or None
+        rec = make_record("topology", data, argv=argv,
+                          status="ok" if final else "waived",
+                          reason=reason if final else "incomplete: measurement interrupted or "
+                                                      "still running")
+        write_record(rec, cfg.json_path)
+        return rec
+
+    save()
+    if len(devices) < 2:
+        waived.append({"what": "p2p", "reason": f"{len(devices)} GPU in use: P2P, ring and "
+                                                "PP hop need two or more"})
+    bench = None
+    if cfg.p2p:
+        try:
+            from topology.p2p import Bench, P2PConfig, device_bus_ids, device_count
+            cuda_bus = device_bus_ids(device_count())
+        except ImportError as e:
+            waived.append({"what": "p2p", "reason": f"cupy unavailable ({e}); copy-engine "
+                                                    "matrices not measured"})
+            cuda_bus = None
+        if cuda_bus is not None:
+            by_bus = {b: k for k, b in enumerate(cuda_bus)}
+            cuda = {g.index: by_bus.get(g.pci_bus_id, g.index) for g in disc.gpus}
+            pc = P2PConfig(nbytes=mode["nbytes"], samples=mode["samples"])
+            bench = Bench([cuda[d] for d in devices], pc)
+            npairs = len(devices) * (len(devices) - 1) // 2
+            total = npairs * 12 + len(devices) + (1 if len(devices) > 1 else 0)
+            with tqdm(total=total, desc="topology: copies", unit="step", file=sys.stderr,
+                      leave=False) as bar:
+                for d in devices:
+                    state["host"] += [{**h, "gpu": d} for h in bench.host(cuda[d])]
+                    bar.update(1)
+                save()
+
+                def step(p2p, lat):
+                    state["p2p"], state["latency"] = p2p, lat
+                    save()
+                if len(devices) > 1:
+                    _p2p_entries(bench, devices, cuda, disc, pc, bar, waived, step)
+                    state["ring"] = _ring(bench, devices, cuda, state["p2p"])
+                    bar.update(1)
+            save()
+    if cfg.hop and len(devices) > 1:
+        try:
+            import torch  # noqa: F401 - only to fail early with a clear reason
+        except ImportError:
+            waived.append({"what": "hop", "reason": "torch not installed: PP hop not measured"})
+        else:
+            with tempfile.TemporaryDirectory() as td:
+                print(f"topology: PP hop over GPUs {devices} (torchrun, NCCL)...", file=sys.stderr)
+                hops, why = run_hop(devices, cfg, Path(td) / "hops.json", mode)
+                state["hops"] = hops
+                if why:
+                    waived.append({"what": "hop", "reason": why})
+    return save(final=True)

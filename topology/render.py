@@ -1,0 +1,216 @@
+"""Human output of a topology record: tables (tabulate) and a PNG heatmap (matplotlib, Agg).
+
+Tables: GPUs with NUMA node / CPU list / PCIe; the link matrix; bandwidth matrices in the
+layout of cuda-samples' p2pBandwidthLatencyTest (rows = source, columns = destination, GB/s,
+GB = 1e9 bytes) and latency matrices (us); pinned host<->device; the ring; each pipeline hop
+with its class and cost per decode step. The JSON record stays the truth; this only renders it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from tabulate import tabulate
+
+LINK_ORDER = ("NV", "C2C", "PIX", "PXB", "PHB", "NODE", "SYS", "SOC")
+
+
+def _n(data: dict) -> list[int]:
+    return [g["index"] for g in data.get("gpus", [])]
+
+
+def _cell(v, fmt="{:.2f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def link_table(data: dict) -> str:
+    idx = _n(data)
+    links = data.get("links", {})
+    gpus = {g["index"]: g for g in data.get("gpus", [])}
+    rows = []
+    for i in idx:
+        row = [f"GPU{i}"]
+        for j in idx:
+            row.append("X" if i == j else links.get(f"{min(i, j)}-{max(i, j)}", "?"))
+        g = gpus[i]
+        row += [_cell(g.get("numa_node"), "{}"), g.get("cpu_affinity") or "-"]
+        rows.append(row)
+    head = ["link"] + [f"GPU{j}" for j in idx] + ["NUMA", "CPUs"]
+    sock = data.get("sockets")
+    title = f"Links (sockets: {sock if sock is not None else 'unknown'}, " \
+            f"NUMA nodes: {data.get('numa_nodes') or 'unknown'})"
+    return title + "\n" + tabulate(rows, head, disable_numparse=True)
+
+
+def gpu_table(data: dict) -> str:
+    rows = []
+    for g in data.get("gpus", []):
+        if "name" not in g:
+            return ""
+        mem = g.get("memory_bytes")
+        rows.append([g["index"], g["name"], g.get("pci_bus_id") or "-",
+                     _cell(mem / 1e9 if mem else None, "{:.0f}"),
+                     f"{_cell(g.get('pcie_gen_current'), '{}')}/{_cell(g.get('pcie_gen_max'), '{}')}",
+                     f"x{_cell(g.get('pcie_width_current'), '{}')}/x{_cell(g.get('pcie_width_max'), '{}')}",
+                     _cell(g.get("numa_node"), "{}")])
+    return tabulate(rows, ["GPU", "name", "PCI bus", "memory (GB)", "PCIe gen (cur/max)",
+                           "width (cur/max)", "NUMA"])
+
+
+def matrix(data: dict, entries: list[dict], key: str, title: str, fmt="{:.2f}",
+           symmetric: bool = False) -> str:
+    idx = data.get("pipeline") or _n(data)
+    m = {(e["src"], e["dst"]): e for e in entries}
+    rows = []
+    for i in idx:
+        row = [i]
+        for j in idx:
+            e = m.get((i, j))
+            if e is None and symmetric:  # bidirectional entries are stored once per pair
+                e = m.get((j, i))
+            if i == j:
+                row.append("")
+            elif e is None:
+                row.append("-")
+            elif e.get("status") == "waived":
+                row.append("WAIVED")
+            else:
+                row.append(_cell(e.get(key), fmt))
+        rows.append(row)
+    return title + "\n" + tabulate(rows, ["src\\dst"] + idx, disable_numparse=True)
+
+
+def measurement_tables(data: dict) -> list[str]:
+    out = []
+    p2p = data.get("p2p", [])
+
+    def sel(op, direction, peer):
+        return [e for e in p2p if e["op"] == op and e["direction"] == direction
+                and e["p2p"] == peer]
+    specs = [("write", "uni", False, "Unidirectional P2P=Disabled bandwidth (GB/s)"),
+             ("write", "uni", True, "Unidirectional P2P=Enabled bandwidth, P2P writes (GB/s)"),
+             ("read", "uni", True, "Unidirectional P2P=Enabled bandwidth, P2P reads (GB/s)"),
+             ("write", "bi", False, "Bidirectional P2P=Disabled bandwidth (GB/s)"),
+             ("write", "bi", True, "Bidirectional P2P=Enabled bandwidth (GB/s)")]
+    for op, direction, peer, title in specs:
+        es = sel(op, direction, peer)
+        if es:
+            out.append(matrix(data, es, "bandwidth_gbps", title, symmetric=direction == "bi"))
+    lat = data.get("latency", [])
+    for peer, title in ((False, "P2P=Disabled latency (us)"),
+                        (True, "P2P=Enabled latency, P2P writes (us)")):
+        es = [e for e in lat if e["p2p"] == peer]
+        if es:
+            out.append(matrix(data, es, "latency_us", title))
+    host = data.get("host", [])
+    if host:
+        by = {}
+        for h in host:
+            by.setdefault(h["gpu"], {})[h["direction"]] = h.get("bandwidth_gbps")
+        gnuma = {g["index"]: g.get("numa_node") for g in data.get("gpus", [])}
+        out.append("Pinned host <-> device\n" + tabulate(
+            [[g, _cell(gnuma.get(g), "{}"), _cell(v.get("h2d")), _cell(v.get("d2h"))]
+             for g, v in sorted(by.items())],
+            ["GPU", "NUMA", "H2D (GB/s)", "D2H (GB/s)"]))
+    ring = data.get("ring") or {}
+    if ring.get("pairs"):
+        out.append(f"Ring: all pipeline pairs copying at once (P2P {'on' if ring['p2p'] else 'off'})\n"
+                   + tabulate([[f"{p['src']}->{p['dst']}", _cell(p["bandwidth_gbps"]),
+                                _cell(p.get("alone_gbps")), _cell(p.get("ratio"))]
+                               for p in ring["pairs"]],
+                              ["pair", "in ring (GB/s)", "alone (GB/s)", "ring/alone"]))
+    return out
+
+
+def hop_table(data: dict, show_batches=(1, 8, 32, 64, 256)) -> str:
+    hops = data.get("hops", [])
+    classes = data.get("pipeline_hops", [])
+    if not classes:
+        return ""
+    by = {}
+    for h in hops:
+        by.setdefault((h["src"], h["dst"]), {})[h["batch"]] = h
+    batches = sorted({h["batch"] for h in hops} & set(show_batches)) if hops else []
+    rows = []
+    for c in classes:
+        row = [f"{c['src']}->{c['dst']}", c["link"] or "?", c["hop_class"] or "?", c["carries"]]
+        for b in batches:
+            h = by.get((c["src"], c["dst"]), {}).get(b)
+            row.append(f"{h['hop_us']:.1f} ({h['nccl_us']:.1f})" if h else "-")
+        rows.append(row)
+    step = data.get("decode_step_hop_us", {})
+    if batches and step:
+        rows.append(["per decode step", "", "", f"{len(classes) - 1} fwd hops"] +
+                    [_cell(step.get(str(b)), "{:.1f}") for b in batches])
+    head = ["hop", "link", "class", "carries"] + [f"b={b} us" for b in batches]
+    note = ("PP hops: SGLang-style send/recv one way (NCCL alone in brackets), microseconds"
+            if batches else "PP hops (not measured)")
+    return note + "\n" + tabulate(rows, head, disable_numparse=True)
+
+
+def render_text(rec) -> str:
+    data = rec.data
+    parts = [f"ppscope topology: {rec.status}" + (f" ({rec.reason})" if rec.reason else "")]
+    for t in (gpu_table(data), link_table(data), *measurement_tables(data), hop_table(data)):
+        if t:
+            parts.append(t)
+    return "\n\n".join(parts) + "\n"
+
+
+def _level(link: str | None) -> int:
+    if not link:
+        return len(LINK_ORDER)
+    for k, name in enumerate(LINK_ORDER):
+        if link.startswith(name):
+            return k
+    return len(LINK_ORDER)
+
+
+def write_png(data: dict, path: Path) -> Path | None:
+    """Heatmaps: link level, P2P write bandwidth, P2P latency. None if nothing to draw."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    idx = _n(data)
+    if len(idx) < 2:
+        return None
+    pos = {g: k for k, g in enumerate(idx)}
+    panels = []
+    lm = np.full((len(idx), len(idx)), np.nan)
+    lab = [["X" if i == j else "" for j in idx] for i in idx]
+    for key, link in data.get("links", {}).items():
+        i, j = (int(x) for x in key.split("-"))
+        for a, b in ((i, j), (j, i)):
+            lm[pos[a], pos[b]] = _level(link)
+            lab[pos[a]][pos[b]] = link
+    panels.append(("link level (nearer = darker)", lm, lab, "viridis"))
+    for title, entries, key, cmap in (
+            ("P2P write GB/s (P2P on)", [e for e in data.get("p2p", []) if e["op"] == "write"
+                                         and e["direction"] == "uni" and e["p2p"]],
+             "bandwidth_gbps", "magma"),
+            ("P2P latency us (P2P on)", [e for e in data.get("latency", []) if e["p2p"]],
+             "latency_us", "magma_r")):
+        m = np.full((len(idx), len(idx)), np.nan)
+        lb = [["" for _ in idx] for _ in idx]
+        for e in entries:
+            if e.get(key) is not None and e["src"] in pos and e["dst"] in pos:
+                m[pos[e["src"]], pos[e["dst"]]] = e[key]
+                lb[pos[e["src"]]][pos[e["dst"]]] = f"{e[key]:.1f}"
+        if np.isfinite(m).any():
+            panels.append((title, m, lb, cmap))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4), squeeze=False)
+    for ax, (title, m, lb, cmap) in zip(axes[0], panels):
+        ax.imshow(np.ma.masked_invalid(m), cmap=cmap)
+        ax.set_title(title, fontsize=9)
+        ax.set_xticks(range(len(idx)), [f"GPU{j}" for j in idx], fontsize=7, rotation=90)
+        ax.set_yticks(range(len(idx)), [f"GPU{i}" for i in idx], fontsize=7)
+        for a in range(len(idx)):
+            for b in range(len(idx)):
+                if lb[a][b]:
+                    ax.text(b, a, lb[a][b], ha="center", va="center", fontsize=6, color="w")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,142 @@
+"""`ppscope topology`: the link map, P2P bandwidth/latency matrices and the cost of a PP hop.
+
+Offline (any machine):  ppscope topology --from-nvidia-smi topo.txt [--json OUT]
+Live (GPU machine):     ppscope topology [--pp N | --gpus 0,1,..] [--quick | --thorough]
+The record goes to results/topology.json (or --json), the heatmap next to it (`<name>.png`).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from reports.errors import CliError
+from reports.paths import default_record_path
+
+DESCRIPTION = """\
+Map how the GPUs are wired and what moving a pipeline stage's hidden state costs.
+Live: discovers GPUs (NVML), measures copy-engine bandwidth/latency between every pair with
+P2P on and off (like cuda-samples' p2pBandwidthLatencyTest), pinned host<->device bandwidth,
+all pipeline pairs copying at once (the ring), and under torchrun the NCCL and SGLang-style
+send/recv cost of one PP hop for micro-batches of 1..256 requests.
+Offline: --from-nvidia-smi parses a saved `nvidia-smi topo -m` (no GPU needed).
+Time: 8 GPUs about a minute by default, under 15 s with --quick; it grows with the square of
+the GPU count (every ordered pair is measured)."""
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("topology", help="GPU link map, P2P matrices, PP hop cost",
+                              description=DESCRIPTION,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--from-nvidia-smi", metavar="FILE", dest="from_smi",
+                   help="parse a saved `nvidia-smi topo -m` output instead of measuring")
+    p.add_argument("--json", metavar="OUT", type=Path, default=None,
+                   help="record path (default: results/topology.json)")
+    p.add_argument("--pp", type=int, default=None,
+                   help="pipeline size: use GPUs 0..PP-1 in order (default: all GPUs)")
+    p.add_argument("--gpus", default=None,
+                   help="comma-separated GPU indices in pipeline order (overrides --pp)")
+    p.add_argument("--hidden", type=int, default=None,
+                   help="hidden size of the hop message (default: the model's, else 7168)")
+    p.add_argument("--model", default="kimi-k2",
+                   help="model preset or config.json for the hidden size (default kimi-k2)")
+    p.add_argument("--tensors", type=int, default=2,
+                   help="tensors per hop; DeepSeek/Kimi models send hidden_states and residual "
+                        "(default 2)")
+    speed = p.add_mutually_exclusive_group()
+    speed.add_argument("--quick", action="store_true", help="fewer samples (< 15 s on 8 GPUs)")
+    speed.add_argument("--thorough", action="store_true", help="more samples and batch sizes")
+    p.add_argument("--no-p2p", action="store_true", help="skip the copy-engine measurements")
+    p.add_argument("--no-hop", action="store_true", help="skip the torchrun PP hop")
+    p.add_argument("--hop-timeout", type=float, default=180.0, metavar="S",
+                   help="kill the PP hop measurement after S seconds (default 180)")
+    p.add_argument("--no-png", action="store_true", help="do not write the heatmap")
+    p.set_defaults(func=handle)
+
+
+def _parse_gpus(s: str | None) -> tuple[int, ...] | None:
+    if s is None:
+        return None
+    try:
+        gpus = tuple(int(x) for x in s.split(",") if x.strip())
+    except ValueError:
+        raise CliError(f"--gpus must be comma-separated integers, got {s!r}") from None
+    if len(gpus) != len(set(gpus)) or not gpus or min(gpus) < 0:
+        raise CliError(f"--gpus must list distinct non-negative indices, got {s!r}")
+    return gpus
+
+
+def hidden_size(model: str | None, hidden: int | None) -> int:
+    """--hidden wins; else the model preset's hidden size; else Kimi K2's 7168."""
+    if hidden is not None:
+        if hidden <= 0:
+            raise CliError(f"--hidden must be positive, got {hidden}")
+        return hidden
+    try:
+        from reports.model_config import load_model
+    except ImportError:
+        return 7168
+    try:
+        return int(load_model(model).hidden)
+    except Exception as e:  # noqa: BLE001 - a bad --model is the user's to fix
+        raise CliError(f"--model {model!r}: {str(e).splitlines()[0] if str(e) else e}") from None
+
+
+def _finish(rec, out: Path, png: bool) -> None:
+    from reports.records import write_record
+    from topology.render import render_text, write_png
+
+    write_record(rec, out)
+    print(render_text(rec))
+    if png:
+        path = write_png(rec.data, out.with_suffix(".png"))
+        if path:
+            print(f"heatmap: {path}")
+    print(f"record: {out}")
+
+
+def handle(args) -> int:
+    out = args.json or default_record_path("topology")
+    gpus = _parse_gpus(args.gpus)
+    if args.pp is not None and args.pp < 1:
+        raise CliError(f"--pp must be at least 1, got {args.pp}")
+    if args.from_smi:
+        from topology.probe import from_smi_text
+        from topology.smi_parse import TopoParseError
+
+        try:
+            text = Path(args.from_smi).read_text(errors="replace")
+        except OSError as e:
+            raise CliError(f"cannot read {args.from_smi}: {e.strerror or e}") from None
+        try:
+            pipeline = list(gpus) if gpus else None
+            rec = from_smi_text(text, pipeline=pipeline, argv=args.argv)
+            if pipeline is None and args.pp:
+                n = len(rec.data["gpus"])
+                if args.pp > n:
+                    raise ValueError(f"--pp {args.pp} but the file lists {n} GPUs")
+                rec = from_smi_text(text, pipeline=list(range(args.pp)), argv=args.argv)
+        except (TopoParseError, ValueError) as e:
+            raise CliError(f"{args.from_smi}: {e}") from None
+        _finish(rec, out, not args.no_png)
+        return 0
+
+    from reports.records import waived, write_record
+    from topology.probe import TopologyConfig, available, run
+
+    why = available()
+    if why:
+        write_record(waived("topology", why, argv=args.argv), out)
+        raise CliError(why)
+    cfg = TopologyConfig(json_path=out, gpus=gpus, pp=args.pp,
+                         hidden=hidden_size(args.model, args.hidden), tensors=args.tensors,
+                         mode="quick" if args.quick else "thorough" if args.thorough else "default",
+                         p2p=not args.no_p2p, hop=not args.no_hop, hop_timeout_s=args.hop_timeout,
+                         argv=tuple(args.argv))
+    try:
+        rec = run(cfg)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    _finish(rec, out, not args.no_png)
+    print("topology: done", file=sys.stderr)
+    return 0
