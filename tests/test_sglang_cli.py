@@ -1,0 +1,44 @@
+"""sglang_cli end to end on the fixtures (through the namespace the dispatch CLI passes)."""
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from microbench import sglang_cli
+from reports.errors import CliError
+
+
+def _args(argv):
+    p = argparse.ArgumentParser()
+    sglang_cli.add_arguments(p)
+    p.add_argument("--json")
+    return p.parse_args(argv)
+
+
+def test_wants():
+    assert not sglang_cli.wants(_args([]))
+    assert sglang_cli.wants(_args(["--bench", "x"]))
+
+
+def test_run_writes_record(fixtures, tmp_path, capsys):
+    f = fixtures / "sglang"
+    out = tmp_path / "sglang.json"
+    a = _args(["--from-sglang", "--sglang-log", str(f / "pp2_mixed.log"), "--slot-window", "4",
+               "--sglang-traces", str(fixtures / "traces" / "pp2" / "pp2_burst_c8-rank1.json.gz"),
+               "--bench", str(f / "bench.jsonl"), "--sglang-metrics", str(f / "metrics.txt"),
+               "--link-gbps", "100", "--json", str(out)])
+    assert sglang_cli.run(a) == 0
+    rec = json.loads(out.read_text())
+    d = rec["data"]
+    assert rec["probe"] == "sglang" and rec["status"] == "ok"
+    assert d["ranks"]["0"]["decode_lines"] == 8 and d["slot_imbalance"]["max_over_mean_median"] == 4.0
+    assert [b["concurrency_set"] for b in d["bench"]] == [1, 7.9, 32]
+    assert d["traces"]["ranks"]["1"]["nccl_recv"]["kernels"] == 6
+    assert "Server log, per PP rank" in capsys.readouterr().out
+
+
+def test_nothing_to_read():
+    with pytest.raises(CliError, match="needs at least one"):
+        sglang_cli.collect(_args(["--from-sglang"]))
