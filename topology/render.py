@@ -208,7 +208,8 @@ def write_png(data: dict, path: Path) -> Path | None:
         for a in range(len(idx)):
             for b in range(len(idx)):
                 if lb[a][b]:
-                    ax.text(b, a, lb[a][b], ha="center", va="center", fontsize=6, color="w")
+                    ax.text(b, a, lb[a][b], ha="center", va="center", fontsize=6, color="k",
+                            bbox={"facecolor": "w", "alpha": 0.6, "pad": 1, "lw": 0})
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

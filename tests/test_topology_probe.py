@@ -1,0 +1,146 @@
+"""Hop classification, record building from a canned discovery, CLI paths (no GPU needed)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from reports.cli import main
+from reports.records import read_record
+from topology import probe
+from topology.discover import Discovery, GpuInfo, mask_to_cpulist, sysfs_bus_id
+from topology.links import hop_class, pipeline_pairs
+from topology.render import render_text
+
+
+@pytest.mark.parametrize("link,cls", [("NV18", "nvlink"), ("NV4", "nvlink"),
+                                      ("PIX", "same-switch"), ("PXB", "same-switch"),
+                                      ("PHB", "same-socket"), ("NODE", "same-socket"),
+                                      ("SYS", "cross-socket"), ("SOC", "cross-socket")])
+def test_hop_class(link, cls):
+    assert hop_class(link) == cls
+
+
+def test_hop_class_rejects_self_and_junk():
+    for bad in ("X", "NV", "nvlink", ""):
+        with pytest.raises(ValueError):
+            hop_class(bad)
+
+
+def test_pipeline_pairs():
+    assert pipeline_pairs([0, 1]) == [(0, 1), (1, 0)]
+    assert pipeline_pairs([2, 0, 5]) == [(2, 0), (0, 5), (5, 2)]
+    assert pipeline_pairs([3]) == []
+
+
+def test_discovery_helpers():
+    assert sysfs_bus_id("00000000:3B:00.0") == "0000:3b:00.0"
+    assert mask_to_cpulist([0b1111_0000_1111, 1]) == "0-3,8-11,64"
+    assert mask_to_cpulist([0]) is None
+
+
+def _gpu(i, numa):
+    return GpuInfo(index=i, name="NVIDIA RTX PRO 6000 Blackwell Server Edition", uuid=f"GPU-{i}",
+                   pci_bus_id=f"0000:{0x10 + i:02x}:00.0", memory_bytes=97_887_000_000,
+                   pcie_gen_current=5, pcie_gen_max=5, pcie_width_current=16,
+                   pcie_width_max=16, numa_node=numa, cpu_affinity="0-31" if numa == 0 else "32-63")
+
+
+DISC = Discovery(gpus=(_gpu(0, 0), _gpu(1, 0), _gpu(2, 1)),
+                 links={"0-1": "PIX", "0-2": "SYS", "1-2": "SYS"},
+                 p2p_support={"0-1": {"read": "OK", "write": "OK"},
+                              "0-2": {"read": "OK", "write": "OK"},
+                              "1-2": {"read": "chipset not supported", "write": "OK"}},
+                 sockets=2, numa_nodes=2, links_source="nvidia-smi", driver="580.65.06")
+
+
+def _hop(src, dst, b, us):
+    return {"src": src, "dst": dst, "batch": b, "bytes": 2 * b * 7168 * 2, "tensors": 2,
+            "nccl_us": us / 2, "sendrecv_us": us, "gloo_meta_us": 40.0, "hop_us": us}
+
+
+def test_build_data_from_canned_discovery():
+    hops = [_hop(0, 1, 1, 60.0), _hop(1, 2, 1, 90.0), _hop(2, 0, 1, 95.0),
+            _hop(0, 1, 8, 70.0)]  # b=8 lacks the 1->2 hop: no per-step total for it
+    d = probe.build_data(DISC, [0, 1, 2], hops=hops, hidden=7168, tensors=2, mode="default")
+    assert [(h["src"], h["dst"], h["link"], h["hop_class"], h["carries"])
+            for h in d["pipeline_hops"]] == [(0, 1, "PIX", "same-switch", "hidden_states"),
+                                            (1, 2, "SYS", "cross-socket", "hidden_states"),
+                                            (2, 0, "SYS", "cross-socket", "tokens")]
+    assert d["hops"][1]["hop_class"] == "cross-socket" and d["hops"][0]["link"] == "PIX"
+    assert d["decode_step_hop_us"] == {"1": 150.0}
+    assert d["gpus"][2]["numa_node"] == 1 and d["sockets"] == 2
+    assert d["links"] == DISC.links
+
+
+def test_record_renders_and_round_trips(tmp_path):
+    from reports.records import make_record, write_record
+    p2p = [{"src": 0, "dst": 1, "op": "write", "direction": "uni", "p2p": True,
+            "status": "ok", "bandwidth_gbps": 53.5},
+           {"src": 1, "dst": 2, "op": "write", "direction": "uni", "p2p": True,
+            "status": "waived", "reason": "no P2P"}]
+    d = probe.build_data(DISC, [0, 1, 2], p2p=p2p, hops=[_hop(0, 1, 1, 60.0)], hidden=7168,
+                         tensors=2, mode="quick")
+    rec = make_record("topology", d, argv=["ppscope", "topology"])
+    write_record(rec, tmp_path / "t.json")
+    back = read_record(tmp_path / "t.json")
+    assert back.data["p2p"][0]["bandwidth_gbps"] == 53.5
+    text = render_text(back)
+    assert "53.50" in text and "WAIVED" in text and "same-switch" in text
+    assert "60.0 (30.0)" in text
+
+
+def test_cli_from_nvidia_smi_writes_record_and_png(fixtures, tmp_path, capsys):
+    out = tmp_path / "r" / "topology.json"
+    rc = main(["topology", "--from-nvidia-smi", str(fixtures / "topo" / "five_gpu_two_numa.txt"),
+               "--json", str(out)])
+    assert rc == 0
+    d = json.loads(out.read_text())["data"]
+    assert d["links"]["1-2"] == "PHB" and len(d["links"]) == 10
+    assert d["gpus"][0] == {"index": 0, "cpu_affinity": "8-15,24-31", "numa_node": 1,
+                            "gpu_numa_id": None}
+    assert [h["hop_class"] for h in d["pipeline_hops"]] == [
+        "cross-socket", "same-socket", "same-socket", "same-socket", "cross-socket"]
+    assert (tmp_path / "r" / "topology.png").stat().st_size > 1000
+    assert "NODE" in capsys.readouterr().out
+
+
+def test_cli_pp_limits_the_pipeline(fixtures, tmp_path):
+    out = tmp_path / "t.json"
+    assert main(["topology", "--from-nvidia-smi", str(fixtures / "topo" / "rtxpro6000x8_pcie.txt"),
+                 "--json", str(out), "--pp", "4", "--no-png"]) == 0
+    d = json.loads(out.read_text())["data"]
+    assert d["pipeline"] == [0, 1, 2, 3] and len(d["links"]) == 28
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--from-nvidia-smi", "MISSING"], "cannot read"),
+    (["--from-nvidia-smi", "BAD"], "line 2: unknown link 'QQQ'"),
+    (["--from-nvidia-smi", "GOOD", "--pp", "9"], "--pp 9 but the file lists 2 GPUs"),
+    (["--from-nvidia-smi", "GOOD", "--gpus", "0,x"], "comma-separated integers"),
+    (["--from-nvidia-smi", "GOOD", "--gpus", "0,5"], "GPU 5 is not in the file"),
+])
+def test_cli_errors_one_line_exit_2(tmp_path, capsys, args, words):
+    (tmp_path / "GOOD").write_text("\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tPIX\t0-7\n"
+                                   "GPU1\tPIX\t X \t0-7\n")
+    (tmp_path / "BAD").write_text("\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tQQQ\t0-7\n")
+    args = [str(tmp_path / a) if a in ("MISSING", "BAD", "GOOD") else a for a in args]
+    rc = main(["topology", *args, "--json", str(tmp_path / "o.json")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and words in err and "\n" not in err and "Traceback" not in err
+
+
+def test_cli_live_without_gpu_explains_and_leaves_waived_record(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("topology.discover.gpu_count", lambda: 0)
+    out = tmp_path / "t.json"
+    rc = main(["topology", "--json", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "needs NVIDIA GPUs" in err and "--from-nvidia-smi" in err
+    rec = read_record(out)
+    assert rec.status == "waived" and "--from-nvidia-smi" in rec.reason
+
+
+def test_hidden_size_from_model_or_flag():
+    from topology.topology_cli import hidden_size
+    assert hidden_size("kimi-k2", 4096) == 4096
+    assert hidden_size("kimi-k2", None) == 7168
