@@ -1,0 +1,90 @@
+"""`ppscope graphs`: CUDA-graph replay vs eager per layer, and SGLang's capture rule."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from microbench.stage_cost_cli import int_list
+from reports.errors import CliError
+from reports.paths import default_record_path
+
+
+def register(sub) -> None:
+    from microbench import graphs as gr
+
+    p = sub.add_parser("graphs", help="CUDA-graph vs eager per layer; SGLang capture sizes",
+                       description=gr.__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="kimi-k2", help="preset name or HF config.json path")
+    p.add_argument("--pp", type=int, default=8)
+    p.add_argument("--partition", help="layers per stage, e.g. 7,7,7,8,8,8,8,8")
+    p.add_argument("--batches", type=int_list, default=gr.DEFAULT_BATCHES)
+    p.add_argument("--max-bs", type=int, help="SGLang --cuda-graph-max-bs (default: SGLang's "
+                   "default for this GPU's memory, else 256)")
+    p.add_argument("--user-batches", type=int_list, default=(),
+                   help="micro-batch sizes your server runs, e.g. 1,4,32: flagged if eager")
+    p.add_argument("--context", type=int, default=2048, help="KV-cache tokens per request")
+    p.add_argument("--experts-sample", type=int, help="allocate only N routed experts")
+    p.add_argument("--variant", default="fast", choices=["fast", "plain"])
+    p.add_argument("--plan", action="store_true", help="capture rule only; no GPU needed")
+    p.add_argument("--json", help="record path (default results/graphs.json)")
+    p.set_defaults(func=main)
+
+
+def main(args) -> int:
+    from microbench import graphs as gr
+    from reports.model_config import ConfigError, load_model
+    from reports.partition import pp_partition
+
+    try:
+        pp_partition(load_model(args.model).num_layers, args.pp, args.partition)
+    except (ConfigError, ValueError) as e:
+        raise CliError(str(e)) from None
+    if not args.plan and (reason := gr.available()):
+        raise CliError(f"measuring needs a GPU ({reason}); use --plan for the capture rule")
+    max_bs = args.max_bs
+    if max_bs is None:
+        mem = None
+        if not args.plan:
+            import torch
+            mem = torch.cuda.get_device_properties(0).total_memory / 1e9
+        max_bs = gr.default_max_bs(mem) or 256
+    if max_bs < 1:
+        raise CliError(f"--max-bs must be >= 1, got {max_bs}")
+    out = Path(args.json) if args.json else default_record_path(gr.PROBE)
+    cfg = gr.GraphsConfig(model=args.model, pp=args.pp, partition=args.partition,
+                          batches=args.batches, max_bs=max_bs, user_batches=args.user_batches,
+                          context_len=args.context, experts_sample=args.experts_sample,
+                          variant=args.variant, plan=args.plan, out=out, argv=tuple(args.argv))
+    bar = None
+    if not args.plan:
+        from tqdm import tqdm
+        bar = tqdm(total=len(cfg.batches), desc="graphs", unit="batch", leave=False)
+    try:
+        rec = gr.run(cfg, progress=bar)
+    finally:
+        if bar:
+            bar.close()
+    print(render(rec.data))
+    print(f"\nrecord: {out}" + (f"  status: {rec.status} ({rec.reason})"
+                                if rec.status != "ok" else ""))
+    return 0 if rec.status != "error" else 1
+
+
+def render(d: dict) -> str:
+    from tabulate import tabulate
+
+    def f(v, fmt="{:.1f}"):
+        return "-" if v is None else fmt.format(v)
+
+    rows = [[r["batch"], f(r["eager_us"]), f(r["graph_us"]), f(r["kernels_per_layer"], "{}"),
+             f(r["launch_overhead_us_per_kernel"], "{:.2f}"), f(r["cpu_launch_us"]),
+             r["sglang_path"], f(r["padded_to"], "{}"), f(r["padding_waste"], "{:.0%}")]
+            for r in d["by_batch"]]
+    lines = [f"{d['model']} PP{d['pp']}: {d['representative']}; max_bs {d['max_bs']}, "
+             f"{len(d['capture_sizes'])} captured sizes; prefill {d['prefill_path']}",
+             tabulate(rows, headers=["batch", "eager_us", "graph_us", "kernels/layer",
+                                     "launch_us/kernel", "cpu_launch_us", "sglang_path",
+                                     "padded_to", "padding_waste"], tablefmt="simple")]
+    lines += [f"flag: {x}" for x in d.get("flags") or []]
+    return "\n".join(lines)

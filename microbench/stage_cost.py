@@ -1,0 +1,363 @@
+"""What each pipeline stage costs per decode step, against its roofline floor.
+
+Measured: one decode forward of each layer kind the model has (MoE, attention, dense MLP,
+lm_head + sampling) at its real dimensions with random bf16 weights, for every micro-batch
+size in `batches` (default 1..128) plus one prefill chunk (eager, MoE and dense MLP only).
+Each op is checked against a float32 reference before it is timed. Decode layers are timed as
+CUDA-graph replays (SGLang decodes from graphs), with `microbench.timing.do_bench_graph`.
+With `compare_plain`, the straightforward `torch._grouped_mm` MoE layer is timed in the same
+run (`layers.moe_plain`), so the optimised path can be judged against it.
+
+Stage cost = Σ over its layers (attention + MoE or dense MLP) + extras (lm_head on the last
+stage; the embedding lookup is costed by the roofline only). Efficiency = floor / measured;
+imbalance = max / mean stage cost. INT4/FP8 are not executed: measurements use bf16 and are
+compared with the bf16 floor; the native-format floor is in `plan` for the report.
+
+Run: `ppscope stage-cost --model kimi-k2 --pp 8 --dtype bf16` on one GPU (`--plan` anywhere:
+floors only). Read: `stages[i].by_batch["8"]` is stage i's cost for a micro-batch of 8.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reports.gpu_specs import GpuSpec, load_gpu, match_gpu
+from reports.model_config import ModelConfig, load_model, matrix_bytes
+from reports.partition import pp_partition
+from reports.records import Record, make_record, write_record
+from reports.roofline import (DEFAULT_CONTEXT, _floor_us, layer_floor, mlp_bytes,
+                              routed_expert_bytes, stage_floor)
+
+PROBE = "stage_cost"
+DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+@dataclass(frozen=True)
+class StageCostConfig:
+    model: str = "kimi-k2"
+    pp: int = 8
+    partition: str | None = None
+    gpu: str | None = None            # spec sheet name; None: match the GPU here, else rtx-pro-6000
+    dtype: str = "native"             # native (model's formats) | bf16 | fp8 | int4 (plan floors)
+    backend: str = "torch"            # torch | sglang
+    variant: str = "fast"             # fast | plain (torch backend)
+    compare_plain: bool = True
+    batches: tuple[int, ...] = DEFAULT_BATCHES
+    prefill_chunk: int = 2048         # 0: skip
+    context_len: int = DEFAULT_CONTEXT
+    zipf_s: float = 0.0
+    experts_sample: int | None = None
+    mem_bw_gbps: float | None = None  # measured HBM bandwidth; None: spec sheet
+    plan: bool = False
+    out: Path | None = None
+    argv: tuple[str, ...] = ()
+
+
+def available() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA GPU visible"
+    return None
+
+
+def resolve(cfg: StageCostConfig) -> tuple[ModelConfig, GpuSpec]:
+    m = load_model(cfg.model)
+    if cfg.dtype != "native":
+        m = m.all_formats(cfg.dtype)
+    if cfg.gpu:
+        return m, load_gpu(cfg.gpu)
+    if not cfg.plan and available() is None:
+        import torch
+        spec = match_gpu(torch.cuda.get_device_name())
+        if spec:
+            return m, spec
+    return m, load_gpu("rtx-pro-6000")
+
+
+def moe_floor_us(m: ModelConfig, distinct: float, gpu: GpuSpec, bw: float | None) -> float:
+    """Floor of one MoE layer given the distinct routed experts actually touched."""
+    H, I = m.hidden, m.moe_intermediate
+    nbytes = (matrix_bytes(m.n_routed_experts, H, m.formats.router)
+              + (mlp_bytes(H, m.n_shared_experts * I, m.formats.shared_experts)
+                 if m.n_shared_experts else 0) + distinct * routed_expert_bytes(m))
+    return _floor_us(nbytes, 0.0, gpu, bw)
+
+
+def plan_stages(m: ModelConfig, gpu: GpuSpec, cfg: StageCostConfig) -> list[dict[str, Any]]:
+    out = []
+    for st in pp_partition(m.num_layers, cfg.pp, cfg.partition):
+        by_batch = {}
+        for b in cfg.batches:
+            f = stage_floor(m, st, b, gpu, context_len=cfg.context_len, zipf_s=cfg.zipf_s,
+                            mem_bw_gbps=cfg.mem_bw_gbps)
+            by_batch[str(b)] = {"measured_us": None, "floor_us": f.floor_us, "efficiency": None,
+                                "weight_bytes": f.weight_bytes, "kv_bytes": f.kv_bytes,
+                                "flops": f.flops, "components": {k: None for k in f.components_us},
+                                "floor_components_us": f.components_us}
+        out.append({**dataclasses.asdict(st), "by_batch": by_batch})
+    return out
+
+
+def _counts(m: ModelConfig, st: dict) -> dict[str, int]:
+    layers = range(st["first_layer"], st["first_layer"] + st["num_layers"])
+    n_moe = sum(1 for i in layers if m.layer_is_moe(i))
+    return {"attention": st["num_layers"], "moe": n_moe, "dense_mlp": st["num_layers"] - n_moe,
+            "lm_head": int(st["lm_head"])}
+
+
+def fill_stage_costs(m: ModelConfig, stages: list[dict], layers: dict[str, dict]) -> dict:
+    """Stage cost = Σ count x measured layer time; returns imbalance per batch."""
+    imbalance = {}
+    for b in next(iter(stages))["by_batch"]:
+        costs = []
+        for st in stages:
+            e = st["by_batch"][b]
+            comps, total = {}, 0.0
+            for kind, n in _counts(m, st).items():
+                if n == 0:
+                    continue
+                meas = (layers.get(kind) or {}).get(b, {}).get("measured_us")
+                comps[kind] = None if meas is None else n * meas
+                total = None if (meas is None or total is None) else total + n * meas
+            e["components"] = comps
+            e["measured_us"] = total
+            e["efficiency"] = (e["floor_us"] / total) if total else None
+            costs.append(total)
+        floors = [st["by_batch"][b]["floor_us"] for st in stages]
+        imbalance[b] = {
+            "measured": (max(costs) / (sum(costs) / len(costs))) if all(costs) else None,
+            "floor": max(floors) / (sum(floors) / len(floors))}
+    return imbalance
+
+
+def _data(cfg, m, m_meas, gpu, stages, layers, prefill, notes, imbalance) -> dict:
+    return {"model": m.name, "pp": cfg.pp, "gpu": gpu.name, "gpu_source": gpu.source,
+            "mem_bw_gbps": cfg.mem_bw_gbps or gpu.mem_bw_gbps,
+            "mem_bw_from": "measured" if cfg.mem_bw_gbps else "spec sheet",
+            "backend": cfg.backend, "moe_variant": cfg.variant, "dtype": cfg.dtype,
+            "formats": dataclasses.asdict(m.formats),
+            "measured_formats": dataclasses.asdict(m_meas.formats) if m_meas else None,
+            "timing": None if cfg.plan else "cuda_graph_replay",
+            "batches": list(cfg.batches), "context_len": cfg.context_len, "zipf_s": cfg.zipf_s,
+            "experts_sample": cfg.experts_sample, "partition": cfg.partition,
+            "stages": stages, "layers": layers, "prefill": prefill, "imbalance": imbalance,
+            "notes": notes}
+
+
+def run(cfg: StageCostConfig, progress=None) -> Record:
+    """Plan (floors) or measure; writes `cfg.out` as it goes when given."""
+    m, gpu = resolve(cfg)
+    stages = plan_stages(m, gpu, cfg)
+    notes: list[str] = []
+    if cfg.plan:
+        imb = {str(b): {"measured": None, "floor": max(s["by_batch"][str(b)]["floor_us"]
+                                                       for s in stages)
+                        / (sum(s["by_batch"][str(b)]["floor_us"] for s in stages) / len(stages))}
+               for b in cfg.batches}
+        rec = make_record(PROBE, _data(cfg, m, None, gpu, stages, {}, None,
+                                       ["plan: roofline floors only, nothing measured"], imb),
+                          argv=list(cfg.argv))
+        if cfg.out:
+            write_record(rec, cfg.out)
+        return rec
+    reason = available()
+    if reason:
+        rec = make_record(PROBE, _data(cfg, m, None, gpu, stages, {}, None, [], {}),
+                          status="waived", reason=f"needs a GPU: {reason}", argv=list(cfg.argv))
+        if cfg.out:
+            write_record(rec, cfg.out)
+        return rec
+    return _measure(cfg, m, gpu, stages, notes, progress)
+
+
+def _fits(nbytes: int, what: str, m: ModelConfig, cfg: StageCostConfig) -> str | None:
+    import torch
+
+    free, _ = torch.cuda.mem_get_info()
+    need = nbytes * 1.1 + 2e9   # weights + activations/workspace margin
+    if need <= free:
+        return None
+    msg = f"{what} needs {need / 1e9:.1f} GB, {free / 1e9:.1f} GB free"
+    if what.startswith("moe") and m.is_moe:
+        per = 2 * 3 * m.hidden * m.moe_intermediate
+        n = int((free - 2e9 - 2 * m.n_routed_experts * m.hidden) / 1.1 // per) - m.n_shared_experts
+        msg += (f": use --experts-sample {max(n, m.top_k)} (allocate fewer experts) or a smaller "
+                "weight format")
+    else:
+        msg += ": use a GPU with more memory or a smaller model"
+    return msg
+
+
+def _measure(cfg, m, gpu, stages, notes, progress) -> Record:
+    import torch
+
+    from microbench import layers as L
+    from microbench.timing import do_bench, do_bench_graph
+
+    dev = torch.device("cuda")
+    m_meas = m.all_formats("bf16")
+    if cfg.dtype not in ("bf16",) and m.formats != m_meas.formats:
+        notes.append("INT4/FP8 are not executed: layers run in bf16, and stage floors and "
+                     "efficiencies here use bf16 (run --plan for the native-format floors)")
+    # efficiencies are computed against the bf16 floors of what actually ran
+    stages = plan_stages(m_meas, gpu, cfg) if m.formats != m_meas.formats else stages
+    if cfg.experts_sample:
+        notes.append(f"MoE layers allocate {cfg.experts_sample} of {m.n_routed_experts} routed "
+                     "experts (ids folded modulo that); floors use the distinct experts touched")
+    kinds = ["attention"] + (["moe"] if m.is_moe else []) + \
+            (["dense_mlp"] if m.first_k_dense > 0 else []) + ["lm_head"]
+    if cfg.compare_plain and m.is_moe and cfg.backend == "torch" and cfg.variant != "plain":
+        kinds.insert(2, "moe_plain")
+    layers: dict[str, dict] = {k: {} for k in kinds}
+    prefill: dict[str, Any] = {"chunk_tokens": cfg.prefill_chunk, "timing": "eager",
+                               "layers": {}} if cfg.prefill_chunk else None
+    total = len(kinds) * len(cfg.batches)
+    done = [0]
+    bw = cfg.mem_bw_gbps
+
+    def save(final: bool = False) -> Record:
+        imb = fill_stage_costs(m_meas, stages, layers)
+        data = _data(cfg, m, m_meas, gpu, stages, layers, prefill, notes, imb)
+        errs = [f"{k}: {v['error']}" for k, d in layers.items() for v in d.values()
+                if isinstance(v, dict) and v.get("error")]
+        if final:
+            status = "ok" if not errs else "error"
+            reason = None if not errs else "; ".join(sorted(set(errs)))[:500]
+        else:
+            status, reason = "error", f"incomplete: {done[0]} of {total} points measured so far"
+        rec = make_record(PROBE, data, status=status, reason=reason, argv=list(cfg.argv))
+        if cfg.out:
+            write_record(rec, cfg.out)
+        return rec
+
+    for kind in kinds:
+        base = "moe" if kind == "moe_plain" else kind
+        variant = "plain" if kind == "moe_plain" else cfg.variant
+        weights = None
+        if base == "moe":
+            nb = L.moe_weight_bytes(m_meas, cfg.experts_sample)
+            too_big = _fits(nb, f"moe layer ({m_meas.n_routed_experts if not cfg.experts_sample else cfg.experts_sample} experts, bf16)", m_meas, cfg)
+            if too_big:
+                for b in cfg.batches:
+                    layers[kind][str(b)] = {"measured_us": None, "floor_us": None,
+                                            "error": too_big}
+                done[0] += len(cfg.batches)
+                save()
+                continue
+        check_err = None
+        for i, b in enumerate(cfg.batches):
+            entry: dict[str, Any] = {}
+            try:
+                kw = dict(context_len=cfg.context_len, seed=0)
+                if base == "moe":
+                    kw.update(backend=cfg.backend, variant=variant, zipf_s=cfg.zipf_s,
+                              experts_sample=cfg.experts_sample, weights=weights)
+                built = L.build(base, m_meas, b, dev, **kw)
+                if base == "moe":
+                    weights = built.info.pop("weights")
+                if i == 0:  # check once per layer implementation, on fresh inputs
+                    entry_check = built.check()
+                    entry["check_rel_err"] = entry_check
+                t = (do_bench_graph if built.graphable else do_bench)(built.fn)
+                if base == "moe":
+                    d = built.info["distinct_experts"]
+                    floor = moe_floor_us(m_meas, d, gpu, bw)
+                    entry.update(distinct_experts=d, experts_allocated=built.info[
+                        "experts_allocated"])
+                else:
+                    floor = layer_floor(m_meas, base, b, gpu, context_len=cfg.context_len,
+                                        mem_bw_gbps=bw).floor_us
+                entry.update(measured_us=t.median_us, p20_us=t.p20_us, p80_us=t.p80_us,
+                             floor_us=floor, efficiency=floor / t.median_us,
+                             backend=built.backend,
+                             timing="cuda_graph_replay" if built.graphable else "eager")
+                del built
+            except L.CheckFailed as e:
+                check_err = str(e)
+            except torch.cuda.OutOfMemoryError:
+                check_err = "out of memory: try --experts-sample N or fewer/lower batches"
+            except RuntimeError as e:
+                check_err = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            if check_err:
+                entry = {"measured_us": None, "floor_us": None, "error": check_err}
+            layers[kind][str(b)] = entry
+            done[0] += 1
+            if progress:
+                progress.update(1)
+            save()
+            if check_err:  # a failed check or build fails every batch the same way
+                for b2 in cfg.batches[i + 1:]:
+                    layers[kind][str(b2)] = dict(entry)
+                    done[0] += 1
+                break
+        if prefill is not None and base in ("moe", "dense_mlp") and not check_err:
+            T = cfg.prefill_chunk
+            try:
+                kw = dict(seed=0)
+                if base == "moe":
+                    kw.update(backend=cfg.backend, variant=variant,
+                              experts_sample=cfg.experts_sample, weights=weights)
+                built = L.build(base, m_meas, T, dev, **kw)
+                t = do_bench(built.fn)
+                floor = (moe_floor_us(m_meas, built.info["distinct_experts"], gpu, bw)
+                         if base == "moe" else layer_floor(m_meas, base, T, gpu,
+                                                           mem_bw_gbps=bw).floor_us)
+                if base == "moe":  # prefill is compute-heavy: the floor takes FLOPs into account
+                    fl = layer_floor(m_meas, "moe", T, gpu, mem_bw_gbps=bw)
+                    floor = max(floor, fl.flops / (gpu.bf16_tflops * 1e12) * 1e6)
+                prefill["layers"][kind] = {"measured_us": t.median_us, "floor_us": floor,
+                                           "efficiency": floor / t.median_us}
+                del built
+            except (RuntimeError, torch.cuda.OutOfMemoryError) as e:
+                prefill["layers"][kind] = {"measured_us": None,
+                                           "error": str(e).splitlines()[0][:200]}
+        del weights
+        torch.cuda.empty_cache()
+    if prefill is not None:
+        prefill["note"] = "attention prefill not measured (decode kernel only); eager timing"
+    return save(final=True)
+
+
+def plot(rec_data: dict, path: str | Path, batch: int) -> Path:
+    """PNG: per-stage cost stacked by component (measured, else floor) with each stage's floor."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    stages = rec_data["stages"]
+    b = str(batch)
+    kinds = ["attention", "moe", "dense_mlp", "lm_head"]
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    bottoms = [0.0] * len(stages)
+    measured = all(s["by_batch"][b]["measured_us"] is not None for s in stages)
+    for k in kinds:
+        vals = []
+        for s in stages:
+            e = s["by_batch"][b]
+            v = (e["components"] or {}).get(k) if measured else \
+                (e.get("floor_components_us") or {}).get(k)
+            vals.append(v or 0.0)
+        if any(vals):
+            ax.bar(range(len(stages)), vals, bottom=bottoms, label=k)
+            bottoms = [x + y for x, y in zip(bottoms, vals)]
+    floors = [s["by_batch"][b]["floor_us"] for s in stages]
+    ax.plot(range(len(stages)), floors, "k_", markersize=28, mew=2, label="roofline floor")
+    ax.set_xticks(range(len(stages)),
+                  [f"{s['index']}\n{s['num_layers']}L" + ("+lm" if s["lm_head"] else "")
+                   for s in stages])
+    ax.set_xlabel("pipeline stage (layers)")
+    ax.set_ylabel("time per decode step (µs)")
+    ax.set_title(f"{rec_data['model']} PP{rec_data['pp']} on {rec_data['gpu']}, micro-batch {batch}"
+                 + ("" if measured else " (roofline only)"))
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

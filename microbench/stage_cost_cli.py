@@ -1,0 +1,130 @@
+"""`ppscope stage-cost`: per-stage decode cost against its roofline (see microbench/stage_cost)."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from reports.errors import CliError
+from reports.paths import default_record_path
+
+
+def int_list(s: str) -> tuple[int, ...]:
+    try:
+        v = tuple(int(x) for x in s.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers like 1,2,4,8, got {s!r}") from None
+    if not v or min(v) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {s!r}")
+    return v
+
+
+def register(sub) -> None:
+    from microbench import stage_cost as sc
+
+    p = sub.add_parser("stage-cost", help="per-stage decode cost vs roofline (one GPU; --plan "
+                       "anywhere)", description=sc.__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="kimi-k2", help="preset name or HF config.json path")
+    p.add_argument("--pp", type=int, default=8, help="pipeline stages (default 8)")
+    p.add_argument("--partition", help="layers per stage, e.g. 7,7,7,8,8,8,8,8 "
+                   "(SGLANG_PP_LAYER_PARTITION)")
+    p.add_argument("--gpu", help="GPU spec sheet for the floor (default: this GPU, else "
+                   "rtx-pro-6000)")
+    p.add_argument("--dtype", default="native", choices=["native", "bf16", "fp8", "int4"],
+                   help="weight format for every component (native: the model's own mix)")
+    p.add_argument("--backend", default="torch", choices=["torch", "sglang"])
+    p.add_argument("--variant", default="fast", choices=["fast", "plain"],
+                   help="torch MoE path (default fast)")
+    p.add_argument("--no-compare-plain", action="store_true",
+                   help="do not also time the plain grouped_mm MoE layer")
+    p.add_argument("--batches", type=int_list, default=sc.DEFAULT_BATCHES,
+                   help="micro-batch sizes (default 1,2,4,8,16,32,64,128)")
+    p.add_argument("--prefill-chunk", type=int, default=2048, help="tokens; 0 skips it")
+    p.add_argument("--context", type=int, default=2048, help="KV-cache tokens per request")
+    p.add_argument("--zipf", type=float, default=0.0, help="expert-routing skew exponent")
+    p.add_argument("--experts-sample", type=int, help="allocate only N routed experts")
+    p.add_argument("--mem-bw", type=float, help="measured HBM bandwidth, GB/s, for the floor")
+    p.add_argument("--plan", action="store_true", help="floors only; no GPU needed")
+    p.add_argument("--png", help="plot path (default: next to the JSON)")
+    p.add_argument("--png-batch", type=int, default=8, help="micro-batch size to plot")
+    p.add_argument("--json", help="record path (default results/stage_cost.json)")
+    p.set_defaults(func=main)
+
+
+def main(args) -> int:
+    from microbench import stage_cost as sc
+    from reports.model_config import ConfigError
+
+    if args.pp < 1:
+        raise CliError(f"--pp must be >= 1, got {args.pp}")
+    out = Path(args.json) if args.json else default_record_path(sc.PROBE)
+    cfg = sc.StageCostConfig(
+        model=args.model, pp=args.pp, partition=args.partition, gpu=args.gpu, dtype=args.dtype,
+        backend=args.backend, variant=args.variant, compare_plain=not args.no_compare_plain,
+        batches=args.batches, prefill_chunk=args.prefill_chunk, context_len=args.context,
+        zipf_s=args.zipf, experts_sample=args.experts_sample, mem_bw_gbps=args.mem_bw,
+        plan=args.plan, out=out, argv=tuple(args.argv))
+    try:
+        sc.resolve(cfg)
+        from reports.partition import pp_partition
+        from reports.model_config import load_model
+        pp_partition(load_model(cfg.model).num_layers, cfg.pp, cfg.partition)
+    except (ConfigError, ValueError) as e:
+        raise CliError(str(e)) from None
+    if not args.plan and (reason := sc.available()):
+        raise CliError(f"measuring needs a GPU ({reason}); use --plan for roofline floors")
+    if args.png_batch not in cfg.batches:
+        raise CliError(f"--png-batch {args.png_batch} is not among --batches")
+    bar = None
+    if not args.plan:
+        from reports.model_config import load_model
+        from tqdm import tqdm
+        n = 2 + load_model(cfg.model).is_moe * (1 + cfg.compare_plain) + 1
+        bar = tqdm(total=n * len(cfg.batches), desc="stage-cost", unit="pt", leave=False)
+    try:
+        rec = sc.run(cfg, progress=bar)
+    finally:
+        if bar:
+            bar.close()
+    print(render(rec.data))
+    png = sc.plot(rec.data, args.png or out.with_suffix(".png"), args.png_batch)
+    print(f"\nrecord: {out}  plot: {png}" + (f"  status: {rec.status} ({rec.reason})"
+                                             if rec.status != "ok" else ""))
+    return 0 if rec.status != "error" else 1
+
+
+def _f(v, fmt="{:.1f}"):
+    return "-" if v is None else fmt.format(v)
+
+
+def render(d: dict) -> str:
+    from tabulate import tabulate
+
+    rows = []
+    for st in d["stages"]:
+        for b, e in st["by_batch"].items():
+            rows.append([st["index"], st["num_layers"], "yes" if st["lm_head"] else "", b,
+                         _f(e["measured_us"]), _f(e["floor_us"]),
+                         _f(e["efficiency"] and 100 * e["efficiency"], "{:.0f}%")])
+    out = [f"{d['model']} PP{d['pp']} on {d['gpu']} ({d['mem_bw_gbps']:.0f} GB/s, "
+           f"{d['mem_bw_from']}), formats {d['dtype']}",
+           tabulate(rows, headers=["stage", "layers", "lm_head", "batch", "measured_us",
+                                   "floor_us", "efficiency"], tablefmt="simple")]
+    if d.get("layers"):
+        lrows = []
+        for kind, by_b in d["layers"].items():
+            for b, e in by_b.items():
+                lrows.append([kind, b, e.get("backend", ""), _f(e.get("measured_us")),
+                              _f(e.get("floor_us")),
+                              _f(e.get("efficiency") and 100 * e["efficiency"], "{:.0f}%"),
+                              e.get("distinct_experts", ""), e.get("error", "")[:60]])
+        out += ["", tabulate(lrows, headers=["layer", "batch", "backend", "measured_us",
+                                             "floor_us", "efficiency", "experts", "error"],
+                             tablefmt="simple")]
+    imb = [[b, _f(v["measured"], "{:.3f}"), _f(v["floor"], "{:.3f}")]
+           for b, v in (d.get("imbalance") or {}).items()]
+    if imb:
+        out += ["", tabulate(imb, headers=["batch", "imbalance_measured (max/mean)",
+                                           "imbalance_floor"], tablefmt="simple")]
+    out += [f"note: {n}" for n in d.get("notes") or []]
+    return "\n".join(out)
