@@ -169,15 +169,12 @@ def _f(x, nd: int = 0) -> str:
 def handle(args) -> int:
     from microbench.dispatch import available, run, trace_path_for, visible_gpus
     reason = available()
-    if reason and str(args.pp) != "auto":
-        try:  # a wrong --pp is the user's error even here; otherwise leave a waived record
-            int(args.pp)
-        except ValueError:
-            raise CliError(f"--pp must be a number or 'auto', got {args.pp!r}") from None
-    if reason:
+    if reason:  # leave a waived record; an explicit --pp the machine cannot honour is an error
         from reports.records import waived, write_record
         path = args.json or default_record_path("dispatch")
         write_record(waived("dispatch", reason, argv=getattr(args, "argv", None)), path)
+        if str(args.pp) != "auto":
+            config_from_args(args, visible_gpus())  # raises the one-line CliError
         print(f"dispatch: waived ({reason}); wrote {path}")
         return 0
     cfg = config_from_args(args, visible_gpus())

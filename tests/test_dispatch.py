@@ -1,0 +1,203 @@
+"""Dispatch probe: pure pieces (summaries, trace, parsing, CLI errors) on synthetic rank data."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from microbench import dispatch as D
+from microbench.pp_loop import (arrival_times, interp_cost, padded_size, parse_cost_curve,
+                                sglang_capture_sizes)
+from reports import cli
+from reports.records import read_record
+
+MS = 1e-3
+
+
+def fake_rank(rank: int, offset_s: float) -> dict:
+    """PP2, 4 slots, burst C=8 under `sglang`: slot 0 prefills at it 0, decodes at 4, 8, 12.
+    Iterations every 1 ms; measured from it 4. Rank 1 gets its input 40 us after rank 0's
+    forward ends (the hop)."""
+    cols = {k: [] for k in ("it", "slot", "kind", "n", "rows", "measure", "t_start", "t_end",
+                            "wait_us", "t_in", "t_fs", "t_fe", "t_se")}
+    for it in range(13):
+        s, ts = it % 4, it * MS
+        busy = s == 0
+        kind = "prefill" if it == 0 else ("decode" if busy else "idle")
+        cols["it"].append(it)
+        cols["slot"].append(s)
+        cols["kind"].append(kind)
+        cols["n"].append(8 if busy else 0)
+        cols["rows"].append((128 if it == 0 else 8) if busy else 0)
+        cols["measure"].append(it >= 4)
+        cols["t_start"].append(ts)
+        cols["t_end"].append(ts + 0.3 * MS)
+        cols["wait_us"].append(50.0 if busy and it else 0.0)
+        if busy:
+            fe0 = ts + 0.7 * MS  # rank 0: in at +0.1, fs at +0.2, fe at +0.7
+            t_in = ts + 0.1 * MS if rank == 0 else fe0 + 0.04 * MS
+            fs = t_in + (0.1 * MS if rank == 0 else 0.01 * MS)
+            fe = fs + 0.5 * MS
+            cols["t_in"].append(None if rank == 0 and it == 0 else t_in)
+            cols["t_fs"].append(fs)
+            cols["t_fe"].append(fe)
+            cols["t_se"].append(fe + 0.03 * MS)
+        else:
+            for k in ("t_in", "t_fs", "t_fe", "t_se"):
+                cols[k].append(None)
+    pt = {"point": {"policy": "sglang", "arrival": "burst", "concurrency": 8}, "rank": rank,
+          "slots": 4, "ref_err_us": 3.0, "t_point_start": 0.0 + offset_s, "columns": cols,
+          "complete": True}
+    if rank == 0:
+        pt.update(admitted=8, occupancy=[(0.0, [8, 0, 0, 0])], arrivals_s=[0.0] * 8)
+    return {"rank": rank, "pp": 2, "device": "X", "info": {"layers_used": 2}, "points": [pt]}
+
+
+def test_run_summary_throughput_and_tpot():
+    ranks = [fake_rank(0, 0.0), fake_rank(1, 0.0)]
+    run = D.run_summary([r["points"][0] for r in ranks])
+    # window it 4..12 = 8 ms; decodes at it 4 and 8 (it 12 closes the window): 16 tokens
+    assert run["decode_tokens"] == 16
+    assert run["window_s"] == pytest.approx(8 * MS)
+    assert run["tok_per_s"] == pytest.approx(2000.0)
+    assert run["tpot_ms"] == pytest.approx(4.0)      # 8 ms / 2 visits of slot 0
+    assert run["slot_sizes"] == [8, 0, 0, 0]
+
+
+def test_stage_summary_numbers():
+    st = D.stage_summary(fake_rank(0, 0.0)["points"][0])
+    assert st["dispatch_latency_us"]["p50"] == pytest.approx(100.0)
+    assert st["dispatch_latency_us"]["n"] == 3
+    assert st["gpu_us_p50"] == {"8": pytest.approx(500.0)}
+    assert st["send_us_p50"] == pytest.approx(30.0)
+    assert st["wait_us_p50"] == 0.0                  # 3 of 9 measured iterations waited 50
+    assert st["host_us_p50"] == pytest.approx(300.0)
+    assert st["busy_frac"] == pytest.approx(1.5 / 8.5)  # 3 x 0.5 ms over fs(4)..fe(12)
+    assert len(st["busy_frac_series"]) == 20
+
+
+def test_hop_in_loop_is_sender_end_to_receiver_input():
+    h = D.hop_in_loop([fake_rank(0, 0.0)["points"][0], fake_rank(1, 0.0)["points"][0]])
+    assert h["by_hop"]["0->1"]["n"] == 4
+    assert h["p50_us"] == pytest.approx(40.0)
+
+
+def _run(policy, tok, sizes, gpu, busy=0.5):
+    return {"policy": policy, "arrival": "burst", "concurrency": 8, "tok_per_s": tok,
+            "slot_sizes": sizes, "stages": [{"gpu_us_p50": gpu, "busy_frac": busy}]}
+
+
+def test_even_vs_sglang_explains_a_loss_with_numbers():
+    runs = [_run("sglang", 1000.0, [8, 0, 0, 0], {"8": 900.0}),
+            _run("even", 900.0, [4, 0, 4, 0], {"4": 850.0})]
+    (row,) = D.compare_policies(runs, pp=2)
+    assert row["ratio"] == pytest.approx(0.9)
+    why = row["why_not"]
+    assert "850 us at b=4" in why and "900 us at b=8" in why
+    assert "1700 us of stage time for even vs 900 us for sglang" in why
+    assert "re-reads the experts" in why
+
+
+def test_even_vs_sglang_gain_has_no_excuse():
+    runs = [_run("sglang", 1000.0, [8, 0, 0, 0], {"8": 900.0}),
+            _run("even", 1500.0, [4, 0, 4, 0], {"4": 500.0})]
+    assert D.compare_policies(runs, pp=2)[0]["why_not"] is None
+    one = [_run("sglang", 400.0, [1, 0, 0, 0], {"1": 800.0}),
+           _run("even", 400.0, [1, 0, 0, 0], {"1": 800.0})]
+    one[0]["concurrency"] = one[1]["concurrency"] = 1
+    assert "cannot be split" in D.compare_policies(one, pp=2)[0]["why_not"]
+
+
+def test_summarize_matches_the_interface():
+    ranks = [fake_rank(0, 0.0), fake_rank(1, 0.0)]
+    lcfg = {"pp": 2, "async_depth": 2, "max_micro_batch": 512, "micro_batches": None,
+            "work": "moe", "layers_per_stage": 2, "model": "kimi-k2", "graphs": True,
+            "prompt_len": 16, "cost_points": []}
+    d = D.summarize(lcfg, ranks, nccl_p2p_disabled=False)
+    c = d["config"]
+    for k in ("pp", "async_depth", "slots", "max_micro_batch", "work", "layers_per_stage",
+              "model", "dtype", "graphs", "nccl_p2p_disabled"):
+        assert k in c
+    assert c["slots"] == 4
+    r = d["runs"][0]
+    for k in ("policy", "arrival", "concurrency", "tok_per_s", "tpot_ms", "slot_sizes"):
+        assert k in r
+    for k in ("rank", "busy_frac", "dispatch_latency_us", "wait_us_p50", "host_us_p50",
+              "gpu_us_p50", "send_us_p50"):
+        assert k in r["stages"][1]
+    assert d["hop_us_in_loop"] == pytest.approx(40.0)
+    json.dumps(d, allow_nan=False)
+
+
+def test_trace_has_stage_and_slot_tracks():
+    tr = D.build_trace([fake_rank(0, 0.0), fake_rank(1, 0.0)])
+    ev = tr["traceEvents"]
+    names = {e["args"]["name"] for e in ev if e["ph"] == "M"}
+    assert {"stage 0", "stage 1", "slots", "slot 0", "slot 3", "GPU forward"} <= names
+    fwd0 = [e for e in ev if e["ph"] == "X" and e["pid"] == 0 and e["tid"] == 1]
+    assert len(fwd0) == 4
+    passages = [e for e in ev if e["ph"] == "X" and e["pid"] == 2]
+    assert [e["name"] for e in passages] == ["prefill n=8"] + ["decode n=8"] * 3
+    # slot passage = rank 0 forward start .. rank 1 forward end = 0.5 + 0.04 + 0.01 + 0.5 ms
+    assert passages[1]["dur"] == pytest.approx(1050.0, abs=1e-3)
+    assert any(e["ph"] == "C" for e in ev)
+
+
+def test_cost_curve_and_capture_sizes():
+    pts = parse_cost_curve("8:900, 1:800,32:1200")
+    assert pts == [(1, 800.0), (8, 900.0), (32, 1200.0)]
+    assert interp_cost(pts, 1) == 800.0
+    assert interp_cost(pts, 4.5) == pytest.approx(850.0)
+    assert interp_cost(pts, 20) == pytest.approx(1050.0)
+    assert interp_cost(pts, 56) == pytest.approx(1500.0)   # last slope 12.5 us per request
+    for bad in ("", "1:0", "x:3", "1:5,1:6", "4"):
+        with pytest.raises(ValueError):
+            parse_cost_curve(bad)
+    assert sglang_capture_sizes(40) == [1, 2, 4, 8, 12, 16, 24, 32, 40]
+    assert padded_size(5, [1, 2, 4, 8]) == 8
+    assert padded_size(9, [1, 2, 4, 8]) is None
+
+
+def test_arrivals():
+    assert arrival_times("burst", 3, 2.0, 100.0, 0) == [0.0, 0.0, 0.0]
+    assert arrival_times("staggered", 3, 2.0, 100.0, 0) == pytest.approx([0.0, 0.002, 0.004])
+    p = arrival_times("poisson", 50, 2.0, 100.0, 0)
+    assert p == arrival_times("poisson", 50, 2.0, 100.0, 0) and p == sorted(p)
+    assert 0.2 < p[-1] < 1.0                      # ~49 gaps of 10 ms
+
+
+def test_resolve_pp():
+    assert D.resolve_pp("auto", 8) == 8
+    assert D.resolve_pp("2", 8) == 2
+    with pytest.raises(ValueError, match="only 2 are visible"):
+        D.resolve_pp("8", 2)
+    with pytest.raises(ValueError, match=">= 2"):
+        D.resolve_pp("1", 2)
+
+
+def test_loop_config_points_and_cap():
+    cfg = D.DispatchConfig(pp=8, max_running_requests=32, concurrency=(1, 8),
+                           policies=("sglang", "even"))
+    lc = D.loop_config(cfg)
+    assert lc["async_depth"] == 8 and lc["max_micro_batch"] == 4   # 32 // 8
+    assert lc["hidden"] == 7168 and lc["n_routed_experts"] == 384
+    assert len(lc["points"]) == 4
+    cmd = D.torchrun_command(cfg, D.Path("c.json"), D.Path("o"))
+    assert cmd[1:5] == ["-m", "torch.distributed.run", "--nproc-per-node", "8"]
+
+
+def test_cli_pp_too_large_is_one_line_error(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(D, "available", lambda: None)
+    monkeypatch.setattr(D, "visible_gpus", lambda: 2)
+    rc = cli.main(["dispatch", "--pp", "8", "--json", str(tmp_path / "d.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "only 2 are visible" in err[0]
+
+
+def test_cli_waived_without_gpus(monkeypatch, tmp_path):
+    monkeypatch.setattr(D, "available", lambda: "needs at least 2 GPUs for a pipeline, 0 visible")
+    monkeypatch.setattr(D, "visible_gpus", lambda: 0)
+    p = tmp_path / "d.json"
+    assert cli.main(["dispatch", "--json", str(p)]) == 0
+    rec = read_record(p)
+    assert rec.status == "waived" and "2 GPUs" in rec.reason
