@@ -500,9 +500,8 @@ def _main(cfg: dict, out_dir: Path, rank: int) -> int:
     H = cfg["hidden"]
     fwd, info = build_work(torch, cfg, rank, dev)
     max_b = max(1, min(cfg["max_micro_batch"], max(cfg["concurrency"])))
-    sizes = sglang_capture_sizes(max(max_b, 1))
-    sizes = sizes[:sizes.index(padded_size(max_b, sizes)) + 1] if padded_size(max_b, sizes) \
-        else sizes
+    full = sglang_capture_sizes(max(512, 2 * max_b))  # capture up to the size max_b pads to
+    sizes = full[:full.index(padded_size(max_b, full)) + 1]
     graphs = capture_graphs(torch, fwd, sizes, H, dev) if cfg["graphs"] else {}
     emb_rows = max(cfg["concurrency"]) * cfg["prompt_len"]
     ctx = {"cfg": cfg, "rank": rank, "pp": pp, "gloo": gloo, "dev": dev, "fwd": fwd,
