@@ -281,8 +281,8 @@ def _measure(cfg, m, gpu, stages, notes, progress) -> Record:
                 check_err = str(e)
             except torch.cuda.OutOfMemoryError:
                 check_err = "out of memory: try --experts-sample N or fewer/lower batches"
-            except RuntimeError as e:
-                check_err = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            except Exception as e:  # noqa: BLE001 - unsupported op/backend: record, go on
+                check_err = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
             if check_err:
                 entry = {"measured_us": None, "floor_us": None, "error": check_err}
             layers[kind][str(b)] = entry
@@ -313,9 +313,9 @@ def _measure(cfg, m, gpu, stages, notes, progress) -> Record:
                 prefill["layers"][kind] = {"measured_us": t.median_us, "floor_us": floor,
                                            "efficiency": floor / t.median_us}
                 del built
-            except (RuntimeError, torch.cuda.OutOfMemoryError) as e:
-                prefill["layers"][kind] = {"measured_us": None,
-                                           "error": str(e).splitlines()[0][:200]}
+            except Exception as e:  # noqa: BLE001 - record it; decode figures still stand
+                prefill["layers"][kind] = {"measured_us": None, "error": f"{type(e).__name__}: "
+                                           f"{(str(e).splitlines() or [''])[0][:200]}"}
         del weights
         torch.cuda.empty_cache()
     if prefill is not None:
