@@ -144,3 +144,54 @@ def test_hidden_size_from_model_or_flag():
     from topology.topology_cli import hidden_size
     assert hidden_size("kimi-k2", 4096) == 4096
     assert hidden_size("kimi-k2", None) == 7168
+
+
+class FakeBench:
+    """Stands in for topology.p2p.Bench: fixed numbers so the orchestration is checked."""
+
+    def __init__(self, devices, cfg):
+        self.cfg = cfg
+
+    def unidirectional(self, i, j, read=False):
+        return {"bytes": 100, "bandwidth_gbps": 50.0 + i + (0.5 if read else 0.0)}
+
+    def latency(self, i, j):
+        return {"bytes": 16, "latency_us": 2.0 + j}
+
+    def bidirectional(self, i, j):
+        return {"bytes": 200, "bandwidth_gbps": 90.0}
+
+    def host(self, d):
+        return [{"gpu": d, "direction": x, "status": "ok", "bandwidth_gbps": 25.0}
+                for x in ("h2d", "d2h")]
+
+    def ring(self, pairs):
+        return [{"src": s, "dst": d, "bytes": 100, "time_us": 4.0, "bandwidth_gbps": 25.0}
+                for s, d in pairs]
+
+
+def test_run_orchestration_with_fake_bench(tmp_path, monkeypatch):
+    import contextlib
+
+    import topology.discover as disc_mod
+    import topology.p2p as p2p_mod
+    monkeypatch.setattr(disc_mod, "discover", lambda: DISC)
+    monkeypatch.setattr(p2p_mod, "Bench", FakeBench)
+    monkeypatch.setattr(p2p_mod, "device_count", lambda: 3)
+    monkeypatch.setattr(p2p_mod, "device_bus_ids",
+                        lambda n: [g.pci_bus_id for g in DISC.gpus][:n])
+    monkeypatch.setattr(p2p_mod, "can_access_peer", lambda i, j: {i, j} != {1, 2})
+    monkeypatch.setattr(p2p_mod, "peer_access", lambda pairs, on: contextlib.nullcontext())
+    cfg = probe.TopologyConfig(json_path=tmp_path / "t.json", hop=False, mode="quick")
+    rec = probe.run(cfg)
+    d = rec.data
+    assert rec.status == "ok" and read_record(tmp_path / "t.json").status == "ok"
+    # 3 pairs; P2P pairs: 2x(write, read) + bidir = 5 on + 3 off; the waived pair: 5 + 3
+    assert len(d["p2p"]) == 24 and len(d["latency"]) == 12 and len(d["host"]) == 6
+    waived = [e for e in d["p2p"] if e["status"] == "waived"]
+    assert {(e["src"], e["dst"]) for e in waived} == {(1, 2), (2, 1)}
+    assert "chipset not supported" in waived[0]["reason"]
+    off = [e for e in d["p2p"] if (e["src"], e["dst"]) == (1, 2) and not e["p2p"]]
+    assert off and all(e["status"] == "ok" for e in off)  # host-staged numbers still there
+    # ring 0->1->2->0 falls back to P2P off because 1-2 has no P2P; alone = P2P-off writes
+    assert d["ring"]["p2p"] is False and d["ring"]["pairs"][0]["ratio"] == 25.0 / 50.0

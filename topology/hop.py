@@ -102,7 +102,7 @@ def measure_pair(dist, gloo, rank: int, src: int, dst: int, batch: int, args,
         ops = (dist.isend, dist.irecv) if first_send else (dist.irecv, dist.isend)
         for w in [ops[0](t, peer) for t in (xs if first_send else bufs)]:
             w.wait()
-        for w in [ops[1](t, peer) for t in (bufs if first_send else bufs)]:
+        for w in [ops[1](t, peer) for t in bufs]:
             w.wait()
 
     n = args.warmup + args.iters
@@ -164,6 +164,11 @@ def measure_pair(dist, gloo, rank: int, src: int, dst: int, batch: int, args,
             "hop_us": sr.median_us}
 
 
+def _nccl_version(torch) -> str:
+    v = torch.cuda.nccl.version()
+    return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
@@ -193,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                 if rank == 0:
                     hops.append({"src": phys[src], "dst": phys[dst], **box[0]})
                     write_json_atomic(args.out, {"hops": hops, "world": world,
-                                                 "nccl": ".".join(map(str, torch.cuda.nccl.version()))})
+                                                 "nccl": _nccl_version(torch)})
         dist.barrier(group=gloo)
     finally:
         dist.destroy_process_group()

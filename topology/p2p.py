@@ -42,7 +42,10 @@ class P2PConfig:
     samples: int = 3
     latency_bytes: int = 16          # one int4, like the sample
     latency_repeat: int = 100
-    spin_timeout_s: float = 2.0
+    # The spin kernel gives up after this long. cuda-samples' delay kernel waits ~10M clocks
+    # (a few ms); 50 ms leaves room for slow enqueues (host-staged copies can block the host)
+    # while bounding what such a block costs per sample.
+    spin_timeout_s: float = 0.05
     bidirectional: bool = True
     reads: bool = True
     ring: bool = True
@@ -142,21 +145,27 @@ class Bench:
                 self.streams[d] = cp.cuda.Stream(non_blocking=True)
                 self.side[d] = cp.cuda.Stream(non_blocking=True)
                 self.ev[d] = (cp.cuda.Event(), cp.cuda.Event(), cp.cuda.Event())
+        self.slow_enqueues = 0
         self.big = Buffers(devices, cfg.nbytes)
         self.small = Buffers(devices, max(cfg.latency_bytes, 16))
 
     def _sample(self, dev: int, enqueue: Callable[[], None]) -> float:
         """Milliseconds between events around `enqueue()` on `dev`'s stream, queued behind
         the spin kernel (the sample's `delay` kernel)."""
+        import time
+
         cp = self.cp
         s = self.streams[dev]
         start, stop, _ = self.ev[dev]
         with cp.cuda.Device(dev):
             s.synchronize()
             self.blocker.block(s)
+            t0 = time.perf_counter()
             start.record(s)
             enqueue()
             stop.record(s)
+            if time.perf_counter() - t0 > self.cfg.spin_timeout_s:
+                self.slow_enqueues += 1  # the copies started before all were queued
             self.blocker.release()
             stop.synchronize()
             return cp.cuda.get_elapsed_time(start, stop)
@@ -167,12 +176,15 @@ class Bench:
         with self.cp.cuda.Device(dev):
             self.streams[dev].synchronize()
             self.side[dev].synchronize()
+        slow = self.slow_enqueues
         per_copy_us = [self._sample(dev, enqueue) * 1e3 / reps for _ in range(samples)]
         t = summarize(per_copy_us)
+        extra = {"slow_enqueue_samples": self.slow_enqueues - slow} \
+            if self.slow_enqueues > slow else {}
         return {"bytes": nbytes, "time_us": t.median_us, "time_p20_us": t.p20_us,
                 "time_p80_us": t.p80_us, "bandwidth_gbps": nbytes / t.median_us / 1e3,
                 "bandwidth_p20_gbps": nbytes / t.p80_us / 1e3,
-                "bandwidth_p80_gbps": nbytes / t.p20_us / 1e3, "samples": t.n}
+                "bandwidth_p80_gbps": nbytes / t.p20_us / 1e3, "samples": t.n, **extra}
 
     def _copies(self, bufs: Buffers, dst: int, src: int, stream_dev: int, stream, reps: int,
                 nbytes: int):

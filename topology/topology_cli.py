@@ -135,8 +135,8 @@ def handle(args) -> int:
                          argv=tuple(args.argv))
     try:
         rec = run(cfg)
-    except ValueError as e:
-        raise CliError(str(e)) from None
+    except (ValueError, RuntimeError) as e:  # bad --gpus, NVML unusable: one line, exit 2
+        raise CliError(str(e).splitlines()[0]) from None
     _finish(rec, out, not args.no_png)
     print("topology: done", file=sys.stderr)
     return 0
