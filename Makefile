@@ -56,7 +56,7 @@ $(GPU_STAMP): $(TORCH_STAMP)
 	@touch $@
 
 $(TEST_STAMP): $(TORCH_STAMP)
-	$(VPY) -m pip install -q "pytest>=7" "HolisticTraceAnalysis>=0.2"
+	$(VPY) -m pip install -q "pytest>=7" "HolisticTraceAnalysis>=0.2" psutil
 	@touch $@
 
 report: $(CORE_STAMP)

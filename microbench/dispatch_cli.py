@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from reports.errors import CliError
-from reports.paths import default_record_path
+from reports.paths import default_record_path, results_dir
 from reports.slots import POLICIES
 
 EPILOG = """\
@@ -13,7 +13,9 @@ examples:
   ppscope dispatch --pp 2 --work moe --layers-per-stage 2 --concurrency 1,8,32 --policies sglang,even
   NCCL_P2P_DISABLE=1 ppscope dispatch --pp 2 --json results/dispatch_nop2p.json
   ppscope dispatch --pp auto --work busy --cost-us 1:800,8:900,32:1200 --no-graphs
-  ppscope dispatch --pp 2 --profile traces/      # per-rank Kineto traces, SGLang-style names
+  ppscope dispatch --pp 2 --profile --trace-dir traces/   # per-rank Kineto traces, SGLang names
+  ppscope dispatch --sglang-log server.log --bench bench.jsonl   # read SGLang evidence (CPU)
+  ppscope dispatch --url http://127.0.0.1:30000 --profile --trace-dir /srv/traces   # live
 
 multi-node: pass torchrun's own flags through --torchrun-args, e.g.
   --torchrun-args "--nnodes 2 --node-rank 0 --rdzv-backend c10d --rdzv-endpoint HOST:29500"
@@ -92,11 +94,14 @@ def register(subparsers) -> None:
                    help="whole-run limit in seconds (default 600)")
     p.add_argument("--collective-timeout", type=float, default=120.0,
                    help="timeout of every collective / receive, seconds")
-    p.add_argument("--profile", metavar="DIR", default=None,
-                   help="write per-rank torch.profiler traces {id}-TP-0-PP-{rank}.trace.json.gz")
     p.add_argument("--trace", default=None, help="Perfetto trace path (default next to --json)")
     p.add_argument("--torchrun-args", default="", help="extra torchrun flags (multi-node)")
-    p.add_argument("--json", default=None, help="record path (default results/dispatch.json)")
+    p.add_argument("--json", default=None, help="record path (default results/dispatch.json, "
+                   "or results/sglang.json when reading SGLang evidence)")
+    # --profile / --trace-dir are shared: with --url they drive the server's profiler, without
+    # it they record per-rank torch.profiler traces of this probe's own loop.
+    from microbench import sglang_cli
+    sglang_cli.add_arguments(p)
     p.set_defaults(func=handle)
 
 
@@ -126,7 +131,9 @@ def config_from_args(args, n_gpus: int):
         arrivals=args.arrival, prompt_len=args.prompt_len, stagger_ms=args.stagger_ms,
         poisson_rate_per_s=args.poisson_rate, seconds_per_point=args.seconds,
         collective_timeout_s=args.collective_timeout, timeout_s=args.timeout,
-        profile_dir=args.profile, json_path=str(args.json or default_record_path("dispatch")),
+        profile_dir=((args.trace_dir or str(results_dir() / "dispatch_traces"))
+                     if args.profile else None),
+        json_path=str(args.json or default_record_path("dispatch")),
         trace_path=args.trace, torchrun_args=tuple(args.torchrun_args.split()),
         argv=tuple(getattr(args, "argv", ())))
 
@@ -167,6 +174,9 @@ def _f(x, nd: int = 0) -> str:
 
 
 def handle(args) -> int:
+    from microbench import sglang_cli
+    if sglang_cli.wants(args):  # SGLang's own evidence or a live server: no GPU needed here
+        return sglang_cli.run(args)
     from microbench.dispatch import available, run, trace_path_for, visible_gpus
     reason = available()
     if reason:  # leave a waived record; an explicit --pp the machine cannot honour is an error

@@ -37,9 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="concurrent streams in the live probe (default 8)")
     g.add_argument("--live-tokens", type=int, default=64, metavar="N",
                    help="max_tokens per stream, with ignore_eos (default 64)")
-    g.add_argument("--arrival", choices=("burst", "staggered", "both"), default="both",
+    g.add_argument("--live-arrival", choices=("burst", "staggered", "both"), default="both",
                    help="live-probe arrival pattern (default both)")
-    g.add_argument("--stagger-ms", type=float, default=50.0,
+    g.add_argument("--live-stagger-ms", type=float, default=50.0,
                    help="gap between stream starts when staggered (default 50)")
     g.add_argument("--live-timeout", type=float, default=120.0, metavar="S",
                    help="upper bound on each live run, seconds (default 120)")
@@ -49,9 +49,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--mmb-sweep", default="", metavar="N,N,...",
                    help="pp_max_micro_batch_size values to try via POST /set_internal_state")
     g.add_argument("--profile", action="store_true",
-                   help="with --url: /start_profile, run the load, /stop_profile, read the traces")
+                   help="with --url: /start_profile, run the load, /stop_profile, read the traces; "
+                   "without it: record per-rank torch.profiler traces of the probe's own loop")
     g.add_argument("--trace-dir", metavar="DIR",
-                   help="where the server writes traces (SGLANG_TORCH_PROFILER_DIR), for --profile")
+                   help="--profile: where the server writes traces (SGLANG_TORCH_PROFILER_DIR), or "
+                   "where the probe writes its own (default results/dispatch_traces)")
     g.add_argument("--profile-steps", type=int, default=20, help="num_steps for /start_profile")
     g.add_argument("--link-gbps", type=float, default=None,
                    help="PP hop bandwidth, GB/s, to split NCCL receives into transfer vs waiting")
@@ -97,7 +99,7 @@ def collect(args: argparse.Namespace) -> dict:
             raise CliError("--live-concurrency and --live-tokens must be >= 1")
         cfg = sglang_live.LiveConfig(
             url=args.url, concurrency=args.live_concurrency, max_tokens=args.live_tokens,
-            arrival=args.arrival, stagger_s=args.stagger_ms / 1e3, timeout_s=args.live_timeout,
+            arrival=args.live_arrival, stagger_s=args.live_stagger_ms / 1e3, timeout_s=args.live_timeout,
             model=args.model_name, chat=args.chat, mmb_sweep=_mmb(args.mmb_sweep),
             profile=args.profile, trace_dir=args.trace_dir, profile_steps=args.profile_steps)
         data["live"] = sglang_live.run_live(cfg, link_gbps=args.link_gbps)
