@@ -105,3 +105,13 @@ def test_malformed_names_line(text, line, words):
         parse_topo_matrix(text)
     msg = str(e.value)
     assert msg.startswith(f"line {line}:") and words in msg and "\n" not in msg
+
+
+def test_h200_pair_nvlink_vm(fixtures):
+    # recorded on the 2x H200 machine of docs/BENCHMARKS.md: ANSI-underlined tab header, " X "
+    # diagonal, an empty cell before `GPU NUMA ID` (N/A), both GPUs on NUMA node 0, no NICs
+    t = load(fixtures, "h200x2_nv18_vm")
+    assert t.links == {"0-1": "NV18"} and t.nics == ()
+    assert t.columns == ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
+    assert [(g.index, g.cpu_affinity, g.numa_node, g.gpu_numa_id) for g in t.gpus] == [
+        (0, "0-31", 0, None), (1, "0-31", 0, None)]
