@@ -124,18 +124,7 @@ def render(data: dict) -> str:
         parts.append(f"lines: {log['lines_total']} total, {log['lines_batch']} batch, "
                      f"{log['lines_unrecognised']} unrecognised, {log['lines_other']} other")
     if data["traces"]:
-        rows = []
-        for r, d in data["traces"]["ranks"].items():
-            if not d.get("gpu_events"):
-                rows.append([r, 0] + [None] * 7)
-                continue
-            rows.append([r, d["gpu_events"], d["span_us"] / 1e3, 100 * d["busy_frac"],
-                         d["idle_split_us"]["host_wait"] / 1e3, d["nccl_recv"]["total_us"] / 1e3,
-                         None if d["nccl_recv"]["wait_us"] is None else d["nccl_recv"]["wait_us"] / 1e3,
-                         d["dispatch_latency_us"]["p50"], d["graph_kernels"]])
-        parts.append("Profiler traces, per rank\n" + tabulate(rows, headers=[
-            "rank", "GPU events", "span ms", "busy %", "host-wait ms", "NCCL recv ms",
-            "recv wait ms", "dispatch p50 us", "graph kernels"], floatfmt=".1f"))
+        parts.append(_render_traces(data["traces"]["ranks"]))
     if data["bench"]:
         rows = [[b["concurrency_set"], b["output_throughput"], b["mean_ttft_ms"],
                  b["mean_tpot_ms"], b["median_itl_ms"]] for b in data["bench"]]
@@ -154,6 +143,40 @@ def render(data: dict) -> str:
             "arrival", "pp_max_micro_batch_size", "C", "tok/s", "ITL p50 ms", "ITL p99 ms",
             "lockstep index"], floatfmt=".2f"))
     return "\n\n".join(parts)
+
+
+def _ms(v):
+    return None if v is None else v / 1e3
+
+
+def _render_traces(ranks: dict) -> str:
+    from tabulate import tabulate
+    rows, sched = [], {}
+    for r, d in ranks.items():
+        if not d.get("gpu_events"):
+            rows.append([r, 0] + [None] * 12)
+            continue
+        cs = d.get("idle_split_compute_stream_us") or {}
+        rec = d["nccl_recv"]
+        rows.append([r, d["gpu_events"], _ms(d["span_us"]), 100 * d["busy_frac"],
+                     100 * d["compute_us"] / d["span_us"],
+                     _ms(d["idle_us"]), _ms(cs.get("host_wait_us")), _ms(cs.get("other_us")),
+                     rec["kernels"], _ms(rec["total_us"]), _ms(rec["wait_us"]),
+                     d["dispatch_latency_us"]["p50"], d["cpu_dispatch_latency_us"]["p50"],
+                     f"{d['graph_kernels']}/{d['eager_kernels']}"])
+        for name, v in d["scheduler_ranges_us"].items():
+            sched.setdefault(name, {})[r] = f"{v['total_us'] / 1e3:.1f} ({v['count']})"
+    out = "Profiler traces, per rank (recv wait = NCCL receive time beyond bytes / --link-gbps)\n" + \
+        tabulate(rows, headers=[
+            "rank", "GPU events", "span ms", "busy %", "compute %", "idle ms", "compute idle: host-wait ms",
+            "compute idle: other ms", "NCCL recvs", "NCCL recv ms", "recv wait ms",
+            "GPU dispatch p50 us", "CPU dispatch p50 us", "graph/eager kernels"], floatfmt=".1f")
+    if sched:
+        names = list(ranks)
+        out += "\n\nScheduler ranges, ms (count)\n" + tabulate(
+            [[k] + [v.get(r) for r in names] for k, v in sched.items()],
+            headers=["range"] + [f"rank {r}" for r in names])
+    return out
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,7 +6,9 @@ What it measures, per rank (one trace file = one rank):
   This is Holistic Trace Analysis's "temporal breakdown" (idle = span - merged busy time;
   compute = merged compute kernels; non-compute = the rest), and it agrees with HTA within 1%
   (tests/test_sglang_trace.py checks it on HTA's sample traces and two-rank PP traces).
-- Idle split per stream as HTA's idle-time breakdown does: a gap before a kernel is `host_wait`
+- Idle split per stream as HTA's idle-time breakdown does (summed over streams it can exceed
+  the GPU's idle time, since one stream idles while another runs; read the compute stream's,
+  `idle_split_compute_stream_us`): a gap before a kernel is `host_wait`
   when the kernel's launch call (its correlated cuda_runtime event) started after the previous
   kernel on that stream ended (the CPU was late); else `kernel_wait` when the gap is under
   `kernel_wait_us` (HTA's consecutive_kernel_delay, default 30 in trace units = us); else `other`.
@@ -17,7 +19,9 @@ What it measures, per rank (one trace file = one rank):
 - Dispatch latency (GPU view): from the end of a receive kernel (input arrived) to the start of
   the next compute kernel on that rank (forward started). CPU view, when SGLang's scheduler
   annotations are present: time in `recv_requests`, `get_next_batch_to_run`, `run_batch`,
-  `process_batch_result`, `send_proxy_dict_to_next_stage` (and any other user annotation).
+  `process_batch_result`, `send_proxy_dict_to_next_stage` (and any other user annotation), and
+  `cpu_dispatch_latency_us`: end of `recv_requests` to the start of `run_batch` in the same loop
+  iteration (iterations of empty slots have no run_batch and are left out).
 - Kernels launched from CUDA graphs (correlated to `cudaGraphLaunch`) vs one by one.
 
 Why streaming: a few seconds of a busy server give traces of hundreds of MB. We never load the
@@ -334,13 +338,25 @@ def analyze_rank(a: _Acc, link_gbps: float | None = None, kernel_wait_us: float 
         j = bisect.bisect_left(comp_starts, e)
         if j < len(comp_starts):
             lat.append(comp_starts[j] - e)
-    # dispatch latency (CPU): recv_requests end -> next run_batch start
+    # dispatch latency (CPU): recv_requests end -> run_batch start in the same loop iteration.
+    # SGLang's PP loop calls recv_requests every iteration, empty slots included, and run_batch
+    # only when the slot has a batch: a run_batch after the next recv_requests is not this one's.
     cpu_lat = []
     rb = sorted(s for s, _ in a.range_iv.get("run_batch", []))
-    for _, e in a.range_iv.get("recv_requests", []):
+    rr = sorted(a.range_iv.get("recv_requests", []))
+    for k, (_, e) in enumerate(rr):
         j = bisect.bisect_left(rb, e)
-        if j < len(rb):
+        nxt = rr[k + 1][0] if k + 1 < len(rr) else math.inf
+        if j < len(rb) and rb[j] < nxt:
             cpu_lat.append(rb[j] - e)
+    # the compute stream (most compute-kernel time): its idle split is the one that says why
+    # the forward was not running; other streams (NCCL) idle while compute runs, by design
+    comp_by_stream: dict[int, float] = {}
+    for i in range(n):
+        if a.kind[i] == 0:
+            comp_by_stream[a.stream[i]] = comp_by_stream.get(a.stream[i], 0.0) + a.end[i] - a.ts[i]
+    main = max(comp_by_stream, key=comp_by_stream.get) if comp_by_stream else None
+    main_split = (dict(stream=main, **per_stream[str(main)]) if str(main) in per_stream else None)
     return {
         "events": a.events,
         "gpu_events": n,
@@ -357,6 +373,7 @@ def analyze_rank(a: _Acc, link_gbps: float | None = None, kernel_wait_us: float 
         "bin_us": width,
         "idle_split_us": split,
         "idle_split_by_stream": per_stream,
+        "idle_split_compute_stream_us": main_split,
         "kernel_wait_threshold_us": kernel_wait_us,
         "graph_kernels": len(g),
         "graph_kernel_us": graph_us,

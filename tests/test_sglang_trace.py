@@ -14,7 +14,9 @@ HTA_SETS = [("hta", ["critical_path_alexnet_benchmark_result_2869224_1695835535_
             ("hta", ["ns_resolution_trace_rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"]),
             ("hta", ["trace_filter_sampled_rank-0.json.gz", "trace_filter_sampled_rank-1.json.gz"]),
             ("pp2", ["pp2_burst_c8-rank0.json.gz", "pp2_burst_c8-rank1.json.gz"]),
-            ("pp2", ["pp2_even_c8-rank0.json.gz", "pp2_even_c8-rank1.json.gz"])]
+            # recorded by ppscope dispatch --profile (SGLang-style names, CUDA graphs, 2 ranks)
+            ("recorded", ["dispatch-sglang-burst-c8-TP-0-PP-0.trace.json.gz",
+                          "dispatch-sglang-burst-c8-TP-0-PP-1.trace.json.gz"])]
 
 
 def _copy(fixtures, tmp_path, sub, names):
@@ -52,6 +54,8 @@ def test_busy_idle_agrees_with_hta(fixtures, tmp_path, sub, names):
         # At full (sub-us) precision we differ from HTA only by its rounding, which shrinks each
         # interval by < 2 us (ceil start, floor end): at most 2 us per GPU event, 2 us on the span.
         busy_ref = row["kernel_time(us)"] - row["idle_time(us)"]
+        assert e["busy_us"] == pytest.approx(busy_ref, rel=0.01)
+        assert e["idle_us"] == pytest.approx(row["idle_time(us)"], rel=0.01)
         assert abs(o["busy_us"] - busy_ref) <= o["gpu_events"] * 2.0
         assert abs(o["span_us"] - row["kernel_time(us)"]) <= 2.0
 
@@ -97,3 +101,32 @@ def test_truncated_and_bad_traces(fixtures, tmp_path):
         sglang_trace.read_trace(tmp_path / "x.json")
     with pytest.raises(CliError, match="no such trace directory"):
         sglang_trace.read_traces(tmp_path / "nope")
+
+
+def test_recorded_pp2_sglang_burst(fixtures):
+    """ppscope dispatch --profile traces (2x H200, PP2, C=8 burst: all 8 requests in one slot)."""
+    t = sglang_trace.read_traces(fixtures / "traces" / "recorded", link_gbps=300.0)["ranks"]
+    r0, r1 = t["0"], t["1"]
+    for r in (r0, r1):
+        assert r["gpu_events"] == 4873 and r["graph_launches"] == 64
+        assert (r["graph_kernels"], r["eager_kernels"]) == (4608, 265)  # 72 kernels per graph
+        assert r["nccl_recv"]["kernels"] == 65
+        assert r["busy_us"] + r["idle_us"] == pytest.approx(r["span_us"])
+    # rank 0 receives sampled tokens (8 x int64) back from the last rank; rank 1 hidden states
+    # (bf16, 7168 wide): 640 token rows over 65 receives (64 decodes of 8, one larger first)
+    assert r0["nccl_recv"]["bytes"] == 65 * 8 * 8
+    assert r1["nccl_recv"]["bytes"] == 640 * 7168 * 2
+    # rank 1 is "busy" 83% of the time, but half of its span is a receive waiting for rank 0
+    assert r1["busy_frac"] == pytest.approx(0.8313, abs=1e-4)
+    assert r1["compute_us"] / r1["span_us"] == pytest.approx(0.3416, abs=1e-4)
+    assert r1["nccl_recv"]["wait_us"] / r1["span_us"] == pytest.approx(0.4889, abs=1e-4)
+    # forward starts ~8 us after its input lands (GPU view), ~25 us after recv_requests (CPU)
+    assert r1["dispatch_latency_us"]["p50"] == pytest.approx(8.03, abs=0.01)
+    assert r1["cpu_dispatch_latency_us"]["n"] == 65  # one per run_batch, not per empty slot
+    assert r1["cpu_dispatch_latency_us"]["p50"] == pytest.approx(24.70, abs=0.01)
+    assert r0["cpu_dispatch_latency_us"]["n"] == 0   # rank 0 has no recv_requests range here
+    assert r1["scheduler_ranges_us"]["recv_requests"]["count"] == 261
+    assert r1["scheduler_ranges_us"]["run_batch"]["count"] == 65
+    assert r1["idle_split_compute_stream_us"]["stream"] == 7
+    split = r1["idle_split_compute_stream_us"]
+    assert split["host_wait_us"] == pytest.approx(342808.85, abs=0.01)  # CPU blocked in recv
