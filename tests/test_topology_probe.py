@@ -152,14 +152,15 @@ class FakeBench:
     def __init__(self, devices, cfg):
         self.cfg = cfg
 
-    def unidirectional(self, i, j, read=False):
-        return {"bytes": 100, "bandwidth_gbps": 50.0 + i + (0.5 if read else 0.0)}
+    def unidirectional(self, i, j, read=False, staged=False):
+        return {"bytes": 100, "bandwidth_gbps": 50.0 + i + (0.5 if read else 0.0),
+                "staged": staged}
 
-    def latency(self, i, j):
-        return {"bytes": 16, "latency_us": 2.0 + j}
+    def latency(self, i, j, staged=False):
+        return {"bytes": 16, "latency_us": 2.0 + j, "staged": staged}
 
-    def bidirectional(self, i, j):
-        return {"bytes": 200, "bandwidth_gbps": 90.0}
+    def bidirectional(self, i, j, staged=False):
+        return {"bytes": 200, "bandwidth_gbps": 90.0, "staged": staged}
 
     def host(self, d):
         return [{"gpu": d, "direction": x, "status": "ok", "bandwidth_gbps": 25.0}
@@ -195,3 +196,27 @@ def test_run_orchestration_with_fake_bench(tmp_path, monkeypatch):
     assert off and all(e["status"] == "ok" for e in off)  # host-staged numbers still there
     # ring 0->1->2->0 falls back to P2P off because 1-2 has no P2P; alone = P2P-off writes
     assert d["ring"]["p2p"] is False and d["ring"]["pairs"][0]["ratio"] == 25.0 / 50.0
+    # every P2P-off measurement is run as host-staged (no spin blocker, more samples)
+    ok = [e for e in d["p2p"] + d["latency"] if e["status"] == "ok"]
+    assert all(e["staged"] == (not e["p2p"]) for e in ok) and len(ok) == 19 + 10
+
+
+def test_staged_copies_skip_the_spin_and_take_more_samples():
+    from topology.p2p import Bench, P2PConfig
+
+    b = object.__new__(Bench)  # no CUDA: only the sampling policy of _timed is exercised
+    b.cfg, b.slow_enqueues, calls = P2PConfig(samples=2), 0, []
+    b._warmup = lambda dev, enqueue: 1
+    times_ms = iter([4.0, 5.0, 6.0, 0.5, 0.4])
+
+    def sample(dev, enqueue, block=True):
+        calls.append(block)
+        return next(times_ms)
+    b._sample = sample
+    staged = b._timed(0, None, reps=5, nbytes=1000, samples=2, staged=True)
+    assert calls == [False] * 3 and staged["samples"] == 3 and not staged["spin_blocked"]
+    assert staged["time_samples_us"] == [800.0, 1000.0, 1200.0]
+    assert staged["time_us"] == 1000.0 and staged["bandwidth_gbps"] == 1000 / 1000.0 / 1e3
+    copy = b._timed(0, None, reps=5, nbytes=1000, samples=2)
+    assert calls[3:] == [True, True] and copy["samples"] == 2 and copy["spin_blocked"]
+    assert copy["time_us"] == 90.0

@@ -46,6 +46,12 @@ class P2PConfig:
     # (a few ms); 50 ms leaves room for slow enqueues (host-staged copies can block the host)
     # while bounding what such a block costs per sample.
     spin_timeout_s: float = 0.05
+    # Warm-up before the timed samples: repeat the whole sample's copies until this much host
+    # time has passed (at least once), so clocks, staging buffers and peer mappings settle.
+    warmup_ms: float = 30.0
+    # Host-staged copies (peer access off) are paced by the host, so one sample is noisier
+    # than a copy-engine one; take at least this many.
+    staged_min_samples: int = 3
     bidirectional: bool = True
     reads: bool = True
     ring: bool = True
@@ -149,9 +155,15 @@ class Bench:
         self.big = Buffers(devices, cfg.nbytes)
         self.small = Buffers(devices, max(cfg.latency_bytes, 16))
 
-    def _sample(self, dev: int, enqueue: Callable[[], None]) -> float:
+    def _sample(self, dev: int, enqueue: Callable[[], None], block: bool = True) -> float:
         """Milliseconds between events around `enqueue()` on `dev`'s stream, queued behind
-        the spin kernel (the sample's `delay` kernel)."""
+        the spin kernel (the sample's `delay` kernel) when `block`.
+
+        Host-staged copies (peer access off) are not blocked: the driver's staged
+        cudaMemcpyPeerAsync does not return until the stream reaches it, so behind a spin
+        kernel the first call just waits for the spin's timeout (on 2x H200 every staged
+        sample took > 50 ms to enqueue) and the copies then run host-paced anyway. The
+        interval is the same either way; not blocking saves the timeout per sample."""
         import time
 
         cp = self.cp
@@ -159,32 +171,49 @@ class Bench:
         start, stop, _ = self.ev[dev]
         with cp.cuda.Device(dev):
             s.synchronize()
-            self.blocker.block(s)
+            if block:
+                self.blocker.block(s)
             t0 = time.perf_counter()
             start.record(s)
             enqueue()
             stop.record(s)
-            if time.perf_counter() - t0 > self.cfg.spin_timeout_s:
+            if block and time.perf_counter() - t0 > self.cfg.spin_timeout_s:
                 self.slow_enqueues += 1  # the copies started before all were queued
-            self.blocker.release()
+            if block:
+                self.blocker.release()
             stop.synchronize()
             return cp.cuda.get_elapsed_time(start, stop)
 
+    def _warmup(self, dev: int, enqueue: Callable[[], None]) -> int:
+        """Run the sample's copies until cfg.warmup_ms of host time has passed (at least once,
+        at most 20 times); the first copies after a peer-access change are never timed."""
+        import time
+
+        t0, n = time.perf_counter(), 0
+        while n < 20 and (n == 0 or (time.perf_counter() - t0) * 1e3 < self.cfg.warmup_ms):
+            enqueue()
+            with self.cp.cuda.Device(dev):
+                self.streams[dev].synchronize()
+                self.side[dev].synchronize()
+            n += 1
+        return n
+
     def _timed(self, dev: int, enqueue: Callable[[], None], reps: int, nbytes: int,
-               samples: int) -> dict:
-        enqueue()  # warm-up: first copy after a peer-access change is never timed
-        with self.cp.cuda.Device(dev):
-            self.streams[dev].synchronize()
-            self.side[dev].synchronize()
+               samples: int, staged: bool = False) -> dict:
+        self._warmup(dev, enqueue)
         slow = self.slow_enqueues
-        per_copy_us = [self._sample(dev, enqueue) * 1e3 / reps for _ in range(samples)]
+        if staged:
+            samples = max(samples, self.cfg.staged_min_samples)
+        per_copy_us = [self._sample(dev, enqueue, block=not staged) * 1e3 / reps
+                       for _ in range(samples)]
         t = summarize(per_copy_us)
         extra = {"slow_enqueue_samples": self.slow_enqueues - slow} \
             if self.slow_enqueues > slow else {}
         return {"bytes": nbytes, "time_us": t.median_us, "time_p20_us": t.p20_us,
                 "time_p80_us": t.p80_us, "bandwidth_gbps": nbytes / t.median_us / 1e3,
                 "bandwidth_p20_gbps": nbytes / t.p80_us / 1e3,
-                "bandwidth_p80_gbps": nbytes / t.p20_us / 1e3, "samples": t.n, **extra}
+                "bandwidth_p80_gbps": nbytes / t.p20_us / 1e3, "samples": t.n,
+                "time_samples_us": list(t.samples_us), "spin_blocked": not staged, **extra}
 
     def _copies(self, bufs: Buffers, dst: int, src: int, stream_dev: int, stream, reps: int,
                 nbytes: int):
@@ -197,23 +226,24 @@ class Bench:
                                        stream.ptr)
         return enqueue
 
-    def unidirectional(self, i: int, j: int, read: bool = False) -> dict:
-        """P2P write i->j (or read: i pulls from j), issued on i's stream."""
+    def unidirectional(self, i: int, j: int, read: bool = False, staged: bool = False) -> dict:
+        """P2P write i->j (or read: i pulls from j), issued on i's stream. `staged`: peer
+        access is off, so the driver stages the copy through host memory."""
         c = self.cfg
         src, dst = (j, i) if read else (i, j)
         check_copy(self.big, dst, src, self.streams[i], i)
         return self._timed(i, self._copies(self.big, dst, src, i, self.streams[i], c.repeat,
-                                           c.nbytes), c.repeat, c.nbytes, c.samples)
+                                           c.nbytes), c.repeat, c.nbytes, c.samples, staged)
 
-    def latency(self, i: int, j: int) -> dict:
+    def latency(self, i: int, j: int, staged: bool = False) -> dict:
         c = self.cfg
         r = self._timed(i, self._copies(self.small, j, i, i, self.streams[i], c.latency_repeat,
                                         c.latency_bytes), c.latency_repeat, c.latency_bytes,
-                        c.samples)
+                        c.samples, staged)
         return {"bytes": c.latency_bytes, "latency_us": r["time_us"],
                 "latency_p20_us": r["time_p20_us"], "latency_p80_us": r["time_p80_us"]}
 
-    def bidirectional(self, i: int, j: int) -> dict:
+    def bidirectional(self, i: int, j: int, staged: bool = False) -> dict:
         """i->j on i's stream and j->i on a stream of j that starts when i's start event fires;
         i's stream waits for j's to finish; 2 x bytes over the interval (the sample's method)."""
         cp, c = self.cp, self.cfg
@@ -235,7 +265,7 @@ class Bench:
                     rt.memcpyPeerAsync(self.big.dst(j), j, self.big.src(i), i, c.nbytes, s0.ptr)
                 s0.wait_event(done_j)
         # _sample records `start` on s0 before enqueue() runs, so s1 waits on this sample's start.
-        return self._timed(i, enqueue, c.repeat, 2 * c.nbytes, c.samples)
+        return self._timed(i, enqueue, c.repeat, 2 * c.nbytes, c.samples, staged)
 
     def host(self, d: int) -> list[dict]:
         """Pinned host <-> device bandwidth of GPU d."""

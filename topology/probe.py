@@ -179,16 +179,18 @@ def _p2p_entries(bench, devices, cuda, disc, cfg_p2p, bar, waived, on_step) -> t
                     for s, d, cs, cd in ((i, j, ci, cj), (j, i, cj, ci)):
                         ops = ("write", "read") if (peer and cfg_p2p.reads) else ("write",)
                         for op in ops:
-                            r = bench.unidirectional(cs, cd, read=(op == "read"))
+                            r = bench.unidirectional(cs, cd, read=(op == "read"),
+                                                     staged=not peer)
                             p2p.append({"src": s, "dst": d, "op": op, "direction": "uni",
                                         "p2p": peer, "status": "ok", **r})
                             bar.update(1)
                         lat.append({"src": s, "dst": d, "p2p": peer, "status": "ok",
-                                    **bench.latency(cs, cd)})
+                                    **bench.latency(cs, cd, staged=not peer)})
                         bar.update(1)
                     if cfg_p2p.bidirectional:
                         p2p.append({"src": i, "dst": j, "op": "write", "direction": "bi",
-                                    "p2p": peer, "status": "ok", **bench.bidirectional(ci, cj)})
+                                    "p2p": peer, "status": "ok",
+                                    **bench.bidirectional(ci, cj, staged=not peer)})
                     bar.update(1)
                 on_step(p2p, lat)
     return p2p, lat
