@@ -2,7 +2,9 @@
 any version's keys) or the printed "Serving Benchmark Result" block(s) copied from a terminal.
 
 What it gives: for each run, the observed output tok/s, TTFT, TPOT and ITL at its concurrency,
-sorted by concurrency. These are the user's `observed` numbers the report puts next to the
+keyed and sorted by
+the concurrency cap the user set (`max_concurrency`; the measured mean, bench_serving's
+`concurrency`, is kept as `mean_concurrency` and is the key only for an uncapped run). These are the user's `observed` numbers the report puts next to the
 model. How to run: `ppscope dispatch --from-sglang --bench results.jsonl` (or a saved console log).
 Unreadable input raises a one-line CliError; lines that are not runs are counted, not fatal.
 """
@@ -20,6 +22,7 @@ _LABELS = {
     "Backend": "backend",
     "Traffic request rate": "request_rate",
     "Max request concurrency": "max_concurrency",
+    "Maximum request concurrency": "max_concurrency",
     "Successful requests": "completed",
     "Benchmark duration (s)": "duration",
     "Total input tokens": "total_input_tokens",
@@ -28,6 +31,8 @@ _LABELS = {
     "Input token throughput (tok/s)": "input_throughput",
     "Output token throughput (tok/s)": "output_throughput",
     "Total token throughput (tok/s)": "total_throughput",
+    "Total Token throughput (tok/s)": "total_throughput",
+    "Total throughput (tok/s)": "total_throughput",
     "Concurrency": "concurrency",
     "Mean E2E Latency (ms)": "mean_e2e_latency_ms",
     "Median E2E Latency (ms)": "median_e2e_latency_ms",
@@ -67,9 +72,14 @@ def _num(v):
 def _normalise(d: dict) -> dict:
     d = {_ALIASES.get(k, k): v for k, v in d.items()}
     run = {k: _num(d.get(k)) for k in _KEEP}
-    # the client-side concurrency cap is what the user chose; fall back to the measured one
-    c = run["max_concurrency"] if run["max_concurrency"] is not None else run["concurrency"]
-    run["concurrency_set"] = c
+    # bench_serving's own `concurrency` is the measured mean number of requests in flight
+    # (e.g. 7.98 under --max-concurrency 8); keep it, and key the run by the cap the user chose
+    # (`--max-concurrency`), falling back to the measured mean for an uncapped run
+    run["mean_concurrency"] = run.pop("concurrency")
+    cap = run["max_concurrency"]
+    run["concurrency"] = cap if cap is not None else run["mean_concurrency"]
+    run["concurrency_from"] = "max_concurrency" if cap is not None else (
+        "measured" if run["mean_concurrency"] is not None else None)
     return run
 
 
@@ -110,13 +120,17 @@ def read_bench(path: str | Path) -> dict:
         source = "jsonl"
     else:
         cur: dict | None = None
-        for line in text.splitlines():
+        pending: dict = {}   # settings printed before the block (older clients print
+        for line in text.splitlines():   # "Maximum request concurrency: 32" above it)
             if "Serving Benchmark Result" in line:
                 if cur:
                     runs.append(_normalise(cur))
-                cur = {}
+                cur, pending = dict(pending), {}
                 continue
             if cur is None:
+                m = _LINE.match(line)
+                if m and _LABELS.get(m.group(1)) in ("max_concurrency", "request_rate"):
+                    pending[_LABELS[m.group(1)]] = m.group(2)
                 continue
             m = _LINE.match(line)
             if m and m.group(1) in _LABELS:
@@ -130,5 +144,5 @@ def read_bench(path: str | Path) -> dict:
     if not runs:
         raise CliError(f"{path}: no bench_serving results found (neither JSONL runs nor a "
                        f"'Serving Benchmark Result' block)")
-    runs.sort(key=lambda r: (r["concurrency_set"] is None, r["concurrency_set"] or 0))
+    runs.sort(key=lambda r: (r["concurrency"] is None, r["concurrency"] or 0))
     return {"file": str(path), "source": source, "runs": runs, "lines_unrecognised": bad}

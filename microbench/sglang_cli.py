@@ -126,11 +126,12 @@ def render(data: dict) -> str:
     if data["traces"]:
         parts.append(_render_traces(data["traces"]["ranks"]))
     if data["bench"]:
-        rows = [[b["concurrency_set"], b["output_throughput"], b["mean_ttft_ms"],
+        rows = [["none" if b["max_concurrency"] is None else b["max_concurrency"],
+                 b["mean_concurrency"], b["output_throughput"], b["mean_ttft_ms"],
                  b["mean_tpot_ms"], b["median_itl_ms"]] for b in data["bench"]]
         parts.append("bench_serving\n" + tabulate(rows, headers=[
-            "concurrency", "output tok/s", "mean TTFT ms", "mean TPOT ms", "median ITL ms"],
-            floatfmt=".1f"))
+            "max concurrency", "mean concurrency", "output tok/s", "mean TTFT ms",
+            "mean TPOT ms", "median ITL ms"], floatfmt=("g", ".2f", ".1f", ".1f", ".1f", ".1f")))
     if data["metrics"]:
         parts.append(f"metrics: {len(data['metrics']['ranks'])} pp rank(s) from "
                      f"{data['metrics']['source']}")

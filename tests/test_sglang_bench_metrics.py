@@ -10,10 +10,15 @@ from reports.errors import CliError
 def test_bench_jsonl_any_version(fixtures):
     b = sglang_bench.read_bench(fixtures / "sglang" / "bench.jsonl")
     assert b["source"] == "jsonl" and b["lines_unrecognised"] == 1
-    assert [r["concurrency_set"] for r in b["runs"]] == [1, 7.9, 32]
+    # keyed by the cap (--max-concurrency); the uncapped run falls back to its measured mean
+    assert [r["concurrency"] for r in b["runs"]] == [1, 7.9, 8, 32]
+    assert [r["mean_concurrency"] for r in b["runs"]] == [1.0, 7.9, 7.98, 31.2]
+    assert [r["concurrency_from"] for r in b["runs"]] == ["max_concurrency", "measured",
+                                                          "max_concurrency", "max_concurrency"]
     c32 = b["runs"][-1]
     assert (c32["output_throughput"], c32["mean_tpot_ms"], c32["median_itl_ms"]) == (248.1, 120.2, 110.0)
-    old = b["runs"][1]  # older keys: output_token_throughput, no max_concurrency
+    old = b["runs"][1]  # older keys: output_token_throughput, max_concurrency null (uncapped)
+    assert old["max_concurrency"] is None
     assert old["output_throughput"] == 81.7 and old["completed"] == 8 and old["duration"] == 12.0
 
 
@@ -21,9 +26,19 @@ def test_bench_printed_block(fixtures):
     b = sglang_bench.read_bench(fixtures / "sglang" / "bench_printed.txt")
     assert b["source"] == "printed" and len(b["runs"]) == 1
     r = b["runs"][0]
-    assert r["concurrency_set"] == 8 and r["output_throughput"] == 81.7
+    assert (r["concurrency"], r["max_concurrency"], r["mean_concurrency"]) == (8, 8, 7.98)
+    assert r["output_throughput"] == 81.7
     assert (r["mean_ttft_ms"], r["median_tpot_ms"], r["p99_itl_ms"]) == (310.4, 96.5, 310.75)
     assert r["request_rate"] == float("inf") or r["request_rate"] == "inf"
+
+
+def test_bench_printed_cap_above_block(fixtures):
+    b = sglang_bench.read_bench(fixtures / "sglang" / "bench_printed_old.txt")
+    assert b["source"] == "printed"
+    assert [(r["concurrency"], r["mean_concurrency"]) for r in b["runs"]] == [(1, None), (32, None)]
+    assert [r["total_throughput"] for r in b["runs"]] == [170.0, 3421.7]
+    assert [r["output_throughput"] for r in b["runs"]] == [34.0, 248.1]
+    assert b["runs"][1]["p99_itl_ms"] == 300.0
 
 
 def test_bench_errors(tmp_path):

@@ -34,9 +34,15 @@ def test_run_writes_record(fixtures, tmp_path, capsys):
     d = rec["data"]
     assert rec["probe"] == "sglang" and rec["status"] == "ok"
     assert d["ranks"]["0"]["decode_lines"] == 8 and d["slot_imbalance"]["max_over_mean_median"] == 4.0
-    assert [b["concurrency_set"] for b in d["bench"]] == [1, 7.9, 32]
+    assert [b["concurrency"] for b in d["bench"]] == [1, 7.9, 8, 32]
     assert d["traces"]["ranks"]["1"]["nccl_recv"]["kernels"] == 6
-    assert "Server log, per PP rank" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "Server log, per PP rank" in out
+    bench = out[out.index("bench_serving"):].splitlines()
+    assert "max concurrency" in bench[1] and "mean concurrency" in bench[1]
+    assert bench[3].split()[:3] == ["1", "1.00", "34.0"]
+    assert bench[4].split()[:3] == ["none", "7.90", "81.7"]
+    assert bench[5].split()[:3] == ["8", "7.98", "81.7"]  # cap 8, measured mean 7.98
 
 
 def test_nothing_to_read():
