@@ -25,8 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="read SGLang artefacts (the files below) instead of running the PP loop")
     g.add_argument("--sglang-log", nargs="+", metavar="FILE",
                    help="server log(s), plain or .gz; several files = several ranks")
-    g.add_argument("--sglang-traces", metavar="DIR",
-                   help="directory (or one file) of per-rank Kineto traces from /start_profile")
+    g.add_argument("--sglang-traces", nargs="+", metavar="DIR_OR_FILE",
+                   help="per-rank Kineto traces from /start_profile: one profile's directory, "
+                   "or its files (e.g. DIR/PROFILE_ID-*)")
     g.add_argument("--sglang-metrics", metavar="FILE_OR_URL",
                    help="Prometheus text from /metrics (a saved file or http://host:port)")
     g.add_argument("--bench", metavar="FILE",
@@ -123,6 +124,8 @@ def render(data: dict) -> str:
         log = data["log"]
         parts.append(f"lines: {log['lines_total']} total, {log['lines_batch']} batch, "
                      f"{log['lines_unrecognised']} unrecognised, {log['lines_other']} other")
+        if log.get("files_without_batch_lines"):
+            parts.append("no batch lines in: " + ", ".join(log["files_without_batch_lines"]))
     if data["traces"]:
         parts.append(_render_traces(data["traces"]["ranks"]))
     if data["bench"]:
@@ -172,6 +175,10 @@ def _render_traces(ranks: dict) -> str:
             "rank", "GPU events", "span ms", "busy %", "compute %", "idle ms", "compute idle: host-wait ms",
             "compute idle: other ms", "NCCL recvs", "NCCL recv ms", "recv wait ms",
             "GPU dispatch p50 us", "CPU dispatch p50 us", "graph/eager kernels"], floatfmt=".1f")
+    bad = {r: d.get("events_unrecognised") for r, d in ranks.items() if d.get("events_unrecognised")}
+    if bad:
+        out += "\nunrecognised trace events (skipped, counted): " + \
+            ", ".join(f"rank {r}: {n}" for r, n in bad.items())
     if sched:
         names = list(ranks)
         out += "\n\nScheduler ranges, ms (count)\n" + tabulate(

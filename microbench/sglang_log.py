@@ -25,8 +25,9 @@ TP rank of a stage logs the same batch).
 
 How to read it: `lines_unrecognised` counts batch lines that could not be parsed (a line cut
 mid-way, an unknown layout); `lines_other` counts everything else (HTTP access lines...). Neither
-is fatal, neither is silently dropped. Unreadable files (truncated gzip, empty, binary) raise a
-one-line CliError.
+is fatal, neither is silently dropped; a file with no batch line at all is listed in
+`files_without_batch_lines`. Unreadable files (truncated gzip, empty) and a set of files with no
+batch line at all (not a server log, or logged below info level) raise a one-line CliError.
 
 Slot-imbalance index (our definition): the log samples one decode step every
 `--decode-log-interval` steps of a rank, each naming the size of the slot it ran. Over windows of
@@ -142,15 +143,17 @@ class LogScan:
     lines_other: int
     lines_unrecognised: int
     files: tuple[str, ...]
+    files_without_batch_lines: tuple[str, ...] = ()
 
 
 def scan_logs(paths: Iterable[str | Path]) -> LogScan:
     out: list[BatchLine] = []
     total = other = bad = 0
-    files = []
+    files, empty = [], []
     for i, p in enumerate(paths):
         p = Path(p)
         files.append(str(p))
+        before = len(out)
         for line in _open_lines(p):
             total += 1
             r = parse_line(line, source=i)
@@ -160,7 +163,13 @@ def scan_logs(paths: Iterable[str | Path]) -> LogScan:
                 bad += 1
             else:
                 out.append(r)
-    return LogScan(tuple(out), total, other, bad, tuple(files))
+        if len(out) == before:
+            empty.append(str(p))
+    if not out:
+        raise CliError(f"{files[0] if len(files) == 1 else ', '.join(files)}: no 'Decode batch' / "
+                       f"'Prefill batch' lines in {total} lines ({bad} cut or unreadable); is it "
+                       f"an SGLang server log at --log-level info?")
+    return LogScan(tuple(out), total, other, bad, tuple(files), tuple(empty))
 
 
 def _q(vals: list[float]) -> dict:
@@ -245,6 +254,7 @@ def summarize(scan: LogScan, window: int = 16, bin_s: float = 10.0) -> dict:
         "lines_other": scan.lines_other,
         "lines_unrecognised": scan.lines_unrecognised,
         "lines_other_tp": skipped_tp,
+        "files_without_batch_lines": list(scan.files_without_batch_lines),
         "ranks": ranks,
         # Run-wide index: the rank with the most decode lines (every rank sees the same slots).
         "slot_imbalance": _run_imbalance(sizes_by_rank, window),

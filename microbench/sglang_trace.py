@@ -175,6 +175,7 @@ class _Acc:
         self.ranges: dict[str, list[float]] = {}   # name -> [count, total_us]
         self.range_iv: dict[str, list[tuple[float, float]]] = {}
         self.events = 0
+        self.unrecognised = 0
 
 
 def _kind(name: str) -> int:
@@ -187,37 +188,50 @@ def _scan(path: Path, meta: dict) -> _Acc:
     a = _Acc()
     for ev in iter_events(path, meta):
         a.events += 1
-        if ev.get("ph") != "X":
-            continue
-        cat = ev.get("cat")
-        args = ev.get("args") or {}
-        if cat in _GPU_CATS or (cat != "gpu_user_annotation" and "stream" in args
-                                and cat not in ("cuda_runtime", "cuda_driver")):
-            ts = float(ev["ts"]); dur = float(ev.get("dur", 0.0))
-            name = ev.get("name", "")
-            k = _kind(name)
-            a.ts.append(ts); a.end.append(ts + dur)
-            a.stream.append(int(args.get("stream", -1))); a.corr.append(int(args.get("correlation", -1)))
-            a.kind.append(k); a.in_idle.append(cat in _IDLE_CATS)
-            if k == 1 and (_RECV_RE.search(name) and args.get("Collective name", "recv") == "recv"):
-                nel = args.get("In msg nelems") or args.get("Out msg nelems") or 0
-                a.recv.append((ts, ts + dur, int(nel) * _DTYPE_BYTES.get(args.get("dtype"), 2)))
-        elif cat in ("cuda_runtime", "cuda_driver"):
-            c = args.get("correlation")
-            if c is not None:
-                a.rt_corr.append(int(c)); a.rt_ts.append(float(ev["ts"]))
-                if "GraphLaunch" in ev.get("name", ""):
-                    a.graph_corr.add(int(c))
-        elif cat == "user_annotation" or ev.get("name", "").startswith("ProfilerStep#"):
-            name = ev.get("name", "")
-            if name.startswith("ProfilerStep#"):
-                a.steps.append(float(ev["ts"]))
-            r = a.ranges.setdefault(name, [0, 0.0])
-            r[0] += 1; r[1] += float(ev.get("dur", 0.0))
-            if name in ("recv_requests", "run_batch"):
-                a.range_iv.setdefault(name, []).append((float(ev["ts"]),
-                                                        float(ev["ts"]) + float(ev.get("dur", 0))))
+        try:
+            _take(a, ev)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            a.unrecognised += 1   # not an object, or a duration event without numeric ts/dur
     return a
+
+
+def _take(a: _Acc, ev: dict) -> None:
+    """Keep what we need of one event; every value is converted before anything is appended, so
+    a malformed event raises without leaving the arrays out of step."""
+    if ev.get("ph") != "X":
+        return
+    cat = ev.get("cat")
+    args = ev.get("args") or {}
+    name = ev.get("name", "")
+    if cat in _GPU_CATS or (cat != "gpu_user_annotation" and "stream" in args
+                            and cat not in ("cuda_runtime", "cuda_driver")):
+        ts, dur = float(ev["ts"]), float(ev.get("dur", 0.0))
+        stream, corr = int(args.get("stream", -1)), int(args.get("correlation", -1))
+        k = _kind(name)
+        recv = None
+        if k == 1 and (_RECV_RE.search(name) and args.get("Collective name", "recv") == "recv"):
+            nel = args.get("In msg nelems") or args.get("Out msg nelems") or 0
+            recv = (ts, ts + dur, int(nel) * _DTYPE_BYTES.get(args.get("dtype"), 2))
+        a.ts.append(ts); a.end.append(ts + dur)
+        a.stream.append(stream); a.corr.append(corr)
+        a.kind.append(k); a.in_idle.append(cat in _IDLE_CATS)
+        if recv:
+            a.recv.append(recv)
+    elif cat in ("cuda_runtime", "cuda_driver"):
+        c = args.get("correlation")
+        if c is not None:
+            c, ts = int(c), float(ev["ts"])
+            a.rt_corr.append(c); a.rt_ts.append(ts)
+            if "GraphLaunch" in name:
+                a.graph_corr.add(c)
+    elif cat == "user_annotation" or name.startswith("ProfilerStep#"):
+        ts, dur = float(ev["ts"]), float(ev.get("dur", 0.0))
+        if name.startswith("ProfilerStep#"):
+            a.steps.append(ts)
+        r = a.ranges.setdefault(name, [0, 0.0])
+        r[0] += 1; r[1] += dur
+        if name in ("recv_requests", "run_batch"):
+            a.range_iv.setdefault(name, []).append((ts, ts + dur))
 
 
 def _merge(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -281,7 +295,8 @@ def analyze_rank(a: _Acc, link_gbps: float | None = None, kernel_wait_us: float 
     a = _select(a, hta_rounding, trim_last_step)
     n = len(a.ts)
     if n == 0:
-        return {"gpu_events": 0, "events": a.events, "span_us": 0.0, "busy_us": 0.0,
+        return {"gpu_events": 0, "events": a.events, "events_unrecognised": a.unrecognised,
+                "span_us": 0.0, "busy_us": 0.0,
                 "idle_us": 0.0, "busy_frac": None, "reason": "no GPU events in this trace"}
     allv = _merge(list(zip(a.ts, a.end)))
     span = allv[-1][1] - allv[0][0]
@@ -359,6 +374,7 @@ def analyze_rank(a: _Acc, link_gbps: float | None = None, kernel_wait_us: float 
     main_split = (dict(stream=main, **per_stream[str(main)]) if str(main) in per_stream else None)
     return {
         "events": a.events,
+        "events_unrecognised": a.unrecognised,
         "gpu_events": n,
         "gpu_events_last_step_dropped": a.trimmed,
         "span_us": span,
@@ -415,25 +431,36 @@ def read_trace(path: str | Path, **kw) -> tuple[int | None, dict]:
     return rank, out
 
 
-def find_traces(d: str | Path) -> list[Path]:
-    d = Path(d)
-    if d.is_file():
-        return [d]
-    if not d.is_dir():
-        raise TraceError(f"{d}: no such trace directory")
-    files = sorted(p for p in d.iterdir() if p.is_file() and re.search(r"\.json(\.gz)?$", p.name))
-    if not files:
-        raise TraceError(f"{d}: no *.json / *.json.gz traces in it")
-    return files
+def find_traces(src) -> list[Path]:
+    """Trace files from a directory, a file, or a list of either (in that order, deduplicated)."""
+    out: list[Path] = []
+    for d in ([src] if isinstance(src, (str, Path)) else list(src)):
+        d = Path(d)
+        if d.is_file():
+            files = [d]
+        elif d.is_dir():
+            files = sorted(p for p in d.iterdir()
+                           if p.is_file() and re.search(r"\.json(\.gz)?$", p.name))
+            if not files:
+                raise TraceError(f"{d}: no *.json / *.json.gz traces in it")
+        else:
+            raise TraceError(f"{d}: no such trace directory or file")
+        out += [f for f in files if f not in out]
+    return out
 
 
-def read_traces(d: str | Path, **kw) -> dict:
-    """`traces` part of sglang.json: {"ranks": {"<rank>": {...}}}."""
+def read_traces(src, **kw) -> dict:
+    """`traces` part of sglang.json: {"ranks": {"<rank>": {...}}}. `src`: a directory (one
+    profile's per-rank traces), a file, or a list of them. Two traces of the same rank (say two
+    profiles in one directory) are an error, not a guess; a file whose rank cannot be told is
+    keyed by its position."""
     ranks: dict[str, dict] = {}
-    for i, p in enumerate(find_traces(d)):
+    for i, p in enumerate(find_traces(src)):
         r, out = read_trace(p, **kw)
         key = str(r if r is not None else i)
         if key in ranks:
-            key = f"{key}:{p.name}"
+            raise TraceError(f"{p}: a second trace for rank {key} (first: {ranks[key]['file']}); "
+                             f"pass one profile's traces (files or a directory)")
         ranks[key] = out
-    return {"dir": str(d), "ranks": ranks}
+    return {"dir": ", ".join(str(x) for x in ([src] if isinstance(src, (str, Path)) else src)),
+            "ranks": ranks}

@@ -80,3 +80,12 @@ def test_truncated_gzip_and_empty(fixtures):
         sglang_log.read_logs([fixtures / "sglang" / "empty.log"])
     with pytest.raises(CliError, match="cannot read log"):
         sglang_log.read_logs([fixtures / "sglang" / "nope.log"])
+
+
+def test_no_batch_lines(fixtures, tmp_path):
+    (tmp_path / "access.log").write_text('INFO:     127.0.0.1:5 - "GET /health HTTP/1.1" 200 OK\n')
+    with pytest.raises(CliError, match="no 'Decode batch' / 'Prefill batch' lines in 1 lines"):
+        sglang_log.read_logs([tmp_path / "access.log"])
+    s = sglang_log.read_logs([fixtures / "sglang" / "old_rank0.log", tmp_path / "access.log"])
+    assert s["files_without_batch_lines"] == [str(tmp_path / "access.log")]
+    assert s["lines_other"] == 1

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import logging
 import shutil
 
@@ -101,6 +102,36 @@ def test_truncated_and_bad_traces(fixtures, tmp_path):
         sglang_trace.read_trace(tmp_path / "x.json")
     with pytest.raises(CliError, match="no such trace directory"):
         sglang_trace.read_traces(tmp_path / "nope")
+    (tmp_path / "gzempty.json.gz").write_bytes(gzip.compress(b""))
+    with pytest.raises(CliError, match="empty"):
+        sglang_trace.read_trace(tmp_path / "gzempty.json.gz")
+    (tmp_path / "junk.json.gz").write_bytes(b"\x1f\x8b" + b"not gzip at all")
+    with pytest.raises(CliError, match="corrupt gzip"):
+        sglang_trace.read_trace(tmp_path / "junk.json.gz")
+
+
+def test_two_profiles_in_one_dir_is_an_error(fixtures, tmp_path):
+    pp2 = fixtures / "traces" / "pp2"
+    with pytest.raises(CliError, match="a second trace for rank 0"):
+        sglang_trace.read_traces(pp2)
+    # one profile's files, given as a list, read fine
+    t = sglang_trace.read_traces([pp2 / "pp2_burst_c8-rank0.json.gz",
+                                  pp2 / "pp2_burst_c8-rank1.json.gz"])
+    assert sorted(t["ranks"]) == ["0", "1"]
+
+
+def test_malformed_events_are_counted(tmp_path):
+    # a well-formed trace with three events HTA/Kineto would never write: a number, a kernel
+    # without ts, a runtime call with a non-numeric correlation; the good kernel still counts
+    ev = [{"ph": "X", "cat": "kernel", "name": "gemm", "ts": 10.0, "dur": 5.0,
+           "args": {"stream": 7, "correlation": 1}},
+          3, {"ph": "X", "cat": "kernel", "name": "gemm", "args": {"stream": 7}},
+          {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 9.0,
+           "args": {"correlation": "x"}}]
+    (tmp_path / "t-TP-0-PP-0.trace.json").write_text(json.dumps({"traceEvents": ev}))
+    r = sglang_trace.read_traces(tmp_path)["ranks"]["0"]
+    assert (r["events"], r["events_unrecognised"], r["gpu_events"]) == (4, 3, 1)
+    assert r["busy_us"] == 5.0
 
 
 def test_recorded_pp2_sglang_burst(fixtures):
