@@ -6,7 +6,13 @@ What it models (SGLang `scheduler_pp_mixin.py::event_loop_pp`, FACTS.md):
 - every rank's loop is chained to the previous rank's: rank `i > 0` cannot start iteration `j`
   before rank `i-1` has sent it the request list (`chain_us` after rank `i-1` started it),
   empty slots included; each visit costs the rank's CPU `host_us` (non-empty slot: schedule +
-  launch) or `empty_us` (empty slot);
+  launch) or `empty_us` (empty slot); rank 0's non-empty visit costs `first_host_us[b]` when
+  that table is given (its host work grows with the slot: tokens to process, request list);
+- `result_sync`: rank 0 reads the returned tokens with a host sync on its compute stream
+  (`tokens.tolist()`), so it cannot start a slot's host work before its GPU has finished every
+  forward already queued; its host time then sits between two forwards instead of hiding
+  behind them (measured on the dispatch probe: it is what makes `even` slower than a model
+  without it, see reports/validate_dispatch.py);
 - a non-empty slot on rank `i > 0` waits (blocking receive) for its hidden states: rank `i-1`'s
   forward end + `hop_us[i-1][b]`; rank 0 waits for the sampled tokens of the slot's previous
   decode: last rank's forward end + `hop_us[pp-1][b]` (the last->first token hop);
@@ -37,6 +43,8 @@ class LoopConfig:
     host_us: float = 0.0
     empty_us: float = 0.0
     chain_us: float = 0.0
+    first_host_us: tuple[float, ...] = ()   # rank 0 per non-empty visit, by batch ([0] unused)
+    result_sync: bool = False
 
     @property
     def pp(self) -> int:
@@ -49,7 +57,7 @@ class LoopConfig:
     def __post_init__(self) -> None:
         if len(self.hop_us) != len(self.stage_us):
             raise ValueError("hop_us needs one row per rank (the last is last -> first)")
-        for row in (*self.stage_us, *self.hop_us):
+        for row in (*self.stage_us, *self.hop_us, self.first_host_us):
             if any(v < 0 for v in row):
                 raise ValueError("costs must be >= 0")
 
@@ -106,11 +114,14 @@ def simulate(cfg: LoopConfig, slot_sizes: Sequence[int], rounds: int = 12,
             t = max(cpu[i], req_at)
             if n > 0:
                 t = max(t, act_at if i > 0 else tok_ready[k])
+                if i == 0 and cfg.result_sync:
+                    t = max(t, gpu[0])  # tokens.tolist() waits for the queued forwards
             req_at = t + cfg.chain_us  # sent at the start of this rank's iteration
             if n == 0:
                 cpu[i] = t + cfg.empty_us
                 continue
-            launched = t + cfg.host_us
+            launched = t + (_at(cfg.first_host_us, n) if i == 0 and cfg.first_host_us
+                            else cfg.host_us)
             start = max(launched, gpu[i])
             end = start + _at(cfg.stage_us[i], n)
             gpu[i] = end

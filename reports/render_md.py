@@ -69,10 +69,22 @@ def render_md(rep: dict[str, Any]) -> str:
     if rep.get("dispatch_validation"):
         out += ["## Model vs dispatch probe (same configuration)", "", tabulate(
             [[c["policy"], c["arrival"], c["concurrency"], _f(c["measured_tok_per_s"]),
-              _f(c["modelled_tok_per_s"]), f"{c['diff_pct']:+.1f}%"]
+              _f(c["modelled_tok_per_s"]), f"{c['diff_pct']:+.1f}%",
+              c.get("note") or "within 10%"]
              for c in rep["dispatch_validation"]],
-            headers=["policy", "arrival", "C", "measured tok/s", "modelled tok/s", "diff"],
-            tablefmt="github"), ""]
+            headers=["policy", "arrival", "C", "measured tok/s", "modelled tok/s", "diff",
+                     "note"], tablefmt="github"), "",
+            "Model inputs from dispatch.json only (forward time per rank and size, rank-0 "
+            "dispatch latency per slot size, hop); rank 0's token read is a host sync on its "
+            "compute stream, so its host time sits between its forwards.", ""]
+    if rep.get("dispatch_micro_batches"):
+        out += ["## Micro-batch count (dispatch probe's configuration)", "", tabulate(
+            [[c["concurrency"], c["micro_batches"], " ".join(map(str, c["slot_sizes"])),
+              _f(c["modelled_tok_per_s"]), _f(c["measured_tok_per_s"]),
+              "interpolated" if c["interpolated"] else "measured"]
+             for c in rep["dispatch_micro_batches"]],
+            headers=["C", "micro-batches", "slot sizes", "modelled tok/s", "measured tok/s",
+                     "forward times"], tablefmt="github"), ""]
     out += ["## Inputs", "", tabulate(
         [[p["name"], str(p["value"])[:70], p["source"], p["evidence"], p["note"]]
          for p in rep["params"]],

@@ -12,7 +12,7 @@ from reports import loop_builder as lb
 from reports.attribution import attribute
 from reports.records import Record, to_jsonable
 from reports.scenario import Inputs
-from reports.validate_dispatch import validate
+from reports.validate_dispatch import micro_batch_choices, validate
 from reports.verdicts import verdicts
 from reports.whatif import what_ifs
 
@@ -55,4 +55,5 @@ def build_report(inp: Inputs, records: dict[str, Record]) -> dict[str, Any]:
     }
     if "dispatch" in records:
         rep["dispatch_validation"] = to_jsonable(validate(records["dispatch"]))
+        rep["dispatch_micro_batches"] = to_jsonable(micro_batch_choices(records["dispatch"]))
     return rep

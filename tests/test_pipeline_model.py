@@ -1,4 +1,6 @@
 """The simulator against DESIGN.md's closed forms, plus the herd and chaining effects."""
+from dataclasses import replace
+
 import pytest
 
 from reports import closed_form as cf
@@ -44,3 +46,38 @@ def test_empty_loop_and_bad_sizes():
         simulate(cfg, [1, 1, 1])
     with pytest.raises(ValueError):
         simulate(cfg, [3, 0])  # no cost for b=3
+
+
+def _two_slots(result_sync: bool):
+    # PP2, 4 slots, two micro-batches of 4 in slots 0 and 2; forwards 1000 us on both ranks,
+    # free hops, rank 0 spends 500 us of host time per non-empty visit, rank 1 none.
+    base = uniform_loop(2, 2, 4, 1000.0)
+    return replace(base, first_host_us=(0.0, 500.0, 500.0, 500.0, 500.0),
+                   result_sync=result_sync)
+
+
+def test_rank0_host_hides_behind_the_other_forward_without_result_sync():
+    # round trip per slot R = 500 host + 1000 + 1000 = 2500 us > 2 x 1000: P = 2500
+    r = simulate(_two_slots(False), [4, 0, 4, 0])
+    assert r.tpot_ms == pytest.approx(2.5, rel=1e-9)
+    assert r.tok_per_s == pytest.approx(8 / 2500e-6, rel=1e-9)
+
+
+def test_result_sync_puts_rank0_host_between_its_forwards():
+    # tolist() waits for rank 0's queued forward: each forward is preceded by 500 us of host
+    # on an idle GPU, P = 2 x (500 + 1000) = 3000 us; rank 0 busy 2000/3000
+    r = simulate(_two_slots(True), [4, 0, 4, 0])
+    assert r.tpot_ms == pytest.approx(3.0, rel=1e-9)
+    assert r.tok_per_s == pytest.approx(8 / 3000e-6, rel=1e-9)
+    assert r.busy_frac[0] == pytest.approx(2 / 3, rel=1e-9)
+
+
+def test_result_sync_changes_nothing_with_one_micro_batch():
+    # one slot: the GPU is idle when the tokens come back anyway; R = 500 + 2000 = 2500 us
+    assert simulate(_two_slots(True), [4, 0, 0, 0]).tpot_ms == pytest.approx(2.5, rel=1e-9)
+    assert simulate(_two_slots(False), [4, 0, 0, 0]).tpot_ms == pytest.approx(2.5, rel=1e-9)
+
+
+def test_first_host_table_must_be_non_negative():
+    with pytest.raises(ValueError):
+        replace(uniform_loop(2, 2, 1, 100.0), first_host_us=(0.0, -1.0))
