@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -40,16 +41,21 @@ class TopologyConfig:
     argv: tuple[str, ...] = ()
 
 
-# Budgets: 8 PCIe GPUs take ~25 s of copies by default, ~5 s with --quick (56 ordered pairs;
-# time grows with the square of the GPU count), plus torchrun start-up for the hop.
+# Run time on n GPUs (what `run` records in data["run_time_s"] and projects to 8 GPUs):
+#   T(n) = t_start + n * t_host + n(n-1)/2 * t_pair + t_ring + t_torchrun + t_sweep + n * t_hop
+# t_pair (both directions, P2P on and off) dominates and scales with 1 / bandwidth: on PCIe Gen5
+# (~53 GB/s P2P, ~20 GB/s host-staged) about 0.8 s by default and 0.13 s with --quick; t_hop is
+# all batch sizes of one pipeline hop (~0.3 s default); t_torchrun is process start + NCCL init
+# (~5-10 s). 8 PCIe GPUs: ~40 s default, ~15 s --quick; --thorough several minutes.
 MODES: dict[str, dict[str, Any]] = {
-    "quick": {"nbytes": 64 * MB, "samples": 1, "batches": "1,8,64,256", "warmup": 3,
-              "iters": 10},
-    "default": {"nbytes": 160 * MB, "samples": 2, "batches": "1,2,4,8,16,32,64,128,256",
-                "warmup": 5, "iters": 20},
-    "thorough": {"nbytes": 160 * MB, "samples": 10,
+    "quick": {"nbytes": 32 * MB, "samples": 1, "warmup_ms": 5.0, "staged_min_samples": 1, "batches": "1,8,64,256", "warmup": 3,
+              "iters": 10, "blocks": 3, "sizes": "8,32768,8388608"},
+    "default": {"nbytes": 160 * MB, "samples": 2, "warmup_ms": 10.0, "staged_min_samples": 3, "batches": "1,2,4,8,16,32,64,128,256",
+                "warmup": 5, "iters": 20, "blocks": 5,
+                "sizes": "8,128,2048,32768,524288,8388608,134217728"},
+    "thorough": {"nbytes": 160 * MB, "samples": 10, "warmup_ms": 50.0, "staged_min_samples": 10,
                  "batches": "1,2,4,8,12,16,24,32,48,64,96,128,192,256", "warmup": 10,
-                 "iters": 100},
+                 "iters": 100, "blocks": 10, "sizes": "all"},
 }
 
 
@@ -89,8 +95,22 @@ def decode_step_cost(hops: list[dict], pipeline: list[int]) -> dict[str, float]:
     return {b: v for b, v in by_b.items() if counts[b] == len(forward)}
 
 
+def project_run_time_s(phases: dict[str, float], n: int, target: int) -> float | None:
+    """T(target) from the phase wall times of a run on n >= 2 GPUs, by the formula above:
+    per-GPU (host), per-pair (copies), per-hop (pipeline hops: n of them) terms rescaled,
+    the rest (start-up, ring, torchrun start, sendrecv sweep) kept as is."""
+    if n < 2 or not phases:
+        return None
+    pairs = lambda k: k * (k - 1) / 2  # noqa: E731
+    fixed = sum(phases.get(k, 0.0) for k in ("start", "ring", "torchrun", "sweep"))
+    return (fixed + phases.get("host", 0.0) * target / n
+            + phases.get("pairs", 0.0) * pairs(target) / pairs(n)
+            + phases.get("hops", 0.0) * target / n)
+
+
 def build_data(disc, pipeline: list[int], *, p2p=(), latency=(), host=(), ring=None, hops=(),
-               hidden: int, tensors: int, mode: str, waived=(), source: str = "live") -> dict:
+               transport=(), hidden: int, tensors: int, mode: str, waived=(),
+               source: str = "live") -> dict:
     """The `data` payload of topology.json from a Discovery and measurement lists."""
     links = dict(disc.links)
     hop_list = []
@@ -118,6 +138,8 @@ def build_data(disc, pipeline: list[int], *, p2p=(), latency=(), host=(), ring=N
         "ring": ring or {},
         "hops": hop_list,
         "decode_step_hop_us": decode_step_cost(hop_list, pipeline),
+        # nccl-tests sendrecv_perf pattern over all pipeline GPUs (see topology/hop.py)
+        "nccl_transport": list(transport),
         "waived": list(waived),
         "notes": list(disc.notes),
     }
@@ -220,7 +242,8 @@ def _ring(bench, devices, cuda, p2p) -> dict:
 
 
 def run_hop(devices: list[int], cfg: TopologyConfig, out_json: Path, mode: dict) -> tuple:
-    """torchrun topology.hop on `devices`; returns (hops list, None) or (partial, reason)."""
+    """torchrun topology.hop on `devices`; returns (its JSON: hops, transport, phase_s; None)
+    or what it wrote before failing and the reason."""
     n = len(devices)
     env = dict(os.environ)
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
@@ -231,7 +254,8 @@ def run_hop(devices: list[int], cfg: TopologyConfig, out_json: Path, mode: dict)
            f"--nproc-per-node={n}", "-m", "topology.hop", "--out", str(out_json),
            "--hidden", str(cfg.hidden), "--tensors", str(cfg.tensors),
            "--batches", mode["batches"], "--warmup", str(mode["warmup"]),
-           "--iters", str(mode["iters"]), "--timeout-s", str(min(cfg.hop_timeout_s, 120)),
+           "--iters", str(mode["iters"]), "--blocks", str(mode["blocks"]),
+           "--sizes", mode["sizes"], "--timeout-s", str(min(cfg.hop_timeout_s, 120)),
            "--gpus", ",".join(str(d) for d in devices)]
     log = cfg.json_path.parent / f"{cfg.json_path.stem}_hop.log"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -252,10 +276,8 @@ def run_hop(devices: list[int], cfg: TopologyConfig, out_json: Path, mode: dict)
         except BaseException:
             os.killpg(proc.pid, signal.SIGKILL)
             raise
-    hops = []
-    if out_json.exists():
-        hops = json.loads(out_json.read_text()).get("hops", [])
-    return hops, reason
+    got = json.loads(out_json.read_text()) if out_json.exists() else {}
+    return got, reason
 
 
 def run(cfg: TopologyConfig) -> Record:
@@ -264,6 +286,7 @@ def run(cfg: TopologyConfig) -> Record:
 
     from topology.discover import discover
 
+    t_run = time.perf_counter()
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     mode = MODES[cfg.mode]
     disc = discover()
@@ -273,12 +296,18 @@ def run(cfg: TopologyConfig) -> Record:
     if bad:
         raise ValueError(f"GPU {bad[0]} does not exist (this machine has {n})")
     waived: list[dict] = []
-    state: dict[str, Any] = {"p2p": [], "latency": [], "host": [], "ring": None, "hops": []}
+    state: dict[str, Any] = {"p2p": [], "latency": [], "host": [], "ring": None, "hops": [],
+                             "transport": []}
     argv = list(cfg.argv) or None
+    phases: dict[str, float] = {}  # wall seconds per phase, for the run-time formula
 
     def save(final: bool = False) -> Record:
         data = build_data(disc, devices, hidden=cfg.hidden, tensors=cfg.tensors, mode=cfg.mode,
                           waived=waived, **state)
+        data["run_time_s"] = {**phases, "total": time.perf_counter() - t_run}
+        if final:
+            data["projected_run_time_s"] = {
+                str(k): project_run_time_s(phases, len(devices), k) for k in (4, 8)}
         reason = "; ".join(w["reason"] for w in waived) or None
         rec = make_record("topology", data, argv=argv,
                           status="ok" if final else "waived",
@@ -303,23 +332,31 @@ def run(cfg: TopologyConfig) -> Record:
         if cuda_bus is not None:
             by_bus = {b: k for k, b in enumerate(cuda_bus)}
             cuda = {g.index: by_bus.get(g.pci_bus_id, g.index) for g in disc.gpus}
-            pc = P2PConfig(nbytes=mode["nbytes"], samples=mode["samples"])
+            pc = P2PConfig(nbytes=mode["nbytes"], samples=mode["samples"],
+                           warmup_ms=mode["warmup_ms"],
+                           staged_min_samples=mode["staged_min_samples"])
             bench = Bench([cuda[d] for d in devices], pc)
+            phases["start"] = time.perf_counter() - t_run
             npairs = len(devices) * (len(devices) - 1) // 2
             total = npairs * 12 + len(devices) + (1 if len(devices) > 1 else 0)
             with tqdm(total=total, desc="topology: copies", unit="step", file=sys.stderr,
                       leave=False) as bar:
+                t0 = time.perf_counter()
                 for d in devices:
                     state["host"] += [{**h, "gpu": d} for h in bench.host(cuda[d])]
                     bar.update(1)
+                phases["host"] = time.perf_counter() - t0
                 save()
 
                 def step(p2p, lat):
                     state["p2p"], state["latency"] = p2p, lat
                     save()
                 if len(devices) > 1:
+                    t0 = time.perf_counter()
                     _p2p_entries(bench, devices, cuda, disc, pc, bar, waived, step)
+                    phases["pairs"] = time.perf_counter() - t0
                     state["ring"] = _ring(bench, devices, cuda, state["p2p"])
+                    phases["ring"] = time.perf_counter() - t0 - phases["pairs"]
                     bar.update(1)
             save()
     if cfg.hop and len(devices) > 1:
@@ -330,8 +367,12 @@ def run(cfg: TopologyConfig) -> Record:
         else:
             with tempfile.TemporaryDirectory() as td:
                 print(f"topology: PP hop over GPUs {devices} (torchrun, NCCL)...", file=sys.stderr)
-                hops, why = run_hop(devices, cfg, Path(td) / "hops.json", mode)
-                state["hops"] = hops
+                t0 = time.perf_counter()
+                got, why = run_hop(devices, cfg, Path(td) / "hops.json", mode)
+                state["hops"], state["transport"] = got.get("hops", []), got.get("transport", [])
+                inner = got.get("phase_s", {})
+                phases["sweep"], phases["hops"] = inner.get("sweep", 0.0), inner.get("hops", 0.0)
+                phases["torchrun"] = time.perf_counter() - t0 - phases["sweep"] - phases["hops"]
                 if why:
                     waived.append({"what": "hop", "reason": why})
     return save(final=True)

@@ -3,7 +3,8 @@
 Tables: GPUs with NUMA node / CPU list / PCIe; the link matrix; bandwidth matrices in the
 layout of cuda-samples' p2pBandwidthLatencyTest (rows = source, columns = destination, GB/s,
 GB = 1e9 bytes) and latency matrices (us); pinned host<->device; the ring; each pipeline hop
-with its class and cost per decode step. The JSON record stays the truth; this only renders it.
+with its class and cost per decode step, the parts of that cost, and the NCCL sendrecv sweep.
+The JSON record stays the truth; this only renders it.
 """
 from __future__ import annotations
 
@@ -147,10 +148,52 @@ def hop_table(data: dict, show_batches=(1, 8, 32, 64, 256)) -> str:
     return note + "\n" + tabulate(rows, head, disable_numparse=True)
 
 
+def _median(xs: list[float]) -> float | None:
+    xs = sorted(xs)
+    if not xs:
+        return None
+    m = len(xs) // 2
+    return xs[m] if len(xs) % 2 else (xs[m - 1] + xs[m]) / 2
+
+
+HOP_PARTS = (("hop_us", "hop (SGLang) us"), ("gloo_meta_us", "gloo meta us"),
+             ("nccl_us", "torch send us"), ("overhead_us", "rest us"),
+             ("nccl_transport_us", "NCCL transport us"), ("nccl_busbw_gbps", "busbw GB/s"))
+
+
+def hop_parts_table(data: dict) -> str:
+    """Per batch size, the median over the measured hops of each part of hop_us."""
+    hops = data.get("hops", [])
+    if not hops:
+        return ""
+    rows = []
+    for b in sorted({h["batch"] for h in hops}):
+        hb = [h for h in hops if h["batch"] == b]
+        rows.append([b, hb[0].get("bytes")] + [
+            _cell(_median([h[k] for h in hb if h.get(k) is not None]), "{:.1f}")
+            for k, _ in HOP_PARTS])
+    return ("PP hop, one way, median over hops: SGLang's cost = gloo metadata + torch send + "
+            "rest; NCCL transport = back-to-back batched exchange (nccl-tests sendrecv_perf)\n"
+            + tabulate(rows, ["batch", "bytes"] + [t for _, t in HOP_PARTS],
+                       disable_numparse=True))
+
+
+def transport_table(data: dict) -> str:
+    rows = [[t["bytes"], _cell(t.get("nccl_transport_us")), _cell(t.get("nccl_busbw_gbps"))]
+            for t in data.get("nccl_transport", [])]
+    if not rows:
+        return ""
+    n = len(data.get("pipeline", []))
+    return (f"NCCL sendrecv over {n} GPUs (each sends to the next, receives from the previous; "
+            "compare nccl-tests sendrecv_perf)\n"
+            + tabulate(rows, ["bytes", "time (us)", "busbw (GB/s)"], disable_numparse=True))
+
+
 def render_text(rec) -> str:
     data = rec.data
     parts = [f"ppscope topology: {rec.status}" + (f" ({rec.reason})" if rec.reason else "")]
-    for t in (gpu_table(data), link_table(data), *measurement_tables(data), hop_table(data)):
+    for t in (gpu_table(data), link_table(data), *measurement_tables(data), hop_table(data),
+              hop_parts_table(data), transport_table(data)):
         if t:
             parts.append(t)
     return "\n\n".join(parts) + "\n"
