@@ -9,7 +9,8 @@ from a CUDA graph (no host syncs, fixed-size index tensors):
   variant `plain` (the straightforward grouped_mm layer: separate gate/up/down, histc offsets,
   index_add combine, separate shared MLP) kept as the reference point; a loop over the touched
   experts where `_grouped_mm` is missing (not graph-capturable: it syncs); `sglang`
-  (SGLang's fused_moe Triton kernel when sglang imports).
+  (SGLang's fused_moe Triton kernel when sglang imports); `triton` (ppscope's own fused
+  decode kernel, microbench/moe_triton.py, on the `fast` weight layout).
 - `attention`: MLA decode with absorbed projections over a KV cache of `context_len` tokens
   (GQA for Llama/Qwen); RoPE itself is left out (elementwise, negligible).
 - `dense_mlp`, `lm_head` (final norm, logits, Gumbel-max sampling).
@@ -284,17 +285,23 @@ def moe_reference(w: MoEWeights, x, ids, tw):
 
 def build_moe(m: ModelConfig, batch: int, device, *, backend: str = "torch",
               variant: str = "fast", experts_sample: int | None = None, zipf_s: float = 0.0,
-              seed: int = 0, weights: MoEWeights | None = None) -> Built:
+              seed: int = 0, weights: MoEWeights | None = None,
+              triton_config=None) -> Built:
     import torch
 
     if not m.is_moe:
         raise ValueError(f"{m.name} has no MoE layers")
+    if backend == "triton":
+        from microbench import moe_triton as MT
+        if MT.available():
+            raise RuntimeError(MT.available())
+        variant = "fast"
     if backend == "sglang":
         fe = _sglang_experts(device)
         if isinstance(fe, str):
             raise RuntimeError(fe)
         variant = "fast"
-    elif variant != "loop" and grouped_mm_available(device):
+    elif backend != "triton" and variant != "loop" and grouped_mm_available(device):
         variant = "loop"
     w = weights or make_moe_weights(m, variant if variant != "loop" else "plain", device,
                                     experts_sample=experts_sample, zipf_s=zipf_s, seed=seed)
@@ -309,6 +316,9 @@ def build_moe(m: ModelConfig, batch: int, device, *, backend: str = "torch",
                 y = y + fe(x, w_.gate_up[n:], w_.down[n:], S - n,
                            torch.ones(S.shape, device=x.device))
             return y
+    elif backend == "triton":
+        def experts(w_, x, ids, tw):
+            return MT.moe_experts(w_, x, ids, tw, triton_config)
     else:
         experts = {"fast": moe_experts_fast, "plain": moe_experts_plain,
                    "loop": moe_experts_loop}[variant]
@@ -496,7 +506,8 @@ def build(kind: str, m: ModelConfig, batch: int, device, **kw) -> Built:
     if kind == "moe":
         return build_moe(m, batch, device, **{k: v for k, v in kw.items()
                                               if k in ("backend", "variant", "experts_sample",
-                                                       "zipf_s", "seed", "weights")})
+                                                       "zipf_s", "seed", "weights",
+                                                       "triton_config")})
     if kind == "attention":
         return build_attention(m, batch, device, context_len=kw.get("context_len", 2048),
                                seed=kw.get("seed", 0))

@@ -5,8 +5,13 @@ lm_head + sampling) at its real dimensions with random bf16 weights, for every m
 size in `batches` (default 1..128) plus one prefill chunk (eager, MoE and dense MLP only).
 Each op is checked against a float32 reference before it is timed. Decode layers are timed as
 CUDA-graph replays (SGLang decodes from graphs), with `microbench.timing.do_bench_graph`.
-With `compare_plain`, the straightforward `torch._grouped_mm` MoE layer is timed in the same
-run (`layers.moe_plain`), so the optimised path can be judged against it.
+MoE backends (`moe_backends`, default `triton` = ppscope's fused decode kernel and `plain` =
+the straightforward `torch._grouped_mm` layer; also `fast`, `sglang`) are all timed in the
+same run (`layers.moe_<backend>`); `layers.moe` and the stage figures use, per batch size,
+the fastest backend that passed its check, and name it (`backend`, `moe_backend_by_batch`).
+The GPU's HBM bandwidth is measured once (1 GiB device-to-device copy, bytes read + written)
+and every efficiency is reported against both the spec sheet (`efficiency`) and that copy
+bandwidth (`efficiency_measured_bw`): spec bandwidth is rarely reachable.
 
 Stage cost = Σ over its layers (attention + MoE or dense MLP) + extras (lm_head on the last
 stage; the embedding lookup is costed by the roofline only). Efficiency = floor / measured;
@@ -32,6 +37,43 @@ from reports.roofline import (DEFAULT_CONTEXT, _floor_us, layer_floor, mlp_bytes
 
 PROBE = "stage_cost"
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
+# name -> (layers.build_moe backend, variant)
+MOE_BACKENDS = {"triton": ("triton", "fast"), "plain": ("torch", "plain"),
+                "fast": ("torch", "fast"), "sglang": ("sglang", "fast")}
+COPY_BYTES = 1 << 30
+
+
+def measure_mem_bw(nbytes: int = COPY_BYTES) -> float:
+    """HBM bandwidth, GB/s (1e9 B/s), of a device-to-device copy: (bytes read + bytes written)
+    / median time over `do_bench` repetitions. What a streaming kernel can really get, as
+    opposed to the spec sheet's figure."""
+    import torch
+
+    from microbench.timing import do_bench
+
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    t = do_bench(lambda: dst.copy_(src), warmup_ms=25, rep_ms=200)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes / (t.median_us * 1e-6) / 1e9
+
+
+def pick_fastest(layers: dict[str, dict], names) -> dict[str, str]:
+    """Sets layers["moe"][b] to the fastest `moe_<name>` entry that has a measurement (a
+    failed check leaves none), tagged with `backend_name`; returns {b: name}. Where no backend
+    succeeded, the first backend's error entry stands."""
+    chosen, moe = {}, {}
+    for name in names:
+        for b, e in (layers.get(f"moe_{name}") or {}).items():
+            us, cur = e.get("measured_us"), moe.get(b)
+            if us is not None and (cur is None or cur.get("measured_us") is None
+                                   or us < cur["measured_us"]):
+                moe[b], chosen[b] = {**e, "backend_name": name}, name
+            elif cur is None:
+                moe[b] = dict(e)
+    layers["moe"] = moe
+    return chosen
 
 
 @dataclass(frozen=True)
@@ -41,9 +83,7 @@ class StageCostConfig:
     partition: str | None = None
     gpu: str | None = None            # spec sheet name; None: match the GPU here, else rtx-pro-6000
     dtype: str = "native"             # native (model's formats) | bf16 | fp8 | int4 (plan floors)
-    backend: str = "torch"            # torch | sglang
-    variant: str = "fast"             # fast | plain (torch backend)
-    compare_plain: bool = True
+    moe_backends: tuple[str, ...] = ("triton", "plain")   # MOE_BACKENDS; fastest verified wins
     batches: tuple[int, ...] = DEFAULT_BATCHES
     prefill_chunk: int = 2048         # 0: skip
     context_len: int = DEFAULT_CONTEXT
@@ -139,14 +179,15 @@ def _data(cfg, m, m_meas, gpu, stages, layers, prefill, notes, imbalance) -> dic
     return {"model": m.name, "pp": cfg.pp, "gpu": gpu.name, "gpu_source": gpu.source,
             "mem_bw_gbps": cfg.mem_bw_gbps or gpu.mem_bw_gbps,
             "mem_bw_from": "measured" if cfg.mem_bw_gbps else "spec sheet",
-            "backend": cfg.backend, "moe_variant": cfg.variant, "dtype": cfg.dtype,
+            "moe_backends": list(cfg.moe_backends), "dtype": cfg.dtype,
             "formats": dataclasses.asdict(m.formats),
             "measured_formats": dataclasses.asdict(m_meas.formats) if m_meas else None,
             "timing": None if cfg.plan else "cuda_graph_replay",
             "batches": list(cfg.batches), "context_len": cfg.context_len, "zipf_s": cfg.zipf_s,
             "experts_sample": cfg.experts_sample, "partition": cfg.partition,
             "stages": stages, "layers": layers, "prefill": prefill, "imbalance": imbalance,
-            "notes": notes}
+            "notes": notes, "backend": None, "moe_backend_by_batch": {},
+            "mem_bw_measured_gbps": None}
 
 
 def run(cfg: StageCostConfig, progress=None) -> Record:
@@ -209,24 +250,53 @@ def _measure(cfg, m, gpu, stages, notes, progress) -> Record:
     if cfg.experts_sample:
         notes.append(f"MoE layers allocate {cfg.experts_sample} of {m.n_routed_experts} routed "
                      "experts (ids folded modulo that); floors use the distinct experts touched")
-    kinds = ["attention"] + (["moe"] if m.is_moe else []) + \
-            (["dense_mlp"] if m.first_k_dense > 0 else []) + ["lm_head"]
-    if cfg.compare_plain and m.is_moe and cfg.backend == "torch" and cfg.variant != "plain":
-        kinds.insert(2, "moe_plain")
+    unknown = [n for n in cfg.moe_backends if n not in MOE_BACKENDS]
+    if unknown:
+        raise ValueError(f"unknown MoE backend(s) {unknown}; known: {sorted(MOE_BACKENDS)}")
+    moe_kinds = [f"moe_{n}" for n in cfg.moe_backends] if m.is_moe else []
+    kinds = ["attention"] + moe_kinds + (["dense_mlp"] if m.first_k_dense > 0 else []) + \
+        ["lm_head"]
     layers: dict[str, dict] = {k: {} for k in kinds}
     prefill: dict[str, Any] = {"chunk_tokens": cfg.prefill_chunk, "timing": "eager",
                                "layers": {}} if cfg.prefill_chunk else None
     total = len(kinds) * len(cfg.batches)
     done = [0]
     bw = cfg.mem_bw_gbps
+    try:
+        bw_meas = measure_mem_bw()
+    except Exception as e:  # noqa: BLE001 - out of memory etc.: efficiencies vs spec only
+        bw_meas = None
+        notes.append(f"HBM copy bandwidth not measured ({type(e).__name__})")
+    chosen: dict[str, str] = {}
+
+    def add_measured_bw(st_list):
+        for st in st_list:
+            for b, e in st["by_batch"].items():
+                if bw_meas and e.get("measured_us"):
+                    f = stage_floor(m_meas, _as_stage(st), int(b), gpu,
+                                    context_len=cfg.context_len, zipf_s=cfg.zipf_s,
+                                    mem_bw_gbps=bw_meas).floor_us
+                    e["floor_measured_bw_us"] = f
+                    e["efficiency_measured_bw"] = f / e["measured_us"]
 
     def save(final: bool = False) -> Record:
+        if moe_kinds:
+            chosen.clear()
+            chosen.update(pick_fastest(layers, cfg.moe_backends))
         imb = fill_stage_costs(m_meas, stages, layers)
+        add_measured_bw(stages)
         data = _data(cfg, m, m_meas, gpu, stages, layers, prefill, notes, imb)
-        errs = [f"{k}: {v['error']}" for k, d in layers.items() for v in d.values()
-                if isinstance(v, dict) and v.get("error")]
+        data["mem_bw_measured_gbps"] = bw_meas
+        data["moe_backend_by_batch"] = dict(chosen)
+        names = sorted(set(chosen.values()))
+        data["backend"] = ",".join(names) if names else None
+        errs = [f"{k}: {v['error']}" for k, d in layers.items() if k != "moe"
+                for v in d.values() if isinstance(v, dict) and v.get("error")]
+        # a failed optional MoE backend is fine as long as another one measured every batch
+        moe_ok = not moe_kinds or all(b in chosen for b in map(str, cfg.batches))
+        hard = [x for x in errs if not x.startswith("moe_") or not moe_ok]
         if final:
-            status = "ok" if not errs else "error"
+            status = "ok" if not hard else "error"
             reason = None if not errs else "; ".join(sorted(set(errs)))[:500]
         else:
             status, reason = "error", f"incomplete: {done[0]} of {total} points measured so far"
@@ -236,12 +306,14 @@ def _measure(cfg, m, gpu, stages, notes, progress) -> Record:
         return rec
 
     for kind in kinds:
-        base = "moe" if kind == "moe_plain" else kind
-        variant = "plain" if kind == "moe_plain" else cfg.variant
+        is_moe = kind.startswith("moe_")
+        base = "moe" if is_moe else kind
+        backend, variant = MOE_BACKENDS[kind[4:]] if is_moe else ("torch", None)
         weights = None
-        if base == "moe":
+        if is_moe:
             nb = L.moe_weight_bytes(m_meas, cfg.experts_sample)
-            too_big = _fits(nb, f"moe layer ({m_meas.n_routed_experts if not cfg.experts_sample else cfg.experts_sample} experts, bf16)", m_meas, cfg)
+            n_exp = cfg.experts_sample or m_meas.n_routed_experts
+            too_big = _fits(nb, f"moe layer ({n_exp} experts, bf16)", m_meas, cfg)
             if too_big:
                 for b in cfg.batches:
                     layers[kind][str(b)] = {"measured_us": None, "floor_us": None,
@@ -254,26 +326,30 @@ def _measure(cfg, m, gpu, stages, notes, progress) -> Record:
             entry: dict[str, Any] = {}
             try:
                 kw = dict(context_len=cfg.context_len, seed=0)
-                if base == "moe":
-                    kw.update(backend=cfg.backend, variant=variant, zipf_s=cfg.zipf_s,
+                if is_moe:
+                    kw.update(backend=backend, variant=variant, zipf_s=cfg.zipf_s,
                               experts_sample=cfg.experts_sample, weights=weights)
                 built = L.build(base, m_meas, b, dev, **kw)
-                if base == "moe":
+                if is_moe:
                     weights = built.info.pop("weights")
                 if i == 0:  # check once per layer implementation, on fresh inputs
-                    entry_check = built.check()
-                    entry["check_rel_err"] = entry_check
+                    entry["check_rel_err"] = built.check()
                 t = (do_bench_graph if built.graphable else do_bench)(built.fn)
-                if base == "moe":
+                if is_moe:
                     d = built.info["distinct_experts"]
                     floor = moe_floor_us(m_meas, d, gpu, bw)
+                    floor_m = moe_floor_us(m_meas, d, gpu, bw_meas) if bw_meas else None
                     entry.update(distinct_experts=d, experts_allocated=built.info[
                         "experts_allocated"])
                 else:
                     floor = layer_floor(m_meas, base, b, gpu, context_len=cfg.context_len,
                                         mem_bw_gbps=bw).floor_us
+                    floor_m = layer_floor(m_meas, base, b, gpu, context_len=cfg.context_len,
+                                          mem_bw_gbps=bw_meas).floor_us if bw_meas else None
                 entry.update(measured_us=t.median_us, p20_us=t.p20_us, p80_us=t.p80_us,
                              floor_us=floor, efficiency=floor / t.median_us,
+                             floor_measured_bw_us=floor_m,
+                             efficiency_measured_bw=floor_m and floor_m / t.median_us,
                              backend=built.backend,
                              timing="cuda_graph_replay" if built.graphable else "eager")
                 del built
@@ -294,24 +370,27 @@ def _measure(cfg, m, gpu, stages, notes, progress) -> Record:
                 for b2 in cfg.batches[i + 1:]:
                     layers[kind][str(b2)] = dict(entry)
                     done[0] += 1
+                    if progress:
+                        progress.update(1)
                 break
         if prefill is not None and base in ("moe", "dense_mlp") and not check_err:
             T = cfg.prefill_chunk
             try:
                 kw = dict(seed=0)
-                if base == "moe":
-                    kw.update(backend=cfg.backend, variant=variant,
+                if is_moe:
+                    kw.update(backend=backend, variant=variant,
                               experts_sample=cfg.experts_sample, weights=weights)
                 built = L.build(base, m_meas, T, dev, **kw)
                 t = do_bench(built.fn)
                 floor = (moe_floor_us(m_meas, built.info["distinct_experts"], gpu, bw)
-                         if base == "moe" else layer_floor(m_meas, base, T, gpu,
-                                                           mem_bw_gbps=bw).floor_us)
-                if base == "moe":  # prefill is compute-heavy: the floor takes FLOPs into account
+                         if is_moe else layer_floor(m_meas, base, T, gpu,
+                                                    mem_bw_gbps=bw).floor_us)
+                if is_moe:  # prefill is compute-heavy: the floor takes FLOPs into account
                     fl = layer_floor(m_meas, "moe", T, gpu, mem_bw_gbps=bw)
                     floor = max(floor, fl.flops / (gpu.bf16_tflops * 1e12) * 1e6)
                 prefill["layers"][kind] = {"measured_us": t.median_us, "floor_us": floor,
-                                           "efficiency": floor / t.median_us}
+                                           "efficiency": floor / t.median_us,
+                                           "backend": built.backend}
                 del built
             except Exception as e:  # noqa: BLE001 - record it; decode figures still stand
                 prefill["layers"][kind] = {"measured_us": None, "error": f"{type(e).__name__}: "
@@ -321,6 +400,12 @@ def _measure(cfg, m, gpu, stages, notes, progress) -> Record:
     if prefill is not None:
         prefill["note"] = "attention prefill not measured (decode kernel only); eager timing"
     return save(final=True)
+
+
+def _as_stage(st: dict):
+    from reports.partition import Stage
+
+    return Stage(**{f.name: st[f.name] for f in dataclasses.fields(Stage)})
 
 
 def plot(rec_data: dict, path: str | Path, batch: int) -> Path:

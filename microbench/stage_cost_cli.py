@@ -18,6 +18,16 @@ def int_list(s: str) -> tuple[int, ...]:
     return v
 
 
+def name_list(s: str) -> tuple[str, ...]:
+    from microbench.stage_cost import MOE_BACKENDS
+
+    v = tuple(x.strip() for x in s.split(",") if x.strip())
+    bad = [x for x in v if x not in MOE_BACKENDS]
+    if not v or bad:
+        raise argparse.ArgumentTypeError(f"expected some of {','.join(MOE_BACKENDS)}, got {s!r}")
+    return v
+
+
 def register(sub) -> None:
     from microbench import stage_cost as sc
 
@@ -32,11 +42,10 @@ def register(sub) -> None:
                    "rtx-pro-6000)")
     p.add_argument("--dtype", default="native", choices=["native", "bf16", "fp8", "int4"],
                    help="weight format for every component (native: the model's own mix)")
-    p.add_argument("--backend", default="torch", choices=["torch", "sglang"])
-    p.add_argument("--variant", default="fast", choices=["fast", "plain"],
-                   help="torch MoE path (default fast)")
-    p.add_argument("--no-compare-plain", action="store_true",
-                   help="do not also time the plain grouped_mm MoE layer")
+    p.add_argument("--moe-backends", type=name_list, default=sc.StageCostConfig.moe_backends,
+                   help="MoE backends timed in the same run; the stage figures use the fastest "
+                   "that passed its check, per batch (default triton,plain; known: "
+                   f"{','.join(sc.MOE_BACKENDS)})")
     p.add_argument("--batches", type=int_list, default=sc.DEFAULT_BATCHES,
                    help="micro-batch sizes (default 1,2,4,8,16,32,64,128)")
     p.add_argument("--prefill-chunk", type=int, default=2048, help="tokens; 0 skips it")
@@ -60,7 +69,7 @@ def main(args) -> int:
     out = Path(args.json) if args.json else default_record_path(sc.PROBE)
     cfg = sc.StageCostConfig(
         model=args.model, pp=args.pp, partition=args.partition, gpu=args.gpu, dtype=args.dtype,
-        backend=args.backend, variant=args.variant, compare_plain=not args.no_compare_plain,
+        moe_backends=args.moe_backends,
         batches=args.batches, prefill_chunk=args.prefill_chunk, context_len=args.context,
         zipf_s=args.zipf, experts_sample=args.experts_sample, mem_bw_gbps=args.mem_bw,
         plan=args.plan, out=out, argv=tuple(args.argv))
@@ -79,7 +88,8 @@ def main(args) -> int:
     if not args.plan:
         from reports.model_config import load_model
         from tqdm import tqdm
-        n = 2 + load_model(cfg.model).is_moe * (1 + cfg.compare_plain) + 1
+        mm = load_model(cfg.model)
+        n = 2 + mm.is_moe * len(cfg.moe_backends) + (mm.first_k_dense > 0)
         bar = tqdm(total=n * len(cfg.batches), desc="stage-cost", unit="pt", leave=False)
     try:
         rec = sc.run(cfg, progress=bar)
@@ -106,8 +116,11 @@ def render(d: dict) -> str:
             rows.append([st["index"], st["num_layers"], "yes" if st["lm_head"] else "", b,
                          _f(e["measured_us"]), _f(e["floor_us"]),
                          _f(e["efficiency"] and 100 * e["efficiency"], "{:.0f}%")])
+    meas = d.get("mem_bw_measured_gbps")
     out = [f"{d['model']} PP{d['pp']} on {d['gpu']} ({d['mem_bw_gbps']:.0f} GB/s, "
-           f"{d['mem_bw_from']}), formats {d['dtype']}",
+           f"{d['mem_bw_from']}" + (f"; copy measured {meas:.0f} GB/s" if meas else "")
+           + f"), formats {d['dtype']}" + (f", MoE backend {d['backend']}"
+                                           if d.get("backend") else ""),
            tabulate(rows, headers=["stage", "layers", "lm_head", "batch", "measured_us",
                                    "floor_us", "efficiency"], tablefmt="simple")]
     if d.get("layers"):
@@ -117,10 +130,12 @@ def render(d: dict) -> str:
                 lrows.append([kind, b, e.get("backend", ""), _f(e.get("measured_us")),
                               _f(e.get("floor_us")),
                               _f(e.get("efficiency") and 100 * e["efficiency"], "{:.0f}%"),
+                              _f(e.get("efficiency_measured_bw")
+                                 and 100 * e["efficiency_measured_bw"], "{:.0f}%"),
                               e.get("distinct_experts", ""), e.get("error", "")[:60]])
         out += ["", tabulate(lrows, headers=["layer", "batch", "backend", "measured_us",
-                                             "floor_us", "efficiency", "experts", "error"],
-                             tablefmt="simple")]
+                                             "floor_us", "eff_spec_bw", "eff_measured_bw",
+                                             "experts", "error"], tablefmt="simple")]
     imb = [[b, _f(v["measured"], "{:.3f}"), _f(v["floor"], "{:.3f}")]
            for b, v in (d.get("imbalance") or {}).items()]
     if imb:
