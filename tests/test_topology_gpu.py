@@ -43,4 +43,12 @@ def test_live_quick_run_writes_full_record(tmp_path):
     assert rec["status"] == "ok", rec["reason"]
     assert {h["batch"] for h in d["hops"]} == {1, 8, 64, 256}
     assert all(h["hop_us"] > 0 and h["hop_class"] for h in d["hops"])
+    for h in d["hops"]:  # the parts add up by construction; transport beats one torch send
+        assert h["hop_us"] == pytest.approx(h["gloo_meta_us"] + h["nccl_us"] + h["overhead_us"])
+        assert 0 < h["nccl_transport_us"] and h["gloo_send_us"] > 0
+    assert [t["bytes"] for t in d["nccl_transport"]] == [8, 32768, 8388608]
+    assert all(t["nccl_busbw_gbps"] > 0 for t in d["nccl_transport"])
+    staged = [e for e in d["p2p"] if not e["p2p"] and e["status"] == "ok"]
+    assert staged and all(not e["spin_blocked"] for e in staged)
+    assert d["projected_run_time_s"]["8"] > d["run_time_s"]["total"] * 0.5
     assert (tmp_path / "topology.png").exists()

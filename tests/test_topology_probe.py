@@ -199,6 +199,8 @@ def test_run_orchestration_with_fake_bench(tmp_path, monkeypatch):
     # every P2P-off measurement is run as host-staged (no spin blocker, more samples)
     ok = [e for e in d["p2p"] + d["latency"] if e["status"] == "ok"]
     assert all(e["staged"] == (not e["p2p"]) for e in ok) and len(ok) == 19 + 10
+    assert set(d["run_time_s"]) == {"start", "host", "pairs", "ring", "total"}
+    assert d["projected_run_time_s"]["8"] >= d["projected_run_time_s"]["4"] > 0
 
 
 def test_staged_copies_skip_the_spin_and_take_more_samples():

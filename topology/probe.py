@@ -6,6 +6,9 @@ hop cost, and returns the record. It writes the record after every step (status 
 reason "incomplete" until the end), so Ctrl-C keeps what was measured.
 `from_smi_text(text)` builds the offline record from a saved `nvidia-smi topo -m`.
 Record layout: see `build_data`; every pair key "i-j" has i < j; units live in key names.
+Run time: T(n) = t_start + n*t_host + n(n-1)/2*t_pair + t_ring + t_torchrun + t_sweep + n*t_hop
+(see MODES); `data["run_time_s"]` holds this run's phase times and `projected_run_time_s` the
+formula applied to 4 and 8 GPUs.
 """
 from __future__ import annotations
 

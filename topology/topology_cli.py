@@ -20,8 +20,13 @@ P2P on and off (like cuda-samples' p2pBandwidthLatencyTest), pinned host<->devic
 all pipeline pairs copying at once (the ring), and under torchrun the NCCL and SGLang-style
 send/recv cost of one PP hop for micro-batches of 1..256 requests.
 Offline: --from-nvidia-smi parses a saved `nvidia-smi topo -m` (no GPU needed).
-Time: 8 GPUs about a minute by default, under 15 s with --quick; it grows with the square of
-the GPU count (every ordered pair is measured)."""
+NCCL: per hop, SGLang's cost (hop_us = gloo metadata + torch send + rest) and the NCCL
+transport as nccl-tests sendrecv_perf measures it; plus a sendrecv sweep over all GPUs
+(8 B..128 MB in powers of two with --thorough, 7 sizes by default, 3 with --quick).
+Time on n GPUs: T(n) = t_start + n*t_host + n(n-1)/2*t_pair + t_ring + t_torchrun + t_sweep
++ n*t_hop. On PCIe Gen5, t_pair ~0.8 s (0.13 s --quick), t_torchrun ~5-10 s: 8 GPUs ~40 s
+by default, ~15 s with --quick. Each run records its phase times (run_time_s) and the
+projection to 4 and 8 GPUs (projected_run_time_s)."""
 
 
 def register(subparsers) -> None:
