@@ -51,6 +51,7 @@ class DispatchConfig:
     max_micro_batch: int | None = None      # None: max(max_running_requests // pp, 1)
     micro_batches: int | None = None        # `even` policy: None = pp
     work: str = "moe"
+    moe_variant: str = "fast"               # microbench.layers torch MoE: fast | plain
     layers_per_stage: int = 2
     cost_us: str = "1:800,8:900,32:1200"
     model: str = "kimi-k2"
@@ -154,7 +155,7 @@ def loop_config(cfg: DispatchConfig) -> dict:
     points = [{"policy": p, "arrival": a, "concurrency": c}
               for a in cfg.arrivals for c in cfg.concurrency for p in cfg.policies]
     return {"pp": cfg.pp, "async_depth": cfg.depth, "max_micro_batch": cfg.cap,
-            "micro_batches": cfg.micro_batches, "work": cfg.work,
+            "micro_batches": cfg.micro_batches, "work": cfg.work, "moe_variant": cfg.moe_variant,
             "layers_per_stage": cfg.layers_per_stage, "cost_points": pts,
             "model": m.name, "hidden": m.hidden, "moe_intermediate": m.moe_intermediate,
             "n_routed_experts": m.n_routed_experts, "top_k": m.top_k,
@@ -180,10 +181,12 @@ def stage_summary(pt: dict) -> dict:
     c = pt["columns"]
     idx = [i for i, m in enumerate(c["measure"]) if m]
     disp, wait, host, send, busy = [], [], [], [], 0.0
+    host_empty, host_busy = [], []
     gpu_by_b: dict[int, list[float]] = {}
     for i in idx:
         wait.append(c["wait_us"][i])
         host.append((c["t_end"][i] - c["t_start"][i]) * 1e6 - c["wait_us"][i])
+        (host_busy if c["rows"][i] else host_empty).append(host[-1])
         fs, fe = c["t_fs"][i], c["t_fe"][i]
         if fs is None or fe is None:
             continue
@@ -202,6 +205,8 @@ def stage_summary(pt: dict) -> dict:
         "dispatch_latency_us": {"p50": _pct(disp, 50), "p99": _pct(disp, 99), "n": len(disp)},
         "wait_us_p50": _pct(wait, 50),
         "host_us_p50": _pct(host, 50),
+        "host_empty_us_p50": _pct(host_empty, 50),   # empty slot: request-list relay only
+        "host_busy_us_p50": _pct(host_busy, 50),
         "gpu_us_p50": {str(b): _pct(v, 50) for b, v in sorted(gpu_by_b.items())},
         "send_us_p50": _pct(send, 50),
         "iterations": len(idx),
@@ -364,6 +369,9 @@ def summarize(loop_cfg: dict, rank_results: list[dict], nccl_p2p_disabled: bool)
                    "max_micro_batch": loop_cfg["max_micro_batch"],
                    "micro_batches": loop_cfg["micro_batches"],
                    "work": loop_cfg["work"],
+                   # the layer actually run (microbench.layers backend/variant, as stage-cost)
+                   "moe_backend": next((i["moe_backend"] for i in info.values()
+                                        if i.get("moe_backend")), None),
                    "layers_per_stage": min(layers) if layers and loop_cfg["work"] == "moe"
                    else loop_cfg["layers_per_stage"] if loop_cfg["work"] == "moe" else 0,
                    "model": loop_cfg["model"], "dtype": "bf16", "graphs": loop_cfg["graphs"],

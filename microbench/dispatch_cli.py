@@ -71,6 +71,9 @@ def register(subparsers) -> None:
                    help="`even` policy: slots to spread over (default pp)")
     p.add_argument("--work", choices=WORKS, default="moe",
                    help="stage work: real K2-dims MoE layers (bf16) or a calibrated busy kernel")
+    p.add_argument("--moe-variant", choices=["fast", "plain"], default="fast",
+                   help="--work moe: microbench.layers' torch MoE variant, as stage-cost's "
+                        "--variant (default fast)")
     p.add_argument("--layers-per-stage", type=int, default=2,
                    help="MoE layers per stage (fewer if memory is short; the record says so)")
     p.add_argument("--cost-us", default="1:800,8:900,32:1200",
@@ -126,6 +129,7 @@ def config_from_args(args, n_gpus: int):
     return DispatchConfig(
         pp=pp, async_depth=args.async_depth, max_running_requests=args.max_running_requests,
         max_micro_batch=args.max_micro_batch, micro_batches=args.micro_batches, work=args.work,
+        moe_variant=args.moe_variant,
         layers_per_stage=args.layers_per_stage, cost_us=args.cost_us, model=args.model,
         graphs=args.graphs, concurrency=args.concurrency, policies=args.policies,
         arrivals=args.arrival, prompt_len=args.prompt_len, stagger_ms=args.stagger_ms,

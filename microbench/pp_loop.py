@@ -16,8 +16,9 @@ list (last -> 0 -> 1 -> ...). Simplifications, on purpose: one gloo message per 
 sends two: the request list and the tensor-dict metadata); requests never finish (steady decode).
 
 Stage work: `busy` (a `torch.cuda._sleep` kernel whose length follows a cost-vs-batch curve,
-calibrated at start) or `moe` (real Kimi-K2-dims MoE layers in bf16 on `torch._grouped_mm`,
-each checked against a per-expert reference first). With graphs on, the decode forward is
+calibrated at start) or `moe` (real Kimi-K2-dims MoE layers in bf16: microbench.layers' MoE,
+the layer stage-cost times, backend `torch/<variant>`, checked against its float32 per-expert
+reference first; the backend is recorded per rank). With graphs on, the decode forward is
 captured per SGLang capture size and batches are padded up, and the next replay waits until NCCL
 has finished reading the previous send (static output buffers), as in SGLang.
 
@@ -120,62 +121,57 @@ def arrival_times(arrival: str, n: int, stagger_ms: float, rate_per_s: float, se
 # ---------------------------------------------------------------------------------------------
 # Stage work (GPU). Everything below imports torch lazily; it runs only inside torchrun ranks.
 
-def _moe_layer(torch, H: int, I: int, E: int, Is: int, dev):
-    """Weights of one MoE layer, [out, in] per matrix like nn.Linear; random, std 0.02."""
-    def w(*shape):
-        return torch.empty(*shape, device=dev, dtype=torch.bfloat16).normal_(0.0, 0.02)
-    return {"gate": w(E, H), "w13": w(E, 2 * I, H), "w2": w(E, H, I),
-            "s13": w(2 * Is, H), "s2": w(H, Is)}
+def stage_forward(L, weights: list, experts):
+    """fwd(x) for a stack of MoE layers: x [b, H] bf16 -> x + MoE(x), layer after layer."""
+    def fwd(x):
+        for w in weights:
+            ids, tw = L.moe_route(w, x)          # [b, k] expert ids, fp32 weights
+            x = x + experts(w, x, ids, tw)
+        return x
+    return fwd
 
 
-def _moe_layer_bytes(H: int, I: int, E: int, Is: int) -> int:
-    return 2 * (E * H + E * 2 * I * H + E * H * I + 3 * Is * H)
+def build_moe_stage(torch, cfg: dict, rank: int, dev, model=None, free_bytes: int | None = None):
+    """`layers_per_stage` MoE layers from microbench.layers, the layer stage-cost times (same
+    weights layout, router and backend choice: `layers.build_moe` with the configured variant,
+    falling back to the per-expert loop where `torch._grouped_mm` does not run), as many as fit
+    in 85% of free memory (`free_bytes`, default: what the GPU reports). Returns
+    (fwd(x) -> x + MoE(x) per layer, info). `model` overrides the preset (tests: small dims)."""
+    from microbench import layers as L
+    from reports.model_config import load_model
 
-
-def _route(torch, x, L, k: int):
-    logits = (x @ L["gate"].t()).float()                    # [T, E]
-    topw, topi = logits.softmax(-1).topk(k, dim=-1)         # [T, k]
-    return (topw / topw.sum(-1, keepdim=True)).to(x.dtype), topi
-
-
-def _moe_forward(torch, F, x, L, k: int):
-    """x [T, H] -> x + MoE(x): routed experts via torch._grouped_mm plus one shared expert."""
-    T, E, I = x.shape[0], L["w13"].shape[0], L["w2"].shape[2]
-    topw, topi = _route(torch, x, L, k)
-    flat = topi.reshape(-1)                                   # [T*k] expert of each pair
-    order = flat.argsort()                                    # pairs grouped by expert
-    counts = torch.zeros(E, dtype=torch.int32, device=x.device)
-    counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))  # graph-safe bincount
-    offs = counts.cumsum(0, dtype=torch.int32)                # [E] end row of each group
-    tok = order // k                                          # [T*k] token of each sorted pair
-    h = torch._grouped_mm(x[tok], L["w13"].transpose(-2, -1), offs=offs)   # [T*k, 2I]
-    a = F.silu(h[:, :I]) * h[:, I:]                           # [T*k, I]
-    y = torch._grouped_mm(a, L["w2"].transpose(-2, -1), offs=offs)         # [T*k, H]
-    y = y * topw.reshape(-1)[order].unsqueeze(1)
-    hs = x @ L["s13"].t()                                     # shared expert [T, 2Is]
-    Is = L["s2"].shape[1]
-    out = (F.silu(hs[:, :Is]) * hs[:, Is:]) @ L["s2"].t()     # [T, H]
-    out.index_add_(0, tok, y)
-    return x + out
-
-
-def _moe_reference(torch, F, x, L, k: int):
-    """Per-token, per-expert float32 loop: the simple reference `_moe_forward` is checked with."""
-    topw, topi = _route(torch, x, L, k)
-    xf, I, Is = x.float(), L["w2"].shape[2], L["s2"].shape[1]
-    hs = xf @ L["s13"].float().t()
-    out = (F.silu(hs[:, :Is]) * hs[:, Is:]) @ L["s2"].float().t()
-    for t in range(x.shape[0]):
-        for j in range(k):
-            e = int(topi[t, j])
-            h = xf[t] @ L["w13"][e].float().t()
-            out[t] += float(topw[t, j]) * ((F.silu(h[:I]) * h[I:]) @ L["w2"][e].float().t())
-    return xf + out
+    m = (model or load_model(cfg["model"])).all_formats("bf16")  # INT4/FP8 not executed
+    per_layer = L.moe_weight_bytes(m)
+    free = torch.cuda.mem_get_info(dev)[0] if free_bytes is None else free_bytes
+    n = min(cfg["layers_per_stage"], int(0.85 * free // per_layer))
+    if n < 1:
+        raise RuntimeError(f"rank {rank}: one MoE layer needs {per_layer / 1e9:.1f} GB, "
+                           f"{free / 1e9:.1f} GB free; use --work busy")
+    weights, backend, err = [], None, None
+    for i in range(n):
+        # the first is built for 5 tokens so that its check runs on 5 (it checks min(b, 5))
+        built = L.build_moe(m, 5 if i == 0 else 1, dev, backend="torch",
+                            variant=cfg.get("moe_variant", "fast"), seed=1000 * rank + i)
+        if i == 0:  # check before timing: fresh random input vs the float32 per-expert loop
+            err = built.check()  # raises layers.CheckFailed
+            backend = built.backend
+        weights.append(built.info.pop("weights"))
+        del built
+    variant = backend.split("/", 1)[1]
+    if cfg["graphs"] and variant == "loop":
+        raise RuntimeError(f"rank {rank}: MoE backend {backend} syncs the host and cannot be "
+                           "captured in a CUDA graph; run with --no-graphs")
+    experts = {"fast": L.moe_experts_fast, "plain": L.moe_experts_plain,
+               "loop": L.moe_experts_loop}[variant]
+    fwd = stage_forward(L, weights, experts)
+    note = None if n == cfg["layers_per_stage"] else \
+        f"only {n} of {cfg['layers_per_stage']} layers fit in GPU memory"
+    return fwd, {"layers_used": n, "moe_backend": backend, "moe_check_rel_err": err,
+                 "layer_bytes": per_layer, "note": note}
 
 
 def build_work(torch, cfg: dict, rank: int, dev):
     """Returns (fwd(x) -> y, info). `fwd` enqueues the stage forward on the current stream."""
-    F = torch.nn.functional
     H = cfg["hidden"]
     if cfg["work"] == "busy":
         pts = [tuple(p) for p in cfg["cost_points"]]
@@ -200,35 +196,7 @@ def build_work(torch, cfg: dict, rank: int, dev):
                                    f"{got:.0f} us measured vs {want:.0f} us wanted")
         return fwd, {"busy_cycles_per_us": cyc_per_us, "busy_check": checks,
                      "layers_used": 0}
-    # moe: as many of `layers_per_stage` K2-dims layers as fit in 85% of free memory
-    I, E, k, Is = cfg["moe_intermediate"], cfg["n_routed_experts"], cfg["top_k"], \
-        cfg["moe_intermediate"] * max(1, cfg["n_shared_experts"])
-    per_layer = _moe_layer_bytes(H, I, E, Is)
-    free, _ = torch.cuda.mem_get_info(dev)
-    n = min(cfg["layers_per_stage"], int(0.85 * free // per_layer))
-    if n < 1:
-        raise RuntimeError(f"rank {rank}: one MoE layer needs {per_layer / 1e9:.1f} GB, "
-                           f"{free / 1e9:.1f} GB free; use --work busy")
-    torch.manual_seed(1234 + rank)
-    layers = [_moe_layer(torch, H, I, E, Is, dev) for _ in range(n)]
-    # check before timing: fresh random input, grouped path vs per-expert reference
-    x = torch.randn(3, H, device=dev, dtype=torch.bfloat16)
-    got = _moe_forward(torch, F, x, layers[0], k).float()
-    want = _moe_reference(torch, F, x, layers[0], k)
-    # compare the MoE contribution (output minus the residual input), which x would swamp
-    err = float((got - x.float() - (want - x.float())).norm() / (want - x.float()).norm())
-    if not err < 3e-2:
-        raise RuntimeError(f"rank {rank}: MoE layer disagrees with its reference "
-                           f"(relative error {err:.3g})")
-
-    def fwd(x):
-        for L in layers:
-            x = _moe_forward(torch, F, x, L, k)
-        return x
-    note = None if n == cfg["layers_per_stage"] else \
-        f"only {n} of {cfg['layers_per_stage']} layers fit in GPU memory"
-    return fwd, {"layers_used": n, "moe_check_rel_err": err, "layer_bytes": per_layer,
-                 "note": note}
+    return build_moe_stage(torch, cfg, rank, dev)
 
 
 def capture_graphs(torch, fwd, sizes: list[int], H: int, dev):
