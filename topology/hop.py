@@ -129,8 +129,20 @@ def timed_exchange(dist, sends, recvs, peer_send: int, peer_recv: int, warmup: i
     for _ in range(warmup):
         one()
     torch.cuda.synchronize()
+    # torch's batch_isend_irecv costs tens of microseconds of host time per call, more than a
+    # small message takes on the wire; timed as is, the GPU would idle between launches and
+    # we would measure the host. So (STYLE rule 3) the stream is held by a sleep kernel while
+    # every timed iteration is enqueued, sized from the host's own enqueue time, and the GPU
+    # then runs them back to back as nccl-tests' C loop does.
+    t0 = time.perf_counter()
+    one()
+    enqueue_s = (time.perf_counter() - t0) * iters * blocks
+    torch.cuda.synchronize()
     ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
           for _ in range(blocks)]
+    if iters * blocks > 1:
+        # cycles at <= 2 GHz: a slower clock only holds the stream longer; capped at 0.5 s
+        torch.cuda._sleep(int(min(2.0 * enqueue_s + 1e-3, 0.5) * 2e9))
     for s, e in ev:
         s.record()
         for _ in range(iters):
