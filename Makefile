@@ -57,6 +57,8 @@ $(GPU_STAMP): $(TORCH_STAMP)
 
 $(TEST_STAMP): $(TORCH_STAMP)
 	$(VPY) -m pip install -q "pytest>=7" "HolisticTraceAnalysis>=0.2" psutil
+	@$(VPY) -c "import triton" 2>/dev/null || $(VPY) -m pip install -q triton || \
+	  echo "warning: triton not installed; the Triton kernel CPU tests will be skipped"
 	@touch $@
 
 report: $(CORE_STAMP)

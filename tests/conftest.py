@@ -1,6 +1,7 @@
 """Two tiers: CPU tests always run; tests marked `gpu` are skipped without an NVIDIA GPU."""
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -18,6 +19,12 @@ def _gpu_count() -> int:
     except (OSError, subprocess.TimeoutExpired):
         return 0
     return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+# Without a GPU, Triton kernels run in Triton's interpreter on the CPU; it must be chosen before
+# triton is first imported, so it is set here, ahead of every test module.
+if not shutil.which("nvidia-smi"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_collection_modifyitems(config, items):
