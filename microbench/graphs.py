@@ -28,6 +28,7 @@ from typing import Any
 
 from reports.model_config import load_model
 from reports.partition import pp_partition
+from microbench.stage_cost import available  # same need: torch with a CUDA GPU
 from reports.records import Record, make_record, write_record
 
 PROBE = "graphs"
@@ -70,16 +71,6 @@ class GraphsConfig:
     plan: bool = False
     out: Path | None = None
     argv: tuple[str, ...] = ()
-
-
-def available() -> str | None:
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed"
-    if not torch.cuda.is_available():
-        return "no CUDA GPU visible"
-    return None
 
 
 def _base(cfg: GraphsConfig) -> dict[str, Any]:
