@@ -1,94 +1,185 @@
-"""report.json -> Markdown (results/report.md) and the compact terminal table."""
+"""report.json -> Markdown (results/report.md), plus the table builders the HTML page shares.
+
+Order (same in report.md and report.html): header (what is deployed, what is measured vs
+estimated, warnings), The answer, Throughput, Verdicts, Where the time goes (one attribution
+table per concurrency), What-ifs (best first), Model vs dispatch probe, Micro-batch count,
+Inputs, Scenario assumptions. Each table builder returns a `Table`: headers with units, rows as
+display strings, and which columns are numbers (right-aligned).
+"""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from tabulate import tabulate
+
+
+@dataclass(frozen=True)
+class Table:
+    headers: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    numeric: tuple[bool, ...]           # right-align this column
 
 
 def _f(x: Any, nd: int = 1) -> str:
     return "-" if x is None else f"{x:.{nd}f}"
 
 
+def _signed(x: float) -> str:
+    return f"{x + 0.0:+.1f}" if abs(x) >= 0.05 else "0.0"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
+
+
+def fmt_value(v: Any, limit: int = 90) -> str:
+    """A model input for a table cell: floats to 3-4 significant digits, (batch, value) curves
+    as `b: v` pairs, dicts as `k: v`."""
+    def num(x):
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            return str(x)
+        return str(x) if isinstance(x, int) else f"{x:.4g}"
+    if isinstance(v, list) and v and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in v):
+        s = ", ".join(f"{num(a)}: {num(b)}" for a, b in v)
+    elif isinstance(v, dict):
+        s = ", ".join(f"{k}: {num(x)}" for k, x in v.items())
+    else:
+        s = num(v)
+    return s if len(s) <= limit else s[:limit - 3] + "..."
+
+
+def header_lines(rep: dict[str, Any]) -> list[str]:
+    """Deployment, then where the numbers come from (plain text, no Markdown)."""
+    d = rep["deployment"]
+    dep = (f"{d['model']} on {d['pp']}x {d['gpu']}: PP{d['pp']}, async depth {d['async_depth']}, "
+           f"pp_max_micro_batch_size {d['max_micro_batch']}, CUDA graphs "
+           f"{'on' if d['cuda_graphs'] else 'off'} (max bs {d['graph_max_bs']}), "
+           f"{d['arrival']} arrivals, mean context {d['context_len']} tokens.")
+    by: dict[str, list[str]] = {}
+    for p in rep["params"]:
+        by.setdefault(p["source"], []).append(p["name"])
+    src = "; ".join(f"{k}: {', '.join(v)}" for k, v in sorted(by.items()))
+    out = [dep, f"Inputs by source -- {src}."]
+    if rep.get("topology") and rep["topology"].get("gpus"):
+        g = rep["topology"]["gpus"]
+        out.append(f"Probes ran on {len(g)}x {', '.join(sorted(set(map(str, g))))}.")
+    return out
+
+
 def banner(rep: dict[str, Any]) -> str:
     if rep["all_estimated"]:
-        return ("**Every figure below is estimated** (no probe records in results/: roofline, "
-                "datasheet and the scenario's stated assumptions) except the observed tok/s.")
-    return f"Measured inputs from: {', '.join(rep['records_used'])}; the rest is estimated."
+        return ("Every figure below is estimated (no probe records: roofline, datasheet and the "
+                "scenario's stated assumptions), except the observed tok/s.")
+    return f"Measured inputs from {', '.join(rep['records_used'])}; the rest is estimated."
 
 
-def terminal_table(rep: dict[str, Any]) -> str:
-    rows = [[c["concurrency"], _f(c["ideal_tok_per_s"]), _f(c["predicted"]), _f(c["observed"]),
-             _f(c["predicted_tpot_ms"], 2), " ".join(str(s) for s in c["slot_sizes"] if s)]
-            for c in rep["concurrency"]]
-    top = tabulate(rows, headers=["C", "ideal tok/s", "modelled tok/s", "observed tok/s",
-                                  "modelled TPOT ms", "occupied slots"])
-    a = max(rep["attribution"], key=lambda x: x["concurrency"])
-    rows = [[r["cause"], _f(r["ms_per_step"], 2), _f(r["tok_per_s"]),
-             "-" if r["share"] is None else f"{r['share']:.0%}", r["source"]] for r in a["rows"]]
-    mid = tabulate(rows, headers=[f"cause (C={a['concurrency']})", "ms/step", "tok/s", "share",
-                                  "source"])
-    ver = tabulate([[v["hypothesis"], v["verdict"], v["number"]] for v in rep["verdicts"]],
-                   headers=["hypothesis", "verdict", "deciding number"])
-    head = "every figure is estimated (no records in results/)\n" if rep["all_estimated"] else ""
-    return f"{head}{top}\n\n{mid}\n\n{ver}"
+def throughput_table(rep: dict[str, Any]) -> Table:
+    rows = []
+    for c in rep["concurrency"]:
+        ratio = c["observed"] / c["predicted"] if c["observed"] and c["predicted"] else None
+        rows.append((str(c["concurrency"]), _f(c["ideal_tok_per_s"]), _f(c["predicted"]),
+                     _f(c["observed"]), "-" if ratio is None else f"{ratio:.2f}",
+                     _f(c["predicted_tpot_ms"], 2),
+                     " ".join(f"{b:.0%}" for b in c["busy_frac"]),
+                     " ".join(str(s) for s in c["slot_sizes"] if s)))
+    return Table(("C", "ideal tok/s", "modelled tok/s", "observed tok/s", "observed / modelled",
+                  "modelled TPOT ms", "GPU busy per stage", "occupied slots (requests)"),
+                 tuple(rows), (True, True, True, True, True, True, False, False))
+
+
+def verdict_table(rep: dict[str, Any]) -> Table:
+    return Table(("hypothesis", "verdict", "deciding number", "evidence"),
+                 tuple((v["hypothesis"], v["verdict"], v["number"], v["evidence"])
+                       for v in rep["verdicts"]), (False,) * 4)
+
+
+def attribution_title(a: dict[str, Any]) -> str:
+    return (f"C = {a['concurrency']}: ideal {a['ideal_tpot_ms']:.2f} ms/step -> "
+            f"modelled {a['modelled_tpot_ms']:.2f} ms/step")
+
+
+def attribution_table(a: dict[str, Any]) -> Table:
+    rows = [(r["label"], _f(r["ms_per_step"], 2), _signed(r["tok_per_s"]), _pct(r["share"]),
+             r["source"], r["evidence"]) for r in a["rows"] if r["cause"] != "unexplained"]
+    gap = a["modelled_tpot_ms"] - a["ideal_tpot_ms"]
+    tot = sum(r["tok_per_s"] for r in a["rows"] if r["cause"] != "unexplained")
+    rows.append(("total: ideal -> modelled", _f(gap, 2), _signed(tot), "100%", "", ""))
+    rows += [(r["label"], _f(r["ms_per_step"], 2), _signed(r["tok_per_s"]), "-", r["source"],
+              r["evidence"]) for r in a["rows"] if r["cause"] == "unexplained"]
+    return Table(("cause", "ms per decode step", "tok/s", "share of gap", "source", "evidence"),
+                 tuple(rows), (False, True, True, True, False, False))
+
+
+def whatif_table(rep: dict[str, Any], rows: list[dict[str, Any]] | None = None) -> Table:
+    ws = rep["what_ifs"] if rows is None else rows
+    return Table(("knob", "setting", "C", "now tok/s", "predicted tok/s", "gain", "note"),
+                 tuple((w["knob"], w["setting"], str(w["concurrency"]),
+                        _f(w["baseline_tok_per_s"]), _f(w["predicted_tok_per_s"]),
+                        f"{w['gain']:+.0%}", w.get("note") or "") for w in ws),
+                 (False, False, True, True, True, True, False))
+
+
+def dispatch_table(rep: dict[str, Any]) -> Table:
+    return Table(("policy", "arrival", "C", "measured tok/s", "modelled tok/s", "diff",
+                  "note"),
+                 tuple((c["policy"], c["arrival"], str(c["concurrency"]),
+                        _f(c["measured_tok_per_s"]), _f(c["modelled_tok_per_s"]),
+                        f"{c['diff_pct']:+.1f}%", c.get("note") or "within 10%")
+                       for c in rep.get("dispatch_validation") or []),
+                 (False, False, True, True, True, True, False))
+
+
+DISPATCH_NOTE = ("Model inputs from dispatch.json only (forward time per rank and size, rank-0 "
+                 "dispatch latency per slot size, hop); rank 0's token read is a host sync on "
+                 "its compute stream, so its host time sits between its forwards.")
+
+
+def micro_batch_table(rep: dict[str, Any]) -> Table:
+    return Table(("C", "micro-batches", "slot sizes", "modelled tok/s", "measured tok/s",
+                  "forward times"),
+                 tuple((str(c["concurrency"]), str(c["micro_batches"]),
+                        " ".join(map(str, c["slot_sizes"])), _f(c["modelled_tok_per_s"]),
+                        _f(c["measured_tok_per_s"]),
+                        "interpolated" if c["interpolated"] else "measured")
+                       for c in rep.get("dispatch_micro_batches") or []),
+                 (True, True, False, True, True, False))
+
+
+def inputs_table(rep: dict[str, Any]) -> Table:
+    return Table(("input", "value", "source", "evidence", "note"),
+                 tuple((p["name"], fmt_value(p["value"]), p["source"], p["evidence"],
+                        p.get("note") or "") for p in rep["params"]), (False,) * 5)
+
+
+def md_table(t: Table) -> str:
+    return tabulate(list(t.rows), headers=list(t.headers), tablefmt="github",
+                    disable_numparse=True,
+                    colalign=["right" if n else "left" for n in t.numeric])
 
 
 def render_md(rep: dict[str, Any]) -> str:
-    d = rep["deployment"]
-    out = [f"# ppscope report: {rep['scenario']}", "", banner(rep), "",
-           f"{d['model']} on {d['pp']}x {d['gpu']}, PP{d['pp']}, async depth {d['async_depth']}, "
-           f"pp_max_micro_batch_size {d['max_micro_batch']}, CUDA graphs "
-           f"{'on' if d['cuda_graphs'] else 'off'} (max bs {d['graph_max_bs']}), "
-           f"{d['arrival']} arrivals, mean context {d['context_len']} tokens.", ""]
-    for w in rep["warnings"]:
-        out.append(f"> warning: {w}")
-    out += ["", "## Throughput", "", tabulate(
-        [[c["concurrency"], _f(c["ideal_tok_per_s"]), _f(c["predicted"]), _f(c["observed"]),
-          _f(c["predicted_tpot_ms"], 2), " ".join(f"{b:.0%}" for b in c["busy_frac"]),
-          " ".join(str(s) for s in c["slot_sizes"] if s)] for c in rep["concurrency"]],
-        headers=["C", "ideal tok/s", "modelled tok/s", "observed tok/s", "TPOT ms",
-                 "GPU busy per stage", "occupied slots"], tablefmt="github"), ""]
-    out += ["## Where the time goes (ideal -> modelled, Shapley; then modelled -> observed)", ""]
+    out = [f"# ppscope report: {rep['scenario']}", ""]
+    out += [f"**{banner(rep)}**" if rep["all_estimated"] else banner(rep), ""]
+    out += header_lines(rep) + [""]
+    out += [f"> warning: {w}  " for w in rep["warnings"]]
+    out += ["", "## The answer", ""] + [f"- {s}" for s in rep.get("answer", [])] + [""]
+    out += ["## Throughput (decode tok/s per concurrency C)", "", md_table(throughput_table(rep)),
+            ""]
+    out += ["## Verdicts on the hypotheses", "", md_table(verdict_table(rep)), ""]
+    out += ["## Where the time goes (ideal -> modelled by Shapley value; modelled -> observed "
+            "is unexplained)", ""]
     for a in rep["attribution"]:
-        out += [f"### C = {a['concurrency']}: ideal {a['ideal_tpot_ms']:.2f} ms/step -> "
-                f"modelled {a['modelled_tpot_ms']:.2f} ms/step", "", tabulate(
-                    [[r["label"], _f(r["ms_per_step"], 2), _f(r["tok_per_s"]),
-                      "-" if r["share"] is None else f"{r['share']:.0%}", r["evidence"],
-                      r["source"]] for r in a["rows"]],
-                    headers=["cause", "ms per decode step", "tok/s", "share of gap", "evidence",
-                             "source"], tablefmt="github"), ""]
-    out += ["## Verdicts on the hypotheses", "", tabulate(
-        [[v["hypothesis"], v["verdict"], v["number"], v["evidence"]] for v in rep["verdicts"]],
-        headers=["hypothesis", "verdict", "deciding number", "evidence"], tablefmt="github"), ""]
-    out += ["## What-ifs (one change, model re-run)", "", tabulate(
-        [[w["knob"], w["setting"], w["concurrency"], _f(w["baseline_tok_per_s"]),
-          _f(w["predicted_tok_per_s"]), f"{w['gain']:+.0%}", w["note"]] for w in rep["what_ifs"]],
-        headers=["knob", "setting", "C", "now tok/s", "predicted tok/s", "gain", "note"],
-        tablefmt="github"), ""]
+        out += [f"### {attribution_title(a)}", "", md_table(attribution_table(a)), ""]
+    out += ["## What-ifs (one change, model re-run; best first)", "", md_table(whatif_table(rep)),
+            ""]
     if rep.get("dispatch_validation"):
-        out += ["## Model vs dispatch probe (same configuration)", "", tabulate(
-            [[c["policy"], c["arrival"], c["concurrency"], _f(c["measured_tok_per_s"]),
-              _f(c["modelled_tok_per_s"]), f"{c['diff_pct']:+.1f}%",
-              c.get("note") or "within 10%"]
-             for c in rep["dispatch_validation"]],
-            headers=["policy", "arrival", "C", "measured tok/s", "modelled tok/s", "diff",
-                     "note"], tablefmt="github"), "",
-            "Model inputs from dispatch.json only (forward time per rank and size, rank-0 "
-            "dispatch latency per slot size, hop); rank 0's token read is a host sync on its "
-            "compute stream, so its host time sits between its forwards.", ""]
+        out += ["## Model vs dispatch probe (same configuration)", "",
+                md_table(dispatch_table(rep)), "", DISPATCH_NOTE, ""]
     if rep.get("dispatch_micro_batches"):
-        out += ["## Micro-batch count (dispatch probe's configuration)", "", tabulate(
-            [[c["concurrency"], c["micro_batches"], " ".join(map(str, c["slot_sizes"])),
-              _f(c["modelled_tok_per_s"]), _f(c["measured_tok_per_s"]),
-              "interpolated" if c["interpolated"] else "measured"]
-             for c in rep["dispatch_micro_batches"]],
-            headers=["C", "micro-batches", "slot sizes", "modelled tok/s", "measured tok/s",
-                     "forward times"], tablefmt="github"), ""]
-    out += ["## Inputs", "", tabulate(
-        [[p["name"], str(p["value"])[:70], p["source"], p["evidence"], p["note"]]
-         for p in rep["params"]],
-        headers=["input", "value", "source", "evidence", "note"], tablefmt="github"), ""]
+        out += ["## Micro-batch count (dispatch probe's configuration)", "",
+                md_table(micro_batch_table(rep)), ""]
+    out += ["## Inputs", "", md_table(inputs_table(rep)), ""]
     if rep["assumptions"]:
         out += ["## Scenario assumptions", ""] + [f"- **{k}**: {v}"
                                                   for k, v in rep["assumptions"].items()]

@@ -2,7 +2,9 @@
 
 Levels per concurrency: `ideal` (every switch off), `predicted` (the model, every switch on),
 `observed` (the user's benchmark). Attribution rows, verdicts, what-ifs, parameters with their
-source, warnings about skipped records, and (when dispatch.json exists) the model-vs-probe check.
+source, warnings about skipped records, (when dispatch.json exists) the model-vs-probe check, the
+PP link map when topology.json exists, and `answer`: 3-5 sentences written from those numbers
+(biggest cause of the gap per concurrency, verdicts that hold, best what-if, unexplained gap).
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from reports.records import Record, to_jsonable
 from reports.scenario import Inputs
 from reports.validate_dispatch import micro_batch_choices, validate
 from reports.verdicts import verdicts
-from reports.whatif import what_ifs
+from reports.whatif import transport_points, what_ifs
 
 REPORT_SCHEMA = "ppscope-report/1"
 
@@ -48,7 +50,8 @@ def build_report(inp: Inputs, records: dict[str, Record]) -> dict[str, Any]:
                          "modelled_tpot_ms": a.modelled_tpot_ms,
                          "rows": to_jsonable(list(a.rows))} for a in atts],
         "verdicts": to_jsonable(verdicts(inp, atts, records)),
-        "what_ifs": to_jsonable(what_ifs(inp)),
+        "what_ifs": to_jsonable(what_ifs(inp, transport_points(
+            records["topology"].data if "topology" in records else None))),
         "stage_cost": [{"batch": b, "modelled_us": lb.stage_cost_us(inp, lb.ALL_ON, b),
                         "floor_us": lb.stage_cost_us(inp, frozenset({"stage_imbalance"}), b)}
                        for b in sorted({max(c["slot_sizes"]) for c in conc})],
@@ -56,4 +59,92 @@ def build_report(inp: Inputs, records: dict[str, Record]) -> dict[str, Any]:
     if "dispatch" in records:
         rep["dispatch_validation"] = to_jsonable(validate(records["dispatch"]))
         rep["dispatch_micro_batches"] = to_jsonable(micro_batch_choices(records["dispatch"]))
+    if "topology" in records:
+        rep["topology"] = topology_summary(records["topology"].data)
+    rep["answer"] = answer(rep)
     return rep
+
+
+def topology_summary(d: dict[str, Any]) -> dict[str, Any]:
+    """GPUs, link type per pair and the measured PP hop per (src, dst) at the smallest batch."""
+    hops: dict[tuple[int, int], dict[str, Any]] = {}
+    for h in d.get("hops") or []:
+        if h.get("hop_us") is None or h.get("src") is None or h.get("dst") is None:
+            continue
+        key = (int(h["src"]), int(h["dst"]))
+        if key not in hops or (h.get("batch") or 0) < (hops[key].get("batch") or 0):
+            hops[key] = {"src": key[0], "dst": key[1], "batch": h.get("batch"),
+                         "hop_us": float(h["hop_us"]), "link": h.get("link"),
+                         "hop_class": h.get("hop_class")}
+    return {"gpus": [g.get("name") for g in d.get("gpus") or []],
+            "links": {str(k): str(v) for k, v in (d.get("links") or {}).items()},
+            "hops": [hops[k] for k in sorted(hops)]}
+
+
+def _pct(x: float) -> str:
+    return f"{x:.0%}"
+
+
+def _whatif_text(w: dict[str, Any]) -> str:
+    return (f"{w['knob']} = {w['setting']} at C={w['concurrency']}, "
+            f"{w['baseline_tok_per_s']:.1f} -> {w['predicted_tok_per_s']:.1f} tok/s "
+            f"({w['gain']:+.0%})")
+
+
+def answer(rep: dict[str, Any]) -> list[str]:
+    """3-5 plain sentences from the report's own numbers (nothing here is typed by hand)."""
+    obs_c = [c["concurrency"] for c in rep["concurrency"] if c["observed"]]
+    user_c = obs_c or [c["concurrency"] for c in rep["concurrency"]]
+    atts = {a["concurrency"]: a for a in rep["attribution"]}
+    by_cause: dict[str, list[tuple[int, float]]] = {}
+    for C in user_c:
+        rows = [r for r in atts[C]["rows"] if r["cause"] != "unexplained"]
+        top = max(rows, key=lambda r: r["ms_per_step"])
+        if top["ms_per_step"] > 0:
+            by_cause.setdefault(top["label"], []).append((C, top["share"] or 0.0))
+    out = []
+    if by_cause:
+        parts = [f"{lab.split(' (')[0]} at {' and '.join(f'C={C}' for C, _ in cs)} "
+                 f"({', '.join(_pct(sh) for _, sh in cs)} of the gap)"
+                 for lab, cs in by_cause.items()]
+        top_c = max(user_c)
+        cm = next(c for c in rep["concurrency"] if c["concurrency"] == top_c)
+        out.append(f"Biggest cause of the gap between ideal and modelled throughput: "
+                   f"{'; '.join(parts)}. At C={top_c} the model gives "
+                   f"{cm['predicted']:.1f} tok/s of an ideal {cm['ideal_tok_per_s']:.1f}.")
+    held = [v for v in rep["verdicts"] if v["verdict"] == "holds"]
+    rejected = [v["hypothesis"] for v in rep["verdicts"] if v["verdict"] == "does not hold"]
+    if held:
+        s = "Holds: " + "; ".join(f"{v['hypothesis']} ({v['number'].split(';')[0]})"
+                                  for v in held) + "."
+    else:
+        s = "None of the hypotheses holds on this evidence."
+    if rejected:
+        s += f" Does not hold: {', '.join(rejected)}."
+    out.append(s)
+    best = rep["what_ifs"][0] if rep["what_ifs"] else None
+    if best and best["gain"] > 0.005:
+        s = f"Best single change: {_whatif_text(best)}"
+        if best["knob"].startswith("TP instead of PP"):
+            pp_best = next((w for w in rep["what_ifs"] if not w["knob"].startswith("TP ")), None)
+            if pp_best and pp_best["gain"] > 0.005:
+                s += f"; keeping PP: {_whatif_text(pp_best)}"
+        out.append(s + ".")
+    else:
+        out.append("No single change in the what-ifs raises modelled throughput by more than 0.5%.")
+    un = [(C, r) for C in obs_c for r in atts[C]["rows"] if r["cause"] == "unexplained"]
+    if un:
+        parts = []
+        for C, r in un:
+            o = next(c["observed"] for c in rep["concurrency"] if c["concurrency"] == C)
+            word = "slower" if r["ms_per_step"] > 0 else "faster"
+            parts.append(f"C={C} observed {o:.1f} vs modelled {o - r['tok_per_s']:.1f} tok/s "
+                         f"({abs(r['ms_per_step']):.1f} ms/step {word})")
+        out.append("Unexplained by the model: " + "; ".join(parts) + ".")
+    else:
+        out.append("No observed throughput given (--observed or --bench), so the unexplained "
+                   "gap is not known.")
+    if rep["all_estimated"]:
+        out.append("Every figure except the observed tok/s is estimated; run the probes on the "
+                   "GPUs (make all) to replace the estimates with measurements.")
+    return out

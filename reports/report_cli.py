@@ -6,14 +6,18 @@
     ppscope report --validate-dispatch results/dispatch.json
 
 Writes report.json (the truth), report.md, report.html (self-contained) and report.trace.json
-(simulated timeline for ui.perfetto.dev) to --out, and prints a compact table.
+(simulated timeline for ui.perfetto.dev) to --out, and prints a compact summary: the answer,
+throughput per concurrency, the top 3 what-ifs by gain, the attribution at the highest
+concurrency, the verdicts and (with dispatch.json) the model's worst miss against the probe.
 """
 from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 from reports.errors import CliError
 from reports.paths import results_dir
@@ -44,7 +48,7 @@ def register(subparsers) -> None:
 def handle(args: argparse.Namespace) -> int:
     from reports import loop_builder as lb
     from reports.records import RecordError, read_record, write_json_atomic
-    from reports.render_md import render_md, terminal_table
+    from reports.render_md import render_md
     from reports.report_build import build_report
     from reports.scenario import (build_inputs, load_records, load_scenario, parse_bench_jsonl,
                                   parse_observed)
@@ -78,10 +82,52 @@ def handle(args: argparse.Namespace) -> int:
                       chrome_trace({C: lb.run(inp, C, keep_spans=True).spans
                                     for C in inp.concurrency}))
     from reports.render_html import render_html
-    hops = records["topology"].data.get("hops") if "topology" in records else None
-    (out / "report.html").write_text(render_html(rep, md, spans, hops))
+    (out / "report.html").write_text(render_html(rep, spans))
     for w in inp.warnings:
         print(f"warning: {w}", file=sys.stderr)
-    print(terminal_table(rep))
+    print(terminal_summary(rep))
     print(f"\nwrote {out}/report.{{json,md,html,trace.json}} in {time.monotonic() - t0:.1f} s")
     return 0
+
+
+def terminal_summary(rep: dict[str, Any], width: int = 100) -> str:
+    """The report in about 40 lines: answer, throughput, top 3 what-ifs, attribution, verdicts."""
+    from tabulate import tabulate
+
+    def f(x, nd=1):
+        return "-" if x is None else f"{x:.{nd}f}"
+
+    out = []
+    if rep["all_estimated"]:
+        out.append("every figure is estimated (no records in results/)")
+    out.append("The answer:")
+    for s in rep.get("answer", []):
+        out += textwrap.wrap(s, width, initial_indent="  - ", subsequent_indent="    ")
+    out.append("")
+    out.append(tabulate(
+        [[c["concurrency"], f(c["ideal_tok_per_s"]), f(c["predicted"]), f(c["observed"]),
+          f(c["predicted_tpot_ms"], 2), " ".join(str(s) for s in c["slot_sizes"] if s)]
+         for c in rep["concurrency"]],
+        headers=["C", "ideal tok/s", "modelled tok/s", "observed tok/s", "modelled TPOT ms",
+                 "occupied slots"]))
+    out.append("")
+    out.append(tabulate(
+        [[w["knob"], w["setting"], w["concurrency"], f(w["predicted_tok_per_s"]),
+          f"{w['gain']:+.0%}"] for w in rep["what_ifs"][:3]],
+        headers=["top what-if", "setting", "C", "predicted tok/s", "gain"]))
+    out.append("")
+    a = max(rep["attribution"], key=lambda x: x["concurrency"])
+    out.append(tabulate(
+        [[r["cause"], f(r["ms_per_step"], 2), f(r["tok_per_s"]),
+          "-" if r["share"] is None else f"{r['share']:.0%}", r["source"]]
+         for r in a["rows"] if abs(r["ms_per_step"]) > 1e-9],
+        headers=[f"cause (C={a['concurrency']})", "ms/step", "tok/s", "share", "source"]))
+    out.append("")
+    out.append(tabulate([[v["hypothesis"], v["verdict"]] for v in rep["verdicts"]],
+                        headers=["hypothesis", "verdict"]))
+    dv = rep.get("dispatch_validation") or []
+    if dv:
+        worst = max(dv, key=lambda c: abs(c["diff_pct"]))
+        out.append(f"\nmodel vs dispatch probe: {len(dv)} runs, worst {worst['diff_pct']:+.1f}% "
+                   f"({worst['policy']}, C={worst['concurrency']})")
+    return "\n".join(out)

@@ -5,16 +5,23 @@ than stages re-read experts, so the best cap is searched, not assumed), `SGLANG_
 (local search moving one layer at a time between neighbours to lower the slowest stage),
 `--pp-async-batch-depth`, arrival pacing (requests spread by the `even` policy over min(C, pp)
 slots), `--cuda-graph-max-bs`, and PP vs TP of the same GPUs (estimated: every GPU reads 1/pp of
-each layer, plus two all-reduces per layer at the hop's fixed cost). Everything else stays as
-modelled.
+each layer, plus two ring all-reduces of the hidden state per layer, costed from the measured
+NCCL transport time per message size when topology.json has it, else from a stated PCIe
+estimate). Everything else stays as modelled. `what_ifs` rows are sorted by gain, best first.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Sequence
 
 from reports import loop_builder as lb
 from reports.partition import layer_counts
-from reports.scenario import Inputs
+from reports.scenario import PCIE_GBPS_PER_LANE, Inputs
+
+# Stated estimate when no NCCL transport was measured: fixed cost of one ring step (one
+# NCCL send/recv of a small message between neighbours; ~6.7 us measured on H200 NVLink by
+# topology's sendrecv_perf-style sweep, PCIe P2P is of the same order).
+RING_STEP_LATENCY_US = 7.0
 
 
 @dataclass(frozen=True)
@@ -56,7 +63,11 @@ def best_partition(inp: Inputs, b: int) -> str:
     return ",".join(map(str, counts))
 
 
-def what_ifs(inp: Inputs) -> list[WhatIf]:
+def what_ifs(inp: Inputs, transport: Sequence[tuple[float, float]] | None = None
+             ) -> list[WhatIf]:
+    """One row per (knob, C); `transport` = measured NCCL (bytes, us) points for the TP row.
+
+    Sorted by gain (best first), then C and knob, so the first row is the best single change."""
     out = []
     for C in inp.concurrency:
         base = lb.run(inp, C).tok_per_s
@@ -89,13 +100,78 @@ def what_ifs(inp: Inputs) -> list[WhatIf]:
         else:
             out.append(_row("--cuda-graph-max-bs", str(inp.graph_max_bs), C, base, base,
                             "every slot already fits a captured graph"))
-        out.append(_row("TP instead of PP (estimated)", f"tp={inp.pp}", C, base,
-                        _tp_tok_s(inp, C), "one batch of C; 2 all-reduces per layer"))
-    return out
+        tok, ar_us, how = _tp_tok_s(inp, C, transport)
+        out.append(_row("TP instead of PP (estimated)", f"tp={inp.pp}", C, base, tok,
+                        f"one batch of {C}; 2 ring all-reduces per layer, {ar_us:.0f} us each "
+                        f"({how})"))
+    return sorted(out, key=lambda w: (-w.gain, w.concurrency, w.knob))
 
 
-def _tp_tok_s(inp: Inputs, C: int) -> float:
+def transport_points(topology: dict[str, Any] | None) -> list[tuple[float, float]]:
+    """Measured NCCL transport time by message size from topology.json's `data`: the
+    `nccl_transport` sweep (bytes, nccl_transport_us), else each hop's own (bytes,
+    nccl_transport_us). Points with the same size are averaged; [] when none."""
+    if not topology:
+        return []
+    rows = topology.get("nccl_transport") or []
+    if not any(r.get("nccl_transport_us") is not None for r in rows):
+        rows = topology.get("hops") or []
+    by: dict[float, list[float]] = {}
+    for r in rows:
+        if r.get("bytes") is not None and r.get("nccl_transport_us") is not None:
+            by.setdefault(float(r["bytes"]), []).append(float(r["nccl_transport_us"]))
+    return sorted((b, sum(v) / len(v)) for b, v in by.items())
+
+
+def transport_us(points: Sequence[tuple[float, float]], nbytes: float) -> float:
+    """NCCL transport time of one message: linear in bytes between measured sizes (exact for
+    the usual latency + bytes/bandwidth shape), flat below the smallest size, the last
+    segment's slope beyond the largest (flat with a single point)."""
+    pts = sorted(points)
+    if nbytes <= pts[0][0] or len(pts) == 1:
+        return pts[0][1]
+    for (b0, t0), (b1, t1) in zip(pts, pts[1:]):
+        if nbytes <= b1:
+            return t0 + (t1 - t0) * (nbytes - b0) / (b1 - b0)
+    (b0, t0), (b1, t1) = pts[-2], pts[-1]
+    return t1 + (t1 - t0) * (nbytes - b1) / (b1 - b0)
+
+
+def allreduce_us(inp: Inputs, C: int, points: Sequence[tuple[float, float]] | None = None
+                 ) -> tuple[float, str]:
+    """One ring all-reduce of the hidden state of C tokens across p = inp.pp GPUs.
+
+    size S = C x hidden x 2 bytes (bf16). A ring all-reduce is a reduce-scatter plus an
+    all-gather: 2(p-1) steps, each moving S/p bytes to the next GPU (nccl-tests
+    doc/PERFORMANCE.md: busbw = algbw x 2(n-1)/n). Each step costs the measured NCCL transport
+    time of an S/p-byte message (topology.json), else RING_STEP_LATENCY_US + (S/p) / link
+    bandwidth (PCIe from the GPU spec, NVLink where it has one). Under CUDA-graph replay the
+    all-reduce kernels are in the graph, so no host cost is added per all-reduce.
+    """
+    p = inp.pp
+    if p < 2:
+        return 0.0, "one GPU: no all-reduce"
+    chunk = C * inp.model.hidden * 2 / p
+    if points:
+        step = transport_us(points, chunk)
+        how = "measured NCCL transport per step, topology.json"
+    else:
+        bw = PCIE_GBPS_PER_LANE.get(inp.gpu.pcie_gen, 3.938) * inp.gpu.pcie_lanes
+        if inp.gpu.nvlink and inp.gpu.nvlink_gbps:
+            bw = inp.gpu.nvlink_gbps
+        step = RING_STEP_LATENCY_US + chunk / (bw * 1e9) * 1e6
+        how = f"estimated {RING_STEP_LATENCY_US:g} us + bytes/{bw:.0f} GB/s per step"
+    return 2 * (p - 1) * step, f"{2 * (p - 1)} steps of {chunk:.0f} B, {how}"
+
+
+def _tp_tok_s(inp: Inputs, C: int, points: Sequence[tuple[float, float]] | None = None
+              ) -> tuple[float, float, str]:
+    """(tok/s, us per all-reduce, how it was costed) for TP=pp on the same GPUs, one batch of C.
+
+    step = sum_i stage_i(C) / p   (each GPU reads 1/p of every layer's weights)
+         + 2 x layers x allreduce_us(C)
+         + host_us                (one graph launch per step)"""
     costs = lb.stage_cost_us(inp, lb.ALL_ON, C)
-    step_us = sum(costs) / inp.pp  # each GPU reads 1/pp of every layer
-    allreduce = 2 * inp.model.num_layers * lb.hop_us(inp, C)
-    return C / (step_us + allreduce + inp.host_us) * 1e6
+    step_us = sum(costs) / inp.pp
+    ar, how = allreduce_us(inp, C, points)
+    return C / (step_us + 2 * inp.model.num_layers * ar + inp.host_us) * 1e6, ar, how
