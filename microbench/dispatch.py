@@ -51,7 +51,7 @@ class DispatchConfig:
     max_micro_batch: int | None = None      # None: max(max_running_requests // pp, 1)
     micro_batches: int | None = None        # `even` policy: None = pp
     work: str = "moe"
-    moe_variant: str = "fast"               # microbench.layers torch MoE: fast | plain
+    moe_variant: str = "auto"               # pp_loop.MOE_VARIANTS: auto | triton | fast | plain
     layers_per_stage: int = 2
     cost_us: str = "1:800,8:900,32:1200"
     model: str = "kimi-k2"
@@ -352,6 +352,13 @@ def why_even_does_not_help(sg: dict, ev: dict, pp: int) -> str:
     return msg
 
 
+def moe_backend_of(info_by_rank: dict) -> str | None:
+    """The MoE backend the stages ran: one name when every rank agrees, else the distinct
+    names joined with ',' (sorted); None without MoE work."""
+    names = sorted({i["moe_backend"] for i in info_by_rank.values() if i.get("moe_backend")})
+    return ",".join(names) if names else None
+
+
 def summarize(loop_cfg: dict, rank_results: list[dict], nccl_p2p_disabled: bool) -> dict:
     """Per-rank JSONs -> the dispatch.json data payload (finished points only)."""
     npts = min((len(r["points"]) for r in rank_results), default=0)
@@ -369,9 +376,10 @@ def summarize(loop_cfg: dict, rank_results: list[dict], nccl_p2p_disabled: bool)
                    "max_micro_batch": loop_cfg["max_micro_batch"],
                    "micro_batches": loop_cfg["micro_batches"],
                    "work": loop_cfg["work"],
-                   # the layer actually run (microbench.layers backend/variant, as stage-cost)
-                   "moe_backend": next((i["moe_backend"] for i in info.values()
-                                        if i.get("moe_backend")), None),
+                   # the layer actually run (microbench.layers backend/variant, as stage-cost);
+                   # ranks choose on their own: if they differ, all are named (per rank below)
+                   "moe_variant": loop_cfg.get("moe_variant"),
+                   "moe_backend": moe_backend_of(info),
                    "layers_per_stage": min(layers) if layers and loop_cfg["work"] == "moe"
                    else loop_cfg["layers_per_stage"] if loop_cfg["work"] == "moe" else 0,
                    "model": loop_cfg["model"], "dtype": "bf16", "graphs": loop_cfg["graphs"],

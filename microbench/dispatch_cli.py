@@ -12,6 +12,7 @@ EPILOG = """\
 examples:
   ppscope dispatch --pp 2 --work moe --layers-per-stage 2 --concurrency 1,8,32 --policies sglang,even
   NCCL_P2P_DISABLE=1 ppscope dispatch --pp 2 --json results/dispatch_nop2p.json
+  ppscope dispatch --pp 2 --moe-variant fast   # torch MoE (default auto: Triton, as stage-cost)
   ppscope dispatch --pp auto --work busy --cost-us 1:800,8:900,32:1200 --no-graphs
   ppscope dispatch --pp 2 --profile --trace-dir traces/   # per-rank Kineto traces, SGLang names
   ppscope dispatch --sglang-log server.log --bench bench.jsonl   # read SGLang evidence (CPU)
@@ -71,9 +72,11 @@ def register(subparsers) -> None:
                    help="`even` policy: slots to spread over (default pp)")
     p.add_argument("--work", choices=WORKS, default="moe",
                    help="stage work: real K2-dims MoE layers (bf16) or a calibrated busy kernel")
-    p.add_argument("--moe-variant", choices=["fast", "plain"], default="fast",
-                   help="--work moe: microbench.layers' torch MoE variant, as stage-cost's "
-                        "--variant (default fast)")
+    p.add_argument("--moe-variant", choices=["auto", "triton", "fast", "plain"], default="auto",
+                   help="--work moe: MoE backend. auto (default) = as stage-cost picks: the "
+                        "fused Triton decode kernel where triton imports and passes its "
+                        "reference check on this GPU, else torch fast, else the per-expert "
+                        "loop; triton|fast|plain force one (a rank fails if it cannot run)")
     p.add_argument("--layers-per-stage", type=int, default=2,
                    help="MoE layers per stage (fewer if memory is short; the record says so)")
     p.add_argument("--cost-us", default="1:800,8:900,32:1200",
@@ -149,7 +152,9 @@ def render(rec) -> str:
     c = d.get("config", {})
     if c:
         lines.append(f"pp={c.get('pp')} slots={c.get('slots')} cap={c.get('max_micro_batch')} "
-                     f"work={c.get('work')} graphs={c.get('graphs')} "
+                     f"work={c.get('work')}"
+                     + (f" moe={c['moe_backend']}" if c.get("moe_backend") else "")
+                     + f" graphs={c.get('graphs')} "
                      f"nccl_p2p_disabled={c.get('nccl_p2p_disabled')}")
     rows = []
     for r in d.get("runs", []):

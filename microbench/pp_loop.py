@@ -17,8 +17,13 @@ sends two: the request list and the tensor-dict metadata); requests never finish
 
 Stage work: `busy` (a `torch.cuda._sleep` kernel whose length follows a cost-vs-batch curve,
 calibrated at start) or `moe` (real Kimi-K2-dims MoE layers in bf16: microbench.layers' MoE,
-the layer stage-cost times, backend `torch/<variant>`, checked against its float32 per-expert
-reference first; the backend is recorded per rank). With graphs on, the decode forward is
+the layer stage-cost times, checked against its float32 per-expert reference first). MoE
+backend as stage-cost picks it (`--moe-variant auto`, `moe_candidates`): the fused Triton
+decode kernel (microbench/moe_triton.py; fixed-size index tensors, no host syncs, so it is
+captured like the rest) where triton imports on a CUDA device and passes its check at every
+block-size configuration the loop reaches, else torch `fast`, else the per-expert `loop`;
+`triton|fast|plain` force one. The backend, the candidates tried and why any was dropped are
+recorded per rank. With graphs on, the decode forward is
 captured per SGLang capture size and batches are padded up, and the next replay waits until NCCL
 has finished reading the previous send (static output buffers), as in SGLang.
 
@@ -131,13 +136,103 @@ def stage_forward(L, weights: list, experts):
     return fwd
 
 
+MOE_VARIANTS = ("auto", "triton", "fast", "plain")
+
+
+def moe_candidates(requested: str, *, on_cuda: bool, triton_reason: str | None,
+                   grouped_mm_reason: str | None) -> list[str]:
+    """The MoE backends to try, in order, for `--moe-variant requested` (the first that builds
+    and passes its float32 reference check runs). `auto` = stage-cost's pick on an H200: our
+    fused Triton decode kernel where this is a CUDA device and triton imports (its check
+    decides), else torch `fast` where `torch._grouped_mm` runs, else the per-expert `loop`
+    (correct everywhere, not graph-capturable). A forced name is tried alone: it runs as asked
+    or the rank fails with the reason, never a silent substitute."""
+    if requested == "auto":
+        out = ["triton"] if on_cuda and triton_reason is None else []
+        return out + (["fast"] if grouped_mm_reason is None else ["loop"])
+    if requested in ("fast", "plain"):
+        if grouped_mm_reason is not None:
+            raise RuntimeError(f"--moe-variant {requested}: {grouped_mm_reason}")
+        return [requested]
+    if requested == "triton":
+        if triton_reason is not None:
+            raise RuntimeError(f"--moe-variant triton: {triton_reason}")
+        return ["triton"]
+    raise ValueError(f"unknown --moe-variant {requested!r}; known: {', '.join(MOE_VARIANTS)}")
+
+
+def _backend_of(name: str) -> tuple[str, str]:
+    """candidate name -> (layers.build_moe backend, variant)."""
+    return ("triton", "fast") if name == "triton" else ("torch", name)
+
+
+def loop_max_rows(cfg: dict) -> int:
+    """Most rows one forward of the loop sees: a prefill of every stream at once, or the
+    largest decode micro-batch padded to its capture size."""
+    c = max(cfg.get("concurrency") or [1])
+    max_b = max(1, min(cfg.get("max_micro_batch") or c, c))
+    full = sglang_capture_sizes(max(512, 2 * max_b))
+    return max(c * cfg.get("prompt_len", 1), padded_size(max_b, full) or max_b)
+
+
+def triton_check_batches(max_rows: int) -> list[int]:
+    """One micro-batch size per block-size row of moe_triton.CONFIGS that the loop can reach
+    (the smallest size of each row), so every kernel configuration the loop will run is checked
+    (and JIT-compiled) before timing."""
+    from microbench import moe_triton as MT
+
+    out, lo = [], 1
+    for bound, _ in MT.CONFIGS:
+        if lo <= max_rows:
+            out.append(lo)
+        lo = bound + 1
+    return out
+
+
+def _check_rows(L, w, experts, b: int, dev, seed: int) -> float:
+    """Run `experts` on b fresh random rows; compare the first (up to) 5 rows with the float32
+    per-expert reference (rows are independent, so this checks the kernel config used at b)."""
+    x = L._randn((b, w.router.shape[1]), 1.0, L._gen(dev, seed), dev)
+    ids, tw = L.moe_route(w, x)
+    y = experts(w, x, ids, tw)[:5]
+    return L._assert_close(f"moe experts at b={b}", y, L.moe_reference(w, x[:5], ids[:5],
+                                                                       tw[:5]))
+
+
+def _first_layer(torch, L, m, name: str, cfg: dict, rank: int, dev) -> tuple:
+    """Build layer 0 with backend `name` and check it before timing (fresh random input vs the
+    float32 per-expert loop; for triton at every block-size row the loop reaches).
+    Returns (weights, experts fn, backend string, max relative error, checked batches)."""
+    backend, variant = _backend_of(name)
+    # built for 5 tokens so that its check runs on 5 (it checks min(b, 5))
+    built = L.build_moe(m, 5, dev, backend=backend, variant=variant, seed=1000 * rank)
+    if built.backend != f"{backend}/{variant}":  # layers fell back on its own: not what we asked
+        raise RuntimeError(f"asked for {backend}/{variant}, layers built {built.backend}")
+    err, checked = built.check(), [5]  # raises layers.CheckFailed
+    w = built.info.pop("weights")
+    if name == "triton":
+        from microbench import moe_triton as MT
+
+        def experts(w_, x, ids, tw):
+            return MT.moe_experts(w_, x, ids, tw)
+        for b in triton_check_batches(loop_max_rows(cfg)):
+            err = max(err, _check_rows(L, w, experts, b, dev, seed=77 + b))
+            checked.append(b)
+    else:
+        experts = {"fast": L.moe_experts_fast, "plain": L.moe_experts_plain,
+                   "loop": L.moe_experts_loop}[name]
+    return w, experts, built.backend, err, sorted(set(checked))
+
+
 def build_moe_stage(torch, cfg: dict, rank: int, dev, model=None, free_bytes: int | None = None):
     """`layers_per_stage` MoE layers from microbench.layers, the layer stage-cost times (same
-    weights layout, router and backend choice: `layers.build_moe` with the configured variant,
-    falling back to the per-expert loop where `torch._grouped_mm` does not run), as many as fit
-    in 85% of free memory (`free_bytes`, default: what the GPU reports). Returns
+    weights layout and router), as many as fit in 85% of free memory (`free_bytes`, default:
+    what the GPU reports). Backend: `cfg["moe_variant"]` through `moe_candidates` (auto: triton
+    if it passes its check here, else torch fast, else loop); a candidate that fails to build
+    or check is recorded in `moe_fallbacks` and the next one is tried. Returns
     (fwd(x) -> x + MoE(x) per layer, info). `model` overrides the preset (tests: small dims)."""
     from microbench import layers as L
+    from microbench import moe_triton as MT
     from reports.model_config import load_model
 
     m = (model or load_model(cfg["model"])).all_formats("bf16")  # INT4/FP8 not executed
@@ -147,26 +242,41 @@ def build_moe_stage(torch, cfg: dict, rank: int, dev, model=None, free_bytes: in
     if n < 1:
         raise RuntimeError(f"rank {rank}: one MoE layer needs {per_layer / 1e9:.1f} GB, "
                            f"{free / 1e9:.1f} GB free; use --work busy")
-    weights, backend, err = [], None, None
-    for i in range(n):
-        # the first is built for 5 tokens so that its check runs on 5 (it checks min(b, 5))
-        built = L.build_moe(m, 5 if i == 0 else 1, dev, backend="torch",
-                            variant=cfg.get("moe_variant", "fast"), seed=1000 * rank + i)
-        if i == 0:  # check before timing: fresh random input vs the float32 per-expert loop
-            err = built.check()  # raises layers.CheckFailed
-            backend = built.backend
-        weights.append(built.info.pop("weights"))
-        del built
-    variant = backend.split("/", 1)[1]
-    if cfg["graphs"] and variant == "loop":
+    requested = cfg.get("moe_variant", "auto")
+    names = moe_candidates(requested, on_cuda=torch.device(dev).type == "cuda",
+                           triton_reason=MT.available(),
+                           grouped_mm_reason=L.grouped_mm_available(dev))
+    fallbacks, first = {}, None
+    for k, name in enumerate(names):
+        try:
+            first = _first_layer(torch, L, m, name, cfg, rank, dev)
+            break
+        except Exception as e:  # noqa: BLE001 - failed build/check: next candidate, reason kept
+            if k == len(names) - 1:
+                raise RuntimeError(f"rank {rank}: MoE backend {name}: "
+                                   f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
+                                   + (f" (earlier: {fallbacks})" if fallbacks else "")) from e
+            fallbacks[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        # here the failed candidate's exception (and the weights its frames held) is gone
+        if torch.device(dev).type == "cuda":
+            torch.cuda.empty_cache()
+    w0, experts, backend, err, checked = first
+    name = names[len(fallbacks)]
+    if cfg["graphs"] and name == "loop":
         raise RuntimeError(f"rank {rank}: MoE backend {backend} syncs the host and cannot be "
                            "captured in a CUDA graph; run with --no-graphs")
-    experts = {"fast": L.moe_experts_fast, "plain": L.moe_experts_plain,
-               "loop": L.moe_experts_loop}[variant]
+    weights = [w0]
+    bk, var = _backend_of(name)
+    for i in range(1, n):  # same backend; checked once on layer 0 (same code, other weights)
+        built = L.build_moe(m, 1, dev, backend=bk, variant=var, seed=1000 * rank + i)
+        weights.append(built.info.pop("weights"))
+        del built
     fwd = stage_forward(L, weights, experts)
     note = None if n == cfg["layers_per_stage"] else \
         f"only {n} of {cfg['layers_per_stage']} layers fit in GPU memory"
-    return fwd, {"layers_used": n, "moe_backend": backend, "moe_check_rel_err": err,
+    return fwd, {"layers_used": n, "moe_backend": backend, "moe_variant_requested": requested,
+                 "moe_candidates": names, "moe_fallbacks": fallbacks,
+                 "moe_check_rel_err": err, "moe_checked_batches": checked,
                  "layer_bytes": per_layer, "note": note}
 
 
