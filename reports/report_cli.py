@@ -91,7 +91,8 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def terminal_summary(rep: dict[str, Any], width: int = 100) -> str:
-    """The report in about 40 lines: answer, throughput, top 3 what-ifs, attribution, verdicts."""
+    """The report in about 40 lines: answer, throughput, top 3 what-ifs (best row of each of
+    the three best knobs), attribution at the highest C (zero rows left out), verdicts grouped."""
     from tabulate import tabulate
 
     def f(x, nd=1):
@@ -111,9 +112,14 @@ def terminal_summary(rep: dict[str, Any], width: int = 100) -> str:
         headers=["C", "ideal tok/s", "modelled tok/s", "observed tok/s", "modelled TPOT ms",
                  "occupied slots"]))
     out.append("")
+    top, seen = [], set()
+    for w in rep["what_ifs"]:  # best first; one row per knob so the three differ
+        if w["knob"] not in seen:
+            seen.add(w["knob"])
+            top.append(w)
     out.append(tabulate(
         [[w["knob"], w["setting"], w["concurrency"], f(w["predicted_tok_per_s"]),
-          f"{w['gain']:+.0%}"] for w in rep["what_ifs"][:3]],
+          f"{w['gain']:+.0%}"] for w in top[:3]],
         headers=["top what-if", "setting", "C", "predicted tok/s", "gain"]))
     out.append("")
     a = max(rep["attribution"], key=lambda x: x["concurrency"])
@@ -123,8 +129,11 @@ def terminal_summary(rep: dict[str, Any], width: int = 100) -> str:
          for r in a["rows"] if abs(r["ms_per_step"]) > 1e-9],
         headers=[f"cause (C={a['concurrency']})", "ms/step", "tok/s", "share", "source"]))
     out.append("")
-    out.append(tabulate([[v["hypothesis"], v["verdict"]] for v in rep["verdicts"]],
-                        headers=["hypothesis", "verdict"]))
+    by: dict[str, list[str]] = {}
+    for v in rep["verdicts"]:
+        by.setdefault(v["verdict"], []).append(v["hypothesis"])
+    text = "; ".join(f"{k}: {', '.join(hs)}" for k, hs in by.items())
+    out += textwrap.wrap(f"verdicts -- {text}", width, subsequent_indent="  ")
     dv = rep.get("dispatch_validation") or []
     if dv:
         worst = max(dv, key=lambda c: abs(c["diff_pct"]))

@@ -52,7 +52,7 @@ def test_seed_report_end_to_end(tmp_path, capsys):
     assert [c["slot_sizes"][:4] for c in rep["concurrency"]] == [[1, 0, 0, 0], [8, 0, 0, 0],
                                                                  [8, 8, 8, 8]]
     md = (tmp_path / "report.md").read_text()
-    assert "**Every figure below is estimated**" in md
+    assert "**Every figure below is estimated" in md
     html = (tmp_path / "report.html").read_text()
     assert html.count("data:image/png;base64,") >= 3
     assert "http://" not in html and "https://" not in html and "<script" not in html
