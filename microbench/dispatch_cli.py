@@ -194,8 +194,10 @@ def handle(args) -> int:
         write_record(waived("dispatch", reason, argv=getattr(args, "argv", None)), path)
         if str(args.pp) != "auto":
             config_from_args(args, visible_gpus())  # raises the one-line CliError
-        print(f"dispatch: waived ({reason}); wrote {path}")
-        return 0
+        # like the other probes: a run that cannot measure leaves its waived record and exits 2
+        raise CliError(f"{reason}; nothing measured (waived record written to {path}); "
+                       "on a machine without GPUs, read SGLang's evidence with --sglang-log / "
+                       "--sglang-traces / --bench")
     cfg = config_from_args(args, visible_gpus())
     rec = run(cfg)
     print(render(rec))

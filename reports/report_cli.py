@@ -58,6 +58,9 @@ def handle(args: argparse.Namespace) -> int:
     results = Path(args.results) if args.results else results_dir()
     out = Path(args.out) if args.out else results
     sc = load_scenario(args.scenario)
+    if args.results and not results.is_dir():  # a typo must not pass for "no records yet"
+        print(f"note: {results} does not exist: no probe records, every input is estimated",
+              file=sys.stderr)
     records, warns = load_records(results)
     if args.validate_dispatch:
         try:
@@ -85,12 +88,12 @@ def handle(args: argparse.Namespace) -> int:
     (out / "report.html").write_text(render_html(rep, spans))
     for w in inp.warnings:
         print(f"warning: {w}", file=sys.stderr)
-    print(terminal_summary(rep))
+    print(terminal_summary(rep, results_label=str(results)))
     print(f"\nwrote {out}/report.{{json,md,html,trace.json}} in {time.monotonic() - t0:.1f} s")
     return 0
 
 
-def terminal_summary(rep: dict[str, Any], width: int = 100) -> str:
+def terminal_summary(rep: dict[str, Any], width: int = 100, results_label: str = "results") -> str:
     """The report in about 40 lines: answer, throughput, top 3 what-ifs (best row of each of
     the three best knobs), attribution at the highest C (zero rows left out), verdicts grouped."""
     from tabulate import tabulate
@@ -100,7 +103,7 @@ def terminal_summary(rep: dict[str, Any], width: int = 100) -> str:
 
     out = []
     if rep["all_estimated"]:
-        out.append("every figure is estimated (no records in results/)")
+        out.append(f"every figure is estimated (no records in {results_label.rstrip('/')}/)")
     out.append("The answer:")
     for s in rep.get("answer", []):
         out += textwrap.wrap(s, width, initial_indent="  - ", subsequent_indent="    ")

@@ -198,6 +198,6 @@ def test_cli_waived_without_gpus(monkeypatch, tmp_path):
     monkeypatch.setattr(D, "available", lambda: "needs at least 2 GPUs for a pipeline, 0 visible")
     monkeypatch.setattr(D, "visible_gpus", lambda: 0)
     p = tmp_path / "d.json"
-    assert cli.main(["dispatch", "--json", str(p)]) == 0
+    assert cli.main(["dispatch", "--json", str(p)]) == 2
     rec = read_record(p)
     assert rec.status == "waived" and "2 GPUs" in rec.reason

@@ -132,9 +132,11 @@ def test_md_order_and_answer(tmp_path):
 
 def test_terminal_summary_compact(tmp_path, capsys):
     assert main(["report", "--results", str(tmp_path / "none"), "--out", str(tmp_path)]) == 0
-    out = capsys.readouterr().out.splitlines()
+    cap = capsys.readouterr()
+    out = cap.out.splitlines()
     assert len(out) <= 45
-    assert out[0] == "every figure is estimated (no records in results/)"
+    assert out[0] == f"every figure is estimated (no records in {tmp_path / 'none'}/)"
+    assert f"note: {tmp_path / 'none'} does not exist" in cap.err  # a typo is not "no records"
     assert out[1] == "The answer:" and out[2].startswith("  - Biggest cause")
     i = next(k for k, line in enumerate(out) if line.startswith("top what-if"))
     rows = out[i + 2:i + 5]
