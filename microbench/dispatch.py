@@ -25,9 +25,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from microbench import launch
 from reports.records import Record, make_record, write_json_atomic, write_record
 from reports.slots import SlotConfig, default_max_micro_batch
 
@@ -498,9 +497,9 @@ def trace_path_for(cfg: DispatchConfig) -> Path:
 
 
 def torchrun_command(cfg: DispatchConfig, config_path: Path, out_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(cfg.pp),
-            *(cfg.torchrun_args or ("--standalone",)),
-            "-m", "microbench.pp_loop", "--config", str(config_path), "--out-dir", str(out_dir)]
+    return launch.torchrun_command(cfg.pp, "microbench.pp_loop",
+                                   ["--config", str(config_path), "--out-dir", str(out_dir)],
+                                   cfg.torchrun_args or ("--standalone",))
 
 
 def run(cfg: DispatchConfig) -> Record:
@@ -520,34 +519,18 @@ def run(cfg: DispatchConfig) -> Record:
     cfg_path = work / "config.json"
     write_json_atomic(cfg_path, lcfg)
     cmd = torchrun_command(cfg, cfg_path, work)
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[1])
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     status, why = "ok", None
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     try:
-        try:
-            proc.wait(timeout=cfg.timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-            status, why = "error", f"timed out after {cfg.timeout_s:.0f} s (--timeout)"
-        if status == "ok" and proc.returncode != 0:
-            errs = _rank_errors(work)
-            status = "error"
-            why = errs[0] if errs else f"torchrun exited with code {proc.returncode}"
+        rc, timed_out = launch.run_group(cmd, launch.repo_env(), cfg.timeout_s, grace_s=30)
     except KeyboardInterrupt:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        status, why = "error", "interrupted; finished points kept"
-        _finish(cfg, lcfg, work, p2p_off, status, why, argv)
+        _finish(cfg, lcfg, work, p2p_off, "error", "interrupted; finished points kept", argv)
         raise
+    if timed_out:
+        status, why = "error", f"timed out after {cfg.timeout_s:.0f} s (--timeout)"
+    elif rc != 0:
+        errs = _rank_errors(work)
+        status = "error"
+        why = errs[0] if errs else f"torchrun exited with code {rc}"
     rec = _finish(cfg, lcfg, work, p2p_off, status, why, argv)
     shutil.rmtree(work, ignore_errors=True)
     return rec

@@ -183,7 +183,8 @@ def test_loop_config_points_and_cap():
     assert lc["hidden"] == 7168 and lc["n_routed_experts"] == 384
     assert len(lc["points"]) == 4
     cmd = D.torchrun_command(cfg, D.Path("c.json"), D.Path("o"))
-    assert cmd[1:5] == ["-m", "torch.distributed.run", "--nproc-per-node", "8"]
+    assert cmd[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "8",
+                       "-m", "microbench.pp_loop", "--config", "c.json", "--out-dir", "o"]
 
 
 def test_cli_pp_too_large_is_one_line_error(monkeypatch, tmp_path, capsys):

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,10 +21,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from microbench import launch
 from reports.records import Record, make_record, write_record
 from topology.links import hop_class, pair_key, pipeline_pairs
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 MB = 1_000_000
 
 
@@ -247,38 +245,21 @@ def _ring(bench, devices, cuda, p2p) -> dict:
 def run_hop(devices: list[int], cfg: TopologyConfig, out_json: Path, mode: dict) -> tuple:
     """torchrun topology.hop on `devices`; returns (its JSON: hops, transport, phase_s; None)
     or what it wrote before failing and the reason."""
-    n = len(devices)
-    env = dict(os.environ)
-    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in devices)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(":")
+    env = launch.repo_env(CUDA_DEVICE_ORDER="PCI_BUS_ID",
+                          CUDA_VISIBLE_DEVICES=",".join(str(d) for d in devices))
     env.setdefault("OMP_NUM_THREADS", "1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={n}", "-m", "topology.hop", "--out", str(out_json),
-           "--hidden", str(cfg.hidden), "--tensors", str(cfg.tensors),
-           "--batches", mode["batches"], "--warmup", str(mode["warmup"]),
-           "--iters", str(mode["iters"]), "--blocks", str(mode["blocks"]),
-           "--sizes", mode["sizes"], "--timeout-s", str(min(cfg.hop_timeout_s, 120)),
-           "--gpus", ",".join(str(d) for d in devices)]
+    cmd = launch.torchrun_command(len(devices), "topology.hop", [
+        "--out", str(out_json), "--hidden", str(cfg.hidden), "--tensors", str(cfg.tensors),
+        "--batches", mode["batches"], "--warmup", str(mode["warmup"]),
+        "--iters", str(mode["iters"]), "--blocks", str(mode["blocks"]),
+        "--sizes", mode["sizes"], "--timeout-s", str(min(cfg.hop_timeout_s, 120)),
+        "--gpus", ",".join(str(d) for d in devices)])
     log = cfg.json_path.parent / f"{cfg.json_path.stem}_hop.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as lf:
-        proc = subprocess.Popen(cmd, env=env, stdout=lf, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        try:
-            rc = proc.wait(timeout=cfg.hop_timeout_s)
-            reason = None if rc == 0 else f"torchrun exited with {rc} (log: {log})"
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            reason = f"PP hop timed out after {cfg.hop_timeout_s:.0f} s (log: {log})"
-        except BaseException:
-            os.killpg(proc.pid, signal.SIGKILL)
-            raise
+        rc, timed_out = launch.run_group(cmd, env, cfg.hop_timeout_s, stdout=lf, grace_s=10)
+    reason = (f"PP hop timed out after {cfg.hop_timeout_s:.0f} s (log: {log})" if timed_out
+              else None if rc == 0 else f"torchrun exited with {rc} (log: {log})")
     got = json.loads(out_json.read_text()) if out_json.exists() else {}
     return got, reason
 

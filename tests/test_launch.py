@@ -1,0 +1,43 @@
+import sys
+import time
+
+import pytest
+
+from microbench import launch
+
+
+def test_torchrun_command_shape():
+    cmd = launch.torchrun_command(4, "topology.hop", ["--out", "x.json"])
+    assert cmd[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+                       "-m", "topology.hop", "--out", "x.json"]
+
+
+def test_repo_env_puts_repo_first(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", "elsewhere")
+    env = launch.repo_env(FOO="1")
+    assert env["PYTHONPATH"].split(":")[:2] == [str(launch.REPO_ROOT), "elsewhere"]
+    assert env["FOO"] == "1"
+
+
+def test_run_group_returns_exit_code(tmp_path):
+    rc, timed_out = launch.run_group([sys.executable, "-c", "raise SystemExit(3)"],
+                                     launch.repo_env(), timeout_s=30)
+    assert (rc, timed_out) == (3, False)
+
+
+def test_run_group_kills_the_whole_group_on_timeout(tmp_path):
+    # the child starts a grandchild that would outlive a plain kill of the child
+    marker = tmp_path / "alive"
+    grandchild = tmp_path / "grandchild.py"
+    grandchild.write_text(f"import time\ntime.sleep(2)\nopen({str(marker)!r}, 'w').write('x')\n")
+    child = tmp_path / "child.py"
+    child.write_text("import subprocess, sys, time\n"
+                     f"subprocess.Popen([sys.executable, {str(grandchild)!r}])\n"
+                     "time.sleep(30)\n")
+    t0 = time.monotonic()
+    rc, timed_out = launch.run_group([sys.executable, str(child)], launch.repo_env(),
+                                     timeout_s=0.5, grace_s=2)
+    assert timed_out and rc is None
+    assert time.monotonic() - t0 < 10
+    time.sleep(2.5)
+    assert not marker.exists(), "the grandchild survived the timeout"
