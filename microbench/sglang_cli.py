@@ -197,12 +197,3 @@ def run(args: argparse.Namespace) -> int:
     print(render(data))
     print(f"\nwrote {path}", file=sys.stderr)
     return 0
-
-
-def register(subparsers) -> None:
-    """Stand-alone registration (only used if no dispatch sub-command routes here)."""
-    p = subparsers.add_parser("sglang", help="read SGLang logs/traces/metrics/bench or probe a "
-                              "live server")
-    add_arguments(p)
-    p.add_argument("--json", metavar="PATH", help="record path (default results/sglang.json)")
-    p.set_defaults(func=run)
