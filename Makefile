@@ -6,7 +6,9 @@
 #   make topology | stage-cost | graphs | dispatch    one probe each (GPU machine)
 #   make all               every probe this machine can run, then the report
 #
-# Knobs: MODEL=kimi-k2 PP=8 GPU=<spec name> RESULTS=results ARGS="extra flags"
+# Knobs: MODEL=kimi-k2 PP=8 (the deployment's pipeline size, for stage-cost and graphs)
+#        RESULTS=results ARGS="extra flags". topology and dispatch use every visible GPU
+#        (ARGS="--pp N" for fewer).
 
 PYTHON  ?= python3
 VENV    ?= .venv
@@ -68,7 +70,7 @@ test: $(TEST_STAMP)
 	$(VPY) -m pytest -q tests
 
 topology: $(GPU_STAMP)
-	$(PPSCOPE) topology --pp $(PP) --json $(RESULTS)/topology.json $(ARGS)
+	$(PPSCOPE) topology --json $(RESULTS)/topology.json $(ARGS)
 
 stage-cost: $(TORCH_STAMP)
 	$(PPSCOPE) stage-cost --model $(MODEL) --pp $(PP) --json $(RESULTS)/stage_cost.json $(ARGS)
@@ -77,7 +79,7 @@ graphs: $(TORCH_STAMP)
 	$(PPSCOPE) graphs --model $(MODEL) --pp $(PP) --json $(RESULTS)/graphs.json $(ARGS)
 
 dispatch: $(TORCH_STAMP)
-	$(PPSCOPE) dispatch --pp $(PP) --json $(RESULTS)/dispatch.json $(ARGS)
+	$(PPSCOPE) dispatch --json $(RESULTS)/dispatch.json $(ARGS)
 
 # Every probe this machine can run, then the report. A probe that cannot run here leaves a
 # `waived` record and the next one still runs.
