@@ -1,7 +1,8 @@
 """report.json -> Markdown (results/report.md), plus the table builders the HTML page shares.
 
 Order (same in report.md and report.html): header (what is deployed, what is measured vs
-estimated, warnings), The answer, Throughput, Verdicts, Where the time goes (one attribution
+estimated, warnings), The answer, Throughput, Verdicts, Your server (sglang.json: observed, each
+column tagged with its source), Where the time goes (one attribution
 table per concurrency), What-ifs (best first), Model vs dispatch probe, Micro-batch count,
 Inputs, Scenario assumptions. Each table builder returns a `Table`: headers with units, rows as
 display strings, and which columns are numbers (right-aligned).
@@ -68,10 +69,13 @@ def header_lines(rep: dict[str, Any]) -> list[str]:
 
 
 def banner(rep: dict[str, Any]) -> str:
+    obs = " and everything under \"Your server\" (sglang.json)" if rep.get("server") else ""
     if rep["all_estimated"]:
         return ("Every figure below is estimated (no probe records: roofline, datasheet and the "
-                "scenario's stated assumptions), except the observed tok/s.")
-    return f"Measured inputs from {', '.join(rep['records_used'])}; the rest is estimated."
+                f"scenario's stated assumptions), except the observed tok/s{obs}.")
+    measured = [r for r in rep["records_used"] if r != "sglang.json"]
+    return (f"Measured inputs from {', '.join(measured)}; the rest is estimated"
+            + (f"; observed: the tok/s{obs}." if obs else "."))
 
 
 def throughput_table(rep: dict[str, Any]) -> Table:
@@ -86,6 +90,10 @@ def throughput_table(rep: dict[str, Any]) -> Table:
     return Table(("C", "ideal tok/s", "modelled tok/s", "observed tok/s", "observed / modelled",
                   "modelled TPOT ms", "GPU busy per stage", "occupied slots (requests)"),
                  tuple(rows), (True, True, True, True, True, True, False, False))
+
+
+def observed_line(rep: dict[str, Any]) -> str:
+    return f"Observed tok/s from {rep['observed_source']} (observed; not used by the model)."
 
 
 def verdict_table(rep: dict[str, Any]) -> Table:
@@ -146,6 +154,68 @@ def micro_batch_table(rep: dict[str, Any]) -> Table:
                  (True, True, False, True, True, False))
 
 
+def _sizes(rr: dict[str, Any] | None) -> str:
+    if not rr or rr.get("median") is None:
+        return "-"
+    return f"{rr['min']:g} / {rr['median']:g} / {rr['max']:g}"
+
+
+def server_gpu_table(rep: dict[str, Any]) -> Table:
+    """Per PP rank: observed GPU time from the traces next to the model's busy per stage."""
+    srv = rep["server"]
+    cs = [str(c["concurrency"]) for c in rep["concurrency"]]
+    rows = []
+    for r in srv["ranks"]:
+        g, e = r["graph_kernels"], r["eager_kernels"]
+        rows.append((str(r["rank"]), _f(r["busy_pct"]))
+                    + tuple(_f(r["modelled_busy_pct"].get(c)) for c in cs)
+                    + (_f(r["compute_pct"]), _f(r["nccl_recv_pct"]), _f(r["recv_wait_pct"]),
+                       _f(r["dispatch_latency_p50_us"]), _f(r["cpu_dispatch_latency_p50_us"]),
+                       "-" if g is None else f"{g} / {e}"))
+    return Table(("PP rank", "busy % [traces]") + tuple(f"modelled busy % C={c}" for c in cs)
+                 + ("compute % [traces]", "NCCL recv % of span [traces]", "recv wait % [traces]",
+                    "dispatch p50 us, GPU [traces]", "dispatch p50 us, CPU [traces]",
+                    "graph / one-by-one kernels [traces]"),
+                 tuple(rows), (True,) * (len(cs) + 8) + (False,))
+
+
+def server_log_table(rep: dict[str, Any]) -> Table:
+    rows = tuple((str(r["rank"]), _f(r["decode_lines"], 0), _f(r["prefill_lines"], 0),
+                  _sizes(r["running_req"]), _pct(r["cuda_graph_frac"]),
+                  _f(r["gen_tok_per_s_median"]))
+                 for r in rep["server"]["ranks"] if r["running_req"] is not None)
+    return Table(("PP rank", "decode lines [log]", "prefill lines [log]",
+                  "slot size min / median / max [log]", "decode on CUDA graph [log]",
+                  "gen tok/s median [log]"), rows, (True, True, True, False, True, True))
+
+
+def server_bench_table(rep: dict[str, Any]) -> Table:
+    return Table(("max concurrency [bench]", "mean concurrency [bench]", "output tok/s [bench]",
+                  "mean TPOT ms [bench]", "median ITL ms [bench]", "mean TTFT ms [bench]"),
+                 tuple(("none" if b["concurrency"] is None else str(b["concurrency"]),
+                        _f(b["mean_concurrency"], 2), _f(b["output_tok_per_s"]),
+                        _f(b["mean_tpot_ms"]), _f(b["median_itl_ms"]), _f(b["mean_ttft_ms"]))
+                       for b in rep["server"]["bench"]), (True,) * 6)
+
+
+def server_lines(rep: dict[str, Any]) -> list[str]:
+    """Sources legend, slot-imbalance index and notes (plain text)."""
+    srv = rep["server"]
+    src = "; ".join(f"[{k}] = {v}" for k, v in srv["sources"].items() if v)
+    out = [f"Every number in this section is observed on your server, read into sglang.json by "
+           f"`ppscope dispatch --from-sglang`: {src}. Modelled columns are the pipeline model "
+           f"(scenario inputs), for comparison."]
+    imb = srv.get("slot_imbalance")
+    if imb:
+        mom, cv = imb.get("max_over_mean_median"), imb.get("cv")
+        out.append(f"Slot-imbalance index [log, PP rank {imb.get('rank')}]: max/mean slot size per "
+                   f"window of {imb.get('window')} decode lines {_f(mom, 2)} (median over "
+                   f"{imb.get('windows')} windows; 1.0 = even), coefficient of variation "
+                   f"{_f(cv, 2)}. Under PP `#running-req` is the size of the one slot just "
+                   "processed.")
+    return out + [f"Note: {n}." for n in srv.get("notes") or []]
+
+
 def inputs_table(rep: dict[str, Any]) -> Table:
     return Table(("input", "value", "source", "evidence", "note"),
                  tuple((p["name"], fmt_value(p["value"]), p["source"], p["evidence"],
@@ -166,7 +236,20 @@ def render_md(rep: dict[str, Any]) -> str:
     out += ["", "## The answer", ""] + [f"- {s}" for s in rep.get("answer", [])] + [""]
     out += ["## Throughput (decode tok/s per concurrency C)", "", md_table(throughput_table(rep)),
             ""]
+    if rep.get("observed_source"):
+        out += [observed_line(rep), ""]
     out += ["## Verdicts on the hypotheses", "", md_table(verdict_table(rep)), ""]
+    if rep.get("server"):
+        out += ["## Your server (observed, sglang.json)", ""]
+        for line in server_lines(rep):
+            out += [line, ""]
+        if any(r["trace_span_ms"] for r in rep["server"]["ranks"]):
+            out += ["### GPU time per PP rank (traces) next to the model", "",
+                    md_table(server_gpu_table(rep)), ""]
+        if any(r["running_req"] is not None for r in rep["server"]["ranks"]):
+            out += ["### Scheduler log per PP rank", "", md_table(server_log_table(rep)), ""]
+        if rep["server"]["bench"]:
+            out += ["### bench_serving runs", "", md_table(server_bench_table(rep)), ""]
     out += ["## Where the time goes (ideal -> modelled by Shapley value; modelled -> observed "
             "is unexplained)", ""]
     for a in rep["attribution"]:

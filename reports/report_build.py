@@ -3,7 +3,11 @@
 Levels per concurrency: `ideal` (every switch off), `predicted` (the model, every switch on),
 `observed` (the user's benchmark). Attribution rows, verdicts, what-ifs, parameters with their
 source, warnings about skipped records, (when dispatch.json exists) the model-vs-probe check, the
-PP link map when topology.json exists, and `answer`: 3-5 sentences written from those numbers
+PP link map when topology.json exists, `server` when sglang.json exists (the user's own server:
+per-rank observed busy, NCCL receive share, dispatch latency, decode lines, CUDA-graph share and
+slot sizes, next to the modelled busy per stage; every figure observed, with its source),
+`measured_timeline` when dispatch.trace.json exists (which probe point the plot shows), and
+`answer`: 3-5 sentences written from those numbers
 (biggest cause of the gap per concurrency, verdicts that hold, best what-if, unexplained gap).
 """
 from __future__ import annotations
@@ -45,6 +49,7 @@ def build_report(inp: Inputs, records: dict[str, Record]) -> dict[str, Any]:
                        "arrival": inp.arrival, "context_len": inp.context_len},
         "params": to_jsonable(list(inp.params)),
         "assumptions": dict(inp.assumptions),
+        "observed_source": inp.src("observed_tok_per_s")[1] if inp.observed else None,
         "concurrency": conc,
         "attribution": [{"concurrency": a.concurrency, "ideal_tpot_ms": a.ideal_tpot_ms,
                          "modelled_tpot_ms": a.modelled_tpot_ms,
@@ -61,8 +66,75 @@ def build_report(inp: Inputs, records: dict[str, Record]) -> dict[str, Any]:
         rep["dispatch_micro_batches"] = to_jsonable(micro_batch_choices(records["dispatch"]))
     if "topology" in records:
         rep["topology"] = topology_summary(records["topology"].data)
+    if "sglang" in records:
+        rep["server"] = server_summary(records["sglang"].data, conc, inp.pp)
     rep["answer"] = answer(rep)
     return rep
+
+
+def _pct100(num: float | None, den: float | None) -> float | None:
+    return None if num is None or not den else 100.0 * num / den
+
+
+def server_summary(sg: dict[str, Any], conc: list[dict[str, Any]], pp: int) -> dict[str, Any]:
+    """The user's server as sglang.json saw it, per PP rank (log and traces joined by rank),
+    with the model's busy fraction per stage at each concurrency beside it. Observed only:
+    `sources` names the file each group of numbers came from."""
+    log_r = sg.get("ranks") or {}
+    tr = sg.get("traces") or {}
+    tr_r = tr.get("ranks") or {}
+    log = sg.get("log") or {}
+    bsrc = sg.get("bench_source") or {}
+    sources = {"log": ", ".join(log.get("log_files") or []) or None,
+               "traces": tr.get("dir") if tr_r else None,
+               "bench": bsrc.get("file") if sg.get("bench") else None,
+               "metrics": (sg.get("metrics") or {}).get("source")}
+    ranks = []
+    for r in sorted(set(log_r) | set(tr_r), key=lambda x: int(x)):
+        lg, t = log_r.get(r) or {}, tr_r.get(r) or {}
+        span = t.get("span_us") if t.get("gpu_events") else None
+        rec = t.get("nccl_recv") or {}
+        rr = lg.get("running_req") or {}
+        ranks.append({
+            "rank": int(r),
+            "busy_pct": _pct100(t.get("busy_us"), span),
+            "compute_pct": _pct100(t.get("compute_us"), span),
+            "nccl_recv_pct": _pct100(rec.get("total_us"), span),
+            "recv_wait_pct": _pct100(rec.get("wait_us"), span),
+            "dispatch_latency_p50_us": (t.get("dispatch_latency_us") or {}).get("p50"),
+            "cpu_dispatch_latency_p50_us": (t.get("cpu_dispatch_latency_us") or {}).get("p50"),
+            "graph_kernels": t.get("graph_kernels") if span else None,
+            "eager_kernels": t.get("eager_kernels") if span else None,
+            "trace_span_ms": None if span is None else span / 1e3,
+            "decode_lines": lg.get("decode_lines"),
+            "prefill_lines": lg.get("prefill_lines"),
+            "cuda_graph_frac": lg.get("cuda_graph_frac"),
+            "running_req": {k: rr.get(k) for k in ("min", "median", "max")} if lg else None,
+            "gen_tok_per_s_median": (lg.get("gen_throughput_tok_s") or {}).get("median"),
+            "modelled_busy_pct": {str(c["concurrency"]): 100.0 * c["busy_frac"][int(r)]
+                                  for c in conc if int(r) < len(c["busy_frac"])},
+        })
+    notes = []
+    if ranks and len(ranks) != pp:
+        notes.append(f"the server's evidence covers {len(ranks)} PP rank(s), the scenario has "
+                     f"pp={pp}: modelled busy shown for ranks that exist in both")
+    if tr_r and all((tr_r[r].get("nccl_recv") or {}).get("wait_us") is None for r in tr_r):
+        notes.append("NCCL receive time includes the transfer; read the traces with "
+                     "--link-gbps to split waiting from transfer")
+    return {
+        "evidence": "sglang.json", "source": "observed", "sources": sources,
+        "ranks": ranks,
+        "slot_imbalance": sg.get("slot_imbalance"),
+        "bench": [{"concurrency": b.get("max_concurrency"),
+                   "mean_concurrency": b.get("mean_concurrency"),
+                   "output_tok_per_s": b.get("output_throughput"),
+                   "mean_tpot_ms": b.get("mean_tpot_ms"), "median_itl_ms": b.get("median_itl_ms"),
+                   "mean_ttft_ms": b.get("mean_ttft_ms")} for b in sg.get("bench") or []],
+        "busy_over_time": {r: {"bin_us": tr_r[r].get("bin_us"),
+                               "busy_frac": list(tr_r[r].get("busy_frac_over_time") or [])}
+                           for r in sorted(tr_r, key=int) if tr_r[r].get("busy_frac_over_time")},
+        "notes": notes,
+    }
 
 
 def topology_summary(d: dict[str, Any]) -> dict[str, Any]:

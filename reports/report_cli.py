@@ -36,7 +36,8 @@ def register(subparsers) -> None:
     p.add_argument("--observed", default=None, metavar="C:TOKS,...",
                    help='observed decode tok/s per concurrency, e.g. "1:34,8:81.7,32:248.1"')
     p.add_argument("--bench", default=None, metavar="FILE",
-                   help="sglang.bench_serving --output-file JSONL (observed tok/s per C)")
+                   help="sglang.bench_serving --output-file JSONL (observed tok/s per C); "
+                   "without it and --observed, the bench runs in results/sglang.json are used")
     p.add_argument("--out", default=None, help="output directory (default: --results)")
     p.add_argument("--json", default=None, metavar="PATH",
                    help="also write report.json here")
@@ -50,8 +51,8 @@ def handle(args: argparse.Namespace) -> int:
     from reports.records import RecordError, read_record, write_json_atomic
     from reports.render_md import render_md
     from reports.report_build import build_report
-    from reports.scenario import (build_inputs, load_records, load_scenario, parse_bench_jsonl,
-                                  parse_observed)
+    from reports.scenario import (build_inputs, load_records, load_scenario, observed_from_sglang,
+                                  parse_bench_jsonl, parse_observed)
     from reports.timeline_trace import chrome_trace
 
     t0 = time.monotonic()
@@ -72,6 +73,11 @@ def handle(args: argparse.Namespace) -> int:
         observed, osrc = parse_bench_jsonl(args.bench), Path(args.bench).name
     if args.observed:
         observed, osrc = parse_observed(args.observed), "--observed"
+    if observed is None:  # the user's own bench_serving runs, read into sglang.json
+        obs, notes = observed_from_sglang(records.get("sglang"))
+        warns += notes
+        if obs:
+            observed, osrc = obs, "sglang.json (bench_serving)"
     inp = build_inputs(sc, records, warns, observed, osrc)
     rep = build_report(inp, records)
     Cmax = max(inp.concurrency)
@@ -102,7 +108,10 @@ def terminal_summary(rep: dict[str, Any], width: int = 100, results_label: str =
         return "-" if x is None else f"{x:.{nd}f}"
 
     out = []
-    if rep["all_estimated"]:
+    if rep["all_estimated"] and rep.get("server"):
+        out.append(f"every model input is estimated (no probe records in "
+                   f"{results_label.rstrip('/')}/); observed: sglang.json")
+    elif rep["all_estimated"]:
         out.append(f"every figure is estimated (no records in {results_label.rstrip('/')}/)")
     out.append("The answer:")
     for s in rep.get("answer", []):

@@ -77,7 +77,8 @@ class Inputs:
 
     @property
     def all_estimated(self) -> bool:
-        return not self.records
+        """No measured model input (sglang.json is observed evidence, not a model input)."""
+        return not any(r != "sglang.json" for r in self.records)
 
     def src(self, key: str) -> tuple[str, str]:
         """(measured|estimated, evidence) for a model input key."""
@@ -309,6 +310,30 @@ def build_inputs(scenario: dict[str, Any], records: dict[str, Record],
         params=tuple(params), warnings=tuple(warn), records=tuple(dict.fromkeys(used)),
         assumptions=tuple((str(k), str(v)) for k, v in (sc.get("assumptions") or {}).items()),
     )
+
+
+def observed_from_sglang(rec: Record | None) -> tuple[dict[int, float], list[str]]:
+    """bench_serving runs recorded in sglang.json -> ({max_concurrency: output tok/s}, notes).
+
+    Keyed by the client's concurrency cap (`max_concurrency`), as `--bench` is; a run without a
+    cap (unbounded) has no C to compare with and is left out with a note; the last run per C
+    wins, as in the file. Observed numbers only: nothing here feeds the model.
+    """
+    if rec is None:
+        return {}, []
+    out: dict[int, float] = {}
+    notes: list[str] = []
+    for b in rec.data.get("bench") or []:
+        c, tput = b.get("max_concurrency"), b.get("output_throughput")
+        if tput is None:
+            continue
+        if c is None:
+            notes.append(f"sglang.json: bench run without --max-concurrency (mean concurrency "
+                         f"{b.get('mean_concurrency')}, {float(tput):.1f} tok/s) not used as "
+                         "an observed point")
+            continue
+        out[int(c)] = float(tput)
+    return out, notes
 
 
 def parse_observed(text: str) -> dict[int, float]:

@@ -5,6 +5,12 @@ ideal -> modelled gap at the highest concurrency) or straight from a record. Thr
 "holds" when it explains >= 15% of the gap, "does not hold" below 5%; in between the verdict says
 "minor". A hypothesis about runtime behaviour that no record measured (graph fallback, routing)
 gets "not enough evidence" plus what the model would predict.
+
+With sglang.json (the user's own server), the herd verdict cites the slot sizes the server
+logged next to the modelled ones; evenly filled observed slots overrule the modelled burst
+admission ("does not hold"). The CUDA-graph verdict is decided by the log's `cuda graph` field,
+else by the traces' share of kernels replayed from graphs. Observed numbers are cited, never
+fed into the model.
 """
 from __future__ import annotations
 
@@ -34,6 +40,78 @@ def _by_share(s: float) -> str:
     return HOLDS if s >= 0.15 else (NOT if s < 0.05 else MINOR)
 
 
+# Observed slot sizes (`#running-req` per decode line, one slot's size under PP): "even" when the
+# sampled sizes barely vary (coefficient of variation < 0.25 and max/mean per window < 1.25)
+# over at least MIN_LINES lines. The log samples every --decode-log-interval steps, so a few
+# lines can miss slots; below MIN_LINES the observation is cited but does not decide.
+EVEN_CV, EVEN_MAX_OVER_MEAN, MIN_LINES = 0.25, 1.25, 8
+# Traces: a rank whose GPU kernels mostly (>= half) come from graph replays runs decode on
+# graphs; NCCL, copies and sampling are launched one by one even then, so 100% is not expected.
+GRAPH_KERNEL_SHARE = 0.5
+
+
+def observed_slots(sg: dict) -> dict | None:
+    """Slot sizes the server logged: the rank the log reader picked for its run-wide index (the
+    one with most decode lines), its #running-req min/median/max and the slot-imbalance index."""
+    ranks = sg.get("ranks") or {}
+    imb = sg.get("slot_imbalance") or {}
+    r = str(imb["rank"]) if imb.get("rank") is not None else (
+        max(ranks, key=lambda k: ranks[k].get("decode_lines") or 0) if ranks else None)
+    if r is None or r not in ranks:
+        return None
+    d = ranks[r]
+    rr = d.get("running_req") or {}
+    if rr.get("median") is None:
+        return None
+    cv, mom = imb.get("cv"), imb.get("max_over_mean_median")
+    n = int(d.get("decode_lines") or 0)
+    even = (n >= MIN_LINES and cv is not None and cv < EVEN_CV
+            and (mom is None or mom < EVEN_MAX_OVER_MEAN))
+    return {"rank": int(r), "decode_lines": n, "min": rr.get("min"), "median": rr["median"],
+            "max": rr.get("max"), "max_over_mean": mom, "cv": cv, "window": imb.get("window"),
+            "even": even}
+
+
+def _g(x, fmt: str = ".2f") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def observed_slots_text(o: dict) -> str:
+    return (f"(log, PP rank {o['rank']}, {o['decode_lines']} decode lines): slot size median "
+            f"{o['median']:g}, max {_g(o['max'], 'g')}; slot-imbalance max/mean {_g(o['max_over_mean'])}"
+            f", cv {_g(o['cv'])}")
+
+
+def graph_evidence(sg: dict) -> tuple[str, str, str] | None:
+    """(verdict, number, evidence) on CUDA-graph fallback from the server's log (share of decode
+    lines with `cuda graph: True`) and traces (kernels from graph replays vs launched one by one);
+    the log decides when it has the field, else the traces. None when neither says anything."""
+    fr = [(r, d["cuda_graph_frac"]) for r, d in (sg.get("ranks") or {}).items()
+          if d.get("cuda_graph_frac") is not None]
+    tr = [(r, int(d.get("graph_kernels") or 0), int(d.get("eager_kernels") or 0),
+           int(d.get("graph_launches") or 0))
+          for r, d in ((sg.get("traces") or {}).get("ranks") or {}).items()
+          if d.get("gpu_events")]
+    if not fr and not tr:
+        return None
+    parts, srcs = [], []
+    v = UNKNOWN
+    if fr:
+        r, lo = min(fr, key=lambda x: x[1])
+        parts.append(f"log: lowest per-rank share of decode batches on graphs {lo:.0%} (rank {r})")
+        srcs.append("log")
+        v = HOLDS if lo < 0.9 else NOT
+    if tr:
+        r, g, e, n = min(tr, key=lambda x: x[1] / max(1, x[1] + x[2]))
+        share = g / max(1, g + e)
+        parts.append(f"traces: {share:.0%} of GPU kernels from graph replays on rank {r} "
+                     f"({g} graph / {e} one by one, {n} graph launches)")
+        srcs.append("traces")
+        if not fr:
+            v = HOLDS if share < GRAPH_KERNEL_SHARE else NOT
+    return v, "; ".join(parts), f"sglang.json (observed: {', '.join(srcs)})"
+
+
 def verdicts(inp: Inputs, atts: list[Attribution], records: dict[str, Record]) -> list[Verdict]:
     att = max(atts, key=lambda a: a.concurrency)
     C = att.concurrency
@@ -55,23 +133,27 @@ def verdicts(inp: Inputs, atts: list[Attribution], records: dict[str, Record]) -
     # 2. herd / uneven split
     herd = _share(att, "slot_imbalance", "too_few_microbatches")
     sizes = [s for s in lb.admitted_sizes(inp, C) if s]
-    ev = "sglang.json (observed slots)" if "sglang" in records else \
-        f"{inp.src('max_micro_batch')[1]} (admission modelled, estimated)"
-    out.append(Verdict("thundering herd / uneven split", _by_share(herd),
-                       f"{herd:.0%} of the gap at C={C}; {len(sizes)} occupied slot(s) "
-                       f"{sizes} for {inp.pp} stages", ev))
+    sg = records.get("sglang")
+    obs = observed_slots(sg.data) if sg is not None else None
+    num = (f"{herd:.0%} of the gap at C={C}; modelled {len(sizes)} occupied slot(s) {sizes} "
+           f"for {inp.pp} stages")
+    v = _by_share(herd)
+    adm = f"{inp.src('max_micro_batch')[1]} (admission modelled, estimated)"
+    if obs is not None:
+        num += "; observed " + observed_slots_text(obs)
+        if obs["even"]:
+            v = NOT
+            num += " -- the server's slots are even, so the modelled burst admission does not apply"
+        ev = f"sglang.json (observed slots, log) + {adm}"
+    else:
+        ev = adm
+    out.append(Verdict("thundering herd / uneven split", v, num, ev))
     # 3. CUDA-graph fallback
-    gr, sg = records.get("graphs"), records.get("sglang")
+    gr = records.get("graphs")
     launch = _share(att, "launch_overhead")
-    if sg is not None:
-        fr = [r.get("cuda_graph_frac") for r in (sg.data.get("ranks") or {}).values()
-              if r.get("cuda_graph_frac") is not None]
-        lo = min(fr) if fr else None
-        out.append(Verdict("CUDA-graph fallback",
-                           UNKNOWN if lo is None else (HOLDS if lo < 0.9 else NOT),
-                           "no cuda graph field in the logs" if lo is None else
-                           f"lowest per-rank share of decode batches on graphs: {lo:.0%}",
-                           "sglang.json (observed)"))
+    gv = graph_evidence(sg.data) if sg is not None else None
+    if gv is not None:
+        out.append(Verdict("CUDA-graph fallback", gv[0], gv[1], gv[2]))
     elif gr is not None:
         out.append(Verdict("CUDA-graph fallback", _by_share(launch),
                            f"launch/padding = {launch:.0%} of the gap; graph max bs "
