@@ -11,8 +11,9 @@ so a herd (one slot full, the others empty: long gaps between forwards) is seen,
 
 How: the trace is read once (json, size-capped: the probe writes at most ~300 ms per point, about
 1-2 MB), one point is chosen (SGLang's admission at the largest concurrency not above the
-report's, else the largest), and its GPU forwards are kept for `rounds` visits of every slot
-starting at the first iteration after the last prefill (steady decode). Returns `Span`s (the
+report's, else the largest), and its GPU forwards are kept for `rounds` visits of every slot,
+starting one round after the last prefill (steady decode: a prefill still running on a later
+stage delays the first decodes). Returns `Span`s (the
 simulated timeline's type) with times from the window's first forward, so the same plot code
 draws both. Numbers here are measured by the probe; nothing is modelled.
 """
@@ -135,7 +136,9 @@ def _window(file: str, fwd: list[dict], point: str, slots: int | None, rounds: i
         return None
     slots = slots or 1 + max(int(e["args"].get("slot", 0)) for e in sel)
     pre = [e["args"]["it"] for e in sel if e["args"].get("kind") == "prefill"]
-    first = (max(pre) + 1) if pre else min(e["args"]["it"] for e in sel)
+    # steady decode: skip one full round after the last prefill (a long prefill on a later
+    # stage still delays the first decodes behind it)
+    first = (max(pre) + 1 + slots) if pre else min(e["args"]["it"] for e in sel)
     win = [e for e in sel if first <= e["args"]["it"] < first + rounds * slots]
     if not win:
         return None

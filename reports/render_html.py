@@ -2,10 +2,11 @@
 
 Built from the report dict (report.json is the truth) in the order of report.md: header with
 the measured/estimated split (and a banner when every figure is estimated), The answer,
-Throughput (table + tok/s vs concurrency plot), Verdicts (colour-coded), Where the time goes
+Throughput (table + tok/s vs concurrency plot), Verdicts (colour-coded), Your server (with
+sglang.json: observed tables and GPU busy over time), Where the time goes
 (one attribution table per concurrency, share bars), What-ifs (best first; no-gain rows folded),
 Model vs dispatch probe, Micro-batch count, per-stage cost vs roofline floor, the simulated
-timeline, the PP link map when topology.json exists, Inputs, Scenario assumptions.
+timeline and (with dispatch.trace.json) the measured one below it, the PP link map when topology.json exists, Inputs, Scenario assumptions.
 Plots use matplotlib's Agg backend, imported only here. Open the file in any browser.
 """
 from __future__ import annotations
@@ -16,9 +17,11 @@ import io
 from typing import Any
 
 from reports.pipeline_model import Span
-from reports.render_md import (DISPATCH_NOTE, Table, attribution_table, attribution_title,
-                               banner, dispatch_table, header_lines, inputs_table,
-                               micro_batch_table, throughput_table, verdict_table, whatif_table)
+from reports.render_md import (DISPATCH_NOTE, MEASURED_NOTE, Table, attribution_table,
+                               attribution_title, banner, dispatch_table, header_lines,
+                               inputs_table, measured_timeline_table, micro_batch_table,
+                               observed_line, server_bench_table, server_gpu_table, server_lines,
+                               server_log_table, throughput_table, verdict_table, whatif_table)
 
 CSS = """
 :root{--fg:#1f2328;--mute:#59636e;--line:#d1d9e0;--bg2:#f6f8fa;--acc:#0969da}
@@ -141,22 +144,64 @@ def plot_stage_cost(rep: dict[str, Any]) -> str:
     return _png(fig)
 
 
+def _bars(ax, spans, cmap, label_batch: bool, span_ms: float) -> None:
+    for s in spans:
+        x, w = s.start_us / 1e3, (s.end_us - s.start_us) / 1e3
+        ax.broken_barh([(x, w)], (s.rank - 0.4, 0.8), color=cmap(s.slot % 20),
+                       edgecolor="white", lw=0.3)
+        if label_batch and w > span_ms / 60:
+            ax.text(x + w / 2, s.rank, str(s.batch), ha="center", va="center", fontsize=7)
+    ax.set_ylabel("PP rank")
+    ax.set_yticks(sorted({s.rank for s in spans}))
+    ax.set_ylim(max(s.rank for s in spans) + 0.6, -0.6)
+    ax.grid(axis="y", visible=False)
+
+
 def plot_timeline(spans: tuple[Span, ...], window_ms: float | None = None) -> str:
     """Forwards per rank from the first one, cut at window_ms so a few periods stay legible."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(10, 0.35 * (1 + max(s.rank for s in spans)) + 1.0))
     t0 = min(s.start_us for s in spans)
+    spans = tuple(Span(s.rank, s.slot, s.batch, s.start_us - t0, s.end_us - t0) for s in spans)
     if window_ms:
-        spans = tuple(s for s in spans if (s.start_us - t0) / 1e3 < window_ms)
-    cmap = plt.get_cmap("tab20")
-    for s in spans:
-        ax.broken_barh([((s.start_us - t0) / 1e3, (s.end_us - s.start_us) / 1e3)],
-                       (s.rank - 0.4, 0.8), color=cmap(s.slot % 20), edgecolor="white", lw=0.3)
+        spans = tuple(s for s in spans if s.start_us / 1e3 < window_ms)
+    _bars(ax, spans, plt.get_cmap("tab20"), False, window_ms or 1.0)
     ax.set_xlabel("ms (simulated)")
-    ax.set_ylabel("PP rank")
-    ax.set_yticks(sorted({s.rank for s in spans}))
-    ax.invert_yaxis()
-    ax.grid(axis="y", visible=False)
+    return _png(fig)
+
+
+def plot_measured(timelines) -> str:
+    """The dispatch probe's GPU forwards (one panel per probe point, same time axis); colour =
+    slot, number = requests in the micro-batch."""
+    plt = _plt()
+    n_r = 1 + max(s.rank for t in timelines for s in t.spans)
+    fig, axes = plt.subplots(len(timelines), 1, sharex=True, squeeze=False,
+                             figsize=(10, len(timelines) * (0.35 * n_r + 0.8) + 0.4))
+    span_ms = max(t.window_ms for t in timelines)
+    cmap = plt.get_cmap("tab20")
+    for ax, t in zip(axes[:, 0], timelines):
+        _bars(ax, t.spans, cmap, True, span_ms)
+        ax.set_title(f"{t.point}: {t.rounds} rounds of {t.slots} slots", fontsize=9, loc="left")
+    axes[-1, 0].set_xlabel("ms (measured, from the window's first forward)")
+    fig.tight_layout()
+    return _png(fig)
+
+
+def plot_server_busy(srv: dict[str, Any]) -> str | None:
+    """Observed GPU busy fraction over the traced window, per PP rank (sglang.json traces)."""
+    bot = srv.get("busy_over_time") or {}
+    if not bot:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.5, 2.6))
+    for r, d in bot.items():
+        w = (d.get("bin_us") or 0.0) / 1e3
+        ys = [100 * v for v in d["busy_frac"]]
+        ax.step([i * w for i in range(len(ys))], ys, where="post", label=f"rank {r}")
+    ax.set_ylim(0, 105)
+    ax.set_xlabel("ms into the trace")
+    ax.set_ylabel("GPU busy % (observed)")
+    ax.legend(frameon=False, ncol=4, fontsize=8)
     return _png(fig)
 
 
@@ -195,10 +240,33 @@ def _fig(src: str, caption: str) -> str:
     return f'<figure><img alt="{_e(caption)}" src="{src}"><figcaption>{_e(caption)}</figcaption></figure>'
 
 
-def render_html(rep: dict[str, Any], spans: tuple[Span, ...] = ()) -> str:
+def server_html(rep: dict[str, Any]) -> list[str]:
+    srv = rep["server"]
+    o = ['<h2 id="server">Your server (observed, sglang.json)</h2>']
+    o += [f'<p class="meta">{_e(line)}</p>' for line in server_lines(rep)]
+    if any(r["trace_span_ms"] for r in srv["ranks"]):
+        o.append("<h3>GPU time per PP rank (traces) next to the model</h3>")
+        o.append(table_html(server_gpu_table(rep)))
+        img = plot_server_busy(srv)
+        if img:
+            o.append(_fig(img, "observed GPU busy % over the traced window, per PP rank "
+                               "(sglang.json traces)"))
+    if any(r["running_req"] is not None for r in srv["ranks"]):
+        o.append("<h3>Scheduler log per PP rank</h3>")
+        o.append(table_html(server_log_table(rep)))
+    if srv["bench"]:
+        o.append("<h3>bench_serving runs</h3>")
+        o.append(table_html(server_bench_table(rep)))
+    return o
+
+
+def render_html(rep: dict[str, Any], spans: tuple[Span, ...] = (), measured=()) -> str:
+    """`measured`: MeasuredTimeline tuple from reports.measured_timeline (may be empty)."""
     d = rep["deployment"]
-    toc = [("answer", "The answer"), ("throughput", "Throughput"), ("verdicts", "Verdicts"),
-           ("attribution", "Where the time goes"), ("whatifs", "What-ifs")]
+    toc = [("answer", "The answer"), ("throughput", "Throughput"), ("verdicts", "Verdicts")]
+    if rep.get("server"):
+        toc.append(("server", "Your server"))
+    toc += [("attribution", "Where the time goes"), ("whatifs", "What-ifs")]
     if rep.get("dispatch_validation"):
         toc.append(("dispatch", "Model vs probe"))
     toc += [("plots", "Stage cost & timeline"), ("inputs", "Inputs")]
@@ -218,9 +286,13 @@ def render_html(rep: dict[str, Any], spans: tuple[Span, ...] = ()) -> str:
     o.append(f'<div class="row"><div>{table_html(throughput_table(rep))}</div>'
              f'{_fig(plot_throughput(rep), "tok/s vs concurrency: ideal / modelled / observed")}'
              "</div>")
+    if rep.get("observed_source"):
+        o.append(f'<p class="meta">{_e(observed_line(rep))}</p>')
 
     o.append('<h2 id="verdicts">Verdicts on the hypotheses</h2>')
     o.append(table_html(verdict_table(rep)))
+    if rep.get("server"):
+        o += server_html(rep)
 
     o.append('<h2 id="attribution">Where the time goes</h2><p class="meta">Ideal -> modelled '
              "split over named causes by exact Shapley values (rows add up to the total); "
@@ -257,6 +329,12 @@ def render_html(rep: dict[str, Any], spans: tuple[Span, ...] = ()) -> str:
                       f"simulated PP loop at C={top['concurrency']}, first {win:.0f} ms (4 decode "
                       "steps): one bar per forward, colour = slot; full trace in "
                       "report.trace.json (open in Perfetto)"))
+    if measured:
+        o.append("<h3>Measured pipeline (dispatch probe)</h3>")
+        o.append(_fig(plot_measured(measured),
+                      "measured PP loop (dispatch.trace.json): GPU forwards per stage, colour = "
+                      "slot, number = requests in the micro-batch"))
+        o.append(table_html(measured_timeline_table(rep)) + f'<p class="meta">{_e(MEASURED_NOTE)}</p>')
     if rep.get("topology"):
         img = plot_links(rep["topology"])
         if img:

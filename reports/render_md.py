@@ -2,10 +2,11 @@
 
 Order (same in report.md and report.html): header (what is deployed, what is measured vs
 estimated, warnings), The answer, Throughput, Verdicts, Your server (sglang.json: observed, each
-column tagged with its source), Where the time goes (one attribution
-table per concurrency), What-ifs (best first), Model vs dispatch probe, Micro-batch count,
-Inputs, Scenario assumptions. Each table builder returns a `Table`: headers with units, rows as
-display strings, and which columns are numbers (right-aligned).
+column tagged with its source), Where the time goes (one attribution table per concurrency),
+What-ifs (best first), Model vs dispatch probe, Micro-batch count, Measured pipeline timeline
+(dispatch.trace.json; in HTML it sits with the simulated one), Inputs, Scenario assumptions.
+Each table builder returns a `Table`: headers with units, rows as display strings, and which
+columns are numbers (right-aligned).
 """
 from __future__ import annotations
 
@@ -216,6 +217,24 @@ def server_lines(rep: dict[str, Any]) -> list[str]:
     return out + [f"Note: {n}." for n in srv.get("notes") or []]
 
 
+def measured_timeline_table(rep: dict[str, Any]) -> Table:
+    tls = rep.get("measured_timeline") or []
+    ranks = sorted({r for t in tls for r in t["busy_frac_in_window"]}, key=int)
+    return Table(("probe point", "decode rounds", "slots", "forwards", "window ms")
+                 + tuple(f"rank {r} busy % in window" for r in ranks),
+                 tuple((t["point"], str(t["rounds"]), str(t["slots"]), str(t["forwards"]),
+                        _f(t["window_ms"]))
+                       + tuple(_f(None if t["busy_frac_in_window"].get(r) is None
+                                  else 100 * t["busy_frac_in_window"][r]) for r in ranks)
+                       for t in tls),
+                 (False,) + (True,) * (4 + len(ranks)))
+
+
+MEASURED_NOTE = ("Measured by the dispatch probe (dispatch.trace.json): GPU forwards per stage "
+                 "over a few visits of every slot, starting one round after the last prefill "
+                 "(steady decode); the full trace opens in ui.perfetto.dev.")
+
+
 def inputs_table(rep: dict[str, Any]) -> Table:
     return Table(("input", "value", "source", "evidence", "note"),
                  tuple((p["name"], fmt_value(p["value"]), p["source"], p["evidence"],
@@ -262,6 +281,9 @@ def render_md(rep: dict[str, Any]) -> str:
     if rep.get("dispatch_micro_batches"):
         out += ["## Micro-batch count (dispatch probe's configuration)", "",
                 md_table(micro_batch_table(rep)), ""]
+    if rep.get("measured_timeline"):
+        out += ["## Measured pipeline timeline (dispatch probe)", "",
+                md_table(measured_timeline_table(rep)), "", MEASURED_NOTE, ""]
     out += ["## Inputs", "", md_table(inputs_table(rep)), ""]
     if rep["assumptions"]:
         out += ["## Scenario assumptions", ""] + [f"- **{k}**: {v}"

@@ -6,7 +6,10 @@
     ppscope report --validate-dispatch results/dispatch.json
 
 Writes report.json (the truth), report.md, report.html (self-contained) and report.trace.json
-(simulated timeline for ui.perfetto.dev) to --out, and prints a compact summary: the answer,
+(simulated timeline for ui.perfetto.dev) to --out; when --results holds dispatch.trace.json
+(the dispatch probe's measured loop) a few decode rounds of it are plotted beside the simulated
+timeline, and sglang.json (your server's logs, traces, bench runs) fills a "Your server" section
+and, unless --observed/--bench are given, the observed tok/s; and prints a compact summary: the answer,
 throughput per concurrency, the top 3 what-ifs by gain, the attribution at the highest
 concurrency, the verdicts and (with dispatch.json) the model's worst miss against the probe.
 """
@@ -80,6 +83,7 @@ def handle(args: argparse.Namespace) -> int:
             observed, osrc = obs, "sglang.json (bench_serving)"
     inp = build_inputs(sc, records, warns, observed, osrc)
     rep = build_report(inp, records)
+    measured = measured_timelines(results, max(inp.concurrency), rep)
     Cmax = max(inp.concurrency)
     spans = lb.run(inp, Cmax, keep_spans=True).spans
     md = render_md(rep)
@@ -91,12 +95,31 @@ def handle(args: argparse.Namespace) -> int:
                       chrome_trace({C: lb.run(inp, C, keep_spans=True).spans
                                     for C in inp.concurrency}))
     from reports.render_html import render_html
-    (out / "report.html").write_text(render_html(rep, spans))
-    for w in inp.warnings:
+    (out / "report.html").write_text(render_html(rep, spans, measured))
+    for w in rep["warnings"]:
         print(f"warning: {w}", file=sys.stderr)
     print(terminal_summary(rep, results_label=str(results)))
     print(f"\nwrote {out}/report.{{json,md,html,trace.json}} in {time.monotonic() - t0:.1f} s")
     return 0
+
+
+def measured_timelines(results: Path, max_c: int, rep: dict[str, Any]) -> tuple:
+    """A few decode rounds of results/dispatch.trace.json (the dispatch probe's measured loop),
+    summarised into rep["measured_timeline"]; an unreadable trace is a warning, not an error."""
+    from reports.measured_timeline import read_dispatch_trace
+    path = results / "dispatch.trace.json"
+    if not path.exists():
+        return ()
+    try:
+        tls = read_dispatch_trace(path, max_c=max_c)
+    except ValueError as e:
+        rep["warnings"].append(f"{e}")
+        return ()
+    if tls:
+        rep["measured_timeline"] = [t.summary() for t in tls]
+    else:
+        rep["warnings"].append(f"{path.name}: no GPU forward events; measured timeline not shown")
+    return tls
 
 
 def terminal_summary(rep: dict[str, Any], width: int = 100, results_label: str = "results") -> str:
