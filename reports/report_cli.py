@@ -122,6 +122,26 @@ def measured_timelines(results: Path, max_c: int, rep: dict[str, Any]) -> tuple:
     return tls
 
 
+def server_line(rep: dict[str, Any]) -> str | None:
+    """One line on the user's server (sglang.json), every number observed with its source."""
+    srv = rep.get("server")
+    if not srv or not srv["ranks"]:
+        return None
+    rs = srv["ranks"]
+    parts = []
+    if any(r["busy_pct"] is not None for r in rs):
+        parts.append("GPU busy % per PP rank [traces] " + " ".join(
+            "-" if r["busy_pct"] is None else f"{r['busy_pct']:.0f}" for r in rs))
+    sz = [r["running_req"] for r in rs if r["running_req"] and r["running_req"]["max"] is not None]
+    if sz:
+        parts.append("slot size median/max [log] " + " ".join(
+            f"{x['median']:g}/{x['max']:g}" for x in sz))
+    cg = [r["cuda_graph_frac"] for r in rs if r["cuda_graph_frac"] is not None]
+    if cg:
+        parts.append("decode on CUDA graph [log] " + " ".join(f"{x:.0%}" for x in cg))
+    return ("your server (sglang.json, observed): " + "; ".join(parts)) if parts else None
+
+
 def terminal_summary(rep: dict[str, Any], width: int = 100, results_label: str = "results") -> str:
     """The report in about 40 lines: answer, throughput, top 3 what-ifs (best row of each of
     the three best knobs), attribution at the highest C (zero rows left out), verdicts grouped."""
@@ -146,6 +166,9 @@ def terminal_summary(rep: dict[str, Any], width: int = 100, results_label: str =
          for c in rep["concurrency"]],
         headers=["C", "ideal tok/s", "modelled tok/s", "observed tok/s", "modelled TPOT ms",
                  "occupied slots"]))
+    srv = server_line(rep)
+    if srv:
+        out += textwrap.wrap(srv, width, subsequent_indent="  ")
     out.append("")
     top, seen = [], set()
     for w in rep["what_ifs"]:  # best first; one row per knob so the three differ

@@ -16,6 +16,7 @@ import pytest
 from reports.cli import main
 from reports.measured_timeline import choose_point, read_dispatch_trace
 from reports.records import read_record, write_record
+from reports.report_cli import server_line
 from reports.scenario import observed_from_sglang
 from reports.verdicts import EVEN_CV, graph_evidence, observed_slots
 from tests.test_report import SCHEMA, validate
@@ -180,6 +181,9 @@ def test_server_section_numbers(tmp_path, fixtures):
         md.index("## Where the time goes")
     assert "|         0 |              76.7 |" in md
     assert "0 / 0 / 8" in md and "[traces] = tests/fixtures/traces/recorded" in md
+    assert server_line(rep) == ("your server (sglang.json, observed): GPU busy % per PP rank "
+                                "[traces] 77 83; slot size median/max [log] 0/8 0/8; decode on "
+                                "CUDA graph [log] 75% 100%")
 
 
 # -- 4. measured timeline ------------------------------------------------------------------------
