@@ -78,3 +78,65 @@ def test_measured_bandwidth_overrides_spec():
     a = layer_floor(m, "moe", 1, g, context_len=0, mem_bw_gbps=896)
     b = layer_floor(m, "moe", 1, g, context_len=0)
     assert a.floor_us == pytest.approx(2 * b.floor_us)
+
+
+# ---- routing skew: exact inclusion vs Monte-Carlo, stage spread ----
+
+def test_zipf_inclusion_exact_against_token_draws():
+    # Plackett-Luce inclusion: the numerical integral vs 200k routed tokens (seeded)
+    from reports.roofline import route_tokens
+    picks = route_tokens(np.random.default_rng(7), 16, 3, 1.0, 200_000)
+    assert (np.sort(picks, axis=1)[:, 1:] != np.sort(picks, axis=1)[:, :-1]).all()  # distinct
+    freq = np.bincount(picks.ravel(), minlength=16) / 200_000
+    q = zipf_inclusion(16, 3, 1.0)
+    assert q.sum() == pytest.approx(3.0, abs=1e-8)
+    sem = np.sqrt(q * (1 - q) / 200_000)
+    assert np.all(np.abs(freq - q) < 4 * sem + 1e-12)
+    assert zipf_inclusion(384, 8, 0.0) == pytest.approx(np.full(384, 8 / 384))
+    # the old capped approximation min(1, k p_e) gave 41.38 here; token draws give ~44.1
+    assert expected_distinct_experts(384, 8, 8, zipf_s=1.0) == pytest.approx(44.10963, abs=1e-4)
+
+
+@pytest.mark.parametrize("s", [0.0, 1.0])
+def test_skew_spread_mean_matches_formula(s):
+    from reports.roofline import skew_spread
+    m = load_model("kimi-k2")
+    r = skew_spread(m, pp_partition(61, 8), (1, 8, 32), s, draws=50, seed=0)
+    for b, x in r.items():
+        # pool of 1024 routed layers: the MC mean is within 4 standard errors of the formula
+        assert abs(x.distinct_mean - x.distinct_expected) <= 4 * x.distinct_sem + 1e-9
+        assert x.distinct_expected == pytest.approx(expected_distinct_experts(384, 8, b, s))
+    assert r[1].distinct_mean == 8.0 and r[1].distinct_sem == 0.0
+
+
+def test_skew_spread_seeded_numbers():
+    from reports.roofline import moe_fixed_bytes, skew_spread
+    m = load_model("kimi-k2")
+    stages = pp_partition(61, 8)
+    r = skew_spread(m, stages, (8, 32), 1.0, draws=100, seed=0)
+    x = r[32]
+    assert x.distinct_mean == pytest.approx(117.4345703125)  # seed 0, 1024 layers of 32 tokens
+    assert x.moe_bytes_per_token == pytest.approx(
+        (moe_fixed_bytes(m) + x.distinct_mean * routed_expert_bytes(m)) / 32)
+    # s = 0: mean stage bytes = stage_floor's (uniform) bytes up to MC noise; spread is the split
+    u = skew_spread(m, stages, 32, 0.0, draws=100, seed=0)[32]
+    g = load_gpu("rtx-pro-6000")
+    ref = [stage_floor(m, st, 32, g) for st in stages]
+    ref_b = [f.weight_bytes + f.kv_bytes for f in ref]
+    assert np.allclose(u.stage_bytes_mean, ref_b, rtol=2e-3)
+    assert u.max_over_mean_of_means == pytest.approx(max(ref_b) / np.mean(ref_b), rel=1e-3)
+    # lm_head keeps the last stage slowest in every draw: per-layer noise costs nothing here
+    assert u.slowest_stage_loss == pytest.approx(0.0, abs=1e-9)
+    assert x.slowest_stage_loss == pytest.approx(0.0, abs=1e-9)
+    assert all(p10 <= mu <= p90 for p10, mu, p90 in
+               zip(x.stage_bytes_p10, x.stage_bytes_mean, x.stage_bytes_p90))
+    # skew reads fewer bytes in every stage
+    assert all(a < b for a, b in zip(x.stage_bytes_mean, u.stage_bytes_mean))
+
+
+def test_skew_spread_rejects_bad_input():
+    from reports.roofline import skew_spread
+    with pytest.raises(ValueError):
+        skew_spread(load_model("kimi-k2"), pp_partition(61, 8), 0, 1.0)
+    with pytest.raises(ValueError):
+        skew_spread(load_model("llama-3-70b"), pp_partition(80, 8), 8, 1.0)
