@@ -123,8 +123,8 @@ def test_skew_spread_seeded_numbers():
     g = load_gpu("rtx-pro-6000")
     ref = [stage_floor(m, st, 32, g) for st in stages]
     ref_b = [f.weight_bytes + f.kv_bytes for f in ref]
-    assert np.allclose(u.stage_bytes_mean, ref_b, rtol=2e-3)
-    assert u.max_over_mean_of_means == pytest.approx(max(ref_b) / np.mean(ref_b), rel=1e-3)
+    assert np.allclose(u.stage_bytes_mean, ref_b, rtol=5e-3)  # 100 draws of 7-8 layers
+    assert u.max_over_mean_of_means == pytest.approx(max(ref_b) / np.mean(ref_b), rel=5e-3)
     # lm_head keeps the last stage slowest in every draw: per-layer noise costs nothing here
     assert u.slowest_stage_loss == pytest.approx(0.0, abs=1e-9)
     assert x.slowest_stage_loss == pytest.approx(0.0, abs=1e-9)
