@@ -143,6 +143,37 @@ def plan_stages(m: ModelConfig, gpu: GpuSpec, cfg: StageCostConfig) -> list[dict
     return out
 
 
+ROUTING_ZIPF = (0.0, 0.5, 1.0, 1.5)
+
+
+def routing_plan(m: ModelConfig, cfg: StageCostConfig, draws: int = 200, seed: int = 0
+                 ) -> dict[str, Any] | None:
+    """Routing skew under PP (roofline Monte-Carlo, `reports.roofline.skew_spread`): for each
+    Zipf exponent and batch, distinct experts per MoE layer (exact formula and Monte-Carlo),
+    MoE bytes per token per layer, and the stage bytes spread max/mean (mean over draws) next
+    to the spread of the mean bytes (the layer split alone). None for a dense model."""
+    from reports.roofline import skew_spread
+
+    if not m.is_moe:
+        return None
+    stages = pp_partition(m.num_layers, cfg.pp, cfg.partition)
+    by_s = {}
+    for s in ROUTING_ZIPF:
+        r = skew_spread(m, stages, cfg.batches, s, draws=draws, seed=seed,
+                        context_len=cfg.context_len)
+        by_s[f"{s:g}"] = {str(b): {
+            "distinct_experts": x.distinct_expected, "distinct_experts_mc": x.distinct_mean,
+            "moe_bytes_per_token": x.moe_bytes_per_token,
+            "stage_bytes_mean": list(x.stage_bytes_mean),
+            "stage_bytes_p10": list(x.stage_bytes_p10),
+            "stage_bytes_p90": list(x.stage_bytes_p90),
+            "stage_spread_max_over_mean": x.max_over_mean,
+            "stage_spread_of_means": x.max_over_mean_of_means,
+            "slowest_stage_loss": x.slowest_stage_loss} for b, x in r.items()}
+    return {"source": "estimated (roofline Monte-Carlo)", "draws": draws, "seed": seed,
+            "experts": m.n_routed_experts, "top_k": m.top_k, "by_zipf": by_s}
+
+
 def _counts(m: ModelConfig, st: dict) -> dict[str, int]:
     layers = range(st["first_layer"], st["first_layer"] + st["num_layers"])
     n_moe = sum(1 for i in layers if m.layer_is_moe(i))
@@ -200,9 +231,10 @@ def run(cfg: StageCostConfig, progress=None) -> Record:
                                                        for s in stages)
                         / (sum(s["by_batch"][str(b)]["floor_us"] for s in stages) / len(stages))}
                for b in cfg.batches}
-        rec = make_record(PROBE, _data(cfg, m, None, gpu, stages, {}, None,
-                                       ["plan: roofline floors only, nothing measured"], imb),
-                          argv=list(cfg.argv))
+        data = _data(cfg, m, None, gpu, stages, {}, None,
+                     ["plan: roofline floors only, nothing measured"], imb)
+        data["routing"] = routing_plan(m, cfg)
+        rec = make_record(PROBE, data, argv=list(cfg.argv))
         if cfg.out:
             write_record(rec, cfg.out)
         return rec
