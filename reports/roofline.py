@@ -255,7 +255,7 @@ class SkewSpread:
     distinct_mean: float              # Monte-Carlo mean distinct experts per MoE layer
     distinct_expected: float          # expected_distinct_experts (exact formula)
     distinct_sem: float               # standard error of distinct_mean (pool of layers)
-    moe_bytes_per_token: float        # routed + shared + router bytes per token per MoE layer
+    moe_bytes_per_token: float        # router + shared + expected routed bytes / token / MoE layer
     stage_bytes_mean: tuple[float, ...]
     stage_bytes_p10: tuple[float, ...]
     stage_bytes_p90: tuple[float, ...]
@@ -341,7 +341,8 @@ def skew_spread(model: ModelConfig, stages, batch, zipf_s: float, draws: int = 2
             batch=b, zipf_s=float(zipf_s), draws=draws, distinct_mean=float(d.mean()),
             distinct_expected=expected_distinct_experts(E, k, b, zipf_s),
             distinct_sem=float(d.std(ddof=1) / np.sqrt(pool)),
-            moe_bytes_per_token=float((moe_fixed_bytes(model) + d.mean() * reb) / b),
+            moe_bytes_per_token=(moe_fixed_bytes(model)
+                                 + expected_distinct_experts(E, k, b, zipf_s) * reb) / b,
             stage_bytes_mean=tuple(mean.tolist()),
             stage_bytes_p10=tuple(np.percentile(sb, 10, axis=0).tolist()),
             stage_bytes_p90=tuple(np.percentile(sb, 90, axis=0).tolist()),

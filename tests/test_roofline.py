@@ -117,7 +117,7 @@ def test_skew_spread_seeded_numbers():
     x = r[32]
     assert x.distinct_mean == pytest.approx(117.4345703125)  # seed 0, 1024 layers of 32 tokens
     assert x.moe_bytes_per_token == pytest.approx(
-        (moe_fixed_bytes(m) + x.distinct_mean * routed_expert_bytes(m)) / 32)
+        (moe_fixed_bytes(m) + x.distinct_expected * routed_expert_bytes(m)) / 32)
     # s = 0: mean stage bytes = stage_floor's (uniform) bytes up to MC noise; spread is the split
     u = skew_spread(m, stages, 32, 0.0, draws=100, seed=0)[32]
     g = load_gpu("rtx-pro-6000")
