@@ -64,7 +64,7 @@ $(TEST_STAMP): $(TORCH_STAMP)
 	@touch $@
 
 report: $(CORE_STAMP)
-	$(PPSCOPE) report --results $(RESULTS) $(ARGS)
+	$(PPSCOPE) report $(ARGS)
 
 test: $(TEST_STAMP)
 	$(VPY) -m pytest -q tests
