@@ -52,14 +52,9 @@ import sys
 import time
 from pathlib import Path
 
+from microbench.graphs import sglang_capture_sizes  # SGLang's decode capture sizes
 from reports.records import write_json_atomic
 from reports.slots import SlotConfig, admit
-
-# SGLang's decode capture sizes (FACTS.md, "CUDA graphs under PP").
-def sglang_capture_sizes(max_bs: int) -> list[int]:
-    sizes = [1, 2, 4, 8, 12] + list(range(16, 257, 8)) + list(range(272, 512, 16)) \
-        + list(range(512, max_bs + 1, 32))
-    return sorted(s for s in set(sizes) if s <= max_bs)
 
 
 def padded_size(b: int, sizes: list[int]) -> int | None:
@@ -99,7 +94,7 @@ def interp_cost(pts: list[tuple[int, float]], b: float) -> float:
     """Linear interpolation in batch size; constant below the first point, linear
     extrapolation (last segment's slope) above the last."""
     if b <= pts[0][0] or len(pts) == 1:
-        return pts[0][1] if b <= pts[0][0] else pts[0][1]
+        return pts[0][1]
     for (b0, c0), (b1, c1) in zip(pts, pts[1:]):
         if b <= b1:
             return c0 + (c1 - c0) * (b - b0) / (b1 - b0)
