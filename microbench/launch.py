@@ -4,10 +4,13 @@ The dispatch probe and the topology hop both run one process per GPU under
 `python -m torch.distributed.run` (never a home-made launcher). This module builds that command
 and runs it in its own process group, so a timeout or Ctrl-C ends every rank: a hung NCCL call
 can cost the user the timeout, never their terminal.
+It also holds the one copy of SGLang's pickled-object message (`send_pyobj` / `recv_pyobj`),
+which both probes' ranks send over their gloo group.
 """
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -60,3 +63,24 @@ def run_group(cmd: Sequence[str], env: dict[str, str], timeout_s: float,
     except BaseException:
         _stop(proc, signal.SIGINT, grace_s)
         raise
+
+
+def send_pyobj(dist, obj, dst: int, group) -> None:
+    """SGLang's point_to_point_pyobj: the pickled size as a long tensor, then the bytes, over
+    `group` (gloo). Ranks call it; torch is imported here so CLI imports stay torch-free."""
+    import torch
+
+    data = pickle.dumps(obj)
+    dist.send(torch.tensor([len(data)], dtype=torch.long), dst=dst, group=group)
+    dist.send(torch.frombuffer(bytearray(data), dtype=torch.uint8), dst=dst, group=group)
+
+
+def recv_pyobj(dist, src: int, group):
+    """The receiving side of `send_pyobj`."""
+    import torch
+
+    size = torch.empty(1, dtype=torch.long)
+    dist.recv(size, src=src, group=group)
+    buf = torch.empty(int(size.item()), dtype=torch.uint8)
+    dist.recv(buf, src=src, group=group)
+    return pickle.loads(buf.numpy().tobytes())

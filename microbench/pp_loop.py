@@ -45,7 +45,6 @@ import gzip
 import json
 import math
 import os
-import pickle
 import random
 import shutil
 import sys
@@ -53,6 +52,7 @@ import time
 from pathlib import Path
 
 from microbench.graphs import sglang_capture_sizes  # SGLang's decode capture sizes
+from microbench.launch import recv_pyobj, send_pyobj
 from reports.records import write_json_atomic
 from reports.slots import SlotConfig, admit
 
@@ -327,21 +327,6 @@ def capture_graphs(torch, fwd, sizes: list[int], H: int, dev):
 # ---------------------------------------------------------------------------------------------
 # The loop.
 
-def _send_obj(torch, dist, obj, dst, group):
-    """SGLang's point_to_point_pyobj: pickled bytes over gloo, size first."""
-    data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
-    dist.send(torch.tensor([data.numel()], dtype=torch.long), dst=dst, group=group)
-    dist.send(data, dst=dst, group=group)
-
-
-def _recv_obj(torch, dist, src, group):
-    size = torch.empty(1, dtype=torch.long)
-    dist.recv(size, src=src, group=group)
-    data = torch.empty(int(size.item()), dtype=torch.uint8)
-    dist.recv(data, src=src, group=group)
-    return pickle.loads(data.numpy().tobytes())
-
-
 def run_point(torch, dist, ctx: dict, point: dict) -> dict:
     """One (policy, arrival, concurrency) point; returns this rank's raw columns."""
     cfg, rank, pp = ctx["cfg"], ctx["rank"], ctx["pp"]
@@ -435,14 +420,14 @@ def run_point(torch, dist, ctx: dict, point: dict) -> dict:
         else:
             tw = time.perf_counter()
             with rf("recv_requests"):
-                meta = _recv_obj(torch, dist, rank - 1, gloo)
+                meta = recv_pyobj(dist, rank - 1, gloo)
             wait_us = (time.perf_counter() - tw) * 1e6
             stop, kind, n, rows, measure = (meta["stop"], meta["kind"], meta["n"],
                                             meta["rows"], meta["measure"])
             assert meta["it"] == it and meta["slot"] == s, "ranks out of step"
         if rank < last:
             with rf("send_reqs_to_next_stage"):
-                _send_obj(torch, dist, meta, rank + 1, gloo)
+                send_pyobj(dist, meta, rank + 1, gloo)
         if stop:
             break
         # ---- 2. forward of this slot's micro-batch

@@ -41,3 +41,27 @@ def test_run_group_kills_the_whole_group_on_timeout(tmp_path):
     assert time.monotonic() - t0 < 10
     time.sleep(2.5)
     assert not marker.exists(), "the grandchild survived the timeout"
+
+
+def test_pyobj_round_trip_size_then_bytes():
+    """send_pyobj/recv_pyobj through a fake point-to-point channel: two messages (a long size,
+    then uint8 bytes), the object comes back equal."""
+    torch = pytest.importorskip("torch")
+    from microbench.launch import recv_pyobj, send_pyobj
+
+    class Wire:
+        def __init__(self):
+            self.sent = []
+
+        def send(self, t, dst, group):
+            self.sent.append(t.clone())
+
+        def recv(self, t, src, group):
+            t.copy_(self.sent.pop(0))
+
+    meta = [("t0", ("cuda", "torch.bfloat16", (8, 7168))), ("t1", None)]
+    wire = Wire()
+    send_pyobj(wire, meta, 1, None)
+    assert [t.dtype for t in wire.sent] == [torch.long, torch.uint8]
+    assert int(wire.sent[0]) == wire.sent[1].numel()
+    assert recv_pyobj(wire, 0, None) == meta and wire.sent == []

@@ -42,6 +42,7 @@ import pickle
 import sys
 import time
 
+from microbench.launch import recv_pyobj, send_pyobj
 from microbench.timing import host_bench, summarize
 from reports.records import write_json_atomic
 from topology.links import pipeline_pairs
@@ -65,25 +66,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gpus", default=None,
                    help="physical GPU index of each rank, for the record (default: rank)")
     return p.parse_args(argv)
-
-
-def _send_obj(dist, obj, dst: int, group) -> None:
-    """SGLang's send_object: a size tensor, then the pickled bytes, over the gloo group."""
-    import torch
-
-    data = pickle.dumps(obj)
-    dist.send(torch.tensor([len(data)], dtype=torch.long), dst=dst, group=group)
-    dist.send(torch.frombuffer(bytearray(data), dtype=torch.uint8), dst=dst, group=group)
-
-
-def _recv_obj(dist, src: int, group):
-    import torch
-
-    size = torch.empty(1, dtype=torch.long)
-    dist.recv(size, src=src, group=group)
-    buf = torch.empty(int(size.item()), dtype=torch.uint8)
-    dist.recv(buf, src=src, group=group)
-    return pickle.loads(buf.numpy().tobytes())
 
 
 ALL_SIZES = tuple(8 << k for k in range(25))   # 8 B .. 128 MiB, x2: sendrecv_perf -b 8 -e 128M
@@ -246,12 +228,12 @@ def measure_pair(dist, gloo, rank: int, src: int, dst: int, batch: int, args,
 
     # 4. SGLang-style: gloo metadata, then isend/irecv + work.wait() per tensor
     def sg_send(tensors):
-        _send_obj(dist, meta, peer, gloo)
+        send_pyobj(dist, meta, peer, gloo)
         for w in [dist.isend(t, peer) for t in tensors]:
             w.wait()
 
     def sg_recv():
-        got = _recv_obj(dist, peer, gloo)
+        got = recv_pyobj(dist, peer, gloo)
         out = []
         for _name, (_dev, _dtype, shape) in got:
             t = torch.empty(shape, dtype=torch.bfloat16, device=device)
@@ -261,11 +243,11 @@ def measure_pair(dist, gloo, rank: int, src: int, dst: int, batch: int, args,
 
     def meta_only():
         if rank == src:
-            _send_obj(dist, meta, peer, gloo)
-            _recv_obj(dist, peer, gloo)
+            send_pyobj(dist, meta, peer, gloo)
+            recv_pyobj(dist, peer, gloo)
         else:
-            _recv_obj(dist, peer, gloo)
-            _send_obj(dist, meta, peer, gloo)
+            recv_pyobj(dist, peer, gloo)
+            send_pyobj(dist, meta, peer, gloo)
 
     one = torch.zeros(1, dtype=torch.long)
 
