@@ -16,6 +16,9 @@ from reports.model_config import ConfigError
 from reports.paths import CONFIGS
 
 DEFAULT_GPU = "rtx-pro-6000"
+# PCIe GB/s per lane per direction by generation (PCI-SIG: 8/16/32 GT/s with 128b/130b
+# encoding; Gen6 64 GT/s PAM4 with FLIT encoding).
+PCIE_GBPS_PER_LANE = {3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
 
 
 @dataclass(frozen=True)
@@ -35,10 +38,14 @@ class GpuSpec:
 
     @property
     def pcie_gbps(self) -> float:
-        """Theoretical PCIe bandwidth per direction, GB/s (Gen3 8 GT/s, doubling per gen,
-        128b/130b encoding): Gen5 x16 = 63.0."""
-        gts = 8.0 * 2 ** (self.pcie_gen - 3)
-        return gts * self.pcie_lanes * (128 / 130) / 8
+        """Theoretical PCIe bandwidth per direction, GB/s: Gen5 x16 = 63.0."""
+        return PCIE_GBPS_PER_LANE[self.pcie_gen] * self.pcie_lanes
+
+    @property
+    def link_gbps(self) -> float:
+        """GPU-to-GPU link bandwidth per direction, GB/s: NVLink where the GPU has it, else
+        PCIe."""
+        return self.nvlink_gbps if self.nvlink and self.nvlink_gbps else self.pcie_gbps
 
 
 def gpu_names() -> list[str]:
@@ -60,13 +67,17 @@ def _parse(raw: dict, source: str) -> GpuSpec:
         raise ConfigError(f"{source}: field 'nvlink' must be true or false")
     if not raw.get("source"):
         raise ConfigError(f"{source}: field 'source' is missing (name the datasheet)")
-    return GpuSpec(name=str(raw.get("name") or Path(source).stem),
+    spec = GpuSpec(name=str(raw.get("name") or Path(source).stem),
                    mem_bw_gbps=num("mem_bw_gbps"), bf16_tflops=num("bf16_tflops"),
                    mem_gb=num("mem_gb"), pcie_gen=num("pcie_gen", int),
                    pcie_lanes=num("pcie_lanes", int), nvlink=raw["nvlink"],
                    nvlink_gbps=num("nvlink_gbps", float, optional=True), sm=raw.get("sm"),
                    full_name=str(raw.get("full_name", "")),
                    nvml_match=tuple(raw.get("nvml_match") or ()), source=str(raw["source"]))
+    if spec.pcie_gen not in PCIE_GBPS_PER_LANE:
+        raise ConfigError(f"{source}: field 'pcie_gen' must be one of "
+                          f"{', '.join(map(str, PCIE_GBPS_PER_LANE))}, got {spec.pcie_gen}")
+    return spec
 
 
 def load_gpu(name: str | Path = DEFAULT_GPU) -> GpuSpec:

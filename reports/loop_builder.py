@@ -22,7 +22,7 @@ from functools import lru_cache
 from reports.partition import pp_partition
 from reports.pipeline_model import LoopConfig, SimResult, simulate
 from reports.roofline import stage_floor
-from reports.scenario import PCIE_GBPS_PER_LANE, Inputs, interp_log
+from reports.scenario import Inputs, interp_log
 from reports.slots import SlotConfig, even_slots, initial_assignment, slot_sizes_of
 
 SWITCHES = ("stage_imbalance", "kernel_efficiency", "launch_overhead", "p2p_hops",
@@ -76,11 +76,8 @@ def stage_cost_us(inp: Inputs, on: frozenset, b: int, partition: str | None = No
 def hop_us(inp: Inputs, b: int) -> float:
     if inp.hop_curve:
         return interp_log(inp.hop_curve, b)
-    bw = PCIE_GBPS_PER_LANE.get(inp.gpu.pcie_gen, 3.938) * inp.gpu.pcie_lanes
-    if inp.gpu.nvlink and inp.gpu.nvlink_gbps:
-        bw = inp.gpu.nvlink_gbps
     nbytes = b * 4 * inp.model.hidden  # hidden states + residual, bf16
-    return inp.hop_fixed_us + nbytes / (bw * 1e9) * 1e6
+    return inp.hop_fixed_us + nbytes / (inp.gpu.link_gbps * 1e9) * 1e6
 
 
 def _split_largest(sizes: list[int], m: int) -> list[int]:

@@ -31,8 +31,6 @@ from reports.records import SCHEMA_VERSION, Record, RecordError, read_record
 from reports.slots import default_max_micro_batch
 
 PROBES = ("topology", "stage_cost", "graphs", "dispatch", "sglang")
-# PCIe GB/s per lane per direction by generation (PCI-SIG: 8/16/32 GT/s with 128b/130b).
-PCIE_GBPS_PER_LANE = {3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from reports import loop_builder as lb
 from reports.partition import layer_counts
-from reports.scenario import PCIE_GBPS_PER_LANE, Inputs
+from reports.scenario import Inputs
 
 # Stated estimate when no NCCL transport was measured: fixed cost of one ring step (one
 # NCCL send/recv of a small message between neighbours; ~6.7 us measured on H200 NVLink by
@@ -156,9 +156,7 @@ def allreduce_us(inp: Inputs, C: int, points: Sequence[tuple[float, float]] | No
         step = transport_us(points, chunk)
         how = "measured NCCL transport per step, topology.json"
     else:
-        bw = PCIE_GBPS_PER_LANE.get(inp.gpu.pcie_gen, 3.938) * inp.gpu.pcie_lanes
-        if inp.gpu.nvlink and inp.gpu.nvlink_gbps:
-            bw = inp.gpu.nvlink_gbps
+        bw = inp.gpu.link_gbps
         step = RING_STEP_LATENCY_US + chunk / (bw * 1e9) * 1e6
         how = f"estimated {RING_STEP_LATENCY_US:g} us + bytes/{bw:.0f} GB/s per step"
     return 2 * (p - 1) * step, f"{2 * (p - 1)} steps of {chunk:.0f} B, {how}"

@@ -91,3 +91,14 @@ def test_bad_gpu_file_names_field(tmp_path):
     p.write_text(json.dumps({"name": "x", "mem_bw_gbps": -1, "nvlink": False, "source": "s"}))
     with pytest.raises(ConfigError, match="x.json: field 'mem_bw_gbps'"):
         load_gpu(str(p))
+
+
+def test_gpu_link_bandwidth_and_pcie_gen(tmp_path):
+    assert load_gpu("rtx-pro-6000").link_gbps == load_gpu("rtx-pro-6000").pcie_gbps
+    assert round(load_gpu("l40s").pcie_gbps, 2) == 31.5  # Gen4 x16
+    assert load_gpu("h200").link_gbps == 900  # NVLink wins over PCIe
+    p = tmp_path / "g.json"
+    p.write_text(json.dumps({"mem_bw_gbps": 1, "bf16_tflops": 1, "mem_gb": 1, "pcie_gen": 7,
+                             "pcie_lanes": 16, "nvlink": False, "source": "s"}))
+    with pytest.raises(ConfigError, match="g.json: field 'pcie_gen' must be one of 3, 4, 5, 6"):
+        load_gpu(str(p))
