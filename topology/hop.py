@@ -134,8 +134,8 @@ def timed_exchange(dist, sends, recvs, peer_send: int, peer_recv: int, warmup: i
     return summarize([s.elapsed_time(e) * 1e3 / iters for s, e in ev])
 
 
-def transport_sweep(dist, gloo, rank: int, world: int, sizes: list[int], args, device,
-                    on_size=None) -> list[dict]:
+def transport_sweep(dist, gloo, rank: int, world: int, sizes: list[int], args,
+                    device) -> list[dict]:
     """nccl-tests sendrecv_perf on all ranks: rank r sends to r+1 and receives from r-1 (mod
     world). Data checked first; the reported time is the slowest rank's median."""
     import torch
@@ -159,8 +159,6 @@ def transport_sweep(dist, gloo, rank: int, world: int, sizes: list[int], args, d
                     "nccl_busbw_gbps": nbytes / slow[1] / 1e3,  # SendRecv: busbw = algbw
                     "per_rank_us": [b[1] for b in box]})
         del send, recv
-        if on_size:
-            on_size(out)
     return out
 
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+from topology.links import pair_key
+
 LINK_ORDER = ("NV", "C2C", "PIX", "PXB", "PHB", "NODE", "SYS", "SOC")
 
 
@@ -31,7 +33,7 @@ def link_table(data: dict) -> str:
     for i in idx:
         row = [f"GPU{i}"]
         for j in idx:
-            row.append("X" if i == j else links.get(f"{min(i, j)}-{max(i, j)}", "?"))
+            row.append("X" if i == j else links.get(pair_key(i, j), "?"))
         g = gpus[i]
         row += [_cell(g.get("numa_node"), "{}"), g.get("cpu_affinity") or "-"]
         rows.append(row)

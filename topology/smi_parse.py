@@ -79,7 +79,7 @@ def parse_topo_matrix(text: str) -> SmiTopo:
         if toks and toks[0] == "GPU0":
             header_at = n
             break
-        if toks and GPU_RE.match(toks[0]) and not header_at:
+        if toks and GPU_RE.match(toks[0]):
             raise TopoParseError(f"line {n + 1}: GPU row before the header line")
     if header_at is None:
         first = next((i for i, ln in enumerate(lines) if ln.strip()), None)
@@ -102,7 +102,7 @@ def parse_topo_matrix(text: str) -> SmiTopo:
         toks = lines[n].split()
         if not toks:
             continue
-        if toks[0].rstrip(":") in ("Legend", "NIC") or toks[0] == "Legend:":
+        if toks[0].rstrip(":") in ("Legend", "NIC"):
             break  # the legend blocks end the matrix
         m = GPU_RE.match(toks[0])
         if not m:

@@ -42,7 +42,7 @@ def register(subparsers) -> None:
     p.add_argument("--gpus", default=None,
                    help="comma-separated GPU indices in pipeline order (overrides --pp)")
     p.add_argument("--hidden", type=int, default=None,
-                   help="hidden size of the hop message (default: the model's, else 7168)")
+                   help="hidden size of the hop message (default: the --model's)")
     p.add_argument("--model", default="kimi-k2",
                    help="model preset or config.json for the hidden size (default kimi-k2)")
     p.add_argument("--tensors", type=int, default=2,
@@ -72,15 +72,13 @@ def _parse_gpus(s: str | None) -> tuple[int, ...] | None:
 
 
 def hidden_size(model: str | None, hidden: int | None) -> int:
-    """--hidden wins; else the model preset's hidden size; else Kimi K2's 7168."""
+    """--hidden wins, else the --model preset's (or config.json's) hidden size."""
     if hidden is not None:
         if hidden <= 0:
             raise CliError(f"--hidden must be positive, got {hidden}")
         return hidden
-    try:
-        from reports.model_config import load_model
-    except ImportError:
-        return 7168
+    from reports.model_config import load_model
+
     try:
         return int(load_model(model).hidden)
     except Exception as e:  # noqa: BLE001 - a bad --model is the user's to fix
