@@ -92,15 +92,11 @@ def visible_gpus() -> int:
     vis = os.environ.get("CUDA_VISIBLE_DEVICES")
     if vis is not None:
         return len([v for v in vis.split(",") if v.strip() and v.strip() != "-1"])
-    try:
-        import pynvml
-        pynvml.nvmlInit()
-        try:
-            return int(pynvml.nvmlDeviceGetCount())
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:
-        pass
+    from topology.discover import gpu_count
+
+    n = gpu_count()  # 0 also when NVML is missing: then ask nvidia-smi
+    if n:
+        return n
     if shutil.which("nvidia-smi"):
         try:
             out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
