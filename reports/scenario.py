@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +71,6 @@ class Inputs:
     warnings: tuple[str, ...] = ()
     records: tuple[str, ...] = ()                     # record files used
     assumptions: tuple[tuple[str, str], ...] = ()
-    source_of: tuple[tuple[str, str], ...] = field(default=())  # input -> measured/estimated
 
     @property
     def all_estimated(self) -> bool:
@@ -155,15 +154,6 @@ def _gpu_note(rec: Record, gpu: GpuSpec) -> str | None:
     if specs and specs != {gpu.name}:
         return f"measured on {', '.join(sorted(names))}, scenario GPU is {gpu.name}"
     return None
-
-
-def _float_curve(d: dict, key: str) -> list[tuple[int, float]]:
-    out = []
-    for b, v in d.items():
-        x = v.get(key) if isinstance(v, dict) else v
-        if x is not None:
-            out.append((int(b), float(x)))
-    return sorted(out)
 
 
 def build_inputs(scenario: dict[str, Any], records: dict[str, Record],
