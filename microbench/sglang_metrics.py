@@ -70,13 +70,17 @@ def parse_metrics(text: str) -> dict:
             other += 1
             continue
         rank = labels.pop("pp_rank", "0")
-        labels.pop("tp_rank", None); labels.pop("model_name", None); labels.pop("engine_type", None)
+        for k in ("tp_rank", "model_name", "engine_type"):
+            labels.pop(k, None)
         r = ranks.setdefault(rank, {})
         for suf in ("_bucket", "_sum", "_count"):
             if name.endswith(suf):
-                h = hist.setdefault((rank, name[: -len(suf)]), {"buckets": [], "sum": 0.0, "count": 0.0})
+                h = hist.setdefault((rank, name[: -len(suf)]), {"buckets": {}, "sum": 0.0, "count": 0.0})
                 if suf == "_bucket":
-                    h["buckets"].append((float(labels.get("le", "inf")), v))
+                    # several series of one histogram on a PP rank (one per TP rank): their
+                    # cumulative counts add up per bucket bound (Prometheus `sum by (le)`)
+                    le = float(labels.get("le", "inf"))
+                    h["buckets"][le] = h["buckets"].get(le, 0.0) + v
                 else:
                     h[suf[1:]] += v
                 break
@@ -87,7 +91,8 @@ def parse_metrics(text: str) -> dict:
     for (rank, name), h in hist.items():
         ranks.setdefault(rank, {})[name] = {
             "count": h["count"], "mean": h["sum"] / h["count"] if h["count"] else None,
-            "p50": _quantile(h["buckets"], 0.5), "p99": _quantile(h["buckets"], 0.99)}
+            "p50": _quantile(list(h["buckets"].items()), 0.5),
+            "p99": _quantile(list(h["buckets"].items()), 0.99)}
     if not ranks:
         raise CliError("no sglang: metrics found (is the server started with --enable-metrics?)")
     return {"ranks": ranks, "lines_other": other}

@@ -63,6 +63,22 @@ def test_metrics_per_rank(fixtures):
     assert m["lines_other"] == 1
 
 
+def test_metrics_histogram_summed_over_series():
+    # One PP rank, two TP ranks' series of the same histogram (SGLang's collector labels each
+    # series with tp_rank and pp_rank): the quantile is over their sum by `le`, as Prometheus's
+    # histogram_quantile(sum by (le) ...) gives.
+    lines = []
+    for tp, counts in (("0", (10, 10, 10)), ("1", (0, 10, 10))):
+        for le, c in zip(("0.1", "0.2", "+Inf"), counts):
+            lines.append(f'sglang:inter_token_latency_seconds_bucket{{le="{le}",pp_rank="0",'
+                         f'tp_rank="{tp}"}} {c}')
+        lines.append(f'sglang:inter_token_latency_seconds_count{{pp_rank="0",tp_rank="{tp}"}} 10')
+    itl = sglang_metrics.parse_metrics("\n".join(lines))["ranks"]["0"]["inter_token_latency_seconds"]
+    assert itl["count"] == 20.0
+    assert itl["p50"] == pytest.approx(0.1)                   # 10 of 20 at or below 0.1
+    assert itl["p99"] == pytest.approx(0.1 + 0.1 * 9.8 / 10)  # inside the (0.1, 0.2] bucket
+
+
 def test_metrics_unreachable():
     with pytest.raises(CliError, match="cannot read metrics"):
         sglang_metrics.read_metrics("http://127.0.0.1:9/metrics")
