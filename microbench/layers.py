@@ -168,14 +168,24 @@ def moe_route(w: MoEWeights, x):
     return ids.remainder_(w.n_alloc) if w.n_alloc < w.router.shape[0] else ids, tw
 
 
+def append_shared(w: MoEWeights, ids, tw):
+    """Fast layout: the shared expert(s) join every token's ids ([b, k] -> [b, k + n_shared])
+    with routing weight 1, so one grouped pass covers routed and shared experts."""
+    import torch
+
+    if not w.n_shared:
+        return ids, tw
+    b = ids.shape[0]
+    return (torch.cat([ids, w.shared_ids.expand(b, w.n_shared)], 1),
+            torch.cat([tw, tw.new_ones(b, w.n_shared)], 1))
+
+
 def moe_experts_fast(w: MoEWeights, x, ids, tw):
     import torch
     import torch.nn.functional as F
 
     b, I = x.shape[0], w.inter
-    if w.n_shared:
-        ids = torch.cat([ids, w.shared_ids.expand(b, w.n_shared)], 1)
-        tw = torch.cat([tw, tw.new_ones(b, w.n_shared)], 1)
+    ids, tw = append_shared(w, ids, tw)
     kk = ids.shape[1]
     sorted_ids, order = ids.flatten().sort(stable=True)              # [b*kk]
     xs = x[order // kk]                                              # [b*kk, H] sorted by expert
@@ -236,21 +246,17 @@ def _sglang_experts(device):
     except Exception as e:  # noqa: BLE001 - not installed / incompatible build
         return f"sglang fused_moe not importable ({type(e).__name__}: {str(e)[:80]})"
 
+    import torch
+
     def call(x, w13, w2, ids, tw):
         try:
             from sglang.srt.layers.moe.moe_runner import MoeRunnerConfig
             from sglang.srt.layers.moe.topk import StandardTopKOutput
-            return fused_experts(x, w13, w2, StandardTopKOutput(tw, ids.to(torch_int32()), None),
+            return fused_experts(x, w13, w2, StandardTopKOutput(tw, ids.to(torch.int32), None),
                                  MoeRunnerConfig(inplace=False))
         except ImportError:
-            return fused_experts(x, w13, w2, tw, ids.to(torch_int32()), inplace=False)
+            return fused_experts(x, w13, w2, tw, ids.to(torch.int32), inplace=False)
     return call
-
-
-def torch_int32():
-    import torch
-
-    return torch.int32
 
 
 def moe_reference(w: MoEWeights, x, ids, tw):
@@ -293,8 +299,8 @@ def build_moe(m: ModelConfig, batch: int, device, *, backend: str = "torch",
         raise ValueError(f"{m.name} has no MoE layers")
     if backend == "triton":
         from microbench import moe_triton as MT
-        if MT.available():
-            raise RuntimeError(MT.available())
+        if why := MT.available():
+            raise RuntimeError(why)
         variant = "fast"
     if backend == "sglang":
         fe = _sglang_experts(device)

@@ -41,6 +41,8 @@ try:  # importing triton touches no GPU; absent on some CPU machines
 except ImportError:  # pragma: no cover - reported by available()
     triton = tl = None
 
+from microbench.layers import append_shared
+
 
 @dataclass(frozen=True)
 class KernelConfig:
@@ -269,8 +271,8 @@ def fused_moe(x, w_gate_up, w_down, ids, tw, cfg: MoeConfig | None = None):
     expert(s) already appended as ordinary ids); tw [b, kk] routing weights."""
     import torch
 
-    if available():
-        raise RuntimeError(available())
+    if why := available():
+        raise RuntimeError(why)
     b, kk = ids.shape
     cfg = cfg or config_for(b)
     G = w_gate_up.shape[0]
@@ -289,13 +291,8 @@ def fused_moe(x, w_gate_up, w_down, ids, tw, cfg: MoeConfig | None = None):
 
 def moe_experts(w, x, ids, tw, cfg: MoeConfig | None = None):
     """The routed + shared experts of a `layers.MoEWeights` (fast layout): the shared
-    expert(s) join every token's id list with weight 1, as in `layers.moe_experts_fast`."""
-    import torch
-
-    b = x.shape[0]
-    if w.n_shared:
-        ids = torch.cat([ids, w.shared_ids.expand(b, w.n_shared)], 1)
-        tw = torch.cat([tw, tw.new_ones(b, w.n_shared)], 1)
+    expert(s) join every token's id list with weight 1 (`layers.append_shared`)."""
+    ids, tw = append_shared(w, ids, tw)
     return fused_moe(x, w.gate_up, w.down, ids, tw, cfg)
 
 
@@ -322,10 +319,7 @@ def sweep(m, weights, batches, budget_s: float, progress=None) -> dict:
     dev = torch.device("cuda")
     for b in batches:
         x = L._randn((b, m.hidden), 1.0, L._gen(dev, 7), dev)
-        ids, tw = L.moe_route(weights, x)
-        if weights.n_shared:
-            ids = torch.cat([ids, weights.shared_ids.expand(b, weights.n_shared)], 1)
-            tw = torch.cat([tw, tw.new_ones(b, weights.n_shared)], 1)
+        ids, tw = L.append_shared(weights, *L.moe_route(weights, x))
         kk = ids.shape[1]
         plan = plan_blocks(ids.reshape(-1), weights.gate_up.shape[0], 16)
         twf = tw.reshape(-1).float().contiguous()
