@@ -19,6 +19,9 @@ always runs eager under PP. Default `max_bs` on 90-160 GB GPUs: 256 (tp < 4), 51
 `padding_waste` = (padded - batch) / padded of the replayed work.
 
 Run: `ppscope graphs --model kimi-k2 --pp 8` (GPU), `--plan` for the rule alone.
+Read: `by_batch[i]` per micro-batch size: `graph_us` well below `eager_us` means launch gaps
+dominate that size eagerly; `sglang_path` "eager" (above `max_bs`) or a large `padding_waste`
+is what SGLang would pay there; `flags` names the user's own batch sizes that hit either.
 """
 from __future__ import annotations
 
@@ -26,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from microbench.stage_cost import available  # same need: torch with a CUDA GPU
 from reports.model_config import load_model
 from reports.partition import pp_partition
-from microbench.stage_cost import available  # same need: torch with a CUDA GPU
 from reports.records import Record, make_record, write_record
 
 PROBE = "graphs"
@@ -76,12 +79,12 @@ class GraphsConfig:
 def _base(cfg: GraphsConfig) -> dict[str, Any]:
     m = load_model(cfg.model)
     stages = pp_partition(m.num_layers, cfg.pp, cfg.partition)
-    off = [b for b in cfg.user_batches if graph_path(b, cfg.max_bs)["sglang_path"] == "eager"]
+    paths = {b: graph_path(b, cfg.max_bs) for b in cfg.user_batches}
+    off = [b for b, p in paths.items() if p["sglang_path"] == "eager"]
     flags = [f"micro-batch {b} > max_bs {cfg.max_bs}: runs eager" for b in off]
-    flags += [f"micro-batch {b} replays the graph for {graph_path(b, cfg.max_bs)['padded_to']} "
-              f"({graph_path(b, cfg.max_bs)['padding_waste']:.0%} padding)"
-              for b in cfg.user_batches if b not in off
-              and graph_path(b, cfg.max_bs)["padding_waste"] > 0]
+    flags += [f"micro-batch {b} replays the graph for {p['padded_to']} "
+              f"({p['padding_waste']:.0%} padding)"
+              for b, p in paths.items() if b not in off and p["padding_waste"] > 0]
     return {"model": m.name, "pp": cfg.pp, "max_bs": cfg.max_bs,
             "capture_sizes": sglang_capture_sizes(cfg.max_bs),
             "prefill_path": "eager (SGLang runs prefill eagerly under PP)",
