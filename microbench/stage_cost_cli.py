@@ -73,11 +73,11 @@ def main(args) -> int:
         batches=args.batches, prefill_chunk=args.prefill_chunk, context_len=args.context,
         zipf_s=args.zipf, experts_sample=args.experts_sample, mem_bw_gbps=args.mem_bw,
         plan=args.plan, out=out, argv=tuple(args.argv))
+    from reports.partition import pp_partition
+
     try:
-        sc.resolve(cfg)
-        from reports.partition import pp_partition
-        from reports.model_config import load_model
-        pp_partition(load_model(cfg.model).num_layers, cfg.pp, cfg.partition)
+        mm, _ = sc.resolve(cfg)
+        pp_partition(mm.num_layers, cfg.pp, cfg.partition)
     except (ConfigError, ValueError) as e:
         raise CliError(str(e)) from None
     if not args.plan and (reason := sc.available()):
@@ -86,9 +86,7 @@ def main(args) -> int:
         raise CliError(f"--png-batch {args.png_batch} is not among --batches")
     bar = None
     if not args.plan:
-        from reports.model_config import load_model
         from tqdm import tqdm
-        mm = load_model(cfg.model)
         n = 2 + mm.is_moe * len(cfg.moe_backends) + (mm.first_k_dense > 0)
         bar = tqdm(total=n * len(cfg.batches), desc="stage-cost", unit="pt", leave=False)
     try:
