@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import math
 from typing import Any
 
 from reports.pipeline_model import Span
@@ -214,7 +215,7 @@ def plot_links(topo: dict[str, Any]) -> str | None:
     if n < 2:
         return None
     plt = _plt()
-    grid = [[float("nan")] * n for _ in range(n)]
+    grid = [[math.nan] * n for _ in range(n)]  # NaN: no measured hop (blank cell in imshow)
     for h in hops:
         grid[h["src"]][h["dst"]] = h["hop_us"]
     fig, ax = plt.subplots(figsize=(1.2 + 0.7 * n, 0.9 + 0.6 * n))
@@ -223,15 +224,15 @@ def plot_links(topo: dict[str, Any]) -> str | None:
     for i in range(n):
         for j in range(n):
             link = topo["links"].get(f"{min(i, j)}-{max(i, j)}", "") if i != j else "X"
-            hop = grid[i][j]
-            txt = link + ("" if hop != hop else f"\n{hop:.0f} us")
+            measured = not math.isnan(grid[i][j])
+            txt = link + (f"\n{grid[i][j]:.0f} us" if measured else "")
             ax.text(j, i, txt, ha="center", va="center", fontsize=8,
-                    color="white" if hop == hop else "black")
+                    color="white" if measured else "black")
     ax.set_xticks(range(n))
     ax.set_yticks(range(n))
     ax.set_xlabel("dst GPU")
     ax.set_ylabel("src GPU")
-    if any(v == v for row in grid for v in row):
+    if any(not math.isnan(v) for row in grid for v in row):
         fig.colorbar(im, ax=ax, label="PP hop us (measured)")
     return _png(fig)
 
