@@ -151,6 +151,8 @@ def build(inp: Inputs, C: int, on: frozenset = ALL_ON, *, cap: int | None = None
     return cfg, sizes
 
 
+# Keyed on id(inp) (Inputs holds lists, so it is not hashable); each entry keeps its `inp`
+# alive so that id cannot be reused by another Inputs while the entry exists.
 _CACHE: dict = {}
 
 
