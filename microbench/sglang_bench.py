@@ -2,10 +2,9 @@
 any version's keys) or the printed "Serving Benchmark Result" block(s) copied from a terminal.
 
 What it gives: for each run, the observed output tok/s, TTFT, TPOT and ITL at its concurrency,
-keyed and sorted by
-the concurrency cap the user set (`max_concurrency`; the measured mean, bench_serving's
-`concurrency`, is kept as `mean_concurrency` and is the key only for an uncapped run). These are the user's `observed` numbers the report puts next to the
-model. How to run: `ppscope dispatch --from-sglang --bench results.jsonl` (or a saved console log).
+keyed and sorted by the concurrency cap the user set (`max_concurrency`; the measured mean,
+bench_serving's `concurrency`, is kept as `mean_concurrency` and is the key only for an uncapped
+run). These are the user's `observed` numbers the report puts next to the model. How to run: `ppscope dispatch --from-sglang --bench results.jsonl` (or a saved console log).
 Unreadable input raises a one-line CliError; lines that are not runs are counted, not fatal.
 """
 from __future__ import annotations
