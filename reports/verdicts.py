@@ -176,7 +176,7 @@ def verdicts(inp: Inputs, atts: list[Attribution], records: dict[str, Record]) -
     hop_share = _share(att, "p2p_hops")
     tok = att.modelled_tok_per_s
     gbps = tok * 4 * inp.model.hidden / 1e9  # hidden + residual per token per hop, bf16
-    bw = inp.gpu.pcie_gbps
+    bw = inp.gpu.link_gbps  # the link the PP hop actually uses
     src, ev = inp.src("hop_us")
     # The hypothesis is about bandwidth: judge it by link utilisation. What a hop costs in
     # latency (gloo metadata, launch, sync) is reported beside it, since it is not bandwidth.
