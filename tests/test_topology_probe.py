@@ -222,3 +222,11 @@ def test_staged_copies_skip_the_spin_and_take_more_samples():
     copy = b._timed(0, None, reps=5, nbytes=1000, samples=2)
     assert calls[3:] == [True, True] and copy["samples"] == 2 and copy["spin_blocked"]
     assert copy["time_us"] == 90.0
+
+
+def test_run_refuses_more_stages_than_gpus(tmp_path, monkeypatch):
+    import topology.discover as disc_mod
+    monkeypatch.setattr(disc_mod, "discover", lambda: DISC)   # 3 GPUs
+    cfg = probe.TopologyConfig(json_path=tmp_path / "t.json", hop=False, mode="quick", pp=8)
+    with pytest.raises(ValueError, match="--pp 8 but this machine has 3 GPU"):
+        probe.run(cfg)

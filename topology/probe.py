@@ -275,7 +275,10 @@ def run(cfg: TopologyConfig) -> Record:
     mode = MODES[cfg.mode]
     disc = discover()
     n = len(disc.gpus)
-    devices = list(cfg.gpus) if cfg.gpus else list(range(min(cfg.pp or n, n)))
+    if cfg.pp and not cfg.gpus and cfg.pp > n:  # never measure fewer GPUs than asked for
+        raise ValueError(f"--pp {cfg.pp} but this machine has {n} GPU(s); "
+                         f"use --pp {n} or leave it out to measure every GPU")
+    devices = list(cfg.gpus) if cfg.gpus else list(range(cfg.pp or n))
     bad = [d for d in devices if d >= n or d < 0]
     if bad:
         raise ValueError(f"GPU {bad[0]} does not exist (this machine has {n})")
