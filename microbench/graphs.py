@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from microbench.stage_cost import available  # same need: torch with a CUDA GPU
+from reports.cuda_graphs import capture_sizes, padded
 from reports.model_config import load_model
 from reports.partition import pp_partition
 from reports.records import Record, make_record, write_record
@@ -38,26 +39,12 @@ PROBE = "graphs"
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
-def sglang_capture_sizes(max_bs: int) -> list[int]:
-    sizes = [1, 2, 4, 8, 12] + list(range(16, 257, 8)) + list(range(272, 512, 16)) + \
-        list(range(512, max_bs + 1, 32))
-    return sorted({s for s in sizes if s <= max_bs})
-
-
-def default_max_bs(mem_gb: float | None, tp: int = 1) -> int | None:
-    """SGLang's default cuda_graph_max_bs for 90-160 GB GPUs; None where we do not know it."""
-    if mem_gb is not None and 90 <= mem_gb <= 160:
-        return 256 if tp < 4 else 512
-    return None
-
-
 def graph_path(batch: int, max_bs: int) -> dict[str, Any]:
     """Which path SGLang takes for a decode batch: graph (padded) or eager."""
-    for s in sglang_capture_sizes(max_bs):
-        if s >= batch:
-            return {"sglang_path": "graph", "padded_to": s,
-                    "padding_waste": (s - batch) / s}
-    return {"sglang_path": "eager", "padded_to": None, "padding_waste": 0.0}
+    s = padded(batch, max_bs)
+    if s is None:
+        return {"sglang_path": "eager", "padded_to": None, "padding_waste": 0.0}
+    return {"sglang_path": "graph", "padded_to": s, "padding_waste": (s - batch) / s}
 
 
 @dataclass(frozen=True)
@@ -86,7 +73,7 @@ def _base(cfg: GraphsConfig) -> dict[str, Any]:
               f"({p['padding_waste']:.0%} padding)"
               for b, p in paths.items() if b not in off and p["padding_waste"] > 0]
     return {"model": m.name, "pp": cfg.pp, "max_bs": cfg.max_bs,
-            "capture_sizes": sglang_capture_sizes(cfg.max_bs),
+            "capture_sizes": capture_sizes(cfg.max_bs),
             "prefill_path": "eager (SGLang runs prefill eagerly under PP)",
             "stage_layers": [s.num_layers for s in stages],
             "representative": ("one decoder layer (attention + "

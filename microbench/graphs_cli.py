@@ -5,6 +5,7 @@ import argparse
 from pathlib import Path
 
 from microbench.stage_cost_cli import int_list
+from reports.cuda_graphs import default_max_bs
 from reports.errors import CliError
 from reports.paths import default_record_path
 
@@ -48,7 +49,7 @@ def main(args) -> int:
         if not args.plan:
             import torch
             mem = torch.cuda.get_device_properties(0).total_memory / 1e9
-        max_bs = gr.default_max_bs(mem) or 256
+        max_bs = default_max_bs(mem) or 256
     if max_bs < 1:
         raise CliError(f"--max-bs must be >= 1, got {max_bs}")
     out = Path(args.json) if args.json else default_record_path(gr.PROBE)

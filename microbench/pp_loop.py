@@ -51,7 +51,7 @@ import sys
 import time
 from pathlib import Path
 
-from microbench.graphs import sglang_capture_sizes  # SGLang's decode capture sizes
+from reports.cuda_graphs import capture_sizes  # SGLang's decode capture sizes
 from microbench.launch import recv_pyobj, send_pyobj
 from reports.records import write_json_atomic
 from reports.slots import SlotConfig, admit
@@ -166,7 +166,7 @@ def loop_max_rows(cfg: dict) -> int:
     largest decode micro-batch padded to its capture size."""
     c = max(cfg.get("concurrency") or [1])
     max_b = max(1, min(cfg.get("max_micro_batch") or c, c))
-    full = sglang_capture_sizes(max(512, 2 * max_b))
+    full = capture_sizes(max(512, 2 * max_b))
     return max(c * cfg.get("prompt_len", 1), padded_size(max_b, full) or max_b)
 
 
@@ -558,7 +558,7 @@ def _main(cfg: dict, out_dir: Path, rank: int) -> int:
     H = cfg["hidden"]
     fwd, info = build_work(torch, cfg, rank, dev)
     max_b = max(1, min(cfg["max_micro_batch"], max(cfg["concurrency"])))
-    full = sglang_capture_sizes(max(512, 2 * max_b))  # capture up to the size max_b pads to
+    full = capture_sizes(max(512, 2 * max_b))  # capture up to the size max_b pads to
     sizes = full[:full.index(padded_size(max_b, full)) + 1]
     graphs = capture_graphs(torch, fwd, sizes, H, dev) if cfg["graphs"] else {}
     emb_rows = max(cfg["concurrency"]) * cfg["prompt_len"]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from reports.cuda_graphs import padded
 from reports.partition import pp_partition
 from reports.pipeline_model import LoopConfig, SimResult, simulate
 from reports.roofline import stage_floor
@@ -28,20 +29,6 @@ from reports.slots import SlotConfig, even_slots, initial_assignment, slot_sizes
 SWITCHES = ("stage_imbalance", "kernel_efficiency", "launch_overhead", "p2p_hops",
             "host_dispatch", "slot_imbalance", "too_few_microbatches", "routing_skew")
 ALL_ON = frozenset(SWITCHES)
-
-# SGLang's captured decode sizes (FACTS.md, CUDA graphs under PP).
-def capture_sizes(max_bs: int) -> list[int]:
-    s = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, max_bs + 1, 32)]
-    return sorted(x for x in set(s) if x <= max_bs)
-
-
-def padded(b: int, max_bs: int) -> int | None:
-    """Captured size a batch of b runs at, or None (eager) above max_bs."""
-    for s in capture_sizes(max_bs):
-        if s >= b:
-            return s
-    return None
-
 
 @lru_cache(maxsize=20000)
 def _floor(model, stage, b, gpu, ctx, zipf) -> float:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from reports import loop_builder as lb
+from reports.cuda_graphs import capture_sizes
 from reports.partition import layer_counts
 from reports.scenario import Inputs
 
@@ -93,7 +94,7 @@ def what_ifs(inp: Inputs, transport: Sequence[tuple[float, float]] | None = None
                         lb.run(inp, C, arrival="even").tok_per_s,
                         "requests spread one micro-batch per stage"))
         if max(sizes) > inp.graph_max_bs:
-            mb = lb.capture_sizes(4096)
+            mb = capture_sizes(4096)
             need = next(s for s in mb if s >= max(sizes))
             out.append(_row("--cuda-graph-max-bs", str(need), C, base,
                             lb.run(inp, C, graph_max_bs=need).tok_per_s))

@@ -6,8 +6,8 @@ import json
 import pytest
 
 from microbench import dispatch as D
-from microbench.pp_loop import (arrival_times, interp_cost, padded_size, parse_cost_curve,
-                                sglang_capture_sizes)
+from microbench.pp_loop import arrival_times, interp_cost, padded_size, parse_cost_curve
+from reports.cuda_graphs import capture_sizes as sglang_capture_sizes
 from reports import cli
 from reports.records import read_record
 
