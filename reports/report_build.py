@@ -198,9 +198,15 @@ def answer(rep: dict[str, Any]) -> list[str]:
     if best and best["gain"] > 0.005:
         s = f"Best single change: {_whatif_text(best)}"
         if best["knob"].startswith("TP instead of PP"):
+            # TP is a rough estimate (ring all-reduce + 1/p of the weights), not a measured
+            # configuration: lead with the best change that keeps PP and qualify the TP figure.
             pp_best = next((w for w in rep["what_ifs"] if not w["knob"].startswith("TP ")), None)
+            tp = f"a rough estimate, not a measurement, puts {_whatif_text(best)}: measure it " \
+                 "before acting on it"
             if pp_best and pp_best["gain"] > 0.005:
-                s += f"; keeping PP: {_whatif_text(pp_best)}"
+                s = f"Best change keeping PP: {_whatif_text(pp_best)}; outside PP, {tp}"
+            else:
+                s = f"No change that keeps PP helps; outside PP, {tp}"
         out.append(s + ".")
     else:
         out.append("No single change in the what-ifs raises modelled throughput by more than 0.5%.")

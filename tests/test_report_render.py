@@ -122,8 +122,11 @@ def test_md_order_and_answer(tmp_path):
     assert "too few micro-batches in flight at C=8" in ans[0]
     assert ans[1].startswith("Holds: bandwidth is not the limit")
     best = rep["what_ifs"][0]
-    assert ans[2].startswith(f"Best single change: {best['knob']} = {best['setting']} at "
-                             f"C={best['concurrency']}")
+    assert best["knob"].startswith("TP instead of PP")  # the seed's top row is the TP estimate
+    pp_best = next(w for w in rep["what_ifs"] if not w["knob"].startswith("TP "))
+    assert ans[2].startswith(f"Best change keeping PP: {pp_best['knob']} = {pp_best['setting']} "
+                             f"at C={pp_best['concurrency']}")
+    assert "outside PP, a rough estimate, not a measurement, puts TP instead of PP" in ans[2]
     assert "C=32 observed 248.1 vs modelled" in ans[3] and "ms/step slower" in ans[3]
     assert ans[4].startswith("Every figure except the observed tok/s is estimated")
     for s in ans:
