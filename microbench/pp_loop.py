@@ -52,6 +52,7 @@ import time
 from pathlib import Path
 
 from reports.cuda_graphs import capture_sizes  # SGLang's decode capture sizes
+from reports.interp import interp_linear
 from microbench.launch import recv_pyobj, send_pyobj
 from reports.records import write_json_atomic
 from reports.slots import SlotConfig, admit
@@ -93,13 +94,7 @@ def parse_cost_curve(text: str) -> list[tuple[int, float]]:
 def interp_cost(pts: list[tuple[int, float]], b: float) -> float:
     """Linear interpolation in batch size; constant below the first point, linear
     extrapolation (last segment's slope) above the last."""
-    if b <= pts[0][0] or len(pts) == 1:
-        return pts[0][1]
-    for (b0, c0), (b1, c1) in zip(pts, pts[1:]):
-        if b <= b1:
-            return c0 + (c1 - c0) * (b - b0) / (b1 - b0)
-    (b0, c0), (b1, c1) = pts[-2], pts[-1]
-    return c1 + (c1 - c0) * (b - b1) / (b1 - b0)
+    return interp_linear(pts, b)
 
 
 def arrival_times(arrival: str, n: int, stagger_ms: float, rate_per_s: float, seed: int

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 from reports import loop_builder as lb
 from reports.cuda_graphs import capture_sizes
+from reports.interp import interp_linear
 from reports.partition import layer_counts
 from reports.scenario import Inputs
 
@@ -128,14 +129,7 @@ def transport_us(points: Sequence[tuple[float, float]], nbytes: float) -> float:
     """NCCL transport time of one message: linear in bytes between measured sizes (exact for
     the usual latency + bytes/bandwidth shape), flat below the smallest size, the last
     segment's slope beyond the largest (flat with a single point)."""
-    pts = sorted(points)
-    if nbytes <= pts[0][0] or len(pts) == 1:
-        return pts[0][1]
-    for (b0, t0), (b1, t1) in zip(pts, pts[1:]):
-        if nbytes <= b1:
-            return t0 + (t1 - t0) * (nbytes - b0) / (b1 - b0)
-    (b0, t0), (b1, t1) = pts[-2], pts[-1]
-    return t1 + (t1 - t0) * (nbytes - b1) / (b1 - b0)
+    return interp_linear(points, nbytes)
 
 
 def allreduce_us(inp: Inputs, C: int, points: Sequence[tuple[float, float]] | None = None
