@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,9 +32,10 @@ from typing import Any
 
 import numpy as np
 
-from microbench import launch
-from reports.records import Record, make_record, write_json_atomic, write_record
-from reports.slots import SlotConfig, default_max_micro_batch
+from microbench.kit import launch
+from microbench.kit.gpus import visible_gpus
+from reports.base.records import Record, make_record, write_json_atomic, write_record
+from reports.base.slots import SlotConfig, default_max_micro_batch
 
 PROBE = "dispatch"
 ARRIVALS = ("burst", "staggered", "poisson")
@@ -86,26 +86,6 @@ class DispatchConfig:
         return SlotConfig(self.pp, self.depth, self.cap)
 
 
-def visible_gpus() -> int:
-    """GPUs this process can see, without initialising CUDA in this process (NVML, then
-    nvidia-smi), honouring CUDA_VISIBLE_DEVICES."""
-    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if vis is not None:
-        return len([v for v in vis.split(",") if v.strip() and v.strip() != "-1"])
-    from topology.discover import gpu_count
-
-    n = gpu_count()  # 0 also when NVML is missing: then ask nvidia-smi
-    if n:
-        return n
-    if shutil.which("nvidia-smi"):
-        try:
-            out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
-            return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
-        except (OSError, subprocess.TimeoutExpired):
-            return 0
-    return 0
-
-
 def available() -> str | None:
     """None if the probe can run here, else the reason."""
     try:
@@ -140,7 +120,7 @@ def resolve_pp(pp: str | int, n_gpus: int) -> int:
 
 def loop_config(cfg: DispatchConfig) -> dict:
     """The JSON the ranks read: dimensions from the model preset, the points to run."""
-    from reports.model_config import load_model
+    from reports.base.model_config import load_model
 
     m = load_model(cfg.model)
     if cfg.work == "moe" and not m.n_routed_experts:
@@ -371,7 +351,7 @@ def summarize(loop_cfg: dict, rank_results: list[dict], nccl_p2p_disabled: bool)
                    "max_micro_batch": loop_cfg["max_micro_batch"],
                    "micro_batches": loop_cfg["micro_batches"],
                    "work": loop_cfg["work"],
-                   # the layer actually run (microbench.layers backend/variant, as stage-cost);
+                   # the layer actually run (microbench.kernels.layers backend/variant, as stage-cost);
                    # ranks choose on their own: if they differ, all are named (per rank below)
                    "moe_variant": loop_cfg.get("moe_variant"),
                    "moe_backend": moe_backend_of(info),

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from reports.errors import CliError
-from reports.paths import default_record_path, results_dir
-from reports.slots import POLICIES
+from reports.base.errors import CliError
+from reports.base.paths import default_record_path, results_dir
+from reports.base.slots import POLICIES
 
 EPILOG = """\
 examples:
@@ -106,7 +106,7 @@ def register(subparsers) -> None:
                    "or results/sglang.json when reading SGLang evidence)")
     # --profile / --trace-dir are shared: with --url they drive the server's profiler, without
     # it they record per-rank torch.profiler traces of this probe's own loop.
-    from microbench import sglang_cli
+    from microbench.sglang import cli as sglang_cli
     sglang_cli.add_arguments(p)
     p.set_defaults(func=handle)
 
@@ -183,13 +183,13 @@ def _f(x, nd: int = 0) -> str:
 
 
 def handle(args) -> int:
-    from microbench import sglang_cli
+    from microbench.sglang import cli as sglang_cli
     if sglang_cli.wants(args):  # SGLang's own evidence or a live server: no GPU needed here
         return sglang_cli.run(args)
     from microbench.dispatch import available, run, trace_path_for, visible_gpus
     reason = available()
     if reason:  # leave a waived record; an explicit --pp the machine cannot honour is an error
-        from reports.records import waived, write_record
+        from reports.base.records import waived, write_record
         path = args.json or default_record_path("dispatch")
         write_record(waived("dispatch", reason, argv=getattr(args, "argv", None)), path)
         if str(args.pp) != "auto":

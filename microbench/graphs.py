@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from microbench.stage_cost import available  # same need: torch with a CUDA GPU
-from reports.cuda_graphs import capture_sizes, padded
-from reports.model_config import load_model
-from reports.partition import pp_partition
-from reports.records import Record, make_record, write_record
+from reports.base.cuda_graphs import capture_sizes, padded
+from reports.base.model_config import load_model
+from reports.base.partition import pp_partition
+from reports.base.records import Record, make_record, write_record
 
 PROBE = "graphs"
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -117,8 +117,8 @@ def count_kernels(fn) -> int | None:
 def _measure(cfg: GraphsConfig, data: dict, progress) -> Record:
     import torch
 
-    from microbench import layers as L
-    from microbench.timing import do_bench, do_bench_graph, host_bench
+    from microbench.kernels import layers as L
+    from microbench.kit.timing import do_bench, do_bench_graph, host_bench
 
     m = load_model(cfg.model).all_formats("bf16")
     dev = torch.device("cuda")

@@ -5,9 +5,9 @@ import argparse
 from pathlib import Path
 
 from microbench.stage_cost_cli import int_list
-from reports.cuda_graphs import default_max_bs
-from reports.errors import CliError
-from reports.paths import default_record_path
+from reports.base.cuda_graphs import default_max_bs
+from reports.base.errors import CliError
+from reports.base.paths import default_record_path
 
 
 def register(sub) -> None:
@@ -34,8 +34,8 @@ def register(sub) -> None:
 
 def main(args) -> int:
     from microbench import graphs as gr
-    from reports.model_config import ConfigError, load_model
-    from reports.partition import pp_partition
+    from reports.base.model_config import ConfigError, load_model
+    from reports.base.partition import pp_partition
 
     try:
         pp_partition(load_model(args.model).num_layers, args.pp, args.partition)

@@ -6,7 +6,7 @@ the *dispatch latency* (input available on the GPU -> first forward kernel start
 the loop body, GPU forward time and send time, plus slot occupancy and decode tok/s.
 
 How (SGLang `event_loop_pp`, see FACTS.md): `pp + async_depth` slots visited round-robin; rank 0
-admits arrivals with `reports.slots.admit` (policy `sglang` or `even`), a slot that admits runs a
+admits arrivals with `reports.base.slots.admit` (policy `sglang` or `even`), a slot that admits runs a
 prefill first; every iteration, rank r > 0 blocks on a gloo receive of the pickled request list
 from rank r-1 (empty slots included) and forwards it to r+1, then `irecv`s the hidden state over
 NCCL (`work.wait()`), runs its stage and `isend`s the result. The last rank samples tokens and
@@ -16,10 +16,10 @@ list (last -> 0 -> 1 -> ...). Simplifications, on purpose: one gloo message per 
 sends two: the request list and the tensor-dict metadata); requests never finish (steady decode).
 
 Stage work: `busy` (a `torch.cuda._sleep` kernel whose length follows a cost-vs-batch curve,
-calibrated at start) or `moe` (real Kimi-K2-dims MoE layers in bf16: microbench.layers' MoE,
+calibrated at start) or `moe` (real Kimi-K2-dims MoE layers in bf16: microbench.kernels.layers' MoE,
 the layer stage-cost times, checked against its float32 per-expert reference first). MoE
 backend as stage-cost picks it (`--moe-variant auto`, `moe_candidates`): the fused Triton
-decode kernel (microbench/moe_triton.py; fixed-size index tensors, no host syncs, so it is
+decode kernel (microbench/kernels/moe_triton.py; fixed-size index tensors, no host syncs, so it is
 captured like the rest) where triton imports on a CUDA device and passes its check at every
 block-size configuration the loop reaches, else torch `fast`, else the per-expert `loop`;
 `triton|fast|plain` force one. The backend, the candidates tried and why any was dropped are
@@ -51,11 +51,11 @@ import sys
 import time
 from pathlib import Path
 
-from reports.cuda_graphs import capture_sizes  # SGLang's decode capture sizes
-from reports.interp import interp_linear
-from microbench.launch import recv_pyobj, send_pyobj
-from reports.records import write_json_atomic
-from reports.slots import SlotConfig, admit
+from reports.base.cuda_graphs import capture_sizes  # SGLang's decode capture sizes
+from reports.base.interp import interp_linear
+from microbench.kit.launch import recv_pyobj, send_pyobj
+from reports.base.records import write_json_atomic
+from reports.base.slots import SlotConfig, admit
 
 
 def padded_size(b: int, sizes: list[int]) -> int | None:
@@ -169,7 +169,7 @@ def triton_check_batches(max_rows: int) -> list[int]:
     """One micro-batch size per block-size row of moe_triton.CONFIGS that the loop can reach
     (the smallest size of each row), so every kernel configuration the loop will run is checked
     (and JIT-compiled) before timing."""
-    from microbench import moe_triton as MT
+    from microbench.kernels import moe_triton as MT
 
     out, lo = [], 1
     for bound, _ in MT.CONFIGS:
@@ -182,10 +182,10 @@ def triton_check_batches(max_rows: int) -> list[int]:
 def _check_rows(L, w, experts, b: int, dev, seed: int) -> float:
     """Run `experts` on b fresh random rows; compare the first (up to) 5 rows with the float32
     per-expert reference (rows are independent, so this checks the kernel config used at b)."""
-    x = L._randn((b, w.router.shape[1]), 1.0, L._gen(dev, seed), dev)
+    x = L.randn((b, w.router.shape[1]), 1.0, L.gen(dev, seed), dev)
     ids, tw = L.moe_route(w, x)
     y = experts(w, x, ids, tw)[:5]
-    return L._assert_close(f"moe experts at b={b}", y, L.moe_reference(w, x[:5], ids[:5],
+    return L.assert_close(f"moe experts at b={b}", y, L.moe_reference(w, x[:5], ids[:5],
                                                                        tw[:5]))
 
 
@@ -201,7 +201,7 @@ def _first_layer(torch, L, m, name: str, cfg: dict, rank: int, dev) -> tuple:
     err, checked = built.check(), [5]  # raises layers.CheckFailed
     w = built.info.pop("weights")
     if name == "triton":
-        from microbench import moe_triton as MT
+        from microbench.kernels import moe_triton as MT
 
         def experts(w_, x, ids, tw):
             return MT.moe_experts(w_, x, ids, tw)
@@ -215,15 +215,15 @@ def _first_layer(torch, L, m, name: str, cfg: dict, rank: int, dev) -> tuple:
 
 
 def build_moe_stage(torch, cfg: dict, rank: int, dev, model=None, free_bytes: int | None = None):
-    """`layers_per_stage` MoE layers from microbench.layers, the layer stage-cost times (same
+    """`layers_per_stage` MoE layers from microbench.kernels.layers, the layer stage-cost times (same
     weights layout and router), as many as fit in 85% of free memory (`free_bytes`, default:
     what the GPU reports). Backend: `cfg["moe_variant"]` through `moe_candidates` (auto: triton
     if it passes its check here, else torch fast, else loop); a candidate that fails to build
     or check is recorded in `moe_fallbacks` and the next one is tried. Returns
     (fwd(x) -> x + MoE(x) per layer, info). `model` overrides the preset (tests: small dims)."""
-    from microbench import layers as L
-    from microbench import moe_triton as MT
-    from reports.model_config import load_model
+    from microbench.kernels import layers as L
+    from microbench.kernels import moe_triton as MT
+    from reports.base.model_config import load_model
 
     m = (model or load_model(cfg["model"])).all_formats("bf16")  # INT4/FP8 not executed
     per_layer = L.moe_weight_bytes(m)
@@ -276,7 +276,7 @@ def build_work(torch, cfg: dict, rank: int, dev):
     if cfg["work"] == "busy":
         pts = [tuple(p) for p in cfg["cost_points"]]
         # calibrate cycles per microsecond of torch.cuda._sleep with the shared timer
-        from microbench.timing import do_bench
+        from microbench.kit.timing import do_bench
         cyc = 1_000_000
         t = do_bench(lambda: torch.cuda._sleep(cyc), warmup_ms=5, rep_ms=30).median_us
         cyc_per_us = cyc / t

@@ -4,7 +4,7 @@ Measured: one decode forward of each layer kind the model has (MoE, attention, d
 lm_head + sampling) at its real dimensions with random bf16 weights, for every micro-batch
 size in `batches` (default 1..128) plus one prefill chunk (eager, MoE and dense MLP only).
 Each op is checked against a float32 reference before it is timed. Decode layers are timed as
-CUDA-graph replays (SGLang decodes from graphs), with `microbench.timing.do_bench_graph`.
+CUDA-graph replays (SGLang decodes from graphs), with `microbench.kit.timing.do_bench_graph`.
 MoE backends (`moe_backends`, default `triton` = ppscope's fused decode kernel and `plain` =
 the straightforward `torch._grouped_mm` layer; also `fast`, `sglang`) are all timed in the
 same run (`layers.moe_<backend>`); `layers.moe` and the stage figures use, per batch size,
@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reports.gpu_specs import GpuSpec, load_gpu, match_gpu
-from reports.model_config import ModelConfig, load_model, matrix_bytes
-from reports.partition import pp_partition
-from reports.records import Record, make_record, write_record
-from reports.roofline import (DEFAULT_CONTEXT, _floor_us, layer_floor, mlp_bytes,
+from reports.base.gpu_specs import GpuSpec, load_gpu, match_gpu
+from reports.base.model_config import ModelConfig, load_model, matrix_bytes
+from reports.base.partition import pp_partition
+from reports.base.records import Record, make_record, write_record
+from reports.base.roofline import (DEFAULT_CONTEXT, floor_us, layer_floor, mlp_bytes,
                               routed_expert_bytes, stage_floor)
 
 PROBE = "stage_cost"
@@ -49,7 +49,7 @@ def measure_mem_bw(nbytes: int = COPY_BYTES) -> float:
     opposed to the spec sheet's figure."""
     import torch
 
-    from microbench.timing import do_bench
+    from microbench.kit.timing import do_bench
 
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_(0, 255)
     dst = torch.empty_like(src)
@@ -125,7 +125,7 @@ def moe_floor_us(m: ModelConfig, distinct: float, gpu: GpuSpec, bw: float | None
     nbytes = (matrix_bytes(m.n_routed_experts, H, m.formats.router)
               + (mlp_bytes(H, m.n_shared_experts * I, m.formats.shared_experts)
                  if m.n_shared_experts else 0) + distinct * routed_expert_bytes(m))
-    return _floor_us(nbytes, 0.0, gpu, bw)
+    return floor_us(nbytes, 0.0, gpu, bw)
 
 
 def plan_stages(m: ModelConfig, gpu: GpuSpec, cfg: StageCostConfig) -> list[dict[str, Any]]:
@@ -148,11 +148,11 @@ ROUTING_ZIPF = (0.0, 0.5, 1.0, 1.5)
 
 def routing_plan(m: ModelConfig, cfg: StageCostConfig, draws: int = 200, seed: int = 0
                  ) -> dict[str, Any] | None:
-    """Routing skew under PP (roofline Monte-Carlo, `reports.roofline.skew_spread`): for each
+    """Routing skew under PP (roofline Monte-Carlo, `reports.base.roofline.skew_spread`): for each
     Zipf exponent and batch, distinct experts per MoE layer (exact formula and Monte-Carlo),
     MoE bytes per token per layer, and the stage bytes spread max/mean (mean over draws) next
     to the spread of the mean bytes (the layer split alone). None for a dense model."""
-    from reports.roofline import skew_spread
+    from reports.base.roofline import skew_spread
 
     if not m.is_moe:
         return None
@@ -269,8 +269,8 @@ def _fits(nbytes: int, what: str, m: ModelConfig, cfg: StageCostConfig) -> str |
 def _measure(cfg, m, gpu, stages, notes, progress) -> Record:
     import torch
 
-    from microbench import layers as L
-    from microbench.timing import do_bench, do_bench_graph
+    from microbench.kernels import layers as L
+    from microbench.kit.timing import do_bench, do_bench_graph
 
     dev = torch.device("cuda")
     m_meas = m.all_formats("bf16")
@@ -435,7 +435,7 @@ def _measure(cfg, m, gpu, stages, notes, progress) -> Record:
 
 
 def _as_stage(st: dict):
-    from reports.partition import Stage
+    from reports.base.partition import Stage
 
     return Stage(**{f.name: st[f.name] for f in dataclasses.fields(Stage)})
 

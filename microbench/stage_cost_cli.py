@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from reports.errors import CliError
-from reports.paths import default_record_path
+from reports.base.errors import CliError
+from reports.base.paths import default_record_path
 
 
 def int_list(s: str) -> tuple[int, ...]:
@@ -62,7 +62,7 @@ def register(sub) -> None:
 
 def main(args) -> int:
     from microbench import stage_cost as sc
-    from reports.model_config import ConfigError
+    from reports.base.model_config import ConfigError
 
     if args.pp < 1:
         raise CliError(f"--pp must be >= 1, got {args.pp}")
@@ -73,7 +73,7 @@ def main(args) -> int:
         batches=args.batches, prefill_chunk=args.prefill_chunk, context_len=args.context,
         zipf_s=args.zipf, experts_sample=args.experts_sample, mem_bw_gbps=args.mem_bw,
         plan=args.plan, out=out, argv=tuple(args.argv))
-    from reports.partition import pp_partition
+    from reports.base.partition import pp_partition
 
     try:
         mm, _ = sc.resolve(cfg)

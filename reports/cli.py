@@ -16,7 +16,7 @@ import os
 import sys
 import traceback
 
-from reports.errors import CliError
+from reports.base.errors import CliError
 
 # (module, attribute) of each area's register function, in the order `--help` lists them.
 SUBCOMMANDS = (

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from reports import loop_builder as lb
-from reports.attribution import attribute
-from reports.records import Record, to_jsonable
-from reports.scenario import Inputs
-from reports.validate_dispatch import micro_batch_choices, validate
-from reports.verdicts import verdicts
-from reports.whatif import transport_points, what_ifs
+from reports.model import loop_builder as lb
+from reports.model.attribution import attribute
+from reports.base.records import Record, to_jsonable
+from reports.model.scenario import Inputs
+from reports.model.validate_dispatch import micro_batch_choices, validate
+from reports.model.verdicts import verdicts
+from reports.model.whatif import transport_points, what_ifs
 
 REPORT_SCHEMA = "ppscope-report/1"
 

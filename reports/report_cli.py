@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from reports.errors import CliError
-from reports.paths import results_dir
+from reports.base.errors import CliError
+from reports.base.paths import results_dir
 
 
 def register(subparsers) -> None:
@@ -50,13 +50,13 @@ def register(subparsers) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from reports import loop_builder as lb
-    from reports.records import RecordError, read_record, write_json_atomic
-    from reports.render_md import render_md
+    from reports.model import loop_builder as lb
+    from reports.base.records import RecordError, read_record, write_json_atomic
+    from reports.render.render_md import render_md
     from reports.report_build import build_report
-    from reports.scenario import (build_inputs, load_records, load_scenario, observed_from_sglang,
+    from reports.model.scenario import (build_inputs, load_records, load_scenario, observed_from_sglang,
                                   parse_bench_jsonl, parse_observed)
-    from reports.timeline_trace import chrome_trace
+    from reports.render.timeline_trace import chrome_trace
 
     t0 = time.monotonic()
     results = Path(args.results) if args.results else results_dir()
@@ -94,7 +94,7 @@ def handle(args: argparse.Namespace) -> int:
     write_json_atomic(out / "report.trace.json",
                       chrome_trace({C: lb.run(inp, C, keep_spans=True).spans
                                     for C in inp.concurrency}))
-    from reports.render_html import render_html
+    from reports.render.render_html import render_html
     (out / "report.html").write_text(render_html(rep, spans, measured))
     for w in rep["warnings"]:
         print(f"warning: {w}", file=sys.stderr)
@@ -106,7 +106,7 @@ def handle(args: argparse.Namespace) -> int:
 def measured_timelines(results: Path, max_c: int, rep: dict[str, Any]) -> tuple:
     """A few decode rounds of results/dispatch.trace.json (the dispatch probe's measured loop),
     summarised into rep["measured_timeline"]; an unreadable trace is a warning, not an error."""
-    from reports.measured_timeline import read_dispatch_trace
+    from reports.render.measured_timeline import read_dispatch_trace
     path = results / "dispatch.trace.json"
     if not path.exists():
         return ()

@@ -7,9 +7,9 @@ import pytest
 
 from microbench import dispatch as D
 from microbench.pp_loop import arrival_times, interp_cost, padded_size, parse_cost_curve
-from reports.cuda_graphs import capture_sizes as sglang_capture_sizes
+from reports.base.cuda_graphs import capture_sizes as sglang_capture_sizes
 from reports import cli
-from reports.records import read_record
+from reports.base.records import read_record
 
 MS = 1e-3
 

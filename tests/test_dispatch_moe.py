@@ -1,4 +1,4 @@
-"""The dispatch probe's MoE stage is microbench.layers' MoE (the layer stage-cost times), on CPU."""
+"""The dispatch probe's MoE stage is microbench.kernels.layers' MoE (the layer stage-cost times), on CPU."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,9 +8,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from microbench import layers as L  # noqa: E402
+from microbench.kernels import layers as L  # noqa: E402
 from microbench.pp_loop import build_moe_stage  # noqa: E402
-from reports.model_config import load_model  # noqa: E402
+from reports.base.model_config import load_model  # noqa: E402
 
 CFG = {"model": "kimi-k2", "layers_per_stage": 2, "graphs": True, "moe_variant": "fast"}
 
@@ -82,7 +82,7 @@ def test_moe_candidates_exact():
 
 
 def test_triton_check_batches_one_per_config_row(monkeypatch):
-    from microbench import moe_triton as MT
+    from microbench.kernels import moe_triton as MT
     from microbench.pp_loop import triton_check_batches
     monkeypatch.setattr(MT, "CONFIGS", ((4, None), (16, None), (64, None), (1 << 30, None)))
     assert triton_check_batches(1) == [1]
@@ -154,7 +154,7 @@ def test_forced_triton_stage_matches_float32_reference_in_interpreter():
 def test_failed_check_falls_back_to_next_candidate_and_says_why(monkeypatch):
     if L.grouped_mm_available(torch.device("cpu")):
         pytest.skip("torch._grouped_mm does not run on this CPU build")
-    from microbench import moe_triton as MT
+    from microbench.kernels import moe_triton as MT
     from microbench import pp_loop as P
     monkeypatch.setattr(MT, "available", lambda: None)
     # a kernel that returns the wrong answer (half the right one) must not be timed

@@ -1,5 +1,5 @@
 from microbench.graphs import GraphsConfig, graph_path, run
-from reports.cuda_graphs import capture_sizes as sglang_capture_sizes, default_max_bs
+from reports.base.cuda_graphs import capture_sizes as sglang_capture_sizes, default_max_bs
 
 
 def test_capture_sizes_rule():

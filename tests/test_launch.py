@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from microbench import launch
+from microbench.kit import launch
 
 
 def test_torchrun_command_shape():
@@ -47,7 +47,7 @@ def test_pyobj_round_trip_size_then_bytes():
     """send_pyobj/recv_pyobj through a fake point-to-point channel: two messages (a long size,
     then uint8 bytes), the object comes back equal."""
     torch = pytest.importorskip("torch")
-    from microbench.launch import recv_pyobj, send_pyobj
+    from microbench.kit.launch import recv_pyobj, send_pyobj
 
     class Wire:
         def __init__(self):

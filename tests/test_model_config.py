@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from reports.gpu_specs import gpu_names, load_gpu, match_gpu
-from reports.model_config import ConfigError, load_model, matrix_bytes, parse_hf_config
+from reports.base.gpu_specs import gpu_names, load_gpu, match_gpu
+from reports.base.model_config import ConfigError, load_model, matrix_bytes, parse_hf_config
 
 
 def test_kimi_k2_preset_reads_text_config_and_int4_experts():

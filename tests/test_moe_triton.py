@@ -10,9 +10,9 @@ torch = pytest.importorskip("torch")
 if "triton" not in sys.modules and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"   # read when triton is imported
 triton = pytest.importorskip("triton")
-from microbench import layers as L  # noqa: E402
-from microbench import moe_triton as MT  # noqa: E402
-from reports.model_config import load_model  # noqa: E402
+from microbench.kernels import layers as L  # noqa: E402
+from microbench.kernels import moe_triton as MT  # noqa: E402
+from reports.base.model_config import load_model  # noqa: E402
 
 cpu_ok = pytest.mark.skipif(
     not triton.knobs.runtime.interpret,
@@ -69,7 +69,7 @@ def test_many_blocks_per_expert_and_ragged_dims():
     ids, tw = L.moe_route(w, x)
     y = MT.moe_experts(w, x, ids, tw)
     ref = L.moe_reference(w, x, ids, tw)
-    assert L._rel_err(y, ref) < L.REL_TOL
+    assert L.rel_err(y, ref) < L.REL_TOL
 
 
 @cpu_ok
@@ -81,7 +81,7 @@ def test_broken_routing_weight_fails_check():
     tw_bad = tw.clone()
     tw_bad[:, 0] = 0                     # drops one routed expert's contribution
     with pytest.raises(L.CheckFailed):
-        L._assert_close("t", MT.moe_experts(w, x, ids, tw_bad), L.moe_reference(w, x, ids, tw))
+        L.assert_close("t", MT.moe_experts(w, x, ids, tw_bad), L.moe_reference(w, x, ids, tw))
 
 
 def test_config_table_and_fit():

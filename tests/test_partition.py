@@ -1,6 +1,6 @@
 import pytest
 
-from reports.partition import layer_counts, pp_partition
+from reports.base.partition import layer_counts, pp_partition
 
 
 def test_kimi_k2_pp8_matches_sglang():

@@ -3,8 +3,8 @@ from dataclasses import replace
 
 import pytest
 
-from reports import closed_form as cf
-from reports.pipeline_model import simulate, uniform_loop
+from reports.model import closed_form as cf
+from reports.model.pipeline_model import simulate, uniform_loop
 
 
 @pytest.mark.parametrize("pp,depth,m,B", [(8, 8, 8, 4), (8, 8, 16, 2), (4, 0, 4, 1), (2, 2, 1, 8)])

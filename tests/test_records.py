@@ -4,8 +4,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from reports import records
-from reports.records import RecordError, make_record, read_record, write_record
+from reports.base import records
+from reports.base.records import RecordError, make_record, read_record, write_record
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,6 @@ def test_corrupt_record_one_line_error(tmp_path, content, fragment):
 
 def test_provenance_does_not_import_torch():
     import subprocess, sys
-    code = ("import sys; from reports.records import collect_provenance; collect_provenance([]); "
+    code = ("import sys; from reports.base.records import collect_provenance; collect_provenance([]); "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -5,8 +5,8 @@ import time
 import pytest
 
 from reports.cli import main
-from reports.paths import CONFIGS
-from reports.records import make_record, write_record
+from reports.base.paths import CONFIGS
+from reports.base.records import make_record, write_record
 
 SCHEMA = json.loads((CONFIGS / "schemas" / "report.schema.json").read_text())
 TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None),
@@ -138,7 +138,7 @@ def _probe_record(measured_tok_s: float):
 
 
 def test_dispatch_validation_has_rank0_result_sync():
-    from reports.validate_dispatch import validate
+    from reports.model.validate_dispatch import validate
     # rank 0 syncs on the returned tokens, so each of its forwards follows 500 us of host on
     # an idle GPU: P = 2 x (500 + 2000) = 5000 us -> 8 / 5 ms = 1600 tok/s (without the sync
     # the host would hide behind the other forward: P = max(2 x 2000, 500+2000+1500) = 4000)
@@ -152,7 +152,7 @@ def test_dispatch_validation_has_rank0_result_sync():
 
 
 def test_micro_batch_choices_predict_more_slots_lose():
-    from reports.validate_dispatch import micro_batch_choices
+    from reports.model.validate_dispatch import micro_batch_choices
     rows = {c.micro_batches: c for c in micro_batch_choices(_probe_record(1600.0))}
     # m=1: one slot of 8 (b=8 not measured: flat extrapolation) R = 500 + 2000 + 1500 -> 2000
     assert rows[1].slot_sizes == (8, 0, 0, 0) and rows[1].interpolated

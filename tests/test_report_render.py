@@ -4,11 +4,11 @@ import re
 
 import pytest
 
-from reports import loop_builder as lb
+from reports.model import loop_builder as lb
 from reports.cli import main
-from reports.records import make_record, write_record
-from reports.scenario import build_inputs, load_scenario
-from reports.whatif import (RING_STEP_LATENCY_US, _tp_tok_s, allreduce_us, transport_points,
+from reports.base.records import make_record, write_record
+from reports.model.scenario import build_inputs, load_scenario
+from reports.model.whatif import (RING_STEP_LATENCY_US, _tp_tok_s, allreduce_us, transport_points,
                             transport_us)
 from tests.test_report import SCHEMA, validate
 

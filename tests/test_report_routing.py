@@ -3,11 +3,11 @@ from dataclasses import replace
 
 import pytest
 
-from reports import loop_builder as lb
-from reports.attribution import attribute
-from reports.records import make_record
-from reports.scenario import build_inputs, load_scenario
-from reports.verdicts import routing_verdict
+from reports.model import loop_builder as lb
+from reports.model.attribution import attribute
+from reports.base.records import make_record
+from reports.model.scenario import build_inputs, load_scenario
+from reports.model.verdicts import routing_verdict
 
 
 @pytest.fixture(scope="module")

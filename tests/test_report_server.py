@@ -14,11 +14,11 @@ import time
 import pytest
 
 from reports.cli import main
-from reports.measured_timeline import choose_point, read_dispatch_trace
-from reports.records import read_record, write_record
+from reports.render.measured_timeline import choose_point, read_dispatch_trace
+from reports.base.records import read_record, write_record
 from reports.report_cli import server_line
-from reports.scenario import observed_from_sglang
-from reports.verdicts import EVEN_CV, graph_evidence, observed_slots
+from reports.model.scenario import observed_from_sglang
+from reports.model.verdicts import EVEN_CV, graph_evidence, observed_slots
 from tests.test_report import SCHEMA, validate
 
 

@@ -1,10 +1,10 @@
 import numpy as np
 import pytest
 
-from reports.gpu_specs import load_gpu
-from reports.model_config import load_model
-from reports.partition import pp_partition
-from reports.roofline import (expected_distinct_experts, layer_floor, routed_expert_bytes,
+from reports.base.gpu_specs import load_gpu
+from reports.base.model_config import load_model
+from reports.base.partition import pp_partition
+from reports.base.roofline import (expected_distinct_experts, layer_floor, routed_expert_bytes,
                               stage_floor, zipf_inclusion)
 
 
@@ -84,7 +84,7 @@ def test_measured_bandwidth_overrides_spec():
 
 def test_zipf_inclusion_exact_against_token_draws():
     # Plackett-Luce inclusion: the numerical integral vs 200k routed tokens (seeded)
-    from reports.roofline import route_tokens
+    from reports.base.roofline import route_tokens
     picks = route_tokens(np.random.default_rng(7), 16, 3, 1.0, 200_000)
     assert (np.sort(picks, axis=1)[:, 1:] != np.sort(picks, axis=1)[:, :-1]).all()  # distinct
     freq = np.bincount(picks.ravel(), minlength=16) / 200_000
@@ -99,7 +99,7 @@ def test_zipf_inclusion_exact_against_token_draws():
 
 @pytest.mark.parametrize("s", [0.0, 1.0])
 def test_skew_spread_mean_matches_formula(s):
-    from reports.roofline import skew_spread
+    from reports.base.roofline import skew_spread
     m = load_model("kimi-k2")
     r = skew_spread(m, pp_partition(61, 8), (1, 8, 32), s, draws=50, seed=0)
     for b, x in r.items():
@@ -110,7 +110,7 @@ def test_skew_spread_mean_matches_formula(s):
 
 
 def test_skew_spread_seeded_numbers():
-    from reports.roofline import moe_fixed_bytes, skew_spread
+    from reports.base.roofline import moe_fixed_bytes, skew_spread
     m = load_model("kimi-k2")
     stages = pp_partition(61, 8)
     r = skew_spread(m, stages, (8, 32), 1.0, draws=100, seed=0)
@@ -135,7 +135,7 @@ def test_skew_spread_seeded_numbers():
 
 
 def test_skew_spread_rejects_bad_input():
-    from reports.roofline import skew_spread
+    from reports.base.roofline import skew_spread
     with pytest.raises(ValueError):
         skew_spread(load_model("kimi-k2"), pp_partition(61, 8), 0, 1.0)
     with pytest.raises(ValueError):

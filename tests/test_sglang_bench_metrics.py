@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from microbench import sglang_bench, sglang_metrics
-from reports.errors import CliError
+from microbench.sglang import bench as sglang_bench
+from microbench.sglang import metrics as sglang_metrics
+from reports.base.errors import CliError
 
 
 def test_bench_jsonl_any_version(fixtures):

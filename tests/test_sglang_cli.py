@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from microbench import sglang_cli
-from reports.errors import CliError
+from microbench.sglang import cli as sglang_cli
+from reports.base.errors import CliError
 
 
 def _args(argv):

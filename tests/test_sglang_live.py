@@ -9,8 +9,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from microbench import sglang_live
-from reports.errors import CliError
+from microbench.sglang import live as sglang_live
+from reports.base.errors import CliError
 
 PERIOD_S = 0.03   # one token per stream every 30 ms
 TOKENS = 8

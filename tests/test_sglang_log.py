@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from microbench import sglang_log
-from reports.errors import CliError
+from microbench.sglang import log as sglang_log
+from reports.base.errors import CliError
 
 
 def test_mixed_ranks_one_file(fixtures):

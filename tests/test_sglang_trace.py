@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from microbench import sglang_trace
-from reports.errors import CliError
+from microbench.sglang import trace as sglang_trace
+from reports.base.errors import CliError
 
 HTA_SETS = [("hta", ["critical_path_alexnet_benchmark_result_2869224_1695835535_trace.json.gz"]),
             ("hta", ["ns_resolution_trace_rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"]),

@@ -1,9 +1,9 @@
-"""SGLang's slot/admission discipline (reports/slots.py): hand-worked cases, no GPU."""
+"""SGLang's slot/admission discipline (reports/base/slots.py): hand-worked cases, no GPU."""
 from __future__ import annotations
 
 import pytest
 
-from reports.slots import (SlotConfig, admit, default_max_micro_batch, even_micro_batches,
+from reports.base.slots import (SlotConfig, admit, default_max_micro_batch, even_micro_batches,
                            even_slots, initial_assignment, slot_action, slot_sizes_of)
 
 

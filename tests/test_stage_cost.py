@@ -4,8 +4,8 @@ import pytest
 
 from microbench import stage_cost as sc
 from reports.cli import main
-from reports.model_config import load_model
-from reports.records import read_record
+from reports.base.model_config import load_model
+from reports.base.records import read_record
 
 
 def test_plan_cli_writes_record_and_png(tmp_path, capsys):

@@ -4,10 +4,10 @@ import dataclasses
 
 import pytest
 
-from reports.model_config import load_model
+from reports.base.model_config import load_model
 
 torch = pytest.importorskip("torch")
-from microbench import layers as L  # noqa: E402
+from microbench.kernels import layers as L  # noqa: E402
 
 
 def tiny(name="kimi-k2"):

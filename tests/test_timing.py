@@ -1,6 +1,6 @@
 import pytest
 
-from microbench.timing import summarize
+from microbench.kit.timing import summarize
 
 
 def test_summary_statistics_exact():
@@ -26,5 +26,5 @@ def test_rejects_empty_and_nonfinite(bad):
 
 def test_timing_module_imports_without_cuda():
     import subprocess, sys
-    code = "import sys, microbench.timing; sys.exit(1 if 'torch' in sys.modules else 0)"
+    code = "import sys, microbench.kit.timing; sys.exit(1 if 'torch' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from microbench.timing import summarize
+from microbench.kit.timing import summarize
 from topology import hop, probe
 from topology.render import hop_parts_table, transport_table
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from reports.cli import main
-from reports.records import read_record
+from reports.base.records import read_record
 from topology import probe
 from topology.discover import Discovery, GpuInfo, mask_to_cpulist, sysfs_bus_id
 from topology.links import hop_class, pipeline_pairs
@@ -74,7 +74,7 @@ def test_build_data_from_canned_discovery():
 
 
 def test_record_renders_and_round_trips(tmp_path):
-    from reports.records import make_record, write_record
+    from reports.base.records import make_record, write_record
     p2p = [{"src": 0, "dst": 1, "op": "write", "direction": "uni", "p2p": True,
             "status": "ok", "bandwidth_gbps": 53.5},
            {"src": 1, "dst": 2, "op": "write", "direction": "uni", "p2p": True,
@@ -131,7 +131,7 @@ def test_cli_errors_one_line_exit_2(tmp_path, capsys, args, words):
 
 
 def test_cli_live_without_gpu_explains_and_leaves_waived_record(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("topology.discover.gpu_count", lambda: 0)
+    monkeypatch.setattr("microbench.kit.gpus.nvml_gpu_count", lambda: 0)
     out = tmp_path / "t.json"
     rc = main(["topology", "--json", str(out)])
     err = capsys.readouterr().err

@@ -202,16 +202,3 @@ def discover() -> Discovery:
     return Discovery(gpus=gpus, links=links, p2p_support=p2p, sockets=socket_count(),
                      numa_nodes=numa_node_count(), links_source=source, driver=driver,
                      notes=tuple(notes))
-
-
-def gpu_count() -> int:
-    """GPUs NVML can see (0 when NVML or the driver is missing). Never touches CUDA."""
-    try:
-        import pynvml as nv
-        nv.nvmlInit()
-    except Exception:  # noqa: BLE001
-        return 0
-    try:
-        return int(nv.nvmlDeviceGetCount())
-    finally:
-        nv.nvmlShutdown()

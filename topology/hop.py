@@ -42,9 +42,9 @@ import pickle
 import sys
 import time
 
-from microbench.launch import recv_pyobj, send_pyobj
-from microbench.timing import host_bench, summarize
-from reports.records import write_json_atomic
+from microbench.kit.launch import recv_pyobj, send_pyobj
+from microbench.kit.timing import host_bench, summarize
+from reports.base.records import write_json_atomic
 from topology.links import pipeline_pairs
 
 

@@ -16,7 +16,7 @@ can be compared number for number:
 
 How: cupy's CUDA runtime bindings. Peer access is switched on and off per pair in one process
 (`deviceEnablePeerAccess` / `deviceDisablePeerAccess`), copies are `cudaMemcpyPeerAsync` (copy
-engines), and each sample is queued behind `microbench.timing.SpinBlocker` so host enqueue
+engines), and each sample is queued behind `microbench.kit.timing.SpinBlocker` so host enqueue
 time stays out of the CUDA-event interval. Every copy path is first checked on random data.
 
 Read it: `bandwidth_gbps` is the median over samples; a `waived` entry says why it was not
@@ -30,7 +30,7 @@ from typing import Callable
 
 import numpy as np
 
-from microbench.timing import summarize
+from microbench.kit.timing import summarize
 
 CUDA_SAMPLES_ELEMS = 40_000_000     # p2pBandwidthLatencyTest's numElems (ints)
 
@@ -140,7 +140,7 @@ class Bench:
     """Per-process state: one non-blocking stream, start/stop events and buffers per GPU."""
 
     def __init__(self, devices: list[int], cfg: P2PConfig):
-        from microbench.timing import SpinBlocker
+        from microbench.kit.timing import SpinBlocker
 
         cp, _ = _cupy()
         self.cp, self.cfg = cp, cfg

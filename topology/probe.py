@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from microbench import launch
-from reports.records import Record, make_record, write_record
+from microbench.kit import launch
+from reports.base.records import Record, make_record, write_record
 from topology.links import hop_class, pair_key, pipeline_pairs
 
 MB = 1_000_000
@@ -62,9 +62,9 @@ MODES: dict[str, dict[str, Any]] = {
 
 def available() -> str | None:
     """Why measurement cannot run here, or None."""
-    from topology.discover import gpu_count
+    from microbench.kit.gpus import nvml_gpu_count
 
-    if gpu_count() == 0:
+    if nvml_gpu_count() == 0:
         return ("measuring the topology needs NVIDIA GPUs and their driver (NVML found none); "
                 "on this machine you can still parse a saved `nvidia-smi topo -m` with "
                 "`ppscope topology --from-nvidia-smi FILE`")

@@ -10,8 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from reports.errors import CliError
-from reports.paths import default_record_path
+from reports.base.errors import CliError
+from reports.base.paths import default_record_path
 
 DESCRIPTION = """\
 Map how the GPUs are wired and what moving a pipeline stage's hidden state costs.
@@ -77,7 +77,7 @@ def hidden_size(model: str | None, hidden: int | None) -> int:
         if hidden <= 0:
             raise CliError(f"--hidden must be positive, got {hidden}")
         return hidden
-    from reports.model_config import load_model
+    from reports.base.model_config import load_model
 
     try:
         return int(load_model(model).hidden)
@@ -86,7 +86,7 @@ def hidden_size(model: str | None, hidden: int | None) -> int:
 
 
 def _finish(rec, out: Path, png: bool) -> None:
-    from reports.records import write_record
+    from reports.base.records import write_record
     from topology.render import render_text, write_png
 
     write_record(rec, out)
@@ -124,7 +124,7 @@ def handle(args) -> int:
         _finish(rec, out, not args.no_png)
         return 0
 
-    from reports.records import waived, write_record
+    from reports.base.records import waived, write_record
     from topology.probe import TopologyConfig, available, run
 
     why = available()

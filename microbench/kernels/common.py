@@ -1,0 +1,44 @@
+"""What every kernel check shares: seeded random inputs (never zeros) and the relative-error test
+against a float32 reference (STYLE rule 4). Imports torch only inside functions."""
+from __future__ import annotations
+
+REL_TOL = 2e-2  # ||y - ref|| / ||ref|| allowed for bf16 vs fp32 reference
+
+
+class CheckFailed(RuntimeError):
+    pass
+
+
+def rel_err(y, ref) -> float:
+    y, ref = y.float(), ref.float()
+    return float((y - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def assert_close(name: str, y, ref, tol: float = REL_TOL) -> float:
+    err = rel_err(y, ref)
+    if not err <= tol:  # also catches NaN
+        raise CheckFailed(f"{name}: relative error {err:.3g} > {tol} against float32 reference")
+    return err
+
+
+def randn(shape, scale: float, gen, device, dtype=None):
+    import torch
+
+    t = torch.randn(shape, generator=gen, device=device, dtype=torch.float32 if dtype is None
+                    else dtype)
+    return t.mul_(scale).to(torch.bfloat16)
+
+
+def gen(device, seed: int):
+    import torch
+
+    g = torch.Generator(device=device)
+    g.manual_seed(seed)
+    return g
+
+
+def rmsnorm(x, w, eps: float = 1e-6):
+    import torch
+
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)

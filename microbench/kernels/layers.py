@@ -1,0 +1,454 @@
+"""Single-layer decode forwards at a model's real dimensions, with random (never zero) weights.
+
+What: the pieces a pipeline stage is made of, built so each can be timed eagerly or replayed
+from a CUDA graph (no host syncs, fixed-size index tensors):
+- `moe`: router (sigmoid scores + correction bias, top-k), routed experts, shared expert.
+  Backends: `torch` variant `fast` (gate+up fused into one [G, 2I, H] weight, the shared
+  expert(s) appended as extra groups every token visits, offsets by `searchsorted`, one
+  `torch._grouped_mm` per projection over the sorted tokens; empty groups cost nothing),
+  variant `plain` (the straightforward grouped_mm layer: separate gate/up/down, histc offsets,
+  index_add combine, separate shared MLP) kept as the reference point; a loop over the touched
+  experts where `_grouped_mm` is missing (not graph-capturable: it syncs); `sglang`
+  (SGLang's fused_moe Triton kernel when sglang imports); `triton` (ppscope's own fused
+  decode kernel, microbench/kernels/moe_triton.py, on the `fast` weight layout).
+- `attention`: MLA decode with absorbed projections over a KV cache of `context_len` tokens
+  (GQA for Llama/Qwen); RoPE itself is left out (elementwise, negligible).
+- `dense_mlp`, `lm_head` (final norm, logits, Gumbel-max sampling).
+Each builder returns a `Built` with `fn` (one forward on fixed inputs) and `check()` that
+compares the op with a float32 reference on fresh random inputs (STYLE rule 4); probes call
+`check()` before timing. Only bf16 weights are materialised; INT4/FP8 formats are costed by the
+roofline but not executed here (said so in the record).
+
+`experts_sample=N` allocates N routed experts instead of E and folds expert ids modulo N; the
+distinct experts actually touched are counted from the routing so the floor stays honest.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from microbench.kernels.moe_common import MoEWeights, append_shared  # noqa: F401 - re-exported
+from microbench.kernels.common import (REL_TOL, CheckFailed, assert_close, gen, randn,  # noqa: F401
+                                       rel_err, rmsnorm)
+from reports.base.model_config import ModelConfig
+
+@dataclass(frozen=True)
+class Built:
+    kind: str
+    batch: int
+    backend: str
+    fn: Callable[[], Any]
+    check: Callable[[], float]          # returns relative error, raises CheckFailed
+    graphable: bool = True
+    weight_bytes: int = 0               # bytes allocated for weights
+    info: dict = field(default_factory=dict)  # distinct_experts, notes
+
+
+def grouped_mm_available(device) -> str | None:
+    """None if torch._grouped_mm runs here, else the reason."""
+    import torch
+
+    if not hasattr(torch, "_grouped_mm"):
+        return f"torch {torch.__version__} has no _grouped_mm"
+    try:
+        a = torch.ones(4, 16, device=device, dtype=torch.bfloat16)
+        w = torch.ones(2, 16, 16, device=device, dtype=torch.bfloat16)
+        offs = torch.tensor([1, 4], device=device, dtype=torch.int32)
+        y = torch._grouped_mm(a, w.transpose(-2, -1), offs=offs)
+        if float(y[0, 0]) != 16.0:
+            return "torch._grouped_mm gave a wrong result"
+    except Exception as e:  # noqa: BLE001 - unsupported arch/build: fall back
+        return f"torch._grouped_mm unsupported here ({type(e).__name__})"
+    return None
+
+
+# ------------------------------------------------------------------ MoE
+
+def zipf_bias(E: int, zipf_s: float, device):
+    """Correction bias that skews the router toward low-rank experts: log of Zipf weights,
+    scaled so it competes with the random-input sigmoid scores (approximate skew; the record
+    counts the experts actually touched)."""
+    import torch
+
+    r = torch.arange(1, E + 1, device=device, dtype=torch.float32)
+    return -zipf_s * torch.log(r) * 0.1
+
+
+def make_moe_weights(m: ModelConfig, variant: str, device, *, experts_sample: int | None = None,
+                     zipf_s: float = 0.0, seed: int = 0) -> MoEWeights:
+    import torch
+
+    H, I, E, S = m.hidden, m.moe_intermediate, m.n_routed_experts, m.n_shared_experts
+    n = min(experts_sample or E, E)
+    g = gen(device, seed)
+    sh, si = H ** -0.5, I ** -0.5
+    common = dict(router=randn((E, H), sh, g, device), bias=zipf_bias(E, zipf_s, device),
+                  n_alloc=n, top_k=m.top_k, n_shared=S, inter=I, scale=2.5)
+    if variant == "fast":
+        G = n + S
+        return MoEWeights(**common, gate_up=randn((G, 2 * I, H), sh, g, device),
+                          down=randn((G, H, I), si, g, device),
+                          group_ids=torch.arange(G, device=device),
+                          shared_ids=torch.arange(n, G, device=device))
+    if variant in ("plain", "loop"):
+        return MoEWeights(**common, gate=randn((n, I, H), sh, g, device),
+                          up=randn((n, I, H), sh, g, device), down=randn((n, H, I), si, g, device),
+                          s_gate_up=randn((2 * S * I, H), sh, g, device) if S else None,
+                          s_down=randn((H, S * I), si, g, device) if S else None)
+    raise ValueError(f"unknown MoE variant {variant!r}")
+
+
+def moe_route(w: MoEWeights, x):
+    """Router: sigmoid scores, top-k on score + bias, weights renormalised (DeepSeek noaux_tc
+    without groups). Returns ids [b, k] folded into the allocated experts, weights [b, k] fp32."""
+    import torch
+
+    scores = (x @ w.router.t()).float().sigmoid()                    # [b, E]
+    _, ids = torch.topk(scores + w.bias, w.top_k, dim=-1)            # [b, k]
+    tw = scores.gather(1, ids)
+    tw = tw / tw.sum(-1, keepdim=True) * w.scale
+    return ids.remainder_(w.n_alloc) if w.n_alloc < w.router.shape[0] else ids, tw
+
+
+def moe_experts_fast(w: MoEWeights, x, ids, tw):
+    import torch
+    import torch.nn.functional as F
+
+    b, I = x.shape[0], w.inter
+    ids, tw = append_shared(w, ids, tw)
+    kk = ids.shape[1]
+    sorted_ids, order = ids.flatten().sort(stable=True)              # [b*kk]
+    xs = x[order // kk]                                              # [b*kk, H] sorted by expert
+    offs = torch.searchsorted(sorted_ids, w.group_ids, right=True).to(torch.int32)  # [G] ends
+    h = torch._grouped_mm(xs, w.gate_up.transpose(-2, -1), offs=offs)  # [b*kk, 2I]
+    a = F.silu(h[:, :I]) * h[:, I:]
+    y = torch._grouped_mm(a, w.down.transpose(-2, -1), offs=offs)    # [b*kk, H]
+    yu = torch.empty_like(y).index_copy_(0, order, y)                # back to (token, slot) order
+    return torch.bmm(tw.to(y.dtype).view(b, 1, kk), yu.view(b, kk, -1)).view(b, -1)
+
+
+def _shared_plain(w: MoEWeights, x):
+    import torch.nn.functional as F
+
+    if not w.n_shared:
+        return 0
+    h = x @ w.s_gate_up.t()
+    SI = w.n_shared * w.inter
+    return (F.silu(h[:, :SI]) * h[:, SI:]) @ w.s_down.t()
+
+
+def moe_experts_plain(w: MoEWeights, x, ids, tw):
+    import torch
+    import torch.nn.functional as F
+
+    b, k = ids.shape
+    flat = ids.flatten()
+    sorted_ids, order = flat.sort()
+    tok = order // k
+    counts = torch.histc(flat.float(), bins=w.n_alloc, min=0, max=w.n_alloc - 1)
+    offs = counts.cumsum(0).to(torch.int32)
+    xs = x[tok]
+    gt = torch._grouped_mm(xs, w.gate.transpose(-2, -1), offs=offs)
+    up = torch._grouped_mm(xs, w.up.transpose(-2, -1), offs=offs)
+    y = torch._grouped_mm(F.silu(gt) * up, w.down.transpose(-2, -1), offs=offs)
+    out = torch.zeros_like(x).index_add_(0, tok, y * tw.flatten()[order, None].to(y.dtype))
+    return out + _shared_plain(w, x)
+
+
+def moe_experts_loop(w: MoEWeights, x, ids, tw):
+    """Correct everywhere, not capturable: visits each touched expert (host sync)."""
+    import torch
+    import torch.nn.functional as F
+
+    out = torch.zeros_like(x)
+    for e in torch.unique(ids).tolist():
+        tok, slot = (ids == e).nonzero(as_tuple=True)
+        h = F.silu(x[tok] @ w.gate[e].t()) * (x[tok] @ w.up[e].t())
+        out.index_add_(0, tok, (h @ w.down[e].t()) * tw[tok, slot, None].to(x.dtype))
+    return out + _shared_plain(w, x)
+
+
+def _sglang_experts(device):
+    """SGLang's fused MoE (Triton) as a function (x, w13 [E,2I,H], w2 [E,H,I], ids, tw) -> y,
+    or a reason string. Its API moved between releases; both known call forms are tried."""
+    try:
+        from sglang.srt.layers.moe.fused_moe_triton.fused_moe import fused_experts
+    except Exception as e:  # noqa: BLE001 - not installed / incompatible build
+        return f"sglang fused_moe not importable ({type(e).__name__}: {str(e)[:80]})"
+
+    import torch
+
+    def call(x, w13, w2, ids, tw):
+        try:
+            from sglang.srt.layers.moe.moe_runner import MoeRunnerConfig
+            from sglang.srt.layers.moe.topk import StandardTopKOutput
+            return fused_experts(x, w13, w2, StandardTopKOutput(tw, ids.to(torch.int32), None),
+                                 MoeRunnerConfig(inplace=False))
+        except ImportError:
+            return fused_experts(x, w13, w2, tw, ids.to(torch.int32), inplace=False)
+    return call
+
+
+def moe_reference(w: MoEWeights, x, ids, tw):
+    """float32, one token and one expert at a time."""
+    import torch
+    import torch.nn.functional as F
+
+    xf = x.float()
+    out = torch.zeros_like(xf)
+    I = w.inter
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            if w.gate_up is not None:
+                gu, dn = w.gate_up[e].float(), w.down[e].float()
+                g_, u_ = gu[:I], gu[I:]
+            else:
+                g_, u_, dn = w.gate[e].float(), w.up[e].float(), w.down[e].float()
+            out[t] += float(tw[t, j]) * (dn @ (F.silu(g_ @ xf[t]) * (u_ @ xf[t])))
+        for s in range(w.n_shared):
+            if w.gate_up is not None:
+                e = w.n_alloc + s
+                gu, dn = w.gate_up[e].float(), w.down[e].float()
+                out[t] += dn @ (F.silu(gu[:I] @ xf[t]) * (gu[I:] @ xf[t]))
+            else:
+                SI = w.n_shared * I
+                gu, dn = w.s_gate_up.float(), w.s_down.float()
+                sl = slice(s * I, (s + 1) * I)
+                out[t] += dn[:, sl] @ (F.silu(gu[:SI][sl] @ xf[t]) * (gu[SI:][sl] @ xf[t]))
+    return out
+
+
+def build_moe(m: ModelConfig, batch: int, device, *, backend: str = "torch",
+              variant: str = "fast", experts_sample: int | None = None, zipf_s: float = 0.0,
+              seed: int = 0, weights: MoEWeights | None = None,
+              triton_config=None) -> Built:
+    import torch
+
+    if not m.is_moe:
+        raise ValueError(f"{m.name} has no MoE layers")
+    if backend == "triton":
+        from microbench.kernels import moe_triton as MT
+        if why := MT.available():
+            raise RuntimeError(why)
+        variant = "fast"
+    if backend == "sglang":
+        fe = _sglang_experts(device)
+        if isinstance(fe, str):
+            raise RuntimeError(fe)
+        variant = "fast"
+    elif backend != "triton" and variant != "loop" and grouped_mm_available(device):
+        variant = "loop"
+    w = weights or make_moe_weights(m, variant if variant != "loop" else "plain", device,
+                                    experts_sample=experts_sample, zipf_s=zipf_s, seed=seed)
+    if backend == "sglang":
+        n = w.n_alloc
+        w13, w2 = w.gate_up[:n], w.down[:n]
+
+        def experts(w_, x, ids, tw):
+            y = fe(x, w13, w2, ids, tw)
+            if w_.n_shared:
+                S = torch.arange(n, n + w_.n_shared, device=x.device).expand(x.shape[0], -1)
+                y = y + fe(x, w_.gate_up[n:], w_.down[n:], S - n,
+                           torch.ones(S.shape, device=x.device))
+            return y
+    elif backend == "triton":
+        def experts(w_, x, ids, tw):
+            return MT.moe_experts(w_, x, ids, tw, triton_config)
+    else:
+        experts = {"fast": moe_experts_fast, "plain": moe_experts_plain,
+                   "loop": moe_experts_loop}[variant]
+    g = gen(device, seed + 1)
+    x = randn((batch, m.hidden), 1.0, g, device)
+
+    def fn():
+        ids, tw = moe_route(w, x)
+        return experts(w, x, ids, tw)
+
+    def check() -> float:
+        xc = randn((min(batch, 5), m.hidden), 1.0, gen(device, seed + 99), device)
+        ids, tw = moe_route(w, xc)
+        ref_scores = (xc.float() @ w.router.float().t()).sigmoid()
+        assert_close("moe router scores", (xc @ w.router.t()).float().sigmoid(), ref_scores)
+        return assert_close(f"moe experts ({backend}/{variant})", experts(w, xc, ids, tw),
+                             moe_reference(w, xc, ids, tw))
+
+    ids, _ = moe_route(w, x)
+    distinct = int(torch.unique(ids).numel())
+    nbytes = sum(t.numel() * t.element_size() for t in (w.router, w.gate_up, w.down, w.gate, w.up,
+                                                        w.s_gate_up, w.s_down) if t is not None)
+    return Built("moe", batch, f"{backend}/{variant}", fn, check,
+                 graphable=variant != "loop", weight_bytes=nbytes,
+                 info={"distinct_experts": distinct, "experts_allocated": w.n_alloc,
+                       "weights": w})
+
+
+def moe_weight_bytes(m: ModelConfig, experts_sample: int | None = None) -> int:
+    """bf16 bytes `make_moe_weights` allocates (either variant)."""
+    n = min(experts_sample or m.n_routed_experts, m.n_routed_experts)
+    H, I = m.hidden, m.moe_intermediate
+    return 2 * (m.n_routed_experts * H + (n + m.n_shared_experts) * 3 * H * I)
+
+
+# ------------------------------------------------------------------ attention
+
+def build_attention(m: ModelConfig, batch: int, device, *, context_len: int,
+                    seed: int = 0) -> Built:
+    import torch
+
+    H, h = m.hidden, m.num_heads
+    g = gen(device, seed)
+    sh = H ** -0.5
+    if m.attention == "mla":
+        ql, kl, nope, rope, vd = (m.q_lora_rank or 0), m.kv_lora_rank, m.qk_nope_head_dim, \
+            m.qk_rope_head_dim, m.v_head_dim
+        qk = nope + rope
+        W = dict(wqa=randn((ql, H), sh, g, device) if ql else None,
+                 qn=randn((ql,), 1.0, g, device).abs_().add_(0.5) if ql else None,
+                 wqb=randn((h * qk, ql or H), (ql or H) ** -0.5, g, device),
+                 wkva=randn((kl + rope, H), sh, g, device),
+                 kvn=randn((kl,), 1.0, g, device).abs_().add_(0.5),
+                 wkvb=randn((h * (nope + vd), kl), kl ** -0.5, g, device),
+                 wo=randn((H, h * vd), (h * vd) ** -0.5, g, device))
+        wkvb = W["wkvb"].view(h, nope + vd, kl)
+        w_uk, w_uv = wkvb[:, :nope], wkvb[:, nope:]                 # [h, nope, kl], [h, vd, kl]
+        sm = qk ** -0.5
+
+        def proj(x):
+            qa = rmsnorm(x @ W["wqa"].t(), W["qn"]) if ql else x
+            q = (qa @ W["wqb"].t()).view(-1, h, qk)
+            kv = x @ W["wkva"].t()
+            return q[..., :nope], q[..., nope:], torch.cat([rmsnorm(kv[:, :kl], W["kvn"]),
+                                                            kv[:, kl:]], -1)
+
+        def forward(x, cache):                                       # cache [b, ctx, kl+rope]
+            q_nope, q_rope, new = proj(x)
+            cache[:, -1] = new                                       # this step's latent
+            q_lat = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)   # [b, h, kl]
+            s = torch.bmm(torch.cat([q_lat, q_rope], -1), cache.transpose(1, 2))  # [b, h, ctx]
+            p = torch.softmax(s.float() * sm, -1).to(x.dtype)
+            o_lat = torch.bmm(p, cache[..., :kl])                    # [b, h, kl]
+            o = torch.bmm(o_lat.transpose(0, 1), w_uv.transpose(1, 2))  # [h, b, vd]
+            return o.transpose(0, 1).reshape(x.shape[0], h * vd) @ W["wo"].t()
+
+        def reference(x, cache):                                     # not absorbed, float32
+            c, kr = cache[..., :kl].float(), cache[..., kl:].float()  # [b, ctx, *]
+            q_nope, q_rope, _ = proj(x)
+            k_nope = torch.einsum("bck,hnk->bhcn", c, w_uk.float())
+            v = torch.einsum("bck,hvk->bhcv", c, w_uv.float())
+            s = (torch.einsum("bhn,bhcn->bhc", q_nope.float(), k_nope)
+                 + torch.einsum("bhr,bcr->bhc", q_rope.float(), kr))
+            p = torch.softmax(s * sm, -1)
+            o = torch.einsum("bhc,bhcv->bhv", p, v).reshape(x.shape[0], h * vd)
+            return o @ W["wo"].float().t()
+        kv_w = kl + rope
+    else:
+        hd, kvh = m.head_dim, m.num_kv_heads
+        W = dict(wq=randn((h * hd, H), sh, g, device), wk=randn((kvh * hd, H), sh, g, device),
+                 wv=randn((kvh * hd, H), sh, g, device),
+                 wo=randn((H, h * hd), (h * hd) ** -0.5, g, device))
+        kv_w = 2 * kvh * hd
+        sm = hd ** -0.5
+
+        def forward(x, cache):                                       # cache [b, ctx, 2*kvh*hd]
+            b = x.shape[0]
+            cache[:, -1] = torch.cat([x @ W["wk"].t(), x @ W["wv"].t()], -1)
+            q = (x @ W["wq"].t()).view(b, kvh, h // kvh, hd)
+            kv = cache.view(b, -1, 2, kvh, hd)
+            k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)  # [b, kvh, ctx, hd]
+            p = torch.softmax((q @ k.transpose(-1, -2)).float() * sm, -1).to(x.dtype)
+            return (p @ v).reshape(b, h * hd) @ W["wo"].t()
+
+        def reference(x, cache):
+            b = x.shape[0]
+            q = (x.float() @ W["wq"].float().t()).view(b, kvh, h // kvh, hd)
+            kv = cache.float().view(b, -1, 2, kvh, hd)
+            k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
+            p = torch.softmax((q @ k.transpose(-1, -2)) * sm, -1)
+            return (p @ v).reshape(b, h * hd) @ W["wo"].float().t()
+
+    ctx = max(int(context_len), 1)
+    x = randn((batch, H), 1.0, g, device)
+    cache = randn((batch, ctx, kv_w), 1.0, g, device)
+
+    def check() -> float:
+        gc = gen(device, seed + 99)
+        xc = randn((min(batch, 3), H), 1.0, gc, device)
+        cc = randn((xc.shape[0], min(ctx, 64), kv_w), 1.0, gc, device)
+        y = forward(xc, cc)                                          # writes cc[:, -1]
+        return assert_close(f"{m.attention} attention", y, reference(xc, cc))
+
+    nbytes = sum(t.numel() * t.element_size() for t in W.values() if t is not None)
+    return Built("attention", batch, "torch", lambda: forward(x, cache), check,
+                 weight_bytes=nbytes, info={"context_len": ctx,
+                                            "kv_cache_bytes": cache.numel() * 2})
+
+
+# ------------------------------------------------------------------ dense MLP, lm_head
+
+def build_dense_mlp(m: ModelConfig, batch: int, device, *, seed: int = 0) -> Built:
+    import torch.nn.functional as F
+
+    H, I = m.hidden, m.dense_intermediate
+    g = gen(device, seed)
+    wgu, wd = randn((2 * I, H), H ** -0.5, g, device), randn((H, I), I ** -0.5, g, device)
+    x = randn((batch, H), 1.0, g, device)
+
+    def forward(x):
+        h = x @ wgu.t()
+        return (F.silu(h[:, :I]) * h[:, I:]) @ wd.t()
+
+    def check() -> float:
+        xc = randn((min(batch, 5), H), 1.0, gen(device, seed + 99), device).float()
+        h = xc @ wgu.float().t()
+        ref = (F.silu(h[:, :I]) * h[:, I:]) @ wd.float().t()
+        return assert_close("dense mlp", forward(xc.to(wgu.dtype)), ref)
+
+    return Built("dense_mlp", batch, "torch", lambda: forward(x), check,
+                 weight_bytes=(3 * H * I) * 2)
+
+
+def build_lm_head(m: ModelConfig, batch: int, device, *, temperature: float = 0.7,
+                  seed: int = 0) -> Built:
+    """Final RMSNorm, logits in fp32, Gumbel-max sampling (graph-safe: torch's Philox RNG)."""
+    import torch
+
+    H, V = m.hidden, m.vocab
+    g = gen(device, seed)
+    w, nw = randn((V, H), H ** -0.5, g, device), randn((H,), 1.0, g, device).abs_().add_(0.5)
+    x = randn((batch, H), 1.0, g, device)
+
+    def logits_of(x):
+        return (rmsnorm(x, nw) @ w.t()).float()                     # [b, V]
+
+    def forward(x):
+        lg = logits_of(x)
+        u = torch.rand_like(lg).clamp_(1e-10, 1.0)
+        return torch.argmax(lg / temperature - torch.log(-torch.log(u)), -1)
+
+    def check() -> float:
+        xc = randn((min(batch, 4), H), 1.0, gen(device, seed + 99), device)
+        ref = rmsnorm(xc, nw).float() @ w.float().t()
+        err = assert_close("lm_head logits", logits_of(xc), ref)
+        tok = forward(xc)
+        if not bool(((tok >= 0) & (tok < V)).all()):
+            raise CheckFailed("lm_head sampling returned token ids outside the vocabulary")
+        return err
+
+    return Built("lm_head", batch, "torch", lambda: forward(x), check, weight_bytes=V * H * 2)
+
+
+def build(kind: str, m: ModelConfig, batch: int, device, **kw) -> Built:
+    if kind == "moe":
+        return build_moe(m, batch, device, **{k: v for k, v in kw.items()
+                                              if k in ("backend", "variant", "experts_sample",
+                                                       "zipf_s", "seed", "weights",
+                                                       "triton_config")})
+    if kind == "attention":
+        return build_attention(m, batch, device, context_len=kw.get("context_len", 2048),
+                               seed=kw.get("seed", 0))
+    if kind == "dense_mlp":
+        return build_dense_mlp(m, batch, device, seed=kw.get("seed", 0))
+    if kind == "lm_head":
+        return build_lm_head(m, batch, device, seed=kw.get("seed", 0))
+    raise ValueError(f"unknown layer kind {kind!r}")

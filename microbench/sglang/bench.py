@@ -1,0 +1,147 @@
+"""Read `sglang.bench_serving` results: the JSONL it appends (`--output-file`, one run per line,
+any version's keys) or the printed "Serving Benchmark Result" block(s) copied from a terminal.
+
+What it gives: for each run, the observed output tok/s, TTFT, TPOT and ITL at its concurrency,
+keyed and sorted by the concurrency cap the user set (`max_concurrency`; the measured mean,
+bench_serving's `concurrency`, is kept as `mean_concurrency` and is the key only for an uncapped
+run). These are the user's `observed` numbers the report puts next to the model. How to run: `ppscope dispatch --from-sglang --bench results.jsonl` (or a saved console log).
+Unreadable input raises a one-line CliError; lines that are not runs are counted, not fatal.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from pathlib import Path
+
+from reports.base.errors import CliError
+
+# printed label -> JSON key (labels as sglang/bench_serving.py prints them)
+_LABELS = {
+    "Backend": "backend",
+    "Traffic request rate": "request_rate",
+    "Max request concurrency": "max_concurrency",
+    "Maximum request concurrency": "max_concurrency",
+    "Successful requests": "completed",
+    "Benchmark duration (s)": "duration",
+    "Total input tokens": "total_input_tokens",
+    "Total generated tokens": "total_output_tokens",
+    "Request throughput (req/s)": "request_throughput",
+    "Input token throughput (tok/s)": "input_throughput",
+    "Output token throughput (tok/s)": "output_throughput",
+    "Total token throughput (tok/s)": "total_throughput",
+    "Total Token throughput (tok/s)": "total_throughput",
+    "Total throughput (tok/s)": "total_throughput",
+    "Concurrency": "concurrency",
+    "Mean E2E Latency (ms)": "mean_e2e_latency_ms",
+    "Median E2E Latency (ms)": "median_e2e_latency_ms",
+    "Mean TTFT (ms)": "mean_ttft_ms",
+    "Median TTFT (ms)": "median_ttft_ms",
+    "P99 TTFT (ms)": "p99_ttft_ms",
+    "Mean TPOT (ms)": "mean_tpot_ms",
+    "Median TPOT (ms)": "median_tpot_ms",
+    "P99 TPOT (ms)": "p99_tpot_ms",
+    "Mean ITL (ms)": "mean_itl_ms",
+    "Median ITL (ms)": "median_itl_ms",
+    "P95 ITL (ms)": "p95_itl_ms",
+    "P99 ITL (ms)": "p99_itl_ms",
+    "Max ITL (ms)": "max_itl_ms",
+}
+_KEEP = ("max_concurrency", "concurrency", "completed", "duration", "output_throughput",
+         "total_throughput", "request_throughput", "mean_ttft_ms", "median_ttft_ms",
+         "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_itl_ms",
+         "median_itl_ms", "p95_itl_ms", "p99_itl_ms", "max_itl_ms", "mean_e2e_latency_ms",
+         "median_e2e_latency_ms", "request_rate", "backend", "total_output_tokens")
+# older / other versions' spellings
+_ALIASES = {"output_token_throughput": "output_throughput", "num_prompts_completed": "completed",
+            "benchmark_duration": "duration", "max_concurrent_requests": "max_concurrency"}
+_LINE = re.compile(r"^\s*([A-Za-z0-9 ()/]+?):\s+(\S+)\s*$")
+
+
+def _num(v):
+    if isinstance(v, (int, float)) or v is None:
+        return v
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return v
+    return int(f) if f.is_integer() and "." not in str(v) and "inf" not in str(v) else f
+
+
+def _normalise(d: dict) -> dict:
+    d = {_ALIASES.get(k, k): v for k, v in d.items()}
+    run = {k: _num(d.get(k)) for k in _KEEP}
+    # bench_serving's own `concurrency` is the measured mean number of requests in flight
+    # (e.g. 7.98 under --max-concurrency 8); keep it, and key the run by the cap the user chose
+    # (`--max-concurrency`), falling back to the measured mean for an uncapped run
+    run["mean_concurrency"] = run.pop("concurrency")
+    cap = run["max_concurrency"]
+    run["concurrency"] = cap if cap is not None else run["mean_concurrency"]
+    run["concurrency_from"] = "max_concurrency" if cap is not None else (
+        "measured" if run["mean_concurrency"] is not None else None)
+    return run
+
+
+def _read_text(path: Path) -> str:
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise CliError(f"{path}: cannot read bench file ({e.strerror or e})") from None
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (EOFError, OSError) as e:
+            raise CliError(f"{path}: truncated or corrupt gzip ({e})") from None
+    text = raw.decode("utf-8", errors="replace")
+    if not text.strip():
+        raise CliError(f"{path}: empty bench file")
+    return text
+
+
+def read_bench(path: str | Path) -> dict:
+    """{"runs": [...], "lines_unrecognised": n, "source": "jsonl" | "printed"}."""
+    path = Path(path)
+    text = _read_text(path)
+    runs, bad = [], 0
+    if text.lstrip().startswith("{"):
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+            except json.JSONDecodeError:
+                bad += 1
+                continue
+            if isinstance(d, dict) and ("output_throughput" in d or "output_token_throughput" in d):
+                runs.append(_normalise(d))
+            else:
+                bad += 1
+        source = "jsonl"
+    else:
+        cur: dict | None = None
+        pending: dict = {}   # settings printed before the block (older clients print
+        for line in text.splitlines():   # "Maximum request concurrency: 32" above it)
+            if "Serving Benchmark Result" in line:
+                if cur:
+                    runs.append(_normalise(cur))
+                cur, pending = dict(pending), {}
+                continue
+            if cur is None:
+                m = _LINE.match(line)
+                if m and _LABELS.get(m.group(1)) in ("max_concurrency", "request_rate"):
+                    pending[_LABELS[m.group(1)]] = m.group(2)
+                continue
+            m = _LINE.match(line)
+            if m and m.group(1) in _LABELS:
+                cur[_LABELS[m.group(1)]] = m.group(2)
+            elif line.startswith("=" * 10) and cur:
+                runs.append(_normalise(cur))
+                cur = None
+        if cur:
+            runs.append(_normalise(cur))
+        source = "printed"
+    if not runs:
+        raise CliError(f"{path}: no bench_serving results found (neither JSONL runs nor a "
+                       f"'Serving Benchmark Result' block)")
+    runs.sort(key=lambda r: (r["concurrency"] is None, r["concurrency"] or 0))
+    return {"file": str(path), "source": source, "runs": runs, "lines_unrecognised": bad}

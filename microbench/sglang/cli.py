@@ -1,0 +1,202 @@
+"""`ppscope dispatch --from-sglang ...` / `--url ...`: SGLang's own evidence into results/sglang.json.
+
+The `dispatch` sub-command belongs to the dispatch probe; it calls `add_arguments(parser)` to add
+these options and routes to `run(args)` when `wants(args)`. Readers (CPU only): `--sglang-log`,
+`--sglang-traces`, `--sglang-metrics`, `--bench`; live probe: `--url` (with `--profile
+--trace-dir DIR` to record and read per-rank traces in one command). Writes one record
+(`sglang`) with `data.ranks` (log, per PP rank), `slot_imbalance`, `bench`, `traces`, `metrics`,
+`live`; prints tables. See each reader module's docstring for what the numbers mean.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from reports.base.errors import CliError
+
+_DESTS = ("from_sglang", "sglang_log", "sglang_traces", "sglang_metrics", "bench", "url")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("SGLang evidence (read a real server's logs, traces, metrics, "
+                             "benchmarks; or probe a live server)")
+    g.add_argument("--from-sglang", action="store_true",
+                   help="read SGLang artefacts (the files below) instead of running the PP loop")
+    g.add_argument("--sglang-log", nargs="+", metavar="FILE",
+                   help="server log(s), plain or .gz; several files = several ranks")
+    g.add_argument("--sglang-traces", nargs="+", metavar="DIR_OR_FILE",
+                   help="per-rank Kineto traces from /start_profile: one profile's directory, "
+                   "or its files (e.g. DIR/PROFILE_ID-*)")
+    g.add_argument("--sglang-metrics", metavar="FILE_OR_URL",
+                   help="Prometheus text from /metrics (a saved file or http://host:port)")
+    g.add_argument("--bench", metavar="FILE",
+                   help="bench_serving output: its JSONL (--output-file) or the printed result")
+    g.add_argument("--url", metavar="URL",
+                   help="live probe of an OpenAI-compatible server, e.g. http://127.0.0.1:30000")
+    g.add_argument("--live-concurrency", type=int, default=8, metavar="C",
+                   help="concurrent streams in the live probe (default 8)")
+    g.add_argument("--live-tokens", type=int, default=64, metavar="N",
+                   help="max_tokens per stream, with ignore_eos (default 64)")
+    g.add_argument("--live-arrival", choices=("burst", "staggered", "both"), default="both",
+                   help="live-probe arrival pattern (default both)")
+    g.add_argument("--live-stagger-ms", type=float, default=50.0,
+                   help="gap between stream starts when staggered (default 50)")
+    g.add_argument("--live-timeout", type=float, default=120.0, metavar="S",
+                   help="upper bound on each live run, seconds (default 120)")
+    g.add_argument("--model-name", default=None, help="model name for requests "
+                   "(default: the first of /v1/models)")
+    g.add_argument("--chat", action="store_true", help="use /v1/chat/completions")
+    g.add_argument("--mmb-sweep", default="", metavar="N,N,...",
+                   help="pp_max_micro_batch_size values to try via POST /set_internal_state")
+    g.add_argument("--profile", action="store_true",
+                   help="with --url: /start_profile, run the load, /stop_profile, read the traces; "
+                   "without it: record per-rank torch.profiler traces of the probe's own loop")
+    g.add_argument("--trace-dir", metavar="DIR",
+                   help="--profile: where the server writes traces (SGLANG_TORCH_PROFILER_DIR), or "
+                   "where the probe writes its own (default results/dispatch_traces)")
+    g.add_argument("--profile-steps", type=int, default=20, help="num_steps for /start_profile")
+    g.add_argument("--link-gbps", type=float, default=None,
+                   help="PP hop bandwidth, GB/s, to split NCCL receives into transfer vs waiting")
+    g.add_argument("--slot-window", type=int, default=16, metavar="W",
+                   help="decode lines per slot-imbalance window: pp + async depth (default 16)")
+
+
+def wants(args: argparse.Namespace) -> bool:
+    return any(getattr(args, d, None) for d in _DESTS)
+
+
+def _mmb(s: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in s.split(",") if x.strip())
+    except ValueError:
+        raise CliError(f"--mmb-sweep: expected comma-separated integers, got {s!r}") from None
+
+
+def collect(args: argparse.Namespace) -> dict:
+    from microbench.sglang import bench as sglang_bench
+    from microbench.sglang import log as sglang_log
+    from microbench.sglang import metrics as sglang_metrics
+    from microbench.sglang import trace as sglang_trace
+    data: dict = {"ranks": {}, "slot_imbalance": None, "bench": [], "traces": None,
+                  "metrics": None, "live": None, "log": None}
+    if not any(getattr(args, d, None) for d in _DESTS[1:]):
+        raise CliError("--from-sglang needs at least one of --sglang-log, --sglang-traces, "
+                       "--sglang-metrics, --bench, --url")
+    if args.sglang_log:
+        log = sglang_log.read_logs(args.sglang_log, window=args.slot_window)
+        data["ranks"] = log.pop("ranks")
+        data["slot_imbalance"] = log.pop("slot_imbalance")
+        data["log"] = log
+    if args.sglang_traces:
+        data["traces"] = sglang_trace.read_traces(args.sglang_traces, link_gbps=args.link_gbps)
+    if args.sglang_metrics:
+        data["metrics"] = sglang_metrics.read_metrics(args.sglang_metrics)
+    if args.bench:
+        b = sglang_bench.read_bench(args.bench)
+        data["bench"] = b["runs"]
+        data["bench_source"] = {"file": b["file"], "format": b["source"],
+                                "lines_unrecognised": b["lines_unrecognised"]}
+    if args.url:
+        from microbench.sglang import live as sglang_live
+        if args.live_concurrency < 1 or args.live_tokens < 1:
+            raise CliError("--live-concurrency and --live-tokens must be >= 1")
+        cfg = sglang_live.LiveConfig(
+            url=args.url, concurrency=args.live_concurrency, max_tokens=args.live_tokens,
+            arrival=args.live_arrival, stagger_s=args.live_stagger_ms / 1e3, timeout_s=args.live_timeout,
+            model=args.model_name, chat=args.chat, mmb_sweep=_mmb(args.mmb_sweep),
+            profile=args.profile, trace_dir=args.trace_dir, profile_steps=args.profile_steps)
+        data["live"] = sglang_live.run_live(cfg, link_gbps=args.link_gbps)
+    elif args.profile:
+        raise CliError("--profile needs --url")
+    return data
+
+
+def render(data: dict) -> str:
+    from tabulate import tabulate
+    parts = []
+    if data["ranks"]:
+        rows = [[r, d["decode_lines"], d["prefill_lines"], d["running_req"]["min"],
+                 d["running_req"]["median"], d["running_req"]["max"], d["cuda_graph_frac"],
+                 d["gen_throughput_tok_s"]["median"], d["slot_imbalance"]["max_over_mean_median"]]
+                for r, d in data["ranks"].items()]
+        parts.append("Server log, per PP rank\n" + tabulate(rows, headers=[
+            "pp rank", "decode lines", "prefill lines", "running min", "running median",
+            "running max", "cuda-graph frac", "gen tok/s median", "slot max/mean"],
+            floatfmt=".2f"))
+        log = data["log"]
+        parts.append(f"lines: {log['lines_total']} total, {log['lines_batch']} batch, "
+                     f"{log['lines_unrecognised']} unrecognised, {log['lines_other']} other")
+        if log.get("files_without_batch_lines"):
+            parts.append("no batch lines in: " + ", ".join(log["files_without_batch_lines"]))
+    if data["traces"]:
+        parts.append(_render_traces(data["traces"]["ranks"]))
+    if data["bench"]:
+        rows = [["none" if b["max_concurrency"] is None else b["max_concurrency"],
+                 b["mean_concurrency"], b["output_throughput"], b["mean_ttft_ms"],
+                 b["mean_tpot_ms"], b["median_itl_ms"]] for b in data["bench"]]
+        parts.append("bench_serving\n" + tabulate(rows, headers=[
+            "max concurrency", "mean concurrency", "output tok/s", "mean TTFT ms",
+            "mean TPOT ms", "median ITL ms"], floatfmt=("g", ".2f", ".1f", ".1f", ".1f", ".1f")))
+    if data["metrics"]:
+        parts.append(f"metrics: {len(data['metrics']['ranks'])} pp rank(s) from "
+                     f"{data['metrics']['source']}")
+    if data["live"]:
+        runs = data["live"]["runs"] + [s for s in data["live"]["mmb_sweep"] if s["status"] == "ok"]
+        rows = [[r["arrival"], r.get("pp_max_micro_batch_size"), r["concurrency"],
+                 r["tok_per_s"], r["itl_ms"]["p50"], r["itl_ms"]["p99"], r["lockstep"]["index"]]
+                for r in runs]
+        parts.append("Live probe\n" + tabulate(rows, headers=[
+            "arrival", "pp_max_micro_batch_size", "C", "tok/s", "ITL p50 ms", "ITL p99 ms",
+            "lockstep index"], floatfmt=".2f"))
+    return "\n\n".join(parts)
+
+
+def _ms(v):
+    return None if v is None else v / 1e3
+
+
+def _render_traces(ranks: dict) -> str:
+    from tabulate import tabulate
+    rows, sched = [], {}
+    for r, d in ranks.items():
+        if not d.get("gpu_events"):
+            rows.append([r, 0] + [None] * 12)
+            continue
+        cs = d.get("idle_split_compute_stream_us") or {}
+        rec = d["nccl_recv"]
+        rows.append([r, d["gpu_events"], _ms(d["span_us"]), 100 * d["busy_frac"],
+                     100 * d["compute_us"] / d["span_us"],
+                     _ms(d["idle_us"]), _ms(cs.get("host_wait_us")), _ms(cs.get("other_us")),
+                     rec["kernels"], _ms(rec["total_us"]), _ms(rec["wait_us"]),
+                     d["dispatch_latency_us"]["p50"], d["cpu_dispatch_latency_us"]["p50"],
+                     f"{d['graph_kernels']}/{d['eager_kernels']}"])
+        for name, v in d["scheduler_ranges_us"].items():
+            sched.setdefault(name, {})[r] = f"{v['total_us'] / 1e3:.1f} ({v['count']})"
+    out = "Profiler traces, per rank (recv wait = NCCL receive time beyond bytes / --link-gbps)\n" + \
+        tabulate(rows, headers=[
+            "rank", "GPU events", "span ms", "busy %", "compute %", "idle ms", "compute idle: host-wait ms",
+            "compute idle: other ms", "NCCL recvs", "NCCL recv ms", "recv wait ms",
+            "GPU dispatch p50 us", "CPU dispatch p50 us", "graph/eager kernels"], floatfmt=".1f")
+    bad = {r: d.get("events_unrecognised") for r, d in ranks.items() if d.get("events_unrecognised")}
+    if bad:
+        out += "\nunrecognised trace events (skipped, counted): " + \
+            ", ".join(f"rank {r}: {n}" for r, n in bad.items())
+    if sched:
+        names = list(ranks)
+        out += "\n\nScheduler ranges, ms (count)\n" + tabulate(
+            [[k] + [v.get(r) for r in names] for k, v in sched.items()],
+            headers=["range"] + [f"rank {r}" for r in names])
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from reports.base.paths import default_record_path
+    from reports.base.records import make_record, write_record
+    data = collect(args)
+    rec = make_record("sglang", data, argv=getattr(args, "argv", None))
+    path = Path(getattr(args, "json", None) or default_record_path("sglang"))
+    write_record(rec, path)
+    print(render(data))
+    print(f"\nwrote {path}", file=sys.stderr)
+    return 0

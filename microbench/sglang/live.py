@@ -1,0 +1,280 @@
+"""Live probe against a running OpenAI-compatible server (SGLang; vLLM works the same).
+
+What it measures: C concurrent streaming requests (`/v1/completions`, or `/v1/chat/completions`
+with `--chat`), fixed `max_tokens` (with `ignore_eos` so every stream runs to length), started all
+at once (`burst`, what bench clients do) or `staggered` (one every `stagger_s`). Every streamed
+chunk's arrival time is recorded (host clock, `time.perf_counter`). From them:
+- ITL distribution (gaps between chunks of one stream), ms;
+- output tok/s (chunks / wall time from the first request to the last chunk);
+- the **lockstep index** (our definition): for each chunk of each stream, the fraction of the
+  other streams that delivered a chunk within ±delta (delta = 0.1 × median ITL); averaged over all
+  chunks this "coincidence" c is 1 when all streams tick together and about 2·delta/ITL = 0.2 for
+  streams with unrelated phases. The index rescales it: (c - 0.2) / (1 - 0.2), clipped to [0, 1]
+  (0 = independent, 1 = perfect lockstep). Under SGLang PP a herd (all requests in one
+  micro-batch slot) gives an index near 1. Streams spaced closer than delta cannot be told apart
+  from lockstep (with 32 evenly spread streams, ITL/32 < delta): read it with C in mind.
+- optionally a `pp_max_micro_batch_size` sweep through `POST /set_internal_state`, when the
+  server accepts it, and `--profile`: `/start_profile` (bounded `num_steps`), the load,
+  `/stop_profile`, wait for the per-rank traces in `--trace-dir`, then the trace reader.
+
+Bounded: at most C requests per run, each run under `timeout_s`. An unreachable server or an
+HTTP error is a one-line CliError (exit 2). Stdlib only (http.client + threads).
+How to run: `ppscope dispatch --url http://host:30000 --live-concurrency 8 --live-tokens 64`.
+"""
+from __future__ import annotations
+
+import bisect
+import http.client
+import json
+import statistics
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+
+from reports.base.errors import CliError
+
+DELTA_FRAC = 0.1  # delta = DELTA_FRAC x median ITL
+_CHANCE = 2 * DELTA_FRAC
+
+
+@dataclass(frozen=True)
+class LiveConfig:
+    url: str
+    concurrency: int = 8
+    max_tokens: int = 64
+    arrival: str = "burst"           # "burst" | "staggered" | "both"
+    stagger_s: float = 0.05
+    timeout_s: float = 120.0
+    model: str | None = None
+    chat: bool = False
+    prompt: str = "Write a long story about a lighthouse keeper."
+    mmb_sweep: tuple[int, ...] = ()  # pp_max_micro_batch_size values to try
+    profile: bool = False
+    trace_dir: str | None = None
+    profile_steps: int = 20
+
+
+def _split(url: str) -> tuple[str, int, str, bool]:
+    u = urllib.parse.urlparse(url if "://" in url else "http://" + url)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise CliError(f"{url}: not an http(s) URL")
+    return u.hostname, u.port or (443 if u.scheme == "https" else 80), u.path.rstrip("/"), \
+        u.scheme == "https"
+
+
+def _conn(url: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:
+    host, port, base, tls = _split(url)
+    cls = http.client.HTTPSConnection if tls else http.client.HTTPConnection
+    return cls(host, port, timeout=timeout), base
+
+
+def request_json(url: str, method: str, path: str, body: dict | None = None,
+                 timeout: float = 30.0) -> tuple[int, dict | str]:
+    c, base = _conn(url, timeout)
+    try:
+        data = json.dumps(body).encode() if body is not None else None
+        c.request(method, base + path, body=data, headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        raw = r.read().decode("utf-8", errors="replace")
+        try:
+            return r.status, json.loads(raw)
+        except json.JSONDecodeError:
+            return r.status, raw
+    except (OSError, http.client.HTTPException) as e:
+        raise CliError(f"{url}: cannot reach server ({e})") from None
+    finally:
+        c.close()
+
+
+def _model(cfg: LiveConfig) -> str:
+    if cfg.model:
+        return cfg.model
+    st, d = request_json(cfg.url, "GET", "/v1/models", timeout=min(10.0, cfg.timeout_s))
+    if st == 200 and isinstance(d, dict) and d.get("data"):
+        return d["data"][0].get("id", "default")
+    return "default"
+
+
+def _stream_one(cfg: LiveConfig, model: str, t0: float, out: list, errors: list) -> None:
+    path = "/v1/chat/completions" if cfg.chat else "/v1/completions"
+    body = {"model": model, "max_tokens": cfg.max_tokens, "stream": True, "temperature": 0.0,
+            "ignore_eos": True}
+    if cfg.chat:
+        body["messages"] = [{"role": "user", "content": cfg.prompt}]
+    else:
+        body["prompt"] = cfg.prompt
+    try:
+        c, base = _conn(cfg.url, cfg.timeout_s)
+        start = time.perf_counter() - t0
+        c.request("POST", base + path, body=json.dumps(body).encode(),
+                  headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
+        r = c.getresponse()
+        if r.status != 200:
+            msg = r.read(300).decode("utf-8", errors="replace").splitlines()
+            errors.append(f"HTTP {r.status} from {path}: {msg[0] if msg else ''}")
+            return
+        arrivals = []
+        deadline = t0 + cfg.timeout_s
+        while True:
+            line = r.readline()
+            if not line:
+                break
+            line = line.strip()
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                break
+            try:
+                d = json.loads(payload)
+                ch = (d.get("choices") or [{}])[0]
+                text = ch.get("text") if "text" in ch else (ch.get("delta") or {}).get("content")
+            except (json.JSONDecodeError, AttributeError, IndexError):
+                text = None
+            if text:
+                arrivals.append(time.perf_counter() - t0)
+            if time.perf_counter() > deadline:
+                errors.append(f"stream exceeded {cfg.timeout_s:g} s")
+                break
+        out.append({"start_s": start, "arrivals_s": arrivals})
+    except (OSError, http.client.HTTPException) as e:
+        errors.append(f"cannot reach server ({e})")
+    finally:
+        try:
+            c.close()
+        except Exception:  # noqa: BLE001 - closing a broken connection
+            pass
+
+
+def lockstep_index(streams: list[list[float]]) -> dict:
+    """See the module docstring. `streams`: per-stream arrival times (s)."""
+    itl = [b - a for s in streams for a, b in zip(s, s[1:])]
+    live = [s for s in streams if s]
+    if len(live) < 2 or not itl:
+        return {"index": None, "coincidence": None, "delta_ms": None}
+    med = statistics.median(itl)
+    delta = DELTA_FRAC * med
+    total = hits = 0
+    for i, s in enumerate(live):
+        for t in s:
+            n = 0
+            for j, o in enumerate(live):
+                if j == i:
+                    continue
+                k = bisect.bisect_left(o, t - delta)
+                if k < len(o) and o[k] <= t + delta:
+                    n += 1
+            hits += n / (len(live) - 1)
+            total += 1
+    c = hits / total
+    return {"index": max(0.0, min(1.0, (c - _CHANCE) / (1 - _CHANCE))), "coincidence": c,
+            "delta_ms": delta * 1e3}
+
+
+def _pcts(v: list[float]) -> dict:
+    if not v:
+        return {"n": 0, "p50": None, "p90": None, "p99": None, "max": None, "mean": None}
+    s = sorted(v)
+    def q(p: float) -> float:
+        return s[min(len(s) - 1, int(round(p * (len(s) - 1))))]
+    return {"n": len(s), "p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "max": s[-1],
+            "mean": statistics.fmean(s)}
+
+
+def run_load(cfg: LiveConfig, arrival: str, model: str) -> dict:
+    """One run: C streams with the given arrival pattern."""
+    out: list = []
+    errors: list = []
+    t0 = time.perf_counter()
+    threads = []
+    for i in range(cfg.concurrency):
+        if arrival == "staggered" and i:
+            time.sleep(cfg.stagger_s)
+        th = threading.Thread(target=_stream_one, args=(cfg, model, t0, out, errors), daemon=True)
+        th.start()
+        threads.append(th)
+    for th in threads:
+        th.join(max(0.1, t0 + cfg.timeout_s + 5 - time.perf_counter()))
+    if errors and not out:
+        raise CliError(f"{cfg.url}: {errors[0]}")
+    streams = [sorted(s["arrivals_s"]) for s in out]
+    chunks = sum(len(s) for s in streams)
+    end = max((s[-1] for s in streams if s), default=0.0)
+    itl_ms = [(b - a) * 1e3 for s in streams for a, b in zip(s, s[1:])]
+    ttft_ms = [(s["arrivals_s"][0] - s["start_s"]) * 1e3 for s in out if s["arrivals_s"]]
+    return {"arrival": arrival, "concurrency": cfg.concurrency, "max_tokens": cfg.max_tokens,
+            "streams_ok": len(out), "errors": errors[:5], "chunks": chunks,
+            "wall_s": end, "tok_per_s": chunks / end if end > 0 else None,
+            "itl_ms": _pcts(itl_ms), "ttft_ms": _pcts(ttft_ms),
+            "lockstep": lockstep_index(streams)}
+
+
+def _set_mmb(cfg: LiveConfig, n: int) -> str | None:
+    """None when the server took it, else the reason."""
+    st, d = request_json(cfg.url, "POST", "/set_internal_state",
+                         {"server_args": {"pp_max_micro_batch_size": n}}, timeout=30.0)
+    if st != 200 or (isinstance(d, dict) and d.get("success") is False):
+        return f"HTTP {st}: {str(d)[:120]}"
+    return None
+
+
+def _wait_traces(d: Path, timeout_s: float) -> list[Path]:
+    """Traces appear when each rank finishes writing: wait until the set and sizes are stable."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        files = sorted(p for p in d.glob("*.json*") if p.is_file())
+        sig = [(p.name, p.stat().st_size) for p in files]
+        if files and sig == last:
+            return files
+        last = sig
+        time.sleep(0.2)
+    return sorted(p for p in d.glob("*.json*") if p.is_file())
+
+
+def run_live(cfg: LiveConfig, link_gbps: float | None = None) -> dict:
+    model = _model(cfg)
+    arrivals = ("burst", "staggered") if cfg.arrival == "both" else (cfg.arrival,)
+    out: dict = {"url": cfg.url, "model": model, "runs": [], "mmb_sweep": [], "profile": None}
+    for a in arrivals:
+        out["runs"].append(run_load(cfg, a, model))
+    for n in cfg.mmb_sweep:
+        why = _set_mmb(cfg, n)
+        if why:
+            out["mmb_sweep"].append({"pp_max_micro_batch_size": n, "status": "waived",
+                                     "reason": f"server refused set_internal_state ({why})"})
+            break
+        r = run_load(cfg, arrivals[0], model)
+        out["mmb_sweep"].append({"pp_max_micro_batch_size": n, "status": "ok", **r})
+    if cfg.profile:
+        out["profile"] = _profile(cfg, model, arrivals[0], link_gbps)
+    return out
+
+
+def _profile(cfg: LiveConfig, model: str, arrival: str, link_gbps: float | None) -> dict:
+    from microbench.sglang import trace as sglang_trace
+    if not cfg.trace_dir:
+        raise CliError("--profile needs --trace-dir (where the server writes its traces)")
+    d = Path(cfg.trace_dir)
+    before = {p.name for p in d.glob("*.json*")} if d.is_dir() else set()
+    st, resp = request_json(cfg.url, "POST", "/start_profile",
+                            {"output_dir": str(d), "num_steps": cfg.profile_steps,
+                             "activities": ["CPU", "GPU"]}, timeout=60.0)
+    if st != 200:
+        raise CliError(f"{cfg.url}: /start_profile answered HTTP {st}: {str(resp)[:120]}")
+    run = run_load(cfg, arrival, model)
+    st, resp = request_json(cfg.url, "POST", "/stop_profile", {}, timeout=120.0)
+    stop = "ok" if st == 200 else f"HTTP {st} (already stopped after num_steps?)"
+    if not d.is_dir():
+        raise CliError(f"{d}: trace directory does not exist (is it on the server's machine?)")
+    files = [p for p in _wait_traces(d, min(120.0, cfg.timeout_s)) if p.name not in before]
+    if not files:
+        raise CliError(f"{d}: no new traces appeared after /stop_profile")
+    tmp = {}
+    for i, p in enumerate(files):
+        r, a = sglang_trace.read_trace(p, link_gbps=link_gbps)
+        tmp[str(r if r is not None else i)] = a
+    return {"trace_dir": str(d), "files": [p.name for p in files], "stop_profile": stop,
+            "run": run, "traces": {"ranks": tmp}}

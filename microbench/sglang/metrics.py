@@ -1,0 +1,104 @@
+"""Read SGLang's Prometheus `/metrics` (server started with `--enable-metrics`), per `pp_rank`.
+
+What it gives per PP rank: the `sglang:` gauges and counters as plain numbers (running requests,
+gen throughput, queue length, CUDA-graph passes by mode, seconds per scheduler stage category)
+and, for histograms (`inter_token_latency_seconds`, `time_to_first_token_seconds`...), count, mean
+and p50 / p99 estimated from the buckets (linear inside a bucket, as Prometheus's
+histogram_quantile does). Why: on a live server this shows which stage spends its time idle.
+How to run: `ppscope dispatch --from-sglang --sglang-metrics http://host:port/metrics` or a saved
+text file. Series without a `pp_rank` label go under rank "0". Lines that are not samples are
+counted, never fatal.
+"""
+from __future__ import annotations
+
+import re
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from reports.base.errors import CliError
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\d+)?\s*$")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def fetch_text(src: str, timeout_s: float = 10.0) -> str:
+    if re.match(r"^https?://", src):
+        url = src if "/metrics" in src else src.rstrip("/") + "/metrics"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout_s) as r:
+                return r.read().decode("utf-8", errors="replace")
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            raise CliError(f"{url}: cannot read metrics ({getattr(e, 'reason', e)})") from None
+    try:
+        return Path(src).read_text(errors="replace")
+    except OSError as e:
+        raise CliError(f"{src}: cannot read metrics file ({e.strerror or e})") from None
+
+
+def _quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
+    """Prometheus histogram_quantile over cumulative (le, count) buckets."""
+    buckets = sorted(buckets)
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
+    prev_le, prev_c = 0.0, 0.0
+    for le, c in buckets:
+        if c >= rank:
+            if le == float("inf"):
+                return prev_le
+            return prev_le + (le - prev_le) * ((rank - prev_c) / (c - prev_c) if c > prev_c else 0)
+        prev_le, prev_c = le, c
+    return prev_le
+
+
+def parse_metrics(text: str) -> dict:
+    ranks: dict[str, dict] = {}
+    hist: dict[tuple[str, str], dict] = {}
+    other = 0
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if not m or not m.group(1).startswith("sglang:"):
+            other += 1
+            continue
+        name, labels, val = m.group(1)[len("sglang:"):], dict(_LABEL.findall(m.group(2) or "")), m.group(3)
+        try:
+            v = float(val)
+        except ValueError:
+            other += 1
+            continue
+        rank = labels.pop("pp_rank", "0")
+        for k in ("tp_rank", "model_name", "engine_type"):
+            labels.pop(k, None)
+        r = ranks.setdefault(rank, {})
+        for suf in ("_bucket", "_sum", "_count"):
+            if name.endswith(suf):
+                h = hist.setdefault((rank, name[: -len(suf)]), {"buckets": {}, "sum": 0.0, "count": 0.0})
+                if suf == "_bucket":
+                    # several series of one histogram on a PP rank (one per TP rank): their
+                    # cumulative counts add up per bucket bound (Prometheus `sum by (le)`)
+                    le = float(labels.get("le", "inf"))
+                    h["buckets"][le] = h["buckets"].get(le, 0.0) + v
+                else:
+                    h[suf[1:]] += v
+                break
+        else:
+            extra = ",".join(f"{k}={labels[k]}" for k in sorted(labels))
+            key = f"{name}{{{extra}}}" if extra else name
+            r[key] = r.get(key, 0.0) + v if key in r and name.endswith("_total") else v
+    for (rank, name), h in hist.items():
+        ranks.setdefault(rank, {})[name] = {
+            "count": h["count"], "mean": h["sum"] / h["count"] if h["count"] else None,
+            "p50": _quantile(list(h["buckets"].items()), 0.5),
+            "p99": _quantile(list(h["buckets"].items()), 0.99)}
+    if not ranks:
+        raise CliError("no sglang: metrics found (is the server started with --enable-metrics?)")
+    return {"ranks": ranks, "lines_other": other}
+
+
+def read_metrics(src: str) -> dict:
+    out = parse_metrics(fetch_text(src))
+    out["source"] = src
+    return out

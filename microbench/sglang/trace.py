@@ -1,0 +1,468 @@
+"""Read per-rank Kineto traces (SGLang `/start_profile`, or any PyTorch profiler trace), streaming.
+
+What it measures, per rank (one trace file = one rank):
+- GPU busy / idle: the union of every GPU event interval (kernels, memcpy, memset: every event
+  with a CUDA stream) from the first one's start to the last one's end, overall and in time bins.
+  This is Holistic Trace Analysis's "temporal breakdown" (idle = span - merged busy time;
+  compute = merged compute kernels; non-compute = the rest), and it agrees with HTA within 1%
+  (tests/test_sglang_trace.py checks it on HTA's sample traces and two-rank PP traces).
+- Idle split per stream as HTA's idle-time breakdown does (summed over streams it can exceed
+  the GPU's idle time, since one stream idles while another runs; read the compute stream's,
+  `idle_split_compute_stream_us`): a gap before a kernel is `host_wait`
+  when the kernel's launch call (its correlated cuda_runtime event) started after the previous
+  kernel on that stream ended (the CPU was late); else `kernel_wait` when the gap is under
+  `kernel_wait_us` (HTA's consecutive_kernel_delay, default 30 in trace units = us); else `other`.
+- NCCL receive kernels apart: a stage waiting for its input shows up as one long
+  `ncclDevKernel_SendRecv` / `...Recv` kernel, which HTA counts as busy "non-compute" time. We
+  split each receive into transfer = bytes / link bandwidth (`link_gbps`, GB = 1e9 B; bytes from
+  the kernel's `In msg nelems` x dtype size) and waiting = the rest.
+- Dispatch latency (GPU view): from the end of a receive kernel (input arrived) to the start of
+  the next compute kernel on that rank (forward started). CPU view, when SGLang's scheduler
+  annotations are present: time in `recv_requests`, `get_next_batch_to_run`, `run_batch`,
+  `process_batch_result`, `send_proxy_dict_to_next_stage` (and any other user annotation), and
+  `cpu_dispatch_latency_us`: end of `recv_requests` to the start of `run_batch` in the same loop
+  iteration (iterations of empty slots have no run_batch and are left out).
+- Kernels launched from CUDA graphs (correlated to `cudaGraphLaunch`) vs one by one.
+
+Why streaming: a few seconds of a busy server give traces of hundreds of MB. We never load the
+document: the gzip (or plain) text is read in chunks, the `traceEvents` array is walked with the
+stdlib C JSON decoder one event at a time (`raw_decode`), and only numbers we need are kept, in
+compact arrays. `python -m microbench.sglang.bench_trace_reader FILE` compares wall time and peak memory
+with HTA.
+
+How to run: `ppscope dispatch --from-sglang --sglang-traces DIR` (files `*.trace.json[.gz]`,
+`*.json[.gz]`). Rank: `distributedInfo.rank`, else `-PP-{r}` / `rank{r}` in the file name.
+"""
+from __future__ import annotations
+
+import bisect
+import gzip
+import io
+import json
+import math
+import re
+import zlib
+from array import array
+from pathlib import Path
+from typing import Iterator
+
+from reports.base.errors import CliError
+
+CHUNK_CHARS = 1 << 21
+MAX_EVENT_CHARS = 64 << 20
+SCHEDULER_RANGES = ("recv_requests", "send_reqs_to_next_stage", "get_next_batch_to_run",
+                    "run_batch", "process_batch_result", "send_proxy_dict_to_next_stage")
+_GPU_CATS = {"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset"}
+_DTYPE_BYTES = {"BFloat16": 2, "Half": 2, "Float": 4, "Double": 8, "Int": 4, "Long": 8,
+                "Char": 1, "Byte": 1, "Bool": 1, "Float8_e4m3fn": 1, "Float8_e5m2": 1}
+_WS = re.compile(r"[\s,]*")
+# HTA's kernel classes (hta/utils/utils.py, same regular expressions so the numbers agree):
+# communication = `^nccl.*Kernel`; computation = anything not NCCL, memcpy/memset or a sync.
+_COMM_RE = re.compile(r"^nccl.*Kernel")
+_NOT_COMPUTE_RE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
+_IDLE_CATS = {"kernel", "Kernel", "gpu_memset", "Memset", "gpu_memcpy", "Memcpy"}
+_RECV_RE = re.compile(r"nccl\w*(SendRecv|Recv)", re.I)
+
+
+class TraceError(CliError):
+    pass
+
+
+def _open_text(path: Path) -> io.TextIOBase:
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(2)
+    except OSError as e:
+        raise TraceError(f"{path}: cannot read trace ({e.strerror or e})") from None
+    if magic == b"\x1f\x8b":
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", errors="replace")
+    return open(path, encoding="utf-8", errors="replace")
+
+
+def _meta_value(text: str, key: str):
+    i = text.find(f'"{key}"')
+    if i < 0:
+        return None
+    j = text.find(":", i)
+    try:
+        return json.JSONDecoder().raw_decode(text, _WS.match(text, j + 1).end() - 0)[0] \
+            if text[j + 1:j + 2] != "" else None
+    except (json.JSONDecodeError, ValueError):
+        return None
+
+
+def iter_events(path: str | Path, meta: dict | None = None) -> Iterator[dict]:
+    """Yield each event of the trace's `traceEvents` array without loading the file whole.
+
+    `meta`, if given, receives `distributedInfo` and other top-level keys found around the array.
+    Raises TraceError (one line) on a truncated / corrupt / non-trace file.
+    """
+    path = Path(path)
+    # the decoder's scanner without raw_decode's wrapper (one call per event matters at ~1e7
+    # events); it raises StopIteration where raw_decode raises JSONDecodeError
+    raw = json.JSONDecoder().scan_once
+    f = _open_text(path)
+    try:
+        try:
+            buf = f.read(CHUNK_CHARS)
+            while '"traceEvents"' not in buf:
+                more = f.read(CHUNK_CHARS)
+                if not more or len(buf) > MAX_EVENT_CHARS:
+                    if not buf.strip():
+                        raise TraceError(f"{path}: empty trace file")
+                    raise TraceError(f"{path}: not a Kineto trace (no traceEvents)")
+                buf += more
+            k = buf.index('"traceEvents"')
+            head = buf[:k]
+            lb = buf.find("[", k)
+            while lb < 0:
+                more = f.read(CHUNK_CHARS)
+                if not more:
+                    raise TraceError(f"{path}: truncated trace (cut before the events)")
+                buf += more
+                lb = buf.find("[", k)
+            pos, eof, n = lb + 1, False, 0
+            while True:
+                pos = _WS.match(buf, pos).end()
+                if pos >= len(buf):
+                    if eof:
+                        raise TraceError(f"{path}: truncated trace (cut after {n} events)")
+                    more = f.read(CHUNK_CHARS)
+                    eof = not more
+                    buf, pos = buf[pos:] + more, 0
+                    continue
+                if buf[pos] == "]":
+                    break
+                try:
+                    ev, end = raw(buf, pos)
+                except (json.JSONDecodeError, StopIteration):
+                    if eof:
+                        raise TraceError(f"{path}: truncated or corrupt trace "
+                                         f"(event {n + 1} cannot be read)") from None
+                    if len(buf) - pos > MAX_EVENT_CHARS:
+                        raise TraceError(f"{path}: corrupt trace (event {n + 1} is not JSON)") \
+                            from None
+                    more = f.read(CHUNK_CHARS)
+                    eof = not more
+                    buf, pos = buf[pos:] + more, 0
+                    continue
+                n += 1
+                pos = end
+                yield ev
+            if meta is not None:
+                tail = buf[pos + 1:] + (f.read() if not eof else "")
+                for key in ("distributedInfo", "displayTimeUnit", "baseTimeNanoseconds"):
+                    v = _meta_value(head, key)
+                    if v is None:
+                        v = _meta_value(tail, key)
+                    if v is not None:
+                        meta[key] = v
+        except (EOFError, zlib.error, gzip.BadGzipFile, OSError) as e:
+            raise TraceError(f"{path}: truncated or corrupt gzip ({e})") from None
+    finally:
+        f.close()
+
+
+class _Acc:
+    """Compact per-rank accumulators (arrays of doubles / longs, not event dicts)."""
+    def __init__(self) -> None:
+        self.ts, self.end = array("d"), array("d")
+        # kind: 0 computation, 1 communication, 2 other (memcpy/memset/sync), as HTA classes them
+        self.stream, self.corr, self.kind = array("q"), array("q"), array("b")
+        self.in_idle = array("b")  # kernel/memcpy/memset (HTA's idle breakdown leaves out syncs)
+        self.steps = array("d")    # ProfilerStep#N start times
+        self.recv = []          # (ts, end, bytes)
+        self.rt_corr, self.rt_ts = array("q"), array("d")
+        self.graph_corr: set[int] = set()
+        self.ranges: dict[str, list[float]] = {}   # name -> [count, total_us]
+        self.range_iv: dict[str, list[tuple[float, float]]] = {}
+        self.events = 0
+        self.unrecognised = 0
+
+
+def _kind(name: str) -> int:
+    if _COMM_RE.match(name):
+        return 1
+    return 2 if _NOT_COMPUTE_RE.match(name) else 0
+
+
+def _scan(path: Path, meta: dict) -> _Acc:
+    a = _Acc()
+    for ev in iter_events(path, meta):
+        a.events += 1
+        try:
+            _take(a, ev)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            a.unrecognised += 1   # not an object, or a duration event without numeric ts/dur
+    return a
+
+
+def _take(a: _Acc, ev: dict) -> None:
+    """Keep what we need of one event; every value is converted before anything is appended, so
+    a malformed event raises without leaving the arrays out of step."""
+    if ev.get("ph") != "X":
+        return
+    cat = ev.get("cat")
+    args = ev.get("args") or {}
+    name = ev.get("name", "")
+    if cat in _GPU_CATS or (cat != "gpu_user_annotation" and "stream" in args
+                            and cat not in ("cuda_runtime", "cuda_driver")):
+        ts, dur = float(ev["ts"]), float(ev.get("dur", 0.0))
+        stream, corr = int(args.get("stream", -1)), int(args.get("correlation", -1))
+        k = _kind(name)
+        recv = None
+        if k == 1 and (_RECV_RE.search(name) and args.get("Collective name", "recv") == "recv"):
+            nel = args.get("In msg nelems") or args.get("Out msg nelems") or 0
+            recv = (ts, ts + dur, int(nel) * _DTYPE_BYTES.get(args.get("dtype"), 2))
+        a.ts.append(ts); a.end.append(ts + dur)
+        a.stream.append(stream); a.corr.append(corr)
+        a.kind.append(k); a.in_idle.append(cat in _IDLE_CATS)
+        if recv:
+            a.recv.append(recv)
+    elif cat in ("cuda_runtime", "cuda_driver"):
+        c = args.get("correlation")
+        if c is not None:
+            c, ts = int(c), float(ev["ts"])
+            a.rt_corr.append(c); a.rt_ts.append(ts)
+            if "GraphLaunch" in name:
+                a.graph_corr.add(c)
+    elif cat == "user_annotation" or name.startswith("ProfilerStep#"):
+        ts, dur = float(ev["ts"]), float(ev.get("dur", 0.0))
+        if name.startswith("ProfilerStep#"):
+            a.steps.append(ts)
+        r = a.ranges.setdefault(name, [0, 0.0])
+        r[0] += 1; r[1] += dur
+        if name in ("recv_requests", "run_batch"):
+            a.range_iv.setdefault(name, []).append((ts, ts + dur))
+
+
+def _merge(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Union of intervals, sorted (HTA merge_kernel_intervals)."""
+    out: list[list[float]] = []
+    for s, e in sorted(iv):
+        if out and s <= out[-1][1]:
+            if e > out[-1][1]:
+                out[-1][1] = e
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
+
+
+def _busy(merged: list[tuple[float, float]]) -> float:
+    return sum(e - s for s, e in merged)
+
+
+def _pct(vals: list[float], q: float) -> float | None:
+    if not vals:
+        return None
+    v = sorted(vals)
+    return v[min(len(v) - 1, int(round(q * (len(v) - 1))))]
+
+
+def _select(a: _Acc, hta_rounding: bool, trim_last_step: bool) -> _Acc:
+    """The GPU events to analyse. Like HTA: with two or more ProfilerStep ranges, drop the
+    kernels launched in the last (often incomplete) step; optionally round each interval inward
+    to whole microseconds (HTA: ts = ceil(ts), end = floor(end)) to compare with it exactly."""
+    order = sorted(zip(a.rt_corr, a.rt_ts))
+    rt_c = [c for c, _ in order]
+    rt_t = [t for _, t in order]
+
+    def runtime_ts(c: int) -> float | None:
+        i = bisect.bisect_left(rt_c, c)
+        return rt_t[i] if i < len(rt_c) and rt_c[i] == c else None
+
+    cutoff = max(a.steps) if (trim_last_step and len(a.steps) >= 2) else None
+    b = _Acc()
+    b.__dict__.update({k: v for k, v in a.__dict__.items()
+                       if k not in ("ts", "end", "stream", "corr", "kind", "in_idle", "recv")})
+    b.runtime_ts = runtime_ts
+    b.trimmed = 0
+    for i in range(len(a.ts)):
+        if cutoff is not None:
+            r = runtime_ts(a.corr[i])
+            if (r if r is not None else a.ts[i]) >= cutoff:
+                b.trimmed += 1
+                continue
+        ts, end = a.ts[i], a.end[i]
+        if hta_rounding:
+            ts, end = float(math.ceil(ts)), float(math.floor(end))
+        b.ts.append(ts); b.end.append(end); b.stream.append(a.stream[i]); b.corr.append(a.corr[i])
+        b.kind.append(a.kind[i]); b.in_idle.append(a.in_idle[i])
+    b.recv = [r for r in a.recv if cutoff is None or r[0] < cutoff]
+    return b
+
+
+def analyze_rank(a: _Acc, link_gbps: float | None = None, kernel_wait_us: float = 30.0,
+                 bins: int = 20, hta_rounding: bool = False, trim_last_step: bool = True) -> dict:
+    a = _select(a, hta_rounding, trim_last_step)
+    n = len(a.ts)
+    if n == 0:
+        return {"gpu_events": 0, "events": a.events, "events_unrecognised": a.unrecognised,
+                "span_us": 0.0, "busy_us": 0.0,
+                "idle_us": 0.0, "busy_frac": None, "reason": "no GPU events in this trace"}
+    allv = _merge(list(zip(a.ts, a.end)))
+    span = allv[-1][1] - allv[0][0]
+    busy = _busy(allv)
+    comp = _busy(_merge([(a.ts[i], a.end[i]) for i in range(n) if a.kind[i] == 0]))
+    comm = _busy(_merge([(a.ts[i], a.end[i]) for i in range(n) if a.kind[i] == 1]))
+    # time bins: busy fraction over time
+    t0, width = allv[0][0], span / bins if span > 0 else 1.0
+    busy_bins = [0.0] * bins
+    for s, e in allv:
+        b = int((s - t0) // width)
+        while s < e and b < bins:
+            hi = min(e, t0 + (b + 1) * width)
+            busy_bins[b] += hi - s
+            s, b = hi, b + 1
+    # idle split per stream as HTA does
+    runtime_ts = a.runtime_ts
+    rnd = math.ceil if hta_rounding else float
+    split = {"host_wait": 0.0, "kernel_wait": 0.0, "other": 0.0}
+    streams: dict[int, list[int]] = {}
+    for i in range(n):
+        if a.in_idle[i]:
+            streams.setdefault(a.stream[i], []).append(i)
+    per_stream = {}
+    for s, idx in streams.items():
+        idx.sort(key=lambda i: a.ts[i])
+        ss = {"host_wait": 0.0, "kernel_wait": 0.0, "other": 0.0}
+        for p, i in zip(idx, idx[1:]):
+            gap = a.ts[i] - a.end[p]
+            rts = runtime_ts(a.corr[i])
+            if rts is not None and rnd(rts) > a.end[p]:
+                cat = "host_wait"
+            elif gap < kernel_wait_us:
+                cat = "kernel_wait"
+            else:
+                cat = "other"
+            ss[cat] += gap
+        per_stream[str(s)] = {k + "_us": v for k, v in ss.items()}
+        for k in split:
+            split[k] += ss[k]
+    # graph vs one-by-one
+    g = [i for i in range(n) if a.corr[i] in a.graph_corr]
+    graph_us = sum(a.end[i] - a.ts[i] for i in g)
+    # NCCL receives: transfer vs waiting
+    recv_total = sum(e - s for s, e, _ in a.recv)
+    recv_bytes = sum(b for _, _, b in a.recv)
+    transfer = None
+    if link_gbps:
+        transfer = sum(min(e - s, b / (link_gbps * 1e3)) for s, e, b in a.recv)  # GB/s -> B/us
+    # dispatch latency (GPU): receive end -> next compute kernel start
+    comp_starts = sorted(a.ts[i] for i in range(n) if a.kind[i] == 0)
+    lat = []
+    for _, e, _ in a.recv:
+        j = bisect.bisect_left(comp_starts, e)
+        if j < len(comp_starts):
+            lat.append(comp_starts[j] - e)
+    # dispatch latency (CPU): recv_requests end -> run_batch start in the same loop iteration.
+    # SGLang's PP loop calls recv_requests every iteration, empty slots included, and run_batch
+    # only when the slot has a batch: a run_batch after the next recv_requests is not this one's.
+    cpu_lat = []
+    rb = sorted(s for s, _ in a.range_iv.get("run_batch", []))
+    rr = sorted(a.range_iv.get("recv_requests", []))
+    for k, (_, e) in enumerate(rr):
+        j = bisect.bisect_left(rb, e)
+        nxt = rr[k + 1][0] if k + 1 < len(rr) else math.inf
+        if j < len(rb) and rb[j] < nxt:
+            cpu_lat.append(rb[j] - e)
+    # the compute stream (most compute-kernel time): its idle split is the one that says why
+    # the forward was not running; other streams (NCCL) idle while compute runs, by design
+    comp_by_stream: dict[int, float] = {}
+    for i in range(n):
+        if a.kind[i] == 0:
+            comp_by_stream[a.stream[i]] = comp_by_stream.get(a.stream[i], 0.0) + a.end[i] - a.ts[i]
+    main = max(comp_by_stream, key=comp_by_stream.get) if comp_by_stream else None
+    main_split = (dict(stream=main, **per_stream[str(main)]) if str(main) in per_stream else None)
+    return {
+        "events": a.events,
+        "events_unrecognised": a.unrecognised,
+        "gpu_events": n,
+        "gpu_events_last_step_dropped": a.trimmed,
+        "span_us": span,
+        "busy_us": busy,
+        "idle_us": span - busy,
+        "busy_frac": busy / span if span > 0 else None,
+        "compute_us": comp,
+        "non_compute_us": busy - comp,
+        "comm_us": comm,
+        # timestamps are ~1e12 us, so bin edges carry ~1e-3 us of float error: clamp to [0, 1]
+        "busy_frac_over_time": [round(min(1.0, b / width), 6) for b in busy_bins] if span > 0 else [],
+        "bin_us": width,
+        "idle_split_us": split,
+        "idle_split_by_stream": per_stream,
+        "idle_split_compute_stream_us": main_split,
+        "kernel_wait_threshold_us": kernel_wait_us,
+        "graph_kernels": len(g),
+        "graph_kernel_us": graph_us,
+        "eager_kernels": n - len(g),
+        "graph_launches": len(a.graph_corr),
+        "nccl_recv": {"kernels": len(a.recv), "total_us": recv_total, "bytes": recv_bytes,
+                      "link_gbps": link_gbps, "transfer_us": transfer,
+                      "wait_us": None if transfer is None else recv_total - transfer},
+        "dispatch_latency_us": {"n": len(lat), "p50": _pct(lat, 0.5), "p99": _pct(lat, 0.99)},
+        "cpu_dispatch_latency_us": {"n": len(cpu_lat), "p50": _pct(cpu_lat, 0.5),
+                                    "p99": _pct(cpu_lat, 0.99)},
+        "scheduler_ranges_us": {k: {"count": int(v[0]), "total_us": v[1]}
+                                for k, v in a.ranges.items() if k in SCHEDULER_RANGES},
+        "user_annotations_us": {k: {"count": int(v[0]), "total_us": v[1]}
+                                for k, v in sorted(a.ranges.items(), key=lambda kv: -kv[1][1])[:20]},
+    }
+
+
+_RANK_RES = (re.compile(r"-PP-(\d+)"), re.compile(r"rank[-_]?(\d+)", re.I))
+
+
+def read_trace(path: str | Path, **kw) -> tuple[int | None, dict]:
+    path = Path(path)
+    meta: dict = {}
+    a = _scan(path, meta)
+    rank = None
+    di = meta.get("distributedInfo")
+    for rx in _RANK_RES[:1]:
+        m = rx.search(path.name)
+        if m:
+            rank = int(m.group(1))
+    if rank is None and isinstance(di, dict) and isinstance(di.get("rank"), int):
+        rank = di["rank"]
+    if rank is None:
+        m = _RANK_RES[1].search(path.name)
+        rank = int(m.group(1)) if m else None
+    out = analyze_rank(a, **kw)
+    out["file"] = path.name
+    return rank, out
+
+
+def find_traces(src) -> list[Path]:
+    """Trace files from a directory, a file, or a list of either (in that order, deduplicated)."""
+    out: list[Path] = []
+    for d in ([src] if isinstance(src, (str, Path)) else list(src)):
+        d = Path(d)
+        if d.is_file():
+            files = [d]
+        elif d.is_dir():
+            files = sorted(p for p in d.iterdir()
+                           if p.is_file() and re.search(r"\.json(\.gz)?$", p.name))
+            if not files:
+                raise TraceError(f"{d}: no *.json / *.json.gz traces in it")
+        else:
+            raise TraceError(f"{d}: no such trace directory or file")
+        out += [f for f in files if f not in out]
+    return out
+
+
+def read_traces(src, **kw) -> dict:
+    """`traces` part of sglang.json: {"ranks": {"<rank>": {...}}}. `src`: a directory (one
+    profile's per-rank traces), a file, or a list of them. Two traces of the same rank (say two
+    profiles in one directory) are an error, not a guess; a file whose rank cannot be told is
+    keyed by its position."""
+    ranks: dict[str, dict] = {}
+    for i, p in enumerate(find_traces(src)):
+        r, out = read_trace(p, **kw)
+        key = str(r if r is not None else i)
+        if key in ranks:
+            raise TraceError(f"{p}: a second trace for rank {key} (first: {ranks[key]['file']}); "
+                             f"pass one profile's traces (files or a directory)")
+        ranks[key] = out
+    return {"dir": ", ".join(str(x) for x in ([src] if isinstance(src, (str, Path)) else src)),
+            "ranks": ranks}

@@ -1,0 +1,106 @@
+"""Where the time goes: ideal -> modelled gap split over named causes by exact Shapley values.
+
+`value(S)` is the pipeline model with the switches in S on (reports/model/loop_builder.py). A cause's
+Shapley value is the average, over all orders of turning the switches on, of the change it
+makes: sum over subsets S not holding it of |S|!(n-|S|-1)!/n! * (v(S+i) - v(S)). The rows add
+up to v(all) - v(none) exactly and do not depend on any order. We compute it twice: on the time
+per decode step (TPOT, ms: every running request advances one token) and on tok/s.
+
+`unexplained` = observed - modelled (not part of the Shapley split): what the model does not
+account for. A negative value there means the system ran faster than the model says.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import combinations
+from math import factorial
+from typing import Callable, Hashable, Sequence
+
+from reports.model import loop_builder as lb
+from reports.model.scenario import Inputs
+
+LABELS = {
+    "stage_imbalance": "stage imbalance (layer split, embedding/lm_head extras)",
+    "kernel_efficiency": "kernel efficiency (below the roofline)",
+    "launch_overhead": "launch overhead / CUDA-graph padding or fallback",
+    "p2p_hops": "P2P hops (hidden states between stages)",
+    "host_dispatch": "host dispatch + rank chaining",
+    "slot_imbalance": "slot imbalance (herd)",
+    "too_few_microbatches": "too few micro-batches in flight",
+    "routing_skew": "expert-routing skew",
+}
+# which model input each switch draws on (for evidence + measured/estimated)
+INPUT_OF = {
+    "stage_imbalance": "kernel_efficiency", "kernel_efficiency": "kernel_efficiency",
+    "launch_overhead": "eager_us_per_layer", "p2p_hops": "hop_us",
+    "host_dispatch": "host_us", "slot_imbalance": "max_micro_batch",
+    "too_few_microbatches": "max_micro_batch", "routing_skew": "zipf_s",
+}
+
+
+def shapley(players: Sequence[Hashable], value: Callable[[frozenset], float]
+            ) -> dict[Hashable, float]:
+    """Exact Shapley values (2^n evaluations; fine for n <= 10)."""
+    n = len(players)
+    if n > 10:
+        raise ValueError(f"exact Shapley over {n} players is too slow; use <= 10")
+    memo: dict[frozenset, float] = {}
+
+    def v(s: frozenset) -> float:
+        if s not in memo:
+            memo[s] = value(s)
+        return memo[s]
+
+    w = [factorial(k) * factorial(n - k - 1) / factorial(n) for k in range(n)]
+    out = {}
+    for p in players:
+        others = [q for q in players if q != p]
+        tot = 0.0
+        for k in range(n):
+            for s in combinations(others, k):
+                fs = frozenset(s)
+                tot += w[k] * (v(fs | {p}) - v(fs))
+        out[p] = tot
+    return out
+
+
+@dataclass(frozen=True)
+class Row:
+    cause: str
+    label: str
+    ms_per_step: float
+    tok_per_s: float
+    share: float | None
+    evidence: str
+    source: str
+
+
+@dataclass(frozen=True)
+class Attribution:
+    concurrency: int
+    ideal_tok_per_s: float
+    modelled_tok_per_s: float
+    observed_tok_per_s: float | None
+    ideal_tpot_ms: float
+    modelled_tpot_ms: float
+    rows: tuple[Row, ...]          # the causes, then `unexplained` when observed exists
+
+
+def attribute(inp: Inputs, C: int, players: Sequence[str] = lb.SWITCHES) -> Attribution:
+    tpot = shapley(players, lambda s: lb.run(inp, C, s).tpot_ms)
+    tput = shapley(players, lambda s: lb.run(inp, C, s).tok_per_s)
+    ideal, full = lb.run(inp, C, frozenset()), lb.run(inp, C, frozenset(players))
+    gap = full.tpot_ms - ideal.tpot_ms
+    rows = []
+    for p in players:
+        src, ev = inp.src(INPUT_OF[p])
+        rows.append(Row(p, LABELS[p], tpot[p], tput[p],
+                        tpot[p] / gap if abs(gap) > 1e-12 else None, ev, src))
+    obs = dict(inp.observed).get(C)
+    if obs:
+        obs_tpot = C / obs * 1e3
+        rows.append(Row("unexplained", "modelled -> observed (not in the model)",
+                        obs_tpot - full.tpot_ms, obs - full.tok_per_s, None,
+                        inp.src("observed_tok_per_s")[1], "observed"))
+    return Attribution(C, ideal.tok_per_s, full.tok_per_s, obs, ideal.tpot_ms, full.tpot_ms,
+                       tuple(rows))

@@ -1,0 +1,254 @@
+"""A verdict on each of the user's hypotheses: holds / does not hold / not enough evidence.
+
+Each verdict names the number that decides it, taken from the attribution rows (share of the
+ideal -> modelled gap at the highest concurrency) or straight from a record. Thresholds: a cause
+"holds" when it explains >= 15% of the gap, "does not hold" below 5%; in between the verdict says
+"minor". A hypothesis about runtime behaviour that no record measured (graph fallback, routing)
+gets "not enough evidence" plus what the model would predict; routing skew is tested by
+re-running the model at Zipf s = 1 (see `routing_verdict`).
+
+With sglang.json (the user's own server), the herd verdict cites the slot sizes the server
+logged next to the modelled ones; evenly filled observed slots overrule the modelled burst
+admission ("does not hold"). The CUDA-graph verdict is decided by the log's `cuda graph` field,
+else by the traces' share of kernels replayed from graphs. Observed numbers are cited, never
+fed into the model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from reports.model import loop_builder as lb
+from reports.model.attribution import Attribution
+from reports.base.records import Record
+from reports.model.scenario import Inputs
+
+HOLDS, MINOR, NOT, UNKNOWN = "holds", "minor", "does not hold", "not enough evidence"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    hypothesis: str
+    verdict: str
+    number: str
+    evidence: str
+
+
+def _share(att: Attribution, *causes: str) -> float:
+    return sum((r.share or 0.0) for r in att.rows if r.cause in causes)
+
+
+def _by_share(s: float) -> str:
+    return HOLDS if s >= 0.15 else (NOT if s < 0.05 else MINOR)
+
+
+# Observed slot sizes (`#running-req` per decode line, one slot's size under PP): "even" when the
+# sampled sizes barely vary (coefficient of variation < 0.25 and max/mean per window < 1.25)
+# over at least MIN_LINES lines. The log samples every --decode-log-interval steps, so a few
+# lines can miss slots; below MIN_LINES the observation is cited but does not decide.
+EVEN_CV, EVEN_MAX_OVER_MEAN, MIN_LINES = 0.25, 1.25, 8
+# Traces: a rank whose GPU kernels mostly (>= half) come from graph replays runs decode on
+# graphs; NCCL, copies and sampling are launched one by one even then, so 100% is not expected.
+GRAPH_KERNEL_SHARE = 0.5
+
+
+def observed_slots(sg: dict) -> dict | None:
+    """Slot sizes the server logged: the rank the log reader picked for its run-wide index (the
+    one with most decode lines), its #running-req min/median/max and the slot-imbalance index."""
+    ranks = sg.get("ranks") or {}
+    imb = sg.get("slot_imbalance") or {}
+    r = str(imb["rank"]) if imb.get("rank") is not None else (
+        max(ranks, key=lambda k: ranks[k].get("decode_lines") or 0) if ranks else None)
+    if r is None or r not in ranks:
+        return None
+    d = ranks[r]
+    rr = d.get("running_req") or {}
+    if rr.get("median") is None:
+        return None
+    cv, mom = imb.get("cv"), imb.get("max_over_mean_median")
+    n = int(d.get("decode_lines") or 0)
+    even = (n >= MIN_LINES and cv is not None and cv < EVEN_CV
+            and (mom is None or mom < EVEN_MAX_OVER_MEAN))
+    return {"rank": int(r), "decode_lines": n, "min": rr.get("min"), "median": rr["median"],
+            "max": rr.get("max"), "max_over_mean": mom, "cv": cv, "window": imb.get("window"),
+            "even": even}
+
+
+def _g(x, fmt: str = ".2f") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def observed_slots_text(o: dict) -> str:
+    return (f"(log, PP rank {o['rank']}, {o['decode_lines']} decode lines): slot size median "
+            f"{o['median']:g}, max {_g(o['max'], 'g')}; slot-imbalance max/mean {_g(o['max_over_mean'])}"
+            f", cv {_g(o['cv'])}")
+
+
+def graph_evidence(sg: dict) -> tuple[str, str, str] | None:
+    """(verdict, number, evidence) on CUDA-graph fallback from the server's log (share of decode
+    lines with `cuda graph: True`) and traces (kernels from graph replays vs launched one by one);
+    the log decides when it has the field, else the traces. None when neither says anything."""
+    fr = [(r, d["cuda_graph_frac"]) for r, d in (sg.get("ranks") or {}).items()
+          if d.get("cuda_graph_frac") is not None]
+    tr = [(r, int(d.get("graph_kernels") or 0), int(d.get("eager_kernels") or 0),
+           int(d.get("graph_launches") or 0))
+          for r, d in ((sg.get("traces") or {}).get("ranks") or {}).items()
+          if d.get("gpu_events")]
+    if not fr and not tr:
+        return None
+    parts, srcs = [], []
+    v = UNKNOWN
+    if fr:
+        r, lo = min(fr, key=lambda x: x[1])
+        parts.append(f"log: lowest per-rank share of decode batches on graphs {lo:.0%} (rank {r})")
+        srcs.append("log")
+        v = HOLDS if lo < 0.9 else NOT
+    if tr:
+        r, g, e, n = min(tr, key=lambda x: x[1] / max(1, x[1] + x[2]))
+        share = g / max(1, g + e)
+        parts.append(f"traces: {share:.0%} of GPU kernels from graph replays on rank {r} "
+                     f"({g} graph / {e} one by one, {n} graph launches)")
+        srcs.append("traces")
+        if not fr:
+            v = HOLDS if share < GRAPH_KERNEL_SHARE else NOT
+    return v, "; ".join(parts), f"sglang.json (observed: {', '.join(srcs)})"
+
+
+# Skew tested when the scenario states none: Zipf s = 1 (expert of popularity rank r picked
+# with weight 1/r: the hottest of 384 experts in ~76% of tokens' top-8) -- strong, but in the
+# range reported for MoE routers without a balancing loss.
+TEST_ZIPF = 1.0
+
+
+def routing_verdict(inp: Inputs, att: Attribution, records: dict[str, Record],
+                    sizes: list[int]) -> Verdict:
+    """Re-run the model with skew on (same path as the `routing_skew` switch: stage_floor's
+    distinct experts) and take the stage spread from the routing Monte-Carlo at the largest
+    slot. The slowdown either causes is judged as a share of the ideal -> modelled gap (TPOT)
+    at the highest C: < 5% does not hold, < 15% minor, else holds. Labelled measured only when
+    stage_cost.json timed the MoE layer with --zipf > 0."""
+    from dataclasses import replace
+
+    from reports.base.roofline import skew_spread
+
+    C = att.concurrency
+    s = inp.zipf_s or TEST_ZIPF
+    base = lb.run(inp, C)
+    skewed = lb.run(replace(inp, zipf_s=s), C)
+    gap = att.modelled_tpot_ms - att.ideal_tpot_ms
+    effect = skewed.tok_per_s / base.tok_per_s - 1 if base.tok_per_s else 0.0
+    b = max(sizes)
+    if inp.model.is_moe:
+        stages = lb.pp_partition(inp.model.num_layers, inp.pp, inp.layer_partition)
+        sp = skew_spread(inp.model, stages, b, s, draws=200, seed=0,
+                         context_len=inp.context_len)[b]
+        spread, loss = sp.max_over_mean, sp.slowest_stage_loss
+    else:
+        spread, loss = None, 0.0
+    # The hypothesis is that routing imbalance *slows* the pipeline: judge the slowdown (a
+    # longer step from the skewed model, or the slowest stage's loss to routing noise). A
+    # speed-up cannot explain the gap; it is cited, as a caveat on the uniform assumption.
+    slow_ms = max(skewed.tpot_ms - base.tpot_ms, base.tpot_ms * loss, 0.0)
+    share = slow_ms / gap if gap > 1e-12 else 0.0
+    sc = records.get("stage_cost")
+    measured = sc is not None and float(sc.data.get("zipf_s") or 0) > 0 and any(
+        e.get("measured_us") is not None
+        for e in ((sc.data.get("layers") or {}).get("moe") or {}).values())
+    label = ("stage_cost.json (measured with --zipf)" if measured
+             else "roofline Monte-Carlo (estimated)")
+    why = ("scenario's zipf_s" if inp.zipf_s else
+           f"zipf_s = {s:g}: a strong but common skew; the scenario assumes uniform routing")
+    num = (f"under PP every GPU holds all experts of its layers: skew s={s:g} ({why}) changes "
+           f"modelled tok/s by {effect:+.1%} at C={C} (fewer distinct experts per micro-batch); "
+           + (f"stage spread max/mean {spread:.3f} at b={b}, slowest stage "
+              f"{loss:+.2%} from per-step routing noise; " if spread is not None else "")
+           + f"slowdown = {share:.0%} of the gap"
+           + ("; skew makes the pipeline faster, so it cannot explain the gap (if the router is "
+              "this skewed, the uniform-routing model understates tok/s)" if effect > 0.005
+              else ""))
+    return Verdict("MoE routing imbalance", _by_share(share), num, label)
+
+
+def verdicts(inp: Inputs, atts: list[Attribution], records: dict[str, Record]) -> list[Verdict]:
+    att = max(atts, key=lambda a: a.concurrency)
+    C = att.concurrency
+    out = []
+    # 1. bandwidth is not the limit: link bytes/s vs link bandwidth, and the hop row
+    hop_share = _share(att, "p2p_hops")
+    tok = att.modelled_tok_per_s
+    gbps = tok * 4 * inp.model.hidden / 1e9  # hidden + residual per token per hop, bf16
+    bw = inp.gpu.link_gbps  # the link the PP hop actually uses
+    src, ev = inp.src("hop_us")
+    # The hypothesis is about bandwidth: judge it by link utilisation. What a hop costs in
+    # latency (gloo metadata, launch, sync) is reported beside it, since it is not bandwidth.
+    util = gbps / bw if bw else 0.0
+    out.append(Verdict("bandwidth is not the limit",
+                       HOLDS if util < 0.10 else (MINOR if util < 0.5 else NOT),
+                       f"link carries {gbps * 1e3:.1f} MB/s of {bw:.0f} GB/s ({util:.2%}); "
+                       f"hop latency (not bandwidth) = {hop_share:.0%} of the gap at C={C}",
+                       f"{ev} ({src})"))
+    # 2. herd / uneven split
+    herd = _share(att, "slot_imbalance", "too_few_microbatches")
+    sizes = [s for s in lb.admitted_sizes(inp, C) if s]
+    sg = records.get("sglang")
+    obs = observed_slots(sg.data) if sg is not None else None
+    num = (f"{herd:.0%} of the gap at C={C}; modelled {len(sizes)} occupied slot(s) {sizes} "
+           f"for {inp.pp} stages")
+    v = _by_share(herd)
+    adm = f"{inp.src('max_micro_batch')[1]} (admission modelled, estimated)"
+    if obs is not None:
+        num += "; observed " + observed_slots_text(obs)
+        if obs["even"]:
+            v = NOT
+            num += " -- the server's slots are even, so the modelled burst admission does not apply"
+        ev = f"sglang.json (observed slots, log) + {adm}"
+    else:
+        ev = adm
+    out.append(Verdict("thundering herd / uneven split", v, num, ev))
+    # 3. CUDA-graph fallback
+    gr = records.get("graphs")
+    launch = _share(att, "launch_overhead")
+    gv = graph_evidence(sg.data) if sg is not None else None
+    if gv is not None:
+        out.append(Verdict("CUDA-graph fallback", gv[0], gv[1], gv[2]))
+    elif gr is not None:
+        out.append(Verdict("CUDA-graph fallback", _by_share(launch),
+                           f"launch/padding = {launch:.0%} of the gap; graph max bs "
+                           f"{inp.graph_max_bs}, largest slot {max(sizes)}", "graphs.json (measured)"))
+    else:
+        out.append(Verdict("CUDA-graph fallback", UNKNOWN,
+                           f"model predicts {launch:.0%} of the gap (largest slot {max(sizes)} <= "
+                           f"graph max bs {inp.graph_max_bs}); no graphs.json or SGLang logs",
+                           "scenario (estimated)"))
+    # 4. cross-socket NUMA
+    topo = records.get("topology")
+    if topo is None:
+        out.append(Verdict("cross-socket NUMA", UNKNOWN,
+                           f"hops = {hop_share:.0%} of the gap with estimated hop cost; "
+                           "no topology.json", "scenario (estimated)"))
+    else:
+        hops = topo.data.get("hops") or []
+        cls: dict[str, list[float]] = {}
+        for h in hops:
+            if h.get("hop_us") is not None:
+                cls.setdefault(h.get("hop_class", "?"), []).append(float(h["hop_us"]))
+        cross = cls.get("cross-socket")
+        near = [v for k, vs in cls.items() if k != "cross-socket" for v in vs]
+        if not cross:
+            out.append(Verdict("cross-socket NUMA", NOT, "no PP hop crosses a socket",
+                               "topology.json (measured)"))
+        else:
+            ratio = (sum(cross) / len(cross)) / (sum(near) / len(near)) if near else None
+            out.append(Verdict("cross-socket NUMA", _by_share(hop_share),
+                               f"hops = {hop_share:.0%} of the gap; cross-socket hop "
+                               + (f"{ratio:.2f}x same-socket" if ratio else "only"),
+                               "topology.json (measured)"))
+    # 5. MoE routing imbalance
+    out.append(routing_verdict(inp, att, records, sizes))
+    # 6. stage imbalance
+    costs = lb.stage_cost_us(inp, lb.ALL_ON, max(sizes))
+    imb = _share(att, "stage_imbalance")
+    src, ev = inp.src("kernel_efficiency")
+    out.append(Verdict("stage imbalance", _by_share(imb),
+                       f"{imb:.0%} of the gap; slowest stage {max(costs) / (sum(costs) / len(costs)):.2f}x "
+                       f"the mean at b={max(sizes)}", f"{ev} ({src})"))
+    return out

@@ -1,0 +1,356 @@
+"""report.json -> one self-contained HTML page (inline CSS, plots as base64 PNG, no URLs).
+
+Built from the report dict (report.json is the truth) in the order of report.md: header with
+the measured/estimated split (and a banner when every figure is estimated), The answer,
+Throughput (table + tok/s vs concurrency plot), Verdicts (colour-coded), Your server (with
+sglang.json: observed tables and GPU busy over time), Where the time goes
+(one attribution table per concurrency, share bars), What-ifs (best first; no-gain rows folded),
+Model vs dispatch probe, Micro-batch count, per-stage cost vs roofline floor, the simulated
+timeline and (with dispatch.trace.json) the measured one below it, the PP link map when topology.json exists, Inputs, Scenario assumptions.
+Plots use matplotlib's Agg backend, imported only here. Open the file in any browser.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+from typing import Any
+
+from reports.model.pipeline_model import Span
+from reports.render.render_md import (DISPATCH_NOTE, MEASURED_NOTE, Table, attribution_table,
+                               attribution_title, banner, dispatch_table, header_lines,
+                               inputs_table, measured_timeline_table, micro_batch_table,
+                               observed_line, server_bench_table, server_gpu_table, server_lines,
+                               server_log_table, throughput_table, verdict_table, whatif_table)
+
+CSS = """
+:root{--fg:#1f2328;--mute:#59636e;--line:#d1d9e0;--bg2:#f6f8fa;--acc:#0969da}
+*{box-sizing:border-box}
+body{font:14px/1.5 -apple-system,"Segoe UI",Helvetica,Arial,sans-serif;color:var(--fg);
+ max-width:1180px;margin:0 auto;padding:24px 28px 60px}
+h1{font-size:24px;margin:0 0 4px}h2{font-size:18px;margin:34px 0 10px;padding-bottom:4px;
+ border-bottom:1px solid var(--line)}h3{font-size:14px;margin:18px 0 6px;color:var(--mute)}
+.meta{color:var(--mute);margin:2px 0}
+nav{margin:12px 0 0;font-size:13px}nav a{color:var(--acc);text-decoration:none;margin-right:14px}
+.banner{background:#fff8c5;border:1px solid #d4a72c;border-radius:6px;padding:10px 14px;
+ margin:14px 0;font-weight:600}
+.warn{background:#fff1e5;border-left:4px solid #bc4c00;padding:6px 12px;margin:4px 0;
+ font-size:13px}
+.answer{background:#ddf4ff;border:1px solid #54aeff;border-radius:6px;padding:12px 18px;
+ margin:14px 0}.answer ol{margin:4px 0;padding-left:20px}.answer li{margin:5px 0}
+table{border-collapse:collapse;margin:6px 0 10px;font-size:13px}
+th,td{border:1px solid var(--line);padding:4px 9px;vertical-align:top}
+th{background:var(--bg2);text-align:left;font-weight:600}
+tr:nth-child(even) td{background:#fbfcfd}
+td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+tr.total td{font-weight:600;border-top:2px solid var(--mute)}
+.pill{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;font-weight:600;
+ white-space:nowrap}
+.v-holds{background:#dafbe1;color:#116329}.v-not{background:#ffebe9;color:#a40e26}
+.v-minor{background:#fff8c5;color:#7d4e00}.v-unknown{background:#eaeef2;color:#59636e}
+.s-measured{background:#ddf4ff;color:#0550ae}.s-estimated{background:#fff8c5;color:#7d4e00}
+.s-observed{background:#fbefff;color:#6e40c9}
+.bar{display:inline-block;height:9px;background:#54aeff;border-radius:2px;margin-left:6px;
+ vertical-align:middle}
+.gain-pos{color:#116329;font-weight:600}
+.row{display:flex;gap:20px;align-items:flex-start;flex-wrap:wrap}
+figure{margin:8px 0}figcaption{color:var(--mute);font-size:12px}
+img{max-width:100%;border:1px solid var(--line);border-radius:4px}
+details summary{cursor:pointer;color:var(--acc);margin:6px 0}
+ul.assume li{margin:3px 0}
+"""
+
+VERDICT_CLASS = {"holds": "v-holds", "does not hold": "v-not", "minor": "v-minor",
+                 "not enough evidence": "v-unknown"}
+SOURCE_CLASS = {"measured": "s-measured", "estimated": "s-estimated", "observed": "s-observed"}
+
+
+def _e(x: Any) -> str:
+    return html.escape(str(x))
+
+
+def _cell(h: str, v: str, numeric: bool) -> str:
+    if h == "verdict" and v in VERDICT_CLASS:
+        return f'<td><span class="pill {VERDICT_CLASS[v]}">{_e(v)}</span></td>'
+    if h == "source" and v in SOURCE_CLASS:
+        return f'<td><span class="pill {SOURCE_CLASS[v]}">{_e(v)}</span></td>'
+    if h == "share of gap" and v.endswith("%"):
+        w = max(0.0, min(100.0, float(v[:-1])))
+        return f'<td class="n">{_e(v)}<span class="bar" style="width:{w * 0.8:.0f}px"></span></td>'
+    if h == "gain" and v.startswith("+") and v != "+0%":
+        return f'<td class="n gain-pos">{_e(v)}</td>'
+    return f'<td class="n">{_e(v)}</td>' if numeric else f"<td>{_e(v)}</td>"
+
+
+def table_html(t: Table, total_label: str | None = None) -> str:
+    """Escaped HTML table; numeric columns right-aligned; verdict/source cells as pills."""
+    head = "".join(f"<th>{_e(h)}</th>" for h in t.headers)
+    body = []
+    for r in t.rows:
+        cls = ' class="total"' if total_label and r[0] == total_label else ""
+        body.append(f"<tr{cls}>" + "".join(_cell(h, v, n) for h, v, n in
+                                           zip(t.headers, r, t.numeric)) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _png(fig) -> str:
+    import matplotlib.pyplot as plt
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    plt.rcParams.update({"font.size": 9, "axes.spines.top": False, "axes.spines.right": False,
+                         "axes.grid": True, "grid.alpha": 0.3})
+    return plt
+
+
+def plot_throughput(rep: dict[str, Any]) -> str:
+    plt = _plt()
+    c = rep["concurrency"]
+    xs = [r["concurrency"] for r in c]
+    fig, ax = plt.subplots(figsize=(4.4, 2.9))
+    ax.plot(xs, [r["ideal_tok_per_s"] for r in c], "o--", color="#8c959f", label="ideal")
+    ax.plot(xs, [r["predicted"] for r in c], "o-", color="#0969da", label="modelled")
+    ob = [(r["concurrency"], r["observed"]) for r in c if r["observed"]]
+    if ob:
+        ax.plot(*zip(*ob), "s", color="#cf222e", ms=7, label="observed")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [str(x) for x in xs])
+    ax.set_xlabel("concurrency C")
+    ax.set_ylabel("decode tok/s")
+    ax.legend(frameon=False)
+    return _png(fig)
+
+
+def plot_stage_cost(rep: dict[str, Any]) -> str:
+    plt = _plt()
+    sc = rep["stage_cost"][-1]
+    fig, ax = plt.subplots(figsize=(6.5, 2.8))
+    x = range(len(sc["modelled_us"]))
+    ax.bar([i - 0.2 for i in x], [v / 1e3 for v in sc["floor_us"]], 0.4, color="#8c959f",
+           label="roofline floor")
+    ax.bar([i + 0.2 for i in x], [v / 1e3 for v in sc["modelled_us"]], 0.4, color="#0969da",
+           label="modelled")
+    ax.set_xticks(list(x))
+    ax.set_xlabel("PP stage")
+    ax.set_ylabel(f"ms per forward (b={sc['batch']})")
+    ax.legend(frameon=False, ncol=2)
+    return _png(fig)
+
+
+def _bars(ax, spans, cmap, label_batch: bool, span_ms: float) -> None:
+    for s in spans:
+        x, w = s.start_us / 1e3, (s.end_us - s.start_us) / 1e3
+        ax.broken_barh([(x, w)], (s.rank - 0.4, 0.8), color=cmap(s.slot % 20),
+                       edgecolor="white", lw=0.3)
+        if label_batch and w > span_ms / 60:
+            ax.text(x + w / 2, s.rank, str(s.batch), ha="center", va="center", fontsize=7)
+    ax.set_ylabel("PP rank")
+    ax.set_yticks(sorted({s.rank for s in spans}))
+    ax.set_ylim(max(s.rank for s in spans) + 0.6, -0.6)
+    ax.grid(axis="y", visible=False)
+
+
+def plot_timeline(spans: tuple[Span, ...], window_ms: float | None = None) -> str:
+    """Forwards per rank from the first one, cut at window_ms so a few periods stay legible."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(10, 0.35 * (1 + max(s.rank for s in spans)) + 1.0))
+    t0 = min(s.start_us for s in spans)
+    spans = tuple(Span(s.rank, s.slot, s.batch, s.start_us - t0, s.end_us - t0) for s in spans)
+    if window_ms:
+        spans = tuple(s for s in spans if s.start_us / 1e3 < window_ms)
+    _bars(ax, spans, plt.get_cmap("tab20"), False, window_ms or 1.0)
+    ax.set_xlabel("ms (simulated)")
+    return _png(fig)
+
+
+def plot_measured(timelines) -> str:
+    """The dispatch probe's GPU forwards (one panel per probe point, same time axis); colour =
+    slot, number = requests in the micro-batch."""
+    plt = _plt()
+    n_r = 1 + max(s.rank for t in timelines for s in t.spans)
+    fig, axes = plt.subplots(len(timelines), 1, sharex=True, squeeze=False,
+                             figsize=(10, len(timelines) * (0.35 * n_r + 0.8) + 0.4))
+    span_ms = max(t.window_ms for t in timelines)
+    cmap = plt.get_cmap("tab20")
+    for ax, t in zip(axes[:, 0], timelines):
+        _bars(ax, t.spans, cmap, True, span_ms)
+        ax.set_title(f"{t.point}: {t.rounds} rounds of {t.slots} slots", fontsize=9, loc="left")
+    axes[-1, 0].set_xlabel("ms (measured, from the window's first forward)")
+    fig.tight_layout()
+    return _png(fig)
+
+
+def plot_server_busy(srv: dict[str, Any]) -> str | None:
+    """Observed GPU busy fraction over the traced window, per PP rank (sglang.json traces)."""
+    bot = srv.get("busy_over_time") or {}
+    if not bot:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.5, 2.6))
+    for r, d in bot.items():
+        w = (d.get("bin_us") or 0.0) / 1e3
+        ys = [100 * v for v in d["busy_frac"]]
+        ax.step([i * w for i in range(len(ys))], ys, where="post", label=f"rank {r}")
+    ax.set_ylim(0, 105)
+    ax.set_xlabel("ms into the trace")
+    ax.set_ylabel("GPU busy % (observed)")
+    ax.legend(frameon=False, ncol=4, fontsize=8)
+    return _png(fig)
+
+
+def plot_links(topo: dict[str, Any]) -> str | None:
+    """GPU x GPU grid: link type per pair (nvidia-smi topo), colour = measured PP hop us."""
+    n = len(topo.get("gpus") or [])
+    hops = topo.get("hops") or []
+    if hops:
+        n = max(n, 1 + max(max(h["src"], h["dst"]) for h in hops))
+    if n < 2:
+        return None
+    plt = _plt()
+    grid = [[math.nan] * n for _ in range(n)]  # NaN: no measured hop (blank cell in imshow)
+    for h in hops:
+        grid[h["src"]][h["dst"]] = h["hop_us"]
+    fig, ax = plt.subplots(figsize=(1.2 + 0.7 * n, 0.9 + 0.6 * n))
+    im = ax.imshow(grid, cmap="viridis")
+    ax.grid(False)
+    for i in range(n):
+        for j in range(n):
+            link = topo["links"].get(f"{min(i, j)}-{max(i, j)}", "") if i != j else "X"
+            measured = not math.isnan(grid[i][j])
+            txt = link + (f"\n{grid[i][j]:.0f} us" if measured else "")
+            ax.text(j, i, txt, ha="center", va="center", fontsize=8,
+                    color="white" if measured else "black")
+    ax.set_xticks(range(n))
+    ax.set_yticks(range(n))
+    ax.set_xlabel("dst GPU")
+    ax.set_ylabel("src GPU")
+    if any(not math.isnan(v) for row in grid for v in row):
+        fig.colorbar(im, ax=ax, label="PP hop us (measured)")
+    return _png(fig)
+
+
+def _fig(src: str, caption: str) -> str:
+    return f'<figure><img alt="{_e(caption)}" src="{src}"><figcaption>{_e(caption)}</figcaption></figure>'
+
+
+def server_html(rep: dict[str, Any]) -> list[str]:
+    srv = rep["server"]
+    o = ['<h2 id="server">Your server (observed, sglang.json)</h2>']
+    o += [f'<p class="meta">{_e(line)}</p>' for line in server_lines(rep)]
+    if any(r["trace_span_ms"] for r in srv["ranks"]):
+        o.append("<h3>GPU time per PP rank (traces) next to the model</h3>")
+        o.append(table_html(server_gpu_table(rep)))
+        img = plot_server_busy(srv)
+        if img:
+            o.append(_fig(img, "observed GPU busy % over the traced window, per PP rank "
+                               "(sglang.json traces)"))
+    if any(r["running_req"] is not None for r in srv["ranks"]):
+        o.append("<h3>Scheduler log per PP rank</h3>")
+        o.append(table_html(server_log_table(rep)))
+    if srv["bench"]:
+        o.append("<h3>bench_serving runs</h3>")
+        o.append(table_html(server_bench_table(rep)))
+    return o
+
+
+def render_html(rep: dict[str, Any], spans: tuple[Span, ...] = (), measured=()) -> str:
+    """`measured`: MeasuredTimeline tuple from reports.render.measured_timeline (may be empty)."""
+    d = rep["deployment"]
+    toc = [("answer", "The answer"), ("throughput", "Throughput"), ("verdicts", "Verdicts")]
+    if rep.get("server"):
+        toc.append(("server", "Your server"))
+    toc += [("attribution", "Where the time goes"), ("whatifs", "What-ifs")]
+    if rep.get("dispatch_validation"):
+        toc.append(("dispatch", "Model vs probe"))
+    toc += [("plots", "Stage cost & timeline"), ("inputs", "Inputs")]
+    o = [f"<h1>ppscope report: {_e(rep['scenario'])}</h1>"]
+    o += [f'<p class="meta">{_e(line)}</p>' for line in header_lines(rep)]
+    if rep["all_estimated"]:
+        o.append(f'<div class="banner">{_e(banner(rep))}</div>')
+    else:
+        o.append(f'<p class="meta">{_e(banner(rep))}</p>')
+    o += [f'<div class="warn">warning: {_e(w)}</div>' for w in rep["warnings"]]
+    o.append("<nav>" + "".join(f'<a href="#{a}">{_e(t)}</a>' for a, t in toc) + "</nav>")
+
+    o.append('<h2 id="answer">The answer</h2><div class="answer"><ol>'
+             + "".join(f"<li>{_e(s)}</li>" for s in rep.get("answer", [])) + "</ol></div>")
+
+    o.append('<h2 id="throughput">Throughput (decode tok/s per concurrency C)</h2>')
+    o.append(f'<div class="row"><div>{table_html(throughput_table(rep))}</div>'
+             f'{_fig(plot_throughput(rep), "tok/s vs concurrency: ideal / modelled / observed")}'
+             "</div>")
+    if rep.get("observed_source"):
+        o.append(f'<p class="meta">{_e(observed_line(rep))}</p>')
+
+    o.append('<h2 id="verdicts">Verdicts on the hypotheses</h2>')
+    o.append(table_html(verdict_table(rep)))
+    if rep.get("server"):
+        o += server_html(rep)
+
+    o.append('<h2 id="attribution">Where the time goes</h2><p class="meta">Ideal -> modelled '
+             "split over named causes by exact Shapley values (rows add up to the total); "
+             "modelled -> observed is the unexplained row. tok/s columns are the change each "
+             "cause makes.</p>")
+    for a in rep["attribution"]:
+        o.append(f"<h3>{_e(attribution_title(a))}</h3>")
+        o.append(table_html(attribution_table(a), total_label="total: ideal -> modelled"))
+
+    o.append('<h2 id="whatifs">What-ifs (one change, model re-run; best first)</h2>')
+    gain = [w for w in rep["what_ifs"] if w["gain"] > 0.005]
+    rest = [w for w in rep["what_ifs"] if w["gain"] <= 0.005]
+    o.append(table_html(whatif_table(rep, gain)) if gain else
+             "<p>No single change raises modelled throughput by more than 0.5%.</p>")
+    if rest:
+        o.append(f"<details><summary>{len(rest)} what-ifs with no gain</summary>"
+                 f"{table_html(whatif_table(rep, rest))}</details>")
+
+    if rep.get("dispatch_validation"):
+        o.append('<h2 id="dispatch">Model vs dispatch probe (same configuration)</h2>')
+        o.append(table_html(dispatch_table(rep)) + f'<p class="meta">{_e(DISPATCH_NOTE)}</p>')
+    if rep.get("dispatch_micro_batches"):
+        o.append("<h2>Micro-batch count (dispatch probe's configuration)</h2>")
+        o.append(table_html(micro_batch_table(rep)))
+
+    o.append('<h2 id="plots">Per-stage cost and the simulated pipeline</h2>')
+    sc = rep["stage_cost"][-1]
+    o.append(_fig(plot_stage_cost(rep), f"per-stage forward time vs roofline floor, micro-batch "
+                                        f"of {sc['batch']}"))
+    if spans:
+        top = max(rep["concurrency"], key=lambda c: c["concurrency"])
+        win = 4 * top["predicted_tpot_ms"]
+        o.append(_fig(plot_timeline(spans, win),
+                      f"simulated PP loop at C={top['concurrency']}, first {win:.0f} ms (4 decode "
+                      "steps): one bar per forward, colour = slot; full trace in "
+                      "report.trace.json (open in Perfetto)"))
+    if measured:
+        o.append("<h3>Measured pipeline (dispatch probe)</h3>")
+        o.append(_fig(plot_measured(measured),
+                      "measured PP loop (dispatch.trace.json): GPU forwards per stage, colour = "
+                      "slot, number = requests in the micro-batch"))
+        o.append(table_html(measured_timeline_table(rep)) + f'<p class="meta">{_e(MEASURED_NOTE)}</p>')
+    if rep.get("topology"):
+        img = plot_links(rep["topology"])
+        if img:
+            o.append("<h2>Links between GPUs</h2>")
+            o.append(_fig(img, "link type per GPU pair (nvidia-smi topo) and measured PP hop "
+                               "cost at the smallest batch"))
+
+    o.append('<h2 id="inputs">Inputs</h2>')
+    o.append(table_html(inputs_table(rep)))
+    if rep["assumptions"]:
+        o.append("<h2>Scenario assumptions</h2><ul class=\"assume\">"
+                 + "".join(f"<li><b>{_e(k)}</b>: {_e(v)}</li>"
+                           for k, v in rep["assumptions"].items()) + "</ul>")
+    title = f"ppscope report: {rep['scenario']} ({d['model']}, PP{d['pp']}, {d['gpu']})"
+    return ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+            f"<title>{_e(title)}</title><style>{CSS}</style></head><body>\n"
+            + "\n".join(o) + "\n</body></html>\n")
