@@ -34,7 +34,9 @@ import numpy as np
 
 from microbench.kit import launch
 from microbench.kit.gpus import visible_gpus
-from reports.base.records import Record, make_record, write_json_atomic, write_record
+from reports.base.payloads.dispatch import (DispatchData, DispatchSettings, HopInLoop, HopStat,
+                                            PolicyComparison, PolicyRun, Quantiles, StageRun)
+from reports.base.records import Record, make_record, save_record, write_json_atomic
 from reports.base.slots import SlotConfig, default_max_micro_batch
 
 PROBE = "dispatch"
@@ -150,7 +152,7 @@ def _pct(v: list[float], q: float) -> float | None:
     return float(np.percentile(np.asarray(v, dtype=float), q)) if v else None
 
 
-def stage_summary(pt: dict) -> dict:
+def stage_summary(pt: dict) -> StageRun:
     """One rank's raw columns for one point -> the `stages[]` entry of dispatch.json.
     Only iterations in the measurement window (`measure`) count."""
     c = pt["columns"]
@@ -174,19 +176,19 @@ def stage_summary(pt: dict) -> dict:
     fss = [c["t_fs"][i] for i in idx if c["t_fs"][i] is not None]
     fes = [c["t_fe"][i] for i in idx if c["t_fe"][i] is not None]
     span = (max(fes) - min(fss)) if fss and fes else 0.0
-    return {
-        "rank": pt["rank"],
-        "busy_frac": busy / span if span > 0 else None,
-        "dispatch_latency_us": {"p50": _pct(disp, 50), "p99": _pct(disp, 99), "n": len(disp)},
-        "wait_us_p50": _pct(wait, 50),
-        "host_us_p50": _pct(host, 50),
-        "host_empty_us_p50": _pct(host_empty, 50),   # empty slot: request-list relay only
-        "host_busy_us_p50": _pct(host_busy, 50),
-        "gpu_us_p50": {str(b): _pct(v, 50) for b, v in sorted(gpu_by_b.items())},
-        "send_us_p50": _pct(send, 50),
-        "iterations": len(idx),
-        "busy_frac_series": busy_series(pt),
-    }
+    return StageRun(
+        rank=pt["rank"],
+        busy_frac=busy / span if span > 0 else None,
+        dispatch_latency_us=Quantiles(_pct(disp, 50), _pct(disp, 99), len(disp)),
+        wait_us_p50=_pct(wait, 50),
+        host_us_p50=_pct(host, 50),
+        host_empty_us_p50=_pct(host_empty, 50),   # empty slot: request-list relay only
+        host_busy_us_p50=_pct(host_busy, 50),
+        gpu_us_p50={str(b): _pct(v, 50) for b, v in sorted(gpu_by_b.items())},
+        send_us_p50=_pct(send, 50),
+        iterations=len(idx),
+        busy_frac_series=tuple(busy_series(pt)),
+    )
 
 
 def busy_series(pt: dict, bins: int = 20) -> list[dict]:
@@ -208,7 +210,7 @@ def busy_series(pt: dict, bins: int = 20) -> list[dict]:
     return out
 
 
-def run_summary(points_by_rank: list[dict]) -> dict:
+def run_summary(points_by_rank: list[dict]) -> PolicyRun:
     """All ranks' results for one point -> one `runs[]` entry (throughput from rank 0)."""
     r0 = next(p for p in points_by_rank if p["rank"] == 0)
     c, S = r0["columns"], r0["slots"]
@@ -228,24 +230,24 @@ def run_summary(points_by_rank: list[dict]) -> dict:
                 visits[c["slot"][i]] += 1
     tps = tok / span if span > 0 else None
     per_req = [span / visits[s] * 1e3 for s in range(S) for _ in range(sizes[s]) if visits[s]]
-    return {
-        "policy": point["policy"], "arrival": point["arrival"],
-        "concurrency": point["concurrency"],
-        "tok_per_s": tps,
-        "tpot_ms": float(np.mean(per_req)) if per_req else None,
-        "slot_sizes": sizes,
-        "admitted": r0.get("admitted"),
-        "window_s": span,
-        "decode_tokens": tok,
-        "stages": [stage_summary(p) for p in sorted(points_by_rank, key=lambda p: p["rank"])],
-    }
+    return PolicyRun(
+        policy=point["policy"], arrival=point["arrival"], concurrency=point["concurrency"],
+        tok_per_s=tps,
+        tpot_ms=float(np.mean(per_req)) if per_req else None,
+        slot_sizes=tuple(sizes),
+        admitted=r0.get("admitted"),
+        window_s=span,
+        decode_tokens=tok,
+        stages=tuple(stage_summary(p) for p in sorted(points_by_rank, key=lambda p: p["rank"])),
+        injected=tuple(point.get("inject") or ()),
+    )
 
 
-def hop_in_loop(points_by_rank: list[dict]) -> dict:
+def hop_in_loop(points_by_rank: list[dict]) -> HopInLoop:
     """Per hop r -> r+1: sender's forward end -> receiver's input available, same iteration,
     only where the receiver's GPU was idle before (so the gap is the transfer, not a queue)."""
     by_rank = {p["rank"]: p["columns"] for p in points_by_rank}
-    out: dict[str, Any] = {}
+    out: dict[str, HopStat] = {}
     allv = []
     for r in sorted(by_rank):
         if r + 1 not in by_rank:
@@ -267,50 +269,47 @@ def hop_in_loop(points_by_rank: list[dict]) -> dict:
                 continue  # receiver still busy when the data left: a queue, not a hop
             vals.append((b["t_in"][j] - a["t_fe"][i]) * 1e6)
         allv += vals
-        out[f"{r}->{r + 1}"] = {"p50_us": _pct(vals, 50), "p10_us": _pct(vals, 10),
-                                "n": len(vals)}
-    return {"p50_us": _pct(allv, 50), "p10_us": _pct(allv, 10), "n": len(allv), "by_hop": out}
+        out[f"{r}->{r + 1}"] = HopStat(_pct(vals, 50), _pct(vals, 10), len(vals))
+    return HopInLoop(_pct(allv, 50), _pct(allv, 10), len(allv), by_hop=out)
 
 
-def _p50_at(stages: list[dict], b: int) -> float | None:
+def _p50_at(stages: tuple[StageRun, ...], b: int) -> float | None:
     """Slowest stage's p50 forward time for micro-batches of b requests, if measured."""
-    v = [s["gpu_us_p50"].get(str(b)) for s in stages]
+    v = [s.gpu_us_at(b) for s in stages]
     v = [x for x in v if x is not None]
     return max(v) if v else None
 
 
-def compare_policies(runs: list[dict], pp: int) -> list[dict]:
+def compare_policies(runs: tuple[PolicyRun, ...], pp: int) -> tuple[PolicyComparison, ...]:
     """even/sglang throughput ratio per (arrival, C) and, if even does not help, why."""
     out = []
     for r in runs:
-        if r["policy"] != "sglang":
+        if r.policy != "sglang":
             continue
-        ev = next((e for e in runs if e["policy"] == "even" and e["arrival"] == r["arrival"]
-                   and e["concurrency"] == r["concurrency"]), None)
-        if ev is None or not r["tok_per_s"] or not ev["tok_per_s"]:
+        ev = next((e for e in runs if e.policy == "even" and e.arrival == r.arrival
+                   and e.concurrency == r.concurrency), None)
+        if ev is None or not r.tok_per_s or not ev.tok_per_s:
             continue
-        ratio = ev["tok_per_s"] / r["tok_per_s"]
-        row = {"arrival": r["arrival"], "concurrency": r["concurrency"], "ratio": ratio,
-               "sglang_tok_per_s": r["tok_per_s"], "even_tok_per_s": ev["tok_per_s"],
-               "sglang_slot_sizes": r["slot_sizes"], "even_slot_sizes": ev["slot_sizes"],
-               "why_not": None}
-        if ratio < 1.02:
-            row["why_not"] = why_even_does_not_help(r, ev, pp)
-        out.append(row)
-    return out
+        ratio = ev.tok_per_s / r.tok_per_s
+        out.append(PolicyComparison(
+            arrival=r.arrival, concurrency=r.concurrency, ratio=ratio,
+            sglang_tok_per_s=r.tok_per_s, even_tok_per_s=ev.tok_per_s,
+            sglang_slot_sizes=r.slot_sizes, even_slot_sizes=ev.slot_sizes,
+            why_not=why_even_does_not_help(r, ev, pp) if ratio < 1.02 else None))
+    return tuple(out)
 
 
-def why_even_does_not_help(sg: dict, ev: dict, pp: int) -> str:
-    big = max(sg["slot_sizes"])
-    parts = [x for x in ev["slot_sizes"] if x]
+def why_even_does_not_help(sg: PolicyRun, ev: PolicyRun, pp: int) -> str:
+    big = max(sg.slot_sizes)
+    parts = [x for x in ev.slot_sizes if x]
     m = len(parts)
-    if sg["concurrency"] <= 1 or m <= 1:
-        return f"C={sg['concurrency']}: one request cannot be split; both policies use one slot"
+    if sg.concurrency <= 1 or m <= 1:
+        return f"C={sg.concurrency}: one request cannot be split; both policies use one slot"
     small = max(parts)
-    sg_used = sum(1 for x in sg["slot_sizes"] if x)
-    t_big = _p50_at(sg["stages"], big)
-    t_small = _p50_at(ev["stages"], small)
-    msg = (f"C={sg['concurrency']}: sglang runs {sg_used} micro-batch(es) of up to {big}, "
+    sg_used = sum(1 for x in sg.slot_sizes if x)
+    t_big = _p50_at(sg.stages, big)
+    t_small = _p50_at(ev.stages, small)
+    msg = (f"C={sg.concurrency}: sglang runs {sg_used} micro-batch(es) of up to {big}, "
            f"even runs {m} of up to {small}")
     if t_big is not None and t_small is not None:
         msg += (f"; slowest stage forward {t_big:.0f} us at b={big} vs {t_small:.0f} us at "
@@ -319,7 +318,7 @@ def why_even_does_not_help(sg: dict, ev: dict, pp: int) -> str:
         if m * t_small >= sg_used * t_big * 0.98:
             msg += (" (a micro-batch costs nearly as much at b/m as at b: with MoE each "
                     "micro-batch re-reads the experts its tokens touch)")
-    busy = [s["busy_frac"] for s in sg["stages"] if s["busy_frac"] is not None]
+    busy = [s.busy_frac for s in sg.stages if s.busy_frac is not None]
     if busy and min(busy) > 0.8:
         msg += f"; under sglang every stage is already {min(busy):.0%}+ busy, no bubble to fill"
     if m < pp:
@@ -334,7 +333,7 @@ def moe_backend_of(info_by_rank: dict) -> str | None:
     return ",".join(names) if names else None
 
 
-def summarize(loop_cfg: dict, rank_results: list[dict], nccl_p2p_disabled: bool) -> dict:
+def summarize(loop_cfg: dict, rank_results: list[dict], nccl_p2p_disabled: bool) -> DispatchData:
     """Per-rank JSONs -> the dispatch.json data payload (finished points only)."""
     npts = min((len(r["points"]) for r in rank_results), default=0)
     runs, hops = [], []
@@ -342,33 +341,44 @@ def summarize(loop_cfg: dict, rank_results: list[dict], nccl_p2p_disabled: bool)
         pts = [r["points"][k] for r in rank_results]
         runs.append(run_summary(pts))
         hops.append(hop_in_loop(pts))
-    allv = [h["p50_us"] for h in hops if h["p50_us"] is not None]
+    runs = tuple(runs)
+    allv = [h.p50_us for h in hops if h.p50_us is not None]
     info = {str(r["rank"]): r.get("info", {}) for r in rank_results}
     layers = [i.get("layers_used") for i in info.values() if i.get("layers_used") is not None]
-    return {
-        "config": {"pp": loop_cfg["pp"], "async_depth": loop_cfg["async_depth"],
-                   "slots": loop_cfg["pp"] + loop_cfg["async_depth"],
-                   "max_micro_batch": loop_cfg["max_micro_batch"],
-                   "micro_batches": loop_cfg["micro_batches"],
-                   "work": loop_cfg["work"],
-                   # the layer actually run (microbench.kernels.layers backend/variant, as stage-cost);
-                   # ranks choose on their own: if they differ, all are named (per rank below)
-                   "moe_variant": loop_cfg.get("moe_variant"),
-                   "moe_backend": moe_backend_of(info),
-                   "layers_per_stage": min(layers) if layers and loop_cfg["work"] == "moe"
-                   else loop_cfg["layers_per_stage"] if loop_cfg["work"] == "moe" else 0,
-                   "model": loop_cfg["model"], "dtype": "bf16", "graphs": loop_cfg["graphs"],
-                   "nccl_p2p_disabled": nccl_p2p_disabled,
-                   "prompt_len": loop_cfg["prompt_len"],
-                   "cost_points_us": loop_cfg["cost_points"],
-                   "capture_sizes": rank_results[0].get("capture_sizes") if rank_results else []},
-        "runs": runs,
-        "even_vs_sglang": compare_policies(runs, loop_cfg["pp"]),
-        "hop_us_in_loop": float(np.median(allv)) if allv else None,
-        "hop_detail": hops,
-        "ranks": info,
-        "devices": {str(r["rank"]): r.get("device") for r in rank_results},
-    }
+    return DispatchData(
+        config=settings_of(loop_cfg, nccl_p2p_disabled, info,
+                           rank_results[0].get("capture_sizes") if rank_results else ()),
+        runs=runs,
+        even_vs_sglang=compare_policies(runs, loop_cfg["pp"]),
+        hop_us_in_loop=float(np.median(allv)) if allv else None,
+        hop_detail=tuple(hops),
+        ranks=info,
+        devices={str(r["rank"]): r.get("device") for r in rank_results},
+        profile_dir=loop_cfg.get("profile_dir"),
+    )
+
+
+def settings_of(loop_cfg: dict, nccl_p2p_disabled: bool, info: dict | None = None,
+                capture_sizes=()) -> DispatchSettings:
+    """The loop's settings as run (the record's `config`)."""
+    info = info or {}
+    layers = [i.get("layers_used") for i in info.values() if i.get("layers_used") is not None]
+    moe = loop_cfg["work"] == "moe"
+    return DispatchSettings(
+        pp=loop_cfg["pp"], async_depth=loop_cfg["async_depth"],
+        slots=SlotConfig(loop_cfg["pp"], loop_cfg["async_depth"], 1).slots,
+        max_micro_batch=loop_cfg["max_micro_batch"], micro_batches=loop_cfg["micro_batches"],
+        work=loop_cfg["work"],
+        # the layer actually run (microbench.kernels.layers backend/variant, as stage-cost);
+        # ranks choose on their own: if they differ, all are named (per rank in `ranks`)
+        moe_variant=loop_cfg.get("moe_variant"), moe_backend=moe_backend_of(info),
+        layers_per_stage=(min(layers) if layers else loop_cfg["layers_per_stage"]) if moe else 0,
+        model=loop_cfg["model"], dtype="bf16", graphs=loop_cfg["graphs"],
+        nccl_p2p_disabled=nccl_p2p_disabled, prompt_len=loop_cfg["prompt_len"],
+        cost_points_us=tuple(tuple(x) for x in loop_cfg["cost_points"]),
+        capture_sizes=tuple(capture_sizes or ()),
+        inject=tuple(loop_cfg.get("inject") or ()),
+        max_running_requests=loop_cfg.get("max_running_requests"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -478,18 +488,17 @@ def torchrun_command(cfg: DispatchConfig, config_path: Path, out_dir: Path) -> l
                                    cfg.torchrun_args or ("--standalone",))
 
 
-def run(cfg: DispatchConfig) -> Record:
-    """Launch the ranks, wait (with a timeout), merge what they wrote. Always returns a record:
-    `ok`, `waived` (cannot run here) or `error` (with the failed rank's message); the record
-    and trace are written to cfg.json_path / the trace path even on failure or Ctrl-C."""
+def run(cfg: DispatchConfig) -> tuple[Record, str | None]:
+    """Launch the ranks, wait (with a timeout), merge what they wrote. Always returns a record
+    (`ok`; `partial` when interrupted or timed out with points finished; `waived`; `error`) and
+    the writer's note; `save_record`'s status rule keeps an existing good record from being
+    replaced by a failed run. The config is checked (loop_config) before anything is written."""
     argv = list(cfg.argv) or None
+    lcfg = loop_config(cfg)  # raises ValueError on a bad config: nothing written
     reason = available()
     if reason:
-        rec = make_record(PROBE, {"config": asdict(cfg)}, status="waived", reason=reason,
-                          argv=argv)
-        write_record(rec, cfg.json_path)
-        return rec
-    lcfg = loop_config(cfg)
+        rec = make_record(PROBE, None, status="waived", reason=reason, argv=argv)
+        return rec, save_record(rec, cfg.json_path)[1]
     p2p_off = os.environ.get("NCCL_P2P_DISABLE", "0") not in ("0", "")
     work = Path(tempfile.mkdtemp(prefix="ppscope-dispatch-"))
     cfg_path = work / "config.json"
@@ -499,30 +508,31 @@ def run(cfg: DispatchConfig) -> Record:
     try:
         rc, timed_out = launch.run_group(cmd, launch.repo_env(), cfg.timeout_s, grace_s=30)
     except KeyboardInterrupt:
-        _finish(cfg, lcfg, work, p2p_off, "error", "interrupted; finished points kept", argv)
+        _finish(cfg, lcfg, work, p2p_off, "partial", "interrupted (Ctrl-C); finished points kept",
+                argv)
         raise
     if timed_out:
-        status, why = "error", f"timed out after {cfg.timeout_s:.0f} s (--timeout)"
+        status, why = "partial", f"timed out after {cfg.timeout_s:.0f} s (--timeout); finished points kept"
     elif rc != 0:
         errs = _rank_errors(work)
         status = "error"
         why = errs[0] if errs else f"torchrun exited with code {rc}"
-    rec = _finish(cfg, lcfg, work, p2p_off, status, why, argv)
+    out = _finish(cfg, lcfg, work, p2p_off, status, why, argv)
     shutil.rmtree(work, ignore_errors=True)
-    return rec
+    return out
 
 
-def _finish(cfg, lcfg, work: Path, p2p_off: bool, status, why, argv) -> Record:
+def _finish(cfg, lcfg, work: Path, p2p_off: bool, status, why, argv) -> tuple[Record, str | None]:
     ranks = _read_ranks(work, cfg.pp)
-    data = summarize(lcfg, ranks, p2p_off) if len(ranks) == cfg.pp else \
-        {"config": lcfg, "runs": [], "hop_us_in_loop": None}
-    if status == "ok" and not data["runs"]:
-        status, why = "error", "no point finished"
-    notes = [i.get("note") for i in data.get("ranks", {}).values() if i.get("note")]
+    data = summarize(lcfg, ranks, p2p_off) if len(ranks) == cfg.pp else None
+    if data is None or not data.runs:
+        if status in ("ok", "partial"):
+            status, why = "error", (why + "; " if why else "") + "no point finished"
+    notes = [i.get("note") for i in (data.ranks if data else {}).values() if i.get("note")]
     if status == "ok" and notes:
         why = "; ".join(sorted(set(notes)))
     rec = make_record(PROBE, data, status=status, reason=why, argv=argv)
-    write_record(rec, cfg.json_path)
-    if len(ranks) == cfg.pp:
+    path, note = save_record(rec, cfg.json_path)
+    if len(ranks) == cfg.pp and path == Path(cfg.json_path):
         write_json_atomic(trace_path_for(cfg), build_trace(ranks, cfg.trace_ms_per_point))
-    return rec
+    return rec, note

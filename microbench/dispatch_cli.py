@@ -15,8 +15,8 @@ examples:
   ppscope dispatch --pp 2 --moe-variant fast   # torch MoE (default auto: Triton, as stage-cost)
   ppscope dispatch --pp auto --work busy --cost-us 1:800,8:900,32:1200 --no-graphs
   ppscope dispatch --pp 2 --profile --trace-dir traces/   # per-rank Kineto traces, SGLang names
-  ppscope dispatch --sglang-log server.log --bench bench.jsonl   # read SGLang evidence (CPU)
-  ppscope dispatch --url http://127.0.0.1:30000 --profile --trace-dir /srv/traces   # live
+
+SGLang's own evidence (logs, traces, metrics, bench, a live server) is `ppscope sglang`.
 
 multi-node: pass torchrun's own flags through --torchrun-args, e.g.
   --torchrun-args "--nnodes 2 --node-rank 0 --rdzv-backend c10d --rdzv-endpoint HOST:29500"
@@ -102,20 +102,23 @@ def register(subparsers) -> None:
                    help="timeout of every collective / receive, seconds")
     p.add_argument("--trace", default=None, help="Perfetto trace path (default next to --json)")
     p.add_argument("--torchrun-args", default="", help="extra torchrun flags (multi-node)")
-    p.add_argument("--json", default=None, help="record path (default results/dispatch.json, "
-                   "or results/sglang.json when reading SGLang evidence)")
-    # --profile / --trace-dir are shared: with --url they drive the server's profiler, without
-    # it they record per-rank torch.profiler traces of this probe's own loop.
-    from microbench.sglang import cli as sglang_cli
-    sglang_cli.add_arguments(p)
+    p.add_argument("--json", default=None, help="record path (default results/dispatch.json)")
+    p.add_argument("--profile", action="store_true",
+                   help="record per-rank torch.profiler traces of the loop (SGLang's range names) "
+                        "and SGLang-format scheduler logs, for `ppscope sglang --traces/--log`")
+    p.add_argument("--trace-dir", metavar="DIR",
+                   help="--profile: where the traces and logs go (default results/dispatch_traces)")
     p.set_defaults(func=handle)
 
 
-def config_from_args(args, n_gpus: int):
+def config_from_args(args, n_gpus: int, check_gpus: bool = True):
+    """Check every argument (one-line CliError) and build the config. With check_gpus False
+    (no GPU here: the record will be waived) --pp is checked for form only."""
     from microbench.dispatch import DispatchConfig, resolve_pp
     from microbench.pp_loop import parse_cost_curve
     try:
-        pp = resolve_pp(args.pp, n_gpus)
+        pp = resolve_pp(args.pp, n_gpus if check_gpus else max(n_gpus, 2 ** 16)) \
+            if str(args.pp) != "auto" or check_gpus else 2
         if args.work == "busy":
             parse_cost_curve(args.cost_us)
     except ValueError as e:
@@ -127,8 +130,16 @@ def config_from_args(args, n_gpus: int):
                            f"{'>= 0' if name == 'async_depth' else '>= 1'}, got {v}")
     if args.layers_per_stage < 1 or args.prompt_len < 1:
         raise CliError("--layers-per-stage and --prompt-len must be >= 1")
-    if not args.seconds > 0 or not args.timeout > 0:
-        raise CliError("--seconds and --timeout must be > 0")
+    for name in ("seconds", "timeout", "collective_timeout", "poisson_rate"):
+        v = getattr(args, name)
+        if not (v > 0 and v < 1e7):  # also rejects NaN and inf
+            raise CliError(f"--{name.replace('_', '-')} must be a positive number, got {v}")
+    if not 0 <= args.stagger_ms < 1e6:
+        raise CliError(f"--stagger-ms must be >= 0, got {args.stagger_ms}")
+    if args.max_running_requests < 1:
+        raise CliError(f"--max-running-requests must be >= 1, got {args.max_running_requests}")
+    if max(args.concurrency) > 4096:
+        raise CliError(f"--concurrency: at most 4096 streams per point, got {max(args.concurrency)}")
     return DispatchConfig(
         pp=pp, async_depth=args.async_depth, max_running_requests=args.max_running_requests,
         max_micro_batch=args.max_micro_batch, micro_batches=args.micro_batches, work=args.work,
@@ -147,34 +158,32 @@ def config_from_args(args, n_gpus: int):
 
 def render(rec) -> str:
     from tabulate import tabulate
-    d = rec.data
     lines = [f"dispatch: {rec.status}" + (f" ({rec.reason})" if rec.reason else "")]
-    c = d.get("config", {})
-    if c:
-        lines.append(f"pp={c.get('pp')} slots={c.get('slots')} cap={c.get('max_micro_batch')} "
-                     f"work={c.get('work')}"
-                     + (f" moe={c['moe_backend']}" if c.get("moe_backend") else "")
-                     + f" graphs={c.get('graphs')} "
-                     f"nccl_p2p_disabled={c.get('nccl_p2p_disabled')}")
+    d = rec.payload
+    if d is None:
+        return lines[0]
+    c = d.config
+    lines.append(f"pp={c.pp} slots={c.slots} cap={c.max_micro_batch} work={c.work}"
+                 + (f" moe={c.moe_backend}" if c.moe_backend else "")
+                 + f" graphs={c.graphs} nccl_p2p_disabled={c.nccl_p2p_disabled}"
+                 + (f" inject={','.join(c.inject)}" if c.inject else ""))
     rows = []
-    for r in d.get("runs", []):
-        for s in r["stages"]:
-            rows.append([r["policy"], r["arrival"], r["concurrency"],
-                         _f(r["tok_per_s"]), _f(r["tpot_ms"], 2),
-                         ",".join(str(x) for x in r["slot_sizes"]), s["rank"],
-                         _f(s["busy_frac"], 2), _f(s["dispatch_latency_us"]["p50"]),
-                         _f(s["dispatch_latency_us"]["p99"]), _f(s["wait_us_p50"]),
-                         _f(s["send_us_p50"])])
+    for r in d.runs:
+        for s in r.stages:
+            rows.append([r.policy, r.arrival, r.concurrency, _f(r.tok_per_s), _f(r.tpot_ms, 2),
+                         ",".join(str(x) for x in r.slot_sizes), s.rank, _f(s.busy_frac, 2),
+                         _f(s.dispatch_latency_us.p50), _f(s.dispatch_latency_us.p99),
+                         _f(s.wait_us_p50), _f(s.send_us_p50)])
     if rows:
         lines.append(tabulate(rows, headers=["policy", "arrival", "C", "tok/s", "TPOT ms",
                                              "slot sizes", "stage", "busy", "disp p50 us",
                                              "disp p99 us", "wait p50 us", "send p50 us"]))
-    cmp_rows = [[x["arrival"], x["concurrency"], _f(x["ratio"], 3), x["why_not"] or ""]
-                for x in d.get("even_vs_sglang", [])]
+    cmp_rows = [[x.arrival, x.concurrency, _f(x.ratio, 3), x.why_not or ""]
+                for x in d.even_vs_sglang]
     if cmp_rows:
         lines.append(tabulate(cmp_rows, headers=["arrival", "C", "even/sglang", "why not"]))
-    if d.get("hop_us_in_loop") is not None:
-        lines.append(f"hop inside the loop (p50): {d['hop_us_in_loop']:.1f} us")
+    if d.hop_us_in_loop is not None:
+        lines.append(f"hop inside the loop (p50): {d.hop_us_in_loop:.1f} us")
     return "\n".join(lines)
 
 
@@ -183,24 +192,27 @@ def _f(x, nd: int = 0) -> str:
 
 
 def handle(args) -> int:
-    from microbench.sglang import cli as sglang_cli
-    if sglang_cli.wants(args):  # SGLang's own evidence or a live server: no GPU needed here
-        return sglang_cli.run(args)
     from microbench.dispatch import available, run, trace_path_for, visible_gpus
+    from reports.base.records import waived, save_record
+    n = visible_gpus()
     reason = available()
-    if reason:  # leave a waived record; an explicit --pp the machine cannot honour is an error
-        from reports.base.records import waived, write_record
-        path = args.json or default_record_path("dispatch")
-        write_record(waived("dispatch", reason, argv=getattr(args, "argv", None)), path)
-        if str(args.pp) != "auto":
-            config_from_args(args, visible_gpus())  # raises the one-line CliError
-        # like the other probes: a run that cannot measure leaves its waived record and exits 2
-        raise CliError(f"{reason}; nothing measured (waived record written to {path}); "
-                       "on a machine without GPUs, read SGLang's evidence with --sglang-log / "
-                       "--sglang-traces / --bench")
-    cfg = config_from_args(args, visible_gpus())
-    rec = run(cfg)
+    # arguments first: a bad flag is a one-line error and writes nothing
+    cfg = config_from_args(args, n if not reason or str(args.pp) != "auto" else 2,
+                           check_gpus=not reason)
+    if reason:  # cannot run here: a waived record (beside a good one, never over it), exit 2
+        path, note = save_record(waived("dispatch", reason, argv=getattr(args, "argv", None)),
+                                 cfg.json_path)
+        raise CliError(f"{reason}; nothing measured (waived record: {path}"
+                       + (f"; {note}" if note else "") + "); on a machine without GPUs, read "
+                       "SGLang's evidence with `ppscope sglang`")
+    try:
+        rec, note = run(cfg)
+    except ValueError as e:
+        raise CliError(str(e)) from None
     print(render(rec))
-    print(f"wrote {cfg.json_path} and {trace_path_for(cfg)}")
+    if note:
+        print(note)
+    elif rec.status in ("ok", "partial"):
+        print(f"wrote {cfg.json_path} and {trace_path_for(cfg)}")
     return 0 if rec.status == "ok" else 1
 

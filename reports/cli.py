@@ -24,6 +24,7 @@ SUBCOMMANDS = (
     "microbench.stage_cost_cli",
     "microbench.graphs_cli",
     "microbench.dispatch_cli",
+    "microbench.sglang.cli",
     "reports.report_cli",
 )
 

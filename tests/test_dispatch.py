@@ -6,6 +6,8 @@ import json
 import pytest
 
 from microbench import dispatch as D
+from reports.base.payloads.dispatch import DispatchData, PolicyRun, StageRun
+from reports.base.schema import from_json, to_json
 from microbench.pp_loop import arrival_times, interp_cost, padded_size, parse_cost_curve
 from reports.base.cuda_graphs import capture_sizes as sglang_capture_sizes
 from reports import cli
@@ -57,42 +59,42 @@ def test_run_summary_throughput_and_tpot():
     ranks = [fake_rank(0, 0.0), fake_rank(1, 0.0)]
     run = D.run_summary([r["points"][0] for r in ranks])
     # window it 4..12 = 8 ms; decodes at it 4 and 8 (it 12 closes the window): 16 tokens
-    assert run["decode_tokens"] == 16
-    assert run["window_s"] == pytest.approx(8 * MS)
-    assert run["tok_per_s"] == pytest.approx(2000.0)
-    assert run["tpot_ms"] == pytest.approx(4.0)      # 8 ms / 2 visits of slot 0
-    assert run["slot_sizes"] == [8, 0, 0, 0]
+    assert run.decode_tokens == 16
+    assert run.window_s == pytest.approx(8 * MS)
+    assert run.tok_per_s == pytest.approx(2000.0)
+    assert run.tpot_ms == pytest.approx(4.0)      # 8 ms / 2 visits of slot 0
+    assert run.slot_sizes == (8, 0, 0, 0)
 
 
 def test_stage_summary_numbers():
     st = D.stage_summary(fake_rank(0, 0.0)["points"][0])
-    assert st["dispatch_latency_us"]["p50"] == pytest.approx(100.0)
-    assert st["dispatch_latency_us"]["n"] == 3
-    assert st["gpu_us_p50"] == {"8": pytest.approx(500.0)}
-    assert st["send_us_p50"] == pytest.approx(30.0)
-    assert st["wait_us_p50"] == 0.0                  # 3 of 9 measured iterations waited 50
-    assert st["host_us_p50"] == pytest.approx(300.0)
-    assert st["busy_frac"] == pytest.approx(1.5 / 8.5)  # 3 x 0.5 ms over fs(4)..fe(12)
-    assert len(st["busy_frac_series"]) == 20
+    assert st.dispatch_latency_us.p50 == pytest.approx(100.0)
+    assert st.dispatch_latency_us.n == 3
+    assert st.gpu_us_p50 == {"8": pytest.approx(500.0)}
+    assert st.send_us_p50 == pytest.approx(30.0)
+    assert st.wait_us_p50 == 0.0                  # 3 of 9 measured iterations waited 50
+    assert st.host_us_p50 == pytest.approx(300.0)
+    assert st.busy_frac == pytest.approx(1.5 / 8.5)  # 3 x 0.5 ms over fs(4)..fe(12)
+    assert len(st.busy_frac_series) == 20
 
 
 def test_hop_in_loop_is_sender_end_to_receiver_input():
     h = D.hop_in_loop([fake_rank(0, 0.0)["points"][0], fake_rank(1, 0.0)["points"][0]])
-    assert h["by_hop"]["0->1"]["n"] == 4
-    assert h["p50_us"] == pytest.approx(40.0)
+    assert h.by_hop["0->1"].n == 4
+    assert h.p50_us == pytest.approx(40.0)
 
 
-def _run(policy, tok, sizes, gpu, busy=0.5):
-    return {"policy": policy, "arrival": "burst", "concurrency": 8, "tok_per_s": tok,
-            "slot_sizes": sizes, "stages": [{"gpu_us_p50": gpu, "busy_frac": busy}]}
+def _run(policy, tok, sizes, gpu, busy=0.5, c=8):
+    return PolicyRun(policy=policy, arrival="burst", concurrency=c, tok_per_s=tok,
+                     slot_sizes=tuple(sizes), stages=(StageRun(0, busy, gpu_us_p50=gpu),))
 
 
 def test_even_vs_sglang_explains_a_loss_with_numbers():
     runs = [_run("sglang", 1000.0, [8, 0, 0, 0], {"8": 900.0}),
             _run("even", 900.0, [4, 0, 4, 0], {"4": 850.0})]
     (row,) = D.compare_policies(runs, pp=2)
-    assert row["ratio"] == pytest.approx(0.9)
-    why = row["why_not"]
+    assert row.ratio == pytest.approx(0.9)
+    why = row.why_not
     assert "850 us at b=4" in why and "900 us at b=8" in why
     assert "1700 us of stage time for even vs 900 us for sglang" in why
     assert "re-reads the experts" in why
@@ -101,11 +103,10 @@ def test_even_vs_sglang_explains_a_loss_with_numbers():
 def test_even_vs_sglang_gain_has_no_excuse():
     runs = [_run("sglang", 1000.0, [8, 0, 0, 0], {"8": 900.0}),
             _run("even", 1500.0, [4, 0, 4, 0], {"4": 500.0})]
-    assert D.compare_policies(runs, pp=2)[0]["why_not"] is None
-    one = [_run("sglang", 400.0, [1, 0, 0, 0], {"1": 800.0}),
-           _run("even", 400.0, [1, 0, 0, 0], {"1": 800.0})]
-    one[0]["concurrency"] = one[1]["concurrency"] = 1
-    assert "cannot be split" in D.compare_policies(one, pp=2)[0]["why_not"]
+    assert D.compare_policies(runs, pp=2)[0].why_not is None
+    one = [_run("sglang", 400.0, [1, 0, 0, 0], {"1": 800.0}, c=1),
+           _run("even", 400.0, [1, 0, 0, 0], {"1": 800.0}, c=1)]
+    assert "cannot be split" in D.compare_policies(one, pp=2)[0].why_not
 
 
 def test_summarize_matches_the_interface():
@@ -114,19 +115,11 @@ def test_summarize_matches_the_interface():
             "work": "moe", "layers_per_stage": 2, "model": "kimi-k2", "graphs": True,
             "prompt_len": 16, "cost_points": []}
     d = D.summarize(lcfg, ranks, nccl_p2p_disabled=False)
-    c = d["config"]
-    for k in ("pp", "async_depth", "slots", "max_micro_batch", "work", "layers_per_stage",
-              "model", "dtype", "graphs", "nccl_p2p_disabled"):
-        assert k in c
-    assert c["slots"] == 4
-    r = d["runs"][0]
-    for k in ("policy", "arrival", "concurrency", "tok_per_s", "tpot_ms", "slot_sizes"):
-        assert k in r
-    for k in ("rank", "busy_frac", "dispatch_latency_us", "wait_us_p50", "host_us_p50",
-              "gpu_us_p50", "send_us_p50"):
-        assert k in r["stages"][1]
-    assert d["hop_us_in_loop"] == pytest.approx(40.0)
-    json.dumps(d, allow_nan=False)
+    assert d.config.slots == 4 and d.config.layers_per_stage == 2
+    assert d.runs[0].stages[1].rank == 1
+    assert d.hop_us_in_loop == pytest.approx(40.0)
+    back = from_json(DispatchData, json.loads(json.dumps(to_json(d), allow_nan=False)))
+    assert back == d  # the record's JSON reads back to the same payload
 
 
 def test_trace_has_stage_and_slot_tracks():

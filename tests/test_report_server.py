@@ -1,8 +1,8 @@
 """The report on the user's own SGLang evidence (sglang.json) and the probe's measured timeline.
 
 Fixtures in tests/fixtures/report/: `sglang.json` was written by the real readers
-(`ppscope dispatch --sglang-log tests/fixtures/sglang/pp2_mixed.log --bench
-tests/fixtures/sglang/bench.jsonl --sglang-traces tests/fixtures/traces/recorded`, host and time
+(`ppscope sglang --log tests/fixtures/sglang/pp2_mixed.log --bench
+tests/fixtures/sglang/bench.jsonl --traces tests/fixtures/traces/recorded`, host and time
 in the provenance blanked); `dispatch.trace.json` is the dispatch probe's trace from a 2x H200 run
 cut to the GPU-forward tracks of three points (sglang burst C=8, sglang/even burst C=32, it < 14).
 """

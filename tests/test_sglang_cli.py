@@ -1,4 +1,4 @@
-"""sglang_cli end to end on the fixtures (through the namespace the dispatch CLI passes)."""
+"""`ppscope sglang` end to end on the fixtures."""
 from __future__ import annotations
 
 import argparse
@@ -12,9 +12,8 @@ from reports.base.errors import CliError
 
 def _args(argv):
     p = argparse.ArgumentParser()
-    sglang_cli.add_arguments(p)
-    p.add_argument("--json")
-    return p.parse_args(argv)
+    sglang_cli.register(p.add_subparsers())
+    return p.parse_args(["sglang", *argv])
 
 
 def test_wants():
@@ -25,9 +24,9 @@ def test_wants():
 def test_run_writes_record(fixtures, tmp_path, capsys):
     f = fixtures / "sglang"
     out = tmp_path / "sglang.json"
-    a = _args(["--from-sglang", "--sglang-log", str(f / "pp2_mixed.log"), "--slot-window", "4",
-               "--sglang-traces", str(fixtures / "traces" / "pp2" / "pp2_burst_c8-rank1.json.gz"),
-               "--bench", str(f / "bench.jsonl"), "--sglang-metrics", str(f / "metrics.txt"),
+    a = _args(["--log", str(f / "pp2_mixed.log"), "--slot-window", "4",
+               "--traces", str(fixtures / "traces" / "pp2" / "pp2_burst_c8-rank1.json.gz"),
+               "--bench", str(f / "bench.jsonl"), "--metrics", str(f / "metrics.txt"),
                "--link-gbps", "100", "--json", str(out)])
     assert sglang_cli.run(a) == 0
     rec = json.loads(out.read_text())
@@ -47,4 +46,4 @@ def test_run_writes_record(fixtures, tmp_path, capsys):
 
 def test_nothing_to_read():
     with pytest.raises(CliError, match="needs at least one"):
-        sglang_cli.collect(_args(["--from-sglang"]))
+        sglang_cli.collect(_args([]))

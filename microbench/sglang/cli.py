@@ -1,11 +1,10 @@
-"""`ppscope dispatch --from-sglang ...` / `--url ...`: SGLang's own evidence into results/sglang.json.
+"""`ppscope sglang`: SGLang's own evidence (logs, per-rank traces, metrics, bench_serving runs, a
+live server) into one record, `results/sglang.json`. Needs no GPU: it reads what the server wrote,
+or talks to the server over HTTP.
 
-The `dispatch` sub-command belongs to the dispatch probe; it calls `add_arguments(parser)` to add
-these options and routes to `run(args)` when `wants(args)`. Readers (CPU only): `--sglang-log`,
-`--sglang-traces`, `--sglang-metrics`, `--bench`; live probe: `--url` (with `--profile
---trace-dir DIR` to record and read per-rank traces in one command). Writes one record
-(`sglang`) with `data.ranks` (log, per PP rank), `slot_imbalance`, `bench`, `traces`, `metrics`,
-`live`; prints tables. See each reader module's docstring for what the numbers mean.
+Readers (CPU only): `--log`, `--traces`, `--metrics`, `--bench`; live probe: `--url` (with
+`--profile --trace-dir DIR` to record and read per-rank traces in one command). Prints tables.
+See each reader module's docstring (microbench/sglang/*.py) for what the numbers mean.
 """
 from __future__ import annotations
 
@@ -15,25 +14,47 @@ from pathlib import Path
 
 from reports.base.errors import CliError
 
-_DESTS = ("from_sglang", "sglang_log", "sglang_traces", "sglang_metrics", "bench", "url")
+_DESTS = ("sglang_log", "sglang_traces", "sglang_metrics", "bench", "url")
+
+EPILOG = """\
+examples:
+  ppscope sglang --log server.log --bench bench.jsonl
+  ppscope sglang --traces /srv/sglang_traces/1712345678 --link-gbps 50
+  ppscope sglang --metrics http://127.0.0.1:30000/metrics
+  ppscope sglang --url http://127.0.0.1:30000 --profile --trace-dir /srv/sglang_traces
+  ppscope sglang --url http://127.0.0.1:30000 --mmb-sweep 2,4,8   # pp_max_micro_batch_size
+
+then `ppscope report` reads results/sglang.json and diagnoses that server.
+"""
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "sglang", help="read a real SGLang server's evidence: logs, traces, metrics, bench, live",
+        description="Read SGLang's own evidence of a pipeline-parallel deployment (server logs, "
+                    "per-rank profiler traces, /metrics, bench_serving results) or probe a live "
+                    "server, and write results/sglang.json for `ppscope report`.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    p.add_argument("--json", default=None, help="record path (default results/sglang.json)")
+    p.set_defaults(func=run)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("SGLang evidence (read a real server's logs, traces, metrics, "
-                             "benchmarks; or probe a live server)")
-    g.add_argument("--from-sglang", action="store_true",
-                   help="read SGLang artefacts (the files below) instead of running the PP loop")
-    g.add_argument("--sglang-log", nargs="+", metavar="FILE",
+    g = p.add_argument_group("evidence to read (at least one)")
+    g.add_argument("--log", "--sglang-log", dest="sglang_log", nargs="+", metavar="FILE",
                    help="server log(s), plain or .gz; several files = several ranks")
-    g.add_argument("--sglang-traces", nargs="+", metavar="DIR_OR_FILE",
+    g.add_argument("--traces", "--sglang-traces", dest="sglang_traces", nargs="+",
+                   metavar="DIR_OR_FILE",
                    help="per-rank Kineto traces from /start_profile: one profile's directory, "
                    "or its files (e.g. DIR/PROFILE_ID-*)")
-    g.add_argument("--sglang-metrics", metavar="FILE_OR_URL",
+    g.add_argument("--metrics", "--sglang-metrics", dest="sglang_metrics", metavar="FILE_OR_URL",
                    help="Prometheus text from /metrics (a saved file or http://host:port)")
     g.add_argument("--bench", metavar="FILE",
                    help="bench_serving output: its JSONL (--output-file) or the printed result")
     g.add_argument("--url", metavar="URL",
                    help="live probe of an OpenAI-compatible server, e.g. http://127.0.0.1:30000")
+    g = p.add_argument_group("live probe (--url)")
     g.add_argument("--live-concurrency", type=int, default=8, metavar="C",
                    help="concurrent streams in the live probe (default 8)")
     g.add_argument("--live-tokens", type=int, default=64, metavar="N",
@@ -50,12 +71,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--mmb-sweep", default="", metavar="N,N,...",
                    help="pp_max_micro_batch_size values to try via POST /set_internal_state")
     g.add_argument("--profile", action="store_true",
-                   help="with --url: /start_profile, run the load, /stop_profile, read the traces; "
-                   "without it: record per-rank torch.profiler traces of the probe's own loop")
+                   help="with --url: /start_profile, run the load, /stop_profile, read the traces")
     g.add_argument("--trace-dir", metavar="DIR",
-                   help="--profile: where the server writes traces (SGLANG_TORCH_PROFILER_DIR), or "
-                   "where the probe writes its own (default results/dispatch_traces)")
+                   help="--profile: where the server writes traces (its SGLANG_TORCH_PROFILER_DIR)")
     g.add_argument("--profile-steps", type=int, default=20, help="num_steps for /start_profile")
+    g = p.add_argument_group("reading")
     g.add_argument("--link-gbps", type=float, default=None,
                    help="PP hop bandwidth, GB/s, to split NCCL receives into transfer vs waiting")
     g.add_argument("--slot-window", type=int, default=16, metavar="W",
@@ -80,9 +100,12 @@ def collect(args: argparse.Namespace) -> dict:
     from microbench.sglang import trace as sglang_trace
     data: dict = {"ranks": {}, "slot_imbalance": None, "bench": [], "traces": None,
                   "metrics": None, "live": None, "log": None}
-    if not any(getattr(args, d, None) for d in _DESTS[1:]):
-        raise CliError("--from-sglang needs at least one of --sglang-log, --sglang-traces, "
-                       "--sglang-metrics, --bench, --url")
+    if not wants(args):
+        raise CliError("needs at least one of --log, --traces, --metrics, --bench, --url")
+    if args.link_gbps is not None and not 0 < args.link_gbps < 1e5:
+        raise CliError(f"--link-gbps must be a positive number, got {args.link_gbps}")
+    if not 1 <= args.slot_window <= 4096:
+        raise CliError(f"--slot-window must be between 1 and 4096, got {args.slot_window}")
     if args.sglang_log:
         log = sglang_log.read_logs(args.sglang_log, window=args.slot_window)
         data["ranks"] = log.pop("ranks")
@@ -99,8 +122,12 @@ def collect(args: argparse.Namespace) -> dict:
                                 "lines_unrecognised": b["lines_unrecognised"]}
     if args.url:
         from microbench.sglang import live as sglang_live
-        if args.live_concurrency < 1 or args.live_tokens < 1:
-            raise CliError("--live-concurrency and --live-tokens must be >= 1")
+        if not 1 <= args.live_concurrency <= 4096 or not 1 <= args.live_tokens <= 1 << 20:
+            raise CliError("--live-concurrency must be 1..4096 and --live-tokens 1..1048576")
+        for name in ("live_timeout", "live_stagger_ms"):
+            v = getattr(args, name)
+            if not 0 <= v < 1e6 or (name == "live_timeout" and v == 0):
+                raise CliError(f"--{name.replace('_', '-')} must be a positive number, got {v}")
         cfg = sglang_live.LiveConfig(
             url=args.url, concurrency=args.live_concurrency, max_tokens=args.live_tokens,
             arrival=args.live_arrival, stagger_s=args.live_stagger_ms / 1e3, timeout_s=args.live_timeout,
@@ -192,11 +219,10 @@ def _render_traces(ranks: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from reports.base.paths import default_record_path
-    from reports.base.records import make_record, write_record
+    from reports.base.records import make_record, save_record
     data = collect(args)
     rec = make_record("sglang", data, argv=getattr(args, "argv", None))
-    path = Path(getattr(args, "json", None) or default_record_path("sglang"))
-    write_record(rec, path)
+    path, note = save_record(rec, Path(getattr(args, "json", None) or default_record_path("sglang")))
     print(render(data))
-    print(f"\nwrote {path}", file=sys.stderr)
+    print(f"\n{note or f'wrote {path}'}", file=sys.stderr)
     return 0

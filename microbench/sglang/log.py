@@ -7,7 +7,7 @@ tokens/s over time and the queue length. Why: a user with a slow PP deployment a
 log; it shows whether requests piled into a few slots (the "herd") and whether decode fell off
 the graph path.
 
-How to run: `ppscope dispatch --from-sglang --sglang-log server.log [rank1.log.gz ...]`.
+How to run: `ppscope sglang --log server.log [rank1.log.gz ...]`.
 
 Formats handled (checked against SGLang's `scheduler_metrics_mixin.py` and `scheduler.py`):
 - prefix `[YYYY-mm-dd HH:MM:SS{tags}]`, `.mmm` milliseconds with SGLANG_LOG_MS, tags in any

@@ -30,7 +30,7 @@ stdlib C JSON decoder one event at a time (`raw_decode`), and only numbers we ne
 compact arrays. `python -m microbench.sglang.bench_trace_reader FILE` compares wall time and peak memory
 with HTA.
 
-How to run: `ppscope dispatch --from-sglang --sglang-traces DIR` (files `*.trace.json[.gz]`,
+How to run: `ppscope sglang --traces DIR` (files `*.trace.json[.gz]`,
 `*.json[.gz]`). Rank: `distributedInfo.rank`, else `-PP-{r}` / `rank{r}` in the file name.
 """
 from __future__ import annotations

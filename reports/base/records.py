@@ -1,10 +1,20 @@
 """The record every probe writes and the report reads.
 
 One probe run = one JSON file in `results/` (e.g. `results/topology.json`). The envelope is the
-same for every probe: `schema_version`, `probe`, `status` (`ok` / `waived` / `error`), `reason`,
-`provenance` (who/where/what versions) and `data` (the probe's own payload, built from its frozen
-dataclasses). Units live in key names (`latency_us`, `bandwidth_gbps` with GB = 1e9 bytes).
-JSON never holds NaN or inf: they become `null`.
+same for every probe: `schema_version` (the version of that probe's payload), `probe`, `status`,
+`reason`, `provenance` (who/where/what versions) and `data`, the probe's payload: one frozen
+dataclass per probe in `reports/base/payloads/`, checked field by field when it is written and
+when it is read (`reports/base/schema.py`). Units live in field names (`latency_us`,
+`bandwidth_gbps` with GB = 1e9 bytes). JSON never holds NaN or inf: they become `null`.
+
+The status rule, the same for every probe:
+- `ok`: the run finished and measured what it set out to;
+- `partial`: interrupted or cut short; `reason` says what was kept and why (written as a sweep
+  goes, so Ctrl-C keeps what was measured);
+- `waived`: cannot run on this machine; `reason` says why; `data` may be empty;
+- `error`: the run failed; `reason` says why.
+`save_record` is the one writer. Only an `ok` record may replace an `ok` (or `partial`) record:
+any other status is written beside it as `<name>.<status>.json` and the good record stays.
 
 This module never imports torch: provenance reads torch's versions only if the probe already
 imported it (`sys.modules`), so `reports/` stays CPU-only.
@@ -24,9 +34,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-SCHEMA_VERSION = 1
-Status = Literal["ok", "waived", "error"]
-STATUSES = ("ok", "waived", "error")
+from reports.base.schema import SchemaError, from_json, to_json, validate
+
+SCHEMA_VERSION = 1  # envelope default; each payload class states its own (`SCHEMA_VERSION`)
+Status = Literal["ok", "partial", "waived", "error"]
+STATUSES = ("ok", "partial", "waived", "error")
+GOOD = ("ok", "partial")
 
 # Environment variables that change what a probe measures; recorded when set.
 RELEVANT_ENV_PREFIXES = ("NCCL_", "CUDA_", "SGLANG_", "TORCH_", "PYTORCH_", "NVSHMEM_", "OMP_")
@@ -64,6 +77,15 @@ class Record:
             raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
         if self.status != "ok" and not self.reason:
             raise ValueError(f"a {self.status} record needs a reason")
+
+    @property
+    def payload(self) -> Any:
+        """The typed payload (`reports/base/payloads/`) of an ok or partial record; None for a
+        waived/error record or a probe with no payload class. Checked when the record was read."""
+        cls = payload_class(self.probe)
+        if cls is None or (self.status not in GOOD and not self.data):
+            return None
+        return _typed(cls, self)
 
 
 def _nvml_gpus() -> tuple[tuple[str, ...], str | None]:
@@ -115,46 +137,64 @@ def collect_provenance(argv: list[str] | None = None) -> Provenance:
     )
 
 
+def payload_class(probe: str) -> type | None:
+    from reports.base.payloads import PAYLOADS  # the payload modules import this one
+    return PAYLOADS.get(probe)
+
+
+_TYPED: dict[int, Any] = {}
+
+
+def _typed(cls: type, rec: Record) -> Any:
+    key = id(rec)
+    hit = _TYPED.get(key)
+    if hit is None or hit[0] is not rec:
+        hit = (rec, from_json(cls, rec.data))
+        if len(_TYPED) > 64:
+            _TYPED.clear()
+        _TYPED[key] = hit
+    return hit[1]
+
+
 def make_record(probe: str, data: Any, *, status: Status = "ok", reason: str | None = None,
                 argv: list[str] | None = None, provenance: Provenance | None = None) -> Record:
-    """Build a record; `data` may be a dataclass instance or a dict."""
-    payload = to_jsonable(data)
+    """Build a record from the probe's payload dataclass (checked against its definition), or
+    from a dict for a probe without one. A waived/error record may carry no data."""
+    cls = payload_class(probe)
+    if cls is not None and data is not None and not isinstance(data, dict):
+        if not isinstance(data, cls):
+            raise TypeError(f"{probe} record data must be a {cls.__name__}")
+        validate(data)
+    payload = to_jsonable(data if data is not None else {})
     if not isinstance(payload, dict):
         raise TypeError("record data must be a dataclass or a dict")
+    if cls is not None and payload and (status in GOOD or isinstance(data, cls)):
+        try:
+            from_json(cls, payload)
+        except SchemaError as e:
+            raise ValueError(f"{probe} record: {e}") from None
+    version = getattr(cls, "SCHEMA_VERSION", SCHEMA_VERSION)
     return Record(probe=probe, status=status, reason=reason, data=payload,
-                  provenance=provenance or collect_provenance(argv))
+                  provenance=provenance or collect_provenance(argv), schema_version=version)
 
 
 def waived(probe: str, reason: str, data: Any = None, argv: list[str] | None = None) -> Record:
-    return make_record(probe, data or {}, status="waived", reason=reason, argv=argv)
+    return make_record(probe, data, status="waived", reason=reason, argv=argv)
 
 
-def to_jsonable(obj: Any) -> Any:
-    """Dataclasses → dicts, tuples → lists, NaN/inf → None, recursively."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, dict):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_jsonable(v) for v in obj]
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
-        return to_jsonable(obj.item())
-    if isinstance(obj, Path):
-        return str(obj)
-    return obj
+to_jsonable = to_json  # one conversion to JSON: reports.base.schema.to_json
 
 
-def write_json_atomic(path: str | os.PathLike, obj: Any) -> Path:
-    """Write JSON via temp file + rename, so a crash or Ctrl-C never leaves half a file."""
+def write_atomic(path: str | os.PathLike, content: str | bytes) -> Path:
+    """Write a file via temp file + rename (mode 0644 like a plain open()), so a crash or Ctrl-C
+    never leaves half a file and a reader never sees one. Used for JSON, md, html and png."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(to_jsonable(obj), f, indent=1, allow_nan=False)
-            f.write("\n")
+        os.fchmod(fd, 0o666 & ~_umask())
+        with os.fdopen(fd, "wb" if isinstance(content, bytes) else "w") as f:
+            f.write(content)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -165,8 +205,50 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> Path:
     return path
 
 
+def _umask() -> int:
+    m = os.umask(0o22)
+    os.umask(m)
+    return m
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any) -> Path:
+    """JSON (NaN/inf as null) written atomically."""
+    return write_atomic(path, json.dumps(to_json(obj), indent=1, allow_nan=False) + "\n")
+
+
+def beside(path: str | os.PathLike, status: str) -> Path:
+    """Where a record of `status` goes when a good record holds `path`: `topology.waived.json`."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.{status}{path.suffix or '.json'}")
+
+
+def save_record(record: Record, path: str | os.PathLike) -> tuple[Path, str | None]:
+    """The one record writer, applying the status rule (module docstring): returns where the
+    record went and, when it was written beside a good record, a one-line note saying so."""
+    path = Path(path)
+    if record.status != "ok" and path.exists():
+        try:
+            old = read_record(path)
+        except RecordError:
+            old = None  # a corrupt file holds nothing worth keeping
+        if old is not None and old.status in GOOD and not (
+                record.status == "partial" and old.status == "partial"):
+            dest = beside(path, record.status)
+            write_json_atomic(dest, record)
+            return dest, (f"kept the {old.status} record {path} ({old.provenance.utc}); this "
+                          f"{record.status} run went to {dest}")
+    write_json_atomic(path, record)
+    if record.status == "ok":
+        for st in STATUSES[1:]:  # a finished run supersedes notes left beside an older one
+            stale = beside(path, st)
+            if stale.exists():
+                stale.unlink()
+    return path, None
+
+
 def write_record(record: Record, path: str | os.PathLike) -> Path:
-    return write_json_atomic(path, record)
+    """`save_record` without the note (for callers that report the path only)."""
+    return save_record(record, path)[0]
 
 
 def record_from_dict(d: dict[str, Any], source: str = "<dict>") -> Record:
@@ -184,16 +266,39 @@ def record_from_dict(d: dict[str, Any], source: str = "<dict>") -> Record:
         raise RecordError(f"{source}: not a ppscope record ({type(e).__name__}: {e})") from None
 
 
+def check_payload(rec: Record, source: str) -> Record:
+    """Validate a record's payload against its class; one-line RecordError naming the field."""
+    cls = payload_class(rec.probe)
+    if cls is None or rec.schema_version != getattr(cls, "SCHEMA_VERSION", SCHEMA_VERSION):
+        return rec  # another version: the reader skips it and says so
+    if rec.status in GOOD or rec.data:
+        try:
+            _typed(cls, rec)
+        except SchemaError as e:
+            raise RecordError(f"{source}: {e}") from None
+    return rec
+
+
+MAX_RECORD_BYTES = 512 * 2**20  # records are a few MB; this bounds what a wrong path can cost
+
+
 def read_record(path: str | os.PathLike) -> Record:
     """Read a record; raises RecordError with a one-line message naming the file."""
     path = Path(path)
     try:
-        with open(path) as f:
-            d = json.load(f)
+        with open(path, "rb") as f:
+            raw = f.read(MAX_RECORD_BYTES + 1)
+        if len(raw) > MAX_RECORD_BYTES:
+            raise RecordError(f"{path}: larger than {MAX_RECORD_BYTES // 2**20} MB; not a record")
+        d = json.loads(raw)
     except FileNotFoundError:
         raise RecordError(f"{path}: no such record") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise RecordError(f"{path}: corrupt record (invalid JSON: {e})") from None
+    except IsADirectoryError:
+        raise RecordError(f"{path}: is a directory, not a record") from None
+    except OSError as e:
+        raise RecordError(f"{path}: cannot read ({e.strerror})") from None
     if not isinstance(d, dict):
         raise RecordError(f"{path}: corrupt record (top level is not an object)")
-    return record_from_dict(d, str(path))
+    return check_payload(record_from_dict(d, str(path)), str(path))

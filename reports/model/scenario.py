@@ -244,9 +244,8 @@ def build_inputs(scenario: dict[str, Any], records: dict[str, Record],
     host_src = ("estimated", sc_file)
     disp = records.get("dispatch")
     if disp is not None:
-        vals = [s.get("host_us_p50") for r in disp.data.get("runs") or []
-                for s in r.get("stages") or []]
-        vals = sorted(float(v) for v in vals if v is not None)
+        vals = sorted(s.host_us_p50 for r in disp.payload.runs for s in r.stages
+                      if s.host_us_p50 is not None)
         if vals:
             host = vals[len(vals) // 2]
             host_src = ("measured", "dispatch.json")

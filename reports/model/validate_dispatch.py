@@ -72,38 +72,33 @@ def _med(vals: list[float]) -> float:
 
 
 def probe_inputs(rec: Record) -> ProbeInputs:
-    d = rec.data
-    cfg, runs = d.get("config") or {}, d.get("runs") or []
-    try:
-        pp, depth = int(cfg["pp"]), int(cfg["async_depth"])
-    except (KeyError, TypeError, ValueError):
-        raise CliError("dispatch.json: config lacks pp / async_depth") from None
+    d = rec.payload
+    if d is None:
+        raise CliError(f"dispatch.json: status {rec.status}; nothing to model")
+    pp, depth = d.config.pp, d.config.async_depth
     gpu: dict[int, dict[int, list[float]]] = {}
     host: list[float] = []
     empty: list[float] = []
     first: dict[int, list[float]] = {}
     send: list[float] = []
-    for r in runs:
-        sizes = [int(x) for x in r.get("slot_sizes") or []]
-        for s in r.get("stages") or []:
-            rank = int(s.get("rank", 0))
-            for b, us in (s.get("gpu_us_p50") or {}).items():
+    for r in d.runs:
+        big = max(r.slot_sizes, default=0)
+        for s in r.stages:
+            for b, us in s.gpu_us_p50.items():
                 if us is not None:
-                    gpu.setdefault(rank, {}).setdefault(int(b), []).append(float(us))
-            if rank == 0:
-                dl = (s.get("dispatch_latency_us") or {}).get("p50")
-                if dl is not None and sizes and max(sizes) > 0:
-                    first.setdefault(max(sizes), []).append(float(dl))
-                if s.get("host_empty_us_p50") is not None:
-                    empty.append(float(s["host_empty_us_p50"]))
-            elif s.get("host_us_p50") is not None:
-                host.append(float(s["host_us_p50"]))
-            if s.get("send_us_p50") is not None:
-                send.append(float(s["send_us_p50"]))
+                    gpu.setdefault(s.rank, {}).setdefault(int(b), []).append(us)
+            if s.rank == 0:
+                if s.dispatch_latency_us.p50 is not None and big > 0:
+                    first.setdefault(big, []).append(s.dispatch_latency_us.p50)
+                if s.host_empty_us_p50 is not None:
+                    empty.append(s.host_empty_us_p50)
+            elif s.host_us_p50 is not None:
+                host.append(s.host_us_p50)
+            if s.send_us_p50 is not None:
+                send.append(s.send_us_p50)
     if len(gpu) < pp:
         raise CliError(f"dispatch.json: gpu_us_p50 for {len(gpu)} of {pp} ranks; cannot model")
-    hop = d.get("hop_us_in_loop")
-    hop = float(hop) if isinstance(hop, (int, float)) else _med(send)
+    hop = d.hop_us_in_loop if d.hop_us_in_loop is not None else _med(send)
     curves = tuple(tuple(sorted((b, _med(v)) for b, v in gpu[i].items())) for i in range(pp))
     return ProbeInputs(pp, depth, curves,
                        tuple(sorted((b, _med(v)) for b, v in first.items())),
@@ -140,16 +135,15 @@ def _note(diff_pct: float, sizes: list[int], pi: ProbeInputs) -> str:
 def validate(rec: Record) -> list[Check]:
     pi = probe_inputs(rec)
     out = []
-    for r in rec.data.get("runs") or []:
-        sizes = [int(x) for x in r.get("slot_sizes") or []]
-        if not sizes or not sum(sizes) or r.get("tok_per_s") is None:
+    for r in rec.payload.runs:
+        sizes = list(r.slot_sizes)
+        if not sizes or not sum(sizes) or r.tok_per_s is None:
             continue
         lc = loop_for(pi, max(sizes))
         sim = simulate(lc, sizes[:lc.slots])
-        meas = float(r["tok_per_s"])
+        meas = r.tok_per_s
         diff = (sim.tok_per_s / meas - 1) * 100 if meas else 0.0
-        out.append(Check(str(r.get("policy")), str(r.get("arrival", "burst")),
-                         int(r.get("concurrency", sum(sizes))), tuple(sizes), meas,
+        out.append(Check(r.policy, r.arrival, r.concurrency, tuple(sizes), meas,
                          sim.tok_per_s, diff, _note(diff, sizes, pi)))
     return out
 
@@ -159,13 +153,12 @@ def micro_batch_choices(rec: Record) -> list[MicroBatchChoice]:
     m = 1, pp and all slots (the `--micro-batches` knob of `even`), next to a measured run
     with the same slot sizes where the record has one."""
     pi = probe_inputs(rec)
-    S = pi.pp + pi.depth
-    runs = [r for r in rec.data.get("runs") or [] if r.get("tok_per_s") is not None]
-    measured = {tuple(int(x) for x in r.get("slot_sizes") or []): float(r["tok_per_s"])
-                for r in runs}
+    S = SlotConfig(pi.pp, pi.depth, 1).slots
+    runs = [r for r in rec.payload.runs if r.tok_per_s is not None]
+    measured = {r.slot_sizes: r.tok_per_s for r in runs}
     have = {b for c in pi.curves for b, _ in c}
     out = []
-    for C in sorted({int(r.get("concurrency", 0)) for r in runs if r.get("concurrency")}):
+    for C in sorted({r.concurrency for r in runs}):
         for m in sorted({1, pi.pp, S}):
             if m > C:
                 continue

@@ -204,7 +204,7 @@ def server_lines(rep: dict[str, Any]) -> list[str]:
     srv = rep["server"]
     src = "; ".join(f"[{k}] = {v}" for k, v in srv["sources"].items() if v)
     out = [f"Every number in this section is observed on your server, read into sglang.json by "
-           f"`ppscope dispatch --from-sglang`: {src}. Modelled columns are the pipeline model "
+           f"`ppscope sglang`: {src}. Modelled columns are the pipeline model "
            f"(scenario inputs), for comparison."]
     imb = srv.get("slot_imbalance")
     if imb:
