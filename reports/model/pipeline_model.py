@@ -45,6 +45,7 @@ class LoopConfig:
     chain_us: float = 0.0
     first_host_us: tuple[float, ...] = ()   # rank 0 per non-empty visit, by batch ([0] unused)
     result_sync: bool = False
+    rank_host_us: tuple[float, ...] = ()    # per rank, per non-empty visit (overrides the above)
 
     @property
     def pp(self) -> int:
@@ -57,7 +58,9 @@ class LoopConfig:
     def __post_init__(self) -> None:
         if len(self.hop_us) != len(self.stage_us):
             raise ValueError("hop_us needs one row per rank (the last is last -> first)")
-        for row in (*self.stage_us, *self.hop_us, self.first_host_us):
+        if self.rank_host_us and len(self.rank_host_us) != len(self.stage_us):
+            raise ValueError("rank_host_us needs one entry per rank")
+        for row in (*self.stage_us, *self.hop_us, self.first_host_us, self.rank_host_us):
             if any(v < 0 for v in row):
                 raise ValueError("costs must be >= 0")
 
@@ -120,7 +123,8 @@ def simulate(cfg: LoopConfig, slot_sizes: Sequence[int], rounds: int = 12,
             if n == 0:
                 cpu[i] = t + cfg.empty_us
                 continue
-            launched = t + (_at(cfg.first_host_us, n) if i == 0 and cfg.first_host_us
+            launched = t + (cfg.rank_host_us[i] if cfg.rank_host_us else
+                            _at(cfg.first_host_us, n) if i == 0 and cfg.first_host_us
                             else cfg.host_us)
             start = max(launched, gpu[i])
             end = start + _at(cfg.stage_us[i], n)
