@@ -16,10 +16,11 @@ class _Point:
 
 
 def test_round_trip(tmp_path):
-    rec = make_record("topology", {"points": [_Point(1.5, math.nan, (1, 2))]}, argv=["x"])
-    path = write_record(rec, tmp_path / "topology.json")
+    # a probe without a payload class: the envelope alone (typed payloads: test_payloads.py)
+    rec = make_record("example", {"points": [_Point(1.5, math.nan, (1, 2))]}, argv=["x"])
+    path = write_record(rec, tmp_path / "example.json")
     back = read_record(path)
-    assert back.probe == "topology" and back.status == "ok"
+    assert back.probe == "example" and back.status == "ok"
     assert back.schema_version == records.SCHEMA_VERSION
     # NaN never reaches JSON; tuples become lists
     assert back.data == {"points": [{"latency_us": 1.5, "bandwidth_gbps": None, "sizes": [1, 2]}]}
@@ -29,7 +30,7 @@ def test_round_trip(tmp_path):
 
 def test_waived_needs_reason():
     with pytest.raises(ValueError):
-        make_record("topology", {}, status="waived")
+        make_record("topology", None, status="waived")
     rec = records.waived("topology", "needs NVIDIA GPUs", argv=[])
     assert rec.status == "waived" and rec.reason == "needs NVIDIA GPUs"
 
