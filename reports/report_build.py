@@ -16,6 +16,7 @@ from typing import Any
 
 from reports.model import loop_builder as lb
 from reports.model.attribution import attribute
+from reports.base.payloads.topology import HopCost, TopologyData
 from reports.base.records import Record, to_jsonable
 from reports.model.scenario import Inputs
 from reports.model.validate_dispatch import micro_batch_choices, validate
@@ -56,7 +57,7 @@ def build_report(inp: Inputs, records: dict[str, Record]) -> dict[str, Any]:
                          "rows": to_jsonable(list(a.rows))} for a in atts],
         "verdicts": to_jsonable(verdicts(inp, atts, records)),
         "what_ifs": to_jsonable(what_ifs(inp, transport_points(
-            records["topology"].data if "topology" in records else None))),
+            records["topology"].payload if "topology" in records else None))),
         "stage_cost": [{"batch": b, "modelled_us": lb.stage_cost_us(inp, lb.ALL_ON, b),
                         "floor_us": lb.stage_cost_us(inp, frozenset({"stage_imbalance"}), b)}
                        for b in sorted({max(c["slot_sizes"]) for c in conc})],
@@ -65,7 +66,7 @@ def build_report(inp: Inputs, records: dict[str, Record]) -> dict[str, Any]:
         rep["dispatch_validation"] = to_jsonable(validate(records["dispatch"]))
         rep["dispatch_micro_batches"] = to_jsonable(micro_batch_choices(records["dispatch"]))
     if "topology" in records:
-        rep["topology"] = topology_summary(records["topology"].data)
+        rep["topology"] = topology_summary(records["topology"].payload)
     if "sglang" in records:
         rep["server"] = server_summary(records["sglang"].data, conc, inp.pp)
         rep["diagnosis"] = diagnosis_summary(records["sglang"].data, inp)
@@ -174,20 +175,20 @@ def server_summary(sg: dict[str, Any], conc: list[dict[str, Any]], pp: int) -> d
     }
 
 
-def topology_summary(d: dict[str, Any]) -> dict[str, Any]:
+def topology_summary(d: TopologyData) -> dict[str, Any]:
     """GPUs, link type per pair and the measured PP hop per (src, dst) at the smallest batch."""
-    hops: dict[tuple[int, int], dict[str, Any]] = {}
-    for h in d.get("hops") or []:
-        if h.get("hop_us") is None or h.get("src") is None or h.get("dst") is None:
+    hops: dict[tuple[int, int], HopCost] = {}
+    for h in d.hops:
+        if h.hop_us is None:
             continue
-        key = (int(h["src"]), int(h["dst"]))
-        if key not in hops or (h.get("batch") or 0) < (hops[key].get("batch") or 0):
-            hops[key] = {"src": key[0], "dst": key[1], "batch": h.get("batch"),
-                         "hop_us": float(h["hop_us"]), "link": h.get("link"),
-                         "hop_class": h.get("hop_class")}
-    return {"gpus": [g.get("name") for g in d.get("gpus") or []],
-            "links": {str(k): str(v) for k, v in (d.get("links") or {}).items()},
-            "hops": [hops[k] for k in sorted(hops)]}
+        key = (h.src, h.dst)
+        if key not in hops or h.batch < hops[key].batch:
+            hops[key] = h
+    return {"gpus": [g.name for g in d.gpus],
+            "links": dict(d.links),
+            "hops": [{"src": h.src, "dst": h.dst, "batch": h.batch, "hop_us": h.hop_us,
+                      "link": h.link, "hop_class": h.hop_class}
+                     for h in (hops[k] for k in sorted(hops))]}
 
 
 def _pct(x: float) -> str:

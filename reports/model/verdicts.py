@@ -150,9 +150,8 @@ def routing_verdict(inp: Inputs, att: Attribution, records: dict[str, Record],
     slow_ms = max(skewed.tpot_ms - base.tpot_ms, base.tpot_ms * loss, 0.0)
     share = slow_ms / gap if gap > 1e-12 else 0.0
     sc = records.get("stage_cost")
-    measured = sc is not None and float(sc.data.get("zipf_s") or 0) > 0 and any(
-        e.get("measured_us") is not None
-        for e in ((sc.data.get("layers") or {}).get("moe") or {}).values())
+    measured = sc is not None and sc.payload.zipf_s > 0 and any(
+        e.measured_us is not None for e in sc.payload.layers.get("moe", {}).values())
     label = ("stage_cost.json (measured with --zipf)" if measured
              else "roofline Monte-Carlo (estimated)")
     why = ("scenario's zipf_s" if inp.zipf_s else
@@ -226,11 +225,10 @@ def verdicts(inp: Inputs, atts: list[Attribution], records: dict[str, Record]) -
                            f"hops = {hop_share:.0%} of the gap with estimated hop cost; "
                            "no topology.json", "scenario (estimated)"))
     else:
-        hops = topo.data.get("hops") or []
         cls: dict[str, list[float]] = {}
-        for h in hops:
-            if h.get("hop_us") is not None:
-                cls.setdefault(h.get("hop_class", "?"), []).append(float(h["hop_us"]))
+        for h in topo.payload.hops:
+            if h.hop_us is not None:
+                cls.setdefault(h.hop_class or "?", []).append(h.hop_us)
         cross = cls.get("cross-socket")
         near = [v for k, vs in cls.items() if k != "cross-socket" for v in vs]
         if not cross:
