@@ -27,7 +27,8 @@ from reports.base.errors import CliError
 from reports.base.gpu_specs import GpuSpec, load_gpu, match_gpu
 from reports.base.model_config import ModelConfig, load_model
 from reports.base.paths import CONFIGS
-from reports.base.records import SCHEMA_VERSION, Record, RecordError, read_record
+from reports.base.records import (SCHEMA_VERSION, Record, RecordError, payload_class,
+                                  read_record)
 from reports.base.slots import default_max_micro_batch
 
 PROBES = ("topology", "stage_cost", "graphs", "dispatch", "sglang")
@@ -137,9 +138,10 @@ def load_records(results: Path) -> tuple[dict[str, Record], list[str]]:
             rec = read_record(path)
         except RecordError as e:
             raise CliError(str(e)) from None
-        if rec.schema_version != SCHEMA_VERSION:
+        want = getattr(payload_class(probe), "SCHEMA_VERSION", SCHEMA_VERSION)
+        if rec.schema_version != want:
             warn.append(f"{path.name}: schema version {rec.schema_version}, this ppscope reads "
-                        f"{SCHEMA_VERSION}; skipped (re-run the probe)")
+                        f"{want}; skipped (re-run the probe)")
             continue
         if rec.status != "ok":
             warn.append(f"{path.name}: status {rec.status} ({rec.reason}); skipped")
