@@ -430,7 +430,11 @@ def test_all_low_exact():
 
 def test_too_few_ticks_says_so():
     s = S.summarize(_data([[100.0] * 4, [0.0] * 4]))
-    assert all(h.holds is None and "not enough samples" in h.text for h in s.hints)
+    assert all(h.holds is None and h.text == "only 4 ticks with every GPU's utilization "
+               "(needs 10)" for h in s.hints)
+    from reports.render.watch_plot import watch_lines
+    assert "all_low [observed (NVML)]: not enough samples: only 4 ticks" in \
+        "\n".join(watch_lines(to_json(s)))
 
 
 def test_pcie_against_link_exact():

@@ -251,7 +251,7 @@ def _wave(s: WatchSummary, tick_s: float | None) -> Hint:
             f"(> 0, correlation >= {WAVE_MIN_R})")
     why = _enough(s, 2)
     if why:
-        return Hint("wave", None, HINT_LABEL, rule, f"not enough samples: {why}")
+        return Hint("wave", None, HINT_LABEL, rule, why)
     n = s.n_gpus
     half_idle = sum(f for k, f in enumerate(s.k_busy_frac) if k <= n / 2)
     active = sum(s.k_busy_frac[1:])
@@ -280,7 +280,7 @@ def _one_busy(s: WatchSummary, st: list[GpuStats]) -> Hint:
             f"{ONE_BUSY_POWER_RATIO}x the others' median")
     why = _enough(s, 2)
     if why:
-        return Hint("one_busy", None, HINT_LABEL, rule, f"not enough samples: {why}")
+        return Hint("one_busy", None, HINT_LABEL, rule, why)
     nums: dict[str, Any] = {}
     fired = None
     for metric, ratio_min, gap_min in (("util_pct", ONE_BUSY_RATIO, ONE_BUSY_GAP_PCT),
@@ -297,8 +297,7 @@ def _one_busy(s: WatchSummary, st: list[GpuStats]) -> Hint:
         if fired is None and ratio >= ratio_min and v - rest >= gap_min:
             fired = (metric, top.index, v, rest, ratio)
     if not nums:
-        return Hint("one_busy", None, HINT_LABEL, rule, "not enough samples: no utilization or "
-                    "power on two GPUs")
+        return Hint("one_busy", None, HINT_LABEL, rule, "no utilization or power on two GPUs")
     if fired:
         metric, gi, v, rest, ratio = fired
         unit = "%" if metric == "util_pct" else " W"
@@ -317,7 +316,7 @@ def _all_low(s: WatchSummary, st: list[GpuStats], load: str | None) -> Hint:
             "of ticks")
     why = _enough(s, 1)
     if why:
-        return Hint("all_low", None, HINT_LABEL, rule, f"not enough samples: {why}")
+        return Hint("all_low", None, HINT_LABEL, rule, why)
     share = s.all_low_frac or 0.0
     means = [x.util_pct.mean for x in st if x.util_pct.mean is not None]
     pw = [x.power_w.mean for x in st if x.power_w.mean is not None]
