@@ -70,6 +70,9 @@ def build_report(inp: Inputs, records: dict[str, Record]) -> dict[str, Any]:
     if "sglang" in records:
         rep["server"] = server_summary(records["sglang"].data, conc, inp.pp)
         rep["diagnosis"] = diagnosis_summary(records["sglang"].data, inp)
+    if "watch" in records:  # GPU watch: observed (NVML) hints, reports/model/watch_summary.py
+        from reports.model.watch_summary import watch_section
+        rep["watch"] = watch_section(records["watch"])
     rep["answer"] = answer(rep)
     return rep
 

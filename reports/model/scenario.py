@@ -31,7 +31,7 @@ from reports.base.records import (SCHEMA_VERSION, Record, RecordError, payload_c
                                   read_record)
 from reports.base.slots import default_max_micro_batch
 
-PROBES = ("topology", "stage_cost", "graphs", "dispatch", "sglang")
+PROBES = ("topology", "stage_cost", "graphs", "dispatch", "sglang", "watch")
 
 
 @dataclass(frozen=True)

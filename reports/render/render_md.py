@@ -316,6 +316,9 @@ def render_md(rep: dict[str, Any]) -> str:
             out += ["### Scheduler log per PP rank", "", md_table(server_log_table(rep)), ""]
         if rep["server"]["bench"]:
             out += ["### bench_serving runs", "", md_table(server_bench_table(rep)), ""]
+    if rep.get("watch"):  # GPU watch section: reports/render/watch_plot.py
+        from reports.render.watch_plot import watch_md
+        out += watch_md(rep["watch"])
     out += ["## Where the time goes (ideal -> modelled by Shapley value; modelled -> observed "
             "is unexplained)", ""]
     for a in rep["attribution"]:
