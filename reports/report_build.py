@@ -69,7 +69,8 @@ def build_report(inp: Inputs, records: dict[str, Record]) -> dict[str, Any]:
         rep["topology"] = topology_summary(records["topology"].payload)
     if "sglang" in records:
         rep["server"] = server_summary(records["sglang"].data, conc, inp.pp)
-        rep["diagnosis"] = diagnosis_summary(records["sglang"].data, inp)
+        rep["diagnosis"] = diagnosis_summary(records["sglang"].data, inp,
+                                             records.get("stage_cost"))
     if "watch" in records:  # GPU watch: observed (NVML) hints, reports/model/watch_summary.py
         from reports.model.watch_summary import watch_section
         rep["watch"] = watch_section(records["watch"])
@@ -77,11 +78,15 @@ def build_report(inp: Inputs, records: dict[str, Record]) -> dict[str, Any]:
     return rep
 
 
-def diagnosis_summary(sg: dict[str, Any], inp: Inputs) -> dict[str, Any] | None:
+def diagnosis_summary(sg: dict[str, Any], inp: Inputs,
+                      stage_cost: Record | None = None) -> dict[str, Any] | None:
     """The observed server diagnosed from its own evidence (reports/model/diagnose.py), or
-    None with the reason when the evidence has no usable loop profile."""
+    None with the reason when the evidence has no usable loop profile. Forward times at sizes
+    the traces never ran follow the measured MoE-layer curve of stage_cost.json when there is
+    one (said so, with the GPU it was measured on), else the roofline's bytes ratio."""
     from reports.base.model_config import load_model
-    from reports.model.deployment import NoLoopEvidence, from_evidence, moe_shape
+    from reports.model.deployment import (NoLoopEvidence, curve_shape, from_evidence,
+                                          moe_shape)
     from reports.model.diagnose import diagnose, time_split_rows
     loop = sg.get("loop") or {}
     if not loop.get("ranks"):
@@ -93,11 +98,19 @@ def diagnosis_summary(sg: dict[str, Any], inp: Inputs) -> dict[str, Any] | None:
         C, c_src = next(iter(obs)), "the one observed concurrency"
     try:
         model = load_model(loop["model"]) if loop.get("model") else inp.model
+        shape, shape_src = moe_shape(model), (f"roofline MoE-layer bytes ratio of {model.name} "
+                                              "(estimated)")
+        pts = _moe_curve(stage_cost)
+        if pts:
+            shape = curve_shape(pts)
+            gpus = ", ".join(sorted(set(stage_cost.provenance.gpus))) or "an unnamed GPU"
+            shape_src = (f"the MoE-layer curve of stage_cost.json, measured on {gpus} (a shape "
+                         "only: the level is the traces')")
         dep = from_evidence(sg, concurrency=C, observed=obs.get(C) if C else None,
-                            async_depth=None, shape=moe_shape(model))
+                            async_depth=None, shape=shape)
     except (NoLoopEvidence, ValueError) as e:
         return {"status": "not diagnosed", "reason": str(e)}
-    dg = diagnose(dep, moe_shape(model))
+    dg = diagnose(dep, shape)
     return {"status": "ok", "concurrency": C, "concurrency_source": c_src,
             "observed_source": inp.src("observed_tok_per_s")[1] if obs.get(C) else None,
             "deployment": {"pp": dep.pp, "slots": dep.slots, "sizes": list(dep.sizes),
@@ -107,10 +120,21 @@ def diagnosis_summary(sg: dict[str, Any], inp: Inputs) -> dict[str, Any] | None:
                            "graph_share": dep.graph_share, "empty_us": dep.empty_us,
                            "forward_us": [{str(b): v for b, v in c.items()} for c in dep.forward],
                            "sources": dep.sources, "notes": list(dep.notes),
-                           "shape": f"forward at unobserved sizes: roofline MoE-layer bytes "
-                                    f"ratio of {model.name} (estimated)"},
+                           "shape": f"forward at unobserved sizes: {shape_src}"},
             "time_split": time_split_rows(dep),
             **to_jsonable(dg)}
+
+
+def _moe_curve(rec: Record | None) -> list[tuple[int, float]]:
+    """(batch, us) of the MoE layer stage-cost measured (the backend it picked), or []."""
+    if rec is None or rec.payload is None:
+        return []
+    for kind in ("moe", "moe_triton", "moe_fast", "moe_plain"):
+        pts = rec.payload.layers.get(kind) or {}
+        out = sorted((int(b), p.measured_us) for b, p in pts.items() if p.measured_us)
+        if len(out) >= 2:
+            return out
+    return []
 
 
 def _pct100(num: float | None, den: float | None) -> float | None:

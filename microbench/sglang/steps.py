@@ -249,7 +249,8 @@ def summarize_steps(kernels, recvs, rt, syncs, ranges, *, hidden=None, link_gbps
     cpu_iv = _merge([iv for v in ranges.values() for iv in v])
     if full:
         marks = min(full, key=lambda v: v[0] if v else math.inf)
-        empty = []
+        empty, empty_relay = [], []
+        relay_iv = _merge(list(relay))
         for k, m in enumerate(marks):
             nxt = marks[k + 1] if k + 1 < len(marks) else math.inf
             r = bisect.bisect_left(starts, m)
@@ -257,7 +258,11 @@ def summarize_steps(kernels, recvs, rt, syncs, ranges, *, hidden=None, link_gbps
                 continue
             seg = _merge([(max(s, m), min(e, nxt)) for s, e in cpu_iv if e > m and s < nxt])
             empty.append(_len(seg) - _overlap(seg, blocked_iv))
+            empty_relay.append(_overlap(seg, relay_iv) - _overlap(
+                _merge([(max(a, m), min(b, nxt)) for a, b in relay_iv if b > m and a < nxt]),
+                _merge(list(syncs))))
         out["host_us_empty_p50"], out["host_us_empty_mean"] = _p50(empty), _mean(empty)
+        out["relay_wait_us_empty_mean"] = _mean(empty_relay)
         out["iterations_empty"] = len(empty)
     out["recv_bytes_p50"] = _p50([b for _, _, b, _ in recvs])
     out["_fwds"] = fwds          # for the cross-rank pass; dropped before the record is written

@@ -41,7 +41,8 @@ class Deployment:
     host_us: tuple[float, ...]                     # per rank, CPU work per visit with a batch
     relay_us: tuple[float, ...]                    # per rank, blocked in the request-list relay
     sync_wait_us: tuple[float, ...]                # per rank, blocked waiting for the GPU (comm)
-    empty_us: float
+    empty_us: float                                # rank 0, CPU work per empty visit
+    empty_relay_us: float                          # rank 0, relay wait per empty visit
     hop_us: tuple[float, ...]                      # hop r -> r+1; last entry: last -> rank 0
     send_wait_us: tuple[float, ...]                # per rank: next forward waits for its send
     graph_share: float | None
@@ -180,6 +181,7 @@ def from_evidence(data: dict, *, concurrency: int | None, observed: float | None
         per_rank("sync_wait_us_mean")
     send_wait = per_rank("send_wait_us_mean")
     empty = float(r0.get("host_us_empty_mean") or 0.0)
+    empty_relay = float(r0.get("relay_wait_us_empty_mean") or 0.0)
     hops_d = loop.get("hops") or {}
     hop = []
     for k, r in enumerate(order):
@@ -196,7 +198,8 @@ def from_evidence(data: dict, *, concurrency: int | None, observed: float | None
             fb[k] = dict(fw[k])
     return Deployment(
         pp=pp, slots=slots, sizes=sizes, forward=tuple(fw), forward_busy=tuple(fb),
-        host_us=host, relay_us=relay, sync_wait_us=sync_w, empty_us=empty, hop_us=tuple(hop),
+        host_us=host, relay_us=relay, sync_wait_us=sync_w, empty_us=empty,
+        empty_relay_us=empty_relay, hop_us=tuple(hop),
         send_wait_us=send_wait,
         graph_share=share,
         concurrency=int(concurrency or sum(sizes)), observed_tok_per_s=observed,
@@ -252,9 +255,27 @@ def loop_config(dep: Deployment, on: frozenset, shape=None) -> tuple[LoopConfig,
                  for h, r, w in zip(dep.host_us, dep.relay_us, dep.sync_wait_us))
     cfg = LoopConfig(stage_us=tuple(tuple(r) for r in table), hop_us=tuple(hop),
                      async_depth=dep.slots - dep.pp, host_us=0.0,
-                     empty_us=dep.empty_us if "host" in on else 0.0,
+                     empty_us=(dep.empty_us if "host" in on else 0.0)
+                     + (dep.empty_relay_us if "relay" in on else 0.0),
                      rank_host_us=host, result_sync=True)
     return cfg, sizes
+
+
+def curve_shape(pts: list[tuple[int, float]]):
+    """b -> a measured cost curve, piecewise linear in log(b), flat beyond its ends."""
+    pts = sorted(pts)
+
+    def f(b: float) -> float:
+        if b <= pts[0][0]:
+            return pts[0][1]
+        if b >= pts[-1][0]:
+            return pts[-1][1]  # flat: never extrapolate a slope
+        for (b0, v0), (b1, v1) in zip(pts, pts[1:]):
+            if b0 <= b <= b1:
+                w = (math.log(b) - math.log(b0)) / (math.log(b1) - math.log(b0))
+                return v0 + w * (v1 - v0)
+        return pts[-1][1]
+    return f
 
 
 def moe_shape(model):
