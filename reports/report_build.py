@@ -162,10 +162,13 @@ def server_summary(sg: dict[str, Any], conc: list[dict[str, Any]], pp: int) -> d
         rr = lg.get("running_req") or {}
         ranks.append({
             "rank": int(r),
-            "busy_pct": _pct100(t.get("busy_us"), span),
+            # any kernel running (NCCL receives that wait included): never shown as "busy"
+            "kernel_active_pct": _pct100(t.get("busy_us"), span),
             "compute_pct": _pct100(t.get("compute_us"), span),
             "nccl_recv_pct": _pct100(rec.get("total_us"), span),
+            "recv_transfer_pct": _pct100(rec.get("transfer_us"), span),
             "recv_wait_pct": _pct100(rec.get("wait_us"), span),
+            "idle_pct": _pct100(t.get("idle_us"), span),
             "dispatch_latency_p50_us": (t.get("dispatch_latency_us") or {}).get("p50"),
             "cpu_dispatch_latency_p50_us": (t.get("cpu_dispatch_latency_us") or {}).get("p50"),
             "graph_kernels": t.get("graph_kernels") if span else None,

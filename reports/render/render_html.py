@@ -189,7 +189,8 @@ def plot_measured(timelines) -> str:
 
 
 def plot_server_busy(srv: dict[str, Any]) -> str | None:
-    """Observed GPU busy fraction over the traced window, per PP rank (sglang.json traces)."""
+    """Observed share of time any kernel runs, per PP rank (sglang.json traces); NCCL receives
+    that wait count here, so the diagnosis's compute / wait / idle split is the one to read."""
     bot = srv.get("busy_over_time") or {}
     if not bot:
         return None
@@ -201,7 +202,7 @@ def plot_server_busy(srv: dict[str, Any]) -> str | None:
         ax.step([i * w for i in range(len(ys))], ys, where="post", label=f"rank {r}")
     ax.set_ylim(0, 105)
     ax.set_xlabel("ms into the trace")
-    ax.set_ylabel("GPU busy % (observed)")
+    ax.set_ylabel("any kernel running %\n(NCCL waits included)")
     ax.legend(frameon=False, ncol=4, fontsize=8)
     return _png(fig)
 
@@ -250,7 +251,8 @@ def server_html(rep: dict[str, Any]) -> list[str]:
         o.append(table_html(server_gpu_table(rep)))
         img = plot_server_busy(srv)
         if img:
-            o.append(_fig(img, "observed GPU busy % over the traced window, per PP rank "
+            o.append(_fig(img, "observed: share of time any kernel runs (NCCL receives that wait "
+                          "included, so this is not compute) over the traced window, per PP rank "
                                "(sglang.json traces)"))
     if any(r["running_req"] is not None for r in srv["ranks"]):
         o.append("<h3>Scheduler log per PP rank</h3>")

@@ -162,22 +162,25 @@ def _sizes(rr: dict[str, Any] | None) -> str:
 
 
 def server_gpu_table(rep: dict[str, Any]) -> Table:
-    """Per PP rank: observed GPU time from the traces next to the model's busy per stage."""
+    """Per PP rank: where the GPU's time went in the traces (compute / NCCL transfer / NCCL wait
+    / idle: waiting inside a receive is never called busy), next to the model's compute share."""
     srv = rep["server"]
     cs = [str(c["concurrency"]) for c in rep["concurrency"]]
     rows = []
     for r in srv["ranks"]:
         g, e = r["graph_kernels"], r["eager_kernels"]
-        rows.append((str(r["rank"]), _f(r["busy_pct"]))
+        rows.append((str(r["rank"]), _f(r["compute_pct"]), _f(r.get("recv_transfer_pct")),
+                     _f(r["recv_wait_pct"]) if r["recv_wait_pct"] is not None else
+                     f"{_f(r['nccl_recv_pct'])} (transfer + wait)", _f(r.get("idle_pct")))
                     + tuple(_f(r["modelled_busy_pct"].get(c)) for c in cs)
-                    + (_f(r["compute_pct"]), _f(r["nccl_recv_pct"]), _f(r["recv_wait_pct"]),
-                       _f(r["dispatch_latency_p50_us"]), _f(r["cpu_dispatch_latency_p50_us"]),
+                    + (_f(r["dispatch_latency_p50_us"]), _f(r["cpu_dispatch_latency_p50_us"]),
                        "-" if g is None else f"{g} / {e}"))
-    return Table(("PP rank", "busy % [traces]") + tuple(f"modelled busy % C={c}" for c in cs)
-                 + ("compute % [traces]", "NCCL recv % of span [traces]", "recv wait % [traces]",
-                    "dispatch p50 us, GPU [traces]", "dispatch p50 us, CPU [traces]",
+    return Table(("PP rank", "compute % [traces]", "NCCL transfer % [traces]",
+                  "NCCL wait % [traces]", "idle % [traces]")
+                 + tuple(f"modelled compute % C={c}" for c in cs)
+                 + ("dispatch p50 us, GPU [traces]", "dispatch p50 us, CPU [traces]",
                     "graph / one-by-one kernels [traces]"),
-                 tuple(rows), (True,) * (len(cs) + 8) + (False,))
+                 tuple(rows), (True, True, True, False, True) + (True,) * (len(cs) + 2) + (False,))
 
 
 def server_log_table(rep: dict[str, Any]) -> Table:
