@@ -55,7 +55,7 @@ def build_report(inp: Inputs, records: dict[str, Record]) -> dict[str, Any]:
         "attribution": [{"concurrency": a.concurrency, "ideal_tpot_ms": a.ideal_tpot_ms,
                          "modelled_tpot_ms": a.modelled_tpot_ms,
                          "rows": to_jsonable(list(a.rows))} for a in atts],
-        "verdicts": to_jsonable(verdicts(inp, atts, records)),
+        "verdicts": None,  # filled below, once the observed server's diagnosis exists
         "what_ifs": to_jsonable(what_ifs(inp, transport_points(
             records["topology"].payload if "topology" in records else None))),
         "stage_cost": [{"batch": b, "modelled_us": lb.stage_cost_us(inp, lb.ALL_ON, b),
@@ -74,6 +74,7 @@ def build_report(inp: Inputs, records: dict[str, Record]) -> dict[str, Any]:
     if "watch" in records:  # GPU watch: observed (NVML) hints, reports/model/watch_summary.py
         from reports.model.watch_summary import watch_section
         rep["watch"] = watch_section(records["watch"])
+    rep["verdicts"] = to_jsonable(verdicts(inp, atts, records, rep.get("diagnosis")))
     rep["answer"] = answer(rep)
     return rep
 
