@@ -15,8 +15,12 @@ bandwidth (`efficiency_measured_bw`): spec bandwidth is rarely reachable.
 
 Stage cost = Σ over its layers (attention + MoE or dense MLP) + extras (lm_head on the last
 stage; the embedding lookup is costed by the roofline only). Efficiency = floor / measured;
-imbalance = max / mean stage cost. INT4/FP8 are not executed: measurements use bf16 and are
-compared with the bf16 floor; the native-format floor is in `plan` for the report.
+imbalance = max / mean stage cost. Formats: MoE routed experts run in the model's own format
+(`--dtype native`, the default: INT4 W4A16 and FP8 block-scaled Triton kernels,
+microbench/kernels/moe_quant.py), the shared expert too when it shares that format, else
+bf16; attention, dense MLP, router and lm_head run in bf16. `measured_formats` says what ran,
+every floor and efficiency uses those formats, and each layer entry names its `kernel`
+(`kernel_by_layer` sums it up). MLA attention runs `mla_decode` (Triton + cuBLAS).
 
 Run: `ppscope stage-cost --model kimi-k2 --pp 8 --dtype bf16` on one GPU (`--plan` anywhere:
 floors only). Read: `stages[i].by_batch["8"]` is stage i's cost for a micro-batch of 8.
@@ -96,6 +100,7 @@ class StageCostConfig:
     zipf_s: float = 0.0
     experts_sample: int | None = None
     mem_bw_gbps: float | None = None  # measured HBM bandwidth; None: spec sheet
+    attention_backend: str = "auto"   # auto: triton (mla_decode) for MLA, else torch
     plan: bool = False
     out: Path | None = None
     argv: tuple[str, ...] = ()
@@ -123,6 +128,16 @@ def resolve(cfg: StageCostConfig) -> tuple[ModelConfig, GpuSpec]:
         if spec:
             return m, spec
     return m, load_gpu("rtx-pro-6000")
+
+
+def measured_model(m: ModelConfig) -> ModelConfig:
+    """The formats `_measure` executes: routed experts in their own format (bf16, int4, fp8
+    kernels), the shared expert in its format when that is the routed one or bf16, else bf16;
+    everything else bf16 (no quantised attention / dense / lm_head kernels here)."""
+    f = m.formats
+    shared = f.shared_experts if f.shared_experts in ("bf16", f.routed_experts) else "bf16"
+    return m.all_formats("bf16").with_formats(routed_experts=f.routed_experts,
+                                              shared_experts=shared)
 
 
 def moe_floor_us(m: ModelConfig, distinct: float, gpu: GpuSpec, bw: float | None) -> float:
@@ -282,19 +297,32 @@ def _measure(cfg, m, gpu, stages, notes, progress, writer) -> tuple[Record, str 
     from microbench.kit.timing import do_bench, do_bench_graph
 
     dev = torch.device("cuda")
-    m_meas = m.all_formats("bf16")
-    if cfg.dtype not in ("bf16",) and m.formats != m_meas.formats:
-        notes.append("INT4/FP8 are not executed: layers run in bf16, and stage floors and "
-                     "efficiencies here use bf16 (run --plan for the native-format floors)")
-    # efficiencies are computed against the bf16 floors of what actually ran
+    m_meas = measured_model(m)
+    fmt = m_meas.formats.routed_experts
+    if m.formats != m_meas.formats:
+        bf = [c for c, v in dataclasses.asdict(m.formats).items()
+              if v != getattr(m_meas.formats, c)]
+        notes.append(f"run in bf16 instead of the model's format: {', '.join(bf)} (no kernel "
+                     "here); floors and efficiencies use the formats that ran "
+                     "(measured_formats); --plan gives the native-format floors")
+    # efficiencies are computed against the floors of what actually ran
     stages = plan_stages(m_meas, gpu, cfg) if m.formats != m_meas.formats else stages
+    att_backend = (("triton" if m.attention == "mla" else "torch")
+                   if cfg.attention_backend == "auto" else cfg.attention_backend)
     if cfg.experts_sample:
         notes.append(f"MoE layers allocate {cfg.experts_sample} of {m.n_routed_experts} routed "
                      "experts (ids folded modulo that); floors use the distinct experts touched")
     unknown = [n for n in cfg.moe_backends if n not in MOE_BACKENDS]
     if unknown:
         raise ValueError(f"unknown MoE backend(s) {unknown}; known: {sorted(MOE_BACKENDS)}")
-    moe_kinds = [f"moe_{n}" for n in cfg.moe_backends] if m.is_moe else []
+    moe_names = list(cfg.moe_backends)
+    if fmt != "bf16":   # only ppscope's Triton kernels run int4 / fp8 here
+        skipped = [n for n in moe_names if n != "triton"]
+        if skipped:
+            notes.append(f"MoE backend(s) {', '.join(skipped)} not timed: they run bf16 only "
+                         f"and the routed experts are {fmt}")
+        moe_names = ["triton"]
+    moe_kinds = [f"moe_{n}" for n in moe_names] if m.is_moe else []
     kinds = ["attention"] + moe_kinds + (["dense_mlp"] if m.first_k_dense > 0 else []) + \
         ["lm_head"]
     layers: dict[str, dict[str, LayerPoint]] = {k: {} for k in kinds}
@@ -313,7 +341,7 @@ def _measure(cfg, m, gpu, stages, notes, progress, writer) -> tuple[Record, str 
     def save(final: bool = False) -> tuple[Record, str | None]:
         if moe_kinds:
             chosen.clear()
-            chosen.update(pick_fastest(layers, cfg.moe_backends))
+            chosen.update(pick_fastest(layers, moe_names))
         st, imb = fill_stage_costs(m_meas, stages, layers)
         names = sorted(set(chosen.values()))
         data = replace(
@@ -322,7 +350,9 @@ def _measure(cfg, m, gpu, stages, notes, progress, writer) -> tuple[Record, str 
                   Prefill(**{**prefill, "layers": dict(prefill["layers"])})
                   if prefill is not None else None, notes, imb),
             mem_bw_measured_gbps=bw_meas, moe_backend_by_batch=dict(chosen),
-            backend=",".join(names) if names else None)
+            backend=",".join(names) if names else None,
+            kernel_by_layer={k: next((e.kernel for e in d.values() if e.kernel), None)
+                             for k, d in layers.items()})
         errs = [f"{k}: {v.error}" for k, d in layers.items() if k != "moe"
                 for v in d.values() if v.error]
         # a failed optional MoE backend is fine as long as another one measured every batch
@@ -343,9 +373,13 @@ def _measure(cfg, m, gpu, stages, notes, progress, writer) -> tuple[Record, str 
         backend, variant = MOE_BACKENDS[kind[4:]] if is_moe else ("torch", None)
         weights = None
         if is_moe:
-            nb = L.moe_weight_bytes(m_meas, cfg.experts_sample)
+            if fmt == "bf16":
+                nb = L.moe_weight_bytes(m_meas, cfg.experts_sample)
+            else:
+                from microbench.kernels import moe_quant
+                nb = moe_quant.weight_bytes(m_meas, fmt, cfg.experts_sample)
             n_exp = cfg.experts_sample or m_meas.n_routed_experts
-            too_big = _fits(nb, f"moe layer ({n_exp} experts, bf16)", m_meas, cfg)
+            too_big = _fits(nb, f"moe layer ({n_exp} experts, {fmt})", m_meas, cfg)
             if too_big:
                 for b in cfg.batches:
                     layers[kind][str(b)] = LayerPoint(error=too_big)
@@ -356,10 +390,10 @@ def _measure(cfg, m, gpu, stages, notes, progress, writer) -> tuple[Record, str 
         for i, b in enumerate(cfg.batches):
             entry: dict[str, Any] = {}
             try:
-                kw = dict(context_len=cfg.context_len, seed=0)
+                kw = dict(context_len=cfg.context_len, seed=0, attention_backend=att_backend)
                 if is_moe:
                     kw.update(backend=backend, variant=variant, zipf_s=cfg.zipf_s,
-                              experts_sample=cfg.experts_sample, weights=weights)
+                              experts_sample=cfg.experts_sample, weights=weights, fmt=fmt)
                 built = L.build(base, m_meas, b, dev, **kw)
                 if is_moe:
                     weights = built.info.pop("weights")
@@ -381,7 +415,7 @@ def _measure(cfg, m, gpu, stages, notes, progress, writer) -> tuple[Record, str 
                              floor_us=floor, efficiency=floor / t.median_us,
                              floor_measured_bw_us=floor_m,
                              efficiency_measured_bw=floor_m and floor_m / t.median_us,
-                             backend=built.backend,
+                             backend=built.backend, kernel=built.info.get("kernel"),
                              timing="cuda_graph_replay" if built.graphable else "eager")
                 del built
             except L.CheckFailed as e:
@@ -410,7 +444,7 @@ def _measure(cfg, m, gpu, stages, notes, progress, writer) -> tuple[Record, str 
                 kw = dict(seed=0)
                 if is_moe:
                     kw.update(backend=backend, variant=variant,
-                              experts_sample=cfg.experts_sample, weights=weights)
+                              experts_sample=cfg.experts_sample, weights=weights, fmt=fmt)
                 built = L.build(base, m_meas, T, dev, **kw)
                 t = do_bench(built.fn)
                 floor = (moe_floor_us(m_meas, built.info["distinct_experts"], gpu, bw)

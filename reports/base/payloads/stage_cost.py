@@ -65,6 +65,7 @@ class LayerPoint:
     experts_allocated: int | None = ge(0, default=None)
     backend: str | None = None                           # what ran, e.g. "triton/fast"
     backend_name: str | None = None                      # `moe`: the MOE_BACKENDS name chosen
+    kernel: str | None = None                            # the kernel that ran, e.g. "triton/int4"
     timing: str | None = None                            # cuda_graph_replay | eager
     error: str | None = None
 
@@ -146,5 +147,6 @@ class StageCostData:
     notes: tuple[str, ...] = ()
     backend: str | None = None                     # MoE backend(s) the stage figures use
     moe_backend_by_batch: dict[str, str] = field(default_factory=dict)
+    kernel_by_layer: dict[str, str | None] = field(default_factory=dict)  # layer kind -> kernel
     mem_bw_measured_gbps: float | None = ge(0, default=None)   # device-to-device copy
     routing: Routing | None = None
