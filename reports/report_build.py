@@ -75,6 +75,9 @@ def build_report(inp: Inputs, records: dict[str, Record]) -> dict[str, Any]:
         from reports.model.watch_summary import watch_section
         rep["watch"] = watch_section(records["watch"])
     rep["verdicts"] = to_jsonable(verdicts(inp, atts, records, rep.get("diagnosis")))
+    from reports.model.next_steps import next_steps
+    rep["measure_your_server"] = to_jsonable(next_steps(
+        rep, [C for C, _ in inp.observed] or list(inp.concurrency), inp.pp))
     rep["answer"] = answer(rep)
     return rep
 

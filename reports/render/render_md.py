@@ -284,6 +284,20 @@ def diagnosis_lines(rep: dict[str, Any]) -> list[str]:
     return out
 
 
+def measure_lines(rep: dict[str, Any]) -> list[str]:
+    """The closing section: the next commands for this deployment (reports/model/next_steps.py)."""
+    steps = rep.get("measure_your_server") or []
+    if not steps:
+        return []
+    out = ["## Measure your server", "",
+           "Can we profile? Yes: these commands, in order, give the report the evidence it is "
+           "missing for your deployment.", ""]
+    for i, st in enumerate(steps, 1):
+        out += [f"{i}. {st['why']}", "", "   ```bash"] + [f"   {c}" for c in st["commands"]] + \
+            ["   ```", ""]
+    return out
+
+
 def inputs_table(rep: dict[str, Any]) -> Table:
     return Table(("input", "value", "source", "evidence", "note"),
                  tuple((p["name"], fmt_value(p["value"]), p["source"], p["evidence"],
@@ -341,4 +355,27 @@ def render_md(rep: dict[str, Any]) -> str:
     if rep["assumptions"]:
         out += ["## Scenario assumptions", ""] + [f"- **{k}**: {v}"
                                                   for k, v in rep["assumptions"].items()]
+        out += [""]
+    out += measure_lines(rep)
+    out += ["## How to read this", ""] + [f"- **{k}**: {v}" for k, v in GLOSSARY]
     return "\n".join(out) + "\n"
+
+
+GLOSSARY = (
+    ("TPOT", "time per output token of one request; with C requests in flight, one decode step "
+             "of the whole pipeline (every running request advances one token)."),
+    ("slot", "one of SGLang's pp + async-depth micro-batch places, visited round-robin; a "
+             "request stays in the slot that admitted it. Occupied slots per cycle against pp "
+             "is the herd."),
+    ("roofline", "the time a perfect kernel needs: bytes that must move over memory bandwidth "
+                 "or FLOPs over peak, whichever is larger."),
+    ("ideal", "the scenario model with every cause off: roofline kernels, balanced stages, one "
+              "micro-batch per stage, free hops and host."),
+    ("Shapley value", "a cause's average effect over every order of switching the causes on; "
+                      "the rows add up to the gap and do not depend on an order."),
+    ("unexplained", "observed - modelled: what the model does not account for (never fitted)."),
+    ("observed / measured / estimated / given", "from your server's own evidence / a probe run "
+     "on this machine / a datasheet, roofline or stated assumption / a setting you gave."),
+    ("report.trace.json", "the modelled pipeline timeline, one track per stage: open it in "
+                          "ui.perfetto.dev (the dispatch probe writes a measured one too)."),
+)
