@@ -17,6 +17,7 @@ from typing import Any
 from reports.model import loop_builder as lb
 from reports.model.attribution import attribute
 from reports.base.payloads.topology import HopCost, TopologyData
+from reports.base.payloads.sglang import SglangData
 from reports.base.records import Record, to_jsonable
 from reports.model.scenario import Inputs
 from reports.model.validate_dispatch import micro_batch_choices, validate
@@ -68,8 +69,8 @@ def build_report(inp: Inputs, records: dict[str, Record]) -> dict[str, Any]:
     if "topology" in records:
         rep["topology"] = topology_summary(records["topology"].payload)
     if "sglang" in records:
-        rep["server"] = server_summary(records["sglang"].data, conc, inp.pp)
-        rep["diagnosis"] = diagnosis_summary(records["sglang"].data, inp,
+        rep["server"] = server_summary(records["sglang"].payload, conc, inp.pp)
+        rep["diagnosis"] = diagnosis_summary(records["sglang"].payload, inp,
                                              records.get("stage_cost"))
     if "watch" in records:  # GPU watch: observed (NVML) hints, reports/model/watch_summary.py
         from reports.model.watch_summary import watch_section
@@ -82,7 +83,7 @@ def build_report(inp: Inputs, records: dict[str, Record]) -> dict[str, Any]:
     return rep
 
 
-def diagnosis_summary(sg: dict[str, Any], inp: Inputs,
+def diagnosis_summary(sg: SglangData, inp: Inputs,
                       stage_cost: Record | None = None) -> dict[str, Any] | None:
     """The observed server diagnosed from its own evidence (reports/model/diagnose.py), or
     None with the reason when the evidence has no usable loop profile. Forward times at sizes
@@ -92,16 +93,16 @@ def diagnosis_summary(sg: dict[str, Any], inp: Inputs,
     from reports.model.deployment import (NoLoopEvidence, curve_shape, from_evidence,
                                           moe_shape)
     from reports.model.diagnose import diagnose, time_split_rows
-    loop = sg.get("loop") or {}
-    if not loop.get("ranks"):
+    loop = sg.loop
+    if loop is None or not loop.ranks:
         return None
     obs = dict(inp.observed)
-    C = loop.get("concurrency")
+    C = loop.concurrency
     c_src = "given (ppscope sglang --concurrency)"
     if C is None and len(obs) == 1:
         C, c_src = next(iter(obs)), "the one observed concurrency"
     try:
-        model = load_model(loop["model"]) if loop.get("model") else inp.model
+        model = load_model(loop.model) if loop.model else inp.model
         shape, shape_src = moe_shape(model), (f"roofline MoE-layer bytes ratio of {model.name} "
                                               "(estimated)")
         pts = _moe_curve(stage_cost)
@@ -110,7 +111,7 @@ def diagnosis_summary(sg: dict[str, Any], inp: Inputs,
             gpus = ", ".join(sorted(set(stage_cost.provenance.gpus))) or "an unnamed GPU"
             shape_src = (f"the MoE-layer curve of stage_cost.json, measured on {gpus} (a shape "
                          "only: the level is the traces')")
-        dep = from_evidence(sg, concurrency=C, observed=obs.get(C) if C else None,
+        dep = from_evidence(loop, concurrency=C, observed=obs.get(C) if C else None,
                             async_depth=None, shape=shape)
     except (NoLoopEvidence, ValueError) as e:
         return {"status": "not diagnosed", "reason": str(e)}
@@ -145,44 +146,42 @@ def _pct100(num: float | None, den: float | None) -> float | None:
     return None if num is None or not den else 100.0 * num / den
 
 
-def server_summary(sg: dict[str, Any], conc: list[dict[str, Any]], pp: int) -> dict[str, Any]:
+def server_summary(sg: SglangData, conc: list[dict[str, Any]], pp: int) -> dict[str, Any]:
     """The user's server as sglang.json saw it, per PP rank (log and traces joined by rank),
     with the model's busy fraction per stage at each concurrency beside it. Observed only:
     `sources` names the file each group of numbers came from."""
-    log_r = sg.get("ranks") or {}
-    tr = sg.get("traces") or {}
-    tr_r = tr.get("ranks") or {}
-    log = sg.get("log") or {}
-    bsrc = sg.get("bench_source") or {}
-    sources = {"log": ", ".join(log.get("log_files") or []) or None,
-               "traces": tr.get("dir") if tr_r else None,
-               "bench": bsrc.get("file") if sg.get("bench") else None,
-               "metrics": (sg.get("metrics") or {}).get("source")}
+    log_r = sg.ranks
+    tr_r = sg.traces.ranks if sg.traces else {}
+    metrics_src = sg.metrics.get("source") if isinstance(sg.metrics, dict) else None
+    sources = {"log": ", ".join(sg.log.log_files) or None if sg.log else None,
+               "traces": sg.traces.dir if tr_r else None,
+               "bench": sg.bench_source.file if sg.bench and sg.bench_source else None,
+               "metrics": metrics_src}
     ranks = []
     for r in sorted(set(log_r) | set(tr_r), key=lambda x: int(x)):
-        lg, t = log_r.get(r) or {}, tr_r.get(r) or {}
-        span = t.get("span_us") if t.get("gpu_events") else None
-        rec = t.get("nccl_recv") or {}
-        rr = lg.get("running_req") or {}
+        lg, t = log_r.get(r), tr_r.get(r)
+        span = t.span_us if t is not None and t.gpu_events else None
+        rec = t.nccl_recv if t is not None else None
         ranks.append({
             "rank": int(r),
             # any kernel running (NCCL receives that wait included): never shown as "busy"
-            "kernel_active_pct": _pct100(t.get("busy_us"), span),
-            "compute_pct": _pct100(t.get("compute_us"), span),
-            "nccl_recv_pct": _pct100(rec.get("total_us"), span),
-            "recv_transfer_pct": _pct100(rec.get("transfer_us"), span),
-            "recv_wait_pct": _pct100(rec.get("wait_us"), span),
-            "idle_pct": _pct100(t.get("idle_us"), span),
-            "dispatch_latency_p50_us": (t.get("dispatch_latency_us") or {}).get("p50"),
-            "cpu_dispatch_latency_p50_us": (t.get("cpu_dispatch_latency_us") or {}).get("p50"),
-            "graph_kernels": t.get("graph_kernels") if span else None,
-            "eager_kernels": t.get("eager_kernels") if span else None,
+            "kernel_active_pct": _pct100(t.busy_us if t else None, span),
+            "compute_pct": _pct100(t.compute_us if t else None, span),
+            "nccl_recv_pct": _pct100(rec.total_us if rec else None, span),
+            "recv_transfer_pct": _pct100(rec.transfer_us if rec else None, span),
+            "recv_wait_pct": _pct100(rec.wait_us if rec else None, span),
+            "idle_pct": _pct100(t.idle_us if t else None, span),
+            "dispatch_latency_p50_us": t.dispatch_latency_us.p50 if t else None,
+            "cpu_dispatch_latency_p50_us": t.cpu_dispatch_latency_us.p50 if t else None,
+            "graph_kernels": t.graph_kernels if span else None,
+            "eager_kernels": t.eager_kernels if span else None,
             "trace_span_ms": None if span is None else span / 1e3,
-            "decode_lines": lg.get("decode_lines"),
-            "prefill_lines": lg.get("prefill_lines"),
-            "cuda_graph_frac": lg.get("cuda_graph_frac"),
-            "running_req": {k: rr.get(k) for k in ("min", "median", "max")} if lg else None,
-            "gen_tok_per_s_median": (lg.get("gen_throughput_tok_s") or {}).get("median"),
+            "decode_lines": lg.decode_lines if lg else None,
+            "prefill_lines": lg.prefill_lines if lg else None,
+            "cuda_graph_frac": lg.cuda_graph_frac if lg else None,
+            "running_req": ({"min": lg.running_req.min, "median": lg.running_req.median,
+                             "max": lg.running_req.max} if lg else None),
+            "gen_tok_per_s_median": lg.gen_throughput_tok_s.median if lg else None,
             "modelled_busy_pct": {str(c["concurrency"]): 100.0 * c["busy_frac"][int(r)]
                                   for c in conc if int(r) < len(c["busy_frac"])},
         })
@@ -190,21 +189,20 @@ def server_summary(sg: dict[str, Any], conc: list[dict[str, Any]], pp: int) -> d
     if ranks and len(ranks) != pp:
         notes.append(f"the server's evidence covers {len(ranks)} PP rank(s), the scenario has "
                      f"pp={pp}: modelled busy shown for ranks that exist in both")
-    if tr_r and all((tr_r[r].get("nccl_recv") or {}).get("wait_us") is None for r in tr_r):
+    if tr_r and all(tr_r[r].nccl_recv.wait_us is None for r in tr_r):
         notes.append("NCCL receive time includes the transfer; read the traces with "
                      "--link-gbps to split waiting from transfer")
     return {
         "evidence": "sglang.json", "source": "observed", "sources": sources,
         "ranks": ranks,
-        "slot_imbalance": sg.get("slot_imbalance"),
-        "bench": [{"concurrency": b.get("max_concurrency"),
-                   "mean_concurrency": b.get("mean_concurrency"),
-                   "output_tok_per_s": b.get("output_throughput"),
-                   "mean_tpot_ms": b.get("mean_tpot_ms"), "median_itl_ms": b.get("median_itl_ms"),
-                   "mean_ttft_ms": b.get("mean_ttft_ms")} for b in sg.get("bench") or []],
-        "busy_over_time": {r: {"bin_us": tr_r[r].get("bin_us"),
-                               "busy_frac": list(tr_r[r].get("busy_frac_over_time") or [])}
-                           for r in sorted(tr_r, key=int) if tr_r[r].get("busy_frac_over_time")},
+        "slot_imbalance": to_jsonable(sg.slot_imbalance),
+        "bench": [{"concurrency": b.max_concurrency, "mean_concurrency": b.mean_concurrency,
+                   "output_tok_per_s": b.output_throughput, "mean_tpot_ms": b.mean_tpot_ms,
+                   "median_itl_ms": b.median_itl_ms, "mean_ttft_ms": b.mean_ttft_ms}
+                  for b in sg.bench],
+        "busy_over_time": {r: {"bin_us": tr_r[r].bin_us,
+                               "busy_frac": list(tr_r[r].busy_frac_over_time)}
+                           for r in sorted(tr_r, key=int) if tr_r[r].busy_frac_over_time},
         "notes": notes,
     }
 

@@ -13,6 +13,8 @@ import pytest
 
 from microbench.sglang.steps import loop_profile, read_loop, summarize_steps
 from reports.base.model_config import load_model
+from reports.base.payloads.sglang import LoopProfile
+from reports.base.schema import from_json
 from reports.model.deployment import (CAUSES, Deployment, even_sizes, from_evidence, loop_config,
                                       moe_shape, run)
 from reports.model.diagnose import NAME_PCT, diagnose
@@ -117,7 +119,8 @@ def _diag(case: str, policy: str):
     lp = read_loop({r: FAULTS / f"{case}-{policy}-c8-TP-0-PP-{r}.trace.json.gz" for r in (0, 1)},
                    hidden=load_model("kimi-k2").hidden, link_gbps=390.0)
     shape = moe_shape(load_model("kimi-k2"))
-    dep = from_evidence({"loop": lp}, concurrency=8, observed=_tok(case, policy), shape=shape)
+    loop = from_json(LoopProfile, lp, "loop")      # as sglang.json holds it
+    dep = from_evidence(loop, concurrency=8, observed=_tok(case, policy), shape=shape)
     return dep, diagnose(dep, shape)
 
 
@@ -144,4 +147,4 @@ def test_recorded_faults_are_found_from_their_evidence():
 def test_no_loop_profile_is_a_reason_not_a_crash():
     from reports.model.deployment import NoLoopEvidence
     with pytest.raises(NoLoopEvidence, match="--traces"):
-        from_evidence({"loop": None}, concurrency=8, observed=None)
+        from_evidence(None, concurrency=8, observed=None)

@@ -116,33 +116,39 @@ def test_even_observed_slots_overrule_the_modelled_burst(tmp_path, fixtures):
            "max/mean 1.00, cv 0.00 -- the server's slots are even" in v["number"]
 
 
+def _typed(d: dict):
+    from reports.base.payloads.sglang import SglangData
+    from reports.base.schema import from_json
+    return from_json(SglangData, d)   # the readers take the typed payload, checked like a record
+
+
 def test_observed_slots_thresholds():
     def sg(n, cv, mom):
         return {"ranks": {"0": {"decode_lines": n, "running_req": {"min": 3, "median": 4.0,
                                                                    "max": 5}}},
                 "slot_imbalance": {"rank": 0, "window": 16, "windows": 1,
                                    "max_over_mean_median": mom, "cv": cv}}
-    assert observed_slots(sg(8, EVEN_CV - 0.01, 1.2))["even"] is True
-    assert observed_slots(sg(8, EVEN_CV, 1.2))["even"] is False       # cv at the threshold
-    assert observed_slots(sg(8, 0.1, 1.25))["even"] is False          # max/mean at threshold
-    assert observed_slots(sg(7, 0.1, 1.0))["even"] is False           # too few lines to decide
-    assert observed_slots({"ranks": {}, "slot_imbalance": None}) is None
+    assert observed_slots(_typed(sg(8, EVEN_CV - 0.01, 1.2)))["even"] is True
+    assert observed_slots(_typed(sg(8, EVEN_CV, 1.2)))["even"] is False       # cv at the threshold
+    assert observed_slots(_typed(sg(8, 0.1, 1.25)))["even"] is False          # max/mean at threshold
+    assert observed_slots(_typed(sg(7, 0.1, 1.0)))["even"] is False           # too few lines to decide
+    assert observed_slots(_typed({"ranks": {}, "slot_imbalance": None})) is None
 
 
 def test_graph_verdict_from_log_and_traces(sglang_rec):
     d = json.loads(json.dumps(sglang_rec.data))
-    assert graph_evidence(d) == (
+    assert graph_evidence(_typed(d)) == (
         "holds", "log: lowest per-rank share of decode batches on graphs 75% (rank 0); traces: "
         "95% of GPU kernels from graph replays on rank 0 (4608 graph / 265 one by one, 64 graph "
         "launches)", "sglang.json (observed: log, traces)")
     for r in d["ranks"].values():           # traces only: 4608 / 4873 on graphs -> no fallback
         r["cuda_graph_frac"] = None
-    v, num, ev = graph_evidence(d)
+    v, num, ev = graph_evidence(_typed(d))
     assert (v, ev) == ("does not hold", "sglang.json (observed: traces)")
     d["traces"]["ranks"]["1"].update(graph_kernels=100, eager_kernels=400, graph_launches=2)
-    assert graph_evidence(d)[:2] == ("holds", "traces: 20% of GPU kernels from graph replays on "
+    assert graph_evidence(_typed(d))[:2] == ("holds", "traces: 20% of GPU kernels from graph replays on "
                                      "rank 1 (100 graph / 400 one by one, 2 graph launches)")
-    assert graph_evidence({"ranks": {}, "traces": None}) is None
+    assert graph_evidence(_typed({"ranks": {}, "traces": None})) is None
 
 
 # -- 3. "Your server" ----------------------------------------------------------------------------

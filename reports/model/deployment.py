@@ -27,6 +27,8 @@ import math
 from dataclasses import dataclass, field
 from statistics import median_low
 
+from reports.base.payloads.sglang import LoopProfile
+from reports.base.schema import to_json
 from reports.model.pipeline_model import LoopConfig, SimResult, simulate
 
 
@@ -59,21 +61,6 @@ class Deployment:
 
 class NoLoopEvidence(ValueError):
     """The evidence does not hold a loop profile the model can use (the message says why)."""
-
-
-def _curve(d: dict | None, cmax: int | None) -> dict[int, float]:
-    """{"8": us, ...} -> {8: us}, decode sizes only (a prefill forward has prompt-length rows;
-    size 0 = unknown)."""
-    out = {}
-    for k, v in (d or {}).items():
-        try:
-            b = int(k)
-        except ValueError:
-            continue
-        if v is None or b <= 0 or (cmax is not None and b > cmax):
-            continue
-        out[b] = float(v)
-    return out
 
 
 def at_size(curve: dict[int, float], b: int, shape=None) -> float:
@@ -110,102 +97,94 @@ def even_sizes(total: int, m: int, slots: int, pp: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def from_evidence(data: dict, *, concurrency: int | None, observed: float | None,
+def _sizes(counts: dict[int, float], concurrency: int, slots: int) -> tuple[int, ...]:
+    """The observed distribution of micro-batch sizes over m = C / mean size occupied slots,
+    their total fixed to C, evenly spaced over the slot loop."""
+    n_mean = sum(b * c for b, c in counts.items()) / sum(counts.values())
+    m = max(1, min(slots, round(concurrency / n_mean)))
+    total = sum(counts.values())
+    sizes: list[int] = []
+    for b, c in sorted(counts.items(), key=lambda kv: -kv[1]):
+        sizes += [b] * int(round(m * c / total))
+    sizes = sorted(sizes, reverse=True)[:m] or [max(1, round(n_mean))]
+    while len(sizes) < m:
+        sizes.append(sizes[-1])
+    k = 0
+    while sum(sizes) != concurrency and k < 10 * concurrency:
+        i = k % len(sizes)
+        sizes[i] += 1 if sum(sizes) < concurrency else (-1 if sizes[i] > 1 else 0)
+        k += 1
+    out = [0] * slots
+    for k, n in enumerate(sizes):
+        out[(k * slots) // len(sizes)] = n
+    return tuple(out)
+
+
+def from_evidence(loop: LoopProfile | None, *, concurrency: int | None, observed: float | None,
                   async_depth: int | None = None, shape=None) -> Deployment:
-    """Build the observed deployment from an sglang record's data (its `loop` profile and
-    `ranks` log summary). `concurrency`: the client's streams (bench/--observed key)."""
-    loop = data.get("loop") or {}
-    ranks = loop.get("ranks") or {}
+    """Build the observed deployment from an sglang record's loop profile
+    (`SglangData.loop`). `concurrency`: the client's streams while it was traced."""
+    ranks = loop.ranks if loop is not None else {}
     if len(ranks) < 2:
         raise NoLoopEvidence("no loop profile of two or more ranks in sglang.json "
                              "(read the per-rank traces with `ppscope sglang --traces DIR`)")
     order = sorted(ranks, key=int)
+    rk = [ranks[r] for r in order]
     pp = len(order)
     notes: list[str] = []
     src: dict[str, str] = {"pp": "observed"}
-    r0 = ranks[order[0]]
     # effective forward: first kernel to last, plus the GPU queueing behind work the trace does
-    # not show (another process); without it (kernels only): the launch-gap reference
-    fw = [_curve(ranks[r].get("forward_effective_us_by_batch")
-                 or ranks[r].get("forward_us_by_batch"), concurrency) for r in order]
-    fb = [_curve(ranks[r].get("forward_busy_us_by_batch"), concurrency) for r in order]
-    for k, r in enumerate(order):  # keep the foreign queueing in both: it is not a launch gap
-        q = float(ranks[r].get("foreign_queue_us_mean") or 0.0)
-        fb[k] = {b: v + q for b, v in fb[k].items()}
+    # not show (another process); busy (kernels only, + that queueing): the launch-gap reference
+    fw = [x.curve("forward_effective_us_by_batch", concurrency)
+          or x.curve("forward_us_by_batch", concurrency) for x in rk]
+    fb = [{b: v + (x.foreign_queue_us_mean or 0.0)
+           for b, v in x.curve("forward_busy_us_by_batch", concurrency).items()} or dict(f)
+          for x, f in zip(rk, fw)]
     if not all(fw):
         raise NoLoopEvidence("a traced rank ran no decode forward the profile could size")
-    counts = _curve(r0.get("forward_count_by_batch"), concurrency)
-    n_mean = (sum(b * c for b, c in counts.items()) / sum(counts.values())) if counts else None
-    forwards, iters = r0.get("forwards") or 0, r0.get("iterations") or 0
+    counts = {b: float(c) for b, c in rk[0].curve("forward_count_by_batch", concurrency).items()}
+    if not (counts and concurrency):
+        raise NoLoopEvidence("no micro-batch sizes in the traces, or no client concurrency "
+                             "(pass --model and --concurrency to `ppscope sglang`)")
+    n_mean = sum(b * c for b, c in counts.items()) / sum(counts.values())
     # slots: occupied micro-batches m = C / mean size; slots = m x iterations per forward
     slots = None
-    if concurrency and n_mean and forwards and iters:
+    if rk[0].forwards and rk[0].iterations:
         m = max(1, round(concurrency / n_mean))
-        slots = max(pp, round(m * iters / forwards))
+        slots = max(pp, round(m * rk[0].iterations / rk[0].forwards))
         src["slots"] = "observed"
-    if async_depth is not None and slots is None:
-        slots = pp + async_depth
-        src["slots"] = "given"
+    elif async_depth is not None:
+        slots, src["slots"] = pp + async_depth, "given"
     if slots is None:
-        raise NoLoopEvidence("cannot tell the slot count: give the client concurrency "
-                             "(--observed C:TOK_S or a bench run) or --async-depth")
+        raise NoLoopEvidence("cannot tell the slot count: no loop iterations in the traces "
+                             "and no --async-depth")
     if async_depth is not None and pp + async_depth != slots:
         notes.append(f"the traces show {slots} slots; the given async depth {async_depth} "
                      f"implies {pp + async_depth}: the traces are used")
-    # sizes: the observed distribution of micro-batch sizes over m occupied slots, evenly spaced
-    if not (counts and concurrency):
-        raise NoLoopEvidence("no micro-batch sizes in the traces (pass --model to "
-                             "`ppscope sglang` so hidden-state receives can be sized)")
-    m = max(1, min(slots, round(concurrency / n_mean)))
-    total = sum(counts.values())
-    sizes_list: list[int] = []
-    for b, c in sorted(counts.items(), key=lambda kv: -kv[1]):
-        sizes_list += [b] * int(round(m * c / total))
-    sizes_list = sorted(sizes_list, reverse=True)[:m] or [round(n_mean)]
-    while len(sizes_list) < m:
-        sizes_list.append(sizes_list[-1])
-    # the slots hold the C requests: fix the total on the largest slots
-    k = 0
-    while sum(sizes_list) != concurrency and k < 10 * concurrency:
-        i = k % len(sizes_list)
-        sizes_list[i] += 1 if sum(sizes_list) < concurrency else (-1 if sizes_list[i] > 1 else 0)
-        k += 1
-    out = [0] * slots
-    for k, n in enumerate(sizes_list):
-        out[(k * slots) // len(sizes_list)] = n
-    sizes = tuple(out)
+    sizes = _sizes(counts, concurrency, slots)
     src["sizes"] = "observed"
-    def per_rank(key):
-        return tuple(float(ranks[r].get(key) or 0.0) for r in order)
-    host, relay, sync_w = per_rank("host_us_mean"), per_rank("relay_wait_us_mean"), \
-        per_rank("sync_wait_us_mean")
-    send_wait = per_rank("send_wait_us_mean")
-    empty = float(r0.get("host_us_empty_mean") or 0.0)
-    empty_relay = float(r0.get("relay_wait_us_empty_mean") or 0.0)
-    hops_d = loop.get("hops") or {}
+
+    def per_rank(name: str) -> tuple[float, ...]:
+        return tuple(float(getattr(x, name) or 0.0) for x in rk)
     hop = []
     for k, r in enumerate(order):
         nxt = order[(k + 1) % pp]
-        h = (hops_d.get(f"{r}->{nxt}") or {}).get("mean_us")
-        hop.append(float(h) if h is not None else 0.0)
+        h = loop.hops.get(f"{r}->{nxt}")
+        hop.append(h.mean_us if h is not None and h.mean_us is not None else 0.0)
         if h is None:
             notes.append(f"hop {r}->{nxt}: not seen in the traces; taken as 0")
-    g = [ranks[r].get("graph_forwards") for r in order]
-    f = [ranks[r].get("forwards") for r in order]
-    share = (sum(g) / sum(f)) if all(x is not None for x in g + f) and sum(f) else None
-    for k, r in enumerate(order):
-        if not fb[k]:
-            fb[k] = dict(fw[k])
+    f = sum(x.forwards for x in rk)
     return Deployment(
         pp=pp, slots=slots, sizes=sizes, forward=tuple(fw), forward_busy=tuple(fb),
-        host_us=host, relay_us=relay, sync_wait_us=sync_w, empty_us=empty,
-        empty_relay_us=empty_relay, hop_us=tuple(hop),
-        send_wait_us=send_wait,
-        graph_share=share,
-        concurrency=int(concurrency or sum(sizes)), observed_tok_per_s=observed,
+        host_us=per_rank("host_us_mean"), relay_us=per_rank("relay_wait_us_mean"),
+        sync_wait_us=per_rank("sync_wait_us_mean"), empty_us=rk[0].host_us_empty_mean or 0.0,
+        empty_relay_us=rk[0].relay_wait_us_empty_mean or 0.0, hop_us=tuple(hop),
+        send_wait_us=per_rank("send_wait_us_mean"),
+        graph_share=sum(x.graph_forwards for x in rk) / f if f else None,
+        concurrency=int(concurrency), observed_tok_per_s=observed,
         sources={**src, "forward": "observed", "host": "observed", "hop": "observed"},
         notes=tuple(notes),
-        time_split={r: dict(ranks[r].get("time_split") or {}) for r in order})
+        time_split={r: to_json(x.time_split) or {} for r, x in zip(order, rk)})
 
 
 # ------------------------------------------------------------------ switches and the model

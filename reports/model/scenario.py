@@ -305,16 +305,15 @@ def observed_from_sglang(rec: Record | None) -> tuple[dict[int, float], list[str
         return {}, []
     out: dict[int, float] = {}
     notes: list[str] = []
-    for b in rec.data.get("bench") or []:
-        c, tput = b.get("max_concurrency"), b.get("output_throughput")
+    for b in rec.payload.bench:
+        c, tput = b.max_concurrency, b.output_throughput
         if tput is None:
             continue
         if c is None:
             notes.append(f"sglang.json: bench run without --max-concurrency (mean concurrency "
-                         f"{b.get('mean_concurrency')}, {float(tput):.1f} tok/s) not used as "
-                         "an observed point")
+                         f"{b.mean_concurrency}, {tput:.1f} tok/s) not used as an observed point")
             continue
-        out[int(c)] = float(tput)
+        out[c] = tput
     return out, notes
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from reports.model import loop_builder as lb
 from reports.model.attribution import Attribution
+from reports.base.payloads.sglang import SglangData
 from reports.base.records import Record
 from reports.model.scenario import Inputs
 
@@ -51,26 +52,24 @@ EVEN_CV, EVEN_MAX_OVER_MEAN, MIN_LINES = 0.25, 1.25, 8
 GRAPH_KERNEL_SHARE = 0.5
 
 
-def observed_slots(sg: dict) -> dict | None:
+def observed_slots(sg: SglangData) -> dict | None:
     """Slot sizes the server logged: the rank the log reader picked for its run-wide index (the
     one with most decode lines), its #running-req min/median/max and the slot-imbalance index."""
-    ranks = sg.get("ranks") or {}
-    imb = sg.get("slot_imbalance") or {}
-    r = str(imb["rank"]) if imb.get("rank") is not None else (
-        max(ranks, key=lambda k: ranks[k].get("decode_lines") or 0) if ranks else None)
+    ranks, imb = sg.ranks, sg.slot_imbalance
+    r = str(imb.rank) if imb is not None and imb.rank is not None else (
+        max(ranks, key=lambda k: ranks[k].decode_lines) if ranks else None)
     if r is None or r not in ranks:
         return None
     d = ranks[r]
-    rr = d.get("running_req") or {}
-    if rr.get("median") is None:
+    if d.running_req.median is None:
         return None
-    cv, mom = imb.get("cv"), imb.get("max_over_mean_median")
-    n = int(d.get("decode_lines") or 0)
-    even = (n >= MIN_LINES and cv is not None and cv < EVEN_CV
+    cv = imb.cv if imb is not None else None
+    mom = imb.max_over_mean_median if imb is not None else None
+    even = (d.decode_lines >= MIN_LINES and cv is not None and cv < EVEN_CV
             and (mom is None or mom < EVEN_MAX_OVER_MEAN))
-    return {"rank": int(r), "decode_lines": n, "min": rr.get("min"), "median": rr["median"],
-            "max": rr.get("max"), "max_over_mean": mom, "cv": cv, "window": imb.get("window"),
-            "even": even}
+    return {"rank": int(r), "decode_lines": d.decode_lines, "min": d.running_req.min,
+            "median": d.running_req.median, "max": d.running_req.max, "max_over_mean": mom,
+            "cv": cv, "window": imb.window if imb is not None else None, "even": even}
 
 
 def _g(x, fmt: str = ".2f") -> str:
@@ -83,16 +82,13 @@ def observed_slots_text(o: dict) -> str:
             f", cv {_g(o['cv'])}")
 
 
-def graph_evidence(sg: dict) -> tuple[str, str, str] | None:
+def graph_evidence(sg: SglangData) -> tuple[str, str, str] | None:
     """(verdict, number, evidence) on CUDA-graph fallback from the server's log (share of decode
     lines with `cuda graph: True`) and traces (kernels from graph replays vs launched one by one);
     the log decides when it has the field, else the traces. None when neither says anything."""
-    fr = [(r, d["cuda_graph_frac"]) for r, d in (sg.get("ranks") or {}).items()
-          if d.get("cuda_graph_frac") is not None]
-    tr = [(r, int(d.get("graph_kernels") or 0), int(d.get("eager_kernels") or 0),
-           int(d.get("graph_launches") or 0))
-          for r, d in ((sg.get("traces") or {}).get("ranks") or {}).items()
-          if d.get("gpu_events")]
+    fr = [(r, d.cuda_graph_frac) for r, d in sg.ranks.items() if d.cuda_graph_frac is not None]
+    tr = [(r, d.graph_kernels or 0, d.eager_kernels or 0, d.graph_launches or 0)
+          for r, d in (sg.traces.ranks.items() if sg.traces else ()) if d.gpu_events]
     if not fr and not tr:
         return None
     parts, srcs = [], []
@@ -254,7 +250,7 @@ def model_verdicts(inp: Inputs, atts: list[Attribution], records: dict[str, Reco
     herd = _share(att, "slot_imbalance", "too_few_microbatches")
     sizes = [s for s in lb.admitted_sizes(inp, C) if s]
     sg = records.get("sglang")
-    obs = observed_slots(sg.data) if sg is not None else None
+    obs = observed_slots(sg.payload) if sg is not None else None
     num = (f"{herd:.0%} of the gap at C={C}; modelled {len(sizes)} occupied slot(s) {sizes} "
            f"for {inp.pp} stages")
     v = _by_share(herd)
@@ -271,7 +267,7 @@ def model_verdicts(inp: Inputs, atts: list[Attribution], records: dict[str, Reco
     # 3. CUDA-graph fallback
     gr = records.get("graphs")
     launch = _share(att, "launch_overhead")
-    gv = graph_evidence(sg.data) if sg is not None else None
+    gv = graph_evidence(sg.payload) if sg is not None else None
     if gv is not None:
         out.append(Verdict("CUDA-graph fallback", gv[0], gv[1], gv[2]))
     elif gr is not None:

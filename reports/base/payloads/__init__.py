@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from reports.base.payloads.dispatch import DispatchData
 from reports.base.payloads.graphs import GraphsData
+from reports.base.payloads.sglang import SglangData
 from reports.base.payloads.stage_cost import StageCostData
 from reports.base.payloads.topology import TopologyData
 from reports.base.payloads.watch import WatchData
@@ -14,4 +15,5 @@ PAYLOADS: dict[str, type] = {
     "graphs": GraphsData,
     "dispatch": DispatchData,
     "watch": WatchData,
+    "sglang": SglangData,
 }

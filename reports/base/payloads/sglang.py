@@ -1,0 +1,229 @@
+"""`sglang.json`: a real server's own evidence, read by `ppscope sglang` (microbench/sglang/).
+
+Parts, each None/empty when its evidence was not given: `ranks` + `log` (the scheduler log, per
+PP rank), `slot_imbalance`, `bench` + `bench_source` (bench_serving runs), `traces` (per-rank
+Kineto aggregates, microbench/sglang/trace.py), `loop` (the per-iteration loop profile the
+diagnosis models, microbench/sglang/steps.py), `metrics` and `live` (display only: typed as
+`Json`, nothing computes on them). Times in microseconds unless the name says otherwise.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from reports.base.schema import Json, between, ge
+
+
+@dataclass(frozen=True)
+class Dist:
+    min: float | None = None
+    median: float | None = None
+    max: float | None = None
+
+
+@dataclass(frozen=True)
+class SlotImbalance:
+    window: int = ge(1)
+    windows: int = ge(0)
+    max_over_mean_median: float | None = ge(0, default=None)
+    cv: float | None = ge(0, default=None)
+    rank: int | None = None
+
+
+@dataclass(frozen=True)
+class LogRank:
+    decode_lines: int = ge(0)
+    prefill_lines: int = ge(0, default=0)
+    running_req: Dist = field(default_factory=Dist)
+    cuda_graph_frac: float | None = between(0, 1, default=None)
+    gen_throughput_tok_s: Dist = field(default_factory=Dist)
+    queue_req: Dist = field(default_factory=Dist)
+    prefill_new_tokens: int = ge(0, default=0)
+    dp_ranks: tuple[Json, ...] = ()
+    span_s: float | None = ge(0, default=None)
+    slot_imbalance: SlotImbalance | None = None
+    over_time: tuple[Json, ...] = ()              # [{t_s, lines, ...}] for plots
+
+
+@dataclass(frozen=True)
+class LogSummary:
+    log_files: tuple[str, ...] = ()
+    lines_total: int = ge(0, default=0)
+    lines_batch: int = ge(0, default=0)
+    lines_other: int = ge(0, default=0)
+    lines_unrecognised: int = ge(0, default=0)
+    lines_other_tp: int = ge(0, default=0)
+    files_without_batch_lines: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class BenchRun:
+    max_concurrency: int | None = ge(1, default=None)
+    completed: int | None = ge(0, default=None)
+    duration: float | None = ge(0, default=None)
+    output_throughput: float | None = ge(0, default=None)
+    total_throughput: float | None = ge(0, default=None)
+    request_throughput: float | None = ge(0, default=None)
+    mean_ttft_ms: float | None = ge(0, default=None)
+    median_ttft_ms: float | None = ge(0, default=None)
+    p99_ttft_ms: float | None = ge(0, default=None)
+    mean_tpot_ms: float | None = ge(0, default=None)
+    median_tpot_ms: float | None = ge(0, default=None)
+    p99_tpot_ms: float | None = ge(0, default=None)
+    mean_itl_ms: float | None = ge(0, default=None)
+    median_itl_ms: float | None = ge(0, default=None)
+    p95_itl_ms: float | None = ge(0, default=None)
+    p99_itl_ms: float | None = ge(0, default=None)
+    max_itl_ms: float | None = ge(0, default=None)
+    mean_e2e_latency_ms: float | None = ge(0, default=None)
+    median_e2e_latency_ms: float | None = ge(0, default=None)
+    request_rate: float | None = None
+    backend: str | None = None
+    total_output_tokens: int | None = ge(0, default=None)
+    mean_concurrency: float | None = ge(0, default=None)
+    concurrency: float | None = ge(0, default=None)
+    concurrency_from: str | None = None           # max_concurrency | measured
+
+
+@dataclass(frozen=True)
+class BenchSource:
+    file: str
+    format: str
+    lines_unrecognised: int = ge(0, default=0)
+
+
+@dataclass(frozen=True)
+class Latency:
+    n: int = ge(0, default=0)
+    p50: float | None = None
+    p99: float | None = None
+
+
+@dataclass(frozen=True)
+class NcclRecv:
+    kernels: int = ge(0, default=0)
+    total_us: float = ge(0, default=0.0)
+    bytes: int = ge(0, default=0)
+    link_gbps: float | None = ge(0, default=None)
+    transfer_us: float | None = ge(0, default=None)
+    wait_us: float | None = ge(0, default=None)
+
+
+@dataclass(frozen=True)
+class TraceRank:
+    """One rank's trace, aggregated (microbench/sglang/trace.py). `busy_us` counts any GPU
+    event (an NCCL receive that waits included): read compute / transfer / wait, not busy."""
+    events: int = ge(0, default=0)
+    events_unrecognised: int = ge(0, default=0)
+    gpu_events: int = ge(0, default=0)
+    span_us: float = ge(0, default=0.0)
+    busy_us: float = ge(0, default=0.0)
+    idle_us: float = ge(0, default=0.0)
+    busy_frac: float | None = between(0, 1, default=None)
+    reason: str | None = None
+    gpu_events_last_step_dropped: int = ge(0, default=0)
+    compute_us: float | None = ge(0, default=None)
+    non_compute_us: float | None = ge(0, default=None)
+    comm_us: float | None = ge(0, default=None)
+    busy_frac_over_time: tuple[float, ...] = between(0, 1, default=())
+    bin_us: float | None = ge(0, default=None)
+    idle_split_us: dict[str, float] = field(default_factory=dict)
+    idle_split_by_stream: Json = None               # per stream, for display
+    idle_split_compute_stream_us: Json = None
+    kernel_wait_threshold_us: float | None = ge(0, default=None)
+    graph_kernels: int | None = ge(0, default=None)
+    graph_kernel_us: float | None = ge(0, default=None)
+    eager_kernels: int | None = ge(0, default=None)
+    graph_launches: int | None = ge(0, default=None)
+    nccl_recv: NcclRecv = field(default_factory=NcclRecv)
+    dispatch_latency_us: Latency = field(default_factory=Latency)
+    cpu_dispatch_latency_us: Latency = field(default_factory=Latency)
+    scheduler_ranges_us: Json = None                # {range: {count, total_us}}, for display
+    user_annotations_us: Json = None
+    file: str | None = None
+
+
+@dataclass(frozen=True)
+class Traces:
+    dir: str
+    ranks: dict[str, TraceRank] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TimeSplit:
+    window_us: float = ge(0)
+    compute_us: float = ge(0)
+    comm_us: float = ge(0)
+    other_us: float = ge(0)
+    idle_us: float = ge(0)
+    comm_transfer_us: float | None = ge(0, default=None)
+    comm_wait_us: float | None = ge(0, default=None)
+
+
+@dataclass(frozen=True)
+class LoopRank:
+    """One rank of the loop profile (microbench/sglang/steps.py); `*_mean` feed the model."""
+    rank: int | None = None
+    events_without_dur: int = ge(0, default=0)
+    reason: str | None = None
+    time_split: TimeSplit | None = None
+    forwards: int = ge(0, default=0)
+    graph_forwards: int = ge(0, default=0)
+    forward_us_by_batch: dict[str, float | None] = field(default_factory=dict)
+    forward_busy_us_by_batch: dict[str, float | None] = field(default_factory=dict)
+    forward_effective_us_by_batch: dict[str, float | None] = field(default_factory=dict)
+    forward_count_by_batch: dict[str, int] = field(default_factory=dict)
+    forward_us_p50: float | None = ge(0, default=None)
+    iterations: int = ge(0, default=0)
+    iterations_empty: int = ge(0, default=0)
+    range_counts: dict[str, int] = field(default_factory=dict)
+    host_us_p50: float | None = ge(0, default=None)
+    host_us_mean: float | None = ge(0, default=None)
+    host_us_empty_p50: float | None = ge(0, default=None)
+    host_us_empty_mean: float | None = ge(0, default=None)
+    relay_wait_us_mean: float | None = ge(0, default=None)
+    relay_wait_us_empty_mean: float | None = ge(0, default=None)
+    sync_wait_us_mean: float | None = ge(0, default=None)
+    send_wait_us_mean: float | None = ge(0, default=None)
+    foreign_queue_us_mean: float | None = ge(0, default=None)
+    recv_bytes_p50: float | None = ge(0, default=None)
+
+    def curve(self, name: str, cmax: int | None) -> dict[int, float]:
+        """A by-batch dict as {batch: us}: decode sizes only (a prefill forward has
+        prompt-length rows; key 0 = size unknown)."""
+        out = {}
+        for k, v in getattr(self, name).items():
+            b = int(k) if str(k).isdigit() else 0
+            if v is not None and b > 0 and (cmax is None or b <= cmax):
+                out[b] = float(v)
+        return out
+
+
+@dataclass(frozen=True)
+class LoopHop:
+    p50_us: float | None = ge(0, default=None)
+    mean_us: float | None = ge(0, default=None)
+    n: int = ge(0, default=0)
+
+
+@dataclass(frozen=True)
+class LoopProfile:
+    ranks: dict[str, LoopRank] = field(default_factory=dict)
+    hops: dict[str, LoopHop] = field(default_factory=dict)
+    concurrency: int | None = ge(1, default=None)   # client streams while traced (given)
+    model: str | None = None
+    link_gbps: float | None = ge(0, default=None)
+
+
+@dataclass(frozen=True)
+class SglangData:
+    SCHEMA_VERSION: ClassVar[int] = 1
+    ranks: dict[str, LogRank] = field(default_factory=dict)
+    slot_imbalance: SlotImbalance | None = None
+    bench: tuple[BenchRun, ...] = ()
+    bench_source: BenchSource | None = None
+    traces: Traces | None = None
+    loop: LoopProfile | None = None
+    log: LogSummary | None = None
+    metrics: Json = None            # /metrics summary (microbench/sglang/metrics.py), display only
+    live: Json = None               # live probe runs (microbench/sglang/live.py), display only
