@@ -18,7 +18,6 @@ Nothing here is fitted to the observed numbers.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,22 +83,6 @@ class Inputs:
             if p.name == key:
                 return p.source, p.evidence
         return "estimated", "scenario"
-
-
-def interp_log(curve: tuple[tuple[int, float], ...] | list, b: float) -> float:
-    """Piecewise-linear in log(batch); flat beyond the ends."""
-    pts = sorted(curve)
-    if b <= pts[0][0]:
-        return pts[0][1]
-    if b >= pts[-1][0]:
-        return pts[-1][1]
-    for (b0, v0), (b1, v1) in zip(pts, pts[1:]):
-        if b0 <= b <= b1:
-            if b1 == b0:
-                return v1
-            w = (math.log(b) - math.log(b0)) / (math.log(b1) - math.log(b0))
-            return v0 + w * (v1 - v0)
-    return pts[-1][1]
 
 
 def scenario_path(name_or_path: str) -> Path:
