@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reports.base.bench_serving import observed_points
 from reports.base.errors import CliError
 from reports.base.gpu_specs import GpuSpec, load_gpu, match_gpu
 from reports.base.model_config import ModelConfig, load_model
@@ -278,27 +279,11 @@ def build_inputs(scenario: dict[str, Any], records: dict[str, Record],
 
 
 def observed_from_sglang(rec: Record | None) -> tuple[dict[int, float], list[str]]:
-    """bench_serving runs recorded in sglang.json -> ({max_concurrency: output tok/s}, notes).
-
-    Keyed by the client's concurrency cap (`max_concurrency`), as `--bench` is; a run without a
-    cap (unbounded) has no C to compare with and is left out with a note; the last run per C
-    wins, as in the file. Observed numbers only: nothing here feeds the model.
-    """
+    """bench_serving runs recorded in sglang.json -> ({max_concurrency: output tok/s}, notes),
+    by the same rule as `--bench` (reports/base/bench_serving.py `observed_points`)."""
     if rec is None:
         return {}, []
-    out: dict[int, float] = {}
-    notes: list[str] = []
-    for b in rec.data.get("bench") or []:
-        c, tput = b.get("max_concurrency"), b.get("output_throughput")
-        if tput is None:
-            continue
-        if c is None:
-            notes.append(f"sglang.json: bench run without --max-concurrency (mean concurrency "
-                         f"{b.get('mean_concurrency')}, {float(tput):.1f} tok/s) not used as "
-                         "an observed point")
-            continue
-        out[int(c)] = float(tput)
-    return out, notes
+    return observed_points(rec.data.get("bench") or [], "sglang.json")
 
 
 def parse_observed(text: str) -> dict[int, float]:
@@ -316,33 +301,4 @@ def parse_observed(text: str) -> dict[int, float]:
                            "1:34,8:81.7") from None
         if int(c) < 1 or float(v) <= 0:
             raise CliError(f"--observed {text!r}: concurrency and tok/s must be positive")
-    return out
-
-
-def parse_bench_jsonl(path: str | Path) -> dict[int, float]:
-    """bench_serving `--output-file` JSONL -> {max_concurrency: output_throughput}.
-
-    One JSON object per line (FACTS.md keys `max_concurrency`, `output_throughput`); a line
-    without `max_concurrency` (unbounded run) uses `concurrency`. Last line per C wins.
-    """
-    p = Path(path)
-    out: dict[int, float] = {}
-    try:
-        lines = p.read_text().splitlines()
-    except OSError as e:
-        raise CliError(f"{p}: cannot read bench file ({e.strerror})") from None
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            d = json.loads(line)
-        except json.JSONDecodeError:
-            raise CliError(f"{p}:{n}: not a JSON line") from None
-        c = d.get("max_concurrency") or d.get("concurrency")
-        tput = d.get("output_throughput")
-        if c is None or tput is None:
-            raise CliError(f"{p}:{n}: needs max_concurrency and output_throughput")
-        out[int(round(float(c)))] = float(tput)
-    if not out:
-        raise CliError(f"{p}: no benchmark runs in the file")
     return out
