@@ -53,6 +53,7 @@ from pathlib import Path
 
 from reports.base.cuda_graphs import capture_sizes, padded  # SGLang's decode capture rule
 from reports.base.interp import interp_linear
+from microbench.kit.graph_capture import capture_graph
 from microbench.kit.launch import recv_pyobj, send_pyobj
 from reports.base.records import write_json_atomic
 from reports.base.slots import SlotConfig, admit
@@ -400,17 +401,7 @@ def capture_graphs(torch, fwd, sizes: list[int], H: int, dev):
     graphs, pool = {}, torch.cuda.graph_pool_handle()
     for b in sorted(sizes, reverse=True):
         x = torch.randn(b, H, device=dev, dtype=torch.bfloat16)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                fwd(x)
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=pool):
-            y = fwd(x)
-        torch.cuda.synchronize()
+        g, y = capture_graph(lambda: fwd(x), warmup=2, pool=pool)
         graphs[b] = (g, x, y)
     return graphs
 
