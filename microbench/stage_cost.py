@@ -37,6 +37,7 @@ from microbench.kit.run_writer import RunWriter
 from reports.base.gpu_specs import GpuSpec, load_gpu, match_gpu
 from reports.base.model_config import ModelConfig, load_model
 from reports.base.partition import Stage, pp_partition
+from reports.base.partition import imbalance as stage_imbalance
 from reports.base.payloads.stage_cost import (Imbalance, LayerPoint, Prefill, PrefillPoint,
                                               Routing, RoutingPoint, StageCost, StageCostData,
                                               StagePoint)
@@ -200,8 +201,8 @@ def _counts(m: ModelConfig, st: StageCost) -> dict[str, int]:
 
 
 def _imbalance(costs: list[float | None], floors: list[float]) -> Imbalance:
-    return Imbalance(measured=(max(costs) / (sum(costs) / len(costs))) if all(costs) else None,
-                     floor=max(floors) / (sum(floors) / len(floors)))
+    return Imbalance(measured=stage_imbalance(costs) if all(costs) else None,
+                     floor=stage_imbalance(floors))
 
 
 def fill_stage_costs(m: ModelConfig, stages: list[StageCost],

@@ -33,7 +33,7 @@ import numpy as np
 
 from reports.base.gpu_specs import GpuSpec
 from reports.base.model_config import ModelConfig, matrix_bytes
-from reports.base.partition import Stage
+from reports.base.partition import Stage, imbalance
 
 DEFAULT_CONTEXT = 2048
 LAYER_KINDS = ("attention", "moe", "dense_mlp", "lm_head", "embedding")
@@ -361,6 +361,6 @@ def skew_spread(model: ModelConfig, stages, batch, zipf_s: float, draws: int = 2
             stage_bytes_p10=tuple(np.percentile(sb, 10, axis=0).tolist()),
             stage_bytes_p90=tuple(np.percentile(sb, 90, axis=0).tolist()),
             max_over_mean=float(np.mean(sb.max(axis=1) / sb.mean(axis=1))),
-            max_over_mean_of_means=float(mean.max() / mean.mean()),
+            max_over_mean_of_means=imbalance(mean.tolist()),
             slowest_stage_loss=float(sb.max(axis=1).mean() / mean.max() - 1.0))
     return out
