@@ -125,6 +125,7 @@ def measure_point(cfg: GraphsConfig, m, row: GraphPoint, stage_layers, moe_w, ch
     import torch
 
     from microbench.kernels import layers as L
+    from microbench.kit.graph_capture import capture_graph
     from microbench.kit.timing import do_bench, do_bench_graph, host_bench
 
     dev = torch.device("cuda")
@@ -148,14 +149,7 @@ def measure_point(cfg: GraphsConfig, m, row: GraphPoint, stage_layers, moe_w, ch
     graph_us = cpu_replay_us = None
     if mlp.graphable:
         graph_us = do_bench_graph(layer).median_us
-        g = torch.cuda.CUDAGraph()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            layer()
-        torch.cuda.current_stream().wait_stream(s)
-        with torch.cuda.graph(g):
-            layer()
+        g, _ = capture_graph(layer, warmup=1)
         cpu_replay_us = host_bench(g.replay, reps=10).median_us
         torch.cuda.synchronize()
     kernels = count_kernels(layer)

@@ -53,7 +53,8 @@ from pathlib import Path
 
 from reports.base.cuda_graphs import capture_sizes, padded  # SGLang's decode capture rule
 from reports.base.interp import interp_linear
-from microbench.kit.launch import recv_pyobj, send_pyobj
+from microbench.kit.graph_capture import capture_graph
+from microbench.kit.launch import recv_pyobj, send_pyobj, start_rank
 from reports.base.records import write_json_atomic
 from reports.base.slots import SlotConfig, admit
 
@@ -400,17 +401,7 @@ def capture_graphs(torch, fwd, sizes: list[int], H: int, dev):
     graphs, pool = {}, torch.cuda.graph_pool_handle()
     for b in sorted(sizes, reverse=True):
         x = torch.randn(b, H, device=dev, dtype=torch.bfloat16)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                fwd(x)
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=pool):
-            y = fwd(x)
-        torch.cuda.synchronize()
+        g, y = capture_graph(lambda: fwd(x), warmup=2, pool=pool)
         graphs[b] = (g, x, y)
     return graphs
 
@@ -656,15 +647,8 @@ def _main(cfg: dict, out_dir: Path, rank: int) -> int:
     import torch
     import torch.distributed as dist
 
-    pp = int(os.environ["WORLD_SIZE"])
-    local = int(os.environ.get("LOCAL_RANK", rank))
-    if pp != cfg["pp"]:
-        raise RuntimeError(f"world size {pp} != configured pp {cfg['pp']}")
-    torch.cuda.set_device(local)
-    dev = torch.device("cuda", local)
-    timeout = datetime.timedelta(seconds=cfg["collective_timeout_s"])
-    dist.init_process_group("nccl", timeout=timeout, device_id=dev)
-    gloo = dist.new_group(backend="gloo", timeout=timeout)
+    rc = start_rank(cfg["collective_timeout_s"], expect_world=cfg["pp"])
+    pp, dev, gloo = rc.world, rc.device, rc.gloo
     H = cfg["hidden"]
     fwd, info = build_work(torch, cfg, rank, dev)
     max_b = max(1, min(cfg["max_micro_batch"], max(cfg["concurrency"])))

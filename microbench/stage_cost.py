@@ -35,14 +35,15 @@ from typing import Any
 
 from microbench.kit.run_writer import RunWriter
 from reports.base.gpu_specs import GpuSpec, load_gpu, match_gpu
-from reports.base.model_config import ModelConfig, load_model, matrix_bytes
+from reports.base.model_config import ModelConfig, load_model
 from reports.base.partition import Stage, pp_partition
+from reports.base.partition import imbalance as stage_imbalance
 from reports.base.payloads.stage_cost import (Imbalance, LayerPoint, Prefill, PrefillPoint,
                                               Routing, RoutingPoint, StageCost, StageCostData,
                                               StagePoint)
 from reports.base.records import Record, make_record, write_atomic
-from reports.base.roofline import (DEFAULT_CONTEXT, floor_us, layer_floor, mlp_bytes,
-                              routed_expert_bytes, stage_floor)
+from reports.base.roofline import (DEFAULT_CONTEXT, floor_us, layer_floor, moe_fixed_bytes,
+                                   moe_weight_bytes, routed_expert_bytes, stage_floor)
 
 PROBE = "stage_cost"
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -142,11 +143,7 @@ def measured_model(m: ModelConfig) -> ModelConfig:
 
 def moe_floor_us(m: ModelConfig, distinct: float, gpu: GpuSpec, bw: float | None) -> float:
     """Floor of one MoE layer given the distinct routed experts actually touched."""
-    H, I = m.hidden, m.moe_intermediate
-    nbytes = (matrix_bytes(m.n_routed_experts, H, m.formats.router)
-              + (mlp_bytes(H, m.n_shared_experts * I, m.formats.shared_experts)
-                 if m.n_shared_experts else 0) + distinct * routed_expert_bytes(m))
-    return floor_us(nbytes, 0.0, gpu, bw)
+    return floor_us(moe_fixed_bytes(m) + distinct * routed_expert_bytes(m), 0.0, gpu, bw)
 
 
 def plan_stages(m: ModelConfig, gpu: GpuSpec, cfg: StageCostConfig) -> list[StageCost]:
@@ -204,8 +201,8 @@ def _counts(m: ModelConfig, st: StageCost) -> dict[str, int]:
 
 
 def _imbalance(costs: list[float | None], floors: list[float]) -> Imbalance:
-    return Imbalance(measured=(max(costs) / (sum(costs) / len(costs))) if all(costs) else None,
-                     floor=max(floors) / (sum(floors) / len(floors)))
+    return Imbalance(measured=stage_imbalance(costs) if all(costs) else None,
+                     floor=stage_imbalance(floors))
 
 
 def fill_stage_costs(m: ModelConfig, stages: list[StageCost],
@@ -373,11 +370,7 @@ def _measure(cfg, m, gpu, stages, notes, progress, writer) -> tuple[Record, str 
         backend, variant = MOE_BACKENDS[kind[4:]] if is_moe else ("torch", None)
         weights = None
         if is_moe:
-            if fmt == "bf16":
-                nb = L.moe_weight_bytes(m_meas, cfg.experts_sample)
-            else:
-                from microbench.kernels import moe_quant
-                nb = moe_quant.weight_bytes(m_meas, fmt, cfg.experts_sample)
+            nb = moe_weight_bytes(m_meas, fmt, cfg.experts_sample)
             n_exp = cfg.experts_sample or m_meas.n_routed_experts
             too_big = _fits(nb, f"moe layer ({n_exp} experts, {fmt})", m_meas, cfg)
             if too_big:

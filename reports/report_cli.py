@@ -54,8 +54,9 @@ def handle(args: argparse.Namespace) -> int:
     from reports.base.records import RecordError, read_record, write_json_atomic
     from reports.render.render_md import render_md
     from reports.report_build import build_report
+    from reports.base.bench_serving import observed_points, read_bench
     from reports.model.scenario import (build_inputs, load_records, load_scenario, observed_from_sglang,
-                                  parse_bench_jsonl, parse_observed)
+                                  parse_observed)
     from reports.render.timeline_trace import chrome_trace
 
     t0 = time.monotonic()
@@ -72,8 +73,13 @@ def handle(args: argparse.Namespace) -> int:
         except RecordError as e:
             raise CliError(str(e)) from None
     observed, osrc = None, None
-    if args.bench:
-        observed, osrc = parse_bench_jsonl(args.bench), Path(args.bench).name
+    if args.bench:  # same reader and rule as `ppscope sglang --bench` (reports/base/bench_serving.py)
+        bench, osrc = read_bench(args.bench), Path(args.bench).name
+        observed, notes = observed_points(bench["runs"], osrc)
+        warns += notes
+        if bench["lines_unrecognised"]:
+            warns.append(f"{osrc}: {bench['lines_unrecognised']} line(s) not bench_serving runs, "
+                         "skipped")
     if args.observed:
         observed, osrc = parse_observed(args.observed), "--observed"
     if observed is None:  # the user's own bench_serving runs, read into sglang.json

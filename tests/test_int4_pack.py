@@ -6,7 +6,8 @@ torch = pytest.importorskip("torch")
 from microbench.kernels import int4_pack as P  # noqa: E402
 from microbench.kernels import moe_fp8 as F8  # noqa: E402
 from reports.base.model_config import load_model, matrix_bytes  # noqa: E402
-from reports.base.roofline import layer_floor, moe_fixed_bytes, routed_expert_bytes  # noqa: E402
+from reports.base.roofline import (layer_floor, moe_fixed_bytes, moe_weight_bytes,  # noqa: E402
+                                   routed_expert_bytes)
 
 
 def test_pack_word_by_hand():
@@ -106,5 +107,5 @@ def test_quant_weight_bytes_match_allocation():
         mm = m.with_formats(routed_experts=fmt, shared_experts="bf16")
         qw = moe_quant.make_weights(mm, fmt, "cpu", experts_sample=4)
         # router 8 x 256 bf16 + 4 routed experts in fmt + 1 shared expert bf16
-        assert qw.nbytes() == moe_quant.weight_bytes(mm, fmt, 4) == (
+        assert qw.nbytes() == moe_weight_bytes(mm, fmt, 4) == (
             8 * 256 * 2 + 4 * routed_expert_bytes(mm) + 3 * 128 * 256 * 2)

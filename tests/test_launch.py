@@ -65,3 +65,27 @@ def test_pyobj_round_trip_size_then_bytes():
     assert [t.dtype for t in wire.sent] == [torch.long, torch.uint8]
     assert int(wire.sent[0]) == wire.sent[1].numel()
     assert recv_pyobj(wire, 0, None) == meta and wire.sent == []
+
+
+def test_start_rank_reads_env_binds_gpu_and_times_out_every_group(monkeypatch):
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    calls = []
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("set_device", d)))
+    monkeypatch.setattr(dist, "init_process_group",
+                        lambda backend, **kw: calls.append((backend, kw["timeout"])))
+    monkeypatch.setattr(dist, "new_group", lambda backend, timeout: (backend, timeout))
+    rc = launch.start_rank(7.5)
+    t = datetime.timedelta(seconds=7.5)
+    assert (rc.rank, rc.world, rc.local_rank, str(rc.device)) == (3, 4, 1, "cuda:1")
+    assert calls == [("set_device", 1), ("nccl", t)] and rc.gloo == ("gloo", t)
+    calls.clear()
+    with pytest.raises(RuntimeError, match="world size 4 != configured pp 2"):
+        launch.start_rank(7.5, expect_world=2)
+    assert calls == []  # checked before any process group is made

@@ -37,3 +37,11 @@ def test_override_validation(override, words):
 def test_too_few_layers():
     with pytest.raises(ValueError, match="cannot be split"):
         pp_partition(3, 4)
+
+
+def test_imbalance_is_max_over_mean():
+    from reports.base.partition import imbalance
+
+    assert imbalance([7, 7, 7, 8, 8, 8, 8, 8]) == 8 / (61 / 8)   # Kimi K2's split, PP8
+    assert imbalance([3.0, 3.0]) == 1.0
+    assert imbalance([1, 2, 3]) == 1.5

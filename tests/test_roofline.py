@@ -140,3 +140,23 @@ def test_skew_spread_rejects_bad_input():
         skew_spread(load_model("kimi-k2"), pp_partition(61, 8), 0, 1.0)
     with pytest.raises(ValueError):
         skew_spread(load_model("llama-3-70b"), pp_partition(80, 8), 8, 1.0)
+
+
+def test_moe_weight_bytes_allocated_by_hand():
+    from reports.base.roofline import moe_weight_bytes
+
+    m = load_model("kimi-k2")   # E 384, S 1, H 7168, I 2048; routed int4, shared bf16
+    # router 384 x 7168 x 2 = 5,505,024; shared expert bf16 3 x 2048 x 7168 x 2 = 88,080,384
+    # int4, all 384 experts: 384 x 24,772,608 = 9,512,681,472 -> 9,606,266,880 B
+    assert moe_weight_bytes(m, "int4") == 9_606_266_880
+    # int4, a sample of 8 experts: 8 x 24,772,608 = 198,180,864 -> 291,766,272 B (the b=1 floor)
+    assert moe_weight_bytes(m, "int4", 8) == 291_766_272
+    # bf16, 8 experts: 2 x (384 x 7168 + (8 + 1) x 3 x 7168 x 2048)
+    #   = 2 x (2,752,512 + 396,361,728) = 798,228,480 B
+    assert moe_weight_bytes(m, "bf16", 8) == 798_228_480
+    # fp8 routed: the shared expert is not fp8 in this model, so it stays bf16.
+    # one fp8 expert: 44,040,192 B + fp32 scales (gate/up 16 x 56 x 4 = 3,584 each, down
+    # 56 x 16 x 4 = 3,584) = 44,050,944 -> 2 x 44,050,944 + 5,505,024 + 88,080,384 = 181,687,296
+    assert moe_weight_bytes(m, "fp8", 2) == 181_687_296
+    # more experts than the model has: all of them
+    assert moe_weight_bytes(m, "int4", 1000) == moe_weight_bytes(m, "int4")

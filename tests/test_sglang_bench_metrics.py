@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from microbench.sglang import bench as sglang_bench
+from reports.base import bench_serving as sglang_bench
 from microbench.sglang import metrics as sglang_metrics
 from reports.base.errors import CliError
 

@@ -36,13 +36,11 @@ process group when its own timeout passes, so a hung NCCL never hangs the tool.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import os
 import pickle
 import sys
 import time
 
-from microbench.kit.launch import recv_pyobj, send_pyobj
+from microbench.kit.launch import recv_pyobj, send_pyobj, start_rank
 from microbench.kit.timing import host_bench, summarize
 from reports.base.records import write_json_atomic
 from topology.links import pipeline_pairs
@@ -306,16 +304,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(argv)
     sizes = parse_sizes(args.sizes)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local = int(os.environ.get("LOCAL_RANK", rank))
-    torch.cuda.set_device(local)
-    device = torch.device("cuda", local)
-    timeout = dt.timedelta(seconds=args.timeout_s)
-    try:
-        dist.init_process_group("nccl", timeout=timeout, device_id=device)
-    except TypeError:  # torch without device_id
-        dist.init_process_group("nccl", timeout=timeout)
-    gloo = dist.new_group(backend="gloo", timeout=timeout)
+    rc = start_rank(args.timeout_s)
+    rank, world, device, gloo = rc.rank, rc.world, rc.device, rc.gloo
     phys = [int(x) for x in args.gpus.split(",")] if args.gpus else list(range(world))
     batches = [int(b) for b in args.batches.split(",")]
     hops: list[dict] = []

@@ -31,6 +31,7 @@ from typing import Any, Callable
 from microbench.kernels.moe_common import MoEWeights, append_shared  # noqa: F401 - re-exported
 from microbench.kernels.common import (REL_TOL, CheckFailed, assert_close, gen, randn,  # noqa: F401
                                        rel_err, rmsnorm)
+from reports.base import roofline
 from reports.base.model_config import ModelConfig
 
 @dataclass(frozen=True)
@@ -296,10 +297,9 @@ _MOE_KERNELS = {"triton": "moe_triton (Triton, bf16)", "sglang": "SGLang fused_m
 
 
 def moe_weight_bytes(m: ModelConfig, experts_sample: int | None = None) -> int:
-    """bf16 bytes `make_moe_weights` allocates (either variant)."""
-    n = min(experts_sample or m.n_routed_experts, m.n_routed_experts)
-    H, I = m.hidden, m.moe_intermediate
-    return 2 * (m.n_routed_experts * H + (n + m.n_shared_experts) * 3 * H * I)
+    """bf16 bytes `make_moe_weights` allocates (either variant): reports/base/roofline.py's
+    `moe_weight_bytes` for bf16."""
+    return roofline.moe_weight_bytes(m, "bf16", experts_sample)
 
 
 # ------------------------------------------------------------------ attention

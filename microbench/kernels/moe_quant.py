@@ -49,18 +49,6 @@ def make_weights(m, fmt: str, device, *, experts_sample: int | None = None,
     return mod.random_weights(base, m.hidden, m.moe_intermediate, g, device, shared_fmt)
 
 
-def weight_bytes(m, fmt: str, experts_sample: int | None = None) -> int:
-    """Bytes `make_weights` allocates: router bf16 + routed experts in `fmt` (+ shared)."""
-    from reports.base.model_config import matrix_bytes
-    from reports.base.roofline import mlp_bytes
-
-    E, S, H, I = m.n_routed_experts, m.n_shared_experts, m.hidden, m.moe_intermediate
-    n = min(experts_sample or E, E)
-    shared_fmt = fmt if m.formats.shared_experts == fmt else "bf16"
-    return (matrix_bytes(E, H, "bf16") + n * mlp_bytes(H, I, fmt)
-            + (S * mlp_bytes(H, I, shared_fmt) if S else 0))
-
-
 def build(m, batch: int, device, fmt: str, *, experts_sample: int | None = None,
           zipf_s: float = 0.0, seed: int = 0, weights: QuantMoEWeights | None = None,
           config=None):

@@ -4,7 +4,8 @@ The dispatch probe and the topology hop both run one process per GPU under
 `python -m torch.distributed.run` (never a home-made launcher). This module builds that command
 and runs it in its own process group, so a timeout or Ctrl-C ends every rank: a hung NCCL call
 can cost the user the timeout, never their terminal.
-It also holds the one copy of SGLang's pickled-object message (`send_pyobj` / `recv_pyobj`),
+`start_rank` is the one rank start-up (device, NCCL and gloo with a timeout) both probes' ranks
+run. It also holds the one copy of SGLang's pickled-object message (`send_pyobj` / `recv_pyobj`),
 which both probes' ranks send over their gloo group.
 """
 from __future__ import annotations
@@ -14,8 +15,9 @@ import pickle
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Sequence
+from typing import IO, Any, Sequence
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -84,3 +86,39 @@ def recv_pyobj(dist, src: int, group):
     buf = torch.empty(int(size.item()), dtype=torch.uint8)
     dist.recv(buf, src=src, group=group)
     return pickle.loads(buf.numpy().tobytes())
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """One torchrun rank after `start_rank`: its place in the world, its GPU, its gloo group."""
+    rank: int
+    world: int
+    local_rank: int
+    device: Any          # torch.device("cuda", local_rank)
+    gloo: Any            # a gloo group over every rank, for pickled objects and barriers
+
+
+def start_rank(timeout_s: float, expect_world: int | None = None) -> RankContext:
+    """Start this torchrun rank: read RANK / WORLD_SIZE / LOCAL_RANK, bind the rank to its GPU,
+    init NCCL with `timeout_s` on every collective (a hung peer then errors instead of hanging)
+    and open a gloo group with the same timeout. With `expect_world`, a different WORLD_SIZE is a
+    RuntimeError before any process group is made. The caller destroys the process group."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    if expect_world is not None and world != expect_world:
+        raise RuntimeError(f"world size {world} != configured pp {expect_world}")
+    torch.cuda.set_device(local)
+    device = torch.device("cuda", local)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    try:
+        dist.init_process_group("nccl", timeout=timeout, device_id=device)
+    except TypeError:  # torch without device_id
+        dist.init_process_group("nccl", timeout=timeout)
+    gloo = dist.new_group(backend="gloo", timeout=timeout)
+    return RankContext(rank=rank, world=world, local_rank=local, device=device, gloo=gloo)

@@ -20,6 +20,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from microbench.kit.graph_capture import capture_graph
+
 
 @dataclass(frozen=True)
 class Timing:
@@ -89,20 +91,9 @@ def do_bench(fn: Callable[[], object], *, warmup_ms: float = 25.0, rep_ms: float
 
 def do_bench_graph(fn: Callable[[], object], *, warmup_ms: float = 25.0, rep_ms: float = 100.0,
                    min_reps: int = 10, max_reps: int = 5000) -> Timing:
-    """Capture `fn` once into a CUDA graph and time its replays (launch gaps shrink to ~0)."""
-    import torch
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm up on a side stream, as torch's docs require
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    torch.cuda.synchronize()
+    """Capture `fn` once into a CUDA graph (kit/graph_capture.py) and time its replays (launch
+    gaps shrink to ~0)."""
+    graph, _ = capture_graph(fn, warmup=3)
     return do_bench(graph.replay, warmup_ms=warmup_ms, rep_ms=rep_ms,
                     min_reps=min_reps, max_reps=max_reps)
 

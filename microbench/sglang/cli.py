@@ -109,7 +109,7 @@ def _mmb(s: str) -> tuple[int, ...]:
 
 
 def collect(args: argparse.Namespace) -> dict:
-    from microbench.sglang import bench as sglang_bench
+    from reports.base import bench_serving as sglang_bench
     from microbench.sglang import log as sglang_log
     from microbench.sglang import metrics as sglang_metrics
     from microbench.sglang import trace as sglang_trace

@@ -1,6 +1,8 @@
-"""Piecewise-linear interpolation over measured (x, y) points, shared by the probes and the model."""
+"""Piecewise interpolation over measured (x, y) points (linear in x, or linear in log(batch)),
+shared by the probes and the model."""
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 
@@ -15,3 +17,19 @@ def interp_linear(points: Sequence[tuple[float, float]], x: float) -> float:
             return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
     (x0, y0), (x1, y1) = pts[-2], pts[-1]
     return y1 + (y1 - y0) * (x - x1) / (x1 - x0)
+
+
+def interp_log(curve: tuple[tuple[int, float], ...] | list, b: float) -> float:
+    """Piecewise-linear in log(batch); flat beyond the ends."""
+    pts = sorted(curve)
+    if b <= pts[0][0]:
+        return pts[0][1]
+    if b >= pts[-1][0]:
+        return pts[-1][1]
+    for (b0, v0), (b1, v1) in zip(pts, pts[1:]):
+        if b0 <= b <= b1:
+            if b1 == b0:
+                return v1
+            w = (math.log(b) - math.log(b0)) / (math.log(b1) - math.log(b0))
+            return v0 + w * (v1 - v0)
+    return pts[-1][1]

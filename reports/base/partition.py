@@ -4,10 +4,14 @@ Even split; the last `L % P` ranks get one layer more (Kimi K2, 61 layers, PP8 -
 7,7,7,8,8,8,8,8). An override "a,b,..." (SGLang's `SGLANG_PP_LAYER_PARTITION`, ppscope's
 `--partition`) must have P positive entries summing to L. The embedding lives on stage 0;
 final norm, `lm_head` and sampling on the last stage.
+
+Stage imbalance is max / mean stage cost (`imbalance`): 1.0 when balanced; in a pipeline every
+stage waits for the slowest, so it is how much longer a step takes than a balanced split.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 
 @dataclass(frozen=True)
@@ -55,3 +59,8 @@ def pp_partition(num_layers: int, pp: int, override: str | None = None) -> tuple
                             lm_head=i == pp - 1))
         first += n
     return tuple(stages)
+
+
+def imbalance(costs: Sequence[float]) -> float:
+    """max / mean of the stages' costs (any unit): 1.0 when every stage costs the same."""
+    return max(costs) / (sum(costs) / len(costs))

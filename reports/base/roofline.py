@@ -33,7 +33,7 @@ import numpy as np
 
 from reports.base.gpu_specs import GpuSpec
 from reports.base.model_config import ModelConfig, matrix_bytes
-from reports.base.partition import Stage
+from reports.base.partition import Stage, imbalance
 
 DEFAULT_CONTEXT = 2048
 LAYER_KINDS = ("attention", "moe", "dense_mlp", "lm_head", "embedding")
@@ -154,8 +154,9 @@ def mlp_bytes(H: int, inter: int, fmt: str) -> int:
     return 2 * matrix_bytes(inter, H, fmt) + matrix_bytes(H, inter, fmt)
 
 
-def routed_expert_bytes(m: ModelConfig) -> int:
-    return mlp_bytes(m.hidden, m.moe_intermediate, m.formats.routed_experts)
+def routed_expert_bytes(m: ModelConfig, fmt: str | None = None) -> int:
+    """One routed expert (gate, up, down) in `fmt`, by default the model's routed format."""
+    return mlp_bytes(m.hidden, m.moe_intermediate, fmt or m.formats.routed_experts)
 
 
 def moe_fixed_bytes(m: ModelConfig) -> int:
@@ -163,6 +164,19 @@ def moe_fixed_bytes(m: ModelConfig) -> int:
     return (matrix_bytes(m.n_routed_experts, m.hidden, m.formats.router)
             + (mlp_bytes(m.hidden, m.n_shared_experts * m.moe_intermediate,
                          m.formats.shared_experts) if m.n_shared_experts else 0))
+
+
+def moe_weight_bytes(m: ModelConfig, fmt: str, experts: int | None = None) -> int:
+    """Bytes of the weights one MoE layer allocates with its routed experts in `fmt`, `experts`
+    of them (default all; a probe may allocate a sample): router [E, H] in bf16, `experts`
+    routed experts in `fmt`, each of the S shared experts as one more expert, in `fmt` when the
+    model keeps them in `fmt`, else bf16 (a kernel runs its own format or bf16, nothing else).
+    This is what microbench/kernels allocates; all bf16 it is 2·(E·H + (n+S)·3·H·I)."""
+    E, S = m.n_routed_experts, m.n_shared_experts
+    n = min(experts or E, E)
+    shared_fmt = fmt if m.formats.shared_experts == fmt else "bf16"
+    return (matrix_bytes(E, m.hidden, "bf16") + n * routed_expert_bytes(m, fmt)
+            + S * routed_expert_bytes(m, shared_fmt))
 
 
 def kv_elems_per_token_layer(m: ModelConfig) -> int:
@@ -347,6 +361,6 @@ def skew_spread(model: ModelConfig, stages, batch, zipf_s: float, draws: int = 2
             stage_bytes_p10=tuple(np.percentile(sb, 10, axis=0).tolist()),
             stage_bytes_p90=tuple(np.percentile(sb, 90, axis=0).tolist()),
             max_over_mean=float(np.mean(sb.max(axis=1) / sb.mean(axis=1))),
-            max_over_mean_of_means=float(mean.max() / mean.mean()),
+            max_over_mean_of_means=imbalance(mean.tolist()),
             slowest_stage_loss=float(sb.max(axis=1).mean() / mean.max() - 1.0))
     return out

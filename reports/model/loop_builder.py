@@ -23,7 +23,8 @@ from reports.base.cuda_graphs import padded
 from reports.base.partition import pp_partition
 from reports.model.pipeline_model import LoopConfig, SimResult, simulate
 from reports.base.roofline import stage_floor
-from reports.model.scenario import Inputs, interp_log
+from reports.base.interp import interp_log
+from reports.model.scenario import Inputs
 from reports.base.slots import SlotConfig, even_slots, initial_assignment, slot_sizes_of
 
 SWITCHES = ("stage_imbalance", "kernel_efficiency", "launch_overhead", "p2p_hops",

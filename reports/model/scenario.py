@@ -18,11 +18,11 @@ Nothing here is fitted to the observed numbers.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reports.base.bench_serving import observed_points
 from reports.base.errors import CliError
 from reports.base.gpu_specs import GpuSpec, load_gpu, match_gpu
 from reports.base.model_config import ModelConfig, load_model
@@ -84,22 +84,6 @@ class Inputs:
             if p.name == key:
                 return p.source, p.evidence
         return "estimated", "scenario"
-
-
-def interp_log(curve: tuple[tuple[int, float], ...] | list, b: float) -> float:
-    """Piecewise-linear in log(batch); flat beyond the ends."""
-    pts = sorted(curve)
-    if b <= pts[0][0]:
-        return pts[0][1]
-    if b >= pts[-1][0]:
-        return pts[-1][1]
-    for (b0, v0), (b1, v1) in zip(pts, pts[1:]):
-        if b0 <= b <= b1:
-            if b1 == b0:
-                return v1
-            w = (math.log(b) - math.log(b0)) / (math.log(b1) - math.log(b0))
-            return v0 + w * (v1 - v0)
-    return pts[-1][1]
 
 
 def scenario_path(name_or_path: str) -> Path:
@@ -295,26 +279,11 @@ def build_inputs(scenario: dict[str, Any], records: dict[str, Record],
 
 
 def observed_from_sglang(rec: Record | None) -> tuple[dict[int, float], list[str]]:
-    """bench_serving runs recorded in sglang.json -> ({max_concurrency: output tok/s}, notes).
-
-    Keyed by the client's concurrency cap (`max_concurrency`), as `--bench` is; a run without a
-    cap (unbounded) has no C to compare with and is left out with a note; the last run per C
-    wins, as in the file. Observed numbers only: nothing here feeds the model.
-    """
+    """bench_serving runs recorded in sglang.json -> ({max_concurrency: output tok/s}, notes),
+    by the same rule as `--bench` (reports/base/bench_serving.py `observed_points`)."""
     if rec is None:
         return {}, []
-    out: dict[int, float] = {}
-    notes: list[str] = []
-    for b in rec.payload.bench:
-        c, tput = b.max_concurrency, b.output_throughput
-        if tput is None:
-            continue
-        if c is None:
-            notes.append(f"sglang.json: bench run without --max-concurrency (mean concurrency "
-                         f"{b.mean_concurrency}, {tput:.1f} tok/s) not used as an observed point")
-            continue
-        out[c] = tput
-    return out, notes
+    return observed_points(rec.payload.bench, "sglang.json")
 
 
 def parse_observed(text: str) -> dict[int, float]:
@@ -332,33 +301,4 @@ def parse_observed(text: str) -> dict[int, float]:
                            "1:34,8:81.7") from None
         if int(c) < 1 or float(v) <= 0:
             raise CliError(f"--observed {text!r}: concurrency and tok/s must be positive")
-    return out
-
-
-def parse_bench_jsonl(path: str | Path) -> dict[int, float]:
-    """bench_serving `--output-file` JSONL -> {max_concurrency: output_throughput}.
-
-    One JSON object per line (FACTS.md keys `max_concurrency`, `output_throughput`); a line
-    without `max_concurrency` (unbounded run) uses `concurrency`. Last line per C wins.
-    """
-    p = Path(path)
-    out: dict[int, float] = {}
-    try:
-        lines = p.read_text().splitlines()
-    except OSError as e:
-        raise CliError(f"{p}: cannot read bench file ({e.strerror})") from None
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            d = json.loads(line)
-        except json.JSONDecodeError:
-            raise CliError(f"{p}:{n}: not a JSON line") from None
-        c = d.get("max_concurrency") or d.get("concurrency")
-        tput = d.get("output_throughput")
-        if c is None or tput is None:
-            raise CliError(f"{p}:{n}: needs max_concurrency and output_throughput")
-        out[int(round(float(c)))] = float(tput)
-    if not out:
-        raise CliError(f"{p}: no benchmark runs in the file")
     return out

@@ -28,7 +28,7 @@ from statistics import median
 from reports.base.errors import CliError
 from reports.model.pipeline_model import LoopConfig, simulate
 from reports.base.records import Record
-from reports.model.scenario import interp_log
+from reports.base.interp import interp_log
 from reports.base.slots import SlotConfig, even_slots
 
 TARGET_PCT = 10.0

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from reports.base.partition import imbalance
 from reports.model import loop_builder as lb
 from reports.model.attribution import Attribution
 from reports.base.payloads.sglang import SglangData
@@ -314,6 +315,6 @@ def model_verdicts(inp: Inputs, atts: list[Attribution], records: dict[str, Reco
     imb = _share(att, "stage_imbalance")
     src, ev = inp.src("kernel_efficiency")
     out.append(Verdict("stage imbalance", _by_share(imb),
-                       f"{imb:.0%} of the gap; slowest stage {max(costs) / (sum(costs) / len(costs)):.2f}x "
+                       f"{imb:.0%} of the gap; slowest stage {imbalance(costs):.2f}x "
                        f"the mean at b={max(sizes)}", f"{ev} ({src})"))
     return out

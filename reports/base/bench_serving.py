@@ -3,8 +3,13 @@ any version's keys) or the printed "Serving Benchmark Result" block(s) copied fr
 
 What it gives: for each run, the observed output tok/s, TTFT, TPOT and ITL at its concurrency,
 keyed and sorted by the concurrency cap the user set (`max_concurrency`; the measured mean,
-bench_serving's `concurrency`, is kept as `mean_concurrency` and is the key only for an uncapped
-run). These are the user's `observed` numbers the report puts next to the model. How to run: `ppscope dispatch --from-sglang --bench results.jsonl` (or a saved console log).
+bench_serving's `concurrency`, is kept as `mean_concurrency` and is the sort key only for an
+uncapped run, marked `concurrency_from: "measured"`). Pure parsing (no torch, no probe code), so
+both `ppscope sglang --bench` (into sglang.json) and `ppscope report --bench` read files here.
+
+`observed_points` is the one rule that turns runs into the report's observed tok/s per C: only a
+capped run is a point for a concurrency (an uncapped run's mean in-flight count is not the C the
+model is asked about, so it is left out with a note), and the last run per C wins, as in the file.
 Unreadable input raises a one-line CliError; lines that are not runs are counted, not fatal.
 """
 from __future__ import annotations
@@ -145,3 +150,23 @@ def read_bench(path: str | Path) -> dict:
                        f"'Serving Benchmark Result' block)")
     runs.sort(key=lambda r: (r["concurrency"] is None, r["concurrency"] or 0))
     return {"file": str(path), "source": source, "runs": runs, "lines_unrecognised": bad}
+
+
+def observed_points(runs, label: str) -> tuple[dict[int, float], list[str]]:
+    """Runs (dicts as `read_bench` gives them, or sglang.json's typed `BenchRun`s) ->
+    ({max_concurrency: output tok/s}, notes). Observed numbers only: nothing here feeds the
+    model."""
+    out: dict[int, float] = {}
+    notes: list[str] = []
+    for b in runs:
+        get = b.get if isinstance(b, dict) else (lambda k, b=b: getattr(b, k))
+        c, tput = get("max_concurrency"), get("output_throughput")
+        if tput is None:
+            continue
+        if c is None:
+            notes.append(f"{label}: bench run without --max-concurrency (mean concurrency "
+                         f"{get('mean_concurrency')}, {float(tput):.1f} tok/s) not used as "
+                         "an observed point")
+            continue
+        out[int(c)] = float(tput)
+    return out, notes
