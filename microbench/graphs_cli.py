@@ -48,8 +48,9 @@ def main(args) -> int:
         mem = None
         if not args.plan:
             import torch
-            mem = torch.cuda.get_device_properties(0).total_memory / 1e9
-        max_bs = default_max_bs(mem) or 256
+            mem = torch.cuda.get_device_properties(0).total_memory / 2**30  # binary GB
+        # --plan (no GPU to ask): the 90-160 GB class default (RTX PRO 6000, H200)
+        max_bs = default_max_bs(mem) if mem is not None else 256
     if max_bs < 1:
         raise CliError(f"--max-bs must be >= 1, got {max_bs}")
     out = Path(args.json) if args.json else default_record_path(gr.PROBE)
