@@ -73,6 +73,7 @@ class DispatchConfig:
     trace_path: str | None = None           # None: next to json_path, .trace.json
     trace_ms_per_point: float = 300.0
     torchrun_args: tuple[str, ...] = ()
+    inject: tuple[str, ...] = ()            # fault switches, pp_loop.parse_inject specs
     argv: tuple[str, ...] = field(default=(), compare=False)
 
     @property
@@ -129,7 +130,9 @@ def loop_config(cfg: DispatchConfig) -> dict:
         raise ValueError(f"--work moe needs a MoE model; {m.name} is dense")
     from microbench.pp_loop import parse_cost_curve
     pts = parse_cost_curve(cfg.cost_us) if cfg.work == "busy" else []
-    points = [{"policy": p, "arrival": a, "concurrency": c}
+    from microbench.pp_loop import parse_inject
+    parse_inject(cfg.inject, cfg.pp)  # one-line ValueError before anything runs
+    points = [{"policy": p, "arrival": a, "concurrency": c, "inject": list(cfg.inject)}
               for a in cfg.arrivals for c in cfg.concurrency for p in cfg.policies]
     return {"pp": cfg.pp, "async_depth": cfg.depth, "max_micro_batch": cfg.cap,
             "micro_batches": cfg.micro_batches, "work": cfg.work, "moe_variant": cfg.moe_variant,
@@ -142,6 +145,7 @@ def loop_config(cfg: DispatchConfig) -> dict:
             "seconds_per_point": cfg.seconds_per_point,
             "max_iters_per_point": cfg.max_iters_per_point, "seed": cfg.seed,
             "collective_timeout_s": cfg.collective_timeout_s, "profile_dir": cfg.profile_dir,
+            "inject": list(cfg.inject), "max_running_requests": cfg.max_running_requests,
             "points": points}
 
 

@@ -15,6 +15,7 @@ examples:
   ppscope dispatch --pp 2 --moe-variant fast   # torch MoE (default auto: Triton, as stage-cost)
   ppscope dispatch --pp auto --work busy --cost-us 1:800,8:900,32:1200 --no-graphs
   ppscope dispatch --pp 2 --profile --trace-dir traces/   # per-rank Kineto traces, SGLang names
+  ppscope dispatch --pp 2 --profile --inject slow-stage=1:1.5   # what a slow stage looks like
 
 SGLang's own evidence (logs, traces, metrics, bench, a live server) is `ppscope sglang`.
 
@@ -102,6 +103,9 @@ def register(subparsers) -> None:
                    help="timeout of every collective / receive, seconds")
     p.add_argument("--trace", default=None, help="Perfetto trace path (default next to --json)")
     p.add_argument("--torchrun-args", default="", help="extra torchrun flags (multi-node)")
+    p.add_argument("--inject", action="append", default=[], metavar="FAULT",
+                   help="inject a fault to see what it looks like (repeatable): "
+                        "slow-stage=RANK:FACTOR, host-delay=RANK:US, hop-delay=US")
     p.add_argument("--json", default=None, help="record path (default results/dispatch.json)")
     p.add_argument("--profile", action="store_true",
                    help="record per-rank torch.profiler traces of the loop (SGLang's range names) "
@@ -121,6 +125,8 @@ def config_from_args(args, n_gpus: int, check_gpus: bool = True):
             if str(args.pp) != "auto" or check_gpus else 2
         if args.work == "busy":
             parse_cost_curve(args.cost_us)
+        from microbench.pp_loop import parse_inject
+        parse_inject(args.inject, pp)
     except ValueError as e:
         raise CliError(str(e)) from None
     for name in ("async_depth", "max_micro_batch", "micro_batches"):
@@ -153,6 +159,7 @@ def config_from_args(args, n_gpus: int, check_gpus: bool = True):
                      if args.profile else None),
         json_path=str(args.json or default_record_path("dispatch")),
         trace_path=args.trace, torchrun_args=tuple(args.torchrun_args.split()),
+        inject=tuple(args.inject),
         argv=tuple(getattr(args, "argv", ())))
 
 

@@ -51,19 +51,11 @@ import sys
 import time
 from pathlib import Path
 
-from reports.base.cuda_graphs import capture_sizes  # SGLang's decode capture sizes
+from reports.base.cuda_graphs import capture_sizes, padded  # SGLang's decode capture rule
 from reports.base.interp import interp_linear
 from microbench.kit.launch import recv_pyobj, send_pyobj
 from reports.base.records import write_json_atomic
 from reports.base.slots import SlotConfig, admit
-
-
-def padded_size(b: int, sizes: list[int]) -> int | None:
-    """Smallest captured size >= b (SGLang pads up), None if b is over the largest (eager)."""
-    for s in sizes:
-        if s >= b:
-            return s
-    return None
 
 
 def parse_cost_curve(text: str) -> list[tuple[int, float]]:
@@ -89,6 +81,83 @@ def parse_cost_curve(text: str) -> list[tuple[int, float]]:
     if len({b for b, _ in pts}) != len(pts):
         raise ValueError("cost curve repeats a batch size")
     return pts
+
+
+INJECT_KINDS = ("slow-stage", "host-delay", "hop-delay")
+
+
+def parse_inject(specs, pp: int) -> dict:
+    """`--inject` specs -> {"slow_stage": {rank: factor}, "host_delay_us": {rank: us},
+    "hop_delay_us": us}. Forms: `slow-stage=RANK:FACTOR` (that rank's forward takes FACTOR
+    times as long: an extra calibrated sleep kernel after it, inside `run_batch`),
+    `host-delay=RANK:US` (that rank's host spins US microseconds per loop iteration, inside
+    `get_next_batch_to_run` on ranks > 0; per visit with a batch), `hop-delay=US` (every hidden-state send leaves US later: a sleep
+    kernel on a side stream the send waits on, so the sender's forward is not slowed)."""
+    out = {"slow_stage": {}, "host_delay_us": {}, "hop_delay_us": 0.0}
+    for spec in specs or ():
+        kind, sep, val = str(spec).partition("=")
+        if kind not in INJECT_KINDS or not sep:
+            raise ValueError(f"--inject {spec!r}: expected one of slow-stage=RANK:FACTOR, "
+                             "host-delay=RANK:US, hop-delay=US")
+        try:
+            if kind == "hop-delay":
+                us = float(val)
+                if not 0 <= us <= 1e6:
+                    raise ValueError
+                out["hop_delay_us"] = us
+                continue
+            r, sep2, x = val.partition(":")
+            rank, v = int(r), float(x)
+            if not sep2 or not 0 <= rank < pp:
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"--inject {spec!r}: bad value (rank 0..{pp - 1}, finite numbers)"
+                             ) from None
+        if kind == "slow-stage":
+            if not 1.0 <= v <= 100.0:
+                raise ValueError(f"--inject {spec!r}: FACTOR must be between 1 and 100")
+            out["slow_stage"][rank] = v
+        else:
+            if not 0 <= v <= 1e6:
+                raise ValueError(f"--inject {spec!r}: US must be between 0 and 1e6")
+            out["host_delay_us"][rank] = v
+    return out
+
+
+def sglang_log_lines(res: dict, prompt_len: int, graphs_on: bool, capture: list[int],
+                     clock_offset_s: float = 0.0) -> list[str]:
+    """One rank's point as SGLang 0.5.x scheduler log lines (one per slot visit with a batch):
+    `[time PPr] Decode batch, #running-req: N, #token: N, token usage: X, cuda graph: B, gen
+    throughput (token/s): X, #queue-req: N, ` and `Prefill batch, #new-seq: N, #new-token: N,
+    #cached-token: 0, token usage: X, #running-req: N, #queue-req: N, ` (layout of SGLang
+    0.5.x `scheduler_metrics_mixin.py` log_decode_stats / log_prefill_stats, with
+    SGLANG_LOG_MS-style milliseconds; logged at every visit, i.e. --decode-log-interval 1, so
+    each line names the size of the slot just run). Throughput: decode tokens of this rank over
+    the last slot-loop turn. Times are the loop's perf_counter + `clock_offset_s` (wall clock)."""
+    c, rank, S = res["columns"], res["rank"], res["slots"]
+    out, hist = [], []
+    running = 0
+    for i in range(len(c["it"])):
+        n, kind, t = c["n"][i], c["kind"][i], c["t_end"][i]
+        if kind == "idle" or not n:
+            continue
+        ts = datetime.datetime.fromtimestamp(t + clock_offset_s).strftime(
+            "%Y-%m-%d %H:%M:%S.%f")[:-3]
+        if kind == "prefill":
+            out.append(f"[{ts} PP{rank}] Prefill batch, #new-seq: {n}, #new-token: "
+                       f"{n * prompt_len}, #cached-token: 0, token usage: 0.00, "
+                       f"#running-req: {running}, #queue-req: 0, ")
+            running += n
+            continue
+        hist.append((t, n))
+        hist = hist[-S:]
+        dt = hist[-1][0] - hist[0][0]
+        tput = sum(x for _, x in hist[1:]) / dt if dt > 0 else 0.0
+        graph = graphs_on and bool(capture) and padded(n, capture[-1]) is not None
+        out.append(f"[{ts} PP{rank}] Decode batch, #running-req: {n}, #token: "
+                   f"{n * (prompt_len + 1)}, token usage: 0.00, cuda graph: {graph}, "
+                   f"gen throughput (token/s): {tput:.2f}, #queue-req: 0, ")
+    return out
 
 
 def interp_cost(pts: list[tuple[int, float]], b: float) -> float:
@@ -162,7 +231,7 @@ def loop_max_rows(cfg: dict) -> int:
     c = max(cfg.get("concurrency") or [1])
     max_b = max(1, min(cfg.get("max_micro_batch") or c, c))
     full = capture_sizes(max(512, 2 * max_b))
-    return max(c * cfg.get("prompt_len", 1), padded_size(max_b, full) or max_b)
+    return max(c * cfg.get("prompt_len", 1), padded(max_b, full[-1]) or max_b)
 
 
 def triton_check_batches(max_rows: int) -> list[int]:
@@ -299,6 +368,30 @@ def build_work(torch, cfg: dict, rank: int, dev):
     return build_moe_stage(torch, cfg, rank, dev)
 
 
+def calibrate_injection(torch, ctx: dict, sizes: list[int], H: int, dev) -> dict:
+    """What --inject needs, measured once before the loop: sleep-kernel cycles per microsecond
+    and, for slow-stage, this rank's forward time per batch size (graph replay where the loop
+    replays, eager otherwise), so the extra sleep is (FACTOR - 1) x the forward."""
+    inj = ctx["inject"]
+    if not (inj["slow_stage"] or inj["hop_delay_us"]):
+        return {"cyc_per_us": 0.0, "fwd_us": lambda b: 0.0}
+    from microbench.kit.timing import do_bench
+    cyc = 1_000_000
+    cyc_per_us = cyc / do_bench(lambda: torch.cuda._sleep(cyc), warmup_ms=5, rep_ms=30).median_us
+    table: dict[int, float] = {}
+    if ctx["rank"] in inj["slow_stage"]:
+        for b in (sizes or [1, 8, 32]):
+            if ctx["graphs"] and b in ctx["graphs"]:
+                g = ctx["graphs"][b][0]
+                table[b] = do_bench(g.replay, warmup_ms=5, rep_ms=20).median_us
+            else:
+                x = torch.randn(b, H, device=dev, dtype=torch.bfloat16)
+                table[b] = do_bench(lambda: ctx["fwd"](x), warmup_ms=5, rep_ms=20).median_us
+    pts = sorted(table.items())
+    return {"cyc_per_us": cyc_per_us, "fwd_us_table": pts,
+            "fwd_us": (lambda b: interp_cost(pts, b)) if pts else (lambda b: 0.0)}
+
+
 def capture_graphs(torch, fwd, sizes: list[int], H: int, dev):
     """One CUDA graph per size, largest first, sharing one memory pool (as SGLang does)."""
     graphs, pool = {}, torch.cuda.graph_pool_handle()
@@ -354,6 +447,11 @@ def run_point(torch, dist, ctx: dict, point: dict) -> dict:
     pending: dict[int, tuple[int, int, str]] = {}  # rank 0: slot -> (iteration, n, kind)
     sends = []  # (work, tensor, event_after) not yet completed
     side = torch.cuda.Stream()
+    late = torch.cuda.Stream()
+    inj = ctx["inject"]
+    slow = inj["slow_stage"].get(rank, 0.0)
+    host_delay_s = inj["host_delay_us"].get(rank, 0.0) / 1e6
+    hop_delay_cyc = int(inj["hop_delay_us"] * ctx["cyc_per_us"]) if inj["hop_delay_us"] else 0
     admitted, window = 0, None  # window: [first measured iteration, ...]
     no_admit_rounds, it = 0, 0
     max_iters = cfg["max_iters_per_point"]
@@ -425,11 +523,16 @@ def run_point(torch, dist, ctx: dict, point: dict) -> dict:
                 send_pyobj(dist, meta, rank + 1, gloo)
         if stop:
             break
+        if host_delay_s and rows:  # --inject host-delay: more CPU work per visit with a batch
+            with rf("get_next_batch_to_run") if rank else contextlib.nullcontext():
+                t_spin = time.perf_counter() + host_delay_s
+                while time.perf_counter() < t_spin:
+                    pass
         # ---- 2. forward of this slot's micro-batch
         if rows:
             with rf("run_batch"):
                 use_graph = cfg["graphs"] and kind == "decode"
-                pb = padded_size(rows, sizes) if use_graph else None
+                pb = padded(rows, sizes[-1]) if use_graph and sizes else None
                 if pb is not None:
                     g, gx, gy = graphs[pb]
                     x = gx[:rows]
@@ -456,6 +559,9 @@ def run_point(torch, dist, ctx: dict, point: dict) -> dict:
                     y = gy[:rows]
                 else:
                     y = ctx["fwd"](x)
+                if slow:  # --inject slow-stage: the forward takes FACTOR times as long
+                    torch.cuda._sleep(max(1, int((slow - 1.0) * ctx["fwd_us"](pb or rows)
+                                                 * ctx["cyc_per_us"])))
                 e = torch.cuda.Event(enable_timing=True)
                 e.record()
                 ev["fe"] = e
@@ -466,7 +572,13 @@ def run_point(torch, dist, ctx: dict, point: dict) -> dict:
                 else:
                     out = y[:, :64].argmax(-1)
             with rf("send_proxy_dict_to_next_stage"):
-                sw = dist.isend(out.contiguous(), dst=(rank + 1) % pp)
+                if hop_delay_cyc and rank < last:  # --inject hop-delay: the send leaves late
+                    late.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(late):
+                        torch.cuda._sleep(hop_delay_cyc)
+                        sw = dist.isend(out.contiguous(), dst=(rank + 1) % pp)
+                else:
+                    sw = dist.isend(out.contiguous(), dst=(rank + 1) % pp)
                 side.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(side):
                     sw.wait()  # the side stream, not the compute stream, waits on NCCL
@@ -554,12 +666,16 @@ def _main(cfg: dict, out_dir: Path, rank: int) -> int:
     fwd, info = build_work(torch, cfg, rank, dev)
     max_b = max(1, min(cfg["max_micro_batch"], max(cfg["concurrency"])))
     full = capture_sizes(max(512, 2 * max_b))  # capture up to the size max_b pads to
-    sizes = full[:full.index(padded_size(max_b, full)) + 1]
+    sizes = capture_sizes(padded(max_b, full[-1]))
     graphs = capture_graphs(torch, fwd, sizes, H, dev) if cfg["graphs"] else {}
     emb_rows = max(cfg["concurrency"]) * cfg["prompt_len"]
     ctx = {"cfg": cfg, "rank": rank, "pp": pp, "gloo": gloo, "dev": dev, "fwd": fwd,
            "graphs": graphs, "capture_sizes": sizes if cfg["graphs"] else [],
-           "emb": torch.randn(emb_rows, H, device=dev, dtype=torch.bfloat16)}
+           "emb": torch.randn(emb_rows, H, device=dev, dtype=torch.bfloat16),
+           "inject": parse_inject(cfg.get("inject"), pp)}
+    ctx.update(calibrate_injection(torch, ctx, sizes, H, dev))
+    if ctx.get("fwd_us_table"):
+        info["inject_fwd_us_by_batch"] = ctx["fwd_us_table"]
     # warm up every NCCL pair the loop uses, in the loop's order (hidden r->r+1, tokens last->0)
     x = torch.randn(4, H, device=dev, dtype=torch.bfloat16)
     if rank > 0:
@@ -598,6 +714,11 @@ def _main(cfg: dict, out_dir: Path, rank: int) -> int:
             with open(trace_path, "rb") as f, gzip.open(f"{trace_path}.gz", "wb") as g:
                 shutil.copyfileobj(f, g)
             trace_path.unlink()
+            # SGLang-format scheduler log beside the trace: the whole evidence path of a server
+            log_path = Path(str(trace_path).replace(".trace.json", ".log"))
+            log_path.write_text("\n".join(sglang_log_lines(
+                res, cfg["prompt_len"], cfg["graphs"], ctx["capture_sizes"],
+                time.time() - time.perf_counter())) + "\n")
         result["points"].append(res)
         write_json_atomic(path, result)  # write as you go: Ctrl-C keeps finished points
         if bar is not None:

@@ -79,6 +79,7 @@ def build_report(inp: Inputs, records: dict[str, Record]) -> dict[str, Any]:
         rep["topology"] = topology_summary(records["topology"].data)
     if "sglang" in records:
         rep["server"] = server_summary(records["sglang"].data, conc, inp.pp)
+        rep["diagnosis"] = diagnosis_summary(records["sglang"].data, inp)
     rep["answer"] = answer(rep)
     return rep
 
@@ -126,6 +127,40 @@ def setting_dependencies(inp: Inputs) -> dict[str, str]:
         f"the value above that. Below it the per-slot cap (max_running_requests // {inp.pp}) "
         "splits bursts further and the herd verdict, the attribution and every what-if at the "
         "concurrencies it changes would move; the --max-running-requests what-if rows show how.")}
+
+
+def diagnosis_summary(sg: dict[str, Any], inp: Inputs) -> dict[str, Any] | None:
+    """The observed server diagnosed from its own evidence (reports/model/diagnose.py), or
+    None with the reason when the evidence has no usable loop profile."""
+    from reports.base.model_config import load_model
+    from reports.model.deployment import NoLoopEvidence, from_evidence, moe_shape
+    from reports.model.diagnose import diagnose, time_split_rows
+    loop = sg.get("loop") or {}
+    if not loop.get("ranks"):
+        return None
+    obs = dict(inp.observed)
+    C = loop.get("concurrency")
+    c_src = "given (ppscope sglang --concurrency)"
+    if C is None and len(obs) == 1:
+        C, c_src = next(iter(obs)), "the one observed concurrency"
+    try:
+        model = load_model(loop["model"]) if loop.get("model") else inp.model
+        dep = from_evidence(sg, concurrency=C, observed=obs.get(C) if C else None,
+                            async_depth=None, shape=moe_shape(model))
+    except (NoLoopEvidence, ValueError) as e:
+        return {"status": "not diagnosed", "reason": str(e)}
+    dg = diagnose(dep, moe_shape(model))
+    return {"status": "ok", "concurrency": C, "concurrency_source": c_src,
+            "observed_source": inp.src("observed_tok_per_s")[1] if obs.get(C) else None,
+            "deployment": {"pp": dep.pp, "slots": dep.slots, "sizes": list(dep.sizes),
+                           "host_us": list(dep.host_us), "hop_us": list(dep.hop_us),
+                           "graph_share": dep.graph_share, "empty_us": dep.empty_us,
+                           "forward_us": [{str(b): v for b, v in c.items()} for c in dep.forward],
+                           "sources": dep.sources, "notes": list(dep.notes),
+                           "shape": f"forward at unobserved sizes: roofline MoE-layer bytes "
+                                    f"ratio of {model.name} (estimated)"},
+            "time_split": time_split_rows(dep),
+            **to_jsonable(dg)}
 
 
 def _pct100(num: float | None, den: float | None) -> float | None:
@@ -229,19 +264,29 @@ def answer(rep: dict[str, Any]) -> list[str]:
     user_c = obs_c or [c["concurrency"] for c in rep["concurrency"]]
     atts = {a["concurrency"]: a for a in rep["attribution"]}
     by_cause: dict[str, list[tuple[int, float]]] = {}
+    dg = rep.get("diagnosis") or {}
+    lead = []
+    if dg.get("status") == "ok":  # the observed server first: its evidence decides
+        un = dg["unexplained_pct"]
+        lead.append(f"Your server (C={dg['concurrency']}, from its own traces and logs): "
+                    f"{dg['answer']}." + ("" if un is None else
+                                          f" The model of the observed loop leaves "
+                                          f"{un:+.0f}% of the observed step unexplained."))
     for C in user_c:
         rows = [r for r in atts[C]["rows"] if r["cause"] != "unexplained"]
         top = max(rows, key=lambda r: r["ms_per_step"])
         if top["ms_per_step"] > 0:
             by_cause.setdefault(top["label"], []).append((C, top["share"] or 0.0))
-    out = []
+    out = lead
     if by_cause:
         parts = [f"{lab.split(' (')[0]} at {' and '.join(f'C={C}' for C, _ in cs)} "
                  f"({', '.join(_pct(sh) for _, sh in cs)} of the gap)"
                  for lab, cs in by_cause.items()]
         top_c = max(user_c)
         cm = next(c for c in rep["concurrency"] if c["concurrency"] == top_c)
-        out.append(f"Biggest cause of the gap between ideal and modelled throughput: "
+        out.append(("In the scenario model (the deployment the scenario describes, estimates "
+                    "where no evidence says): b" if lead else "B") +
+                   f"iggest cause of the gap between ideal and modelled throughput: "
                    f"{'; '.join(parts)}. At C={top_c} the model gives "
                    f"{cm['predicted']:.1f} tok/s of an ideal {cm['ideal_tok_per_s']:.1f}.")
     held = [v for v in rep["verdicts"] if v["verdict"] == "holds"]

@@ -8,7 +8,8 @@ import pytest
 from microbench import dispatch as D
 from reports.base.payloads.dispatch import DispatchData, PolicyRun, StageRun
 from reports.base.schema import from_json, to_json
-from microbench.pp_loop import arrival_times, interp_cost, padded_size, parse_cost_curve
+from microbench.pp_loop import arrival_times, interp_cost, parse_cost_curve
+from reports.base.cuda_graphs import padded
 from reports.base.cuda_graphs import capture_sizes as sglang_capture_sizes
 from reports import cli
 from reports.base.records import read_record
@@ -147,8 +148,8 @@ def test_cost_curve_and_capture_sizes():
         with pytest.raises(ValueError):
             parse_cost_curve(bad)
     assert sglang_capture_sizes(40) == [1, 2, 4, 8, 12, 16, 24, 32, 40]
-    assert padded_size(5, [1, 2, 4, 8]) == 8
-    assert padded_size(9, [1, 2, 4, 8]) is None
+    assert padded(5, 8) == 8
+    assert padded(9, 8) is None
 
 
 def test_arrivals():
@@ -195,3 +196,29 @@ def test_cli_waived_without_gpus(monkeypatch, tmp_path):
     assert cli.main(["dispatch", "--json", str(p)]) == 2
     rec = read_record(p)
     assert rec.status == "waived" and "2 GPUs" in rec.reason
+
+
+def test_parse_inject_forms_and_errors():
+    from microbench.pp_loop import parse_inject
+    got = parse_inject(["slow-stage=1:1.5", "host-delay=0:800", "hop-delay=300"], pp=2)
+    assert got == {"slow_stage": {1: 1.5}, "host_delay_us": {0: 800.0}, "hop_delay_us": 300.0}
+    assert parse_inject([], pp=2) == {"slow_stage": {}, "host_delay_us": {}, "hop_delay_us": 0.0}
+    for bad in ("slow-stage=2:1.5", "slow-stage=1:0.5", "host-delay=0:nan", "hop-delay=-1",
+                "warp=1", "slow-stage"):
+        with pytest.raises(ValueError, match="--inject"):
+            parse_inject([bad], pp=2)
+
+
+def test_sglang_log_lines_read_back_by_the_log_reader(tmp_path):
+    from microbench.pp_loop import sglang_log_lines
+    from microbench.sglang import log as sglang_log
+    pt = fake_rank(1, 0.0)["points"][0]
+    lines = sglang_log_lines(pt, prompt_len=16, graphs_on=True, capture=[1, 2, 4, 8])
+    assert lines[0].startswith("[") and " PP1] Prefill batch, #new-seq: 8, #new-token: 128" in lines[0]
+    assert all(" PP1] Decode batch, #running-req: 8, " in ln for ln in lines[1:])
+    assert "cuda graph: True" in lines[1]
+    f = tmp_path / "x-PP-1.log"
+    f.write_text("\n".join(lines) + "\n")
+    s = sglang_log.read_logs([f], window=4)
+    assert s["ranks"]["1"]["decode_lines"] == len(lines) - 1
+    assert s["ranks"]["1"]["running_req"]["max"] == 8

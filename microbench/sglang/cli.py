@@ -78,6 +78,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("reading")
     g.add_argument("--link-gbps", type=float, default=None,
                    help="PP hop bandwidth, GB/s, to split NCCL receives into transfer vs waiting")
+    g.add_argument("--model", default=None, metavar="PRESET",
+                   help="model preset (e.g. kimi-k2): its hidden size turns hidden-state "
+                        "receives into micro-batch sizes in the loop profile")
+    g.add_argument("--concurrency", type=int, default=None, metavar="C",
+                   help="client streams while the traces were recorded (the bench run's "
+                        "--max-concurrency); with --url --profile it is --live-concurrency")
     g.add_argument("--slot-window", type=int, default=16, metavar="W",
                    help="decode lines per slot-imbalance window: pp + async depth (default 16)")
 
@@ -99,11 +105,13 @@ def collect(args: argparse.Namespace) -> dict:
     from microbench.sglang import metrics as sglang_metrics
     from microbench.sglang import trace as sglang_trace
     data: dict = {"ranks": {}, "slot_imbalance": None, "bench": [], "traces": None,
-                  "metrics": None, "live": None, "log": None}
+                  "metrics": None, "live": None, "log": None, "loop": None}
     if not wants(args):
         raise CliError("needs at least one of --log, --traces, --metrics, --bench, --url")
     if args.link_gbps is not None and not 0 < args.link_gbps < 1e5:
         raise CliError(f"--link-gbps must be a positive number, got {args.link_gbps}")
+    if args.concurrency is not None and not 1 <= args.concurrency <= 1 << 16:
+        raise CliError(f"--concurrency must be between 1 and 65536, got {args.concurrency}")
     if not 1 <= args.slot_window <= 4096:
         raise CliError(f"--slot-window must be between 1 and 4096, got {args.slot_window}")
     if args.sglang_log:
@@ -113,6 +121,7 @@ def collect(args: argparse.Namespace) -> dict:
         data["log"] = log
     if args.sglang_traces:
         data["traces"] = sglang_trace.read_traces(args.sglang_traces, link_gbps=args.link_gbps)
+        data["loop"] = _loop(args, data)
     if args.sglang_metrics:
         data["metrics"] = sglang_metrics.read_metrics(args.sglang_metrics)
     if args.bench:
@@ -137,6 +146,32 @@ def collect(args: argparse.Namespace) -> dict:
     elif args.profile:
         raise CliError("--profile needs --url")
     return data
+
+
+def _hidden(args: argparse.Namespace, data: dict) -> int | None:
+    """Hidden size, to turn a hidden-state receive's element count into a micro-batch size:
+    the model preset's (`--model`), else None (then only rank 0's batch sizes are known)."""
+    if getattr(args, "model", None):
+        from reports.base.model_config import ConfigError, load_model
+        try:
+            return load_model(args.model).hidden
+        except (ConfigError, OSError, ValueError) as e:
+            raise CliError(f"--model {args.model}: {str(e).splitlines()[0]}") from None
+    return None
+
+
+def _loop(args: argparse.Namespace, data: dict) -> dict:
+    """Per-iteration loop profile of the traced ranks (microbench/sglang/steps.py)."""
+    from microbench.sglang import steps
+    from microbench.sglang import trace as sglang_trace
+    by_name = {p.name: p for p in sglang_trace.find_traces(args.sglang_traces)}
+    paths = {int(r): by_name[d["file"]] for r, d in data["traces"]["ranks"].items()
+             if d.get("file") in by_name and str(r).isdigit()}
+    loop = steps.read_loop(paths, hidden=_hidden(args, data), link_gbps=args.link_gbps)
+    c = args.concurrency or (args.live_concurrency if args.url and args.profile else None)
+    loop.update(concurrency=c, model=getattr(args, "model", None),
+                link_gbps=args.link_gbps)
+    return loop
 
 
 def render(data: dict) -> str:

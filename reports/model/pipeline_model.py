@@ -75,6 +75,12 @@ class LoopConfig:
     process_us: PerRank = 0.0    # process_batch_result of the next slot
     graph_fence: bool = False    # CUDA graphs: a forward waits for NCCL to read the last send
     token_return: bool = True    # False: the idealised return (module docstring)
+    # Observed host time on each rank's critical path per non-empty visit (a loop profile of
+    # SGLang's own traces, reports/model/deployment.py): that rank's run_batch CPU, replacing
+    # `launch_us`. `result_sync` is accepted for that caller and changes nothing: in SGLang's
+    # order every rank syncs on the next slot's outputs (`token_return`).
+    rank_host_us: tuple[float, ...] = ()
+    result_sync: bool = False
 
     @property
     def pp(self) -> int:
@@ -85,6 +91,8 @@ class LoopConfig:
         return self.pp + self.async_depth
 
     def cpu(self, name: str, rank: int) -> float:
+        if name == "launch_us" and self.rank_host_us:
+            return float(self.rank_host_us[rank])
         v = getattr(self, name)
         return float(v[rank]) if isinstance(v, tuple) else float(v)
 
@@ -101,8 +109,10 @@ class LoopConfig:
                 raise ValueError(f"{name}: one value per rank ({self.pp}), got {len(v)}")
             if any(x < 0 for x in vals):
                 raise ValueError("costs must be >= 0")
-        if self.chain_us < 0:
+        if self.chain_us < 0 or any(v < 0 for v in self.rank_host_us):
             raise ValueError("costs must be >= 0")
+        if self.rank_host_us and len(self.rank_host_us) != self.pp:
+            raise ValueError("rank_host_us needs one entry per rank")
 
 
 @dataclass(frozen=True)

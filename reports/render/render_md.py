@@ -274,6 +274,52 @@ MEASURED_NOTE = ("Measured by the dispatch probe (dispatch.trace.json): GPU forw
                  "(steady decode); the full trace opens in ui.perfetto.dev.")
 
 
+def diagnosis_table(rep: dict[str, Any]) -> Table:
+    """The observed server's causes (reports/model/diagnose.py), largest first, then the
+    unexplained row."""
+    dg = rep["diagnosis"]
+    rows = [(r["label"], _f(r["ms_per_step"], 2), _f(r["size_pct"], 0) + "%",
+             r["reference"], r["detail"]) for r in dg["rows"]]
+    if dg.get("unexplained_ms") is not None:
+        rows.append(("unexplained (observed - modelled)", _f(dg["unexplained_ms"], 2),
+                     _f(dg["unexplained_pct"], 0) + "% of the step", "", ""))
+    return Table(("cause", "ms per decode step", "slowdown it causes", "reference (cause off)",
+                  "the numbers"), tuple(rows), (False, True, True, False, False))
+
+
+def time_split_table(rep: dict[str, Any]) -> Table:
+    rows = [(str(t["rank"]), _f(t["compute_pct"], 0), _f(t["transfer_pct"], 1),
+             _f(t["wait_pct"], 0), _f(t["comm_pct"], 0) if t["wait_pct"] is None else "",
+             _f(t["idle_pct"], 0)) for t in rep["diagnosis"]["time_split"]]
+    return Table(("rank", "compute %", "comm transfer %", "comm wait %",
+                  "comm (no link bw given) %", "idle %"), tuple(rows), (True,) * 6)
+
+
+def diagnosis_lines(rep: dict[str, Any]) -> list[str]:
+    dg = rep.get("diagnosis")
+    if not dg:
+        return []
+    out = ["", "## Your server: diagnosis from its own evidence", ""]
+    if dg.get("status") != "ok":
+        return out + [f"Not diagnosed: {dg.get('reason')}", ""]
+    d = dg["deployment"]
+    obs = dg["observed_tok_per_s"]
+    out += [f"**{dg['answer']}**", "",
+            f"Observed loop (C = {dg['concurrency']}, {dg['concurrency_source']}): PP{d['pp']}, "
+            f"{d['slots']} slots, micro-batches {','.join(str(n) for n in d['sizes'] if n)}, "
+            f"CUDA-graph share {_pct(d['graph_share'])}; observed "
+            f"{_f(obs)} tok/s" + (f" ({dg['observed_source']})" if dg.get("observed_source")
+                                  else "") +
+            f", the model of this loop {_f(dg['modelled_tok_per_s'])} tok/s, with every cause at "
+            f"its reference {_f(dg['reference_tok_per_s'])} tok/s. Every input is observed in "
+            "the traces (sizes the traces never ran: " + d["shape"] + ").", "",
+            md_table(diagnosis_table(rep)), "",
+            "Time per rank over the traced window (waiting inside an NCCL receive is "
+            "communication wait, never busy):", "", md_table(time_split_table(rep)), ""]
+    out += [f"- {n}" for n in d["notes"]]
+    return out
+
+
 def inputs_table(rep: dict[str, Any]) -> Table:
     return Table(("input", "value", "source", "evidence", "note"),
                  tuple((p["name"], fmt_value(p["value"]), p["source"], p["evidence"],
@@ -292,6 +338,7 @@ def render_md(rep: dict[str, Any]) -> str:
     out += header_lines(rep) + [""]
     out += [f"> warning: {w}  " for w in rep["warnings"]]
     out += ["", "## The answer", ""] + [f"- {s}" for s in rep.get("answer", [])] + [""]
+    out += diagnosis_lines(rep)
     out += ["## Throughput (decode tok/s per concurrency C)", "", md_table(throughput_table(rep)),
             ""]
     if rep.get("observed_source"):

@@ -1,0 +1,241 @@
+"""The deployment the evidence describes: SGLang's own artefacts -> the pipeline model's inputs.
+
+When `results/sglang.json` holds a loop profile (per-rank traces read by `ppscope sglang
+--traces`, microbench/sglang/steps.py), the report models *that* server, not the scenario:
+
+| input | from (observed) | else |
+|---|---|---|
+| pipeline size | traced ranks | given (scenario / flags) |
+| forward time per rank by micro-batch size | GPU time of each `run_batch` (first kernel start to last kernel end), p50 by size | - |
+| forward without launch gaps | union of that forward's kernels | - |
+| host time on each rank's critical path per visit | receive posted late + GPU idle with its input there, p50 | - |
+| hop per link | receive end - upstream forward end, p50 | - |
+| slots and occupancy | iterations / forwards on rank 0, and C / mean micro-batch | given async depth |
+| micro-batch sizes | hidden-state receive sizes (traces) or `#running-req` (log) | - |
+| graph share | forwards launched through `cudaGraphLaunch` | - |
+| tok/s | bench_serving / live probe / `--observed` | - |
+
+Sizes the trace never ran (needed when the herd is spread out) are the nearest observed size
+scaled by the roofline's MoE-layer bytes ratio (labelled `estimated`). Nothing is fitted to the
+observed tok/s: `unexplained` is what the model of the observed loop does not reproduce.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from statistics import median_low
+
+from reports.model.pipeline_model import LoopConfig, SimResult, simulate
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """The observed loop, ready to simulate. Times in microseconds."""
+    pp: int
+    slots: int
+    sizes: tuple[int, ...]                        # requests per slot, one entry per slot
+    forward: tuple[dict[int, float], ...]          # per rank: batch -> forward us (span)
+    forward_busy: tuple[dict[int, float], ...]     # per rank: batch -> kernels only
+    host_us: tuple[float, ...]                     # per rank, on the critical path per visit
+    empty_us: float
+    hop_us: tuple[float, ...]                      # hop r -> r+1; last entry: last -> rank 0
+    graph_share: float | None
+    concurrency: int
+    observed_tok_per_s: float | None
+    sources: dict[str, str] = field(default_factory=dict)   # input -> observed|given|estimated
+    notes: tuple[str, ...] = ()
+    time_split: dict[str, dict[str, float | None]] = field(default_factory=dict)
+
+    @property
+    def occupied(self) -> int:
+        return sum(1 for n in self.sizes if n)
+
+
+class NoLoopEvidence(ValueError):
+    """The evidence does not hold a loop profile the model can use (the message says why)."""
+
+
+def _curve(d: dict | None, cmax: int | None) -> dict[int, float]:
+    """{"8": us, ...} -> {8: us}, decode sizes only (a prefill forward has prompt-length rows;
+    size 0 = unknown)."""
+    out = {}
+    for k, v in (d or {}).items():
+        try:
+            b = int(k)
+        except ValueError:
+            continue
+        if v is None or b <= 0 or (cmax is not None and b > cmax):
+            continue
+        out[b] = float(v)
+    return out
+
+
+def at_size(curve: dict[int, float], b: int, shape=None) -> float:
+    """Forward time at size b: observed where it was, else interpolated in log(b) between
+    observed sizes, else the nearest observed size scaled by `shape(b) / shape(b_obs)` (a
+    roofline-shaped extrapolation), else flat."""
+    if b in curve:
+        return curve[b]
+    if not curve:
+        raise ValueError("empty forward curve")
+    pts = sorted(curve.items())
+    lo = [p for p in pts if p[0] < b]
+    hi = [p for p in pts if p[0] > b]
+    if lo and hi:
+        (b0, v0), (b1, v1) = lo[-1], hi[0]
+        w = (math.log(b) - math.log(b0)) / (math.log(b1) - math.log(b0))
+        return v0 + w * (v1 - v0)
+    b0, v0 = (lo[-1] if lo else hi[0])
+    if shape is not None:
+        s0 = shape(b0)
+        if s0 > 0:
+            return v0 * shape(b) / s0
+    return v0
+
+
+def even_sizes(total: int, m: int, slots: int, pp: int) -> tuple[int, ...]:
+    """`total` requests over m micro-batches, spaced evenly over the slot loop (SGLang visits
+    slots round-robin, so evenly spaced micro-batches keep every stage fed)."""
+    m = max(1, min(m, total, slots))
+    parts = [total // m + (1 if k < total % m else 0) for k in range(m)]
+    out = [0] * slots
+    for k, n in enumerate(parts):
+        out[(k * slots) // m] = n
+    return tuple(out)
+
+
+def from_evidence(data: dict, *, concurrency: int | None, observed: float | None,
+                  async_depth: int | None = None, shape=None) -> Deployment:
+    """Build the observed deployment from an sglang record's data (its `loop` profile and
+    `ranks` log summary). `concurrency`: the client's streams (bench/--observed key)."""
+    loop = data.get("loop") or {}
+    ranks = loop.get("ranks") or {}
+    if len(ranks) < 2:
+        raise NoLoopEvidence("no loop profile of two or more ranks in sglang.json "
+                             "(read the per-rank traces with `ppscope sglang --traces DIR`)")
+    order = sorted(ranks, key=int)
+    pp = len(order)
+    notes: list[str] = []
+    src: dict[str, str] = {"pp": "observed"}
+    r0 = ranks[order[0]]
+    fw = [_curve(ranks[r].get("forward_us_by_batch"), concurrency) for r in order]
+    fb = [_curve(ranks[r].get("forward_busy_us_by_batch"), concurrency) for r in order]
+    if not all(fw):
+        raise NoLoopEvidence("a traced rank ran no decode forward the profile could size")
+    counts = _curve(r0.get("forward_count_by_batch"), concurrency)
+    n_mean = (sum(b * c for b, c in counts.items()) / sum(counts.values())) if counts else None
+    forwards, iters = r0.get("forwards") or 0, r0.get("iterations") or 0
+    # slots: occupied micro-batches m = C / mean size; slots = m x iterations per forward
+    slots = None
+    if concurrency and n_mean and forwards and iters:
+        m = max(1, round(concurrency / n_mean))
+        slots = max(pp, round(m * iters / forwards))
+        src["slots"] = "observed"
+    if async_depth is not None and slots is None:
+        slots = pp + async_depth
+        src["slots"] = "given"
+    if slots is None:
+        raise NoLoopEvidence("cannot tell the slot count: give the client concurrency "
+                             "(--observed C:TOK_S or a bench run) or --async-depth")
+    if async_depth is not None and pp + async_depth != slots:
+        notes.append(f"the traces show {slots} slots; the given async depth {async_depth} "
+                     f"implies {pp + async_depth}: the traces are used")
+    # sizes: the observed distribution of micro-batch sizes over m occupied slots, evenly spaced
+    if not (counts and concurrency):
+        raise NoLoopEvidence("no micro-batch sizes in the traces (pass --model to "
+                             "`ppscope sglang` so hidden-state receives can be sized)")
+    m = max(1, min(slots, round(concurrency / n_mean)))
+    total = sum(counts.values())
+    sizes_list: list[int] = []
+    for b, c in sorted(counts.items(), key=lambda kv: -kv[1]):
+        sizes_list += [b] * int(round(m * c / total))
+    sizes_list = sorted(sizes_list, reverse=True)[:m] or [round(n_mean)]
+    while len(sizes_list) < m:
+        sizes_list.append(sizes_list[-1])
+    # the slots hold the C requests: fix the total on the largest slots
+    k = 0
+    while sum(sizes_list) != concurrency and k < 10 * concurrency:
+        i = k % len(sizes_list)
+        sizes_list[i] += 1 if sum(sizes_list) < concurrency else (-1 if sizes_list[i] > 1 else 0)
+        k += 1
+    out = [0] * slots
+    for k, n in enumerate(sizes_list):
+        out[(k * slots) // len(sizes_list)] = n
+    sizes = tuple(out)
+    src["sizes"] = "observed"
+    host = tuple(float(ranks[r].get("host_critical_us_p50") or 0.0) for r in order)
+    empty = float(r0.get("host_us_empty_p50") or 0.0)
+    hops_d = loop.get("hops") or {}
+    hop = []
+    for k, r in enumerate(order):
+        nxt = order[(k + 1) % pp]
+        h = (hops_d.get(f"{r}->{nxt}") or {}).get("p50_us")
+        hop.append(float(h) if h is not None else 0.0)
+        if h is None:
+            notes.append(f"hop {r}->{nxt}: not seen in the traces; taken as 0")
+    g = [ranks[r].get("graph_forwards") for r in order]
+    f = [ranks[r].get("forwards") for r in order]
+    share = (sum(g) / sum(f)) if all(x is not None for x in g + f) and sum(f) else None
+    for k, r in enumerate(order):
+        if not fb[k]:
+            fb[k] = dict(fw[k])
+    return Deployment(
+        pp=pp, slots=slots, sizes=sizes, forward=tuple(fw), forward_busy=tuple(fb),
+        host_us=host, empty_us=empty, hop_us=tuple(hop), graph_share=share,
+        concurrency=int(concurrency or sum(sizes)), observed_tok_per_s=observed,
+        sources={**src, "forward": "observed", "host": "observed", "hop": "observed"},
+        notes=tuple(notes),
+        time_split={r: dict(ranks[r].get("time_split") or {}) for r in order})
+
+
+# ------------------------------------------------------------------ switches and the model
+
+CAUSES = ("slow_stage", "host", "herd", "launch_gaps", "hop")
+LABELS = {
+    "slow_stage": "slow stage (a rank's forward above the others')",
+    "host": "host time on the critical path (GPU idle while its host works)",
+    "herd": "micro-batch split (herd: occupied slots vs pp)",
+    "launch_gaps": "launch gaps (eager forwards / CUDA-graph fallback)",
+    "hop": "hops between stages (transfer, NCCL latency, delays)",
+}
+REFERENCE = {
+    "slow_stage": "every rank at the lower median rank's forward time",
+    "host": "no host time on the critical path",
+    "herd": "C requests in min(C, pp) equal micro-batches, evenly spaced",
+    "launch_gaps": "each forward as long as its kernels (no gaps between launches)",
+    "hop": "hops cost nothing",
+}
+
+
+def loop_config(dep: Deployment, on: frozenset, shape=None) -> tuple[LoopConfig, list[int]]:
+    """The observed loop with the causes in `on` as observed and the others at REFERENCE."""
+    sizes = list(dep.sizes)
+    if "herd" not in on:
+        sizes = list(even_sizes(sum(sizes), min(dep.pp, sum(sizes)), dep.slots, dep.pp))
+    bmax = max(sizes)
+    curves = dep.forward if "launch_gaps" in on else dep.forward_busy
+    table = [[0.0] + [at_size(c, b, shape) for b in range(1, bmax + 1)] for c in curves]
+    if "slow_stage" not in on:
+        ref = [median_low([row[b] for row in table]) for b in range(bmax + 1)]
+        table = [[min(row[b], ref[b]) for b in range(bmax + 1)] for row in table]
+    hop = [tuple([0.0] + [h if "hop" in on else 0.0] * bmax) for h in dep.hop_us]
+    host = dep.host_us if "host" in on else tuple(0.0 for _ in dep.host_us)
+    cfg = LoopConfig(stage_us=tuple(tuple(r) for r in table), hop_us=tuple(hop),
+                     async_depth=dep.slots - dep.pp, host_us=0.0,
+                     empty_us=dep.empty_us if "host" in on else 0.0,
+                     rank_host_us=host, result_sync=True)
+    return cfg, sizes
+
+
+def moe_shape(model):
+    """b -> bytes one MoE layer of `model` reads for b tokens (distinct experts touched + the
+    fixed part): the shape used to carry an observed forward time to an unobserved size."""
+    from reports.base.roofline import _NO_GPU, layer_floor
+    if not getattr(model, "is_moe", False):
+        return None
+    return lambda b: layer_floor(model, "moe", max(1, int(b)), _NO_GPU).weight_bytes
+
+
+def run(dep: Deployment, on: frozenset, shape=None) -> SimResult:
+    cfg, sizes = loop_config(dep, on, shape)
+    return simulate(cfg, sizes)

@@ -1,0 +1,143 @@
+"""Diagnose the observed server: where its time per decode step goes, and the named faults.
+
+Input: the `Deployment` the evidence describes (reports/model/deployment.py). The pipeline model
+of that loop, with every cause as observed, gives `modelled`; with every cause at its reference
+(deployment.REFERENCE) it gives `reference`. The gap is split over the causes by exact Shapley
+values (reports/model/attribution.shapley) on the time per decode step, so the rows add up to
+modelled - reference; `unexplained` = observed - modelled is its own row, and its size is said
+on every run.
+
+Each cause's **size** is the slowdown it causes: its share of the step over the step without it,
+`ms / (observed step - ms)` (a cause of size 50% makes the server 1.5x slower than it would be
+without it). The answer names the largest cause above `NAME_PCT` with its size and the numbers
+behind it (the slow rank's forward against the median rank's, the host time per visit against
+the forward, occupied slots per cycle against pp, the eager share, the hop against its transfer
+time); when none is above it, the answer is "nothing big".
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from statistics import median, median_low
+
+from reports.model.attribution import shapley
+from reports.model.deployment import CAUSES, LABELS, REFERENCE, Deployment, at_size, run
+
+NAME_PCT = 10.0   # a cause is named when its size (slowdown) is at least this
+
+
+@dataclass(frozen=True)
+class CauseRow:
+    cause: str
+    label: str
+    ms_per_step: float
+    size_pct: float | None         # slowdown it causes (see module docstring)
+    share_pct: float | None        # of the observed (else modelled) step
+    reference: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    concurrency: int
+    observed_tok_per_s: float | None
+    modelled_tok_per_s: float
+    reference_tok_per_s: float
+    observed_step_ms: float | None
+    modelled_step_ms: float
+    reference_step_ms: float
+    rows: tuple[CauseRow, ...]
+    unexplained_ms: float | None
+    unexplained_pct: float | None  # of the observed step
+    answer: str
+    named: tuple[str, ...]
+
+
+def details(dep: Deployment) -> dict[str, str]:
+    """The numbers behind each cause, in words."""
+    b_typ = max(dep.sizes)
+    fw = [at_size(c, b_typ) for c in dep.forward]
+    med = median_low(fw)
+    slow = max(range(dep.pp), key=lambda r: fw[r])
+    waits = []
+    for r, ts in dep.time_split.items():
+        w, win = ts.get("comm_wait_us"), ts.get("window_us")
+        if w is not None and win:
+            waits.append(f"rank {r} waits {100 * w / win:.0f}% of the window in NCCL receives")
+    host_r = max(range(dep.pp), key=lambda r: dep.host_us[r])
+    eager = None if dep.graph_share is None else 1 - dep.graph_share
+    gap = [at_size(f, b_typ) - at_size(g, b_typ) for f, g in zip(dep.forward, dep.forward_busy)]
+    return {
+        "slow_stage": (f"rank {slow} forward {fw[slow]:.0f} us at b={b_typ} vs median rank "
+                       f"{med:.0f} us ({fw[slow] / med:.2f}x)" + ("; " + "; ".join(waits)
+                                                                 if waits else "")),
+        "host": (f"rank {host_r}: {dep.host_us[host_r]:.0f} us of host per visit on the critical "
+                 f"path against a {fw[host_r]:.0f} us forward"
+                 + ("" if dep.host_us[host_r] <= fw[host_r] else " (host-bound: CPU longer "
+                    "than GPU per visit)")),
+        "herd": (f"{dep.occupied} occupied slot(s) per cycle of {dep.slots} (pp = {dep.pp}), "
+                 f"sizes {','.join(str(n) for n in dep.sizes if n)} for C = {dep.concurrency}"),
+        "launch_gaps": ((f"{100 * eager:.0f}% of forwards eager" if eager is not None else
+                         "graph share unknown")
+                        + f"; {max(gap):.0f} us of launch gaps per forward (largest rank)"),
+        "hop": ", ".join(f"hop {r}->{(r + 1) % dep.pp} {h:.0f} us" for r, h in
+                         enumerate(dep.hop_us)),
+    }
+
+
+def diagnose(dep: Deployment, shape=None) -> Diagnosis:
+    players = list(CAUSES)
+    memo: dict = {}
+
+    def step_ms(on: frozenset) -> float:
+        if on not in memo:
+            memo[on] = run(dep, on, shape).tpot_ms
+        return memo[on]
+
+    split = shapley(players, step_ms)
+    full, ref = step_ms(frozenset(players)), step_ms(frozenset())
+    obs_tps = dep.observed_tok_per_s
+    obs_step = dep.concurrency / obs_tps * 1e3 if obs_tps else None
+    base = obs_step or full
+    det = details(dep)
+    rows = []
+    for c in players:
+        ms = split[c]
+        size = 100 * ms / (base - ms) if base - ms > 1e-9 else None
+        rows.append(CauseRow(c, LABELS[c], ms, size, 100 * ms / base if base else None,
+                             REFERENCE[c], det[c]))
+    rows.sort(key=lambda r: -r.ms_per_step)
+    unexpl = obs_step - full if obs_step is not None else None
+    named = tuple(r.cause for r in rows if r.size_pct is not None and r.size_pct >= NAME_PCT)
+    if named:
+        top = rows[0]
+        answer = (f"{top.label}: makes the server {top.size_pct:.0f}% slower "
+                  f"({top.ms_per_step:.2f} of {base:.2f} ms per decode step); {top.detail}")
+    else:
+        biggest = rows[0]
+        answer = (f"nothing big: no cause is above {NAME_PCT:.0f}% (largest: {biggest.cause} "
+                  f"{biggest.size_pct or 0:.0f}%)")
+    return Diagnosis(
+        concurrency=dep.concurrency, observed_tok_per_s=obs_tps,
+        modelled_tok_per_s=dep.concurrency / full * 1e3, reference_tok_per_s=dep.concurrency
+        / ref * 1e3, observed_step_ms=obs_step, modelled_step_ms=full, reference_step_ms=ref,
+        rows=tuple(rows), unexplained_ms=unexpl,
+        unexplained_pct=None if unexpl is None else 100 * unexpl / obs_step,
+        answer=answer, named=named)
+
+
+def time_split_rows(dep: Deployment) -> list[dict]:
+    """Per rank: compute / communication transfer / communication wait / idle, % of the traced
+    window (waiting inside an NCCL receive is never called busy)."""
+    out = []
+    for r, ts in sorted(dep.time_split.items(), key=lambda kv: int(kv[0])):
+        win = ts.get("window_us") or 0.0
+        pct = (lambda v: None if v is None or not win else 100 * v / win)
+        out.append({"rank": int(r), "compute_pct": pct(ts.get("compute_us")),
+                    "transfer_pct": pct(ts.get("comm_transfer_us")),
+                    "wait_pct": pct(ts.get("comm_wait_us")),
+                    "comm_pct": pct(ts.get("comm_us")),
+                    "idle_pct": pct(ts.get("idle_us"))})
+    return out
+
+
+__all__ = ["Diagnosis", "CauseRow", "diagnose", "time_split_rows", "NAME_PCT", "median_low"]
