@@ -203,7 +203,7 @@ def loop_config(inp: Inputs, on: frozenset, bmax: int, *, depth: int | None = No
                       chain_us=inp.chain_us if host else 0.0,
                       launch_us=inp.launch_us if host else 0.0,
                       process_us=inp.process_us if host else 0.0,
-                      graph_fence=inp.graphs, token_return="token_return" in on)
+                      token_return="token_return" in on)
 
 
 def build(inp: Inputs, C: int, on: frozenset = ALL_ON, *, cap: int | None = None,

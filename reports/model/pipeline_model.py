@@ -5,7 +5,10 @@ per slot visit on every rank, in SGLang's order (`pp + async_depth` slots round-
 holds `slot_sizes[k]` requests throughout, requests never move):
 
 1. `recv_requests`: rank r > 0 blocks (gloo) on the request list rank r-1 sent at the start of
-   the same iteration; rank r < last sends it on at once (async), empty slots included;
+   the same iteration; rank r < last sends it on at once (async), empty slots included, after
+   committing the previous one. Every commit of a send (`_pp_commit_comm_work`) waits for its
+   gloo part, and a gloo send completes only once the peer has posted the receive (rendezvous;
+   `chain_us` later): so neighbouring ranks' CPUs stay within about one iteration;
 2. `get_next_batch_to_run`: CPU `host_us` (non-empty slot) or `empty_us` (the whole iteration of
    an empty slot);
 3. rank r > 0, non-empty slot: the proxy (hidden states) receive blocks the CPU until rank r-1
@@ -17,13 +20,15 @@ holds `slot_sizes[k]` requests throughout, requests never move):
    - send: the last rank sends the sampled tokens of the slot it ran `async_depth` iterations
      ago (it holds a queue of them; the NCCL send waits for that forward's end); every other
      rank forwards the outputs it received the iteration before (ring last -> 0 -> 1 -> ...);
+   - the previous output send is committed on the schedule stream before anything else;
    - receive, when slot k+1 holds a batch: the CPU blocks on the metadata, the NCCL receive is
      queued on the schedule stream (so this rank's next forward waits for those tokens too),
      and a device-to-host event is recorded after everything on that stream;
-5. launch: CPU `launch_us`; the forward starts on the GPU once the CPU launched it, the GPU is
-   free, the schedule stream is done (inputs, the tokens of slot k+1, the previous proxy send's
-   wait on its forward) and, with CUDA graphs (`graph_fence`), the previous proxy send has been
-   read by NCCL; the last rank queues this forward's outputs;
+5. launch: the previous proxy send is committed on the schedule stream first
+   (`_pp_commit_proxy_send_work`: its NCCL send must have completed, `hop_us` after it left);
+   CPU `launch_us`; the forward starts on the GPU once the CPU launched it, the GPU is free and
+   the schedule stream is done (inputs, the tokens of slot k+1, the previous sends); the last
+   rank queues this forward's outputs;
 6. when slot k+1 holds a batch, every rank blocks the CPU on that device-to-host event (a sync:
    it waits for the returned tokens *and* for this rank's previous forward, whose proxy send
    sits on the same stream) and runs `process_batch_result` for slot k+1 (`process_us`);
@@ -73,7 +78,6 @@ class LoopConfig:
     chain_us: float = 0.0        # one gloo message: request list, proxy or output metadata
     launch_us: PerRank = 0.0     # run_batch on the CPU (input prep, graph replay / launches)
     process_us: PerRank = 0.0    # process_batch_result of the next slot
-    graph_fence: bool = False    # CUDA graphs: a forward waits for NCCL to read the last send
     token_return: bool = True    # False: the idealised return (module docstring)
     # Observed host time on each rank's critical path per non-empty visit (a loop profile of
     # SGLang's own traces, reports/model/deployment.py): that rank's run_batch CPU, replacing
@@ -154,7 +158,11 @@ def _rank_loop(cfg: LoopConfig, r: int, sizes: list[int], iters: int, post, done
     launch, process = cfg.cpu("launch_us", r), cfg.cpu("process_us", r)
     chain, stage, hop, tok_hop = cfg.chain_us, cfg.stage_us[r], cfg.hop_us[r], cfg.hop_us[last]
     prev = (r - 1) % p
-    t = gpu_free = sched = fence = 0.0   # CPU clock, GPU free, schedule stream, send fence
+    t = gpu_free = sched = 0.0           # CPU clock, GPU free, schedule stream
+    proxy_done = out_done = 0.0          # when this rank's last proxy / output send completed
+    # gloo sends complete only once the peer posted its receive (rendezvous): the last send of
+    # each kind not yet committed, as (key of the receiver's post, time sent)
+    req_sent = proxy_sent = out_sent = None
     mbs = [0] * S                        # this rank's batch size at its last visit of each slot
     held: deque = deque()                # last rank: (forward end, batch) not yet sent
     pp_out = None                        # outputs received last iteration: (ready, batch)
@@ -163,12 +171,17 @@ def _rank_loop(cfg: LoopConfig, r: int, sizes: list[int], iters: int, post, done
         k = j % S
         n = sizes[k]
         if r > 0:                                            # 1. recv_requests
+            post(("ack", "req", r - 1, j), t)
             t = max(t, (yield ("req", r - 1, j)) + chain)
         if r < last:
+            if req_sent is not None:                         # commit the last request list
+                t = max(t, max((yield req_sent[0]), req_sent[1]) + chain)
             post(("req", r, j), t)
+            req_sent = (("ack", "req", r, j), t)
         mbs[k] = n                                           # 2. get_next_batch_to_run
         t += host if n else empty
         if n and r > 0:                                      # 3. proxy receive
+            post(("ack", "proxy", r - 1, j), t)
             meta, data = yield ("proxy", r - 1, j)
             t = max(t, meta + chain)
             sched = max(sched, data)
@@ -177,7 +190,7 @@ def _rank_loop(cfg: LoopConfig, r: int, sizes: list[int], iters: int, post, done
                 t = max(t, (yield ("tok", k, j - S))) + process
             if n:
                 t += launch
-                start = max(t, gpu_free, sched, fence)
+                start = max(t, gpu_free, sched)
                 end = start + _at(stage, n)
                 gpu_free = end
                 if r == last:
@@ -187,10 +200,7 @@ def _rank_loop(cfg: LoopConfig, r: int, sizes: list[int], iters: int, post, done
                     spans.append(Span(r, k, n, start, end))
                 if r < last:
                     sched = max(sched, end)
-                    arrive = max(sched, t) + _at(hop, n)
-                    post(("proxy", r, j), (t, arrive))
-                    if cfg.graph_fence:
-                        fence = arrive
+                    post(("proxy", r, j), (t, max(sched, t) + _at(hop, n)))
             continue
         nxt = mbs[(k + 1) % S]
         new_out = None
@@ -198,9 +208,13 @@ def _rank_loop(cfg: LoopConfig, r: int, sizes: list[int], iters: int, post, done
         end = None
         for phase in (("exchange", "launch") if depth > 0 else ("launch", "exchange")):
             if phase == "launch":
+                sched = max(sched, proxy_done)               # commit the last proxy send
+                if proxy_sent is not None:
+                    t = max(t, max((yield proxy_sent[0]), proxy_sent[1]) + chain)
+                    proxy_sent = None
                 if n:                                        # 5. launch
                     t += launch
-                    start = max(t, gpu_free, sched, fence)
+                    start = max(t, gpu_free, sched)
                     end = start + _at(stage, n)
                     gpu_free = end
                     if r == last:
@@ -209,19 +223,27 @@ def _rank_loop(cfg: LoopConfig, r: int, sizes: list[int], iters: int, post, done
                     if spans is not None:
                         spans.append(Span(r, k, n, start, end))
                 continue
+            sched = max(sched, out_done)                     # commit the last output send
+            if out_sent is not None:
+                t = max(t, max((yield out_sent[0]), out_sent[1]) + chain)
+                out_sent = None
             for op in (("send", "recv") if r % 2 == 0 else ("recv", "send")):
                 if op == "send":                             # 4. exchange outputs
                     if r == last:
                         if mbs[(k + p) % S]:
                             fe, nn = held.popleft()
                             sched = max(sched, fe)           # NCCL send waits for that forward
-                            post(("out", r, sent), (t, max(sched, t) + _at(tok_hop, nn), nn))
+                            out_done = max(sched, t) + _at(tok_hop, nn)
+                            post(("out", r, sent), (t, out_done, nn))
+                            out_sent = (("ack", "out", r, sent), t)
                             sent += 1
                     elif pp_out is not None:
-                        post(("out", r, sent), (t, max(sched, t) + _at(tok_hop, pp_out[1]),
-                                                pp_out[1]))
+                        out_done = max(sched, t) + _at(tok_hop, pp_out[1])
+                        post(("out", r, sent), (t, out_done, pp_out[1]))
+                        out_sent = (("ack", "out", r, sent), t)
                         sent += 1
                 elif nxt:
+                    post(("ack", "out", prev, recvd), t)
                     meta, data, nn = yield ("out", prev, recvd)
                     recvd += 1
                     t = max(t, meta + chain)
@@ -232,10 +254,9 @@ def _rank_loop(cfg: LoopConfig, r: int, sizes: list[int], iters: int, post, done
             t = max(t, d2h) + process
         if n and r < last:                                   # 7. proxy send
             sched = max(sched, end)                          # waits on the launch event
-            arrive = max(sched, t) + _at(hop, n)
-            post(("proxy", r, j), (t, arrive))
-            if cfg.graph_fence:
-                fence = arrive
+            proxy_done = max(sched, t) + _at(hop, n)
+            post(("proxy", r, j), (t, proxy_done))
+            proxy_sent = (("ack", "proxy", r, j), t)
         pp_out = new_out
 
 

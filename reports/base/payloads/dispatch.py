@@ -101,6 +101,7 @@ class DispatchSettings:
     capture_sizes: tuple[int, ...] = ()
     inject: tuple[str, ...] = ()            # --inject specs, as given
     max_running_requests: int | None = ge(1, default=None)
+    chunked_prefill_size: int | None = None  # prefill token budget per visit; None/<=0: off
 
 
 @dataclass(frozen=True)
