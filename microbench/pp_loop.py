@@ -565,6 +565,30 @@ def send_proxy(torch, dist, ctx: dict, lp: dict, y, launch_ev, rows: int, late=N
     return e
 
 
+def gloo_one_way_us(torch, dist, rank: int, pp: int, gloo, reps: int = 20) -> float | None:
+    """One gloo message between neighbours (the request list, the metadata): half the median
+    round trip of a small pickled object, pair by pair (rank r measures r <-> r+1). None on the
+    last rank. The pipeline model's `chain_us`."""
+    out = None
+    for a in range(pp - 1):
+        if rank not in (a, a + 1):
+            continue
+        rtts = []
+        for _ in range(reps):
+            if rank == a:
+                t = time.perf_counter()
+                send_pyobj(dist, {"ping": 1}, a + 1, gloo)
+                recv_pyobj(dist, a + 1, gloo)
+                rtts.append((time.perf_counter() - t) * 1e6)
+            else:
+                recv_pyobj(dist, a, gloo)
+                send_pyobj(dist, {"pong": 1}, a, gloo)
+        if rank == a:
+            rtts.sort()
+            out = rtts[len(rtts) // 2] / 2
+    return out
+
+
 def drain_last_to_first(torch, dist, ctx: dict, lp: dict, rows_by_it: list[int]) -> None:
     """After the last iteration: rank 0 receives (and drops) the tokens the last rank sent for
     slots rank 0 stopped before visiting -- those of the last rank's iterations
@@ -868,6 +892,7 @@ def _main(cfg: dict, out_dir: Path, rank: int) -> int:
     if rank == 0:
         dist.recv(t, src=pp - 1)
     torch.cuda.synchronize()
+    info["gloo_one_way_us"] = gloo_one_way_us(torch, dist, rank, pp, gloo)
 
     result = {"rank": rank, "pp": pp, "device": torch.cuda.get_device_name(dev),
               "torch": torch.__version__, "info": info, "capture_sizes": ctx["capture_sizes"],

@@ -115,11 +115,13 @@ def setting_dependencies(inp: Inputs) -> dict[str, str]:
                 for C in inp.concurrency]
 
     now = split(inp.max_running_requests)
-    lo = inp.max_running_requests
-    while lo > 1 and split(lo - 1) == now:
-        lo -= 1
-        if lo < inp.max_running_requests // 64:
-            break
+    lo, hi = 1, inp.max_running_requests   # the smallest value with the same split (bisection:
+    while lo < hi:                          # a larger pool never splits a burst further)
+        mid = (lo + hi) // 2
+        if split(mid) == now:
+            hi = mid
+        else:
+            lo = mid + 1
     return {"max_running_requests (dependencies)": (
         f"not given, so {inp.max_running_requests} is SGLang's default derived from an "
         f"estimated KV pool. Every modelled slot split ({', '.join(f'C={C}: ' + ' '.join(map(str, [x for x in sz if x])) for C, sz in zip(inp.concurrency, now))}) "
@@ -250,8 +252,7 @@ def _pct(x: float) -> str:
 
 def _effects_text(w: dict[str, Any]) -> str:
     return ", ".join(f"C={e['concurrency']} {e['baseline_tok_per_s']:.1f} -> "
-                     f"{e['predicted_tok_per_s']:.1f} tok/s ({e['gain']:+.0%})"
-                     for e in w["effects"])
+                     f"{e['predicted_tok_per_s']:.1f} ({e['gain']:+.0%})" for e in w["effects"])
 
 
 def _whatif_text(w: dict[str, Any]) -> str:
@@ -302,16 +303,18 @@ def answer(rep: dict[str, Any]) -> list[str]:
     best = rep.get("recommendation")
     tp = next((w for w in rep["what_ifs"] if w["knob"] == TP_KNOB), None)
     if best:
-        s = (f"Best single server setting ({rep['objective']}): {best['knob']} = "
-             f"{best['setting']}, {best['gain']:+.0%} on that mean: {_effects_text(best)}")
+        s = (f"Best single server setting (geometric mean of tok/s over the measured "
+             f"concurrencies, none worse by over 2%): {best['knob']} = {best['setting']}, "
+             f"{best['gain']:+.0%} on that mean: {_effects_text(best)}")
     else:
         s = ("No single server setting raises the geometric mean of modelled tok/s by more "
              f"than 0.5% without losing over 2% at a measured concurrency")
     if tp and tp["gain"] > 0.005:
         # TP is a rough estimate (ring all-reduce + 1/p of the weights), not a measured
         # configuration, and not a server setting: qualify it.
-        s += (f"; outside PP, a rough estimate, not a measurement, puts {_whatif_text(tp)}: "
-              "measure it before acting on it")
+        s += (f"; outside PP, a rough estimate, not a measurement, puts {tp['knob']} "
+              f"({tp['setting']}) at {tp['gain']:+.0%} on that mean: measure it before acting "
+              "on it")
     out.append(s + ".")
     un = [(C, r) for C in obs_c for r in atts[C]["rows"] if r["cause"] == "unexplained"]
     if un:

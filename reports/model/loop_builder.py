@@ -120,11 +120,16 @@ def occupancy(inp: Inputs, C: int, cap: int | None = None, depth: int | None = N
     cfg = slot_config(inp, cap, depth, mrr, chunk)
     policy = _policy(inp, arrival)
     if inp.range_ratio >= 1 or policy == "even":
-        return [(tuple(burst_sizes(C, cfg, inp.prompt_len, policy)), 1.0)]
+        return [(_burst(cfg, C, inp.prompt_len, policy), 1.0)]
     snaps = [s for s in _drift(cfg, C, inp.prompt_len, inp.output_len, inp.range_ratio)
              if sum(s)]
-    return [(s, 1.0 / len(snaps)) for s in snaps] or [(tuple(burst_sizes(
-        C, cfg, inp.prompt_len, policy)), 1.0)]
+    return [(s, 1.0 / len(snaps)) for s in snaps] or [(_burst(cfg, C, inp.prompt_len,
+                                                              policy), 1.0)]
+
+
+@lru_cache(maxsize=4096)
+def _burst(cfg: SlotConfig, C: int, prompt_len: int, policy: str) -> tuple[int, ...]:
+    return tuple(burst_sizes(C, cfg, prompt_len, policy))
 
 
 @lru_cache(maxsize=256)
