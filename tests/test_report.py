@@ -71,7 +71,7 @@ def test_observed_flag_and_bad_value(tmp_path, capsys):
 
 def test_bench_jsonl(tmp_path):
     # Modelled on sglang.bench_serving --output-file: one JSON object per line, keys as in
-    # its result dict (FACTS.md); values here are ours.
+    # its result dict (SGLang 0.5.23 benchmark/serving.py); values here are ours.
     f = tmp_path / "bench.jsonl"
     f.write_text(json.dumps({"backend": "sglang", "max_concurrency": 8, "completed": 80,
                              "output_throughput": 81.7, "mean_tpot_ms": 97.1}) + "\n"

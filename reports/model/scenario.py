@@ -480,8 +480,9 @@ def parse_observed(text: str) -> dict[int, float]:
 def parse_bench_jsonl(path: str | Path) -> dict[int, float]:
     """bench_serving `--output-file` JSONL -> {max_concurrency: output_throughput}.
 
-    One JSON object per line (FACTS.md keys `max_concurrency`, `output_throughput`); a line
-    without `max_concurrency` (unbounded run) uses `concurrency`. Last line per C wins.
+    One JSON object per line (keys `max_concurrency`, `output_throughput` as SGLang 0.5.23
+    benchmark/serving.py writes them); a line without `max_concurrency` (unbounded run) uses
+    `concurrency`. Last line per C wins.
     """
     p = Path(path)
     out: dict[int, float] = {}

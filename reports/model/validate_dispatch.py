@@ -4,7 +4,8 @@ Inputs come only from dispatch.json, never from its tok/s: pp, async depth; per-
 time by micro-batch size (`stages[].gpu_us_p50`, pooled over runs, median); per-rank CPU per
 phase of SGLang's loop order (`sched_us_p50` get_next_batch_to_run, `launch_us_p50` run_batch,
 `process_us_p50` process_batch_result, `host_empty_us_p50` an empty slot's whole visit; medians
-over runs); the hop (`hop_us_in_loop`, else `send_us_p50`), used for hidden states and tokens
+over runs; the rest of a busy visit's CPU, `host_busy_us_p50` minus the two, counts as
+schedule); the hop (`hop_us_in_loop`, else `send_us_p50`), used for hidden states and tokens
 alike; the gloo message latency (`ranks[].gloo_one_way_us`, measured by the probe at start-up,
 else 0). Each run's own `slot_sizes` are the slots. The probe and the model run the same loop
 order (SGLang 0.5.23 `event_loop_pp`: held outputs, per-rank sync, commits before reuse), so a
@@ -85,7 +86,8 @@ def probe_inputs(rec: Record) -> ProbeInputs:
     pp, depth = d.config.pp, d.config.async_depth
     gpu: dict[int, dict[int, list[float]]] = {}
     phase: dict[str, dict[int, list[float]]] = {k: {} for k in (
-        "sched_us_p50", "launch_us_p50", "process_us_p50", "host_empty_us_p50", "host_us_p50")}
+        "sched_us_p50", "launch_us_p50", "process_us_p50", "host_empty_us_p50", "host_us_p50",
+        "host_busy_us_p50")}
     send: list[float] = []
     for r in d.runs:
         for s in r.stages:
@@ -108,10 +110,15 @@ def probe_inputs(rec: Record) -> ProbeInputs:
     split = bool(phase["sched_us_p50"])
     gl = [float(i["gloo_one_way_us"]) for i in (d.ranks or {}).values()
           if isinstance(i, dict) and i.get("gloo_one_way_us") is not None]
-    return ProbeInputs(pp, depth, curves,
-                       per_rank("sched_us_p50") if split else per_rank("host_us_p50"),
-                       per_rank("launch_us_p50") if split else (0.0,) * pp,
-                       per_rank("process_us_p50") if split else (0.0,) * pp,
+    launch = per_rank("launch_us_p50") if split else (0.0,) * pp
+    process = per_rank("process_us_p50") if split else (0.0,) * pp
+    if split:   # all CPU of a visit with a batch not in run_batch or processing: before launch
+        busy = per_rank("host_busy_us_p50")
+        host = tuple(max(s_, b - l_ - p_) for s_, b, l_, p_ in
+                     zip(per_rank("sched_us_p50"), busy, launch, process))
+    else:
+        host = per_rank("host_us_p50")
+    return ProbeInputs(pp, depth, curves, host, launch, process,
                        per_rank("host_empty_us_p50"), hop, _med(gl), split)
 
 
@@ -195,9 +202,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rows, bad = [], 0
     for p in paths:
-        rec = read_record(p)
+        try:
+            rec = read_record(p)
+            if rec.payload is None:
+                raise CliError(f"status {rec.status} ({rec.reason})")
+            checks = validate(rec)
+        except (CliError, OSError, ValueError) as e:
+            print(f"{p}: not checked: {str(e).splitlines()[0]}")
+            bad += 1
+            continue
         c = rec.payload.config
-        for chk in validate(rec):
+        for chk in checks:
             bad += bool(chk.note)
             rows.append([p, c.pp, c.async_depth, "graphs" if c.graphs else "eager",
                          chk.policy, chk.concurrency, ",".join(chk.injected) or "-",
