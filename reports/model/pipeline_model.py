@@ -46,10 +46,13 @@ and no rank syncs on the next slot's outputs. Everything else is as above.
 How to read it: `simulate()` runs full rounds on every rank (ranks run ahead by a few iterations
 to feed the last ones) and measures the second half, once the loop is periodic.
 `tok_per_s` = requests x rounds / elapsed time (last rank's forward ends), `tpot_ms` = one
-round, `busy_frac[i]` = GPU `i` busy / round. With no host costs, no chain and the micro-batches
-spaced so that no slot k+1 holds one when k does, it reproduces DESIGN.md's closed forms
-(`reports/model/closed_form.py`); consecutive occupied slots add the coupling above
-(`closed_form.period_consecutive_us`). Pure Python, no numpy.
+round, `busy_frac[i]` = GPU `i` busy / round. With no host costs it reproduces DESIGN.md's
+closed forms (`reports/model/closed_form.py`) for one micro-batch, for depth 0 with no two
+occupied slots adjacent, and for any placement with `token_return=False`; with depth > 0 and
+evenly spaced micro-batches, `closed_form.period_held_us` (the held send waits behind a later
+slot's hidden states). Adjacent occupied slots couple further (a forward waits for the next
+slot's tokens and for the last proxy send): the tests work two such cases by hand. Pure Python,
+no numpy; a message already posted is read without switching generators.
 """
 from __future__ import annotations
 
