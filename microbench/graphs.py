@@ -25,22 +25,25 @@ is what SGLang would pay there; `flags` names the user's own batch sizes that hi
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from microbench.kit.run_writer import RunWriter
 from microbench.stage_cost import available  # same need: torch with a CUDA GPU
 from reports.base.cuda_graphs import capture_sizes, padded
 from reports.base.model_config import load_model
 from reports.base.partition import pp_partition
-from reports.base.records import Record, make_record, write_record
+from reports.base.payloads.graphs import GraphPoint, GraphsData
+from reports.base.records import Record, make_record
 
 PROBE = "graphs"
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 def graph_path(batch: int, max_bs: int) -> dict[str, Any]:
-    """Which path SGLang takes for a decode batch: graph (padded) or eager."""
+    """Which path SGLang takes for a decode batch: graph (padded) or eager; the keys are
+    `GraphPoint`'s sglang_path, padded_to and padding_waste."""
     s = padded(batch, max_bs)
     if s is None:
         return {"sglang_path": "eager", "padded_to": None, "padding_waste": 0.0}
@@ -63,7 +66,8 @@ class GraphsConfig:
     argv: tuple[str, ...] = ()
 
 
-def _base(cfg: GraphsConfig) -> dict[str, Any]:
+def plan_data(cfg: GraphsConfig) -> GraphsData:
+    """The capture rule for this model and pp, every time still unmeasured."""
     m = load_model(cfg.model)
     stages = pp_partition(m.num_layers, cfg.pp, cfg.partition)
     paths = {b: graph_path(b, cfg.max_bs) for b in cfg.user_batches}
@@ -72,32 +76,32 @@ def _base(cfg: GraphsConfig) -> dict[str, Any]:
     flags += [f"micro-batch {b} replays the graph for {p['padded_to']} "
               f"({p['padding_waste']:.0%} padding)"
               for b, p in paths.items() if b not in off and p["padding_waste"] > 0]
-    return {"model": m.name, "pp": cfg.pp, "max_bs": cfg.max_bs,
-            "capture_sizes": capture_sizes(cfg.max_bs),
-            "prefill_path": "eager (SGLang runs prefill eagerly under PP)",
-            "stage_layers": [s.num_layers for s in stages],
-            "representative": ("one decoder layer (attention + "
-                               + ("MoE" if m.is_moe else "dense MLP")
-                               + ") timed; stage figures = layer x count"),
-            "user_batches": list(cfg.user_batches), "off_graph_user_batches": off,
-            "flags": flags, "by_batch": [
-                {"batch": b, "eager_us": None, "graph_us": None, "kernels_per_layer": None,
-                 "launch_overhead_us_per_kernel": None, "cpu_launch_us": None,
-                 "cpu_replay_us": None, **graph_path(b, cfg.max_bs)} for b in cfg.batches]}
+    return GraphsData(
+        model=m.name, pp=cfg.pp, max_bs=cfg.max_bs,
+        capture_sizes=tuple(capture_sizes(cfg.max_bs)),
+        prefill_path="eager (SGLang runs prefill eagerly under PP)",
+        stage_layers=tuple(s.num_layers for s in stages),
+        representative=("one decoder layer (attention + " + ("MoE" if m.is_moe else "dense MLP")
+                        + ") timed; stage figures = layer x count"),
+        user_batches=tuple(cfg.user_batches), off_graph_user_batches=tuple(off),
+        flags=tuple(flags),
+        by_batch=tuple(GraphPoint(batch=b, **graph_path(b, cfg.max_bs)) for b in cfg.batches))
 
 
-def run(cfg: GraphsConfig, progress=None) -> Record:
-    data = _base(cfg)
+def run(cfg: GraphsConfig, progress=None) -> tuple[Record, str | None]:
+    """Plan (the rule) or measure; saves `cfg.out` as it goes when given (the status rule of
+    `save_record`). Returns the record and the writer's note (set when the record went beside
+    a good one)."""
+    data = plan_data(cfg)
+    writer = RunWriter(cfg.out) if cfg.out else None
     if cfg.plan:
         rec = make_record(PROBE, data, argv=list(cfg.argv))
     elif (reason := available()):
         rec = make_record(PROBE, data, status="waived", reason=f"needs a GPU: {reason}",
                           argv=list(cfg.argv))
     else:
-        return _measure(cfg, data, progress)
-    if cfg.out:
-        write_record(rec, cfg.out)
-    return rec
+        return _measure(cfg, data, progress, writer)
+    return rec, writer.save(rec)[1] if writer else None
 
 
 def count_kernels(fn) -> int | None:
@@ -114,76 +118,88 @@ def count_kernels(fn) -> int | None:
         return None
 
 
-def _measure(cfg: GraphsConfig, data: dict, progress) -> Record:
+def measure_point(cfg: GraphsConfig, m, row: GraphPoint, stage_layers, moe_w, check: bool
+                  ) -> tuple[GraphPoint, Any]:
+    """One micro-batch size: eager and graph time of one layer, kernels, host launch time.
+    Returns the filled point and the MoE weights (shared across sizes)."""
     import torch
 
     from microbench.kernels import layers as L
     from microbench.kit.timing import do_bench, do_bench_graph, host_bench
 
-    m = load_model(cfg.model).all_formats("bf16")
     dev = torch.device("cuda")
+    b = row.batch
+    att = L.build("attention", m, b, dev, context_len=cfg.context_len)
+    if m.is_moe:
+        mlp = L.build("moe", m, b, dev, variant=cfg.variant, experts_sample=cfg.experts_sample,
+                      weights=moe_w)
+        moe_w = mlp.info.pop("weights")
+    else:
+        mlp = L.build("dense_mlp", m, b, dev)
+    if check:
+        att.check()
+        mlp.check()
+
+    def layer(att=att, mlp=mlp):
+        att.fn()
+        return mlp.fn()
+
+    eager_us = do_bench(layer).median_us
+    graph_us = cpu_replay_us = None
+    if mlp.graphable:
+        graph_us = do_bench_graph(layer).median_us
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            layer()
+        torch.cuda.current_stream().wait_stream(s)
+        with torch.cuda.graph(g):
+            layer()
+        cpu_replay_us = host_bench(g.replay, reps=10).median_us
+        torch.cuda.synchronize()
+    kernels = count_kernels(layer)
+    cpu_launch_us = host_bench(layer, reps=10).median_us
+    torch.cuda.synchronize()
+    point = replace(
+        row, eager_us=eager_us, graph_us=graph_us, kernels_per_layer=kernels,
+        launch_overhead_us_per_kernel=(eager_us - graph_us) / kernels
+        if graph_us is not None and kernels else None,
+        cpu_launch_us=cpu_launch_us, cpu_replay_us=cpu_replay_us, moe_backend=mlp.backend,
+        stage_graph_us=tuple(n * (graph_us or eager_us) for n in stage_layers))
+    del att, mlp
+    return point, moe_w
+
+
+def _measure(cfg: GraphsConfig, data: GraphsData, progress, writer) -> tuple[Record, str | None]:
+    from microbench.kernels import layers as L
+
+    m = load_model(cfg.model).all_formats("bf16")
     moe_w = None
     errors = []
-    for row in data["by_batch"]:
-        b = row["batch"]
+    rows = list(data.by_batch)
+    for k, row in enumerate(rows):
         try:
-            att = L.build("attention", m, b, dev, context_len=cfg.context_len)
-            if m.is_moe:
-                mlp = L.build("moe", m, b, dev, variant=cfg.variant,
-                              experts_sample=cfg.experts_sample, weights=moe_w)
-                moe_w = mlp.info.pop("weights")
-            else:
-                mlp = L.build("dense_mlp", m, b, dev)
-            if row is data["by_batch"][0]:
-                att.check()
-                mlp.check()
-
-            def layer(att=att, mlp=mlp):
-                att.fn()
-                return mlp.fn()
-
-            eager = do_bench(layer)
-            row["eager_us"] = eager.median_us
-            row["moe_backend"] = mlp.backend
-            if mlp.graphable:
-                row["graph_us"] = do_bench_graph(layer).median_us
-                g = torch.cuda.CUDAGraph()
-                s = torch.cuda.Stream()
-                s.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(s):
-                    layer()
-                torch.cuda.current_stream().wait_stream(s)
-                with torch.cuda.graph(g):
-                    layer()
-                row["cpu_replay_us"] = host_bench(g.replay, reps=10).median_us
-                torch.cuda.synchronize()
-            row["kernels_per_layer"] = count_kernels(layer)
-            row["cpu_launch_us"] = host_bench(layer, reps=10).median_us
-            torch.cuda.synchronize()
-            if row["graph_us"] is not None and row["kernels_per_layer"]:
-                row["launch_overhead_us_per_kernel"] = \
-                    (row["eager_us"] - row["graph_us"]) / row["kernels_per_layer"]
-            row["stage_graph_us"] = [n * (row["graph_us"] or row["eager_us"])
-                                     for n in data["stage_layers"]]
-            del att, mlp
+            rows[k], moe_w = measure_point(cfg, m, row, data.stage_layers, moe_w, check=k == 0)
         except L.CheckFailed as e:
-            row["error"] = str(e)
-            errors.append(str(e))
+            rows[k] = replace(row, error=str(e))
         except Exception as e:  # noqa: BLE001 - record it and go on to the next size
-            row["error"] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
-            errors.append(row["error"])
+            rows[k] = replace(row, error=f"{type(e).__name__}: "
+                                         f"{(str(e).splitlines() or [''])[0][:200]}")
+        if rows[k].error:
+            errors.append(rows[k].error)
         if progress:
             progress.update(1)
-        if cfg.out:
-            write_record(make_record(PROBE, data, status="error", reason="incomplete: "
-                                     "still running or interrupted", argv=list(cfg.argv)),
-                         cfg.out)
-    if cfg.experts_sample:
-        data["notes"] = [f"MoE layers allocate {cfg.experts_sample} of "
-                         f"{load_model(cfg.model).n_routed_experts} routed experts"]
-    rec = make_record(PROBE, data, status="error" if errors else "ok",
+        if writer:  # what Ctrl-C or a crash leaves: the sizes measured so far
+            writer.save(make_record(PROBE, replace(data, by_batch=tuple(rows)), status="partial",
+                                    reason=f"incomplete: {k + 1} of {len(rows)} batch sizes "
+                                           "measured (interrupted, or still running)",
+                                    argv=list(cfg.argv)))
+    notes = ((f"MoE layers allocate {cfg.experts_sample} of "
+              f"{load_model(cfg.model).n_routed_experts} routed experts",)
+             if cfg.experts_sample else ())
+    rec = make_record(PROBE, replace(data, by_batch=tuple(rows), notes=notes),
+                      status="error" if errors else "ok",
                       reason="; ".join(sorted(set(errors)))[:500] if errors else None,
                       argv=list(cfg.argv))
-    if cfg.out:
-        write_record(rec, cfg.out)
-    return rec
+    return rec, writer.save(rec)[1] if writer else None

@@ -4,10 +4,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from microbench.stage_cost_cli import int_list
+from microbench.stage_cost_cli import check_number, int_list
 from reports.base.cuda_graphs import default_max_bs
 from reports.base.errors import CliError
 from reports.base.paths import default_record_path
+from reports.base.payloads.graphs import GraphsData
 
 
 def register(sub) -> None:
@@ -32,61 +33,75 @@ def register(sub) -> None:
     p.set_defaults(func=main)
 
 
-def main(args) -> int:
+def config_from_args(args):
+    """Check every argument (one-line CliError) and build the config; nothing is written."""
     from microbench import graphs as gr
     from reports.base.model_config import ConfigError, load_model
     from reports.base.partition import pp_partition
 
+    check_number("--pp", args.pp, lo=1)
+    check_number("--max-bs", args.max_bs, lo=1)
+    check_number("--context", args.context)
+    check_number("--experts-sample", args.experts_sample, lo=1)
     try:
         pp_partition(load_model(args.model).num_layers, args.pp, args.partition)
     except (ConfigError, ValueError) as e:
         raise CliError(str(e)) from None
-    if not args.plan and (reason := gr.available()):
-        raise CliError(f"measuring needs a GPU ({reason}); use --plan for the capture rule")
     max_bs = args.max_bs
     if max_bs is None:
         mem = None
-        if not args.plan:
+        if not args.plan and gr.available() is None:
             import torch
             mem = torch.cuda.get_device_properties(0).total_memory / 2**30  # binary GB
-        # --plan (no GPU to ask): the 90-160 GB class default (RTX PRO 6000, H200)
+        # no GPU to ask (--plan, or measuring waived): the 90-160 GB class (RTX PRO 6000, H200)
         max_bs = default_max_bs(mem) if mem is not None else 256
-    if max_bs < 1:
-        raise CliError(f"--max-bs must be >= 1, got {max_bs}")
     out = Path(args.json) if args.json else default_record_path(gr.PROBE)
-    cfg = gr.GraphsConfig(model=args.model, pp=args.pp, partition=args.partition,
-                          batches=args.batches, max_bs=max_bs, user_batches=args.user_batches,
-                          context_len=args.context, experts_sample=args.experts_sample,
-                          variant=args.variant, plan=args.plan, out=out, argv=tuple(args.argv))
+    return gr.GraphsConfig(model=args.model, pp=args.pp, partition=args.partition,
+                           batches=args.batches, max_bs=max_bs, user_batches=args.user_batches,
+                           context_len=args.context, experts_sample=args.experts_sample,
+                           variant=args.variant, plan=args.plan, out=out, argv=tuple(args.argv))
+
+
+def main(args) -> int:
+    from microbench import graphs as gr
+
+    cfg = config_from_args(args)
+    if not args.plan and (reason := gr.available()):
+        # cannot measure here: a waived record (beside a good one, never over it), exit 2
+        _, note = gr.run(cfg)
+        raise CliError(f"measuring needs a GPU ({reason}); nothing measured ("
+                       + (note or f"waived record: {cfg.out}") + "); use --plan for the "
+                       "capture rule")
     bar = None
     if not args.plan:
         from tqdm import tqdm
         bar = tqdm(total=len(cfg.batches), desc="graphs", unit="batch", leave=False)
     try:
-        rec = gr.run(cfg, progress=bar)
+        rec, note = gr.run(cfg, progress=bar)
     finally:
         if bar:
             bar.close()
-    print(render(rec.data))
-    print(f"\nrecord: {out}" + (f"  status: {rec.status} ({rec.reason})"
-                                if rec.status != "ok" else ""))
+    print(render(rec.payload))
+    print(f"\n{note or f'record: {cfg.out}'}" + (f"  status: {rec.status} ({rec.reason})"
+                                                 if rec.status != "ok" else ""))
     return 0 if rec.status != "error" else 1
 
 
-def render(d: dict) -> str:
+def render(d: GraphsData) -> str:
     from tabulate import tabulate
 
     def f(v, fmt="{:.1f}"):
         return "-" if v is None else fmt.format(v)
 
-    rows = [[r["batch"], f(r["eager_us"]), f(r["graph_us"]), f(r["kernels_per_layer"], "{}"),
-             f(r["launch_overhead_us_per_kernel"], "{:.2f}"), f(r["cpu_launch_us"]),
-             r["sglang_path"], f(r["padded_to"], "{}"), f(r["padding_waste"], "{:.0%}")]
-            for r in d["by_batch"]]
-    lines = [f"{d['model']} PP{d['pp']}: {d['representative']}; max_bs {d['max_bs']}, "
-             f"{len(d['capture_sizes'])} captured sizes; prefill {d['prefill_path']}",
+    rows = [[r.batch, f(r.eager_us), f(r.graph_us), f(r.kernels_per_layer, "{}"),
+             f(r.launch_overhead_us_per_kernel, "{:.2f}"), f(r.cpu_launch_us),
+             r.sglang_path, f(r.padded_to, "{}"), f(r.padding_waste, "{:.0%}")]
+            for r in d.by_batch]
+    lines = [f"{d.model} PP{d.pp}: {d.representative}; max_bs {d.max_bs}, "
+             f"{len(d.capture_sizes)} captured sizes; prefill {d.prefill_path}",
              tabulate(rows, headers=["batch", "eager_us", "graph_us", "kernels/layer",
                                      "launch_us/kernel", "cpu_launch_us", "sglang_path",
                                      "padded_to", "padding_waste"], tablefmt="simple")]
-    lines += [f"flag: {x}" for x in d.get("flags") or []]
+    lines += [f"flag: {x}" for x in d.flags]
+    lines += [f"note: {x}" for x in d.notes]
     return "\n".join(lines)

@@ -192,12 +192,15 @@ def arrival_times(arrival: str, n: int, stagger_ms: float, rate_per_s: float, se
 # Stage work (GPU). Everything below imports torch lazily; it runs only inside torchrun ranks.
 
 def stage_forward(L, weights: list, experts):
-    """fwd(x) for a stack of MoE layers: x [b, H] bf16 -> x + MoE(x), layer after layer."""
+    """fwd(x) for a stack of MoE layers: x [b, H] bf16 -> x + MoE(x), layer after layer.
+    `fwd.weights` / `fwd.experts` expose the layers so a check can compare each one with its
+    reference on the same routed ids."""
     def fwd(x):
         for w in weights:
             ids, tw = L.moe_route(w, x)          # [b, k] expert ids, fp32 weights
             x = x + experts(w, x, ids, tw)
         return x
+    fwd.weights, fwd.experts = weights, experts
     return fwd
 
 

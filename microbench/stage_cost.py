@@ -15,8 +15,12 @@ bandwidth (`efficiency_measured_bw`): spec bandwidth is rarely reachable.
 
 Stage cost = Σ over its layers (attention + MoE or dense MLP) + extras (lm_head on the last
 stage; the embedding lookup is costed by the roofline only). Efficiency = floor / measured;
-imbalance = max / mean stage cost. INT4/FP8 are not executed: measurements use bf16 and are
-compared with the bf16 floor; the native-format floor is in `plan` for the report.
+imbalance = max / mean stage cost. Formats: MoE routed experts run in the model's own format
+(`--dtype native`, the default: INT4 W4A16 and FP8 block-scaled Triton kernels,
+microbench/kernels/moe_quant.py), the shared expert too when it shares that format, else
+bf16; attention, dense MLP, router and lm_head run in bf16. `measured_formats` says what ran,
+every floor and efficiency uses those formats, and each layer entry names its `kernel`
+(`kernel_by_layer` sums it up). MLA attention runs `mla_decode` (Triton + cuBLAS).
 
 Run: `ppscope stage-cost --model kimi-k2 --pp 8 --dtype bf16` on one GPU (`--plan` anywhere:
 floors only). Read: `stages[i].by_batch["8"]` is stage i's cost for a micro-batch of 8.
@@ -24,14 +28,19 @@ floors only). Read: `stages[i].by_batch["8"]` is stage i's cost for a micro-batc
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import io
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from microbench.kit.run_writer import RunWriter
 from reports.base.gpu_specs import GpuSpec, load_gpu, match_gpu
 from reports.base.model_config import ModelConfig, load_model, matrix_bytes
-from reports.base.partition import pp_partition
-from reports.base.records import Record, make_record, write_record
+from reports.base.partition import Stage, pp_partition
+from reports.base.payloads.stage_cost import (Imbalance, LayerPoint, Prefill, PrefillPoint,
+                                              Routing, RoutingPoint, StageCost, StageCostData,
+                                              StagePoint)
+from reports.base.records import Record, make_record, write_atomic
 from reports.base.roofline import (DEFAULT_CONTEXT, floor_us, layer_floor, mlp_bytes,
                               routed_expert_bytes, stage_floor)
 
@@ -59,19 +68,20 @@ def measure_mem_bw(nbytes: int = COPY_BYTES) -> float:
     return 2 * nbytes / (t.median_us * 1e-6) / 1e9
 
 
-def pick_fastest(layers: dict[str, dict], names) -> dict[str, str]:
+def pick_fastest(layers: dict[str, dict[str, LayerPoint]], names) -> dict[str, str]:
     """Sets layers["moe"][b] to the fastest `moe_<name>` entry that has a measurement (a
     failed check leaves none), tagged with `backend_name`; returns {b: name}. Where no backend
     succeeded, the first backend's error entry stands."""
-    chosen, moe = {}, {}
+    chosen: dict[str, str] = {}
+    moe: dict[str, LayerPoint] = {}
     for name in names:
         for b, e in (layers.get(f"moe_{name}") or {}).items():
-            us, cur = e.get("measured_us"), moe.get(b)
-            if us is not None and (cur is None or cur.get("measured_us") is None
-                                   or us < cur["measured_us"]):
-                moe[b], chosen[b] = {**e, "backend_name": name}, name
+            us, cur = e.measured_us, moe.get(b)
+            if us is not None and (cur is None or cur.measured_us is None
+                                   or us < cur.measured_us):
+                moe[b], chosen[b] = replace(e, backend_name=name), name
             elif cur is None:
-                moe[b] = dict(e)
+                moe[b] = e
     layers["moe"] = moe
     return chosen
 
@@ -90,6 +100,7 @@ class StageCostConfig:
     zipf_s: float = 0.0
     experts_sample: int | None = None
     mem_bw_gbps: float | None = None  # measured HBM bandwidth; None: spec sheet
+    attention_backend: str = "auto"   # auto: triton (mla_decode) for MLA, else torch
     plan: bool = False
     out: Path | None = None
     argv: tuple[str, ...] = ()
@@ -119,6 +130,16 @@ def resolve(cfg: StageCostConfig) -> tuple[ModelConfig, GpuSpec]:
     return m, load_gpu("rtx-pro-6000")
 
 
+def measured_model(m: ModelConfig) -> ModelConfig:
+    """The formats `_measure` executes: routed experts in their own format (bf16, int4, fp8
+    kernels), the shared expert in its format when that is the routed one or bf16, else bf16;
+    everything else bf16 (no quantised attention / dense / lm_head kernels here)."""
+    f = m.formats
+    shared = f.shared_experts if f.shared_experts in ("bf16", f.routed_experts) else "bf16"
+    return m.all_formats("bf16").with_formats(routed_experts=f.routed_experts,
+                                              shared_experts=shared)
+
+
 def moe_floor_us(m: ModelConfig, distinct: float, gpu: GpuSpec, bw: float | None) -> float:
     """Floor of one MoE layer given the distinct routed experts actually touched."""
     H, I = m.hidden, m.moe_intermediate
@@ -128,18 +149,19 @@ def moe_floor_us(m: ModelConfig, distinct: float, gpu: GpuSpec, bw: float | None
     return floor_us(nbytes, 0.0, gpu, bw)
 
 
-def plan_stages(m: ModelConfig, gpu: GpuSpec, cfg: StageCostConfig) -> list[dict[str, Any]]:
+def plan_stages(m: ModelConfig, gpu: GpuSpec, cfg: StageCostConfig) -> list[StageCost]:
+    """Every stage's roofline floor per batch size; nothing measured yet."""
     out = []
     for st in pp_partition(m.num_layers, cfg.pp, cfg.partition):
         by_batch = {}
         for b in cfg.batches:
             f = stage_floor(m, st, b, gpu, context_len=cfg.context_len, zipf_s=cfg.zipf_s,
                             mem_bw_gbps=cfg.mem_bw_gbps)
-            by_batch[str(b)] = {"measured_us": None, "floor_us": f.floor_us, "efficiency": None,
-                                "weight_bytes": f.weight_bytes, "kv_bytes": f.kv_bytes,
-                                "flops": f.flops, "components": {k: None for k in f.components_us},
-                                "floor_components_us": f.components_us}
-        out.append({**dataclasses.asdict(st), "by_batch": by_batch})
+            by_batch[str(b)] = StagePoint(
+                floor_us=f.floor_us, weight_bytes=f.weight_bytes, kv_bytes=f.kv_bytes,
+                flops=f.flops, components={k: None for k in f.components_us},
+                floor_components_us=dict(f.components_us))
+        out.append(StageCost(**dataclasses.asdict(st), by_batch=by_batch))
     return out
 
 
@@ -147,7 +169,7 @@ ROUTING_ZIPF = (0.0, 0.5, 1.0, 1.5)
 
 
 def routing_plan(m: ModelConfig, cfg: StageCostConfig, draws: int = 200, seed: int = 0
-                 ) -> dict[str, Any] | None:
+                 ) -> Routing | None:
     """Routing skew under PP (roofline Monte-Carlo, `reports.base.roofline.skew_spread`): for each
     Zipf exponent and batch, distinct experts per MoE layer (exact formula and Monte-Carlo),
     MoE bytes per token per layer, and the stage bytes spread max/mean (mean over draws) next
@@ -161,91 +183,93 @@ def routing_plan(m: ModelConfig, cfg: StageCostConfig, draws: int = 200, seed: i
     for s in ROUTING_ZIPF:
         r = skew_spread(m, stages, cfg.batches, s, draws=draws, seed=seed,
                         context_len=cfg.context_len)
-        by_s[f"{s:g}"] = {str(b): {
-            "distinct_experts": x.distinct_expected, "distinct_experts_mc": x.distinct_mean,
-            "moe_bytes_per_token": x.moe_bytes_per_token,
-            "stage_bytes_mean": list(x.stage_bytes_mean),
-            "stage_bytes_p10": list(x.stage_bytes_p10),
-            "stage_bytes_p90": list(x.stage_bytes_p90),
-            "stage_spread_max_over_mean": x.max_over_mean,
-            "stage_spread_of_means": x.max_over_mean_of_means,
-            "slowest_stage_loss": x.slowest_stage_loss} for b, x in r.items()}
-    return {"source": "estimated (roofline Monte-Carlo)", "draws": draws, "seed": seed,
-            "experts": m.n_routed_experts, "top_k": m.top_k, "by_zipf": by_s}
+        by_s[f"{s:g}"] = {str(b): RoutingPoint(
+            distinct_experts=x.distinct_expected, distinct_experts_mc=x.distinct_mean,
+            moe_bytes_per_token=x.moe_bytes_per_token,
+            stage_bytes_mean=tuple(x.stage_bytes_mean),
+            stage_bytes_p10=tuple(x.stage_bytes_p10),
+            stage_bytes_p90=tuple(x.stage_bytes_p90),
+            stage_spread_max_over_mean=x.max_over_mean,
+            stage_spread_of_means=x.max_over_mean_of_means,
+            slowest_stage_loss=x.slowest_stage_loss) for b, x in r.items()}
+    return Routing(source="estimated (roofline Monte-Carlo)", draws=draws, seed=seed,
+                   experts=m.n_routed_experts, top_k=m.top_k, by_zipf=by_s)
 
 
-def _counts(m: ModelConfig, st: dict) -> dict[str, int]:
-    layers = range(st["first_layer"], st["first_layer"] + st["num_layers"])
+def _counts(m: ModelConfig, st: StageCost) -> dict[str, int]:
+    layers = range(st.first_layer, st.first_layer + st.num_layers)
     n_moe = sum(1 for i in layers if m.layer_is_moe(i))
-    return {"attention": st["num_layers"], "moe": n_moe, "dense_mlp": st["num_layers"] - n_moe,
-            "lm_head": int(st["lm_head"])}
+    return {"attention": st.num_layers, "moe": n_moe, "dense_mlp": st.num_layers - n_moe,
+            "lm_head": int(st.lm_head)}
 
 
-def fill_stage_costs(m: ModelConfig, stages: list[dict], layers: dict[str, dict]) -> dict:
-    """Stage cost = Σ count x measured layer time; returns imbalance per batch."""
+def _imbalance(costs: list[float | None], floors: list[float]) -> Imbalance:
+    return Imbalance(measured=(max(costs) / (sum(costs) / len(costs))) if all(costs) else None,
+                     floor=max(floors) / (sum(floors) / len(floors)))
+
+
+def fill_stage_costs(m: ModelConfig, stages: list[StageCost],
+                     layers: dict[str, dict[str, LayerPoint]]
+                     ) -> tuple[list[StageCost], dict[str, Imbalance]]:
+    """Stage cost = Σ count x measured layer time; returns the stages with it filled in and
+    the imbalance per batch."""
+    by_stage: list[dict[str, StagePoint]] = [{} for _ in stages]
     imbalance = {}
-    for b in next(iter(stages))["by_batch"]:
+    for b in stages[0].by_batch:
         costs = []
-        for st in stages:
-            e = st["by_batch"][b]
+        for k, st in enumerate(stages):
             comps, total = {}, 0.0
             for kind, n in _counts(m, st).items():
                 if n == 0:
                     continue
-                meas = (layers.get(kind) or {}).get(b, {}).get("measured_us")
+                e = (layers.get(kind) or {}).get(b)
+                meas = e.measured_us if e is not None else None
                 comps[kind] = None if meas is None else n * meas
                 total = None if (meas is None or total is None) else total + n * meas
-            e["components"] = comps
-            e["measured_us"] = total
-            e["efficiency"] = (e["floor_us"] / total) if total else None
+            p = st.by_batch[b]
+            by_stage[k][b] = replace(p, components=comps, measured_us=total,
+                                     efficiency=(p.floor_us / total) if total else None)
             costs.append(total)
-        floors = [st["by_batch"][b]["floor_us"] for st in stages]
-        imbalance[b] = {
-            "measured": (max(costs) / (sum(costs) / len(costs))) if all(costs) else None,
-            "floor": max(floors) / (sum(floors) / len(floors))}
-    return imbalance
+        imbalance[b] = _imbalance(costs, [st.by_batch[b].floor_us for st in stages])
+    return [replace(st, by_batch=bb) for st, bb in zip(stages, by_stage)], imbalance
 
 
-def _data(cfg, m, m_meas, gpu, stages, layers, prefill, notes, imbalance) -> dict:
-    return {"model": m.name, "pp": cfg.pp, "gpu": gpu.name, "gpu_source": gpu.source,
-            "mem_bw_gbps": cfg.mem_bw_gbps or gpu.mem_bw_gbps,
-            "mem_bw_from": "measured" if cfg.mem_bw_gbps else "spec sheet",
-            "moe_backends": list(cfg.moe_backends), "dtype": cfg.dtype,
-            "formats": dataclasses.asdict(m.formats),
-            "measured_formats": dataclasses.asdict(m_meas.formats) if m_meas else None,
-            "timing": None if cfg.plan else "cuda_graph_replay",
-            "batches": list(cfg.batches), "context_len": cfg.context_len, "zipf_s": cfg.zipf_s,
-            "experts_sample": cfg.experts_sample, "partition": cfg.partition,
-            "stages": stages, "layers": layers, "prefill": prefill, "imbalance": imbalance,
-            "notes": notes, "backend": None, "moe_backend_by_batch": {},
-            "mem_bw_measured_gbps": None}
+def _data(cfg, m, m_meas, gpu, stages, layers, prefill, notes, imbalance) -> StageCostData:
+    return StageCostData(
+        model=m.name, pp=cfg.pp, gpu=gpu.name, gpu_source=gpu.source,
+        mem_bw_gbps=cfg.mem_bw_gbps or gpu.mem_bw_gbps,
+        mem_bw_from="measured" if cfg.mem_bw_gbps else "spec sheet",
+        moe_backends=tuple(cfg.moe_backends), dtype=cfg.dtype,
+        formats=dataclasses.asdict(m.formats),
+        measured_formats=dataclasses.asdict(m_meas.formats) if m_meas else None,
+        timing=None if cfg.plan else "cuda_graph_replay",
+        batches=tuple(cfg.batches), context_len=cfg.context_len, zipf_s=cfg.zipf_s,
+        experts_sample=cfg.experts_sample, partition=cfg.partition,
+        stages=tuple(stages), layers=layers, prefill=prefill, imbalance=imbalance,
+        notes=tuple(notes))
 
 
-def run(cfg: StageCostConfig, progress=None) -> Record:
-    """Plan (floors) or measure; writes `cfg.out` as it goes when given."""
+def run(cfg: StageCostConfig, progress=None) -> tuple[Record, str | None]:
+    """Plan (floors) or measure; saves `cfg.out` as it goes when given (the status rule of
+    `save_record`: only an ok run replaces a good record). Returns the record and the writer's
+    note (set when the record went beside a good one)."""
     m, gpu = resolve(cfg)
     stages = plan_stages(m, gpu, cfg)
     notes: list[str] = []
+    writer = RunWriter(cfg.out) if cfg.out else None
     if cfg.plan:
-        imb = {str(b): {"measured": None, "floor": max(s["by_batch"][str(b)]["floor_us"]
-                                                       for s in stages)
-                        / (sum(s["by_batch"][str(b)]["floor_us"] for s in stages) / len(stages))}
-               for b in cfg.batches}
-        data = _data(cfg, m, None, gpu, stages, {}, None,
-                     ["plan: roofline floors only, nothing measured"], imb)
-        data["routing"] = routing_plan(m, cfg)
+        imb = {b: _imbalance([None], [s.by_batch[b].floor_us for s in stages])
+               for b in map(str, cfg.batches)}
+        data = replace(_data(cfg, m, None, gpu, stages, {}, None,
+                             ["plan: roofline floors only, nothing measured"], imb),
+                       routing=routing_plan(m, cfg))
         rec = make_record(PROBE, data, argv=list(cfg.argv))
-        if cfg.out:
-            write_record(rec, cfg.out)
-        return rec
-    reason = available()
-    if reason:
+    elif reason := available():
         rec = make_record(PROBE, _data(cfg, m, None, gpu, stages, {}, None, [], {}),
                           status="waived", reason=f"needs a GPU: {reason}", argv=list(cfg.argv))
-        if cfg.out:
-            write_record(rec, cfg.out)
-        return rec
-    return _measure(cfg, m, gpu, stages, notes, progress)
+    else:
+        return _measure(cfg, m, gpu, stages, notes, progress, writer)
+    return rec, writer.save(rec)[1] if writer else None
 
 
 def _fits(nbytes: int, what: str, m: ModelConfig, cfg: StageCostConfig) -> str | None:
@@ -266,29 +290,42 @@ def _fits(nbytes: int, what: str, m: ModelConfig, cfg: StageCostConfig) -> str |
     return msg
 
 
-def _measure(cfg, m, gpu, stages, notes, progress) -> Record:
+def _measure(cfg, m, gpu, stages, notes, progress, writer) -> tuple[Record, str | None]:
     import torch
 
     from microbench.kernels import layers as L
     from microbench.kit.timing import do_bench, do_bench_graph
 
     dev = torch.device("cuda")
-    m_meas = m.all_formats("bf16")
-    if cfg.dtype not in ("bf16",) and m.formats != m_meas.formats:
-        notes.append("INT4/FP8 are not executed: layers run in bf16, and stage floors and "
-                     "efficiencies here use bf16 (run --plan for the native-format floors)")
-    # efficiencies are computed against the bf16 floors of what actually ran
+    m_meas = measured_model(m)
+    fmt = m_meas.formats.routed_experts
+    if m.formats != m_meas.formats:
+        bf = [c for c, v in dataclasses.asdict(m.formats).items()
+              if v != getattr(m_meas.formats, c)]
+        notes.append(f"run in bf16 instead of the model's format: {', '.join(bf)} (no kernel "
+                     "here); floors and efficiencies use the formats that ran "
+                     "(measured_formats); --plan gives the native-format floors")
+    # efficiencies are computed against the floors of what actually ran
     stages = plan_stages(m_meas, gpu, cfg) if m.formats != m_meas.formats else stages
+    att_backend = (("triton" if m.attention == "mla" else "torch")
+                   if cfg.attention_backend == "auto" else cfg.attention_backend)
     if cfg.experts_sample:
         notes.append(f"MoE layers allocate {cfg.experts_sample} of {m.n_routed_experts} routed "
                      "experts (ids folded modulo that); floors use the distinct experts touched")
     unknown = [n for n in cfg.moe_backends if n not in MOE_BACKENDS]
     if unknown:
         raise ValueError(f"unknown MoE backend(s) {unknown}; known: {sorted(MOE_BACKENDS)}")
-    moe_kinds = [f"moe_{n}" for n in cfg.moe_backends] if m.is_moe else []
+    moe_names = list(cfg.moe_backends)
+    if fmt != "bf16":   # only ppscope's Triton kernels run int4 / fp8 here
+        skipped = [n for n in moe_names if n != "triton"]
+        if skipped:
+            notes.append(f"MoE backend(s) {', '.join(skipped)} not timed: they run bf16 only "
+                         f"and the routed experts are {fmt}")
+        moe_names = ["triton"]
+    moe_kinds = [f"moe_{n}" for n in moe_names] if m.is_moe else []
     kinds = ["attention"] + moe_kinds + (["dense_mlp"] if m.first_k_dense > 0 else []) + \
         ["lm_head"]
-    layers: dict[str, dict] = {k: {} for k in kinds}
+    layers: dict[str, dict[str, LayerPoint]] = {k: {} for k in kinds}
     prefill: dict[str, Any] = {"chunk_tokens": cfg.prefill_chunk, "timing": "eager",
                                "layers": {}} if cfg.prefill_chunk else None
     total = len(kinds) * len(cfg.batches)
@@ -301,41 +338,34 @@ def _measure(cfg, m, gpu, stages, notes, progress) -> Record:
         notes.append(f"HBM copy bandwidth not measured ({type(e).__name__})")
     chosen: dict[str, str] = {}
 
-    def add_measured_bw(st_list):
-        for st in st_list:
-            for b, e in st["by_batch"].items():
-                if bw_meas and e.get("measured_us"):
-                    f = stage_floor(m_meas, _as_stage(st), int(b), gpu,
-                                    context_len=cfg.context_len, zipf_s=cfg.zipf_s,
-                                    mem_bw_gbps=bw_meas).floor_us
-                    e["floor_measured_bw_us"] = f
-                    e["efficiency_measured_bw"] = f / e["measured_us"]
-
-    def save(final: bool = False) -> Record:
+    def save(final: bool = False) -> tuple[Record, str | None]:
         if moe_kinds:
             chosen.clear()
-            chosen.update(pick_fastest(layers, cfg.moe_backends))
-        imb = fill_stage_costs(m_meas, stages, layers)
-        add_measured_bw(stages)
-        data = _data(cfg, m, m_meas, gpu, stages, layers, prefill, notes, imb)
-        data["mem_bw_measured_gbps"] = bw_meas
-        data["moe_backend_by_batch"] = dict(chosen)
+            chosen.update(pick_fastest(layers, moe_names))
+        st, imb = fill_stage_costs(m_meas, stages, layers)
         names = sorted(set(chosen.values()))
-        data["backend"] = ",".join(names) if names else None
-        errs = [f"{k}: {v['error']}" for k, d in layers.items() if k != "moe"
-                for v in d.values() if isinstance(v, dict) and v.get("error")]
+        data = replace(
+            _data(cfg, m, m_meas, gpu, with_measured_bw(st, m_meas, gpu, cfg, bw_meas),
+                  {k: dict(v) for k, v in layers.items()},
+                  Prefill(**{**prefill, "layers": dict(prefill["layers"])})
+                  if prefill is not None else None, notes, imb),
+            mem_bw_measured_gbps=bw_meas, moe_backend_by_batch=dict(chosen),
+            backend=",".join(names) if names else None,
+            kernel_by_layer={k: next((e.kernel for e in d.values() if e.kernel), None)
+                             for k, d in layers.items()})
+        errs = [f"{k}: {v.error}" for k, d in layers.items() if k != "moe"
+                for v in d.values() if v.error]
         # a failed optional MoE backend is fine as long as another one measured every batch
         moe_ok = not moe_kinds or all(b in chosen for b in map(str, cfg.batches))
         hard = [x for x in errs if not x.startswith("moe_") or not moe_ok]
         if final:
             status = "ok" if not hard else "error"
             reason = None if not errs else "; ".join(sorted(set(errs)))[:500]
-        else:
-            status, reason = "error", f"incomplete: {done[0]} of {total} points measured so far"
+        else:  # what Ctrl-C or a crash leaves: the points measured so far
+            status, reason = "partial", (f"incomplete: {done[0]} of {total} points measured "
+                                         "(interrupted, or still running)")
         rec = make_record(PROBE, data, status=status, reason=reason, argv=list(cfg.argv))
-        if cfg.out:
-            write_record(rec, cfg.out)
-        return rec
+        return rec, writer.save(rec)[1] if writer else None
 
     for kind in kinds:
         is_moe = kind.startswith("moe_")
@@ -343,13 +373,16 @@ def _measure(cfg, m, gpu, stages, notes, progress) -> Record:
         backend, variant = MOE_BACKENDS[kind[4:]] if is_moe else ("torch", None)
         weights = None
         if is_moe:
-            nb = L.moe_weight_bytes(m_meas, cfg.experts_sample)
+            if fmt == "bf16":
+                nb = L.moe_weight_bytes(m_meas, cfg.experts_sample)
+            else:
+                from microbench.kernels import moe_quant
+                nb = moe_quant.weight_bytes(m_meas, fmt, cfg.experts_sample)
             n_exp = cfg.experts_sample or m_meas.n_routed_experts
-            too_big = _fits(nb, f"moe layer ({n_exp} experts, bf16)", m_meas, cfg)
+            too_big = _fits(nb, f"moe layer ({n_exp} experts, {fmt})", m_meas, cfg)
             if too_big:
                 for b in cfg.batches:
-                    layers[kind][str(b)] = {"measured_us": None, "floor_us": None,
-                                            "error": too_big}
+                    layers[kind][str(b)] = LayerPoint(error=too_big)
                 done[0] += len(cfg.batches)
                 save()
                 continue
@@ -357,10 +390,10 @@ def _measure(cfg, m, gpu, stages, notes, progress) -> Record:
         for i, b in enumerate(cfg.batches):
             entry: dict[str, Any] = {}
             try:
-                kw = dict(context_len=cfg.context_len, seed=0)
+                kw = dict(context_len=cfg.context_len, seed=0, attention_backend=att_backend)
                 if is_moe:
                     kw.update(backend=backend, variant=variant, zipf_s=cfg.zipf_s,
-                              experts_sample=cfg.experts_sample, weights=weights)
+                              experts_sample=cfg.experts_sample, weights=weights, fmt=fmt)
                 built = L.build(base, m_meas, b, dev, **kw)
                 if is_moe:
                     weights = built.info.pop("weights")
@@ -382,7 +415,7 @@ def _measure(cfg, m, gpu, stages, notes, progress) -> Record:
                              floor_us=floor, efficiency=floor / t.median_us,
                              floor_measured_bw_us=floor_m,
                              efficiency_measured_bw=floor_m and floor_m / t.median_us,
-                             backend=built.backend,
+                             backend=built.backend, kernel=built.info.get("kernel"),
                              timing="cuda_graph_replay" if built.graphable else "eager")
                 del built
             except L.CheckFailed as e:
@@ -392,15 +425,15 @@ def _measure(cfg, m, gpu, stages, notes, progress) -> Record:
             except Exception as e:  # noqa: BLE001 - unsupported op/backend: record, go on
                 check_err = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
             if check_err:
-                entry = {"measured_us": None, "floor_us": None, "error": check_err}
-            layers[kind][str(b)] = entry
+                entry = {"error": check_err}
+            layers[kind][str(b)] = point = LayerPoint(**entry)
             done[0] += 1
             if progress:
                 progress.update(1)
             save()
             if check_err:  # a failed check or build fails every batch the same way
                 for b2 in cfg.batches[i + 1:]:
-                    layers[kind][str(b2)] = dict(entry)
+                    layers[kind][str(b2)] = point
                     done[0] += 1
                     if progress:
                         progress.update(1)
@@ -411,7 +444,7 @@ def _measure(cfg, m, gpu, stages, notes, progress) -> Record:
                 kw = dict(seed=0)
                 if is_moe:
                     kw.update(backend=backend, variant=variant,
-                              experts_sample=cfg.experts_sample, weights=weights)
+                              experts_sample=cfg.experts_sample, weights=weights, fmt=fmt)
                 built = L.build(base, m_meas, T, dev, **kw)
                 t = do_bench(built.fn)
                 floor = (moe_floor_us(m_meas, built.info["distinct_experts"], gpu, bw)
@@ -420,13 +453,13 @@ def _measure(cfg, m, gpu, stages, notes, progress) -> Record:
                 if is_moe:  # prefill is compute-heavy: the floor takes FLOPs into account
                     fl = layer_floor(m_meas, "moe", T, gpu, mem_bw_gbps=bw)
                     floor = max(floor, fl.flops / (gpu.bf16_tflops * 1e12) * 1e6)
-                prefill["layers"][kind] = {"measured_us": t.median_us, "floor_us": floor,
-                                           "efficiency": floor / t.median_us,
-                                           "backend": built.backend}
+                prefill["layers"][kind] = PrefillPoint(measured_us=t.median_us, floor_us=floor,
+                                                       efficiency=floor / t.median_us,
+                                                       backend=built.backend)
                 del built
             except Exception as e:  # noqa: BLE001 - record it; decode figures still stand
-                prefill["layers"][kind] = {"measured_us": None, "error": f"{type(e).__name__}: "
-                                           f"{(str(e).splitlines() or [''])[0][:200]}"}
+                prefill["layers"][kind] = PrefillPoint(error=f"{type(e).__name__}: "
+                                                       f"{(str(e).splitlines() or [''])[0][:200]}")
         del weights
         torch.cuda.empty_cache()
     if prefill is not None:
@@ -434,47 +467,55 @@ def _measure(cfg, m, gpu, stages, notes, progress) -> Record:
     return save(final=True)
 
 
-def _as_stage(st: dict):
-    from reports.base.partition import Stage
+def with_measured_bw(stages: list[StageCost], m: ModelConfig, gpu: GpuSpec,
+                     cfg: StageCostConfig, bw_meas: float | None) -> list[StageCost]:
+    """Each measured stage point also against the floor at the measured copy bandwidth."""
+    if not bw_meas:
+        return stages
+    out = []
+    for st in stages:
+        stage = Stage(**{f.name: getattr(st, f.name) for f in dataclasses.fields(Stage)})
+        by_batch = {}
+        for b, e in st.by_batch.items():
+            if e.measured_us:
+                f = stage_floor(m, stage, int(b), gpu, context_len=cfg.context_len,
+                                zipf_s=cfg.zipf_s, mem_bw_gbps=bw_meas).floor_us
+                e = replace(e, floor_measured_bw_us=f, efficiency_measured_bw=f / e.measured_us)
+            by_batch[b] = e
+        out.append(replace(st, by_batch=by_batch))
+    return out
 
-    return Stage(**{f.name: st[f.name] for f in dataclasses.fields(Stage)})
 
-
-def plot(rec_data: dict, path: str | Path, batch: int) -> Path:
-    """PNG: per-stage cost stacked by component (measured, else floor) with each stage's floor."""
+def plot(d: StageCostData, path: str | Path, batch: int) -> Path:
+    """PNG (written atomically): per-stage cost stacked by component (measured, else floor)
+    with each stage's floor."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    stages = rec_data["stages"]
     b = str(batch)
+    points = [s.by_batch[b] for s in d.stages]
     kinds = ["attention", "moe", "dense_mlp", "lm_head"]
     fig, ax = plt.subplots(figsize=(8, 4.2))
-    bottoms = [0.0] * len(stages)
-    measured = all(s["by_batch"][b]["measured_us"] is not None for s in stages)
+    bottoms = [0.0] * len(points)
+    measured = all(e.measured_us is not None for e in points)
     for k in kinds:
-        vals = []
-        for s in stages:
-            e = s["by_batch"][b]
-            v = (e["components"] or {}).get(k) if measured else \
-                (e.get("floor_components_us") or {}).get(k)
-            vals.append(v or 0.0)
+        vals = [(e.components if measured else e.floor_components_us).get(k) or 0.0
+                for e in points]
         if any(vals):
-            ax.bar(range(len(stages)), vals, bottom=bottoms, label=k)
+            ax.bar(range(len(points)), vals, bottom=bottoms, label=k)
             bottoms = [x + y for x, y in zip(bottoms, vals)]
-    floors = [s["by_batch"][b]["floor_us"] for s in stages]
-    ax.plot(range(len(stages)), floors, "k_", markersize=28, mew=2, label="roofline floor")
-    ax.set_xticks(range(len(stages)),
-                  [f"{s['index']}\n{s['num_layers']}L" + ("+lm" if s["lm_head"] else "")
-                   for s in stages])
+    ax.plot(range(len(points)), [e.floor_us for e in points], "k_", markersize=28, mew=2,
+            label="roofline floor")
+    ax.set_xticks(range(len(points)),
+                  [f"{s.index}\n{s.num_layers}L" + ("+lm" if s.lm_head else "") for s in d.stages])
     ax.set_xlabel("pipeline stage (layers)")
     ax.set_ylabel("time per decode step (µs)")
-    ax.set_title(f"{rec_data['model']} PP{rec_data['pp']} on {rec_data['gpu']}, micro-batch {batch}"
+    ax.set_title(f"{d.model} PP{d.pp} on {d.gpu}, micro-batch {batch}"
                  + ("" if measured else " (roofline only)"))
     ax.legend(fontsize=8)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
-    return path
+    return write_atomic(path, buf.getvalue())

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from reports.base.errors import CliError
 from reports.base.paths import default_record_path
+from reports.base.payloads.stage_cost import Routing, StageCostData
 
 
 def int_list(s: str) -> tuple[int, ...]:
@@ -60,12 +62,30 @@ def register(sub) -> None:
     p.set_defaults(func=main)
 
 
-def main(args) -> int:
+def check_number(flag: str, v: float | None, *, lo: float = 0.0, strict: bool = False) -> None:
+    """A numeric flag must be finite and >= lo (> lo when strict); one-line CliError."""
+    if v is None:
+        return
+    ok = math.isfinite(v) and (v > lo if strict else v >= lo)
+    if not ok:
+        raise CliError(f"{flag} must be a finite number {'>' if strict else '>='} {lo:g}, "
+                       f"got {v}")
+
+
+def config_from_args(args):
+    """Check every argument (one-line CliError) and build the config; nothing is written."""
     from microbench import stage_cost as sc
     from reports.base.model_config import ConfigError
+    from reports.base.partition import pp_partition
 
-    if args.pp < 1:
-        raise CliError(f"--pp must be >= 1, got {args.pp}")
+    check_number("--pp", args.pp, lo=1)
+    check_number("--prefill-chunk", args.prefill_chunk)
+    check_number("--context", args.context)
+    check_number("--zipf", args.zipf)
+    check_number("--experts-sample", args.experts_sample, lo=1)
+    check_number("--mem-bw", args.mem_bw, strict=True)
+    if args.png_batch not in args.batches:
+        raise CliError(f"--png-batch {args.png_batch} is not among --batches")
     out = Path(args.json) if args.json else default_record_path(sc.PROBE)
     cfg = sc.StageCostConfig(
         model=args.model, pp=args.pp, partition=args.partition, gpu=args.gpu, dtype=args.dtype,
@@ -73,29 +93,39 @@ def main(args) -> int:
         batches=args.batches, prefill_chunk=args.prefill_chunk, context_len=args.context,
         zipf_s=args.zipf, experts_sample=args.experts_sample, mem_bw_gbps=args.mem_bw,
         plan=args.plan, out=out, argv=tuple(args.argv))
-    from reports.base.partition import pp_partition
-
     try:
         mm, _ = sc.resolve(cfg)
         pp_partition(mm.num_layers, cfg.pp, cfg.partition)
     except (ConfigError, ValueError) as e:
         raise CliError(str(e)) from None
+    return cfg, mm
+
+
+def main(args) -> int:
+    from microbench import stage_cost as sc
+
+    cfg, mm = config_from_args(args)
+    out = cfg.out
     if not args.plan and (reason := sc.available()):
-        raise CliError(f"measuring needs a GPU ({reason}); use --plan for roofline floors")
-    if args.png_batch not in cfg.batches:
-        raise CliError(f"--png-batch {args.png_batch} is not among --batches")
+        # cannot measure here: a waived record (beside a good one, never over it), exit 2
+        _, note = sc.run(cfg)
+        raise CliError(f"measuring needs a GPU ({reason}); nothing measured ("
+                       + (note or f"waived record: {out}") + "); use --plan for roofline floors")
     bar = None
     if not args.plan:
         from tqdm import tqdm
         n = 2 + mm.is_moe * len(cfg.moe_backends) + (mm.first_k_dense > 0)
         bar = tqdm(total=n * len(cfg.batches), desc="stage-cost", unit="pt", leave=False)
     try:
-        rec = sc.run(cfg, progress=bar)
+        rec, note = sc.run(cfg, progress=bar)
     finally:
         if bar:
             bar.close()
-    print(render(rec.data))
-    png = sc.plot(rec.data, args.png or out.with_suffix(".png"), args.png_batch)
+    print(render(rec.payload))
+    if note:  # the run went beside a good record; that record and its plot stay
+        print(f"\n{note}  status: {rec.status} ({rec.reason})")
+        return 0 if rec.status != "error" else 1
+    png = sc.plot(rec.payload, args.png or out.with_suffix(".png"), args.png_batch)
     print(f"\nrecord: {out}  plot: {png}" + (f"  status: {rec.status} ({rec.reason})"
                                              if rec.status != "ok" else ""))
     return 0 if rec.status != "error" else 1
@@ -105,59 +135,59 @@ def _f(v, fmt="{:.1f}"):
     return "-" if v is None else fmt.format(v)
 
 
-def render(d: dict) -> str:
+def _pct(v):
+    return _f(v and 100 * v, "{:.0f}%")
+
+
+def render(d: StageCostData) -> str:
     from tabulate import tabulate
 
     rows = []
-    for st in d["stages"]:
-        for b, e in st["by_batch"].items():
-            rows.append([st["index"], st["num_layers"], "yes" if st["lm_head"] else "", b,
-                         _f(e["measured_us"]), _f(e["floor_us"]),
-                         _f(e["efficiency"] and 100 * e["efficiency"], "{:.0f}%")])
-    meas = d.get("mem_bw_measured_gbps")
-    out = [f"{d['model']} PP{d['pp']} on {d['gpu']} ({d['mem_bw_gbps']:.0f} GB/s, "
-           f"{d['mem_bw_from']}" + (f"; copy measured {meas:.0f} GB/s" if meas else "")
-           + f"), formats {d['dtype']}" + (f", MoE backend {d['backend']}"
-                                           if d.get("backend") else ""),
+    for st in d.stages:
+        for b, e in st.by_batch.items():
+            rows.append([st.index, st.num_layers, "yes" if st.lm_head else "", b,
+                         _f(e.measured_us), _f(e.floor_us), _pct(e.efficiency)])
+    meas = d.mem_bw_measured_gbps
+    out = [f"{d.model} PP{d.pp} on {d.gpu} ({d.mem_bw_gbps:.0f} GB/s, "
+           f"{d.mem_bw_from}" + (f"; copy measured {meas:.0f} GB/s" if meas else "")
+           + f"), formats {d.dtype}" + (f", MoE backend {d.backend}" if d.backend else ""),
            tabulate(rows, headers=["stage", "layers", "lm_head", "batch", "measured_us",
                                    "floor_us", "efficiency"], tablefmt="simple")]
-    if d.get("layers"):
+    if d.layers:
         lrows = []
-        for kind, by_b in d["layers"].items():
+        for kind, by_b in d.layers.items():
             for b, e in by_b.items():
-                lrows.append([kind, b, e.get("backend", ""), _f(e.get("measured_us")),
-                              _f(e.get("floor_us")),
-                              _f(e.get("efficiency") and 100 * e["efficiency"], "{:.0f}%"),
-                              _f(e.get("efficiency_measured_bw")
-                                 and 100 * e["efficiency_measured_bw"], "{:.0f}%"),
-                              e.get("distinct_experts", ""), e.get("error", "")[:60]])
+                lrows.append([kind, b, e.backend or "", _f(e.measured_us), _f(e.floor_us),
+                              _pct(e.efficiency), _pct(e.efficiency_measured_bw),
+                              "" if e.distinct_experts is None else e.distinct_experts,
+                              (e.error or "")[:60]])
         out += ["", tabulate(lrows, headers=["layer", "batch", "backend", "measured_us",
                                              "floor_us", "eff_spec_bw", "eff_measured_bw",
                                              "experts", "error"], tablefmt="simple")]
-    imb = [[b, _f(v["measured"], "{:.3f}"), _f(v["floor"], "{:.3f}")]
-           for b, v in (d.get("imbalance") or {}).items()]
+    imb = [[b, _f(v.measured, "{:.3f}"), _f(v.floor, "{:.3f}")]
+           for b, v in d.imbalance.items()]
     if imb:
         out += ["", tabulate(imb, headers=["batch", "imbalance_measured (max/mean)",
                                            "imbalance_floor"], tablefmt="simple")]
-    if d.get("routing"):
-        out += ["", render_routing(d["routing"])]
-    out += [f"note: {n}" for n in d.get("notes") or []]
+    if d.routing:
+        out += ["", render_routing(d.routing)]
+    out += [f"note: {n}" for n in d.notes]
     return "\n".join(out)
 
 
-def render_routing(r: dict) -> str:
+def render_routing(r: Routing) -> str:
     """Compact routing-skew table: one row per batch, one column per Zipf exponent, each cell
     `distinct experts per MoE layer / MoE MB per token per layer / stage bytes max/mean`."""
     from tabulate import tabulate
 
-    zs = list(r["by_zipf"])
-    batches = list(r["by_zipf"][zs[0]])
-    rows = [[b] + [f"{e['distinct_experts']:.1f} / {e['moe_bytes_per_token'] / 1e6:.0f} / "
-                   f"{e['stage_spread_max_over_mean']:.3f}"
-                   for e in (r["by_zipf"][s][b] for s in zs)] for b in batches]
-    loss = max(e["slowest_stage_loss"] for by_b in r["by_zipf"].values() for e in by_b.values())
-    return (f"routing skew ({r['source']}, {r['draws']} draws; each token picks {r['top_k']} of "
-            f"{r['experts']} experts, Zipf exponent s, 0 = uniform)\n"
+    zs = list(r.by_zipf)
+    batches = list(r.by_zipf[zs[0]])
+    rows = [[b] + [f"{e.distinct_experts:.1f} / {e.moe_bytes_per_token / 1e6:.0f} / "
+                   f"{e.stage_spread_max_over_mean:.3f}"
+                   for e in (r.by_zipf[s][b] for s in zs)] for b in batches]
+    loss = max(e.slowest_stage_loss for by_b in r.by_zipf.values() for e in by_b.values())
+    return (f"routing skew ({r.source}, {r.draws} draws; each token picks {r.top_k} of "
+            f"{r.experts} experts, Zipf exponent s, 0 = uniform)\n"
             + tabulate(rows, headers=["batch"] + [f"s={s}: experts / MB/token / stage max/mean"
                                                   for s in zs], tablefmt="simple")
             + f"\nslowest stage lost to per-step routing noise (E[max]/max E - 1): at most "

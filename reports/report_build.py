@@ -19,6 +19,7 @@ from typing import Any
 
 from reports.model import loop_builder as lb
 from reports.model.attribution import attribute
+from reports.base.payloads.topology import HopCost, TopologyData
 from reports.base.records import Record, to_jsonable
 from reports.model.scenario import Inputs
 from reports.model.validate_dispatch import micro_batch_choices, validate
@@ -43,7 +44,7 @@ def build_report(inp: Inputs, records: dict[str, Record]) -> dict[str, Any]:
             "slot_sizes": list(sim.slot_sizes),
         })
     wis = what_ifs(inp, transport_points(
-        records["topology"].data if "topology" in records else None))
+        records["topology"].payload if "topology" in records else None))
     rec = recommendation(wis)
     rep: dict[str, Any] = {
         "schema": REPORT_SCHEMA,
@@ -62,7 +63,7 @@ def build_report(inp: Inputs, records: dict[str, Record]) -> dict[str, Any]:
         "attribution": [{"concurrency": a.concurrency, "ideal_tpot_ms": a.ideal_tpot_ms,
                          "modelled_tpot_ms": a.modelled_tpot_ms,
                          "rows": to_jsonable(list(a.rows))} for a in atts],
-        "verdicts": to_jsonable(verdicts(inp, atts, records)),
+        "verdicts": None,  # filled below, once the observed server's diagnosis exists
         "what_ifs": to_jsonable(wis),
         "objective": OBJECTIVE,
         "measured_concurrency": list(measured_concurrency(inp)),
@@ -76,10 +77,18 @@ def build_report(inp: Inputs, records: dict[str, Record]) -> dict[str, Any]:
         rep["dispatch_validation"] = to_jsonable(validate(records["dispatch"]))
         rep["dispatch_micro_batches"] = to_jsonable(micro_batch_choices(records["dispatch"]))
     if "topology" in records:
-        rep["topology"] = topology_summary(records["topology"].data)
+        rep["topology"] = topology_summary(records["topology"].payload)
     if "sglang" in records:
         rep["server"] = server_summary(records["sglang"].data, conc, inp.pp)
-        rep["diagnosis"] = diagnosis_summary(records["sglang"].data, inp)
+        rep["diagnosis"] = diagnosis_summary(records["sglang"].data, inp,
+                                             records.get("stage_cost"))
+    if "watch" in records:  # GPU watch: observed (NVML) hints, reports/model/watch_summary.py
+        from reports.model.watch_summary import watch_section
+        rep["watch"] = watch_section(records["watch"])
+    rep["verdicts"] = to_jsonable(verdicts(inp, atts, records, rep.get("diagnosis")))
+    from reports.model.next_steps import next_steps
+    rep["measure_your_server"] = to_jsonable(next_steps(
+        rep, [C for C, _ in inp.observed] or list(inp.concurrency), inp.pp))
     rep["answer"] = answer(rep)
     return rep
 
@@ -131,11 +140,15 @@ def setting_dependencies(inp: Inputs) -> dict[str, str]:
         "concurrencies it changes would move; the --max-running-requests what-if rows show how.")}
 
 
-def diagnosis_summary(sg: dict[str, Any], inp: Inputs) -> dict[str, Any] | None:
+def diagnosis_summary(sg: dict[str, Any], inp: Inputs,
+                      stage_cost: Record | None = None) -> dict[str, Any] | None:
     """The observed server diagnosed from its own evidence (reports/model/diagnose.py), or
-    None with the reason when the evidence has no usable loop profile."""
+    None with the reason when the evidence has no usable loop profile. Forward times at sizes
+    the traces never ran follow the measured MoE-layer curve of stage_cost.json when there is
+    one (said so, with the GPU it was measured on), else the roofline's bytes ratio."""
     from reports.base.model_config import load_model
-    from reports.model.deployment import NoLoopEvidence, from_evidence, moe_shape
+    from reports.model.deployment import (NoLoopEvidence, curve_shape, from_evidence,
+                                          moe_shape)
     from reports.model.diagnose import diagnose, time_split_rows
     loop = sg.get("loop") or {}
     if not loop.get("ranks"):
@@ -147,22 +160,43 @@ def diagnosis_summary(sg: dict[str, Any], inp: Inputs) -> dict[str, Any] | None:
         C, c_src = next(iter(obs)), "the one observed concurrency"
     try:
         model = load_model(loop["model"]) if loop.get("model") else inp.model
+        shape, shape_src = moe_shape(model), (f"roofline MoE-layer bytes ratio of {model.name} "
+                                              "(estimated)")
+        pts = _moe_curve(stage_cost)
+        if pts:
+            shape = curve_shape(pts)
+            gpus = ", ".join(sorted(set(stage_cost.provenance.gpus))) or "an unnamed GPU"
+            shape_src = (f"the MoE-layer curve of stage_cost.json, measured on {gpus} (a shape "
+                         "only: the level is the traces')")
         dep = from_evidence(sg, concurrency=C, observed=obs.get(C) if C else None,
-                            async_depth=None, shape=moe_shape(model))
+                            async_depth=None, shape=shape)
     except (NoLoopEvidence, ValueError) as e:
         return {"status": "not diagnosed", "reason": str(e)}
-    dg = diagnose(dep, moe_shape(model))
+    dg = diagnose(dep, shape)
     return {"status": "ok", "concurrency": C, "concurrency_source": c_src,
             "observed_source": inp.src("observed_tok_per_s")[1] if obs.get(C) else None,
             "deployment": {"pp": dep.pp, "slots": dep.slots, "sizes": list(dep.sizes),
-                           "host_us": list(dep.host_us), "hop_us": list(dep.hop_us),
+                           "host_us": list(dep.host_us), "relay_us": list(dep.relay_us),
+                           "sync_wait_us": list(dep.sync_wait_us),
+                           "send_wait_us": list(dep.send_wait_us), "hop_us": list(dep.hop_us),
                            "graph_share": dep.graph_share, "empty_us": dep.empty_us,
                            "forward_us": [{str(b): v for b, v in c.items()} for c in dep.forward],
                            "sources": dep.sources, "notes": list(dep.notes),
-                           "shape": f"forward at unobserved sizes: roofline MoE-layer bytes "
-                                    f"ratio of {model.name} (estimated)"},
+                           "shape": f"forward at unobserved sizes: {shape_src}"},
             "time_split": time_split_rows(dep),
             **to_jsonable(dg)}
+
+
+def _moe_curve(rec: Record | None) -> list[tuple[int, float]]:
+    """(batch, us) of the MoE layer stage-cost measured (the backend it picked), or []."""
+    if rec is None or rec.payload is None:
+        return []
+    for kind in ("moe", "moe_triton", "moe_fast", "moe_plain"):
+        pts = rec.payload.layers.get(kind) or {}
+        out = sorted((int(b), p.measured_us) for b, p in pts.items() if p.measured_us)
+        if len(out) >= 2:
+            return out
+    return []
 
 
 def _pct100(num: float | None, den: float | None) -> float | None:
@@ -190,10 +224,13 @@ def server_summary(sg: dict[str, Any], conc: list[dict[str, Any]], pp: int) -> d
         rr = lg.get("running_req") or {}
         ranks.append({
             "rank": int(r),
-            "busy_pct": _pct100(t.get("busy_us"), span),
+            # any kernel running (NCCL receives that wait included): never shown as "busy"
+            "kernel_active_pct": _pct100(t.get("busy_us"), span),
             "compute_pct": _pct100(t.get("compute_us"), span),
             "nccl_recv_pct": _pct100(rec.get("total_us"), span),
+            "recv_transfer_pct": _pct100(rec.get("transfer_us"), span),
             "recv_wait_pct": _pct100(rec.get("wait_us"), span),
+            "idle_pct": _pct100(t.get("idle_us"), span),
             "dispatch_latency_p50_us": (t.get("dispatch_latency_us") or {}).get("p50"),
             "cpu_dispatch_latency_p50_us": (t.get("cpu_dispatch_latency_us") or {}).get("p50"),
             "graph_kernels": t.get("graph_kernels") if span else None,
@@ -230,20 +267,20 @@ def server_summary(sg: dict[str, Any], conc: list[dict[str, Any]], pp: int) -> d
     }
 
 
-def topology_summary(d: dict[str, Any]) -> dict[str, Any]:
+def topology_summary(d: TopologyData) -> dict[str, Any]:
     """GPUs, link type per pair and the measured PP hop per (src, dst) at the smallest batch."""
-    hops: dict[tuple[int, int], dict[str, Any]] = {}
-    for h in d.get("hops") or []:
-        if h.get("hop_us") is None or h.get("src") is None or h.get("dst") is None:
+    hops: dict[tuple[int, int], HopCost] = {}
+    for h in d.hops:
+        if h.hop_us is None:
             continue
-        key = (int(h["src"]), int(h["dst"]))
-        if key not in hops or (h.get("batch") or 0) < (hops[key].get("batch") or 0):
-            hops[key] = {"src": key[0], "dst": key[1], "batch": h.get("batch"),
-                         "hop_us": float(h["hop_us"]), "link": h.get("link"),
-                         "hop_class": h.get("hop_class")}
-    return {"gpus": [g.get("name") for g in d.get("gpus") or []],
-            "links": {str(k): str(v) for k, v in (d.get("links") or {}).items()},
-            "hops": [hops[k] for k in sorted(hops)]}
+        key = (h.src, h.dst)
+        if key not in hops or h.batch < hops[key].batch:
+            hops[key] = h
+    return {"gpus": [g.name for g in d.gpus],
+            "links": dict(d.links),
+            "hops": [{"src": h.src, "dst": h.dst, "batch": h.batch, "hop_us": h.hop_us,
+                      "link": h.link, "hop_class": h.hop_class}
+                     for h in (hops[k] for k in sorted(hops))]}
 
 
 def _pct(x: float) -> str:

@@ -129,9 +129,9 @@ def server_line(rep: dict[str, Any]) -> str | None:
         return None
     rs = srv["ranks"]
     parts = []
-    if any(r["busy_pct"] is not None for r in rs):
-        parts.append("GPU busy % per PP rank [traces] " + " ".join(
-            "-" if r["busy_pct"] is None else f"{r['busy_pct']:.0f}" for r in rs))
+    if any(r["compute_pct"] is not None for r in rs):
+        parts.append("GPU compute % per PP rank [traces] " + " ".join(
+            "-" if r["compute_pct"] is None else f"{r['compute_pct']:.0f}" for r in rs))
     sz = [r["running_req"] for r in rs if r["running_req"] and r["running_req"]["max"] is not None]
     if sz:
         parts.append("slot size median/max [log] " + " ".join(

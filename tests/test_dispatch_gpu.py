@@ -36,23 +36,30 @@ def test_moe_stage_matches_reference_and_graph_replay_equals_eager(variant):
     assert info["moe_fallbacks"] == {} and info["moe_check_rel_err"] <= L.REL_TOL
     if info["moe_backend"] == "triton/fast":
         assert info["moe_checked_batches"] == [1, 5, 17, 65, 257]
-    # the stage = 2 residual MoE layers, against the float32 per-expert reference (same seeds)
-    layout = "plain" if variant == "plain" else "fast"
-    ws = [L.make_moe_weights(m, layout, dev, seed=i) for i in range(2)]
-    x = torch.randn(5, 256, device=dev, dtype=torch.bfloat16)
-    want = x.float()
-    for w in ws:
-        xb = want.to(torch.bfloat16)
-        ids, tw = L.moe_route(w, xb)
-        want = want + L.moe_reference(w, xb, ids, tw)
-    got = fwd(x).float()
-    assert float((got - want).norm() / (want - x.float()).norm()) < 3e-2
+    # each of the stage's layers against the float32 per-expert reference on the *same* input
+    # and routed ids. Comparing two chained layers end to end is not a valid check: the router
+    # is discontinuous, so a last-bit difference in layer 1's output (plain's index_add_ adds
+    # with atomics, in a varying order) can flip a near-tie expert choice in layer 2 and move
+    # the result by 0.1-0.2, which is what made this test fail 2 runs in 9 before.
+    gen = torch.Generator(device=dev).manual_seed(1234)
+    x = torch.randn(5, 256, device=dev, dtype=torch.bfloat16, generator=gen)
+    x_in = x
+    for w in fwd.weights:
+        ids, tw = L.moe_route(w, x_in)
+        y = fwd.experts(w, x_in, ids, tw)
+        assert L.rel_err(y, L.moe_reference(w, x_in, ids, tw)) < 3e-2
+        x_in = x_in + y
+    got = fwd(x)
+    if variant == "plain":
+        assert L.rel_err(got, x_in) < 3e-2   # atomics: last bits (and near-ties) may differ
+    else:
+        assert torch.equal(got, x_in)        # same kernels, same inputs: bit for bit
     # graph replay == eager at the same size (padded rows included): bit for bit, except
     # `plain`, whose index_add_ combine adds with atomics (order, hence rounding, varies)
     graphs = capture_graphs(torch, fwd, [8, 40], 256, dev)
     for b, rows in ((8, 5), (40, 33)):
         g, gx, gy = graphs[b]
-        gx[:rows].copy_(torch.randn(rows, 256, device=dev, dtype=torch.bfloat16))
+        gx[:rows].copy_(torch.randn(rows, 256, device=dev, dtype=torch.bfloat16, generator=gen))
         g.replay()
         torch.cuda.synchronize()
         eager = fwd(gx)

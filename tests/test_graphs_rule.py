@@ -1,5 +1,6 @@
 from microbench.graphs import GraphsConfig, graph_path, run
 from reports.base.cuda_graphs import capture_sizes as sglang_capture_sizes, default_max_bs
+from reports.base.records import read_record
 
 
 def test_capture_sizes_rule():
@@ -27,13 +28,14 @@ def test_padding_and_eager():
 
 def test_plan_record_flags_user_batches(tmp_path):
     out = tmp_path / "graphs.json"
-    rec = run(GraphsConfig(plan=True, batches=(1, 5, 300), user_batches=(5, 300), max_bs=256,
-                           out=out))
-    assert rec.status == "ok" and out.exists()
-    d = rec.data
-    assert d["stage_layers"] == [7, 7, 7, 8, 8, 8, 8, 8]
-    assert d["off_graph_user_batches"] == [300]
-    assert [r["sglang_path"] for r in d["by_batch"]] == ["graph", "graph", "eager"]
-    assert d["by_batch"][1]["padded_to"] == 8
-    assert any("300 > max_bs 256" in f for f in d["flags"])
-    assert any("micro-batch 5 replays the graph for 8" in f for f in d["flags"])
+    rec, note = run(GraphsConfig(plan=True, batches=(1, 5, 300), user_batches=(5, 300),
+                                 max_bs=256, out=out))
+    assert rec.status == "ok" and note is None and read_record(out).payload == rec.payload
+    d = rec.payload
+    assert d.stage_layers == (7, 7, 7, 8, 8, 8, 8, 8)
+    assert d.off_graph_user_batches == (300,)
+    assert [r.sglang_path for r in d.by_batch] == ["graph", "graph", "eager"]
+    assert d.by_batch[1].padded_to == 8 and d.by_batch[1].padding_waste == 3 / 8
+    assert all(r.eager_us is None for r in d.by_batch)     # the rule alone, nothing timed
+    assert any("300 > max_bs 256" in f for f in d.flags)
+    assert any("micro-batch 5 replays the graph for 8" in f for f in d.flags)

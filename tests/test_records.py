@@ -5,7 +5,8 @@ from dataclasses import dataclass
 import pytest
 
 from reports.base import records
-from reports.base.records import RecordError, make_record, read_record, write_record
+from reports.base.records import (RecordError, beside, make_record, read_record, save_record,
+                                  write_record)
 
 
 @dataclass(frozen=True)
@@ -16,10 +17,11 @@ class _Point:
 
 
 def test_round_trip(tmp_path):
-    rec = make_record("topology", {"points": [_Point(1.5, math.nan, (1, 2))]}, argv=["x"])
-    path = write_record(rec, tmp_path / "topology.json")
+    # a probe without a payload class: the envelope alone (typed payloads: test_payloads.py)
+    rec = make_record("example", {"points": [_Point(1.5, math.nan, (1, 2))]}, argv=["x"])
+    path = write_record(rec, tmp_path / "example.json")
     back = read_record(path)
-    assert back.probe == "topology" and back.status == "ok"
+    assert back.probe == "example" and back.status == "ok"
     assert back.schema_version == records.SCHEMA_VERSION
     # NaN never reaches JSON; tuples become lists
     assert back.data == {"points": [{"latency_us": 1.5, "bandwidth_gbps": None, "sizes": [1, 2]}]}
@@ -29,7 +31,7 @@ def test_round_trip(tmp_path):
 
 def test_waived_needs_reason():
     with pytest.raises(ValueError):
-        make_record("topology", {}, status="waived")
+        make_record("topology", None, status="waived")
     rec = records.waived("topology", "needs NVIDIA GPUs", argv=[])
     assert rec.status == "waived" and rec.reason == "needs NVIDIA GPUs"
 
@@ -72,3 +74,55 @@ def test_provenance_does_not_import_torch():
     code = ("import sys; from reports.base.records import collect_provenance; collect_provenance([]); "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+# ---- the status rule (reports.base.records.save_record) ----
+
+def _rec(status: str, v: int):
+    return make_record("a", {"v": v}, status=status, reason=None if status == "ok" else "why",
+                       argv=[])
+
+
+def test_ok_replaces_ok(tmp_path):
+    path = tmp_path / "a.json"
+    save_record(_rec("ok", 1), path)
+    dest, note = save_record(_rec("ok", 2), path)
+    assert dest == path and note is None and read_record(path).data == {"v": 2}
+
+
+@pytest.mark.parametrize("status", ["waived", "error", "partial"])
+def test_other_statuses_go_beside_an_ok_record(tmp_path, status):
+    path = tmp_path / "a.json"
+    save_record(_rec("ok", 1), path)
+    dest, note = save_record(_rec(status, 2), path)
+    assert dest == beside(path, status) == tmp_path / f"a.{status}.json"
+    assert read_record(path).data == {"v": 1} and read_record(dest).status == status
+    assert f"kept the ok record {path}" in note and str(dest) in note and "\n" not in note
+
+
+@pytest.mark.parametrize("status", ["waived", "error"])
+def test_failed_runs_go_beside_a_partial_record(tmp_path, status):
+    path = tmp_path / "a.json"
+    save_record(_rec("partial", 1), path)
+    dest, _ = save_record(_rec(status, 2), path)
+    assert dest == beside(path, status) and read_record(path).status == "partial"
+
+
+def test_partial_replaces_partial_and_anything_replaces_a_failed_record(tmp_path):
+    path = tmp_path / "a.json"
+    save_record(_rec("partial", 1), path)
+    assert save_record(_rec("partial", 2), path) == (path, None)
+    save_record(_rec("error", 3), tmp_path / "b.json")
+    assert save_record(_rec("waived", 4), tmp_path / "b.json")[0] == tmp_path / "b.json"
+
+
+def test_ok_removes_stale_beside_files(tmp_path):
+    path = tmp_path / "a.json"
+    save_record(_rec("ok", 1), path)
+    for st in ("waived", "error", "partial"):
+        save_record(_rec(st, 2), path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "a.error.json", "a.json", "a.partial.json", "a.waived.json"]
+    save_record(_rec("ok", 3), path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json"]
+    assert read_record(path).data == {"v": 3}

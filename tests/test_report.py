@@ -91,7 +91,7 @@ def test_corrupt_record_one_line_exit_2(tmp_path, capsys):
 
 
 def test_stale_and_waived_records_are_skipped_with_reason(tmp_path, capsys):
-    rec = make_record("graphs", {"by_batch": []}, status="waived", reason="no GPU", argv=[])
+    rec = make_record("graphs", None, status="waived", reason="no GPU", argv=[])
     write_record(rec, tmp_path / "graphs.json")
     d = json.loads(json.dumps(make_record("dispatch", {"config": {"pp": 2, "async_depth": 2, "slots": 4, "max_micro_batch": 8}, "runs": []}, argv=[]).__dict__,
                               default=lambda o: o.__dict__))

@@ -1,11 +1,13 @@
 """Report rendering: HTML page, Markdown order, terminal summary, answer, TP what-if numbers."""
 import json
 import re
+from dataclasses import replace
 
 import pytest
 
 from reports.model import loop_builder as lb
 from reports.cli import main
+from reports.base.payloads.topology import HopCost, TopoGpu, TopologyData, TransportPoint
 from reports.base.records import make_record, write_record
 from reports.model.scenario import build_inputs, load_scenario
 from reports.model.whatif import (RING_STEP_LATENCY_US, _tp_tok_s, allreduce_us, transport_points,
@@ -18,16 +20,21 @@ def seed():
     return build_inputs(load_scenario("seed-pp8"), {})
 
 
+def _hop(src, dst, b, hop_us, transport_us=13.0):
+    return HopCost(src=src, dst=dst, batch=b, bytes=b * 28672, hop_us=hop_us,
+                   nccl_transport_us=transport_us, link="NV18", hop_class="nvlink")
+
+
+TWO_H200 = TopologyData(source="live", gpus=(TopoGpu(0, "NVIDIA H200"), TopoGpu(1, "NVIDIA H200")),
+                        links={"0-1": "NV18"}, links_source="nvidia-smi", pipeline=(0, 1))
+
+
 def _topology(tmp_path):
     # shape of topology.json on 2 GPUs joined by NVLink (numbers rounded, ours)
-    hops = [{"src": 0, "dst": 1, "batch": b, "bytes": b * 28672, "hop_us": 300.0 + b,
-             "nccl_transport_us": 13.0, "link": "NV18", "hop_class": "nvlink"} for b in (1, 8)]
-    hops.append({"src": 1, "dst": 0, "batch": 1, "bytes": 28672, "hop_us": 450.0,
-                 "nccl_transport_us": 13.0, "link": "NV18", "hop_class": "nvlink"})
-    data = {"gpus": [{"index": 0, "name": "NVIDIA H200"}, {"index": 1, "name": "NVIDIA H200"}],
-            "links": {"0-1": "NV18"}, "hops": hops,
-            "nccl_transport": [{"bytes": 1024, "nccl_transport_us": 5.0},
-                               {"bytes": 2048, "nccl_transport_us": 9.0}]}
+    data = replace(TWO_H200,
+                   hops=(_hop(0, 1, 1, 301.0), _hop(0, 1, 8, 308.0), _hop(1, 0, 1, 450.0)),
+                   nccl_transport=(TransportPoint(bytes=1024, nccl_transport_us=5.0),
+                                   TransportPoint(bytes=2048, nccl_transport_us=9.0)))
     write_record(make_record("topology", data, argv=[]), tmp_path / "topology.json")
 
 
@@ -40,14 +47,16 @@ def test_transport_interpolation_is_linear_in_bytes():
 
 
 def test_transport_points_prefer_sweep_then_hops():
-    sweep = {"nccl_transport": [{"bytes": 8, "nccl_transport_us": 6.5}],
-             "hops": [{"bytes": 8, "nccl_transport_us": 99.0}]}
+    sweep = replace(TWO_H200, nccl_transport=(TransportPoint(bytes=8, nccl_transport_us=6.5),),
+                    hops=(HopCost(src=0, dst=1, batch=1, bytes=8, nccl_transport_us=99.0),))
     assert transport_points(sweep) == [(8.0, 6.5)]
-    hops = {"hops": [{"bytes": 100, "nccl_transport_us": 10.0},
-                     {"bytes": 100, "nccl_transport_us": 14.0},
-                     {"bytes": 200, "nccl_transport_us": None}]}
+    hops = replace(TWO_H200, hops=(HopCost(src=0, dst=1, batch=1, bytes=100,
+                                           nccl_transport_us=10.0),
+                                   HopCost(src=1, dst=0, batch=1, bytes=100,
+                                           nccl_transport_us=14.0),
+                                   HopCost(src=0, dst=1, batch=2, bytes=200)))
     assert transport_points(hops) == [(100.0, 12.0)]
-    assert transport_points(None) == [] and transport_points({}) == []
+    assert transport_points(None) == [] and transport_points(TWO_H200) == []
 
 
 def test_tp_allreduce_ring_on_measured_transport(seed):

@@ -5,6 +5,7 @@ import pytest
 
 from reports.model import loop_builder as lb
 from reports.model.attribution import attribute
+from reports.base.payloads.stage_cost import LayerPoint, StageCostData
 from reports.base.records import make_record
 from reports.model.scenario import build_inputs, load_scenario
 from reports.model.verdicts import routing_verdict
@@ -36,10 +37,10 @@ def test_seed_routing_verdict_is_quantitative(seed):
 
 
 def test_measured_label_needs_a_measured_zipf_run(seed):
-    data = {"zipf_s": 1.0, "layers": {"moe": {"8": {"measured_us": 500.0}}}}
+    plan = StageCostData(model="kimi-k2", pp=8, gpu="h200", mem_bw_gbps=4800.0, zipf_s=1.0)
+    data = replace(plan, layers={"moe": {"8": LayerPoint(measured_us=500.0)}})
     v = _verdict(seed, {"stage_cost": make_record("stage_cost", data)})
     assert v.evidence == "stage_cost.json (measured with --zipf)"
-    plan = {"zipf_s": 1.0, "layers": {}}
     v = _verdict(seed, {"stage_cost": make_record("stage_cost", plan)})
     assert v.evidence == "roofline Monte-Carlo (estimated)"
 
@@ -49,12 +50,12 @@ def test_stage_cost_plan_routing_block(tmp_path):
     from microbench.stage_cost_cli import render_routing
 
     cfg = sc.StageCostConfig(plan=True, batches=(1, 8, 32), out=tmp_path / "sc.json")
-    r = sc.run(cfg).data["routing"]
-    assert list(r["by_zipf"]) == ["0", "0.5", "1", "1.5"]
-    e = r["by_zipf"]["1"]["8"]
-    assert e["distinct_experts"] == pytest.approx(44.10963, abs=1e-4)
-    assert e["moe_bytes_per_token"] == pytest.approx(148_287_002.3, rel=1e-8)  # (router + shared + 44.11 experts) / 8
-    assert r["by_zipf"]["0"]["1"]["stage_spread_max_over_mean"] == pytest.approx(1.526104, abs=1e-6)
+    r = sc.run(cfg)[0].payload.routing
+    assert list(r.by_zipf) == ["0", "0.5", "1", "1.5"]
+    e = r.by_zipf["1"]["8"]
+    assert e.distinct_experts == pytest.approx(44.10963, abs=1e-4)
+    assert e.moe_bytes_per_token == pytest.approx(148_287_002.3, rel=1e-8)  # (router + shared + 44.11 experts) / 8
+    assert r.by_zipf["0"]["1"].stage_spread_max_over_mean == pytest.approx(1.526104, abs=1e-6)
     table = render_routing(r)
     assert "s=1.5: experts / MB/token / stage max/mean" in table
     assert "44.1 / 148 / 1.238" in table  # seed 0, 200 draws, batches up to 32

@@ -158,7 +158,7 @@ def test_server_section_numbers(tmp_path, fixtures):
                             "bench": "tests/fixtures/sglang/bench.jsonl", "metrics": None}
     r0, r1 = s["ranks"]
     # traces: busy 437003.73 of 569394.93 us; NCCL receives 175437.61 us; GPU dispatch p50
-    assert r0["busy_pct"] == pytest.approx(76.74879281718883)
+    assert r0["kernel_active_pct"] == pytest.approx(76.74879281718883)  # waits included
     assert r0["compute_pct"] == pytest.approx(45.81037474871857)
     assert r0["nccl_recv_pct"] == pytest.approx(30.811235705824963)
     assert r1["nccl_recv_pct"] == pytest.approx(48.896876205518666)
@@ -181,10 +181,11 @@ def test_server_section_numbers(tmp_path, fixtures):
     md = (out / "report.md").read_text()
     assert md.index("## Verdicts") < md.index("## Your server (observed, sglang.json)") < \
         md.index("## Where the time goes")
-    assert "|         0 |              76.7 |" in md
+    row0 = next(ln for ln in md.splitlines() if ln.startswith("|         0 |"))
+    assert row0.split("|")[2].strip() == "45.8"          # compute %, never "busy" with waits
     assert "0 / 0 / 8" in md and "[traces] = tests/fixtures/traces/recorded" in md
-    assert server_line(rep) == ("your server (sglang.json, observed): GPU busy % per PP rank "
-                                "[traces] 77 83; slot size median/max [log] 0/8 0/8; decode on "
+    assert server_line(rep) == ("your server (sglang.json, observed): GPU compute % per PP rank "
+                                "[traces] 46 34; slot size median/max [log] 0/8 0/8; decode on "
                                 "CUDA graph [log] 75% 100%")
 
 

@@ -2,9 +2,12 @@
 projection (CPU; the torchrun part itself is in the GPU tier)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from microbench.kit.timing import summarize
+from reports.base.payloads.topology import HopCost, TopologyData, TransportPoint
 from topology import hop, probe
 from topology.render import hop_parts_table, transport_table
 
@@ -47,23 +50,38 @@ def test_hop_entry_decomposes_the_hop():
     assert e["nccl_transport_p20_us"] == pytest.approx(18.8)  # numpy p20 of 18, 20, 22
 
 
+
+def test_hop_results_are_checked_like_a_record():
+    e = hop.hop_entry(8, 229376, 2, nccl=_t(60.0), transport=_t(20.0), sendrecv=_t(250.0),
+                      gloo_meta=_t(100.0), gloo_send=_t(45.0), pickle_t=_t(4.0))
+    tr = {"bytes": 8, "nccl_transport_us": 21.5, "nccl_transport_p20_us": 21.0,
+          "nccl_transport_p80_us": 22.0, "nccl_busbw_gbps": 0.0004, "per_rank_us": [21.5, 20.9]}
+    hops, transport = probe.hop_results({"hops": [{"src": 0, "dst": 1, **e}],
+                                         "transport": [tr]})
+    assert hops[0].hop_us == 250.0 and hops[0].overhead_us == pytest.approx(90.0)
+    assert transport[0].per_rank_us == (21.5, 20.9)
+    with pytest.raises(RuntimeError, match=r"hops.json: hops\[0\].batch: expected an integer"):
+        probe.hop_results({"hops": [{"src": 0, "dst": 1, **e, "batch": "8"}]})
+
+
 def test_hop_parts_and_transport_tables():
     def h(src, b, hop_us, nccl_us):
-        return {"src": src, "dst": 1 - src, "batch": b, "bytes": 28672 * b, "hop_us": hop_us,
-                "gloo_meta_us": 100.0, "nccl_us": nccl_us, "overhead_us": hop_us - 100 - nccl_us,
-                "nccl_transport_us": 20.0, "nccl_busbw_gbps": 1.43}
-    data = {"pipeline": [0, 1],
-            "hops": [h(0, 1, 300.0, 60.0), h(1, 1, 200.0, 80.0), h(0, 8, 250.0, 70.0)],
-            "nccl_transport": [{"bytes": 8, "nccl_transport_us": 21.47, "nccl_busbw_gbps": 0.0},
-                               {"bytes": 33554432, "nccl_transport_us": 136.88,
-                                "nccl_busbw_gbps": 245.14}]}
+        return HopCost(src=src, dst=1 - src, batch=b, bytes=28672 * b, hop_us=hop_us,
+                       gloo_meta_us=100.0, nccl_us=nccl_us, overhead_us=hop_us - 100 - nccl_us,
+                       nccl_transport_us=20.0, nccl_busbw_gbps=1.43)
+    empty = TopologyData(source="live", gpus=(), links={}, links_source="none", pipeline=(0, 1))
+    data = replace(empty, hops=(h(0, 1, 300.0, 60.0), h(1, 1, 200.0, 80.0), h(0, 8, 250.0, 70.0)),
+                   nccl_transport=(TransportPoint(bytes=8, nccl_transport_us=21.47,
+                                                  nccl_busbw_gbps=0.0),
+                                   TransportPoint(bytes=33554432, nccl_transport_us=136.88,
+                                                  nccl_busbw_gbps=245.14)))
     parts = hop_parts_table(data).splitlines()
     # b=1: medians of the two hops: hop 250, torch send 70, rest 80
     row1 = next(r for r in parts if r.split()[:2] == ["1", "28672"]).split()
     assert row1[2:] == ["250.0", "100.0", "70.0", "80.0", "20.0", "1.4"]
     tt = transport_table(data)
     assert "over 2 GPUs" in tt and "136.88" in tt and "245.14" in tt
-    assert hop_parts_table({"hops": []}) == "" and transport_table({}) == ""
+    assert hop_parts_table(empty) == "" and transport_table(empty) == ""
 
 
 def test_run_time_projection_formula():

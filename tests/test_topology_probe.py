@@ -1,12 +1,11 @@
 """Hop classification, record building from a canned discovery, CLI paths (no GPU needed)."""
 from __future__ import annotations
 
-import json
-
 import pytest
 
+from reports.base.payloads.topology import HopCost, P2PCopy, TopoGpu
+from reports.base.records import make_record, read_record, save_record
 from reports.cli import main
-from reports.base.records import read_record
 from topology import probe
 from topology.discover import Discovery, GpuInfo, mask_to_cpulist, sysfs_bus_id
 from topology.links import hop_class, pipeline_pairs
@@ -55,36 +54,34 @@ DISC = Discovery(gpus=(_gpu(0, 0), _gpu(1, 0), _gpu(2, 1)),
 
 
 def _hop(src, dst, b, us):
-    return {"src": src, "dst": dst, "batch": b, "bytes": 2 * b * 7168 * 2, "tensors": 2,
-            "nccl_us": us / 2, "sendrecv_us": us, "gloo_meta_us": 40.0, "hop_us": us}
+    return HopCost(src=src, dst=dst, batch=b, bytes=2 * b * 7168 * 2, tensors=2,
+                   nccl_us=us / 2, sendrecv_us=us, gloo_meta_us=40.0, hop_us=us)
 
 
 def test_build_data_from_canned_discovery():
     hops = [_hop(0, 1, 1, 60.0), _hop(1, 2, 1, 90.0), _hop(2, 0, 1, 95.0),
             _hop(0, 1, 8, 70.0)]  # b=8 lacks the 1->2 hop: no per-step total for it
     d = probe.build_data(DISC, [0, 1, 2], hops=hops, hidden=7168, tensors=2, mode="default")
-    assert [(h["src"], h["dst"], h["link"], h["hop_class"], h["carries"])
-            for h in d["pipeline_hops"]] == [(0, 1, "PIX", "same-switch", "hidden_states"),
-                                            (1, 2, "SYS", "cross-socket", "hidden_states"),
-                                            (2, 0, "SYS", "cross-socket", "tokens")]
-    assert d["hops"][1]["hop_class"] == "cross-socket" and d["hops"][0]["link"] == "PIX"
-    assert d["decode_step_hop_us"] == {"1": 150.0}
-    assert d["gpus"][2]["numa_node"] == 1 and d["sockets"] == 2
-    assert d["links"] == DISC.links
+    assert [(h.src, h.dst, h.link, h.hop_class, h.carries)
+            for h in d.pipeline_hops] == [(0, 1, "PIX", "same-switch", "hidden_states"),
+                                          (1, 2, "SYS", "cross-socket", "hidden_states"),
+                                          (2, 0, "SYS", "cross-socket", "tokens")]
+    assert d.hops[1].hop_class == "cross-socket" and d.hops[0].link == "PIX"
+    assert d.decode_step_hop_us == {"1": 150.0}
+    assert d.gpus[2].numa_node == 1 and d.sockets == 2
+    assert d.links == DISC.links
 
 
 def test_record_renders_and_round_trips(tmp_path):
-    from reports.base.records import make_record, write_record
-    p2p = [{"src": 0, "dst": 1, "op": "write", "direction": "uni", "p2p": True,
-            "status": "ok", "bandwidth_gbps": 53.5},
-           {"src": 1, "dst": 2, "op": "write", "direction": "uni", "p2p": True,
-            "status": "waived", "reason": "no P2P"}]
+    p2p = [P2PCopy(src=0, dst=1, op="write", direction="uni", p2p=True, bandwidth_gbps=53.5),
+           P2PCopy(src=1, dst=2, op="write", direction="uni", p2p=True, status="waived",
+                   reason="no P2P")]
     d = probe.build_data(DISC, [0, 1, 2], p2p=p2p, hops=[_hop(0, 1, 1, 60.0)], hidden=7168,
                          tensors=2, mode="quick")
     rec = make_record("topology", d, argv=["ppscope", "topology"])
-    write_record(rec, tmp_path / "t.json")
+    save_record(rec, tmp_path / "t.json")
     back = read_record(tmp_path / "t.json")
-    assert back.data["p2p"][0]["bandwidth_gbps"] == 53.5
+    assert back.payload == d and back.payload.p2p[0].bandwidth_gbps == 53.5
     text = render_text(back)
     assert "53.50" in text and "WAIVED" in text and "same-switch" in text
     assert "60.0 (30.0)" in text
@@ -95,11 +92,11 @@ def test_cli_from_nvidia_smi_writes_record_and_png(fixtures, tmp_path, capsys):
     rc = main(["topology", "--from-nvidia-smi", str(fixtures / "topo" / "five_gpu_two_numa.txt"),
                "--json", str(out)])
     assert rc == 0
-    d = json.loads(out.read_text())["data"]
-    assert d["links"]["1-2"] == "PHB" and len(d["links"]) == 10
-    assert d["gpus"][0] == {"index": 0, "cpu_affinity": "8-15,24-31", "numa_node": 1,
-                            "gpu_numa_id": None}
-    assert [h["hop_class"] for h in d["pipeline_hops"]] == [
+    d = read_record(out).payload
+    assert d.source == "nvidia-smi" and d.mode == "offline" and d.hidden is None
+    assert d.links["1-2"] == "PHB" and len(d.links) == 10
+    assert d.gpus[0] == TopoGpu(index=0, cpu_affinity="8-15,24-31", numa_node=1)
+    assert [h.hop_class for h in d.pipeline_hops] == [
         "cross-socket", "same-socket", "same-socket", "same-socket", "cross-socket"]
     assert (tmp_path / "r" / "topology.png").stat().st_size > 1000
     assert "NODE" in capsys.readouterr().out
@@ -109,8 +106,8 @@ def test_cli_pp_limits_the_pipeline(fixtures, tmp_path):
     out = tmp_path / "t.json"
     assert main(["topology", "--from-nvidia-smi", str(fixtures / "topo" / "rtxpro6000x8_pcie.txt"),
                  "--json", str(out), "--pp", "4", "--no-png"]) == 0
-    d = json.loads(out.read_text())["data"]
-    assert d["pipeline"] == [0, 1, 2, 3] and len(d["links"]) == 28
+    d = read_record(out).payload
+    assert d.pipeline == (0, 1, 2, 3) and len(d.links) == 28
 
 
 @pytest.mark.parametrize("args,words", [
@@ -147,20 +144,21 @@ def test_hidden_size_from_model_or_flag():
 
 
 class FakeBench:
-    """Stands in for topology.p2p.Bench: fixed numbers so the orchestration is checked."""
+    """Stands in for topology.p2p.Bench: fixed numbers so the orchestration is checked. Like
+    the real one, a host-staged copy is timed without the spin blocker (`spin_blocked`)."""
 
     def __init__(self, devices, cfg):
         self.cfg = cfg
 
     def unidirectional(self, i, j, read=False, staged=False):
         return {"bytes": 100, "bandwidth_gbps": 50.0 + i + (0.5 if read else 0.0),
-                "staged": staged}
+                "spin_blocked": not staged}
 
-    def latency(self, i, j, staged=False):
-        return {"bytes": 16, "latency_us": 2.0 + j, "staged": staged}
+    def latency(self, i, j, staged=False):  # a staged latency is marked by +100 us
+        return {"bytes": 16, "latency_us": 2.0 + j + (100.0 if staged else 0.0)}
 
     def bidirectional(self, i, j, staged=False):
-        return {"bytes": 200, "bandwidth_gbps": 90.0, "staged": staged}
+        return {"bytes": 200, "bandwidth_gbps": 90.0, "spin_blocked": not staged}
 
     def host(self, d):
         return [{"gpu": d, "direction": x, "status": "ok", "bandwidth_gbps": 25.0}
@@ -171,7 +169,9 @@ class FakeBench:
                 for s, d in pairs]
 
 
-def test_run_orchestration_with_fake_bench(tmp_path, monkeypatch):
+@pytest.fixture
+def fake_machine(monkeypatch):
+    """DISC's three GPUs with FakeBench copies; GPUs 1 and 2 have no P2P."""
     import contextlib
 
     import topology.discover as disc_mod
@@ -183,24 +183,30 @@ def test_run_orchestration_with_fake_bench(tmp_path, monkeypatch):
                         lambda n: [g.pci_bus_id for g in DISC.gpus][:n])
     monkeypatch.setattr(p2p_mod, "can_access_peer", lambda i, j: {i, j} != {1, 2})
     monkeypatch.setattr(p2p_mod, "peer_access", lambda pairs, on: contextlib.nullcontext())
+    return p2p_mod
+
+
+def test_run_orchestration_with_fake_bench(tmp_path, fake_machine):
     cfg = probe.TopologyConfig(json_path=tmp_path / "t.json", hop=False, mode="quick")
-    rec = probe.run(cfg)
-    d = rec.data
-    assert rec.status == "ok" and read_record(tmp_path / "t.json").status == "ok"
+    rec, note = probe.run(cfg)
+    d = rec.payload
+    assert rec.status == "ok" and note is None and read_record(tmp_path / "t.json").status == "ok"
     # 3 pairs; P2P pairs: 2x(write, read) + bidir = 5 on + 3 off; the waived pair: 5 + 3
-    assert len(d["p2p"]) == 24 and len(d["latency"]) == 12 and len(d["host"]) == 6
-    waived = [e for e in d["p2p"] if e["status"] == "waived"]
-    assert {(e["src"], e["dst"]) for e in waived} == {(1, 2), (2, 1)}
-    assert "chipset not supported" in waived[0]["reason"]
-    off = [e for e in d["p2p"] if (e["src"], e["dst"]) == (1, 2) and not e["p2p"]]
-    assert off and all(e["status"] == "ok" for e in off)  # host-staged numbers still there
+    assert len(d.p2p) == 24 and len(d.latency) == 12 and len(d.host) == 6
+    waived = [e for e in d.p2p if e.status == "waived"]
+    assert {(e.src, e.dst) for e in waived} == {(1, 2), (2, 1)}
+    assert "chipset not supported" in waived[0].reason
+    off = [e for e in d.p2p if (e.src, e.dst) == (1, 2) and not e.p2p]
+    assert off and all(e.status == "ok" for e in off)  # host-staged numbers still there
     # ring 0->1->2->0 falls back to P2P off because 1-2 has no P2P; alone = P2P-off writes
-    assert d["ring"]["p2p"] is False and d["ring"]["pairs"][0]["ratio"] == 25.0 / 50.0
+    assert d.ring.p2p is False and d.ring.pairs[0].ratio == 25.0 / 50.0
     # every P2P-off measurement is run as host-staged (no spin blocker, more samples)
-    ok = [e for e in d["p2p"] + d["latency"] if e["status"] == "ok"]
-    assert all(e["staged"] == (not e["p2p"]) for e in ok) and len(ok) == 19 + 10
-    assert set(d["run_time_s"]) == {"start", "host", "pairs", "ring", "total"}
-    assert d["projected_run_time_s"]["8"] >= d["projected_run_time_s"]["4"] > 0
+    ok = [e for e in d.p2p if e.status == "ok"]
+    assert all(e.spin_blocked == e.p2p for e in ok) and len(ok) == 19
+    lat = [e for e in d.latency if e.status == "ok"]
+    assert all((e.latency_us > 100) == (not e.p2p) for e in lat) and len(lat) == 10
+    assert set(d.run_time_s) == {"start", "host", "pairs", "ring", "total"}
+    assert d.projected_run_time_s["8"] >= d.projected_run_time_s["4"] > 0
 
 
 def test_staged_copies_skip_the_spin_and_take_more_samples():
@@ -222,6 +228,9 @@ def test_staged_copies_skip_the_spin_and_take_more_samples():
     copy = b._timed(0, None, reps=5, nbytes=1000, samples=2)
     assert calls[3:] == [True, True] and copy["samples"] == 2 and copy["spin_blocked"]
     assert copy["time_us"] == 90.0
+    # what Bench returns is exactly a P2PCopy's measurement fields
+    e = P2PCopy(src=0, dst=1, op="write", direction="uni", p2p=False, **staged)
+    assert list(e.time_samples_us) == [800.0, 1000.0, 1200.0] and e.spin_blocked is False
 
 
 def test_run_refuses_more_stages_than_gpus(tmp_path, monkeypatch):

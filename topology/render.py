@@ -8,61 +8,64 @@ The JSON record stays the truth; this only renders it.
 """
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 from tabulate import tabulate
 
+from reports.base.payloads.topology import HopCost, TopologyData
+from reports.base.records import write_atomic
 from topology.links import pair_key
 
 LINK_ORDER = ("NV", "C2C", "PIX", "PXB", "PHB", "NODE", "SYS", "SOC")
 
 
-def _n(data: dict) -> list[int]:
-    return [g["index"] for g in data.get("gpus", [])]
+def _n(data: TopologyData) -> list[int]:
+    return [g.index for g in data.gpus]
 
 
 def _cell(v, fmt="{:.2f}") -> str:
     return "-" if v is None else fmt.format(v)
 
 
-def link_table(data: dict) -> str:
+def link_table(data: TopologyData) -> str:
     idx = _n(data)
-    links = data.get("links", {})
-    gpus = {g["index"]: g for g in data.get("gpus", [])}
+    gpus = {g.index: g for g in data.gpus}
     rows = []
     for i in idx:
         row = [f"GPU{i}"]
         for j in idx:
-            row.append("X" if i == j else links.get(pair_key(i, j), "?"))
+            row.append("X" if i == j else data.links.get(pair_key(i, j), "?"))
         g = gpus[i]
-        row += [_cell(g.get("numa_node"), "{}"), g.get("cpu_affinity") or "-"]
+        row += [_cell(g.numa_node, "{}"), g.cpu_affinity or "-"]
         rows.append(row)
     head = ["link"] + [f"GPU{j}" for j in idx] + ["NUMA", "CPUs"]
-    sock = data.get("sockets")
+    sock = data.sockets
     title = f"Links (sockets: {sock if sock is not None else 'unknown'}, " \
-            f"NUMA nodes: {data.get('numa_nodes') or 'unknown'})"
+            f"NUMA nodes: {data.numa_nodes or 'unknown'})"
     return title + "\n" + tabulate(rows, head, disable_numparse=True)
 
 
-def gpu_table(data: dict) -> str:
+def gpu_table(data: TopologyData) -> str:
     rows = []
-    for g in data.get("gpus", []):
-        if "name" not in g:
+    for g in data.gpus:
+        if g.name is None:  # an offline record: nvidia-smi topo -m names no GPU
             return ""
-        mem = g.get("memory_bytes")
-        rows.append([g["index"], g["name"], g.get("pci_bus_id") or "-",
+        mem = g.memory_bytes
+        rows.append([g.index, g.name, g.pci_bus_id or "-",
                      _cell(mem / 1e9 if mem else None, "{:.0f}"),
-                     f"{_cell(g.get('pcie_gen_current'), '{}')}/{_cell(g.get('pcie_gen_max'), '{}')}",
-                     f"x{_cell(g.get('pcie_width_current'), '{}')}/x{_cell(g.get('pcie_width_max'), '{}')}",
-                     _cell(g.get("numa_node"), "{}")])
+                     f"{_cell(g.pcie_gen_current, '{}')}/{_cell(g.pcie_gen_max, '{}')}",
+                     f"x{_cell(g.pcie_width_current, '{}')}/x{_cell(g.pcie_width_max, '{}')}",
+                     _cell(g.numa_node, "{}")])
     return tabulate(rows, ["GPU", "name", "PCI bus", "memory (GB)", "PCIe gen (cur/max)",
                            "width (cur/max)", "NUMA"])
 
 
-def matrix(data: dict, entries: list[dict], key: str, title: str, fmt="{:.2f}",
+def matrix(data: TopologyData, entries: list, key: str, title: str, fmt="{:.2f}",
            symmetric: bool = False) -> str:
-    idx = data.get("pipeline") or _n(data)
-    m = {(e["src"], e["dst"]): e for e in entries}
+    """Rows = source, columns = destination; `entries` are P2PCopy or CopyLatency."""
+    idx = list(data.pipeline) or _n(data)
+    m = {(e.src, e.dst): e for e in entries}
     rows = []
     for i in idx:
         row = [i]
@@ -74,21 +77,20 @@ def matrix(data: dict, entries: list[dict], key: str, title: str, fmt="{:.2f}",
                 row.append("")
             elif e is None:
                 row.append("-")
-            elif e.get("status") == "waived":
+            elif e.status == "waived":
                 row.append("WAIVED")
             else:
-                row.append(_cell(e.get(key), fmt))
+                row.append(_cell(getattr(e, key), fmt))
         rows.append(row)
     return title + "\n" + tabulate(rows, ["src\\dst"] + idx, disable_numparse=True)
 
 
-def measurement_tables(data: dict) -> list[str]:
+def measurement_tables(data: TopologyData) -> list[str]:
     out = []
-    p2p = data.get("p2p", [])
 
     def sel(op, direction, peer):
-        return [e for e in p2p if e["op"] == op and e["direction"] == direction
-                and e["p2p"] == peer]
+        return [e for e in data.p2p if e.op == op and e.direction == direction
+                and e.p2p == peer]
     specs = [("write", "uni", False, "Unidirectional P2P=Disabled bandwidth (GB/s)"),
              ("write", "uni", True, "Unidirectional P2P=Enabled bandwidth, P2P writes (GB/s)"),
              ("read", "uni", True, "Unidirectional P2P=Enabled bandwidth, P2P reads (GB/s)"),
@@ -98,49 +100,47 @@ def measurement_tables(data: dict) -> list[str]:
         es = sel(op, direction, peer)
         if es:
             out.append(matrix(data, es, "bandwidth_gbps", title, symmetric=direction == "bi"))
-    lat = data.get("latency", [])
     for peer, title in ((False, "P2P=Disabled latency (us)"),
                         (True, "P2P=Enabled latency, P2P writes (us)")):
-        es = [e for e in lat if e["p2p"] == peer]
+        es = [e for e in data.latency if e.p2p == peer]
         if es:
             out.append(matrix(data, es, "latency_us", title))
-    host = data.get("host", [])
-    if host:
-        by = {}
-        for h in host:
-            by.setdefault(h["gpu"], {})[h["direction"]] = h.get("bandwidth_gbps")
-        gnuma = {g["index"]: g.get("numa_node") for g in data.get("gpus", [])}
+    if data.host:
+        by: dict[int, dict[str, float | None]] = {}
+        for h in data.host:
+            by.setdefault(h.gpu, {})[h.direction] = h.bandwidth_gbps
+        gnuma = {g.index: g.numa_node for g in data.gpus}
         out.append("Pinned host <-> device\n" + tabulate(
             [[g, _cell(gnuma.get(g), "{}"), _cell(v.get("h2d")), _cell(v.get("d2h"))]
              for g, v in sorted(by.items())],
             ["GPU", "NUMA", "H2D (GB/s)", "D2H (GB/s)"]))
-    ring = data.get("ring") or {}
-    if ring.get("pairs"):
-        out.append(f"Ring: all pipeline pairs copying at once (P2P {'on' if ring['p2p'] else 'off'})\n"
-                   + tabulate([[f"{p['src']}->{p['dst']}", _cell(p["bandwidth_gbps"]),
-                                _cell(p.get("alone_gbps")), _cell(p.get("ratio"))]
-                               for p in ring["pairs"]],
+    ring = data.ring
+    if ring is not None and ring.pairs:
+        out.append(f"Ring: all pipeline pairs copying at once (P2P {'on' if ring.p2p else 'off'})\n"
+                   + tabulate([[f"{p.src}->{p.dst}", _cell(p.bandwidth_gbps),
+                                _cell(p.alone_gbps), _cell(p.ratio)]
+                               for p in ring.pairs],
                               ["pair", "in ring (GB/s)", "alone (GB/s)", "ring/alone"]))
     return out
 
 
-def hop_table(data: dict, show_batches=(1, 8, 32, 64, 256)) -> str:
-    hops = data.get("hops", [])
-    classes = data.get("pipeline_hops", [])
+def hop_table(data: TopologyData, show_batches=(1, 8, 32, 64, 256)) -> str:
+    hops, classes = data.hops, data.pipeline_hops
     if not classes:
         return ""
-    by = {}
+    by: dict[tuple[int, int], dict[int, HopCost]] = {}
     for h in hops:
-        by.setdefault((h["src"], h["dst"]), {})[h["batch"]] = h
-    batches = sorted({h["batch"] for h in hops} & set(show_batches)) if hops else []
+        by.setdefault((h.src, h.dst), {})[h.batch] = h
+    batches = sorted({h.batch for h in hops} & set(show_batches)) if hops else []
     rows = []
     for c in classes:
-        row = [f"{c['src']}->{c['dst']}", c["link"] or "?", c["hop_class"] or "?", c["carries"]]
+        row = [f"{c.src}->{c.dst}", c.link or "?", c.hop_class or "?", c.carries]
         for b in batches:
-            h = by.get((c["src"], c["dst"]), {}).get(b)
-            row.append(f"{h['hop_us']:.1f} ({h['nccl_us']:.1f})" if h else "-")
+            h = by.get((c.src, c.dst), {}).get(b)
+            row.append(f"{_cell(h.hop_us, '{:.1f}')} ({_cell(h.nccl_us, '{:.1f}')})"
+                       if h else "-")
         rows.append(row)
-    step = data.get("decode_step_hop_us", {})
+    step = data.decode_step_hop_us
     if batches and step:
         rows.append(["per decode step", "", "", f"{len(classes) - 1} fwd hops"] +
                     [_cell(step.get(str(b)), "{:.1f}") for b in batches])
@@ -163,16 +163,15 @@ HOP_PARTS = (("hop_us", "hop (SGLang) us"), ("gloo_meta_us", "gloo meta us"),
              ("nccl_transport_us", "NCCL transport us"), ("nccl_busbw_gbps", "busbw GB/s"))
 
 
-def hop_parts_table(data: dict) -> str:
+def hop_parts_table(data: TopologyData) -> str:
     """Per batch size, the median over the measured hops of each part of hop_us."""
-    hops = data.get("hops", [])
-    if not hops:
+    if not data.hops:
         return ""
     rows = []
-    for b in sorted({h["batch"] for h in hops}):
-        hb = [h for h in hops if h["batch"] == b]
-        rows.append([b, hb[0].get("bytes")] + [
-            _cell(_median([h[k] for h in hb if h.get(k) is not None]), "{:.1f}")
+    for b in sorted({h.batch for h in data.hops}):
+        hb = [h for h in data.hops if h.batch == b]
+        rows.append([b, hb[0].bytes] + [
+            _cell(_median([getattr(h, k) for h in hb if getattr(h, k) is not None]), "{:.1f}")
             for k, _ in HOP_PARTS])
     return ("PP hop, one way, median over hops: SGLang's cost = gloo metadata + torch send + "
             "rest; NCCL transport = back-to-back batched exchange (nccl-tests sendrecv_perf)\n"
@@ -180,20 +179,21 @@ def hop_parts_table(data: dict) -> str:
                        disable_numparse=True))
 
 
-def transport_table(data: dict) -> str:
-    rows = [[t["bytes"], _cell(t.get("nccl_transport_us")), _cell(t.get("nccl_busbw_gbps"))]
-            for t in data.get("nccl_transport", [])]
+def transport_table(data: TopologyData) -> str:
+    rows = [[t.bytes, _cell(t.nccl_transport_us), _cell(t.nccl_busbw_gbps)]
+            for t in data.nccl_transport]
     if not rows:
         return ""
-    n = len(data.get("pipeline", []))
-    return (f"NCCL sendrecv over {n} GPUs (each sends to the next, receives from the previous; "
-            "compare nccl-tests sendrecv_perf)\n"
+    return (f"NCCL sendrecv over {len(data.pipeline)} GPUs (each sends to the next, receives "
+            "from the previous; compare nccl-tests sendrecv_perf)\n"
             + tabulate(rows, ["bytes", "time (us)", "busbw (GB/s)"], disable_numparse=True))
 
 
 def render_text(rec) -> str:
-    data = rec.data
     parts = [f"ppscope topology: {rec.status}" + (f" ({rec.reason})" if rec.reason else "")]
+    data = rec.payload
+    if data is None:
+        return parts[0] + "\n"
     for t in (gpu_table(data), link_table(data), *measurement_tables(data), hop_table(data),
               hop_parts_table(data), transport_table(data)):
         if t:
@@ -210,8 +210,9 @@ def _level(link: str | None) -> int:
     return len(LINK_ORDER)
 
 
-def write_png(data: dict, path: Path) -> Path | None:
-    """Heatmaps: link level, P2P write bandwidth, P2P latency. None if nothing to draw."""
+def write_png(data: TopologyData, path: Path) -> Path | None:
+    """Heatmaps: link level, P2P write bandwidth, P2P latency (written atomically). None if
+    nothing to draw."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -224,24 +225,25 @@ def write_png(data: dict, path: Path) -> Path | None:
     panels = []
     lm = np.full((len(idx), len(idx)), np.nan)
     lab = [["X" if i == j else "" for j in idx] for i in idx]
-    for key, link in data.get("links", {}).items():
+    for key, link in data.links.items():
         i, j = (int(x) for x in key.split("-"))
         for a, b in ((i, j), (j, i)):
             lm[pos[a], pos[b]] = _level(link)
             lab[pos[a]][pos[b]] = link
     panels.append(("link level (nearer = darker)", lm, lab, "viridis"))
     for title, entries, key, cmap in (
-            ("P2P write GB/s (P2P on)", [e for e in data.get("p2p", []) if e["op"] == "write"
-                                         and e["direction"] == "uni" and e["p2p"]],
+            ("P2P write GB/s (P2P on)", [e for e in data.p2p if e.op == "write"
+                                         and e.direction == "uni" and e.p2p],
              "bandwidth_gbps", "magma"),
-            ("P2P latency us (P2P on)", [e for e in data.get("latency", []) if e["p2p"]],
+            ("P2P latency us (P2P on)", [e for e in data.latency if e.p2p],
              "latency_us", "magma_r")):
         m = np.full((len(idx), len(idx)), np.nan)
         lb = [["" for _ in idx] for _ in idx]
         for e in entries:
-            if e.get(key) is not None and e["src"] in pos and e["dst"] in pos:
-                m[pos[e["src"]], pos[e["dst"]]] = e[key]
-                lb[pos[e["src"]]][pos[e["dst"]]] = f"{e[key]:.1f}"
+            v = getattr(e, key)
+            if v is not None and e.src in pos and e.dst in pos:
+                m[pos[e.src], pos[e.dst]] = v
+                lb[pos[e.src]][pos[e.dst]] = f"{v:.1f}"
         if np.isfinite(m).any():
             panels.append((title, m, lb, cmap))
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4), squeeze=False)
@@ -256,7 +258,7 @@ def write_png(data: dict, path: Path) -> Path | None:
                     ax.text(b, a, lb[a][b], ha="center", va="center", fontsize=6, color="k",
                             bbox={"facecolor": "w", "alpha": 0.6, "pad": 1, "lw": 0})
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
-    return path
+    return write_atomic(path, buf.getvalue())

@@ -85,24 +85,37 @@ def hidden_size(model: str | None, hidden: int | None) -> int:
         raise CliError(f"--model {model!r}: {str(e).splitlines()[0] if str(e) else e}") from None
 
 
-def _finish(rec, out: Path, png: bool) -> None:
-    from reports.base.records import write_record
+def _finish(rec, out: Path, png: bool, note: str | None = None) -> None:
     from topology.render import render_text, write_png
 
-    write_record(rec, out)
     print(render_text(rec))
-    if png:
-        path = write_png(rec.data, out.with_suffix(".png"))
+    if note:  # the run went beside a good record, which stays (and so does its heatmap)
+        print(note)
+        return
+    if png and rec.payload is not None:
+        path = write_png(rec.payload, out.with_suffix(".png"))
         if path:
             print(f"heatmap: {path}")
     print(f"record: {out}")
 
 
-def handle(args) -> int:
-    out = args.json or default_record_path("topology")
-    gpus = _parse_gpus(args.gpus)
+def _check_args(args) -> None:
+    """Every argument, before anything is written (one-line CliError)."""
     if args.pp is not None and args.pp < 1:
         raise CliError(f"--pp must be at least 1, got {args.pp}")
+    if args.tensors < 1:
+        raise CliError(f"--tensors must be at least 1, got {args.tensors}")
+    if not 0 < args.hop_timeout < 1e7:  # also rejects NaN and inf
+        raise CliError(f"--hop-timeout must be a positive number of seconds, "
+                       f"got {args.hop_timeout}")
+
+
+def handle(args) -> int:
+    from reports.base.records import save_record, waived
+
+    out = args.json or default_record_path("topology")
+    gpus = _parse_gpus(args.gpus)
+    _check_args(args)
     if args.from_smi:
         from topology.probe import from_smi_text
         from topology.smi_parse import TopoParseError
@@ -115,31 +128,32 @@ def handle(args) -> int:
             pipeline = list(gpus) if gpus else None
             rec = from_smi_text(text, pipeline=pipeline, argv=args.argv)
             if pipeline is None and args.pp:
-                n = len(rec.data["gpus"])
+                n = len(rec.payload.gpus)
                 if args.pp > n:
                     raise ValueError(f"--pp {args.pp} but the file lists {n} GPUs")
                 rec = from_smi_text(text, pipeline=list(range(args.pp)), argv=args.argv)
         except (TopoParseError, ValueError) as e:
             raise CliError(f"{args.from_smi}: {e}") from None
+        save_record(rec, out)
         _finish(rec, out, not args.no_png)
         return 0
 
-    from reports.base.records import waived, write_record
     from topology.probe import TopologyConfig, available, run
 
+    hidden = hidden_size(args.model, args.hidden)
     why = available()
-    if why:
-        write_record(waived("topology", why, argv=args.argv), out)
-        raise CliError(why)
-    cfg = TopologyConfig(json_path=out, gpus=gpus, pp=args.pp,
-                         hidden=hidden_size(args.model, args.hidden), tensors=args.tensors,
+    if why:  # cannot run here: a waived record (beside a good one, never over it), exit 2
+        path, note = save_record(waived("topology", why, argv=args.argv), out)
+        raise CliError(f"{why} (waived record: {path}" + (f"; {note}" if note else "") + ")")
+    cfg = TopologyConfig(json_path=out, gpus=gpus, pp=args.pp, hidden=hidden,
+                         tensors=args.tensors,
                          mode="quick" if args.quick else "thorough" if args.thorough else "default",
                          p2p=not args.no_p2p, hop=not args.no_hop, hop_timeout_s=args.hop_timeout,
                          argv=tuple(args.argv))
     try:
-        rec = run(cfg)
+        rec, note = run(cfg)
     except (ValueError, RuntimeError) as e:  # bad --gpus, NVML unusable: one line, exit 2
         raise CliError(str(e).splitlines()[0]) from None
-    _finish(rec, out, not args.no_png)
+    _finish(rec, out, not args.no_png, note)
     print("topology: done", file=sys.stderr)
     return 0

@@ -12,12 +12,13 @@ from a CUDA graph (no host syncs, fixed-size index tensors):
   (SGLang's fused_moe Triton kernel when sglang imports); `triton` (ppscope's own fused
   decode kernel, microbench/kernels/moe_triton.py, on the `fast` weight layout).
 - `attention`: MLA decode with absorbed projections over a KV cache of `context_len` tokens
-  (GQA for Llama/Qwen); RoPE itself is left out (elementwise, negligible).
+  (GQA for Llama/Qwen); RoPE itself is left out (elementwise, negligible). Backend `torch`
+  (op by op) or, for MLA, `triton` (microbench/kernels/mla_decode.py, 7 launches).
 - `dense_mlp`, `lm_head` (final norm, logits, Gumbel-max sampling).
 Each builder returns a `Built` with `fn` (one forward on fixed inputs) and `check()` that
 compares the op with a float32 reference on fresh random inputs (STYLE rule 4); probes call
-`check()` before timing. Only bf16 weights are materialised; INT4/FP8 formats are costed by the
-roofline but not executed here (said so in the record).
+`check()` before timing. MoE routed experts also run in INT4 W4A16 and FP8 block-scaled
+formats (`build_moe(fmt=...)`, microbench/kernels/moe_quant.py); everything else is bf16.
 
 `experts_sample=N` allocates N routed experts instead of E and folds expert ids modulo N; the
 distinct experts actually touched are counted from the routing so the floor stays honest.
@@ -222,11 +223,19 @@ def moe_reference(w: MoEWeights, x, ids, tw):
 def build_moe(m: ModelConfig, batch: int, device, *, backend: str = "torch",
               variant: str = "fast", experts_sample: int | None = None, zipf_s: float = 0.0,
               seed: int = 0, weights: MoEWeights | None = None,
-              triton_config=None) -> Built:
+              triton_config=None, fmt: str = "bf16") -> Built:
+    """`fmt`: the routed experts' format; int4 / fp8 run ppscope's quantised Triton kernels
+    (microbench/kernels/moe_quant.py, backend "triton" only), bf16 everything above."""
     import torch
 
     if not m.is_moe:
         raise ValueError(f"{m.name} has no MoE layers")
+    if fmt != "bf16":
+        if backend != "triton":
+            raise ValueError(f"MoE backend {backend}/{variant} runs bf16 only, not {fmt}")
+        from microbench.kernels import moe_quant
+        return moe_quant.build(m, batch, device, fmt, experts_sample=experts_sample,
+                               zipf_s=zipf_s, seed=seed, weights=weights, config=triton_config)
     if backend == "triton":
         from microbench.kernels import moe_triton as MT
         if why := MT.available():
@@ -280,7 +289,10 @@ def build_moe(m: ModelConfig, batch: int, device, *, backend: str = "torch",
     return Built("moe", batch, f"{backend}/{variant}", fn, check,
                  graphable=variant != "loop", weight_bytes=nbytes,
                  info={"distinct_experts": distinct, "experts_allocated": w.n_alloc,
-                       "weights": w})
+                       "weights": w, "kernel": _MOE_KERNELS.get(backend, f"torch/{variant} (bf16)")})
+
+
+_MOE_KERNELS = {"triton": "moe_triton (Triton, bf16)", "sglang": "SGLang fused_moe (bf16)"}
 
 
 def moe_weight_bytes(m: ModelConfig, experts_sample: int | None = None) -> int:
@@ -293,7 +305,9 @@ def moe_weight_bytes(m: ModelConfig, experts_sample: int | None = None) -> int:
 # ------------------------------------------------------------------ attention
 
 def build_attention(m: ModelConfig, batch: int, device, *, context_len: int,
-                    seed: int = 0) -> Built:
+                    seed: int = 0, backend: str = "torch") -> Built:
+    """backend "torch" (op by op) or, for MLA, "triton" (microbench/kernels/mla_decode.py:
+    the same absorbed decode in 7 launches); both checked against the float32 reference."""
     import torch
 
     H, h = m.hidden, m.num_heads
@@ -330,6 +344,10 @@ def build_attention(m: ModelConfig, batch: int, device, *, context_len: int,
             o_lat = torch.bmm(p, cache[..., :kl])                    # [b, h, kl]
             o = torch.bmm(o_lat.transpose(0, 1), w_uv.transpose(1, 2))  # [h, b, vd]
             return o.transpose(0, 1).reshape(x.shape[0], h * vd) @ W["wo"].t()
+
+        if backend == "triton":
+            from microbench.kernels import mla_decode
+            forward = mla_decode.make_forward(W, m)  # noqa: F811 - the fused decode instead
 
         def reference(x, cache):                                     # not absorbed, float32
             c, kr = cache[..., :kl].float(), cache[..., kl:].float()  # [b, ctx, *]
@@ -378,10 +396,18 @@ def build_attention(m: ModelConfig, batch: int, device, *, context_len: int,
         y = forward(xc, cc)                                          # writes cc[:, -1]
         return assert_close(f"{m.attention} attention", y, reference(xc, cc))
 
+    if backend != "torch" and not (backend == "triton" and m.attention == "mla"):
+        raise ValueError(f"attention backend {backend!r} is for MLA only")
     nbytes = sum(t.numel() * t.element_size() for t in W.values() if t is not None)
-    return Built("attention", batch, "torch", lambda: forward(x, cache), check,
+    return Built("attention", batch, backend, lambda: forward(x, cache), check,
                  weight_bytes=nbytes, info={"context_len": ctx,
-                                            "kv_cache_bytes": cache.numel() * 2})
+                                            "kv_cache_bytes": cache.numel() * 2,
+                                            "kernel": _ATTN_KERNELS[backend],
+                                            "forward": forward, "inputs": (x, cache)})
+
+
+_ATTN_KERNELS = {"torch": "torch ops (bf16, absorbed MLA / GQA)",
+                 "triton": "mla_decode (Triton + cuBLAS, absorbed MLA, bf16)"}
 
 
 # ------------------------------------------------------------------ dense MLP, lm_head
@@ -405,7 +431,7 @@ def build_dense_mlp(m: ModelConfig, batch: int, device, *, seed: int = 0) -> Bui
         return assert_close("dense mlp", forward(xc.to(wgu.dtype)), ref)
 
     return Built("dense_mlp", batch, "torch", lambda: forward(x), check,
-                 weight_bytes=(3 * H * I) * 2)
+                 weight_bytes=(3 * H * I) * 2, info={"kernel": "torch matmuls (bf16)"})
 
 
 def build_lm_head(m: ModelConfig, batch: int, device, *, temperature: float = 0.7,
@@ -435,7 +461,8 @@ def build_lm_head(m: ModelConfig, batch: int, device, *, temperature: float = 0.
             raise CheckFailed("lm_head sampling returned token ids outside the vocabulary")
         return err
 
-    return Built("lm_head", batch, "torch", lambda: forward(x), check, weight_bytes=V * H * 2)
+    return Built("lm_head", batch, "torch", lambda: forward(x), check, weight_bytes=V * H * 2,
+                 info={"kernel": "torch matmul + Gumbel-max sampling (bf16)"})
 
 
 def build(kind: str, m: ModelConfig, batch: int, device, **kw) -> Built:
@@ -443,10 +470,11 @@ def build(kind: str, m: ModelConfig, batch: int, device, **kw) -> Built:
         return build_moe(m, batch, device, **{k: v for k, v in kw.items()
                                               if k in ("backend", "variant", "experts_sample",
                                                        "zipf_s", "seed", "weights",
-                                                       "triton_config")})
+                                                       "triton_config", "fmt")})
     if kind == "attention":
         return build_attention(m, batch, device, context_len=kw.get("context_len", 2048),
-                               seed=kw.get("seed", 0))
+                               seed=kw.get("seed", 0),
+                               backend=kw.get("attention_backend", "torch"))
     if kind == "dense_mlp":
         return build_dense_mlp(m, batch, device, seed=kw.get("seed", 0))
     if kind == "lm_head":

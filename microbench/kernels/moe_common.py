@@ -35,3 +35,53 @@ def append_shared(w: MoEWeights, ids, tw):
     b = ids.shape[0]
     return (torch.cat([ids, w.shared_ids.expand(b, w.n_shared)], 1),
             torch.cat([tw, tw.new_ones(b, w.n_shared)], 1))
+
+
+@dataclass(frozen=True)
+class QuantMoEWeights:
+    """Routed experts (and the shared expert(s) when they share the format) packed in `fmt`;
+    the router and any bf16 shared expert as in `MoEWeights`.
+
+    `base`: router, bias, n_alloc, top_k, n_shared, inter, scale, shared_ids (gate_up/down
+    unused). Quantised groups 0..n_q-1 are the routed experts, then the shared expert(s) when
+    `shared_gate_up` is None; otherwise the shared expert(s) are bf16 groups n_q.. of
+    `shared_gate_up` [n_shared, 2I, H] / `shared_down` [n_shared, H, I].
+    int4 (see int4_pack): `gate_up_q` int32 [n_q, 2I, H/8], `gate_up_s` bf16 [n_q, 2I, H/32],
+    `down_q` int32 [n_q, H, I/8], `down_s` bf16 [n_q, H, I/32].
+    fp8 (see moe_fp8): `*_q` float8_e4m3fn [n_q, N, K], `*_s` fp32 [n_q, N/128, K/128].
+    """
+    fmt: str
+    base: MoEWeights
+    gate_up_q: Any
+    gate_up_s: Any
+    down_q: Any
+    down_s: Any
+    shared_gate_up: Any = None
+    shared_down: Any = None
+
+    @property
+    def n_q(self) -> int:
+        return self.gate_up_q.shape[0]
+
+    def tensors(self):
+        return (self.base.router, self.gate_up_q, self.gate_up_s, self.down_q, self.down_s,
+                self.shared_gate_up, self.shared_down)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors() if t is not None)
+
+
+class LazyExperts:
+    """`experts[e]` -> one expert's weight in float32, made on demand by `fn(e)` (and kept):
+    lets `layers.moe_reference` run on quantised weights without a dequantised copy of every
+    expert."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.cache: dict[int, Any] = {}
+
+    def __getitem__(self, e):
+        e = int(e)
+        if e not in self.cache:
+            self.cache[e] = self.fn(e)
+        return self.cache[e]

@@ -4,6 +4,7 @@ or talks to the server over HTTP.
 
 Readers (CPU only): `--log`, `--traces`, `--metrics`, `--bench`; live probe: `--url` (with
 `--profile --trace-dir DIR` to record and read per-rank traces in one command). Prints tables.
+`--watch [SECONDS]` samples every GPU through NVML beside the load (microbench/sglang/watch.py).
 See each reader module's docstring (microbench/sglang/*.py) for what the numbers mean.
 """
 from __future__ import annotations
@@ -23,6 +24,8 @@ examples:
   ppscope sglang --metrics http://127.0.0.1:30000/metrics
   ppscope sglang --url http://127.0.0.1:30000 --profile --trace-dir /srv/sglang_traces
   ppscope sglang --url http://127.0.0.1:30000 --mmb-sweep 2,4,8   # pp_max_micro_batch_size
+  ppscope sglang --watch 60                      # GPU utilization/power/PCIe beside your load
+  ppscope sglang --url http://127.0.0.1:30000 --watch   # the watch covers the live load
 
 then `ppscope report` reads results/sglang.json and diagnoses that server.
 """
@@ -75,6 +78,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--trace-dir", metavar="DIR",
                    help="--profile: where the server writes traces (its SGLANG_TORCH_PROFILER_DIR)")
     g.add_argument("--profile-steps", type=int, default=20, help="num_steps for /start_profile")
+    g = p.add_argument_group("GPU watch (microbench/sglang/watch.py)")
+    g.add_argument("--watch", type=float, nargs="?", const=0.0, default=None, metavar="SECONDS",
+                   help="sample every GPU through NVML for SECONDS into results/watch.json and "
+                   "watch.trace.json; with --url it covers the live load instead")
+    g.add_argument("--watch-hz", type=float, default=10.0, metavar="HZ",
+                   help="watch ticks per second (default 10)")
     g = p.add_argument_group("reading")
     g.add_argument("--link-gbps", type=float, default=None,
                    help="PP hop bandwidth, GB/s, to split NCCL receives into transfer vs waiting")
@@ -253,6 +262,13 @@ def _render_traces(ranks: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "watch", None) is not None:  # --watch: microbench/sglang/watch.py
+        from microbench.sglang.watch import run_watch
+        return run_watch(args, evidence=run_evidence if wants(args) else None)
+    return run_evidence(args)
+
+
+def run_evidence(args: argparse.Namespace) -> int:
     from reports.base.paths import default_record_path
     from reports.base.records import make_record, save_record
     data = collect(args)

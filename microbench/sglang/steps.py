@@ -9,11 +9,19 @@ What it measures, per rank (one trace = one rank), over the traced window:
   large when the forward runs eager), graph or eager. The micro-batch size of a forward is read
   from the NCCL receive that fed it (`In msg nelems`: hidden-state rows x hidden on ranks > 0,
   one token id per request on rank 0), else left unknown.
-- **host time per loop iteration**: the scheduler's CPU ranges (`recv_requests`,
-  `get_next_batch_to_run`, `run_batch`, `process_batch_result`, `send_*`) minus the time blocked
-  in them (a receive of the request list on ranks > 0: `recv_requests`; a CUDA synchronisation
-  such as `tokens.tolist()`'s copy: the `cudaStreamSynchronize` / `cudaMemcpy*` runtime calls),
-  per iteration with a batch and per empty iteration.
+- **each forward's wait, split by whose fault it is** (cross-rank, in `loop_profile`): the
+  forward could start at `ready` = max(its input on the GPU, the rank's previous forward end,
+  the CPU free of blocking waits in this iteration). From there, `host` = until the first launch
+  call (the CPU was still working: scheduling, processing results); `queue` = from the launch
+  (or the input, if later) to the first kernel, split into `send_wait` (the rank's own NCCL send
+  still running: CUDA graphs' static buffers make the next forward wait for it) and `foreign`
+  (the GPU was busy with something this trace does not show: another process on the GPU).
+  Input on the GPU = the receive's end, or, when the receiver posted its receive only after the
+  upstream forward had ended, that end plus the receive's own length (the lateness is host).
+- **host time per empty loop iteration**: the scheduler's CPU ranges (`recv_requests`,
+  `get_next_batch_to_run`, `process_batch_result`, `send_*`) minus the time blocked in them
+  (the request-list receive on ranks > 0; CUDA synchronisations such as `tokens.tolist()`'s
+  copy), per iteration without a batch.
 - **time split** of the GPU over the window, exclusive: `compute` (union of compute kernels),
   `comm_transfer` (NCCL receive time explained by its bytes over `link_gbps`), `comm_wait` (NCCL
   time beyond that: a receive waiting for its sender; never called busy) and `idle`.
@@ -77,14 +85,21 @@ def _p50(v):
     return float(median(v)) if v else None
 
 
+def _mean(v):
+    """The model's inputs are means: throughput is total time over count, so a heavy tail
+    (contention, a busy CPU) counts in full; medians are shown beside them."""
+    return float(sum(v) / len(v)) if v else None
+
+
 def read_steps(path: str | Path, *, hidden: int | None = None, link_gbps: float | None = None,
                rank: int | None = None) -> dict:
     """One rank's per-iteration summary (see the module docstring). Times in microseconds."""
-    kernels = []        # (ts, end, corr, is_compute, is_comm)
+    kernels = []        # (ts, end, corr, is_compute, is_comm, is_recv)
     recvs = []          # (ts, end, bytes, nelems)
     rt = {}             # correlation -> (ts, is_graph)
     syncs = []          # (ts, end) blocking runtime calls
     ranges: dict[str, list[tuple[float, float]]] = {}
+    relay = []          # (ts, end) gloo send/receive calls (the request-list relay)
     no_dur = 0
     for ev in iter_events(path):
         if not isinstance(ev, dict) or ev.get("ph") != "X":
@@ -101,8 +116,11 @@ def read_steps(path: str | Path, *, hidden: int | None = None, link_gbps: float 
                                     and cat not in ("cuda_runtime", "cuda_driver")):
                 comm = bool(_COMM_RE.match(name))
                 compute = not _NOT_COMPUTE_RE.match(name)
-                kernels.append((ts, ts + dur, int(args.get("correlation", -1)), compute, comm))
-                if comm and _RECV_RE.search(name) and args.get("Collective name", "recv") == "recv":
+                is_recv = comm and bool(_RECV_RE.search(name)) and \
+                    args.get("Collective name", "recv") == "recv"
+                kernels.append((ts, ts + dur, int(args.get("correlation", -1)), compute, comm,
+                                is_recv))
+                if is_recv:
                     nel = int(args.get("In msg nelems") or args.get("Out msg nelems") or 0)
                     recvs.append((ts, ts + dur, nel * _DTYPE_BYTES.get(args.get("dtype"), 2), nel))
             elif cat in ("cuda_runtime", "cuda_driver"):
@@ -113,23 +131,30 @@ def read_steps(path: str | Path, *, hidden: int | None = None, link_gbps: float 
                     syncs.append((ts, ts + dur))
             elif cat == "user_annotation" and name in SCHEDULER_RANGES:
                 ranges.setdefault(name, []).append((ts, ts + dur))
+            elif cat == "user_annotation" and name.startswith(("gloo:send", "gloo:recv")):
+                relay.append((ts, ts + dur))   # torch.distributed's gloo call, CPU-blocking
         except (KeyError, TypeError, ValueError):
             continue
     return summarize_steps(kernels, recvs, rt, syncs, ranges, hidden=hidden,
-                           link_gbps=link_gbps, rank=rank, no_dur=no_dur)
+                           link_gbps=link_gbps, rank=rank, no_dur=no_dur, relay=relay)
+
+
+def _latest_le(sorted_starts: list[float], t: float) -> int:
+    return bisect.bisect_right(sorted_starts, t) - 1
 
 
 def summarize_steps(kernels, recvs, rt, syncs, ranges, *, hidden=None, link_gbps=None,
-                    rank=None, no_dur: int = 0) -> dict:
-    """The pure part of read_steps (CPU-tested on hand-made events)."""
+                    rank=None, no_dur: int = 0, relay=()) -> dict:
+    """The per-rank part of read_steps (CPU-tested on hand-made events)."""
     out: dict = {"rank": rank, "events_without_dur": no_dur}
     if not kernels:
         out["reason"] = "no GPU kernels in this trace"
         return out
+    kernels = [k if len(k) == 6 else (*k, False) for k in kernels]
     t0 = min(k[0] for k in kernels)
     t1 = max(k[1] for k in kernels)
     window = t1 - t0
-    # -- exclusive time split
+    # -- exclusive time split of the GPU
     comp = _merge([(k[0], k[1]) for k in kernels if k[3]])
     allk = _merge([(k[0], k[1]) for k in kernels])
     comm = _merge([(k[0], k[1]) for k in kernels if k[4]])
@@ -137,51 +162,74 @@ def summarize_steps(kernels, recvs, rt, syncs, ranges, *, hidden=None, link_gbps
     recv_total = sum(e - s for s, e, _, _ in recvs)
     transfer_total = (sum(min(e - s, b / (link_gbps * 1e3)) for s, e, b, _ in recvs)
                       if link_gbps else None)
-    frac_transfer = (transfer_total / recv_total) if transfer_total is not None and recv_total \
-        else None
-    split = {
+    frac = (transfer_total / recv_total) if transfer_total is not None and recv_total else None
+    out["time_split"] = {
         "window_us": window,
         "compute_us": _len(comp),
-        "comm_transfer_us": None if frac_transfer is None else comm_only * frac_transfer,
-        "comm_wait_us": None if frac_transfer is None else comm_only * (1 - frac_transfer),
+        "comm_transfer_us": None if frac is None else comm_only * frac,
+        "comm_wait_us": None if frac is None else comm_only * (1 - frac),
         "comm_us": comm_only,
         "other_us": max(0.0, _len(allk) - _len(comp) - comm_only),
         "idle_us": window - _len(allk),
     }
-    out["time_split"] = split
     # -- forwards: compute kernels launched inside each run_batch range
     rb = sorted(ranges.get("run_batch", []))
     starts = [s for s, _ in rb]
     per_fwd: list[list] = [[] for _ in rb]
+    launch_at: list[float] = [math.inf] * len(rb)
     graph_fwd = [False] * len(rb)
-    for ts, end, corr, compute, _ in kernels:
+    for ts, end, corr, compute, _, _ in kernels:
         if not compute:
             continue
         launch = rt.get(corr)
         if launch is None:
             continue
-        j = bisect.bisect_right(starts, launch[0]) - 1
+        j = _latest_le(starts, launch[0])
         if j >= 0 and launch[0] <= rb[j][1]:
             per_fwd[j].append((ts, end))
             graph_fwd[j] = graph_fwd[j] or launch[1]
-    recv_ends = sorted((e, nel) for _, e, _, nel in recvs)
-    re_ends = [e for e, _ in recv_ends]
+            launch_at[j] = min(launch_at[j], launch[0])
+    # the iteration a run_batch belongs to starts at the earliest per-iteration range before it
+    counts = {k: len(v) for k, v in ranges.items()}
+    iters = max(counts.values()) if counts else 0
+    full = [sorted(s for s, _ in v) for k, v in ranges.items() if len(v) == iters and k != "run_batch"]
+    blocking = sorted(iv for k in _BLOCKING_RANGES for iv in ranges.get(k, []))
+    b_starts = [s for s, _ in blocking]
+    recv_s = sorted(recvs)
+    r_ends = [e for _, e, _, _ in recv_s]
+    sends = _merge([(k[0], k[1]) for k in kernels if k[4] and not k[5]])
     fwds = []
     for j, ks in enumerate(per_fwd):
         if not ks:
             continue
         fs, fe = min(k[0] for k in ks), max(k[1] for k in ks)
-        i = bisect.bisect_right(re_ends, fs) - 1  # the receive that fed this forward
-        nel = recv_ends[i][1] if i >= 0 else 0
+        i = bisect.bisect_right(r_ends, fs) - 1  # the receive that fed this forward
+        rcv = recv_s[i] if i >= 0 else None
         b = None
-        if nel:
+        if rcv and rcv[3]:
             if rank == 0:
-                b = nel
-            elif hidden and nel % hidden == 0:
-                b = nel // hidden
+                b = rcv[3]
+            elif hidden and rcv[3] % hidden == 0:
+                b = rcv[3] // hidden
+        it_start = max((v[k] for v in full if (k := _latest_le(v, rb[j][0])) >= 0),
+                       default=rb[j][0]) if full else rb[j][0]
+        it_start = min((v[k] for v in full if (k := _latest_le(v, rb[j][0])) >= 0),
+                       default=it_start) if full else it_start
+        kb = _latest_le(b_starts, rb[j][0])
+        cpu_ready = max(it_start, blocking[kb][1] if kb >= 0 and blocking[kb][0] >= it_start
+                        else it_start)
         fwds.append({"start": fs, "end": fe, "busy": _len(_merge(ks)), "graph": graph_fwd[j],
-                     "batch": b, "input_at": re_ends[i] if i >= 0 else None,
-                     "cpu_start": rb[j][0]})
+                     "batch": b, "recv": (rcv[0], rcv[1]) if rcv else None,
+                     "launch": launch_at[j], "cpu_ready": cpu_ready})
+    fwds.sort(key=lambda f: f["start"])
+    prev = None
+    for f in fwds:
+        f["prev_end"] = prev
+        prev = f["end"]
+        lo = max(x for x in (f["launch"], f["recv"][1] if f["recv"] else None, f["prev_end"])
+                 if x is not None)
+        f["queue"] = max(0.0, f["start"] - lo)
+        f["send_wait"] = _overlap(_merge([(lo, f["start"])]), sends) if f["queue"] > 0 else 0.0
     out["forwards"] = len(fwds)
     out["graph_forwards"] = sum(1 for f in fwds if f["graph"])
     by_b: dict[int, list] = {}
@@ -191,66 +239,51 @@ def summarize_steps(kernels, recvs, rt, syncs, ranges, *, hidden=None, link_gbps
         by_b.setdefault(key, []).append(f["end"] - f["start"])
         busy_b.setdefault(key, []).append(f["busy"])
     out["forward_us_by_batch"] = {str(b): _p50(v) for b, v in sorted(by_b.items())}
-    out["forward_busy_us_by_batch"] = {str(b): _p50(v) for b, v in sorted(busy_b.items())}
+    out["forward_busy_us_by_batch"] = {str(b): _mean(v) for b, v in sorted(busy_b.items())}
     out["forward_count_by_batch"] = {str(b): len(v) for b, v in sorted(by_b.items())}
     out["forward_us_p50"] = _p50([f["end"] - f["start"] for f in fwds])
-    # GPU idle before a forward while the input was already there: the host was late
-    gaps = []
-    prev_end = None
-    for f in sorted(fwds, key=lambda f: f["start"]):
-        ready = max(x for x in (f["input_at"], prev_end, t0) if x is not None)
-        gaps.append(max(0.0, f["start"] - ready))
-        prev_end = f["end"]
-    out["host_gap_us_p50"] = _p50(gaps)
-    # -- iterations and host time per iteration (CPU ranges minus blocked time)
-    counts = {k: len(v) for k, v in ranges.items()}
-    iters = max(counts.values()) if counts else 0
     out["iterations"] = iters
     out["range_counts"] = counts
-    blocked_iv = _merge([iv for k in _BLOCKING_RANGES for iv in ranges.get(k, [])] + list(syncs))
+    # host per empty iteration: CPU ranges minus blocked time, iterations without run_batch
+    blocked_iv = _merge(blocking + list(syncs) + list(relay))
     cpu_iv = _merge([iv for v in ranges.values() for iv in v])
-    cpu = _len(cpu_iv)
-    blocked = _overlap(cpu_iv, blocked_iv)
-    out["host_us_total"] = cpu - blocked
-    out["blocked_us_total"] = blocked
-    out["host_us_per_iteration"] = (cpu - blocked) / iters if iters else None
-    # host per iteration with a batch vs without: the CPU of an iteration is the ranges between
-    # one iteration start and the next (the most frequent range marks iterations)
-    anchor = max(counts, key=counts.get) if counts else None
-    if anchor:
-        marks = sorted(s for s, _ in ranges[anchor])
-        host_busy, host_empty = [], []
-        rb_s = sorted(starts)
+    if full:
+        marks = min(full, key=lambda v: v[0] if v else math.inf)
+        empty, empty_relay = [], []
+        relay_iv = _merge(list(relay))
         for k, m in enumerate(marks):
             nxt = marks[k + 1] if k + 1 < len(marks) else math.inf
-            seg = [(max(s, m), min(e, nxt)) for s, e in cpu_iv if e > m and s < nxt]
-            blk = _overlap(_merge(seg), blocked_iv)
-            h = _len(seg) - blk
-            has = bisect.bisect_left(rb_s, m) < len(rb_s) and rb_s[bisect.bisect_left(rb_s, m)] < nxt
-            (host_busy if has else host_empty).append(h)
-        out["host_us_busy_p50"] = _p50(host_busy)
-        out["host_us_empty_p50"] = _p50(host_empty)
-        out["iterations_with_batch"] = len(host_busy)
+            r = bisect.bisect_left(starts, m)
+            if r < len(starts) and starts[r] < nxt:
+                continue
+            seg = _merge([(max(s, m), min(e, nxt)) for s, e in cpu_iv if e > m and s < nxt])
+            empty.append(_len(seg) - _overlap(seg, blocked_iv))
+            empty_relay.append(_overlap(seg, relay_iv) - _overlap(
+                _merge([(max(a, m), min(b, nxt)) for a, b in relay_iv if b > m and a < nxt]),
+                _merge(list(syncs))))
+        out["host_us_empty_p50"], out["host_us_empty_mean"] = _p50(empty), _mean(empty)
+        out["relay_wait_us_empty_mean"] = _mean(empty_relay)
+        out["iterations_empty"] = len(empty)
     out["recv_bytes_p50"] = _p50([b for _, _, b, _ in recvs])
-    # kept for the cross-rank pass (loop_profile), dropped before the record is written
-    out["_fwds"] = sorted(fwds, key=lambda f: f["start"])
-    out["_recvs"] = sorted((s_, e_) for s_, e_, _, _ in recvs)
+    out["_fwds"] = fwds          # for the cross-rank pass; dropped before the record is written
+    out["_syncs"] = _merge(list(syncs))
+    out["_relay"] = _merge(list(relay))
     return out
 
 
 def loop_profile(ranks: dict[int, dict]) -> dict:
     """Cross-rank pass over read_steps() results of one run (one host: one clock).
 
-    For each forward on rank r, its input is the receive that ended last before it started,
-    and that receive carries what the upstream rank (r-1; pp-1 for rank 0: the sampled tokens)
-    finished last before the receive ended (`u`). Then, per forward:
-    - `late_host` = receive start - u, when positive: the receiver had not even posted its
-      receive when the data was ready (its CPU was busy elsewhere);
-    - `hop` = receive end - max(u, receive start): the transfer plus NCCL latency;
-    - `host_gap` = forward start - max(receive end, previous forward end on r): the GPU idle
-      with its input there, waiting for the launch.
-    The host time on a rank's critical path per visit is `late_host + host_gap` (p50), the
-    hop per link the p50 of `hop`. Rank summaries lose their raw lists here.
+    A forward's input is the receive that ended last before it started; that receive carries
+    what the upstream rank (r-1; the last rank for rank 0: the sampled tokens) finished last
+    before it ended (`u`). Input on the GPU = the receive's end, or u + the receive's length when
+    the receive was posted only after u (the receiver was late: that lateness counts as host).
+    Per forward, with `ready` = max(input, previous forward end, CPU free of blocking waits):
+    `host` = first launch - ready (>= 0), `queue` = first kernel - max(launch, receive end,
+    previous end), split into `send_wait` and `foreign` (module docstring), `hop` = input - u.
+    Inside `host`, time the CPU spent blocked is taken out: `sync_wait` (a CUDA synchronisation,
+    e.g. the returned tokens' copy queued behind communication) and `relay_wait` (the gloo
+    request-list relay to the next rank: SGLang chains every rank's loop to the previous one's).
     """
     order = sorted(ranks)
     ends = {r: sorted(f["end"] for f in ranks[r].get("_fwds", [])) for r in order}
@@ -259,35 +292,46 @@ def loop_profile(ranks: dict[int, dict]) -> dict:
         d = ranks[r]
         up = order[k - 1]  # k = 0 -> the last rank (tokens come back from it)
         up_ends = ends[up] if len(order) > 1 else []
-        recvs = d.get("_recvs", [])
-        r_ends = [e for _, e in recvs]
-        late, hop, crit = [], [], []
-        prev_end = None
+        host, hop, foreign, send_wait, eff = [], [], [], [], {}
+        sync_wait, relay_wait = [], []
         for f in d.get("_fwds", []):
-            ready = max(x for x in (f["input_at"], prev_end) if x is not None) \
-                if (f["input_at"] is not None or prev_end is not None) else f["start"]
-            gap = max(0.0, f["start"] - ready)
-            prev_end = f["end"]
-            lh = 0.0
-            if f["input_at"] is not None and up_ends:
-                i = bisect.bisect_right(r_ends, f["input_at"]) - 1
-                if i >= 0:
-                    rs, re_ = recvs[i]
-                    j = bisect.bisect_right(up_ends, re_) - 1
-                    if j >= 0:
-                        u = up_ends[j]
-                        lh = max(0.0, rs - u)
-                        late.append(lh)
-                        hop.append(max(0.0, re_ - max(u, rs)))
-            crit.append(lh + gap)
+            data_at = f["recv"][1] if f["recv"] else None
+            if f["recv"] and up_ends:
+                j = bisect.bisect_right(up_ends, f["recv"][1]) - 1
+                if j >= 0:
+                    u = up_ends[j]
+                    rs, re_ = f["recv"]
+                    data_at = re_ if rs <= u else u + (re_ - rs)
+                    hop.append(max(0.0, data_at - u))
+            ready = max(x for x in (data_at, f["prev_end"], f["cpu_ready"]) if x is not None)
+            launch = min(f["launch"], f["start"])
+            win = [(ready, launch)] if launch > ready else []
+            # time the CPU spent blocked, not working: in a CUDA synchronisation (the returned
+            # tokens' copy, queued behind communication) or in the gloo request-list relay
+            sync_w = _overlap(win, d.get("_syncs", []))
+            relay_w = _overlap(win, d.get("_relay", [])) - _overlap(
+                _merge([(max(a, ready), min(b, launch)) for a, b in d.get("_syncs", [])
+                        if b > ready and a < launch]), d.get("_relay", []))
+            host.append(max(0.0, launch - ready - sync_w - relay_w) if win else 0.0)
+            sync_wait.append(sync_w)
+            relay_wait.append(max(0.0, relay_w))
+            fq = max(0.0, f["queue"] - f["send_wait"])
+            foreign.append(fq)
+            send_wait.append(f["send_wait"])
+            key = f["batch"] if f["batch"] is not None else 0
+            eff.setdefault(key, []).append(f["end"] - f["start"] + fq)
+        d["host_us_p50"], d["host_us_mean"] = _p50(host), _mean(host)
+        d["foreign_queue_us_mean"] = _mean(foreign)
+        d["send_wait_us_mean"] = _mean(send_wait)
+        d["sync_wait_us_mean"] = _mean(sync_wait)
+        d["relay_wait_us_mean"] = _mean(relay_wait)
+        d["forward_effective_us_by_batch"] = {str(b): _mean(v) for b, v in sorted(eff.items())}
         out["ranks"][str(r)] = d
-        d["late_host_us_p50"] = _p50(late)
-        d["host_critical_us_p50"] = _p50(crit)
         if hop:
-            out["hops"][f"{up}->{r}"] = {"p50_us": _p50(hop), "n": len(hop)}
+            out["hops"][f"{up}->{r}"] = {"p50_us": _p50(hop), "mean_us": _mean(hop), "n": len(hop)}
     for d in out["ranks"].values():
-        d.pop("_fwds", None)
-        d.pop("_recvs", None)
+        for k in ("_fwds", "_syncs", "_relay"):
+            d.pop(k, None)
     return out
 
 

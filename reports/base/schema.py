@@ -75,6 +75,13 @@ def _short(v: Any) -> str:
     return r if len(r) <= 40 else r[:37] + "..."
 
 
+def _bounds(meta: dict) -> str:
+    """The range a number must lie in, as the messages say it: " >= 0", " >= 0 and <= 1"."""
+    parts = [f"{op} {meta[k]}" for k, op in (("ge", ">="), ("gt", ">"), ("le", "<="))
+             if k in meta]
+    return (" " + " and ".join(parts)) if parts else ""
+
+
 def _check_range(v: float, meta: dict, path: str) -> None:
     if "ge" in meta and not v >= meta["ge"]:
         raise SchemaError(f"{path}: expected a number >= {meta['ge']}, got {_short(v)}")
@@ -112,12 +119,12 @@ def _load(tp: Any, v: Any, path: str, meta: dict) -> Any:
         return v
     if tp is int:
         if isinstance(v, bool) or not isinstance(v, int):
-            raise SchemaError(f"{path}: expected an integer, got {_short(v)}")
+            raise SchemaError(f"{path}: expected an integer{_bounds(meta)}, got {_short(v)}")
         _check_range(v, meta, path)
         return v
     if tp is float:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise SchemaError(f"{path}: expected a number, got {_short(v)}")
+            raise SchemaError(f"{path}: expected a number{_bounds(meta)}, got {_short(v)}")
         _check_range(v, meta, path)
         return float(v)
     if tp is str:

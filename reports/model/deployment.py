@@ -6,16 +6,18 @@ When `results/sglang.json` holds a loop profile (per-rank traces read by `ppscop
 | input | from (observed) | else |
 |---|---|---|
 | pipeline size | traced ranks | given (scenario / flags) |
-| forward time per rank by micro-batch size | GPU time of each `run_batch` (first kernel start to last kernel end), p50 by size | - |
-| forward without launch gaps | union of that forward's kernels | - |
-| host time on each rank's critical path per visit | receive posted late + GPU idle with its input there, p50 | - |
-| hop per link | receive end - upstream forward end, p50 | - |
+| forward time per rank by micro-batch size | GPU time of each `run_batch` (first kernel start to last kernel end) + GPU queueing behind work the trace does not show, mean by size | - |
+| forward without launch gaps | union of that forward's kernels (+ the same queueing) | - |
+| host work per visit with a batch | ready (input, previous forward, CPU free) -> first launch, minus blocked time, mean | - |
+| request-list relay and waits on the GPU | CPU blocked in gloo sends / CUDA synchronisations inside that window, mean | - |
+| hop per link | input on the GPU - upstream forward end, mean; plus the sender's wait for its send | - |
 | slots and occupancy | iterations / forwards on rank 0, and C / mean micro-batch | given async depth |
 | micro-batch sizes | hidden-state receive sizes (traces) or `#running-req` (log) | - |
 | graph share | forwards launched through `cudaGraphLaunch` | - |
 | tok/s | bench_serving / live probe / `--observed` | - |
 
-Sizes the trace never ran (needed when the herd is spread out) are the nearest observed size
+Means, not medians, feed the model: throughput is total time over count, so a heavy tail
+(contention, a starved CPU) counts in full. Sizes the trace never ran (needed when the herd is spread out) are the nearest observed size
 scaled by the roofline's MoE-layer bytes ratio (labelled `estimated`). Nothing is fitted to the
 observed tok/s: `unexplained` is what the model of the observed loop does not reproduce.
 """
@@ -36,9 +38,13 @@ class Deployment:
     sizes: tuple[int, ...]                        # requests per slot, one entry per slot
     forward: tuple[dict[int, float], ...]          # per rank: batch -> forward us (span)
     forward_busy: tuple[dict[int, float], ...]     # per rank: batch -> kernels only
-    host_us: tuple[float, ...]                     # per rank, on the critical path per visit
-    empty_us: float
+    host_us: tuple[float, ...]                     # per rank, CPU work per visit with a batch
+    relay_us: tuple[float, ...]                    # per rank, blocked in the request-list relay
+    sync_wait_us: tuple[float, ...]                # per rank, blocked waiting for the GPU (comm)
+    empty_us: float                                # rank 0, CPU work per empty visit
+    empty_relay_us: float                          # rank 0, relay wait per empty visit
     hop_us: tuple[float, ...]                      # hop r -> r+1; last entry: last -> rank 0
+    send_wait_us: tuple[float, ...]                # per rank: next forward waits for its send
     graph_share: float | None
     concurrency: int
     observed_tok_per_s: float | None
@@ -118,8 +124,14 @@ def from_evidence(data: dict, *, concurrency: int | None, observed: float | None
     notes: list[str] = []
     src: dict[str, str] = {"pp": "observed"}
     r0 = ranks[order[0]]
-    fw = [_curve(ranks[r].get("forward_us_by_batch"), concurrency) for r in order]
+    # effective forward: first kernel to last, plus the GPU queueing behind work the trace does
+    # not show (another process); without it (kernels only): the launch-gap reference
+    fw = [_curve(ranks[r].get("forward_effective_us_by_batch")
+                 or ranks[r].get("forward_us_by_batch"), concurrency) for r in order]
     fb = [_curve(ranks[r].get("forward_busy_us_by_batch"), concurrency) for r in order]
+    for k, r in enumerate(order):  # keep the foreign queueing in both: it is not a launch gap
+        q = float(ranks[r].get("foreign_queue_us_mean") or 0.0)
+        fb[k] = {b: v + q for b, v in fb[k].items()}
     if not all(fw):
         raise NoLoopEvidence("a traced rank ran no decode forward the profile could size")
     counts = _curve(r0.get("forward_count_by_batch"), concurrency)
@@ -163,13 +175,18 @@ def from_evidence(data: dict, *, concurrency: int | None, observed: float | None
         out[(k * slots) // len(sizes_list)] = n
     sizes = tuple(out)
     src["sizes"] = "observed"
-    host = tuple(float(ranks[r].get("host_critical_us_p50") or 0.0) for r in order)
-    empty = float(r0.get("host_us_empty_p50") or 0.0)
+    def per_rank(key):
+        return tuple(float(ranks[r].get(key) or 0.0) for r in order)
+    host, relay, sync_w = per_rank("host_us_mean"), per_rank("relay_wait_us_mean"), \
+        per_rank("sync_wait_us_mean")
+    send_wait = per_rank("send_wait_us_mean")
+    empty = float(r0.get("host_us_empty_mean") or 0.0)
+    empty_relay = float(r0.get("relay_wait_us_empty_mean") or 0.0)
     hops_d = loop.get("hops") or {}
     hop = []
     for k, r in enumerate(order):
         nxt = order[(k + 1) % pp]
-        h = (hops_d.get(f"{r}->{nxt}") or {}).get("p50_us")
+        h = (hops_d.get(f"{r}->{nxt}") or {}).get("mean_us")
         hop.append(float(h) if h is not None else 0.0)
         if h is None:
             notes.append(f"hop {r}->{nxt}: not seen in the traces; taken as 0")
@@ -181,7 +198,10 @@ def from_evidence(data: dict, *, concurrency: int | None, observed: float | None
             fb[k] = dict(fw[k])
     return Deployment(
         pp=pp, slots=slots, sizes=sizes, forward=tuple(fw), forward_busy=tuple(fb),
-        host_us=host, empty_us=empty, hop_us=tuple(hop), graph_share=share,
+        host_us=host, relay_us=relay, sync_wait_us=sync_w, empty_us=empty,
+        empty_relay_us=empty_relay, hop_us=tuple(hop),
+        send_wait_us=send_wait,
+        graph_share=share,
         concurrency=int(concurrency or sum(sizes)), observed_tok_per_s=observed,
         sources={**src, "forward": "observed", "host": "observed", "hop": "observed"},
         notes=tuple(notes),
@@ -190,20 +210,22 @@ def from_evidence(data: dict, *, concurrency: int | None, observed: float | None
 
 # ------------------------------------------------------------------ switches and the model
 
-CAUSES = ("slow_stage", "host", "herd", "launch_gaps", "hop")
+CAUSES = ("slow_stage", "host", "relay", "herd", "launch_gaps", "hop")
 LABELS = {
     "slow_stage": "slow stage (a rank's forward above the others')",
-    "host": "host time on the critical path (GPU idle while its host works)",
+    "host": "host work on the critical path (GPU idle while its CPU works)",
+    "relay": "rank chaining (blocked relaying the request list to the next rank's CPU)",
     "herd": "micro-batch split (herd: occupied slots vs pp)",
     "launch_gaps": "launch gaps (eager forwards / CUDA-graph fallback)",
     "hop": "hops between stages (transfer, NCCL latency, delays)",
 }
 REFERENCE = {
     "slow_stage": "every rank at the lower median rank's forward time",
-    "host": "no host time on the critical path",
+    "host": "no host work on the critical path",
+    "relay": "the request list relayed without blocking",
     "herd": "C requests in min(C, pp) equal micro-batches, evenly spaced",
     "launch_gaps": "each forward as long as its kernels (no gaps between launches)",
-    "hop": "hops cost nothing",
+    "hop": "hops cost nothing, nothing waits on communication",
 }
 
 
@@ -213,18 +235,47 @@ def loop_config(dep: Deployment, on: frozenset, shape=None) -> tuple[LoopConfig,
     if "herd" not in on:
         sizes = list(even_sizes(sum(sizes), min(dep.pp, sum(sizes)), dep.slots, dep.pp))
     bmax = max(sizes)
-    curves = dep.forward if "launch_gaps" in on else dep.forward_busy
-    table = [[0.0] + [at_size(c, b, shape) for b in range(1, bmax + 1)] for c in curves]
+    # forward = busy (kernels + queueing behind foreign work) + launch gaps; a slow stage is a
+    # rank whose busy time is above the others', launch gaps are their own cause
+    busy = [[0.0] + [at_size(c, b, shape) for b in range(1, bmax + 1)] for c in dep.forward_busy]
+    gaps = [[0.0] + [max(0.0, at_size(f, b, shape) - at_size(c, b, shape))
+                     for b in range(1, bmax + 1)]
+            for f, c in zip(dep.forward, dep.forward_busy)]
     if "slow_stage" not in on:
-        ref = [median_low([row[b] for row in table]) for b in range(bmax + 1)]
-        table = [[min(row[b], ref[b]) for b in range(bmax + 1)] for row in table]
+        ref = [median_low([row[b] for row in busy]) for b in range(bmax + 1)]
+        busy = [[min(row[b], ref[b]) for b in range(bmax + 1)] for row in busy]
+    if "launch_gaps" not in on:
+        gaps = [[0.0] * (bmax + 1) for _ in gaps]
+    sw = dep.send_wait_us if "hop" in on else tuple(0.0 for _ in dep.send_wait_us)
+    table = [[0.0] + [bu[b] + ga[b] + w for b in range(1, bmax + 1)]
+             for bu, ga, w in zip(busy, gaps, sw)]
     hop = [tuple([0.0] + [h if "hop" in on else 0.0] * bmax) for h in dep.hop_us]
-    host = dep.host_us if "host" in on else tuple(0.0 for _ in dep.host_us)
+    host = tuple((h if "host" in on else 0.0) + (r if "relay" in on else 0.0)
+                 + (w if "hop" in on else 0.0)
+                 for h, r, w in zip(dep.host_us, dep.relay_us, dep.sync_wait_us))
     cfg = LoopConfig(stage_us=tuple(tuple(r) for r in table), hop_us=tuple(hop),
                      async_depth=dep.slots - dep.pp, host_us=0.0,
-                     empty_us=dep.empty_us if "host" in on else 0.0,
+                     empty_us=(dep.empty_us if "host" in on else 0.0)
+                     + (dep.empty_relay_us if "relay" in on else 0.0),
                      rank_host_us=host, result_sync=True)
     return cfg, sizes
+
+
+def curve_shape(pts: list[tuple[int, float]]):
+    """b -> a measured cost curve, piecewise linear in log(b), flat beyond its ends."""
+    pts = sorted(pts)
+
+    def f(b: float) -> float:
+        if b <= pts[0][0]:
+            return pts[0][1]
+        if b >= pts[-1][0]:
+            return pts[-1][1]  # flat: never extrapolate a slope
+        for (b0, v0), (b1, v1) in zip(pts, pts[1:]):
+            if b0 <= b <= b1:
+                w = (math.log(b) - math.log(b0)) / (math.log(b1) - math.log(b0))
+                return v0 + w * (v1 - v0)
+        return pts[-1][1]
+    return f
 
 
 def moe_shape(model):

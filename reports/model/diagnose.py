@@ -7,8 +7,8 @@ values (reports/model/attribution.shapley) on the time per decode step, so the r
 modelled - reference; `unexplained` = observed - modelled is its own row, and its size is said
 on every run.
 
-Each cause's **size** is the slowdown it causes: its share of the step over the step without it,
-`ms / (observed step - ms)` (a cause of size 50% makes the server 1.5x slower than it would be
+Each cause's **size** is the slowdown it causes within the model of the observed loop:
+`ms / (modelled step - ms)` (a cause of size 50% makes the server 1.5x slower than it would be
 without it). The answer names the largest cause above `NAME_PCT` with its size and the numbers
 behind it (the slow rank's forward against the median rank's, the host time per visit against
 the forward, occupied slots per cycle against pp, the eager share, the hop against its transfer
@@ -55,7 +55,7 @@ class Diagnosis:
 def details(dep: Deployment) -> dict[str, str]:
     """The numbers behind each cause, in words."""
     b_typ = max(dep.sizes)
-    fw = [at_size(c, b_typ) for c in dep.forward]
+    fw = [at_size(c, b_typ) for c in dep.forward_busy]
     med = median_low(fw)
     slow = max(range(dep.pp), key=lambda r: fw[r])
     waits = []
@@ -64,23 +64,31 @@ def details(dep: Deployment) -> dict[str, str]:
         if w is not None and win:
             waits.append(f"rank {r} waits {100 * w / win:.0f}% of the window in NCCL receives")
     host_r = max(range(dep.pp), key=lambda r: dep.host_us[r])
+    relay_r = max(range(dep.pp), key=lambda r: dep.relay_us[r])
     eager = None if dep.graph_share is None else 1 - dep.graph_share
     gap = [at_size(f, b_typ) - at_size(g, b_typ) for f, g in zip(dep.forward, dep.forward_busy)]
     return {
-        "slow_stage": (f"rank {slow} forward {fw[slow]:.0f} us at b={b_typ} vs median rank "
+        "slow_stage": (f"rank {slow} forward (kernels + GPU queueing) {fw[slow]:.0f} us at "
+                       f"b={b_typ} vs median rank "
                        f"{med:.0f} us ({fw[slow] / med:.2f}x)" + ("; " + "; ".join(waits)
                                                                  if waits else "")),
         "host": (f"rank {host_r}: {dep.host_us[host_r]:.0f} us of host per visit on the critical "
                  f"path against a {fw[host_r]:.0f} us forward"
                  + ("" if dep.host_us[host_r] <= fw[host_r] else " (host-bound: CPU longer "
                     "than GPU per visit)")),
+        "relay": (f"rank {relay_r} blocked {dep.relay_us[relay_r]:.0f} us per visit handing the "
+                  f"request list to rank {(relay_r + 1) % dep.pp} (that rank's CPU is late)"),
         "herd": (f"{dep.occupied} occupied slot(s) per cycle of {dep.slots} (pp = {dep.pp}), "
                  f"sizes {','.join(str(n) for n in dep.sizes if n)} for C = {dep.concurrency}"),
         "launch_gaps": ((f"{100 * eager:.0f}% of forwards eager" if eager is not None else
                          "graph share unknown")
                         + f"; {max(gap):.0f} us of launch gaps per forward (largest rank)"),
         "hop": ", ".join(f"hop {r}->{(r + 1) % dep.pp} {h:.0f} us" for r, h in
-                         enumerate(dep.hop_us)),
+                         enumerate(dep.hop_us))
+               + "".join(f"; rank {r} waits {w:.0f} us per visit for data queued behind "
+                         f"communication" for r, w in enumerate(dep.sync_wait_us) if w >= 50)
+               + "".join(f"; rank {r}'s next forward waits {w:.0f} us for its own send"
+                         for r, w in enumerate(dep.send_wait_us) if w >= 50),
     }
 
 
@@ -97,13 +105,13 @@ def diagnose(dep: Deployment, shape=None) -> Diagnosis:
     full, ref = step_ms(frozenset(players)), step_ms(frozenset())
     obs_tps = dep.observed_tok_per_s
     obs_step = dep.concurrency / obs_tps * 1e3 if obs_tps else None
-    base = obs_step or full
+    base = full  # sizes within the model of the observed loop; `unexplained` says how far off
     det = details(dep)
     rows = []
     for c in players:
         ms = split[c]
         size = 100 * ms / (base - ms) if base - ms > 1e-9 else None
-        rows.append(CauseRow(c, LABELS[c], ms, size, 100 * ms / base if base else None,
+        rows.append(CauseRow(c, LABELS[c], ms, size, 100 * ms / (obs_step or full),
                              REFERENCE[c], det[c]))
     rows.sort(key=lambda r: -r.ms_per_step)
     unexpl = obs_step - full if obs_step is not None else None

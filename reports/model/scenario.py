@@ -38,7 +38,8 @@ from reports.base.errors import CliError
 from reports.base.gpu_specs import GpuSpec, load_gpu, match_gpu
 from reports.base.model_config import ModelConfig, load_model
 from reports.base.paths import CONFIGS
-from reports.base.records import SCHEMA_VERSION, Record, RecordError, read_record
+from reports.base.records import (SCHEMA_VERSION, Record, RecordError, payload_class,
+                                  read_record)
 from reports.base.sglang_defaults import (MAX_PREFILL_TOKENS, SGLANG_VERSION,
                                           default_chunked_prefill_size, default_decode_max_bs,
                                           estimate_kv, gpu_mem_mib)
@@ -49,7 +50,7 @@ from reports.base.slots import default_max_micro_batch
 DEFAULT_PROMPT_LEN = 1024
 DEFAULT_OUTPUT_LEN = 1024
 
-PROBES = ("topology", "stage_cost", "graphs", "dispatch", "sglang")
+PROBES = ("topology", "stage_cost", "graphs", "dispatch", "sglang", "watch")
 
 
 @dataclass(frozen=True)
@@ -165,9 +166,10 @@ def load_records(results: Path) -> tuple[dict[str, Record], list[str]]:
             rec = read_record(path)
         except RecordError as e:
             raise CliError(str(e)) from None
-        if rec.schema_version != SCHEMA_VERSION:
+        want = getattr(payload_class(probe), "SCHEMA_VERSION", SCHEMA_VERSION)
+        if rec.schema_version != want:
             warn.append(f"{path.name}: schema version {rec.schema_version}, this ppscope reads "
-                        f"{SCHEMA_VERSION}; skipped (re-run the probe)")
+                        f"{want}; skipped (re-run the probe)")
             continue
         if rec.status != "ok":
             warn.append(f"{path.name}: status {rec.status} ({rec.reason}); skipped")
@@ -288,30 +290,24 @@ def build_inputs(scenario: dict[str, Any], records: dict[str, Record],
     eff_src = ("estimated", sc_file)
     sc_rec = records.get("stage_cost")
     if sc_rec is not None:
-        d = sc_rec.data
-        stages = d.get("stages") or []
-        per = []
-        for st in stages:
-            pts = []
-            for b, v in (st.get("by_batch") or {}).items():
-                if v.get("measured_us") and v.get("floor_us"):
-                    pts.append((int(b), float(v["floor_us"]) / float(v["measured_us"])))
-            per.append(tuple(sorted(pts)))
+        d = sc_rec.payload
+        per = [tuple(sorted((int(b), v.floor_us / v.measured_us)
+                            for b, v in st.by_batch.items() if v.measured_us and v.floor_us))
+               for st in d.stages]
         note = _gpu_note(sc_rec, gpu)
-        if (d.get("pp") == pp and d.get("model") in (model.name, sc["model"])
+        if (d.pp == pp and d.model in (model.name, sc["model"])
                 and len(per) == pp and all(per)):
             stage_eff = tuple(per)
             eff_src = ("measured", "stage_cost.json")
             used.append("stage_cost.json")
         else:
-            moe = (d.get("layers") or {}).get("moe") or {}
-            pts = [(int(b), float(v["floor_us"]) / float(v["measured_us"]))
-                   for b, v in moe.items() if v.get("measured_us") and v.get("floor_us")]
+            pts = [(int(b), v.floor_us / v.measured_us)
+                   for b, v in d.layers.get("moe", {}).items() if v.measured_us and v.floor_us]
             if pts:
                 eff_curve = tuple(sorted(pts))
                 eff_src = ("measured", "stage_cost.json")
                 used.append("stage_cost.json")
-                warn.append(f"stage_cost.json: pp={d.get('pp')} model={d.get('model')} differs "
+                warn.append(f"stage_cost.json: pp={d.pp} model={d.model} differs "
                             f"from the scenario; only its MoE-layer efficiency is used")
             else:
                 warn.append("stage_cost.json: no measured stage for this pp/model; skipped")
@@ -324,16 +320,16 @@ def build_inputs(scenario: dict[str, Any], records: dict[str, Record],
     hop_src = ("estimated", sc_file)
     topo = records.get("topology")
     if topo is not None:
-        hops = topo.data.get("hops") or []
+        t = topo.payload
         by_b: dict[int, list[float]] = {}
-        for h in hops:
-            if h.get("hop_us") is not None and h.get("batch") is not None:
-                by_b.setdefault(int(h["batch"]), []).append(float(h["hop_us"]))
+        for h in t.hops:
+            if h.hop_us is not None:
+                by_b.setdefault(h.batch, []).append(h.hop_us)
         if by_b:
             hop_curve = tuple(sorted((b, sum(v) / len(v)) for b, v in by_b.items()))
             hop_src = ("measured", "topology.json")
             used.append("topology.json")
-            n_gpu = len(topo.data.get("gpus") or [])
+            n_gpu = len(t.gpus)
             if n_gpu and n_gpu < pp:
                 warn.append(f"topology.json: {n_gpu} GPUs measured, scenario has pp={pp}; "
                             "mean hop cost used for every hop")
@@ -386,15 +382,14 @@ def build_inputs(scenario: dict[str, Any], records: dict[str, Record],
         max_bs = default_decode_max_bs(mem_mib, tp, int(given_mrr) if given_mrr else None)
         bs_p = ("estimated", sc_file, rule + " (arg_groups/memory_hook.py)")
     if gr is not None:
-        pts = [(int(r["batch"]), max(0.0, float(r["eager_us"]) - float(r["graph_us"])))
-               for r in gr.data.get("by_batch") or []
-               if r.get("eager_us") is not None and r.get("graph_us") is not None]
+        g = gr.payload
+        pts = [(r.batch, max(0.0, r.eager_us - r.graph_us)) for r in g.by_batch
+               if r.eager_us is not None and r.graph_us is not None]
         if pts:
             eager = tuple(sorted(pts))
             eager_src = ("measured", "graphs.json")
             used.append("graphs.json")
-        if gr.data.get("max_bs"):
-            max_bs = int(gr.data["max_bs"])
+        max_bs = g.max_bs
     params.append(Param("eager_us_per_layer", [list(x) for x in eager], *eager_src,
                         "extra cost per layer when a batch runs eager"))
     if gr is not None and gr.data.get("max_bs"):

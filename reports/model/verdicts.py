@@ -150,9 +150,8 @@ def routing_verdict(inp: Inputs, att: Attribution, records: dict[str, Record],
     slow_ms = max(skewed.tpot_ms - base.tpot_ms, base.tpot_ms * loss, 0.0)
     share = slow_ms / gap if gap > 1e-12 else 0.0
     sc = records.get("stage_cost")
-    measured = sc is not None and float(sc.data.get("zipf_s") or 0) > 0 and any(
-        e.get("measured_us") is not None
-        for e in ((sc.data.get("layers") or {}).get("moe") or {}).values())
+    measured = sc is not None and sc.payload.zipf_s > 0 and any(
+        e.measured_us is not None for e in sc.payload.layers.get("moe", {}).values())
     label = ("stage_cost.json (measured with --zipf)" if measured
              else "roofline Monte-Carlo (estimated)")
     why = ("scenario's zipf_s" if inp.zipf_s else
@@ -168,7 +167,72 @@ def routing_verdict(inp: Inputs, att: Attribution, records: dict[str, Record],
     return Verdict("MoE routing imbalance", _by_share(share), num, label)
 
 
-def verdicts(inp: Inputs, atts: list[Attribution], records: dict[str, Record]) -> list[Verdict]:
+def machine_of(rec: Record) -> str:
+    """The machine a record describes, in words (GPU count and names from its provenance)."""
+    g = list(rec.provenance.gpus)
+    names = sorted(set(g))
+    return (f"{len(g)}x {', '.join(names)} on host {rec.provenance.host}" if g
+            else f"host {rec.provenance.host} (no GPU named)")
+
+
+def other_machine(rec: Record, inp: Inputs) -> str | None:
+    """Why `rec` does not describe the deployment's machine (another GPU kind, fewer GPUs than
+    the pipeline), or None when it may. A record from another machine never decides a verdict
+    about the user's machine."""
+    from reports.base.gpu_specs import match_gpu
+    g = list(rec.provenance.gpus)
+    if rec.probe == "topology" and rec.payload is not None and rec.payload.gpus:
+        g = [x.name for x in rec.payload.gpus] or g
+    if not g:
+        return None
+    kinds = {getattr(match_gpu(n), "name", n) for n in g}
+    if kinds != {inp.gpu.name}:
+        return f"it describes {len(g)}x {', '.join(sorted(set(g)))}, the deployment {inp.pp}x {inp.gpu.name}"
+    if len(g) < inp.pp:
+        return f"it describes {len(g)} GPUs, the deployment's pipeline has {inp.pp}"
+    return None
+
+
+def observed_verdicts(diag: dict) -> dict[str, Verdict]:
+    """Verdicts decided by the diagnosis of the observed server (reports/model/diagnose.py):
+    a cause holds when it slows the server by >= 10%, does not hold under 3%."""
+    if not diag or diag.get("status") != "ok":
+        return {}
+    rows = {r["cause"]: r for r in diag["rows"]}
+    ev = f"sglang.json traces at C={diag['concurrency']} (observed)"
+
+    def v(cause: str) -> str:
+        size = rows[cause]["size_pct"] or 0.0
+        return HOLDS if size >= 10 else (NOT if size < 3 else MINOR)
+
+    def num(cause: str) -> str:
+        r = rows[cause]
+        return f"slows the observed server by {r['size_pct'] or 0:.0f}%: {r['detail']}"
+    hop = rows["hop"]
+    return {
+        "thundering herd / uneven split": Verdict("thundering herd / uneven split", v("herd"),
+                                                  num("herd"), ev),
+        "CUDA-graph fallback": Verdict("CUDA-graph fallback", v("launch_gaps"),
+                                       num("launch_gaps"), ev),
+        "stage imbalance": Verdict("stage imbalance", v("slow_stage"), num("slow_stage"), ev),
+        "bandwidth is not the limit": Verdict(
+            "bandwidth is not the limit", {HOLDS: NOT, NOT: HOLDS}.get(v("hop"), MINOR),
+            f"hops and waits on communication slow the observed server by "
+            f"{hop['size_pct'] or 0:.0f}%: {hop['detail']}", ev),
+    }
+
+
+def verdicts(inp: Inputs, atts: list[Attribution], records: dict[str, Record],
+             diagnosis: dict | None = None) -> list[Verdict]:
+    """Model-based verdicts, replaced by the observed server's where its diagnosis decides
+    them (`observed_verdicts`)."""
+    base = model_verdicts(inp, atts, records)
+    obs = observed_verdicts(diagnosis or {})
+    return [obs.get(x.hypothesis, x) for x in base]
+
+
+def model_verdicts(inp: Inputs, atts: list[Attribution], records: dict[str, Record]
+                   ) -> list[Verdict]:
     att = max(atts, key=lambda a: a.concurrency)
     C = att.concurrency
     out = []
@@ -221,16 +285,21 @@ def verdicts(inp: Inputs, atts: list[Attribution], records: dict[str, Record]) -
                            "scenario (estimated)"))
     # 4. cross-socket NUMA
     topo = records.get("topology")
+    elsewhere = other_machine(topo, inp) if topo is not None else None
     if topo is None:
         out.append(Verdict("cross-socket NUMA", UNKNOWN,
                            f"hops = {hop_share:.0%} of the gap with estimated hop cost; "
                            "no topology.json", "scenario (estimated)"))
+    elif elsewhere:
+        out.append(Verdict("cross-socket NUMA", UNKNOWN,
+                           f"topology.json does not decide it: {elsewhere}; run `ppscope "
+                           "topology` on the server (or --from-nvidia-smi its `topo -m`)",
+                           f"topology.json ({machine_of(topo)})"))
     else:
-        hops = topo.data.get("hops") or []
         cls: dict[str, list[float]] = {}
-        for h in hops:
-            if h.get("hop_us") is not None:
-                cls.setdefault(h.get("hop_class", "?"), []).append(float(h["hop_us"]))
+        for h in topo.payload.hops:
+            if h.hop_us is not None:
+                cls.setdefault(h.hop_class or "?", []).append(h.hop_us)
         cross = cls.get("cross-socket")
         near = [v for k, vs in cls.items() if k != "cross-socket" for v in vs]
         if not cross:

@@ -34,12 +34,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Sequence
 
 from reports.model import loop_builder as lb
 from reports.base.cuda_graphs import capture_sizes
 from reports.base.interp import interp_linear
 from reports.base.partition import layer_counts
+from reports.base.payloads.topology import HopCost, TopologyData, TransportPoint
 from reports.model.scenario import Inputs
 
 # Stated estimate when no NCCL transport was measured: fixed cost of one ring step (one
@@ -206,19 +207,19 @@ def recommendation(rows: Sequence[WhatIf]) -> WhatIf | None:
     return min(ok, key=lambda w: (-round(w.gain, 9), _rank(w.knob))) if ok else None
 
 
-def transport_points(topology: dict[str, Any] | None) -> list[tuple[float, float]]:
-    """Measured NCCL transport time by message size from topology.json's `data`: the
-    `nccl_transport` sweep (bytes, nccl_transport_us), else each hop's own (bytes,
-    nccl_transport_us). Points with the same size are averaged; [] when none."""
-    if not topology:
+def transport_points(topology: TopologyData | None) -> list[tuple[float, float]]:
+    """Measured NCCL transport time by message size from topology.json: the `nccl_transport`
+    sweep (bytes, nccl_transport_us), else each hop's own (bytes, nccl_transport_us). Points
+    with the same size are averaged; [] when none."""
+    if topology is None:
         return []
-    rows = topology.get("nccl_transport") or []
-    if not any(r.get("nccl_transport_us") is not None for r in rows):
-        rows = topology.get("hops") or []
+    rows: tuple[TransportPoint | HopCost, ...] = topology.nccl_transport
+    if not any(r.nccl_transport_us is not None for r in rows):
+        rows = topology.hops
     by: dict[float, list[float]] = {}
     for r in rows:
-        if r.get("bytes") is not None and r.get("nccl_transport_us") is not None:
-            by.setdefault(float(r["bytes"]), []).append(float(r["nccl_transport_us"]))
+        if r.bytes is not None and r.nccl_transport_us is not None:
+            by.setdefault(float(r.bytes), []).append(r.nccl_transport_us)
     return sorted((b, sum(v) / len(v)) for b, v in by.items())
 
 

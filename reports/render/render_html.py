@@ -191,7 +191,8 @@ def plot_measured(timelines) -> str:
 
 
 def plot_server_busy(srv: dict[str, Any]) -> str | None:
-    """Observed GPU busy fraction over the traced window, per PP rank (sglang.json traces)."""
+    """Observed share of time any kernel runs, per PP rank (sglang.json traces); NCCL receives
+    that wait count here, so the diagnosis's compute / wait / idle split is the one to read."""
     bot = srv.get("busy_over_time") or {}
     if not bot:
         return None
@@ -203,7 +204,7 @@ def plot_server_busy(srv: dict[str, Any]) -> str | None:
         ax.step([i * w for i in range(len(ys))], ys, where="post", label=f"rank {r}")
     ax.set_ylim(0, 105)
     ax.set_xlabel("ms into the trace")
-    ax.set_ylabel("GPU busy % (observed)")
+    ax.set_ylabel("any kernel running %\n(NCCL waits included)")
     ax.legend(frameon=False, ncol=4, fontsize=8)
     return _png(fig)
 
@@ -252,7 +253,8 @@ def server_html(rep: dict[str, Any]) -> list[str]:
         o.append(table_html(server_gpu_table(rep)))
         img = plot_server_busy(srv)
         if img:
-            o.append(_fig(img, "observed GPU busy % over the traced window, per PP rank "
+            o.append(_fig(img, "observed: share of time any kernel runs (NCCL receives that wait "
+                          "included, so this is not compute) over the traced window, per PP rank "
                                "(sglang.json traces)"))
     if any(r["running_req"] is not None for r in srv["ranks"]):
         o.append("<h3>Scheduler log per PP rank</h3>")
@@ -263,12 +265,27 @@ def server_html(rep: dict[str, Any]) -> list[str]:
     return o
 
 
+def watch_html(sec: dict[str, Any]) -> list[str]:
+    """The GPU watch (watch.json): per-GPU table, timeline, hints, NVML's caveat beside them."""
+    from reports.render.watch_plot import plot_watch, watch_lines, watch_table
+    o = [f'<h2 id="watch">GPU watch ({_e(sec["source"])}, {_e(sec["evidence"])})</h2>',
+         f'<p class="meta">{sec["duration_s"]:.0f} s on {_e(sec["host"])}'
+         f'{", during " + _e(sec["load"]) if sec["load"] else ""}</p>',
+         table_html(Table(*watch_table(sec["summary"])))]
+    if sec["timeline"]["gpus"]:
+        o.append(_fig(_png(plot_watch(sec, _plt())), "NVML utilization per GPU (stacked strips) "
+                      "and power over the watch"))
+    return o + [f'<p class="meta">{_e(line)}</p>' for line in watch_lines(sec["summary"])]
+
+
 def render_html(rep: dict[str, Any], spans: tuple[Span, ...] = (), measured=()) -> str:
     """`measured`: MeasuredTimeline tuple from reports.render.measured_timeline (may be empty)."""
     d = rep["deployment"]
     toc = [("answer", "The answer"), ("throughput", "Throughput"), ("verdicts", "Verdicts")]
     if rep.get("server"):
         toc.append(("server", "Your server"))
+    if rep.get("watch"):
+        toc.append(("watch", "GPU watch"))
     toc += [("attribution", "Where the time goes"), ("whatifs", "What-ifs")]
     if rep.get("dispatch_validation"):
         toc.append(("dispatch", "Model vs probe"))
@@ -296,6 +313,8 @@ def render_html(rep: dict[str, Any], spans: tuple[Span, ...] = (), measured=()) 
     o.append(table_html(verdict_table(rep)))
     if rep.get("server"):
         o += server_html(rep)
+    if rep.get("watch"):
+        o += watch_html(rep["watch"])
 
     o.append('<h2 id="attribution">Where the time goes</h2><p class="meta">Ideal -> modelled '
              "split over named causes by exact Shapley values (rows add up to the total); "

@@ -201,22 +201,25 @@ def _sizes(rr: dict[str, Any] | None) -> str:
 
 
 def server_gpu_table(rep: dict[str, Any]) -> Table:
-    """Per PP rank: observed GPU time from the traces next to the model's busy per stage."""
+    """Per PP rank: where the GPU's time went in the traces (compute / NCCL transfer / NCCL wait
+    / idle: waiting inside a receive is never called busy), next to the model's compute share."""
     srv = rep["server"]
     cs = [str(c["concurrency"]) for c in rep["concurrency"]]
     rows = []
     for r in srv["ranks"]:
         g, e = r["graph_kernels"], r["eager_kernels"]
-        rows.append((str(r["rank"]), _f(r["busy_pct"]))
+        rows.append((str(r["rank"]), _f(r["compute_pct"]), _f(r.get("recv_transfer_pct")),
+                     _f(r["recv_wait_pct"]) if r["recv_wait_pct"] is not None else
+                     f"{_f(r['nccl_recv_pct'])} (transfer + wait)", _f(r.get("idle_pct")))
                     + tuple(_f(r["modelled_busy_pct"].get(c)) for c in cs)
-                    + (_f(r["compute_pct"]), _f(r["nccl_recv_pct"]), _f(r["recv_wait_pct"]),
-                       _f(r["dispatch_latency_p50_us"]), _f(r["cpu_dispatch_latency_p50_us"]),
+                    + (_f(r["dispatch_latency_p50_us"]), _f(r["cpu_dispatch_latency_p50_us"]),
                        "-" if g is None else f"{g} / {e}"))
-    return Table(("PP rank", "busy % [traces]") + tuple(f"modelled busy % C={c}" for c in cs)
-                 + ("compute % [traces]", "NCCL recv % of span [traces]", "recv wait % [traces]",
-                    "dispatch p50 us, GPU [traces]", "dispatch p50 us, CPU [traces]",
+    return Table(("PP rank", "compute % [traces]", "NCCL transfer % [traces]",
+                  "NCCL wait % [traces]", "idle % [traces]")
+                 + tuple(f"modelled compute % C={c}" for c in cs)
+                 + ("dispatch p50 us, GPU [traces]", "dispatch p50 us, CPU [traces]",
                     "graph / one-by-one kernels [traces]"),
-                 tuple(rows), (True,) * (len(cs) + 8) + (False,))
+                 tuple(rows), (True, True, True, False, True) + (True,) * (len(cs) + 2) + (False,))
 
 
 def server_log_table(rep: dict[str, Any]) -> Table:
@@ -320,6 +323,20 @@ def diagnosis_lines(rep: dict[str, Any]) -> list[str]:
     return out
 
 
+def measure_lines(rep: dict[str, Any]) -> list[str]:
+    """The closing section: the next commands for this deployment (reports/model/next_steps.py)."""
+    steps = rep.get("measure_your_server") or []
+    if not steps:
+        return []
+    out = ["## Measure your server", "",
+           "Can we profile? Yes: these commands, in order, give the report the evidence it is "
+           "missing for your deployment.", ""]
+    for i, st in enumerate(steps, 1):
+        out += [f"{i}. {st['why']}", "", "   ```bash"] + [f"   {c}" for c in st["commands"]] + \
+            ["   ```", ""]
+    return out
+
+
 def inputs_table(rep: dict[str, Any]) -> Table:
     return Table(("input", "value", "source", "evidence", "note"),
                  tuple((p["name"], fmt_value(p["value"]), p["source"], p["evidence"],
@@ -355,6 +372,9 @@ def render_md(rep: dict[str, Any]) -> str:
             out += ["### Scheduler log per PP rank", "", md_table(server_log_table(rep)), ""]
         if rep["server"]["bench"]:
             out += ["### bench_serving runs", "", md_table(server_bench_table(rep)), ""]
+    if rep.get("watch"):  # GPU watch section: reports/render/watch_plot.py
+        from reports.render.watch_plot import watch_md
+        out += watch_md(rep["watch"])
     out += ["## Where the time goes (ideal -> modelled by Shapley value; modelled -> observed "
             "is unexplained)", ""]
     for a in rep["attribution"]:
@@ -378,4 +398,27 @@ def render_md(rep: dict[str, Any]) -> str:
     if rep["assumptions"]:
         out += ["## Scenario assumptions", ""] + [f"- **{k}**: {v}"
                                                   for k, v in rep["assumptions"].items()]
+        out += [""]
+    out += measure_lines(rep)
+    out += ["## How to read this", ""] + [f"- **{k}**: {v}" for k, v in GLOSSARY]
     return "\n".join(out) + "\n"
+
+
+GLOSSARY = (
+    ("TPOT", "time per output token of one request; with C requests in flight, one decode step "
+             "of the whole pipeline (every running request advances one token)."),
+    ("slot", "one of SGLang's pp + async-depth micro-batch places, visited round-robin; a "
+             "request stays in the slot that admitted it. Occupied slots per cycle against pp "
+             "is the herd."),
+    ("roofline", "the time a perfect kernel needs: bytes that must move over memory bandwidth "
+                 "or FLOPs over peak, whichever is larger."),
+    ("ideal", "the scenario model with every cause off: roofline kernels, balanced stages, one "
+              "micro-batch per stage, free hops and host."),
+    ("Shapley value", "a cause's average effect over every order of switching the causes on; "
+                      "the rows add up to the gap and do not depend on an order."),
+    ("unexplained", "observed - modelled: what the model does not account for (never fitted)."),
+    ("observed / measured / estimated / given", "from your server's own evidence / a probe run "
+     "on this machine / a datasheet, roofline or stated assumption / a setting you gave."),
+    ("report.trace.json", "the modelled pipeline timeline, one track per stage: open it in "
+                          "ui.perfetto.dev (the dispatch probe writes a measured one too)."),
+)

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Diagnose every case of run_matrix.sh from its evidence only: the per-rank traces, the
 # SGLang-format logs and the run's tok/s (as a user passes bench_serving's figure). No GPU needed.
+# STAGE_COST=docs/runs/h200x2/stage_cost.json adds a measured MoE-layer curve (same GPU kind) as
+# the shape for micro-batch sizes the traces never ran.
 #   bash docs/runs/h200x2-faults/diagnose_matrix.sh OUTDIR
 set -u
 OUT=${1:?usage: diagnose_matrix.sh OUTDIR}
@@ -18,6 +20,7 @@ for d in "$OUT"/*/; do
     $PY -m reports.cli sglang --traces "$d"traces/$pid-TP-0-PP-*.trace.json.gz \
       --log "$d"traces/$pid-TP-0-PP-*.log --model kimi-k2 --concurrency "$c" --link-gbps 390 \
       --json "$res/sglang.json" >/dev/null 2>"$res/sglang.err"
+    [ -n "${STAGE_COST:-}" ] && cp "$STAGE_COST" "$res/stage_cost.json"
     $PY -m reports.cli report --results "$res" --observed "$c:$tok" >/dev/null 2>"$res/report.err"
     echo "$case $pol C=$c tok/s=$tok :: $($PY -c "import json; r=json.load(open('$res/report.json')); print((r.get('diagnosis') or {}).get('answer'))")"
   done

@@ -3,7 +3,15 @@ it. `PAYLOADS` maps a probe name (the record's `probe`) to its class."""
 from __future__ import annotations
 
 from reports.base.payloads.dispatch import DispatchData
+from reports.base.payloads.graphs import GraphsData
+from reports.base.payloads.stage_cost import StageCostData
+from reports.base.payloads.topology import TopologyData
+from reports.base.payloads.watch import WatchData
 
 PAYLOADS: dict[str, type] = {
+    "topology": TopologyData,
+    "stage_cost": StageCostData,
+    "graphs": GraphsData,
     "dispatch": DispatchData,
+    "watch": WatchData,
 }

@@ -1,0 +1,243 @@
+"""MLA decode with absorbed projections (DeepSeek-V3 / Kimi K2 attention as SGLang runs it at
+decode), in 7 launches instead of ~30 small torch ops.
+
+What one decode step does for b tokens with a latent KV cache [b, ctx, kv_lora + rope]:
+1. a = x @ [W_qa; W_kva]^T (one cuBLAS GEMM over both down-projections).
+2. `_norm_cache` (Triton, one program per token): RMSNorm of the q latent, RMSNorm of the kv
+   latent written with the rope part into the cache's last slot (this step's entry).
+3. q = q_a @ W_qb^T (cuBLAS), q = [q_nope | q_rope] per head.
+4. q_lat = q_nope @ W_uk per head (cuBLAS batched): the absorbed query, [h, b, kv_lora].
+5. `_attn` (Triton, flash-decoding): grid (token, context split, head group); each program
+   reads its slice of the latent cache once for HB heads, scores = q_lat.c + q_rope.k_rope,
+   online softmax, unnormalised output p.c and the running max / sum per head.
+6. `_combine_uv` (Triton, one program per head and 16 tokens): merges the splits and applies
+   W_uv, writing the [b, h*v_head] row layout W_o reads (no transpose copy).
+7. out = o @ W_o^T (cuBLAS).
+RoPE itself is left out, as in `layers.build_attention` (elementwise, negligible).
+
+Floor (reports/base/roofline.py, attention): the bf16 projection weights (W_qa, W_qb, W_kva,
+W_kvb = W_uk + W_uv, W_o, norms) + the KV cache of every token, read once.
+Checked against `layers.build_attention`'s unabsorbed float32 reference.
+"""
+from __future__ import annotations
+
+import functools
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = tl = None
+
+from dataclasses import dataclass
+
+EPS = 1e-6          # RMSNorm epsilon of microbench.kernels.common.rmsnorm
+
+
+@dataclass(frozen=True)
+class MlaConfig:
+    heads_per_prog: int = 32    # heads sharing one read of a cache block
+    ctx_block: int = 64         # cache rows per step
+    splits: int = 16            # context splits per token (enough programs at b = 1)
+    warps: int = 8
+
+
+CONFIG = MlaConfig(16, 64, 16, 4)  # chosen on one H200 (microbench/tune_moe_quant.py)
+STAGES = ("x @ [W_qa; W_kva]", "norms + cache write", "q_a @ W_qb", "absorb W_uk (bmm)",
+          "attention (splits)", "merge + W_uv", "o @ W_o")
+
+
+def _norm_cache_src(a_ptr, qn_ptr, kvn_ptr, qa_ptr, c_ptr, stride_a, stride_qa, stride_cb,
+                    last_off, eps,
+                    QL: tl.constexpr, KL: tl.constexpr, ROPE: tl.constexpr,
+                    QLP: tl.constexpr, KLP: tl.constexpr, RP: tl.constexpr):
+    # a [b, QL + KL + ROPE] = x @ [W_qa; W_kva]^T; qa [b, QL] out; cache row (b, last) out
+    b = tl.program_id(0).to(tl.int64)
+    if QL > 0:
+        rq = tl.arange(0, QLP)
+        mq = rq < QL
+        v = tl.load(a_ptr + b * stride_a + rq, mask=mq, other=0.0).to(tl.float32)
+        r = 1.0 / tl.sqrt(tl.sum(v * v, 0) / QL + eps)
+        w = tl.load(qn_ptr + rq, mask=mq, other=0.0).to(tl.float32)
+        tl.store(qa_ptr + b * stride_qa + rq, (v * r * w).to(qa_ptr.dtype.element_ty), mask=mq)
+    rk = tl.arange(0, KLP)
+    mk = rk < KL
+    v = tl.load(a_ptr + b * stride_a + QL + rk, mask=mk, other=0.0).to(tl.float32)
+    r = 1.0 / tl.sqrt(tl.sum(v * v, 0) / KL + eps)
+    w = tl.load(kvn_ptr + rk, mask=mk, other=0.0).to(tl.float32)
+    tl.store(c_ptr + b * stride_cb + last_off + rk, (v * r * w).to(c_ptr.dtype.element_ty),
+             mask=mk)
+    rr = tl.arange(0, RP)
+    mr = rr < ROPE
+    v = tl.load(a_ptr + b * stride_a + QL + KL + rr, mask=mr, other=0.0)
+    tl.store(c_ptr + b * stride_cb + last_off + KL + rr, v.to(c_ptr.dtype.element_ty), mask=mr)
+
+
+def _attn_src(ql_ptr, q_ptr, c_ptr, o_ptr, ml_ptr, ctx, sm_scale,
+              s_qlh, s_qlb, s_qb, s_qh, s_cb, s_cc, s_ob, s_os, s_oh, s_mb, s_ms, s_mh,
+              KL: tl.constexpr, ROPE: tl.constexpr, NOPE: tl.constexpr, HB: tl.constexpr,
+              BC: tl.constexpr, SPLIT: tl.constexpr):
+    # ql [h, b, KL] absorbed queries; q [b, h, NOPE + ROPE]; cache [b, ctx, KL + ROPE]
+    # o [b, S, h, KL] fp32 unnormalised; ml [b, S, h, 2] fp32 (running max, sum)
+    b = tl.program_id(0).to(tl.int64)
+    sp = tl.program_id(1)
+    hh = (tl.program_id(2) * HB + tl.arange(0, HB)).to(tl.int64)
+    kl = tl.arange(0, KL)
+    rr = tl.arange(0, ROPE)
+    q_lat = tl.load(ql_ptr + hh[:, None] * s_qlh + b * s_qlb + kl[None, :])          # [HB, KL]
+    q_rope = tl.load(q_ptr + b * s_qb + hh[:, None] * s_qh + NOPE + rr[None, :])     # [HB, R]
+    m_i = tl.full((HB,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((HB,), dtype=tl.float32)
+    acc = tl.zeros((HB, KL), dtype=tl.float32)
+    c0 = sp * SPLIT
+    for cs in range(0, SPLIT, BC):               # blocks past ctx are fully masked
+        cc = c0 + cs + tl.arange(0, BC)
+        cm = cc < ctx
+        base = c_ptr + b * s_cb + cc[:, None].to(tl.int64) * s_cc
+        kv = tl.load(base + kl[None, :], mask=cm[:, None], other=0.0)                 # [BC, KL]
+        kr = tl.load(base + KL + rr[None, :], mask=cm[:, None], other=0.0)           # [BC, R]
+        s = tl.dot(q_lat, tl.trans(kv)) + tl.dot(q_rope, tl.trans(kr))               # [HB, BC]
+        s = tl.where(cm[None, :], s * sm_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(kv.dtype), kv)
+        m_i = m_new
+    tl.store(o_ptr + b * s_ob + sp * s_os + hh[:, None] * s_oh + kl[None, :], acc)
+    tl.store(ml_ptr + b * s_mb + sp * s_ms + hh * s_mh, m_i)
+    tl.store(ml_ptr + b * s_mb + sp * s_ms + hh * s_mh + 1, l_i)
+
+
+def _combine_uv_src(o_ptr, ml_ptr, w_ptr, out_ptr, B,
+                    s_ob, s_os, s_oh, s_mb, s_ms, s_mh, s_wh, s_wv, s_outb,
+                    KL: tl.constexpr, VD: tl.constexpr, S: tl.constexpr, SP: tl.constexpr,
+                    BB: tl.constexpr, BK: tl.constexpr):
+    # merge the S splits of head h for BB tokens, then o_lat @ W_uv[h]^T -> out[b, h*VD + v]
+    h = tl.program_id(0).to(tl.int64)
+    bb = (tl.program_id(1) * BB + tl.arange(0, BB)).to(tl.int64)
+    bm = bb < B
+    si = tl.arange(0, SP)
+    mm = bm[:, None] & (si < S)[None, :]
+    mp = ml_ptr + bb[:, None] * s_mb + si[None, :] * s_ms + h * s_mh
+    m = tl.load(mp, mask=mm, other=float("-inf"))                                    # [BB, SP]
+    l = tl.load(mp + 1, mask=mm, other=0.0)
+    mx = tl.max(m, 1)
+    mx = tl.where(bm, mx, 0.0)
+    coef = tl.where(mm, tl.exp(m - mx[:, None]), 0.0)
+    coef = coef / tl.maximum(tl.sum(coef * l, 1), 1e-30)[:, None]
+    vv = tl.arange(0, VD)
+    acc = tl.zeros((BB, VD), dtype=tl.float32)
+    for k0 in range(0, KL, BK):
+        kk = k0 + tl.arange(0, BK)
+        lat = tl.zeros((BB, BK), dtype=tl.float32)
+        for s in range(0, S):
+            cs = tl.sum(tl.where(si[None, :] == s, coef, 0.0), 1)                      # [BB]
+            part = tl.load(o_ptr + bb[:, None] * s_ob + s * s_os + h * s_oh + kk[None, :],
+                           mask=bm[:, None], other=0.0)
+            lat += part * cs[:, None]
+        w = tl.load(w_ptr + h * s_wh + vv[None, :] * s_wv + kk[:, None])             # [BK, VD]
+        acc = tl.dot(lat.to(w.dtype), w, acc)
+    tl.store(out_ptr + bb[:, None] * s_outb + h * VD + vv[None, :],
+             acc.to(out_ptr.dtype.element_ty), mask=bm[:, None])
+
+
+@functools.lru_cache(maxsize=2)
+def _kernels(interpret: bool):
+    if triton is None:
+        raise RuntimeError("triton is not installed")
+    if interpret:
+        from triton.runtime.interpreter import InterpretedFunction as F
+    else:
+        F = triton.jit
+    return F(_norm_cache_src), F(_attn_src), F(_combine_uv_src)
+
+
+def _p2(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def make_forward(W: dict, m, cfg: MlaConfig | None = None):
+    """forward(x [b, H], cache [b, ctx, kv_lora + rope]) -> [b, H], writing this step's latent
+    into cache[:, -1] (as `layers.build_attention`'s torch forward). `W`: that builder's
+    weights (wqa, qn, wqb, wkva, kvn, wkvb, wo). cfg: block sizes (default `CONFIG`)."""
+    import torch
+
+    cfg = cfg or CONFIG
+    heads_per_prog, ctx_block, splits, attn_warps = (cfg.heads_per_prog, cfg.ctx_block,
+                                                     cfg.splits, cfg.warps)
+
+    h, ql, kl = m.num_heads, (m.q_lora_rank or 0), m.kv_lora_rank
+    nope, rope, vd = m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim
+    qk = nope + rope
+    sm = qk ** -0.5
+    w_a = torch.cat([W["wqa"], W["wkva"]], 0) if ql else W["wkva"]     # [ql + kl + rope, H]
+    wkvb = W["wkvb"].view(h, nope + vd, kl)
+    w_uk = wkvb[:, :nope]                                             # [h, nope, kl]
+    w_uv = wkvb[:, nope:]                                             # [h, vd, kl]
+    hb = min(heads_per_prog, h)
+    if h % hb or kl & (kl - 1) or rope & (rope - 1) or vd & (vd - 1):
+        raise ValueError("mla_decode needs power-of-two kv_lora / rope / v_head dims and "
+                         f"heads divisible by {hb}")
+    cuda = W["wkva"].device.type == "cuda"
+    kern_norm, kern_attn, kern_comb = _kernels(not cuda)
+    if not cuda:   # Triton's interpreter has no bf16: float32 copies, cache row copied back
+        f32 = {k: (v.float() if v is not None else None) for k, v in W.items()}
+        fwd32 = make_forward(f32, m, cfg) if W["wkva"].dtype != torch.float32 else None
+        if fwd32 is not None:
+            def forward_cpu(x, cache):
+                c32 = cache.float()
+                y = fwd32(x.float(), c32)
+                cache[:, -1] = c32[:, -1].to(cache.dtype)
+                return y.to(x.dtype)
+            return forward_cpu
+
+    def forward(x, cache, upto: int = len(STAGES)):
+        """`upto` < 7 stops after that many stages (for timing each one's marginal cost)."""
+        b, ctx = x.shape[0], cache.shape[1]
+        dev = x.device
+        a = x @ w_a.t()                                                # [b, ql + kl + rope]
+        if upto <= 1:
+            return a
+        qa = torch.empty(b, max(ql, 1), device=dev, dtype=x.dtype)
+        ex = dict(num_warps=4) if cuda else {}
+        kern_norm[(b,)](a, W["qn"] if ql else W["kvn"], W["kvn"], qa, cache, a.stride(0),
+                        qa.stride(0), cache.stride(0), (ctx - 1) * cache.stride(1), EPS,
+                        QL=ql, KL=kl, ROPE=rope, QLP=_p2(max(ql, 1)), KLP=_p2(kl), RP=_p2(rope),
+                        **ex)
+        if upto <= 2:
+            return qa
+        q = (qa if ql else x) @ W["wqb"].t()                             # [b, h*qk]
+        if upto <= 3:
+            return q
+        q3 = q.view(b, h, qk)
+        q_lat = torch.bmm(q3[:, :, :nope].transpose(0, 1), w_uk)      # [h, b, kl]
+        if upto <= 4:
+            return q_lat
+        # context splits: enough programs to fill the GPU (~2 per SM) at small b, one split
+        # (no partial outputs to merge) once b x head groups does
+        want = min(splits, triton.cdiv(ctx, ctx_block), max(1, triton.cdiv(264, b * (h // hb))))
+        split = triton.cdiv(triton.cdiv(ctx, want), ctx_block) * ctx_block
+        S = triton.cdiv(ctx, split)
+        o = torch.empty(b, S, h, kl, device=dev, dtype=torch.float32)
+        ml = torch.empty(b, S, h, 2, device=dev, dtype=torch.float32)
+        ex = dict(num_warps=attn_warps, num_stages=2) if cuda else {}
+        kern_attn[(b, S, h // hb)](
+            q_lat, q3, cache, o, ml, ctx, sm,
+            q_lat.stride(0), q_lat.stride(1), q3.stride(0), q3.stride(1),
+            cache.stride(0), cache.stride(1), o.stride(0), o.stride(1), o.stride(2),
+            ml.stride(0), ml.stride(1), ml.stride(2),
+            KL=kl, ROPE=rope, NOPE=nope, HB=hb, BC=ctx_block, SPLIT=split, **ex)
+        if upto <= 5:
+            return o
+        out_o = torch.empty(b, h * vd, device=dev, dtype=x.dtype)
+        bb = 16
+        ex = dict(num_warps=4) if cuda else {}
+        kern_comb[(h, triton.cdiv(b, bb))](
+            o, ml, w_uv, out_o, b, o.stride(0), o.stride(1), o.stride(2),
+            ml.stride(0), ml.stride(1), ml.stride(2), w_uv.stride(0), w_uv.stride(1),
+            out_o.stride(0), KL=kl, VD=vd, S=S, SP=_p2(max(S, 2)), BB=bb, BK=64, **ex)
+        if upto <= 6:
+            return out_o
+        return out_o @ W["wo"].t()
+    return forward

@@ -1,0 +1,735 @@
+"""Watch every visible GPU through NVML while the user's load runs: the `nvidia-smi dmon` view,
+kept as a record (`results/watch.json`, payload `reports/base/payloads/watch.py`) and as Perfetto
+counter tracks (`results/watch.trace.json`, one track per GPU per metric).
+
+    ppscope sglang --watch 60                        # sample 60 s beside your own benchmark
+    ppscope sglang --url http://127.0.0.1:30000 --watch   # the watch covers the live load
+    python -m microbench.sglang.bench_watch --seconds 20  # the sampler's own rate and CPU cost
+
+What is sampled and how often (the definitions are NVML's; the payload module says what each
+number means):
+- every tick (`--watch-hz`, default 10): power (nvmlDeviceGetPowerUsage) and SM clock; GPU and
+  memory utilization from nvmlDeviceGetUtilizationRates only where the driver has no sample
+  buffer.
+- GPU and memory utilization from the driver's own sample buffer (nvmlDeviceGetSamples with
+  NVML_GPU_UTILIZATION_SAMPLES / NVML_MEMORY_UTILIZATION_SAMPLES), read every few seconds from
+  the last timestamp seen: every window the driver measured is kept with the driver's timestamp,
+  none is lost between ticks or counted twice. Reading it is dear (about 2.8 ms of CPU per call
+  on an H200, measured) and its span is finite (71 samples 200 ms apart, 14 s, on an H200), so
+  it is read every 0.8 of its span (2 to 10 s); a gap between the last sample seen and
+  the next (the buffer overran) is marked unknown, noted, and the reads come twice as often.
+  (One call with a preallocated array does not help: the size query costs 24 us, the copy the
+  rest.)
+- PCIe TX/RX (nvmlDeviceGetPcieThroughput) in a thread of its own: each call blocks for the
+  driver's 20 ms counting window (21 ms wall, 0.9 ms CPU measured on an H200), so 8 GPUs x 2
+  directions cannot sit inside a 100 ms tick. Each GPU is read every `pcie_every_s` (default
+  2 s, or n_gpus / 2 s beyond 4 GPUs, so the PCIe reads cost at most ~0.4% of a core).
+- the compute processes on each GPU every `processes_every_s` (2 s), kept when the set changes.
+
+Its own cost is measured, not assumed: CPU time of its threads over the watch's wall time
+(`cpu_pct_of_core`), mean wall time per NVML call (`call_us`), ticks achieved per second. On
+2 H200s (driver 580) at 10 Hz: 10.0 Hz achieved, 0.50% of one core over 30 s idle (0.29%
+sampling, 0.21% PCIe), 0.46% under a matmul load; at 50 Hz, 49.9 Hz and 1.1%. Per GPU-second at
+10 Hz that is power + SM clock ~0.4 ms, buffer reads ~0.5 ms, PCIe ~0.9 ms (every 2 s), so 8 GPUs
+(PCIe every 4 s) come to about 1% of a core: measure it with bench_watch.
+Written as it goes: a `partial` record after 5 s, then each time the watch has doubled (a write
+costs in proportion to what was sampled), `ok` at the end; Ctrl-C keeps what was sampled. A GPU that NVML calls
+lost (GPU is lost / unknown error) is marked lost from that moment while the others go on; a
+counter the driver does not support is recorded once as unsupported, not as an error.
+
+DCGM: where its Python bindings import, the better source would be its profiling fields (SM
+active, PCIe/NVLink bytes). That path is not written: it could not be tested here. The record
+says when the bindings were found and NVML was used instead.
+
+No CUDA and no torch: NVML only, so the watch never takes GPU memory or a context.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from reports.base.payloads.watch import GpuProcess, GpuSeries, ProcessSnapshot, WatchData
+
+# NVML return codes (nvml.h): the sampler reads `NVMLError.value`.
+NOT_SUPPORTED, NO_PERMISSION, NOT_FOUND = 3, 4, 6
+GPU_IS_LOST, UNKNOWN = 15, 999
+LOST_CODES = (GPU_IS_LOST, UNKNOWN)
+UNSUPPORTED_CODES = (NOT_SUPPORTED, NO_PERMISSION)
+
+GPU_UTILIZATION_SAMPLES, MEMORY_UTILIZATION_SAMPLES = 1, 2   # nvmlSamplingType_t
+PCIE_TX, PCIE_RX = 0, 1                                       # nvmlPcieUtilCounter_t
+CLOCK_SM = 1
+# nvmlValueType_t -> the c_nvmlValue_t member holding the sample
+VALUE_FIELD = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+NVML_KB = 1024          # nvmlDeviceGetPcieThroughput's "KB/s"; the header does not say 1000 or 1024
+BUFFER_READ_MAX_S = 10.0
+BUFFER_READ_MIN_S = 2.0
+BUFFER_READ_SHARE = 0.8     # of the buffer's span between two reads
+_EMPTY = object()       # nvmlDeviceGetSamples: no sample newer than the timestamp given
+
+
+@dataclass(frozen=True)
+class WatchConfig:
+    hz: float = 10.0
+    duration_s: float | None = None      # None: until stop()
+    pcie_every_s: float | None = None    # each GPU's TX+RX pair this often; None: max(2, n/2)
+    processes_every_s: float = 2.0
+    save_every_s: float = 5.0            # partial record; the gap doubles on long watches
+    gpus: tuple[int, ...] | None = None  # NVML indices; None: every visible GPU
+    load: str | None = None              # what runs beside the watch, for the record
+
+
+def nvml():
+    """The NVML module (nvidia-ml-py), initialised; raises with the reason it cannot be used."""
+    import pynvml
+    pynvml.nvmlInit()
+    return pynvml
+
+
+def available() -> str | None:
+    """None when NVML answers with at least one GPU, else why the watch cannot run here."""
+    try:
+        nv = nvml()
+    except ImportError:
+        return "nvidia-ml-py (pynvml) is not installed"
+    except Exception as e:  # noqa: BLE001 - no driver / no library: the reason is the message
+        return f"NVML cannot start here ({e})"
+    try:
+        if nv.nvmlDeviceGetCount() < 1:
+            return "NVML sees no GPU"
+    finally:
+        nv.nvmlShutdown()
+    return None
+
+
+def dcgm_note() -> str | None:
+    """A note when DCGM's Python bindings import (their path is not used: not tested here)."""
+    try:
+        import dcgm_fields  # noqa: F401
+        import pydcgm  # noqa: F401
+    except Exception:  # noqa: BLE001 - not installed or broken: NVML is the source either way
+        return None
+    return ("DCGM present but not used: not tested. Its Python bindings (pydcgm, dcgm_fields) "
+            "import here, and its profiling fields (SM active, PCIe/NVLink bytes) would be the "
+            "better source; this watch sampled NVML.")
+
+
+def visible_indices(nv, env: dict[str, str] | None = None) -> tuple[tuple[int, ...], str | None]:
+    """NVML indices of the GPUs the user's processes see: CUDA_VISIBLE_DEVICES (indices or
+    GPU- UUIDs) when set, else every GPU NVML lists. Integer entries are taken as NVML (PCI bus)
+    order, which is CUDA's order under CUDA_DEVICE_ORDER=PCI_BUS_ID."""
+    n = int(nv.nvmlDeviceGetCount())
+    vis = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
+    if vis is None:
+        return tuple(range(n)), None
+    out, skipped = [], []
+    uuids = None
+    for tok in (v.strip() for v in vis.split(",")):
+        if not tok or tok == "-1":
+            continue
+        if tok.isdigit():
+            (out if int(tok) < n else skipped).append(int(tok) if int(tok) < n else tok)
+            continue
+        if uuids is None:
+            uuids = {_s(nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetHandleByIndex(i))): i
+                     for i in range(n)}
+        hit = [i for u, i in uuids.items() if u.startswith(tok)]
+        (out if hit else skipped).append(hit[0] if hit else tok)
+    note = (f"CUDA_VISIBLE_DEVICES entries not matched to an NVML GPU: {', '.join(skipped)}"
+            if skipped else None)
+    return tuple(dict.fromkeys(out)), note
+
+
+def _s(x: Any) -> str:
+    return x.decode() if isinstance(x, bytes) else str(x)
+
+
+def _proc_name(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() or None
+    except OSError:  # another pid namespace, or gone
+        return None
+
+
+class _Buffer:
+    """One driver sample buffer (one GPU, one sampling type): what was read so far."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[int, float | None]] = []   # (driver timestamp us, value)
+        self.last_seen_us = 0
+        self.seed: float | None = None               # newest sample from before the watch
+        self.read_until_us = 0                       # buffer read up to this wall time
+        self.period_ms: float | None = None
+
+
+class _Gpu:
+    """One GPU's state during a watch (written by the sampler threads only)."""
+
+    def __init__(self, index: int, handle: Any) -> None:
+        self.index, self.handle = index, handle
+        self.name, self.uuid, self.pci = "", None, None
+        self.gen_max = self.width_max = None
+        self.t_us: list[int] = []
+        self.power: list[float | None] = []
+        self.sm: list[float | None] = []
+        self.util_inst: list[float | None] = []
+        self.mem_inst: list[float | None] = []
+        self.tx: list[float | None] = []
+        self.rx: list[float | None] = []
+        self.buffers: dict[str, _Buffer | None] = {"util": None, "mem": None}
+        self.pcie_pending: tuple[float | None, float | None] | None = None
+        self.procs: list[ProcessSnapshot] = []
+        self.last_pids: tuple[int, ...] | None = None
+        self.unsupported: dict[str, str] = {}
+        self.errors: Counter = Counter()
+        self.lost_at_us: int | None = None
+        self.lost_reason: str | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.lost_at_us is None
+
+
+def align(ticks_us: list[int], samples: list[tuple[int, float | None]], seed: float | None,
+          known_until_us: int) -> list[float | None]:
+    """Driver samples onto the sampler's ticks. A sample stamped T describes the window ending
+    at T; at tick t the value is the mean of the samples ending in (previous tick, t], else the
+    newest one before (the window that ended most recently: what nvmlDeviceGetUtilizationRates
+    would have said). Ticks after the buffer's last read are None (not known yet), and so are
+    ticks after a None sample (windows the buffer dropped) until the next real one."""
+    out: list[float | None] = []
+    j, last = 0, seed
+    for t in ticks_us:
+        if t > known_until_us:
+            out.append(None)
+            continue
+        acc, gap = [], False
+        while j < len(samples) and samples[j][0] <= t:
+            if samples[j][1] is None:
+                gap, acc = True, []
+            else:
+                acc.append(samples[j][1])
+            j += 1
+        if acc:
+            last = sum(acc) / len(acc)
+        elif gap:
+            last = None
+        out.append(last)
+    return out
+
+
+class Watch:
+    """The sampler. `start()` runs it in threads; `step()`, `read_buffers()`, `read_pcie()` and
+    `read_processes()` are its parts, callable directly (tests drive them with a fake clock)."""
+
+    def __init__(self, cfg: WatchConfig, nv: Any = None,
+                 clock: Callable[[], float] = time.time,
+                 on_save: Callable[[WatchData], None] | None = None) -> None:
+        if not cfg.hz > 0:
+            raise ValueError(f"watch rate must be > 0 Hz, got {cfg.hz}")
+        self.cfg, self.nv, self.clock, self.on_save = cfg, nv, clock, on_save
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._done = threading.Event()
+        self._first = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._calls: dict[str, list[float]] = {}
+        self._cpu = {"sampling": 0.0, "pcie": 0.0, "writes": 0.0}
+        self.gpus: list[_Gpu] = []
+        self.notes: list[str] = []
+        self.t0_us = self.t_end_us = 0
+        self.started_utc = ""
+        self.ticks = self.late = 0
+        self.buffer_every_s: float | None = None
+        self.pcie_every_s: float | None = None
+        self.dcgm = dcgm_note()
+
+    # --- setting up -------------------------------------------------------------------------
+    def open(self) -> None:
+        """Find the GPUs, read what is fixed (name, UUID, PCIe link), prime the sample buffers."""
+        if self.nv is None:
+            self.nv = nvml()
+        nv = self.nv
+        if self.cfg.gpus is not None:
+            idx, note = self.cfg.gpus, None
+        else:
+            idx, note = visible_indices(nv)
+        if note:
+            self.notes.append(note)
+        now = self.clock()
+        self.t0_us = self.t_end_us = round(now * 1e6)
+        self.started_utc = _dt.datetime.fromtimestamp(now, _dt.timezone.utc).isoformat(
+            timespec="milliseconds")
+        spans = []
+        for i in idx:
+            g = _Gpu(i, None)
+            self.gpus.append(g)
+            try:
+                g.handle = nv.nvmlDeviceGetHandleByIndex(i)
+            except nv.NVMLError as e:   # gone before the watch began: lost from its start
+                self._lose(g, f"no NVML handle: {e}")
+                continue
+            g.name = _s(self._call(g, "name", nv.nvmlDeviceGetName, g.handle) or "")
+            u = self._call(g, "uuid", nv.nvmlDeviceGetUUID, g.handle)
+            g.uuid = None if u is None else _s(u)
+            pci = self._call(g, "pci_info", nv.nvmlDeviceGetPciInfo, g.handle)
+            g.pci = None if pci is None else _s(getattr(pci, "busId", "")) or None
+            g.gen_max = self._call(g, "pcie_link", nv.nvmlDeviceGetMaxPcieLinkGeneration,
+                                   g.handle)
+            g.width_max = self._call(g, "pcie_link", nv.nvmlDeviceGetMaxPcieLinkWidth, g.handle)
+            for kind, st in (("util", GPU_UTILIZATION_SAMPLES), ("mem", MEMORY_UTILIZATION_SAMPLES)):
+                res = self._call(g, f"{kind}_samples", nv.nvmlDeviceGetSamples, g.handle, st, 0,
+                                 empty_ok=True)
+                if res is None:
+                    continue                  # unsupported (recorded) or lost: instantaneous path
+                b = _Buffer()
+                b.last_seen_us = b.read_until_us = self.t0_us
+                if res is not _EMPTY:
+                    vt, samples = res
+                    pts = [(int(s.timeStamp), _value(s.sampleValue, vt)) for s in samples]
+                    if pts:
+                        b.seed, b.last_seen_us = pts[-1][1], max(self.t0_us, pts[-1][0])
+                        gaps = [b2 - a for (a, _), (b2, _) in zip(pts, pts[1:]) if b2 > a]
+                        if gaps:
+                            b.period_ms = statistics.median(gaps) / 1e3
+                            spans.append((pts[-1][0] - pts[0][0]) / 1e6)
+                g.buffers[kind] = b
+        # the buffer is read every 0.8 of its span, between 2 s (a buffer not yet full after a
+        # reset looks short; an overrun halves the gap anyway) and 10 s
+        span = min(spans) if spans else 2 * BUFFER_READ_MAX_S
+        self.buffer_every_s = max(BUFFER_READ_MIN_S,
+                                  min(BUFFER_READ_MAX_S, BUFFER_READ_SHARE * span))
+        self.pcie_every_s = self.cfg.pcie_every_s or max(2.0, len(self.gpus) / 2)
+
+    # --- one NVML call ----------------------------------------------------------------------
+    def _call(self, g: _Gpu, counter: str, fn: Callable, *args, empty_ok: bool = False):
+        """fn(*args); None when the counter is unsupported (recorded once), the GPU is lost
+        (marked), or the call failed (counted); `_EMPTY` for NOT_FOUND when empty_ok."""
+        if not g.alive or counter in g.unsupported:
+            return None
+        t = time.perf_counter()
+        try:
+            return fn(*args)
+        except self.nv.NVMLError as e:
+            code = getattr(e, "value", None)
+            if empty_ok and code == NOT_FOUND:
+                return _EMPTY
+            with self._lock:
+                if code in UNSUPPORTED_CODES:
+                    g.unsupported.setdefault(counter, str(e) or f"NVML error {code}")
+                elif code in LOST_CODES:
+                    self._lose(g, str(e) or f"NVML error {code}")
+                else:
+                    g.errors[counter] += 1
+            return None
+        finally:
+            c = self._calls.setdefault(getattr(fn, "__name__", counter), [0, 0.0])
+            c[0] += 1
+            c[1] += time.perf_counter() - t
+
+    def _lose(self, g: _Gpu, reason: str) -> None:
+        if g.alive:
+            g.lost_at_us = max(self.t0_us, round(self.clock() * 1e6))
+            g.lost_reason = reason
+
+    # --- the parts of a tick ----------------------------------------------------------------
+    def step(self, now: float | None = None) -> None:
+        """One tick: power, SM clock, (instantaneous utilization), the PCIe reading taken since
+        the last tick, for every GPU still there."""
+        nv = self.nv
+        now = self.clock() if now is None else now
+        t_us = round(now * 1e6)
+        for g in self.gpus:
+            if not g.alive:
+                continue
+            p = self._call(g, "power", nv.nvmlDeviceGetPowerUsage, g.handle)
+            sm = self._call(g, "sm_clock", nv.nvmlDeviceGetClockInfo, g.handle, CLOCK_SM)
+            util = mem = None
+            if g.buffers["util"] is None or g.buffers["mem"] is None:
+                u = self._call(g, "utilization", nv.nvmlDeviceGetUtilizationRates, g.handle)
+                if u is not None:
+                    util, mem = float(u.gpu), float(u.memory)
+            with self._lock:
+                pend, g.pcie_pending = g.pcie_pending, None
+            if not g.alive:         # lost during this tick: its series stops before it
+                continue
+            g.t_us.append(t_us)
+            g.power.append(None if p is None else p / 1e3)           # mW -> W
+            g.sm.append(None if sm is None else float(sm))
+            g.util_inst.append(util)
+            g.mem_inst.append(mem)
+            g.tx.append(None if pend is None else pend[0])
+            g.rx.append(None if pend is None else pend[1])
+        self.ticks += 1
+        self.t_end_us = max(self.t_end_us, t_us)
+
+    def read_buffers(self, now: float | None = None) -> None:
+        """Every driver sample newer than the last one seen (lastSeenTimeStamp bookkeeping)."""
+        nv = self.nv
+        now_us = round((self.clock() if now is None else now) * 1e6)
+        for g in self.gpus:
+            for kind, st in (("util", GPU_UTILIZATION_SAMPLES), ("mem", MEMORY_UTILIZATION_SAMPLES)):
+                b = g.buffers[kind]
+                if b is None or not g.alive:
+                    continue
+                res = self._call(g, f"{kind}_samples", nv.nvmlDeviceGetSamples, g.handle, st,
+                                 b.last_seen_us, empty_ok=True)
+                if res is None:
+                    if f"{kind}_samples" in g.unsupported:   # stopped answering: go instantaneous
+                        g.buffers[kind] = None
+                        self.notes.append(f"GPU {g.index}: {kind} sample buffer stopped "
+                                          "answering; instantaneous readings from then on")
+                    continue
+                if res is not _EMPTY:
+                    vt, samples = res
+                    new = sorted((int(s.timeStamp), _value(s.sampleValue, vt)) for s in samples
+                                 if int(s.timeStamp) > b.last_seen_us)
+                    if new and b.period_ms and (b.samples or b.seed is not None) and \
+                            new[0][0] - b.last_seen_us > 2.5 * b.period_ms * 1e3:
+                        # the buffer overran since the last read: what it dropped is unknown
+                        b.samples.append((b.last_seen_us + round(b.period_ms * 1e3), None))
+                        self.notes.append(f"GPU {g.index}: {kind} sample buffer overran; "
+                                          "the missing windows are left unknown")
+                        self.buffer_every_s = max(1.0 / self.cfg.hz, self.buffer_every_s / 2)
+                    b.samples += new
+                    if b.samples:
+                        b.last_seen_us = max(b.last_seen_us, b.samples[-1][0])
+                b.read_until_us = now_us
+
+    def read_pcie(self, g: _Gpu) -> None:
+        """One PCIe TX+RX reading of one GPU (about 2 x 20 ms: the driver's counting window)."""
+        nv = self.nv
+        tx = self._call(g, "pcie_tx", nv.nvmlDeviceGetPcieThroughput, g.handle, PCIE_TX)
+        rx = self._call(g, "pcie_rx", nv.nvmlDeviceGetPcieThroughput, g.handle, PCIE_RX)
+        if tx is None and rx is None:
+            return
+        with self._lock:
+            g.pcie_pending = (None if tx is None else tx * NVML_KB / 1e9,
+                              None if rx is None else rx * NVML_KB / 1e9)
+
+    def read_processes(self, now: float | None = None) -> None:
+        nv = self.nv
+        t_us = round((self.clock() if now is None else now) * 1e6)
+        for g in self.gpus:
+            ps = self._call(g, "processes", nv.nvmlDeviceGetComputeRunningProcesses, g.handle)
+            if ps is None:
+                continue
+            pids = tuple(sorted(int(p.pid) for p in ps))
+            if pids == g.last_pids:
+                continue
+            g.last_pids = pids
+            g.procs.append(ProcessSnapshot(
+                t_s=max(0.0, (t_us - self.t0_us) / 1e6),
+                processes=tuple(GpuProcess(
+                    pid=int(p.pid), name=_proc_name(int(p.pid)),
+                    used_mib=None if getattr(p, "usedGpuMemory", None) is None
+                    else p.usedGpuMemory / 2**20) for p in ps)))
+
+    # --- threads ----------------------------------------------------------------------------
+    def start(self) -> "Watch":
+        if not self.gpus:
+            self.open()
+        self._rebase()
+        self._threads = [threading.Thread(target=self._tick_loop, name="ppscope-watch",
+                                          daemon=True),
+                         threading.Thread(target=self._pcie_loop, name="ppscope-watch-pcie",
+                                          daemon=True)]
+        for t in self._threads:
+            t.start()
+        self._first.wait(5.0)   # the first tick is taken before the caller's load begins
+        return self
+
+    def _rebase(self) -> None:
+        """The watch starts now, not at open(): whatever ran in between (the file readers, a
+        load's set-up) is not part of it. Driver windows that ended before now only seed the
+        first ticks (`_series`), so no extra buffer read is needed here."""
+        now = self.clock()
+        self.t0_us = self.t_end_us = round(now * 1e6)
+        self.started_utc = _dt.datetime.fromtimestamp(now, _dt.timezone.utc).isoformat(
+            timespec="milliseconds")
+
+    def _tick_loop(self) -> None:
+        cpu0 = time.thread_time()
+        period = 1.0 / self.cfg.hz
+        start = time.monotonic()
+        nxt = start
+        next_buf = start + self.buffer_every_s
+        next_proc = start
+        next_save = start + self.cfg.save_every_s
+        try:
+            while not self._stop.is_set():
+                mono = time.monotonic()
+                if self.cfg.duration_s is not None and mono - start >= self.cfg.duration_s:
+                    break
+                self.step()
+                self._first.set()
+                if mono >= next_proc:
+                    self.read_processes()
+                    next_proc = mono + self.cfg.processes_every_s
+                if mono >= next_buf:
+                    self.read_buffers()
+                    next_buf = mono + self.buffer_every_s
+                if self.on_save is not None and mono >= next_save:
+                    self._cpu["sampling"] = time.thread_time() - cpu0 - self._cpu["writes"]
+                    w0 = time.thread_time()
+                    self.on_save(self.data())
+                    self._cpu["writes"] += time.thread_time() - w0
+                    # a write costs in proportion to what was sampled: doubling the gap keeps
+                    # the writes' share of the sampler's CPU constant (a hard kill loses at most
+                    # the second half; Ctrl-C and the end lose nothing)
+                    next_save = mono + max(self.cfg.save_every_s, mono - start)
+                nxt += period
+                mono = time.monotonic()
+                if mono > nxt + period:      # fell over a period behind: count it, don't burst
+                    self.late += 1
+                    nxt = mono
+                self._stop.wait(max(0.0, nxt - mono))
+            if self._stop.is_set():
+                self.step()                  # stopped by the caller: a last tick after its load
+            self.read_buffers()              # the windows that ended since the last read
+            self.t_end_us = max(self.t_end_us, round(self.clock() * 1e6))
+        finally:
+            self._cpu["sampling"] = time.thread_time() - cpu0 - self._cpu["writes"]
+            self._first.set()
+            self._done.set()
+
+    def _pcie_loop(self) -> None:
+        cpu0 = time.thread_time()
+        try:
+            while not self._stop.is_set() and not self._done.is_set():
+                alive = [g for g in self.gpus
+                         if g.alive and not {"pcie_tx", "pcie_rx"} <= set(g.unsupported)]
+                if not alive:
+                    break
+                gap = self.pcie_every_s / len(alive)
+                for g in alive:
+                    t = time.monotonic()
+                    self.read_pcie(g)
+                    self._cpu["pcie"] = time.thread_time() - cpu0
+                    if self._stop.wait(max(0.0, gap - (time.monotonic() - t))) or \
+                            self._done.is_set():
+                        break
+        finally:
+            self._cpu["pcie"] = time.thread_time() - cpu0
+
+    def wait(self, poll_s: float = 0.2) -> None:
+        """Block until the watch's duration has passed (Ctrl-C reaches the caller)."""
+        while not self._done.wait(poll_s):
+            pass
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join()
+
+    # --- the record -------------------------------------------------------------------------
+    def data(self) -> WatchData:
+        """The payload of what was sampled so far."""
+        dur = max(0.0, (self.t_end_us - self.t0_us) / 1e6)
+        wall = dur if dur > 0 else None
+        cpu = sum(self._cpu.values())
+        series = []
+        with self._lock:
+            for g in self.gpus:
+                series.append(self._series(g))
+        period = 1.0 / self.cfg.hz
+        return WatchData(
+            source="nvml", requested_hz=self.cfg.hz,
+            achieved_hz=None if wall is None else round(self.ticks / max(wall, period), 3),
+            duration_s=round(dur, 3), ticks=self.ticks, late_ticks=self.late,
+            started_utc=self.started_utc,
+            cpu_pct_of_core=None if wall is None else round(100 * cpu / wall, 3),
+            cpu_s={k: round(v, 4) for k, v in self._cpu.items()},
+            call_us={k: round(1e6 * v[1] / v[0], 1) for k, v in sorted(self._calls.items())
+                     if v[0]},
+            pcie_every_s=self.pcie_every_s, processes_every_s=self.cfg.processes_every_s,
+            buffer_every_s=self.buffer_every_s, load=self.cfg.load, dcgm_note=self.dcgm,
+            notes=tuple(dict.fromkeys(self.notes)), gpus=tuple(series))
+
+    def _aligned(self, g: _Gpu, b: _Buffer) -> list[float | None]:
+        # windows that ended before the watch began seed the hold; they are not averaged in
+        pre = 0
+        while pre < len(b.samples) and b.samples[pre][0] <= self.t0_us:
+            pre += 1
+        seed = b.samples[pre - 1][1] if pre else b.seed
+        return align(g.t_us, b.samples[pre:], seed, b.read_until_us)
+
+    def _series(self, g: _Gpu) -> GpuSeries:
+        n = len(g.t_us)
+        ub, mb = g.buffers["util"], g.buffers["mem"]
+        util = self._aligned(g, ub) if ub else g.util_inst
+        mem = self._aligned(g, mb) if mb else g.mem_inst
+        if ub is not None:
+            src = "sample_buffer"
+        elif "utilization" in g.unsupported:
+            src = "none"
+        else:
+            src = "instantaneous"
+        period = ub.period_ms if ub else None
+        if ub and ub.samples and period is None:
+            gaps = [b - a for (a, _), (b, _) in zip(ub.samples, ub.samples[1:]) if b > a]
+            period = statistics.median(gaps) / 1e3 if gaps else None
+        t0 = self.t0_us
+        return GpuSeries(
+            index=g.index, name=g.name, uuid=g.uuid, pci_bus_id=g.pci,
+            pcie_gen_max=g.gen_max, pcie_width_max=g.width_max,
+            util_source=src, util_period_ms=None if period is None else round(period, 2),
+            t_s=tuple(round((t - t0) / 1e6, 4) for t in g.t_us),
+            util_pct=tuple(_r(v, 2) for v in util[:n]),
+            mem_util_pct=tuple(_r(v, 2) for v in mem[:n]),
+            power_w=tuple(_r(v, 2) for v in g.power),
+            sm_mhz=tuple(g.sm),
+            pcie_tx_gbps=tuple(_r(v, 5) for v in g.tx),
+            pcie_rx_gbps=tuple(_r(v, 5) for v in g.rx),
+            processes=tuple(g.procs),
+            lost_at_s=None if g.alive else round((g.lost_at_us - t0) / 1e6, 4),
+            lost_reason=g.lost_reason,
+            unsupported=dict(g.unsupported), errors=dict(g.errors))
+
+
+def _value(v: Any, value_type: int) -> float:
+    return float(getattr(v, VALUE_FIELD.get(value_type, "uiVal")))
+
+
+def _r(v: float | None, nd: int) -> float | None:
+    return None if v is None else round(v, nd)
+
+
+# --- `ppscope sglang --watch` --------------------------------------------------------------------
+def record_path(args) -> Path:
+    """results/watch.json, or watch.json beside the --json path given for sglang.json."""
+    from reports.base.paths import default_record_path
+    j = getattr(args, "json", None)
+    return Path(j).with_name("watch.json") if j else default_record_path("watch")
+
+
+def trace_path(record: Path) -> Path:
+    """watch.json -> watch.trace.json (watch.partial.json -> watch.partial.trace.json)."""
+    return record.with_name(record.stem + ".trace.json")
+
+
+def save(data: WatchData | None, path: Path, *, status: str = "ok", reason: str | None = None,
+         argv=None, provenance=None, trace: bool = True) -> tuple[Path, str | None]:
+    """The record through the one writer (status rule), and the Perfetto counter tracks beside
+    the file the record went to."""
+    from reports.base.records import make_record, save_record, write_atomic
+    from reports.render.watch_plot import counter_trace
+    rec = make_record("watch", data, status=status, reason=reason, argv=argv,
+                      provenance=provenance)
+    dest, note = save_record(rec, path)
+    if trace and data is not None and data.gpus:
+        # compact: the trace is for Perfetto, not for reading by eye
+        write_atomic(trace_path(dest), json.dumps(counter_trace(data), separators=(",", ":")))
+    return dest, note
+
+
+def check_args(args) -> WatchConfig:
+    from reports.base.errors import CliError
+    secs, hz = args.watch, args.watch_hz
+    if not 0 < hz <= 1000:
+        raise CliError(f"--watch-hz must be in (0, 1000], got {hz}")
+    if secs < 0 or secs > 7 * 86400:
+        raise CliError(f"--watch SECONDS must be between 0 and 604800, got {secs}")
+    if getattr(args, "url", None):
+        return WatchConfig(hz=hz, duration_s=None, load=f"live probe of {args.url}")
+    if secs == 0:
+        raise CliError("--watch needs SECONDS (how long to sample) unless --url gives a load "
+                       "to cover")
+    return WatchConfig(hz=hz, duration_s=secs)
+
+
+def run_watch(args, evidence: Callable | None) -> int:
+    """`ppscope sglang --watch`: alone (sample SECONDS), after the file readers, or around the
+    live probe (`--url`: started before the load, stopped after it)."""
+    from reports.base.records import Record, collect_provenance, save_record, write_json_atomic
+    from reports.base.schema import to_json
+    cfg = check_args(args)
+    path = record_path(args)
+    argv = getattr(args, "argv", None)
+    if getattr(args, "url", None) and args.watch:
+        print(f"note: --watch {args.watch:g}: with --url the watch lasts as long as the live "
+              "load; SECONDS is not used", file=sys.stderr)
+    why = available()
+    if why:
+        dest, note = save(None, path, status="waived", reason=why, argv=argv)
+        print(f"watch waived: {why}; {note or f'wrote {dest}'}", file=sys.stderr)
+        return evidence(args) if evidence else 0
+    prov = collect_provenance(argv)
+    last: dict[str, Path] = {}
+
+    def partial(d: WatchData) -> None:
+        # In-progress snapshots skip make_record's checks (three passes over every series, ~2 s
+        # of CPU for 8 GPUs x 10 min): the payload comes from the typed dataclass, and the final
+        # record is checked. The first goes through save_record (the status rule decides where);
+        # later ones replace it there.
+        rec = Record(probe="watch", status="partial", data=to_json(d), provenance=prov,
+                     reason=f"watch in progress: {d.duration_s:.0f} s sampled so far",
+                     schema_version=WatchData.SCHEMA_VERSION)
+        if "path" in last:
+            write_json_atomic(last["path"], rec)
+        else:
+            last["path"], _ = save_record(rec, path)
+
+    w = Watch(cfg, on_save=partial)
+    rc = 0
+    try:
+        w.open()
+        if cfg.duration_s is None:           # --url: the sampler brackets the load
+            w.start()
+            try:
+                rc = evidence(args)
+            finally:
+                w.stop()
+        else:
+            if evidence:
+                rc = evidence(args)
+            w.start()
+            w.wait()
+            w.stop()
+    except KeyboardInterrupt:
+        w.stop()
+        d = w.data()
+        dest, note = save(d, path, status="partial", argv=argv, provenance=prov,
+                          reason=f"interrupted after {d.duration_s:.1f} s; what was sampled is "
+                                 "kept")
+        print(f"watch: {note or f'wrote {dest} (partial)'}", file=sys.stderr)
+        raise
+    except BaseException as e:
+        w.stop()
+        if w.ticks:
+            d = w.data()
+            save(d, path, status="partial", argv=argv, provenance=prov,
+                 reason=f"the load it watched failed ({type(e).__name__}); the "
+                        f"{d.duration_s:.1f} s sampled are kept")
+        raise
+    d = w.data()
+    lost = d.lost_gpus
+    reason = ("; ".join(f"GPU {i} lost at {t:.1f} s" for i, t in lost.items()) if lost else None)
+    dest, note = save(d, path, status="ok", reason=reason, argv=argv, provenance=prov)
+    print(render(d))
+    print(f"\n{note or f'wrote {dest} and {trace_path(dest).name}'}", file=sys.stderr)
+    return rc
+
+
+def render(d: WatchData) -> str:
+    """The watch as a terminal card: per-GPU table, k busy at once, the wave lag, the hints."""
+    from reports.base.schema import to_json
+    from reports.model.watch_summary import summarize
+    from reports.render.watch_plot import watch_lines, watch_table
+    from tabulate import tabulate
+    s = to_json(summarize(d))
+    head, rows, _ = watch_table(s)
+    return "\n".join([f"GPU watch (NVML): {len(d.gpus)} GPU(s), {d.duration_s:.1f} s, "
+                      f"{d.achieved_hz or 0:.1f} Hz achieved of {d.requested_hz:g} requested, "
+                      f"sampler CPU {d.cpu_pct_of_core or 0:.2f}% of one core",
+                      tabulate(list(rows), headers=list(head), disable_numparse=True)]
+                     + watch_lines(s))

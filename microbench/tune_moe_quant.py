@@ -1,0 +1,366 @@
+"""Check, tune and time the quantised MoE kernels and the MLA decode on one GPU.
+
+Run: `PYTHONPATH=. python3 -m microbench.tune_moe_quant --out DIR` (one CUDA GPU, ~60 GB free
+for Kimi K2 dims: bf16, INT4 and FP8 copies of all 384 experts).
+1. Checks (relative error, float32 references on dequantised weights, fresh random inputs):
+   INT4 and FP8 layers at small and real dims (shared expert bf16 and in-format), at b = 128
+   against the bf16 Triton kernel run on the dequantised weights, and the MLA decode.
+2. Sweep: each expert kernel alone (gate_up, down) per block config at a few batch sizes;
+   the fastest per size is used below (`--sweep-budget-s 0`: the modules' CONFIGS).
+3. Table under CUDA-graph replay, whole layer (router, plan, experts, slot sum): bf16 Triton
+   (`moe_triton`, torch router), bf16 Triton with the fused router (`moe_route`),
+   `torch._grouped_mm` (bf16 `fast`), INT4, FP8; each next to its own format's floor
+   (bytes of the distinct experts touched + shared expert + router, spec-sheet bandwidth,
+   and the copy bandwidth measured here). MLA attention: torch ops vs `mla_decode`.
+Writes DIR/moe_quant.json as it goes; prints the table last.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+# (BLOCK_N, BLOCK_K, warps, stages); fp8 steps 128 inputs at a time whatever BLOCK_K says
+SWEEP_INT4_GU = ((32, 256, 4, 3), (32, 512, 4, 3), (32, 128, 4, 4), (32, 256, 4, 4),
+                 (32, 256, 4, 2), (64, 128, 4, 4), (16, 256, 4, 3), (32, 512, 4, 2))
+SWEEP_INT4_DN = ((64, 128, 4, 4), (64, 256, 4, 3), (32, 256, 4, 3), (32, 128, 4, 4),
+                 (64, 128, 4, 3), (64, 512, 4, 2), (64, 256, 4, 4), (128, 128, 4, 3))
+SWEEP_FP8_GU = ((32, 128, 4, 4), (64, 128, 4, 4), (128, 128, 4, 3), (64, 128, 4, 6))
+SWEEP_FP8_DN = ((64, 128, 4, 4), (128, 128, 4, 3), (128, 128, 8, 4), (256, 128, 8, 3))
+# (heads per program, context block, max splits, warps)
+MLA_SWEEP = ((16, 64, 16, 4), (32, 64, 16, 8), (64, 32, 16, 8), (16, 64, 32, 4), (16, 32, 16, 4))
+
+
+def _kc(t):
+    from microbench.kernels.moe_triton import KernelConfig
+    return KernelConfig(*t)
+
+
+def sweep_quant(fmt: str, qw, m, batches, budget_s: float, log) -> dict:
+    """Each expert kernel alone, per config and batch size (do_bench, no graph).
+    Returns {"points": {proj: {b: [(us, cfg)]}}, "best": {b: {proj: (us, cfg)}}}."""
+    import torch
+
+    from microbench.kernels import common
+    from microbench.kernels import moe_fp8, moe_int4
+    from microbench.kernels import moe_route as R
+    from microbench.kit.timing import do_bench
+
+    mod = moe_int4 if fmt == "int4" else moe_fp8
+    grids = {"gate_up": SWEEP_INT4_GU if fmt == "int4" else SWEEP_FP8_GU,
+             "down": SWEEP_INT4_DN if fmt == "int4" else SWEEP_FP8_DN}
+    t0 = time.perf_counter()
+    out = {"points": {"gate_up": {}, "down": {}}, "best": {}, "truncated": False}
+    dev = torch.device("cuda")
+    I, H = m.moe_intermediate, m.hidden
+    for b in batches:
+        x = common.randn((b, H), 1.0, common.gen(dev, 7), dev)
+        if fmt == "int4":
+            ids, tw, xp = R.route(qw.base, x, pair_order=True)
+        else:
+            (ids, tw), xp = R.route(qw.base, x), None
+        kk = ids.shape[1]
+        plan = R.plan_for(ids, qw.base.n_alloc + qw.base.n_shared, 16, b)
+        twf = tw.reshape(-1)
+        act = torch.empty(b * kk, I, device=dev, dtype=x.dtype)
+        y = torch.empty(b * kk, H, device=dev, dtype=torch.float32)
+
+        def run(proj, kc):
+            if fmt == "int4":
+                if proj == "gate_up":
+                    return moe_int4._launch(xp, x, qw.gate_up_q, qw.gate_up_s, qw.shared_gate_up,
+                                            act, plan, twf, I, kk, 2, qw.n_q, kc, 16, True)
+                return moe_int4._launch(act, act, qw.down_q, qw.down_s, qw.shared_down, y, plan,
+                                        twf, H, kk, 1, qw.n_q, kc, 16, True)
+            if proj == "gate_up":
+                return moe_fp8._launch(x, qw.gate_up_q, qw.gate_up_s, qw.shared_gate_up, act,
+                                       plan, twf, I, kk, 2, qw.n_q, kc, 16)
+            return moe_fp8._launch(act, qw.down_q, qw.down_s, qw.shared_down, y, plan, twf, H,
+                                   kk, 1, qw.n_q, kc, 16)
+        run("gate_up", mod.config_for(b).gate_up)      # act for the down sweep
+        for proj, grid in grids.items():
+            pts = []
+            for t in grid:
+                if time.perf_counter() - t0 > budget_s:
+                    out["truncated"] = True
+                    break
+                kc = _kc(t)
+                try:
+                    tm = do_bench(lambda: run(proj, kc), warmup_ms=5, rep_ms=25)
+                    pts.append((tm.median_us, dataclasses.asdict(kc)))
+                except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: skip
+                    pts.append((None, {**dataclasses.asdict(kc),
+                                       "error": f"{type(e).__name__}: {str(e)[:120]}"}))
+            out["points"][proj][str(b)] = pts
+            ok = [p for p in pts if p[0] is not None]
+            if ok:
+                out["best"].setdefault(str(b), {})[proj] = min(ok, key=lambda p: p[0])
+        if str(b) in out["best"]:
+            log(f"sweep {fmt} b={b}: " + ", ".join(
+                f"{k} {v[0]:.1f} us {tuple(v[1].values())}" for k, v in out["best"][str(b)].items()))
+    return out
+
+
+def best_config(best: dict, b: int, default):
+    """MoeConfig from the sweep point nearest to b (ties: the larger), else `default`."""
+    from microbench.kernels.moe_triton import KernelConfig, MoeConfig
+
+    if not best:
+        return default
+    near = min(best, key=lambda s: (abs(int(s) - b), -int(s)))
+    d = best[near]
+    return MoeConfig(16, KernelConfig(**d["gate_up"][1]) if "gate_up" in d else default.gate_up,
+                     KernelConfig(**d["down"][1]) if "down" in d else default.down)
+
+
+def _main(argv=None) -> int:
+    import argparse
+    import json
+    import sys
+    from pathlib import Path
+
+    p = argparse.ArgumentParser(prog="python -m microbench.tune_moe_quant", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="kimi-k2")
+    p.add_argument("--batches", default="1,2,4,8,16,32,64,128")
+    p.add_argument("--sweep-batches", default="1,8,32,128")
+    p.add_argument("--sweep-budget-s", type=float, default=150.0, help="0 skips the sweeps")
+    p.add_argument("--context-len", type=int, default=2048)
+    p.add_argument("--skip-mla", action="store_true")
+    p.add_argument("--out", help="directory for moe_quant.json")
+    a = p.parse_args(argv)
+
+    import torch
+    from tabulate import tabulate
+
+    from microbench import stage_cost as sc
+    from microbench.kernels import common, moe_fp8, moe_int4, moe_quant
+    from microbench.kernels import layers as L
+    from microbench.kernels import moe_route as R
+    from microbench.kernels import moe_triton as MT
+    from microbench.kit.timing import do_bench_graph
+    from reports.base.model_config import load_model
+    from reports.base.roofline import layer_floor
+
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        return 2
+    t_start = time.perf_counter()
+    dev = torch.device("cuda")
+    native = load_model(a.model)
+    m16 = native.all_formats("bf16")
+    m4 = m16.with_formats(routed_experts="int4")           # shared expert bf16, as K2 serves it
+    m8 = m16.with_formats(routed_experts="fp8")
+    gpu = sc.resolve(sc.StageCostConfig(model=a.model, dtype="bf16"))[1]
+    res: dict = {"gpu": torch.cuda.get_device_name(), "spec": gpu.name, "model": native.name,
+                 "mem_bw_spec_gbps": gpu.mem_bw_gbps, "context_len": a.context_len,
+                 "torch": torch.__version__, "triton": __import__("triton").__version__,
+                 "checks": {}, "sweep": {}, "rows": [], "mla_rows": [],
+                 "floor_counts": "bytes of the distinct routed experts touched (packed weights "
+                                 "+ scales in their format) + shared expert (bf16) + router "
+                                 "(bf16); attention: bf16 projections + norms + KV cache"}
+
+    def log(s):
+        print(f"[{time.perf_counter() - t_start:6.1f}s] {s}", flush=True)
+
+    def save():
+        if a.out:
+            Path(a.out).mkdir(parents=True, exist_ok=True)
+            Path(a.out, "moe_quant.json").write_text(json.dumps(res, indent=1, default=str))
+
+    bw = sc.measure_mem_bw()
+    res["mem_bw_measured_gbps"] = bw
+    log(f"HBM copy bandwidth {bw:.0f} GB/s (spec {gpu.mem_bw_gbps:.0f})")
+
+    # 1. checks
+    def chk(name, fn):
+        try:
+            res["checks"][name] = fn()
+        except Exception as e:  # noqa: BLE001 - recorded; the table still runs
+            res["checks"][name] = f"FAILED {type(e).__name__}: {str(e)[:300]}"
+        log(f"check {name}: {res['checks'][name]}")
+    tiny = dataclasses.replace(m16, hidden=512, moe_intermediate=256, n_routed_experts=8,
+                               top_k=4)
+    # (the CPU tests run every path at tiny sizes; here: the compiled kernels, real dims where
+    # the layout matters, the in-format shared expert at a small size)
+    for fmt, shared, name, mm, bs in (("int4", "bf16", "real", m16, (1, 5)),
+                                      ("int4", "int4", "tiny", tiny, (40,)),
+                                      ("fp8", "bf16", "real", m16, (1, 5)),
+                                      ("fp8", "fp8", "real", m16, (3,))):
+        mf = mm.with_formats(routed_experts=fmt, shared_experts=shared)
+        qw = moe_quant.make_weights(mf, fmt, dev, experts_sample=16 if name == "real" else None)
+        for b in bs:
+            chk(f"{fmt}/shared-{shared}/{name}/b{b}",
+                lambda: L.build_moe(mf, b, dev, backend="triton", fmt=fmt, weights=qw).check())
+        del qw
+    # b = 128 at real dims: against the bf16 Triton kernel on the dequantised weights
+    for fmt in ("int4", "fp8"):
+        def big(fmt=fmt):
+            qw = moe_quant.make_weights(m4 if fmt == "int4" else m8, fmt, dev, experts_sample=16)
+            if fmt == "int4":
+                from microbench.kernels import int4_pack as P
+                gu = P.dequantize(qw.gate_up_q, qw.gate_up_s)
+                dn = P.dequantize(qw.down_q, qw.down_s)
+            else:
+                gu = moe_fp8.dequantize_blocks(qw.gate_up_q, qw.gate_up_s).to(torch.bfloat16)
+                dn = moe_fp8.dequantize_blocks(qw.down_q, qw.down_s).to(torch.bfloat16)
+            w = dataclasses.replace(qw.base, gate_up=torch.cat([gu, qw.shared_gate_up]),
+                                    down=torch.cat([dn, qw.shared_down]))
+            x = common.randn((128, m16.hidden), 1.0, common.gen(dev, 5), dev)
+            ids, tw = R.route(qw.base, x)
+            ref = MT.fused_moe(x, w.gate_up, w.down, ids.long(), tw).float()
+            y = (moe_int4 if fmt == "int4" else moe_fp8).moe_forward(qw, x)
+            return common.rel_err(y, ref)
+        chk(f"{fmt}/real/b128_vs_bf16_triton_on_dequantised", big)
+    if not a.skip_mla and m16.attention == "mla":
+        for b in (1, 3):
+            chk(f"mla/triton/b{b}", lambda: L.build_attention(
+                m16, b, dev, context_len=a.context_len, backend="triton").check())
+    save()
+    torch.cuda.empty_cache()
+
+    # weights at full size (same router seed: same routing for every format)
+    w16 = L.make_moe_weights(m16, "fast", dev)
+    qw4 = moe_quant.make_weights(m4, "int4", dev)
+    qw8 = moe_quant.make_weights(m8, "fp8", dev)
+    log(f"weights: bf16 {sum(t.numel() * 2 for t in (w16.gate_up, w16.down)) / 1e9:.1f} GB, "
+        f"int4 {qw4.nbytes() / 1e9:.1f} GB, fp8 {qw8.nbytes() / 1e9:.1f} GB")
+
+    # 2. sweeps
+    best = {}
+    if a.sweep_budget_s > 0:
+        sb = [int(x) for x in a.sweep_batches.split(",")]
+        for fmt, qw, mm in (("int4", qw4, m4), ("fp8", qw8, m8)):
+            res["sweep"][fmt] = sweep_quant(fmt, qw, mm, sb, a.sweep_budget_s / 2, log)
+            best[fmt] = res["sweep"][fmt]["best"]
+            save()
+
+    # 3. table
+    def fused_bf16(b):
+        x = common.randn((b, m16.hidden), 1.0, common.gen(dev, 1), dev)
+        cfg = MT.config_for(b)
+
+        def fn():
+            ids, tw = R.route(w16, x)
+            plan = R.plan_for(ids, w16.gate_up.shape[0], cfg.block_m, b)
+            act = MT.gate_up(x, w16.gate_up, plan, cfg.gate_up, cfg.block_m, ids.shape[1])
+            y = MT.down(act, w16.down, tw.reshape(-1), plan, cfg.down, cfg.block_m)
+            return y.view(b, ids.shape[1], -1).sum(1).to(x.dtype)
+        return fn
+
+    for b in [int(x) for x in a.batches.split(",")]:
+        row = {"batch": b}
+        runs = (("bf16_triton", lambda: L.build_moe(m16, b, dev, backend="triton", weights=w16)),
+                ("bf16_triton_fused_route", None),
+                ("bf16_grouped_mm", lambda: L.build_moe(m16, b, dev, backend="torch",
+                                                        variant="fast", weights=w16)),
+                ("int4", lambda: L.build_moe(m4, b, dev, backend="triton", fmt="int4",
+                                             weights=qw4, triton_config=best_config(
+                                                 best.get("int4"), b, moe_int4.config_for(b)))),
+                ("fp8", lambda: L.build_moe(m8, b, dev, backend="triton", fmt="fp8",
+                                            weights=qw8, triton_config=best_config(
+                                                best.get("fp8"), b, moe_fp8.config_for(b)))))
+        for key, make in runs:
+            try:
+                if make is None:
+                    fn, d = fused_bf16(b), row.get("bf16_triton_experts")
+                else:
+                    bl = make()
+                    fn, d = bl.fn, bl.info["distinct_experts"]
+                    if key in ("int4", "fp8"):
+                        mod = moe_int4 if key == "int4" else moe_fp8
+                        row[f"{key}_config"] = dataclasses.asdict(
+                            best_config(best.get(key), b, mod.config_for(b)))
+                        row[f"{key}_check_rel_err"] = bl.check()   # the config timed here
+                t = do_bench_graph(fn)
+                row[f"{key}_us"], row[f"{key}_p20_us"], row[f"{key}_p80_us"] = (
+                    t.median_us, t.p20_us, t.p80_us)
+                row[f"{key}_experts"] = d
+            except Exception as e:  # noqa: BLE001 - record and go on
+                row[f"{key}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                log(f"b={b} {key}: {row[f'{key}_error']}")
+        for key, mm in (("bf16", m16), ("int4", m4), ("fp8", m8)):
+            d = row.get(f"{key}_experts") or row.get("bf16_triton_experts")
+            if d:
+                f = sc.moe_floor_us(mm, d, gpu, None)
+                row[f"{key}_floor_us"], row[f"{key}_floor_copy_bw_us"] = f, f * gpu.mem_bw_gbps / bw
+        res["rows"].append(row)
+        save()
+        log(f"b={b}: " + ", ".join(f"{k[:-3]} {v:.1f}" for k, v in row.items()
+                                   if k.endswith("_us") and "floor" not in k and "p" not in k[-6:-3]))
+    if not a.skip_mla and m16.attention == "mla":
+        for b in [int(x) for x in a.batches.split(",")]:
+            row = {"batch": b}
+            for key in ("torch", "triton"):
+                try:
+                    bl = L.build_attention(m16, b, dev, context_len=a.context_len,
+                                           backend=key)
+                    t = do_bench_graph(bl.fn)
+                    row[f"{key}_us"] = t.median_us
+                except Exception as e:  # noqa: BLE001
+                    row[f"{key}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            fl = layer_floor(m16, "attention", b, gpu, context_len=a.context_len).floor_us
+            row["floor_us"], row["floor_copy_bw_us"] = fl, fl * gpu.mem_bw_gbps / bw
+            res["mla_rows"].append(row)
+            log(f"mla b={b}: {row}")
+            save()
+        # where the time goes: each stage's marginal cost (graph replay of stages 1..k)
+        from microbench.kernels import mla_decode
+        res["mla_stages"] = {}
+        for b in (1, 64):
+            bt = L.build_attention(m16, b, dev, context_len=a.context_len, backend="triton")
+            fwd, (xa, ca) = bt.info["forward"], bt.info["inputs"]
+            cum = [do_bench_graph(lambda k=k: fwd(xa, ca, upto=k)).median_us
+                   for k in range(1, len(mla_decode.STAGES) + 1)]
+            res["mla_stages"][str(b)] = {n: c - (cum[i - 1] if i else 0.0)
+                                         for i, (n, c) in enumerate(zip(mla_decode.STAGES, cum))}
+            log(f"mla stages b={b}: " + ", ".join(f"{n} {v:.1f}" for n, v in
+                                                  res["mla_stages"][str(b)].items()))
+            save()
+        # MLA block sizes at three batch sizes (heads/program, context block, splits, warps)
+        from microbench.kernels import mla_decode
+        res["mla_sweep"] = {}
+        default = mla_decode.CONFIG
+        for b in (1, 64):
+            pts = []
+            for t in MLA_SWEEP:
+                mla_decode.CONFIG = mla_decode.MlaConfig(*t)
+                try:
+                    bt = L.build_attention(m16, b, dev, context_len=a.context_len,
+                                           backend="triton")
+                    pts.append((do_bench_graph(bt.fn).median_us, t))
+                except Exception as e:  # noqa: BLE001
+                    pts.append((None, t, f"{type(e).__name__}: {str(e)[:120]}"))
+                finally:
+                    mla_decode.CONFIG = default
+            res["mla_sweep"][str(b)] = pts
+            log(f"mla sweep b={b}: {pts}")
+            save()
+
+    hdr = ["b", "experts", "bf16 triton µs", "bf16 +fused route µs", "grouped_mm µs", "int4 µs",
+           "fp8 µs", "floor bf16/int4/fp8 µs", "bf16 %", "int4 %", "fp8 %", "int4 % copy-bw",
+           "bf16/int4"]
+
+    def pct(r, k, f):
+        return f"{100 * r[f'{f}_floor_us'] / r[f'{k}_us']:.0f}%" if r.get(f"{k}_us") else "-"
+    rows = [[r["batch"], r.get("int4_experts"), *(f"{r[k]:.1f}" if r.get(k) else "-" for k in (
+        "bf16_triton_us", "bf16_triton_fused_route_us", "bf16_grouped_mm_us", "int4_us",
+        "fp8_us")),
+        "/".join(f"{r.get(f'{k}_floor_us', 0):.0f}" for k in ("bf16", "int4", "fp8")),
+        pct(r, "bf16_triton", "bf16"), pct(r, "int4", "int4"), pct(r, "fp8", "fp8"),
+        f"{100 * r['int4_floor_copy_bw_us'] / r['int4_us']:.0f}%" if r.get("int4_us") else "-",
+        f"{r['bf16_triton_us'] / r['int4_us']:.2f}" if r.get("int4_us") and r.get(
+            "bf16_triton_us") else "-"] for r in res["rows"]]
+    print(tabulate(rows, headers=hdr))
+    if res["mla_rows"]:
+        print(tabulate([[r["batch"], f"{r.get('torch_us', 0):.1f}", f"{r.get('triton_us', 0):.1f}",
+                         f"{r['floor_us']:.1f}",
+                         f"{100 * r['floor_us'] / r['triton_us']:.0f}%" if r.get("triton_us")
+                         else "-"] for r in res["mla_rows"]],
+                       headers=["b", "MLA torch µs", "MLA triton µs", "floor µs", "triton %"]))
+    res["wall_s"] = time.perf_counter() - t_start
+    save()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())
