@@ -235,12 +235,17 @@ def _backend_of(name: str) -> tuple[str, str]:
 
 
 def loop_max_rows(cfg: dict) -> int:
-    """Most rows one forward of the loop sees: a prefill of every stream at once, or the
-    largest decode micro-batch padded to its capture size."""
+    """Most rows one forward of the loop sees: a prefill of every stream at once within the
+    prefill token budget of a visit (chunked prefill; without it max_prefill_tokens, or one
+    whole prompt beyond it), or the largest decode micro-batch padded to its capture size."""
     c = max(cfg.get("concurrency") or [1])
     max_b = max(1, min(cfg.get("max_micro_batch") or c, c))
     full = capture_sizes(max(512, 2 * max_b))
-    return max(c * cfg.get("prompt_len", 1), padded(max_b, full[-1]) or max_b)
+    plen = cfg.get("prompt_len", 1)
+    chunk = cfg.get("chunked_prefill_size")
+    budget = chunk if chunk and chunk > 0 else max(cfg.get("max_prefill_tokens") or
+                                                   MAX_PREFILL_TOKENS, plen)
+    return max(min(c * plen, budget), padded(max_b, full[-1]) or max_b)
 
 
 def triton_check_batches(max_rows: int) -> list[int]:
