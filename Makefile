@@ -8,6 +8,7 @@
 #   make report            the bottleneck attribution report (works with no GPU and no results)
 #   make test              the CPU test suite (GPU tests run too where a GPU is present)
 #   make topology | stage-cost | graphs | dispatch    one probe each (GPU machine)
+#   make sglang ARGS="--log server.log --traces DIR --bench bench.jsonl"   your server's evidence
 #   make all               every probe this machine can run, then the report
 #   make env               which Python the targets use and why, and how to call ppscope
 #
@@ -150,7 +151,7 @@ PIP = mkdir -p $(STAMPS) && $(VPY) -c "$$_PPSCOPE_PINS" $(PIN_WHAT) > $(STAMPS)/
 # `$(call MISSING,deps)`: the shell variable $$missing gets the requirements not importable.
 MISSING = missing=$$($(VPY) -c "$$_PPSCOPE_MISSING" $(1))
 
-.PHONY: help env report test topology stage-cost graphs dispatch all clean
+.PHONY: help env report test topology stage-cost graphs dispatch sglang all clean
 help:
 	@sed -n '/^#/!q;p' Makefile
 	@echo
@@ -236,6 +237,10 @@ graphs: $(TORCH_STAMP)
 
 dispatch: $(TORCH_STAMP)
 	$(PPSCOPE) dispatch --json $(RESULTS)/dispatch.json $(ARGS)
+
+# SGLang's own evidence (no GPU needed): make sglang ARGS="--log server.log --traces DIR ..."
+sglang: $(CORE_STAMP)
+	$(PPSCOPE) sglang --json $(RESULTS)/sglang.json $(ARGS)
 
 # Every probe this machine can run, then the report. A probe that cannot run here leaves a
 # `waived` record and the next one still runs.

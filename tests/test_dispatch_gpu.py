@@ -55,7 +55,11 @@ def test_moe_stage_matches_reference_and_graph_replay_equals_eager(variant):
     else:
         assert torch.equal(got, x_in)        # same kernels, same inputs: bit for bit
     # graph replay == eager at the same size (padded rows included): bit for bit, except
-    # `plain`, whose index_add_ combine adds with atomics (order, hence rounding, varies)
+    # `plain`, whose index_add_ combine adds with atomics (order, hence rounding, varies); its
+    # graph holds one layer, since over two a last-bit difference can flip layer 2's routing
+    from microbench.pp_loop import stage_forward
+    if variant == "plain":
+        fwd = stage_forward(L, fwd.weights[:1], fwd.experts)
     graphs = capture_graphs(torch, fwd, [8, 40], 256, dev)
     for b, rows in ((8, 5), (40, 33)):
         g, gx, gy = graphs[b]

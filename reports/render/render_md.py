@@ -320,6 +320,12 @@ def diagnosis_lines(rep: dict[str, Any]) -> list[str]:
             "Time per rank over the traced window (waiting inside an NCCL receive is "
             "communication wait, never busy):", "", md_table(time_split_table(rep)), ""]
     out += [f"- {n}" for n in d["notes"]]
+    w = rep.get("watch") or {}
+    hints = [h for h in (w.get("summary") or {}).get("hints", []) if h.get("holds")]
+    if hints:  # corroboration only: NVML utilisation never overrules the traces
+        out += ["", f"The GPU watch ({w.get('evidence')}, {w.get('source')}) agrees or not, "
+                "for what it can see: " + "; ".join(f"{h['name']}: {h['text']}" for h in hints)
+                + ". It never overrules the traces.", ""]
     return out
 
 
