@@ -37,6 +37,7 @@ from microbench.kit.gpus import visible_gpus
 from reports.base.payloads.dispatch import (DispatchData, DispatchSettings, HopInLoop, HopStat,
                                             PolicyComparison, PolicyRun, Quantiles, StageRun)
 from reports.base.records import Record, make_record, save_record, write_json_atomic
+from reports.base.sglang_defaults import MAX_PREFILL_TOKENS
 from reports.base.slots import SlotConfig, default_max_micro_batch
 
 PROBE = "dispatch"
@@ -50,6 +51,10 @@ class DispatchConfig:
     async_depth: int | None = None          # None: = pp (the seed's PP8 uses 8)
     max_running_requests: int = 1024
     max_micro_batch: int | None = None      # None: max(max_running_requests // pp, 1)
+    # prefill token budget per slot visit; SGLang 0.5.23's default for 90-160 GB GPUs (H200,
+    # RTX PRO 6000: arg_groups/memory_hook.py); <= 0 turns chunked prefill off
+    chunked_prefill_size: int | None = 8192
+    max_prefill_tokens: int = MAX_PREFILL_TOKENS
     micro_batches: int | None = None        # `even` policy: None = pp
     work: str = "moe"
     moe_variant: str = "auto"               # pp_loop.MOE_VARIANTS: auto | triton | fast | plain
@@ -86,7 +91,8 @@ class DispatchConfig:
 
     @property
     def slot_config(self) -> SlotConfig:
-        return SlotConfig(self.pp, self.depth, self.cap)
+        return SlotConfig(self.pp, self.depth, self.cap, self.max_running_requests,
+                          self.chunked_prefill_size, self.max_prefill_tokens)
 
 
 def available() -> str | None:
@@ -146,6 +152,8 @@ def loop_config(cfg: DispatchConfig) -> dict:
             "max_iters_per_point": cfg.max_iters_per_point, "seed": cfg.seed,
             "collective_timeout_s": cfg.collective_timeout_s, "profile_dir": cfg.profile_dir,
             "inject": list(cfg.inject), "max_running_requests": cfg.max_running_requests,
+            "chunked_prefill_size": cfg.chunked_prefill_size,
+            "max_prefill_tokens": cfg.max_prefill_tokens,
             "points": points}
 
 
@@ -163,11 +171,16 @@ def stage_summary(pt: dict) -> StageRun:
     idx = [i for i, m in enumerate(c["measure"]) if m]
     disp, wait, host, send, busy = [], [], [], [], 0.0
     host_empty, host_busy = [], []
+    phase: dict[str, list[float]] = {"sched_us": [], "launch_us": [], "process_us": []}
     gpu_by_b: dict[int, list[float]] = {}
     for i in idx:
         wait.append(c["wait_us"][i])
         host.append((c["t_end"][i] - c["t_start"][i]) * 1e6 - c["wait_us"][i])
         (host_busy if c["rows"][i] else host_empty).append(host[-1])
+        for k in phase:   # a probe with SGLang's phase split (microbench/pp_loop.py)
+            v = (c.get(k) or [None] * len(c["it"]))[i]
+            if v is not None and (c["rows"][i] or k == "process_us"):
+                phase[k].append(v)
         fs, fe = c["t_fs"][i], c["t_fe"][i]
         if fs is None or fe is None:
             continue
@@ -188,6 +201,9 @@ def stage_summary(pt: dict) -> StageRun:
         host_us_p50=_pct(host, 50),
         host_empty_us_p50=_pct(host_empty, 50),   # empty slot: request-list relay only
         host_busy_us_p50=_pct(host_busy, 50),
+        sched_us_p50=_pct(phase["sched_us"], 50),
+        launch_us_p50=_pct(phase["launch_us"], 50),
+        process_us_p50=_pct(phase["process_us"], 50),
         gpu_us_p50={str(b): _pct(v, 50) for b, v in sorted(gpu_by_b.items())},
         send_us_p50=_pct(send, 50),
         iterations=len(idx),
@@ -220,10 +236,11 @@ def run_summary(points_by_rank: list[dict]) -> PolicyRun:
     c, S = r0["columns"], r0["slots"]
     idx = [i for i, m in enumerate(c["measure"]) if m]
     point = r0["point"]
-    sizes = [0] * S
-    for i, s in enumerate(c["slot"]):  # requests per slot after admission (they never move)
-        if c["kind"][i] == "prefill":
-            sizes[s] += c["n"][i]
+    sizes = list(r0.get("slot_sizes") or [0] * S)   # rank 0's admission state at the end
+    if "slot_sizes" not in r0:  # an older probe: count the prefills (no chunking then)
+        for i, s in enumerate(c["slot"]):
+            if c["kind"][i] == "prefill":
+                sizes[s] += c["n"][i]
     tok, visits, span = 0, [0] * S, 0.0
     if len(idx) >= 2:
         # window: from the first measured iteration to the start of the last one
@@ -382,7 +399,8 @@ def settings_of(loop_cfg: dict, nccl_p2p_disabled: bool, info: dict | None = Non
         cost_points_us=tuple(tuple(x) for x in loop_cfg["cost_points"]),
         capture_sizes=tuple(capture_sizes or ()),
         inject=tuple(loop_cfg.get("inject") or ()),
-        max_running_requests=loop_cfg.get("max_running_requests"))
+        max_running_requests=loop_cfg.get("max_running_requests"),
+        chunked_prefill_size=loop_cfg.get("chunked_prefill_size"))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -69,6 +69,10 @@ def register(subparsers) -> None:
                    help="sets the per-slot cap max(this // pp, 1) (default 1024)")
     p.add_argument("--max-micro-batch", type=int, default=None,
                    help="per-slot cap pp_max_micro_batch_size (overrides the above)")
+    p.add_argument("--chunked-prefill-size", type=int, default=8192,
+                   help="prefill token budget per slot visit (SGLang's default on 90-160 GB "
+                        "GPUs: 8192); <= 0 turns chunked prefill off (then "
+                        "max_prefill_tokens 16384 is the budget)")
     p.add_argument("--micro-batches", type=int, default=None,
                    help="`even` policy: slots to spread over (default pp)")
     p.add_argument("--work", choices=WORKS, default="moe",
@@ -148,6 +152,7 @@ def config_from_args(args, n_gpus: int, check_gpus: bool = True):
         raise CliError(f"--concurrency: at most 4096 streams per point, got {max(args.concurrency)}")
     return DispatchConfig(
         pp=pp, async_depth=args.async_depth, max_running_requests=args.max_running_requests,
+        chunked_prefill_size=args.chunked_prefill_size,
         max_micro_batch=args.max_micro_batch, micro_batches=args.micro_batches, work=args.work,
         moe_variant=args.moe_variant,
         layers_per_stage=args.layers_per_stage, cost_us=args.cost_us, model=args.model,

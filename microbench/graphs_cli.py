@@ -52,8 +52,9 @@ def config_from_args(args):
         mem = None
         if not args.plan and gr.available() is None:
             import torch
-            mem = torch.cuda.get_device_properties(0).total_memory / 1e9
-        max_bs = default_max_bs(mem) or 256
+            mem = torch.cuda.get_device_properties(0).total_memory / 2**30  # binary GB
+        # no GPU to ask (--plan, or measuring waived): the 90-160 GB class (RTX PRO 6000, H200)
+        max_bs = default_max_bs(mem) if mem is not None else 256
     out = Path(args.json) if args.json else default_record_path(gr.PROBE)
     return gr.GraphsConfig(model=args.model, pp=args.pp, partition=args.partition,
                            batches=args.batches, max_bs=max_bs, user_batches=args.user_batches,

@@ -5,15 +5,20 @@ kernels and from the model: per stage and per micro-batch, the time blocked wait
 the *dispatch latency* (input available on the GPU -> first forward kernel starts), host time in
 the loop body, GPU forward time and send time, plus slot occupancy and decode tok/s.
 
-How (SGLang `event_loop_pp`, see FACTS.md): `pp + async_depth` slots visited round-robin; rank 0
-admits arrivals with `reports.base.slots.admit` (policy `sglang` or `even`), a slot that admits runs a
-prefill first; every iteration, rank r > 0 blocks on a gloo receive of the pickled request list
-from rank r-1 (empty slots included) and forwards it to r+1, then `irecv`s the hidden state over
-NCCL (`work.wait()`), runs its stage and `isend`s the result. The last rank samples tokens and
-sends them over NCCL to rank 0, which processes them (a host sync, as SGLang's
-`process_batch_result`) when it next visits that slot and passes them on inside the next request
-list (last -> 0 -> 1 -> ...). Simplifications, on purpose: one gloo message per iteration (SGLang
-sends two: the request list and the tensor-dict metadata); requests never finish (steady decode).
+How (SGLang 0.5.23 managers/scheduler_pp_mixin.py, `event_loop_pp`): `pp + async_depth` slots
+visited round-robin; rank 0 admits arrivals with `reports.base.slots.visit` (policy `sglang` or
+`even`: per-slot cap, request rows, prefill token budget), a slot that admits runs that prefill
+in its visit. Every iteration, on every rank, in SGLang's order (the functions under "Loop-order
+mechanics"): rank r > 0 blocks on the pickled request list from rank r-1 (gloo) and sends it on
+at once (async), empty slots included; a slot with a batch receives its hidden states (metadata
+over gloo blocks the CPU, the tensor over NCCL makes the schedule stream wait); outputs are
+exchanged -- before the forward when async_depth > 0 -- even ranks sending first: the last rank
+sends the sampled tokens of the slot it ran `async_depth` iterations ago to rank 0, the other
+ranks pass on what they received (last -> 0 -> 1 -> ...); the forward runs on its own stream
+after the schedule stream; when slot s+1 holds a batch every rank blocks on the device-to-host
+copy of its outputs (a CPU sync) before processing them; then the hidden states go to rank r+1
+(metadata at once, the NCCL send after the forward's end event). Simplifications, on purpose:
+requests never finish (steady decode); token ids stand for the whole output dict.
 
 Stage work: `busy` (a `torch.cuda._sleep` kernel whose length follows a cost-vs-batch curve,
 calibrated at start) or `moe` (real Kimi-K2-dims MoE layers in bf16: microbench.kernels.layers' MoE,
@@ -24,8 +29,8 @@ captured like the rest) where triton imports on a CUDA device and passes its che
 block-size configuration the loop reaches, else torch `fast`, else the per-expert `loop`;
 `triton|fast|plain` force one. The backend, the candidates tried and why any was dropped are
 recorded per rank. With graphs on, the decode forward is
-captured per SGLang capture size and batches are padded up, and the next replay waits until NCCL
-has finished reading the previous send (static output buffers), as in SGLang.
+captured per SGLang capture size and batches are padded up; the next forward waits until NCCL
+has finished reading the previous send (SGLang commits it on the schedule stream first).
 
 Timing: host `perf_counter` (CLOCK_MONOTONIC, shared by the processes of one host) for host
 quantities; CUDA events for GPU quantities, placed on the host clock through one reference event
@@ -56,7 +61,8 @@ from reports.base.interp import interp_linear
 from microbench.kit.graph_capture import capture_graph
 from microbench.kit.launch import recv_pyobj, send_pyobj, start_rank
 from reports.base.records import write_json_atomic
-from reports.base.slots import SlotConfig, admit
+from reports.base.sglang_defaults import MAX_PREFILL_TOKENS
+from reports.base.slots import AdmitState, SlotConfig, Visit, visit
 
 
 def parse_cost_curve(text: str) -> list[tuple[int, float]]:
@@ -146,7 +152,7 @@ def sglang_log_lines(res: dict, prompt_len: int, graphs_on: bool, capture: list[
             "%Y-%m-%d %H:%M:%S.%f")[:-3]
         if kind == "prefill":
             out.append(f"[{ts} PP{rank}] Prefill batch, #new-seq: {n}, #new-token: "
-                       f"{n * prompt_len}, #cached-token: 0, token usage: 0.00, "
+                       f"{c['rows'][i]}, #cached-token: 0, token usage: 0.00, "
                        f"#running-req: {running}, #queue-req: 0, ")
             running += n
             continue
@@ -230,12 +236,17 @@ def _backend_of(name: str) -> tuple[str, str]:
 
 
 def loop_max_rows(cfg: dict) -> int:
-    """Most rows one forward of the loop sees: a prefill of every stream at once, or the
-    largest decode micro-batch padded to its capture size."""
+    """Most rows one forward of the loop sees: a prefill of every stream at once within the
+    prefill token budget of a visit (chunked prefill; without it max_prefill_tokens, or one
+    whole prompt beyond it), or the largest decode micro-batch padded to its capture size."""
     c = max(cfg.get("concurrency") or [1])
     max_b = max(1, min(cfg.get("max_micro_batch") or c, c))
     full = capture_sizes(max(512, 2 * max_b))
-    return max(c * cfg.get("prompt_len", 1), padded(max_b, full[-1]) or max_b)
+    plen = cfg.get("prompt_len", 1)
+    chunk = cfg.get("chunked_prefill_size")
+    budget = chunk if chunk and chunk > 0 else max(cfg.get("max_prefill_tokens") or
+                                                   MAX_PREFILL_TOKENS, plen)
+    return max(min(c * plen, budget), padded(max_b, full[-1]) or max_b)
 
 
 def triton_check_batches(max_rows: int) -> list[int]:
@@ -407,14 +418,209 @@ def capture_graphs(torch, fwd, sizes: list[int], H: int, dev):
 
 
 # ---------------------------------------------------------------------------------------------
+# Loop-order mechanics (SGLang 0.5.23 managers/scheduler_pp_mixin.py, `event_loop_pp`): how a
+# rank exchanges requests, hidden states and sampled tokens, on which stream, in which order.
+# Kept apart from the loop body so that what the loop measures stays easy to read.
+
+TAG_REQS, TAG_PROXY, TAG_OUT = 0, 1, 2  # gloo tags: one channel per message kind
+
+
+def isend_pyobj(torch, dist, obj, dst: int, group, tag: int) -> list:
+    """`send_pyobj` without blocking (SGLang's `point_to_point_pyobj(async_send=True)`): the
+    pickled size, then the bytes. Returns (work, tensor) pairs to commit later."""
+    import pickle
+    data = pickle.dumps(obj)
+    size = torch.tensor([len(data)], dtype=torch.long)
+    body = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    return [(dist.isend(size, dst=dst, group=group, tag=tag), size),
+            (dist.isend(body, dst=dst, group=group, tag=tag), body)]
+
+
+def recv_pyobj_tag(torch, dist, src: int, group, tag: int):
+    """The receiving side of `isend_pyobj` (blocks the CPU, as SGLang's `recv_object`)."""
+    import pickle
+    size = torch.empty(1, dtype=torch.long)
+    dist.irecv(size, src=src, group=group, tag=tag).wait()
+    buf = torch.empty(int(size.item()), dtype=torch.uint8)
+    dist.irecv(buf, src=src, group=group, tag=tag).wait()
+    return pickle.loads(buf.numpy().tobytes())
+
+
+def commit(works: list) -> None:
+    """SGLang's `_pp_commit_comm_work`: wait for earlier async sends. For NCCL this makes the
+    current (schedule) stream wait for them; for gloo (the metadata) it blocks the CPU until
+    the peer has posted its receive (gloo sends are rendezvous)."""
+    for w, _ in works:
+        w.wait()
+    works.clear()
+
+
+def new_loop_state(torch, cfg: dict, pp: int, rank: int) -> dict:
+    """Per-rank state of SGLang's PP loop: the schedule stream (current while the loop runs),
+    the forward and copy streams, what each slot ran at this rank's last visit (`mbs`), the
+    last rank's held outputs, the outputs received last iteration, the async sends in flight."""
+    S = pp + cfg["async_depth"]
+    return {"sched": torch.cuda.current_stream(), "fwd": torch.cuda.Stream(),
+            "copy": torch.cuda.Stream(), "mbs": [0] * S, "held": [], "pp_out": None,
+            "req_work": [], "proxy_work": [], "out_work": []}
+
+
+def recv_proxy(torch, dist, ctx: dict, lp: dict, x) -> float:
+    """`_pp_recv_proxy_tensors`: block on the metadata (gloo), then receive the hidden states
+    into `x` over NCCL with `work.wait()`: the schedule stream waits, the CPU does not.
+    Returns microseconds the CPU waited."""
+    tw = time.perf_counter()
+    recv_pyobj_tag(torch, dist, ctx["rank"] - 1, ctx["gloo"], TAG_PROXY)
+    waited = (time.perf_counter() - tw) * 1e6
+    dist.irecv(x, src=ctx["rank"] - 1).wait()
+    return waited
+
+
+def exchange_outputs(torch, dist, ctx: dict, lp: dict, s: int, tokens_of, drain: bool = False
+                     ) -> tuple[float, object]:
+    """`_pp_commit_send_output_work_and_preprocess_output_tensors`: commit the last output send;
+    then, even ranks sending first and odd ranks receiving first:
+    - send: the last rank sends the tokens of the slot it ran `async_depth` iterations ago
+      (slot s + pp; the NCCL send waits for that forward's end event), every other rank
+      forwards the outputs it received last iteration (ring last -> 0 -> 1 -> ...);
+    - receive, when slot s + 1 ran a batch here: metadata (gloo, blocking), tokens over NCCL
+      on the schedule stream, then a device-to-host copy on the copy stream after it.
+    `drain`: the final iteration, sends only (so every receive posted so far is matched).
+    Returns (microseconds the CPU waited, (d2h event, host buffer, tokens) or None)."""
+    rank, pp, gloo = ctx["rank"], ctx["pp"], ctx["gloo"]
+    last, S = pp - 1, len(lp["mbs"])
+    if not drain:   # gloo sends complete only once received: at the end, commit after draining
+        commit(lp["out_work"])
+    waited, got = 0.0, None
+
+    def send():
+        if rank == last:   # (at the end rank 0 expects nothing more: what is held is dropped)
+            if not drain and lp["mbs"][(s + pp) % S]:
+                ev, tok = lp["held"].pop(0)
+                lp["sched"].wait_event(ev)           # ready_event = that forward's end
+                lp["out_work"] += isend_pyobj(torch, dist, tok.numel(), 0, gloo, TAG_OUT)
+                lp["out_work"].append((dist.isend(tok, dst=0), tok))
+        elif lp["pp_out"] is not None:
+            tok = lp["pp_out"]
+            lp["out_work"] += isend_pyobj(torch, dist, tok.numel(), rank + 1, gloo, TAG_OUT)
+            lp["out_work"].append((dist.isend(tok, dst=rank + 1), tok))
+
+    def recv():
+        nonlocal waited, got
+        if drain or not lp["mbs"][(s + 1) % S]:
+            return
+        tw = time.perf_counter()
+        n = recv_pyobj_tag(torch, dist, (rank - 1) % pp, gloo, TAG_OUT)
+        waited += (time.perf_counter() - tw) * 1e6
+        buf = torch.empty(n, dtype=torch.long, device=ctx["dev"])
+        dist.irecv(buf, src=(rank - 1) % pp).wait()
+        lp["copy"].wait_stream(lp["sched"])
+        with torch.cuda.stream(lp["copy"]):
+            host = buf.to("cpu", non_blocking=True)
+            d2h = torch.cuda.Event()
+            d2h.record(lp["copy"])
+        got = (d2h, host, buf)
+
+    for op in ((send, recv) if rank % 2 == 0 else (recv, send)):
+        op()
+    return waited, got
+
+
+def sync_outputs(got) -> tuple[float, list]:
+    """`d2h_event.synchronize()` before `process_batch_result` of slot s + 1: the CPU waits for
+    the returned tokens and for everything queued before them on the schedule stream."""
+    d2h, host, _ = got
+    tw = time.perf_counter()
+    d2h.synchronize()
+    waited = (time.perf_counter() - tw) * 1e6
+    return waited, host.tolist()
+
+
+def send_proxy(torch, dist, ctx: dict, lp: dict, y, launch_ev, rows: int, late=None,
+               delay_cyc: int = 0):
+    """`_pp_send_proxy_to_next_stage`: metadata (gloo, at once), then the hidden states over
+    NCCL once the forward's end event fired (`ready_event=launch_event`). The next launch
+    commits it first (`_pp_commit_proxy_send_work`), so the next forward waits until NCCL has
+    read these buffers. `delay_cyc` (--inject hop-delay): the send leaves that much later, on
+    `late`, without slowing the sender's forward. Returns the send-complete event."""
+    rank = ctx["rank"]
+    lp["proxy_work"] += isend_pyobj(torch, dist, rows, rank + 1, ctx["gloo"], TAG_PROXY)
+    lp["sched"].wait_event(launch_ev)
+    out = y.contiguous()
+    if delay_cyc:
+        late.wait_stream(lp["sched"])
+        with torch.cuda.stream(late):
+            torch.cuda._sleep(delay_cyc)
+            w = dist.isend(out, dst=rank + 1)
+    else:
+        w = dist.isend(out, dst=rank + 1)
+    lp["proxy_work"].append((w, out))
+    side = ctx["side"]
+    side.wait_stream(lp["sched"])
+    with torch.cuda.stream(side):
+        w.wait()  # a side stream waits on NCCL to time the send's end
+        e = torch.cuda.Event(enable_timing=True)
+        e.record(side)
+    return e
+
+
+def gloo_one_way_us(torch, dist, rank: int, pp: int, gloo, reps: int = 20) -> float | None:
+    """One gloo message between neighbours (the request list, the metadata): half the median
+    round trip of a small pickled object, pair by pair (rank r measures r <-> r+1). None on the
+    last rank. The pipeline model's `chain_us`."""
+    out = None
+    for a in range(pp - 1):
+        if rank not in (a, a + 1):
+            continue
+        rtts = []
+        for _ in range(reps):
+            if rank == a:
+                t = time.perf_counter()
+                send_pyobj(dist, {"ping": 1}, a + 1, gloo)
+                recv_pyobj(dist, a + 1, gloo)
+                rtts.append((time.perf_counter() - t) * 1e6)
+            else:
+                recv_pyobj(dist, a, gloo)
+                send_pyobj(dist, {"pong": 1}, a, gloo)
+        if rank == a:
+            rtts.sort()
+            out = rtts[len(rtts) // 2] / 2
+    return out
+
+
+def drain_last_to_first(torch, dist, ctx: dict, lp: dict, rows_by_it: list[int]) -> None:
+    """After the last iteration: rank 0 receives (and drops) the tokens the last rank sent for
+    slots rank 0 stopped before visiting -- those of the last rank's iterations
+    stop-pp+1 .. stop-1 whose slot ran a batch `async_depth` iterations earlier (rank 0 knows
+    every slot's rows) -- so that every send completes; then every rank commits its sends."""
+    rank, pp, gloo = ctx["rank"], ctx["pp"], ctx["gloo"]
+    if rank == 0:
+        stop, depth = len(rows_by_it), len(lp["mbs"]) - pp
+        for j in range(max(0, stop - pp + 1), stop):
+            if j - depth >= 0 and rows_by_it[j - depth]:
+                n = recv_pyobj_tag(torch, dist, pp - 1, gloo, TAG_OUT)
+                buf = torch.empty(n, dtype=torch.long, device=ctx["dev"])
+                dist.irecv(buf, src=pp - 1).wait()
+    for key in ("req_work", "proxy_work", "out_work"):
+        commit(lp[key])
+
+
+# ---------------------------------------------------------------------------------------------
 # The loop.
 
 def run_point(torch, dist, ctx: dict, point: dict) -> dict:
-    """One (policy, arrival, concurrency) point; returns this rank's raw columns."""
+    """One (policy, arrival, concurrency) point; returns this rank's raw columns.
+
+    Each iteration follows SGLang's order (see the mechanics above): recv_requests (+ send them
+    on at once), get_next_batch_to_run, proxy receive, output exchange (before the forward when
+    async_depth > 0, after it when 0), run_batch, sync on slot s+1's outputs and process them,
+    proxy send."""
     cfg, rank, pp = ctx["cfg"], ctx["rank"], ctx["pp"]
     last, gloo, dev, H = pp - 1, ctx["gloo"], ctx["dev"], cfg["hidden"]
-    scfg = SlotConfig(pp, cfg["async_depth"], cfg["max_micro_batch"])
-    S = scfg.slots
+    scfg = SlotConfig(pp, cfg["async_depth"], cfg["max_micro_batch"],
+                      cfg.get("max_running_requests"), cfg.get("chunked_prefill_size"),
+                      cfg.get("max_prefill_tokens") or MAX_PREFILL_TOKENS)
+    S, depth = scfg.slots, cfg["async_depth"]
     profiling = ctx.get("profiler") is not None
     rf = torch.profiler.record_function if profiling else (lambda name: contextlib.nullcontext())
     graphs, sizes = ctx["graphs"], ctx["capture_sizes"]
@@ -435,12 +641,12 @@ def run_point(torch, dist, ctx: dict, point: dict) -> dict:
                              cfg["seed"]) if rank == 0 else []
 
     cols = {k: [] for k in ("it", "slot", "kind", "n", "rows", "measure", "t_start", "t_end",
-                            "wait_us", "ev")}
+                            "wait_us", "wait_req_us", "wait_proxy_us", "wait_out_us",
+                            "wait_sync_us", "sched_us", "launch_us", "process_us", "ev")}
     occupancy = []  # rank 0: (t, sizes) after admission
-    sizes_now = [0] * S
-    pending: dict[int, tuple[int, int, str]] = {}  # rank 0: slot -> (iteration, n, kind)
-    sends = []  # (work, tensor, event_after) not yet completed
-    side = torch.cuda.Stream()
+    adm = AdmitState.empty(scfg)
+    lp = new_loop_state(torch, cfg, pp, rank)
+    ctx["side"] = torch.cuda.Stream()
     late = torch.cuda.Stream()
     inj = ctx["inject"]
     slow = inj["slow_stage"].get(rank, 0.0)
@@ -452,137 +658,135 @@ def run_point(torch, dist, ctx: dict, point: dict) -> dict:
     seconds = cfg["seconds_per_point"]
     setup_deadline = start + max(5.0, 3 * seconds)
 
-    def recv_tokens(n):
-        buf = torch.empty(n, dtype=torch.long, device=dev)
-        w = dist.irecv(buf, src=last)
-        w.wait()
-        return buf
-
     while True:
         s = it % S
         t_start = time.perf_counter()
         ev = {}
-        results = None
-        # ---- 1. inputs: rank 0 processes returned tokens; others get the request list
+        w_req = w_proxy = w_out = w_sync = 0.0
+        # ---- 1. recv_requests: rank 0 admits; the others get the request list from rank-1
         if rank == 0:
-            with rf("process_batch_result"):
-                if s in pending:
-                    pit, pn, pkind = pending.pop(s)
-                    buf = recv_tokens(pn)
-                    e = torch.cuda.Event(enable_timing=True)
-                    e.record()
-                    ev["in"] = e
-                    tw = time.perf_counter()
-                    results = (s, pit, pkind, buf.tolist())  # host sync, as SGLang does
-                    wait_us = (time.perf_counter() - tw) * 1e6
-                else:
-                    wait_us = 0.0
             now = time.perf_counter() - start
             with rf("get_next_batch_to_run"):
                 stop = (window is not None and (now - window[1] >= seconds
                                                 or it - window[0] >= max_iters)) \
                     or it >= 4 * max_iters
                 waiting = sum(1 for a in arrivals[admitted:] if a <= now)
-                n_new = 0 if stop else admit(waiting, sizes_now, s, scfg, point["policy"],
-                                             cfg.get("micro_batches"))
-                admitted += n_new
-                sizes_now[s] += n_new
-                if n_new:
-                    kind, n, rows, no_admit_rounds = "prefill", n_new, n_new * cfg["prompt_len"], 0
+                vis = Visit() if stop else visit(adm, [cfg["prompt_len"]] * waiting, s, scfg,
+                                                 point["policy"], cfg.get("micro_batches"))
+                admitted += vis.taken
+                if vis.batch:   # prefill first: this slot's visit runs the prefill
+                    kind, n, rows, no_admit_rounds = "prefill", vis.batch, vis.tokens, 0
                 else:
-                    n = sizes_now[s]
+                    n = adm.sizes[s]
                     kind, rows = ("decode", n) if n else ("idle", 0)
                     if s == S - 1:
                         no_admit_rounds += 1
-                if n_new or not occupancy:  # sizes change only on admission
-                    occupancy.append((time.perf_counter(), list(sizes_now)))
+                if vis.batch or not occupancy:  # sizes change only on admission
+                    occupancy.append((time.perf_counter(), list(adm.sizes)))
                 if window is None and not stop and (
-                        (admitted == C and no_admit_rounds >= 2)
+                        (admitted == C and not adm.chunk_left and no_admit_rounds >= 2)
                         or (no_admit_rounds >= 4 and all(a <= now for a in arrivals))
                         or time.perf_counter() > setup_deadline):
                     window = (it, now)  # steady decode from here on
                 measure = window is not None
             meta = {"stop": stop, "it": it, "slot": s, "kind": kind, "n": n, "rows": rows,
-                    "measure": measure, "results": results}
+                    "measure": measure}
         else:
             tw = time.perf_counter()
             with rf("recv_requests"):
                 meta = recv_pyobj(dist, rank - 1, gloo)
-            wait_us = (time.perf_counter() - tw) * 1e6
+            w_req = (time.perf_counter() - tw) * 1e6
             stop, kind, n, rows, measure = (meta["stop"], meta["kind"], meta["n"],
                                             meta["rows"], meta["measure"])
             assert meta["it"] == it and meta["slot"] == s, "ranks out of step"
         if rank < last:
             with rf("send_reqs_to_next_stage"):
-                send_pyobj(dist, meta, rank + 1, gloo)
-        if stop:
+                commit(lp["req_work"])
+                lp["req_work"] = isend_pyobj(torch, dist, meta, rank + 1, gloo, TAG_REQS)
+        if stop:   # the outputs the next rank still expects, then stop
+            exchange_outputs(torch, dist, ctx, lp, s, None, drain=True)
             break
+        t_sched = time.perf_counter()
         if host_delay_s and rows:  # --inject host-delay: more CPU work per visit with a batch
             with rf("get_next_batch_to_run") if rank else contextlib.nullcontext():
                 t_spin = time.perf_counter() + host_delay_s
                 while time.perf_counter() < t_spin:
                     pass
-        # ---- 2. forward of this slot's micro-batch
+        lp["mbs"][s] = rows
+        sched_us = (time.perf_counter() - t_sched) * 1e6
+        # ---- 2. inputs: hidden states from rank-1 (rank 0: its embedding stand-in)
+        use_graph = cfg["graphs"] and kind == "decode"
+        pb = padded(rows, sizes[-1]) if rows and use_graph and sizes else None
+        x = y = None
         if rows:
-            with rf("run_batch"):
-                use_graph = cfg["graphs"] and kind == "decode"
-                pb = padded(rows, sizes[-1]) if use_graph and sizes else None
-                if pb is not None:
-                    g, gx, gy = graphs[pb]
-                    x = gx[:rows]
-                elif rank == 0:
-                    x = emb[:rows] if rows <= emb.shape[0] else \
-                        torch.randn(rows, H, device=dev, dtype=torch.bfloat16)
-                else:
-                    x = torch.empty(rows, H, device=dev, dtype=torch.bfloat16)
-                if rank > 0:
-                    w = dist.irecv(x, src=rank - 1)
-                    w.wait()
-                    e = torch.cuda.Event(enable_timing=True)
-                    e.record()
-                    ev["in"] = e
-                if pb is not None:
-                    # static output buffers: wait until NCCL has read the previous send
-                    for sw, _, _ in sends:
-                        sw.wait()
-                e = torch.cuda.Event(enable_timing=True)
-                e.record()
-                ev["fs"] = e
-                if pb is not None:
-                    g.replay()
-                    y = gy[:rows]
-                else:
-                    y = ctx["fwd"](x)
-                if slow:  # --inject slow-stage: the forward takes FACTOR times as long
-                    torch.cuda._sleep(max(1, int((slow - 1.0) * ctx["fwd_us"](pb or rows)
-                                                 * ctx["cyc_per_us"])))
-                e = torch.cuda.Event(enable_timing=True)
-                e.record()
-                ev["fe"] = e
-                if rank < last:
-                    out = y
-                elif kind == "prefill":  # last token of each new request
-                    out = y.view(n, cfg["prompt_len"], H)[:, -1, :64].argmax(-1)
-                else:
-                    out = y[:, :64].argmax(-1)
-            with rf("send_proxy_dict_to_next_stage"):
-                if hop_delay_cyc and rank < last:  # --inject hop-delay: the send leaves late
-                    late.wait_stream(torch.cuda.current_stream())
-                    with torch.cuda.stream(late):
-                        torch.cuda._sleep(hop_delay_cyc)
-                        sw = dist.isend(out.contiguous(), dst=(rank + 1) % pp)
-                else:
-                    sw = dist.isend(out.contiguous(), dst=(rank + 1) % pp)
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    sw.wait()  # the side stream, not the compute stream, waits on NCCL
-                    e = torch.cuda.Event(enable_timing=True)
-                    e.record(side)
-                ev["se"] = e
-                sends.append((sw, out, e))
+            if pb is not None:
+                g, gx, gy = graphs[pb]
             if rank == 0:
-                pending[s] = (it, n, kind)
-        sends = [snd for snd in sends if not snd[2].query()]
+                x = emb[:rows] if rows <= emb.shape[0] else \
+                    torch.randn(rows, H, device=dev, dtype=torch.bfloat16)
+            else:  # a fresh buffer, as SGLang's recv_tensor_dict; copied into the graph later
+                x = torch.empty(rows, H, device=dev, dtype=torch.bfloat16)
+            if rank > 0:
+                with rf("recv_proxy"):
+                    w_proxy = recv_proxy(torch, dist, ctx, lp, x)
+                e = torch.cuda.Event(enable_timing=True)
+                e.record(lp["sched"])
+                ev["in"] = e
+        got = None
+        launch_us = 0.0
+        for phase in (("exchange", "launch") if depth > 0 else ("launch", "exchange")):
+            if phase == "exchange":
+                with rf("exchange_outputs"):
+                    w_out, got = exchange_outputs(torch, dist, ctx, lp, s, None)
+                if rank == 0 and got is not None:
+                    e = torch.cuda.Event(enable_timing=True)
+                    e.record(lp["sched"])
+                    ev["in"] = e
+                continue
+            commit(lp["proxy_work"])  # the next forward waits until NCCL read the last send
+            if not rows:
+                continue
+            tl = time.perf_counter()
+            with rf("run_batch"):
+                fwd = lp["fwd"]
+                fwd.wait_stream(lp["sched"])
+                with torch.cuda.stream(fwd):
+                    e = torch.cuda.Event(enable_timing=True)
+                    e.record(fwd)
+                    ev["fs"] = e
+                    if pb is not None:
+                        gx[:rows].copy_(x)     # inputs into the graph's static buffer
+                        g.replay()
+                        y = gy[:rows]
+                    else:
+                        y = ctx["fwd"](x)
+                    if slow:  # --inject slow-stage: the forward takes FACTOR times as long
+                        torch.cuda._sleep(max(1, int((slow - 1.0) * ctx["fwd_us"](pb or rows)
+                                                     * ctx["cyc_per_us"])))
+                    e = torch.cuda.Event(enable_timing=True)
+                    e.record(fwd)
+                    ev["fe"] = e
+                    if rank == last:  # sampled token ids of the batch's requests, held
+                        tok = y[:rows][-n:, :64].argmax(-1)
+                        done = torch.cuda.Event()
+                        done.record(fwd)          # SGLang's launch event: after sampling
+                        lp["held"].append((done, tok))
+            launch_us = (time.perf_counter() - tl) * 1e6
+        # ---- 3. process_batch_result of slot s+1, after a CPU sync on its outputs
+        process_us = None
+        if got is not None:
+            with rf("process_batch_result"):
+                w_sync, _tokens = sync_outputs(got)
+                tp0 = time.perf_counter()
+                lp["pp_out"] = got[2] if rank < last else None
+                process_us = (time.perf_counter() - tp0) * 1e6
+        else:
+            lp["pp_out"] = None
+        # ---- 4. proxy send to rank+1
+        if rows and rank < last:
+            with rf("send_proxy_dict_to_next_stage"):
+                ev["se"] = send_proxy(torch, dist, ctx, lp, y, ev["fe"], rows, late,
+                                      hop_delay_cyc)
         cols["it"].append(it)
         cols["slot"].append(s)
         cols["kind"].append(kind)
@@ -591,13 +795,17 @@ def run_point(torch, dist, ctx: dict, point: dict) -> dict:
         cols["measure"].append(bool(measure))
         cols["t_start"].append(t_start)
         cols["t_end"].append(time.perf_counter())
-        cols["wait_us"].append(wait_us)
+        cols["wait_us"].append(w_req + w_proxy + w_out + w_sync)
+        cols["wait_req_us"].append(w_req)
+        cols["wait_proxy_us"].append(w_proxy)
+        cols["wait_out_us"].append(w_out)
+        cols["wait_sync_us"].append(w_sync)
+        cols["sched_us"].append(sched_us)
+        cols["launch_us"].append(launch_us)
+        cols["process_us"].append(process_us)
         cols["ev"].append(ev)
         it += 1
-    # rank 0 drains the tokens still in flight, oldest first
-    if rank == 0:
-        for s_, (pit, pn, _) in sorted(pending.items(), key=lambda kv: kv[1][0]):
-            recv_tokens(pn).tolist()
+    drain_last_to_first(torch, dist, ctx, lp, cols["rows"])
     torch.cuda.synchronize()
     # GPU events -> host clock (seconds)
     def at(e):
@@ -613,6 +821,7 @@ def run_point(torch, dist, ctx: dict, point: dict) -> dict:
         out["arrivals_s"] = arrivals
         out["admitted"] = admitted
         out["occupancy"] = occupancy
+        out["slot_sizes"] = list(adm.sizes)   # requests per slot (a chunked one where it ended)
         out["window_start_it"] = window[0] if window else None
     return out
 
@@ -675,6 +884,7 @@ def _main(cfg: dict, out_dir: Path, rank: int) -> int:
     if rank == 0:
         dist.recv(t, src=pp - 1)
     torch.cuda.synchronize()
+    info["gloo_one_way_us"] = gloo_one_way_us(torch, dist, rank, pp, gloo)
 
     result = {"rank": rank, "pp": pp, "device": torch.cuda.get_device_name(dev),
               "torch": torch.__version__, "info": info, "capture_sizes": ctx["capture_sizes"],

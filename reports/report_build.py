@@ -8,7 +8,10 @@ per-rank observed busy, NCCL receive share, dispatch latency, decode lines, CUDA
 slot sizes, next to the modelled busy per stage; every figure observed, with its source),
 `measured_timeline` when dispatch.trace.json exists (which probe point the plot shows), and
 `answer`: 3-5 sentences written from those numbers
-(biggest cause of the gap per concurrency, verdicts that hold, best what-if, unexplained gap).
+(biggest cause of the gap per concurrency, verdicts that hold, the recommended server setting
+with its effect at each measured concurrency, unexplained gap). `assumptions` adds, for each
+server setting the user did not give, what depends on the value assumed; `model_differs` lists
+where the model is still simpler than SGLang.
 """
 from __future__ import annotations
 
@@ -22,7 +25,9 @@ from reports.base.records import Record, to_jsonable
 from reports.model.scenario import Inputs
 from reports.model.validate_dispatch import micro_batch_choices, validate
 from reports.model.verdicts import verdicts
-from reports.model.whatif import transport_points, what_ifs
+from reports.model.whatif import (OBJECTIVE, TP_KNOB, measured_concurrency, recommendation,
+                                  transport_points, what_ifs)
+from reports.base.slots import burst_sizes
 
 REPORT_SCHEMA = "ppscope-report/1"
 
@@ -39,6 +44,9 @@ def build_report(inp: Inputs, records: dict[str, Record]) -> dict[str, Any]:
             "predicted_tpot_ms": sim.tpot_ms, "busy_frac": list(sim.busy_frac),
             "slot_sizes": list(sim.slot_sizes),
         })
+    wis = what_ifs(inp, transport_points(
+        records["topology"].payload if "topology" in records else None))
+    rec = recommendation(wis)
     rep: dict[str, Any] = {
         "schema": REPORT_SCHEMA,
         "scenario": inp.name,
@@ -50,15 +58,18 @@ def build_report(inp: Inputs, records: dict[str, Record]) -> dict[str, Any]:
                        "cuda_graphs": inp.graphs, "graph_max_bs": inp.graph_max_bs,
                        "arrival": inp.arrival, "context_len": inp.context_len},
         "params": to_jsonable(list(inp.params)),
-        "assumptions": dict(inp.assumptions),
+        "assumptions": {**dict(inp.assumptions), **setting_dependencies(inp)},
         "observed_source": inp.src("observed_tok_per_s")[1] if inp.observed else None,
         "concurrency": conc,
         "attribution": [{"concurrency": a.concurrency, "ideal_tpot_ms": a.ideal_tpot_ms,
                          "modelled_tpot_ms": a.modelled_tpot_ms,
                          "rows": to_jsonable(list(a.rows))} for a in atts],
         "verdicts": None,  # filled below, once the observed server's diagnosis exists
-        "what_ifs": to_jsonable(what_ifs(inp, transport_points(
-            records["topology"].payload if "topology" in records else None))),
+        "what_ifs": to_jsonable(wis),
+        "objective": OBJECTIVE,
+        "measured_concurrency": list(measured_concurrency(inp)),
+        "recommendation": to_jsonable(rec) if rec is not None else None,
+        "model_differs": list(MODEL_DIFFERS),
         "stage_cost": [{"batch": b, "modelled_us": lb.stage_cost_us(inp, lb.ALL_ON, b),
                         "floor_us": lb.stage_cost_us(inp, frozenset({"stage_imbalance"}), b)}
                        for b in sorted({max(c["slot_sizes"]) for c in conc})],
@@ -81,6 +92,53 @@ def build_report(inp: Inputs, records: dict[str, Record]) -> dict[str, Any]:
         rep, [C for C, _ in inp.observed] or list(inp.concurrency), inp.pp))
     rep["answer"] = answer(rep)
     return rep
+
+
+# Where the model is still simpler than SGLang 0.5.23 (rendered as its own list in the report).
+MODEL_DIFFERS = (
+    "Decode only: a slot that prefills is not costed (its decode is skipped in SGLang, and the "
+    "prefill forward takes its turn); with long outputs this is a small share of the time.",
+    "Admission ignores the KV-cache token budget and a slot's sticky `batch_is_full` flag; "
+    "pages are one token.",
+    "Occupancy drift is followed in loop turns, not time: a finished request's successor is "
+    "assumed to arrive two visits later, and the loop is run for a few snapshots of it.",
+    "Each NCCL transfer is one latency plus bytes / bandwidth on its own; transfers sharing a "
+    "link, NCCL's per-peer buffer limits and the send/recv parity deadlock guard are not timed.",
+    "CPU costs are one number per phase (schedule, launch, result processing, empty visit, "
+    "gloo message) for every rank and batch size; Python jitter and GC pauses are left out.",
+    "MoE weights per micro-batch follow uniform (or Zipf) routing in expectation, not the "
+    "tokens actually routed.",
+    "No speculative decoding, DP attention, TP inside a stage, or SGLANG_PP_COMM_OVERLAP.",
+)
+
+
+def setting_dependencies(inp: Inputs) -> dict[str, str]:
+    """For max_running_requests not given by the user: whether the slot split (and so any
+    verdict or what-if) changes with it, at the concurrencies modelled."""
+    src = inp.src("max_running_requests")[0]
+    if src in ("given", "observed") or inp.max_running_requests is None:
+        return {}
+    from reports.model import loop_builder as lb
+
+    def split(mrr: int) -> list[list[int]]:
+        return [burst_sizes(C, lb.slot_config(inp, mrr=mrr), inp.prompt_len)
+                for C in inp.concurrency]
+
+    now = split(inp.max_running_requests)
+    lo, hi = 1, inp.max_running_requests   # the smallest value with the same split (bisection:
+    while lo < hi:                          # a larger pool never splits a burst further)
+        mid = (lo + hi) // 2
+        if split(mid) == now:
+            hi = mid
+        else:
+            lo = mid + 1
+    return {"max_running_requests (dependencies)": (
+        f"not given, so {inp.max_running_requests} is SGLang's default derived from an "
+        f"estimated KV pool. Every modelled slot split ({', '.join(f'C={C}: ' + ' '.join(map(str, [x for x in sz if x])) for C, sz in zip(inp.concurrency, now))}) "
+        f"is the same for any max_running_requests >= {lo}: no verdict or what-if depends on "
+        f"the value above that. Below it the per-slot cap (max_running_requests // {inp.pp}) "
+        "splits bursts further and the herd verdict, the attribution and every what-if at the "
+        "concurrencies it changes would move; the --max-running-requests what-if rows show how.")}
 
 
 def diagnosis_summary(sg: SglangData, inp: Inputs,
@@ -227,10 +285,13 @@ def _pct(x: float) -> str:
     return f"{x:.0%}"
 
 
+def _effects_text(w: dict[str, Any]) -> str:
+    return ", ".join(f"C={e['concurrency']} {e['baseline_tok_per_s']:.1f} -> "
+                     f"{e['predicted_tok_per_s']:.1f} ({e['gain']:+.0%})" for e in w["effects"])
+
+
 def _whatif_text(w: dict[str, Any]) -> str:
-    return (f"{w['knob']} = {w['setting']} at C={w['concurrency']}, "
-            f"{w['baseline_tok_per_s']:.1f} -> {w['predicted_tok_per_s']:.1f} tok/s "
-            f"({w['gain']:+.0%})")
+    return f"{w['knob']} = {w['setting']} ({_effects_text(w)})"
 
 
 def answer(rep: dict[str, Any]) -> list[str]:
@@ -274,22 +335,22 @@ def answer(rep: dict[str, Any]) -> list[str]:
     if rejected:
         s += f" Does not hold: {', '.join(rejected)}."
     out.append(s)
-    best = rep["what_ifs"][0] if rep["what_ifs"] else None
-    if best and best["gain"] > 0.005:
-        s = f"Best single change: {_whatif_text(best)}"
-        if best["knob"].startswith("TP instead of PP"):
-            # TP is a rough estimate (ring all-reduce + 1/p of the weights), not a measured
-            # configuration: lead with the best change that keeps PP and qualify the TP figure.
-            pp_best = next((w for w in rep["what_ifs"] if not w["knob"].startswith("TP ")), None)
-            tp = f"a rough estimate, not a measurement, puts {_whatif_text(best)}: measure it " \
-                 "before acting on it"
-            if pp_best and pp_best["gain"] > 0.005:
-                s = f"Best change keeping PP: {_whatif_text(pp_best)}; outside PP, {tp}"
-            else:
-                s = f"No change that keeps PP helps; outside PP, {tp}"
-        out.append(s + ".")
+    best = rep.get("recommendation")
+    tp = next((w for w in rep["what_ifs"] if w["knob"] == TP_KNOB), None)
+    if best:
+        s = (f"Best single server setting (geometric mean of tok/s over the measured "
+             f"concurrencies, none worse by over 2%): {best['knob']} = {best['setting']}, "
+             f"{best['gain']:+.0%} on that mean: {_effects_text(best)}")
     else:
-        out.append("No single change in the what-ifs raises modelled throughput by more than 0.5%.")
+        s = ("No single server setting raises the geometric mean of modelled tok/s by more "
+             "than 0.5% without losing over 2% at a measured concurrency")
+    if tp and tp["gain"] > 0.005:
+        # TP is a rough estimate (ring all-reduce + 1/p of the weights), not a measured
+        # configuration, and not a server setting: qualify it.
+        s += (f"; outside PP, a rough estimate, not a measurement, puts {tp['knob']} "
+              f"({tp['setting']}) at {tp['gain']:+.0%} on that mean: measure it before acting "
+              "on it")
+    out.append(s + ".")
     un = [(C, r) for C in obs_c for r in atts[C]["rows"] if r["cause"] == "unexplained"]
     if un:
         parts = []

@@ -182,9 +182,11 @@ def terminal_summary(rep: dict[str, Any], width: int = 100, results_label: str =
             seen.add(w["knob"])
             top.append(w)
     out.append(tabulate(
-        [[w["knob"], w["setting"], w["concurrency"], f(w["predicted_tok_per_s"]),
-          f"{w['gain']:+.0%}"] for w in top[:3]],
-        headers=["top what-if", "setting", "C", "predicted tok/s", "gain"]))
+        [[w["knob"], w["setting"], " ".join(f"{e['gain']:+.0%}" for e in w["effects"]),
+          f"{w['gain']:+.1%}", "yes" if w["eligible"] else "no"] for w in top[:3]],
+        headers=["top what-if", "setting",
+                 "gain at " + "/".join(f"C={C}" for C in rep.get("measured_concurrency") or []),
+                 "geo-mean", "server, <=2% loss"]))
     out.append("")
     a = max(rep["attribution"], key=lambda x: x["concurrency"])
     out.append(tabulate(

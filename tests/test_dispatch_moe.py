@@ -206,3 +206,15 @@ def test_cli_default_is_auto_and_reaches_the_ranks():
     cfg = dispatch_cli.config_from_args(
         ap.parse_args(["dispatch", "--pp", "2", "--moe-variant", "triton"]), 2)
     assert D.loop_config(cfg)["moe_variant"] == "triton"
+
+
+def test_loop_max_rows_within_the_prefill_budget():
+    from microbench.pp_loop import loop_max_rows
+    # 64 prompts of 1000 tokens: one visit prefills at most the 8192-token chunk budget
+    assert loop_max_rows({"concurrency": [64], "prompt_len": 1000, "max_micro_batch": 512,
+                          "chunked_prefill_size": 8192}) == 8192
+    # chunking off: max_prefill_tokens, or one whole prompt beyond it
+    assert loop_max_rows({"concurrency": [64], "prompt_len": 1000, "max_micro_batch": 512,
+                          "chunked_prefill_size": -1}) == 16384
+    assert loop_max_rows({"concurrency": [2], "prompt_len": 20000, "max_micro_batch": 512,
+                          "chunked_prefill_size": None}) == 20000

@@ -10,7 +10,9 @@ def test_capture_sizes_rule():
     s512 = sglang_capture_sizes(512)
     assert s512[-3:] == [480, 496, 512] and 272 in s512 and 264 not in s512
     assert sglang_capture_sizes(640)[-4:] == [544, 576, 608, 640]
-    assert sglang_capture_sizes(10) == [1, 2, 4, 8]
+    # SGLang appends max_bs itself, and clamps to the request pool (max_running_requests)
+    assert sglang_capture_sizes(10) == [1, 2, 4, 8, 10]
+    assert sglang_capture_sizes(256, 100) == [1, 2, 4, 8, 12] + list(range(16, 97, 8)) + [100]
 
 
 def test_padding_and_eager():
@@ -20,7 +22,8 @@ def test_padding_and_eager():
                                     "padding_waste": 0.0}
     assert graph_path(300, 512)["padded_to"] == 304
     assert default_max_bs(141) == 256 and default_max_bs(96, tp=4) == 512
-    assert default_max_bs(80) is None
+    assert default_max_bs(80) == 256 and default_max_bs(48) == 32 and default_max_bs(192) == 512
+    assert default_max_bs(141, max_running_requests=64) == 64
 
 
 def test_plan_record_flags_user_batches(tmp_path):

@@ -1,42 +1,94 @@
-"""The simulator against DESIGN.md's closed forms, plus the herd and chaining effects."""
-from dataclasses import replace
-
+"""The simulator of SGLang's PP loop against closed forms and hand-worked timelines."""
 import pytest
 
 from reports.model import closed_form as cf
-from reports.model.pipeline_model import simulate, uniform_loop
+from reports.model.pipeline_model import LoopConfig, simulate, uniform_loop
 
 
-@pytest.mark.parametrize("pp,depth,m,B", [(8, 8, 8, 4), (8, 8, 16, 2), (4, 0, 4, 1), (2, 2, 1, 8)])
-def test_uniform_stages_match_closed_form(pp, depth, m, B):
-    cfg = uniform_loop(pp, depth, B, 1000.0, hop_us=60.0, return_us=60.0)
-    r = simulate(cfg, [B] * m)
-    assert r.tok_per_s == pytest.approx(cf.throughput_tok_s([1000.0] * pp, m, B, 60, 60), rel=1e-9)
+def spaced(slots, m, b):
+    g = slots // m
+    return [b if i % g == 0 and i // g < m else 0 for i in range(slots)]
+
+
+@pytest.mark.parametrize("pp,depth", [(2, 2), (8, 8), (4, 0), (8, 0), (3, 5)])
+def test_one_micro_batch_is_the_round_trip(pp, depth):
+    # R = p*1000 + (p-1)*60 + 60, whatever the depth: nothing else is in flight
+    r = simulate(uniform_loop(pp, depth, 4, 1000.0, 60.0, 60.0), [4])
+    assert r.tpot_ms * 1e3 == pytest.approx(cf.round_trip_us([1000.0] * pp, 60, 60), rel=1e-9)
+    assert r.tok_per_s == pytest.approx(cf.throughput_tok_s([1000.0] * pp, 1, 4, 60, 60),
+                                        rel=1e-9)
+
+
+@pytest.mark.parametrize("pp,m,B", [(8, 4, 4), (8, 2, 3), (4, 2, 1)])
+def test_depth0_spaced_micro_batches_match_design_closed_form(pp, m, B):
+    # depth 0: tokens go out right after the forward; no two occupied slots adjacent
+    r = simulate(uniform_loop(pp, 0, B, 1000.0, 60.0, 60.0), spaced(pp, m, B))
+    assert r.tok_per_s == pytest.approx(cf.throughput_tok_s([1000.0] * pp, m, B, 60, 60),
+                                        rel=1e-9)
     for busy, bub in zip(r.busy_frac, cf.bubbles([1000.0] * pp, m, 60, 60)):
         assert busy == pytest.approx(1 - bub, rel=1e-9)
 
 
-def test_fewer_micro_batches_than_stages_is_round_trip_bound():
-    # m=4 < p=8: R = 8*1000 + 7*60 + 60 = 8480 us; 4*4 tokens per period -> 1886.79 tok/s
-    r = simulate(uniform_loop(8, 8, 4, 1000.0, 60.0, 60.0), [4] * 4)
-    assert r.tok_per_s == pytest.approx(16 / 8480e-6, rel=1e-9)
-    assert r.tpot_ms == pytest.approx(8.48, rel=1e-9)
+@pytest.mark.parametrize("pp,depth,m,T,c,h", [
+    (2, 2, 2, 1000.0, 60.0, 60.0), (8, 8, 8, 1000.0, 60.0, 60.0), (8, 8, 4, 500.0, 200.0, 100.0),
+    (4, 4, 4, 1000.0, 10.0, 300.0), (2, 8, 5, 1000.0, 60.0, 60.0), (8, 2, 5, 1000.0, 0.0, 0.0)])
+def test_held_token_send_matches_its_closed_form(pp, depth, m, T, c, h):
+    S = pp + depth
+    r = simulate(uniform_loop(pp, depth, 2, T, c, h), spaced(S, m, 2))
+    assert r.tpot_ms * 1e3 == pytest.approx(cf.period_held_us([T] * pp, m, S, depth, c, h),
+                                            rel=1e-9)
 
 
-def test_imbalanced_stage_is_the_bottleneck():
-    T = [1000, 1000, 1500, 1000, 1000, 1000, 1000, 900]
-    r = simulate(uniform_loop(8, 0, 4, T, 60.0, 60.0), [4] * 8)
-    assert r.tok_per_s == pytest.approx(32 / (8 * 1500e-6), rel=1e-9)  # P = m * max T
-    assert r.busy_frac[2] == pytest.approx(1.0)
-    assert r.busy_frac[0] == pytest.approx(2 / 3)
+def test_held_send_worked_by_hand_pp2():
+    # PP2, depth 2, slots 0 and 2, forwards 1000 us, hops 60. The last rank sends slot 0's
+    # tokens at its iteration for slot 2, behind slot 2's hidden-state receive, so slot 0's
+    # next forward on rank 0 starts >= slot 2's start on rank 0 + 1000 + 60 + 60 (half a
+    # period later): P = 2 * 1120 = 2240 us, not R = 2120
+    r = simulate(uniform_loop(2, 2, 4, 1000.0, 60.0, 60.0), [4, 0, 4, 0])
+    assert r.tpot_ms == pytest.approx(2.24, rel=1e-9)
 
 
-def test_host_cost_and_chaining_lengthen_the_round_trip():
-    # one micro-batch, 2 stages of 500 us, host 100 us per visit, chain 30, empty slots 10:
-    # rank 0: host 100 + 500 -> hop 20 -> rank 1 host 100 + 500 -> return 20 = 1240 us per round
-    cfg = uniform_loop(2, 2, 1, 500.0, 20.0, 20.0, host_us=100.0, chain_us=30.0, empty_us=10.0)
-    r = simulate(cfg, [1, 0, 0, 0])
-    assert r.tpot_ms == pytest.approx(1.24, rel=1e-9)
+def test_seed_shape_even_pacing_halves_throughput():
+    # PP8 + depth 8, eight micro-batches in every other slot: each waits for the one 4 ahead,
+    # P = 2 * (R - T) = 2 * (7000 + 7 * 60 + 60) = 14960 us instead of R = 8480
+    r = simulate(uniform_loop(8, 8, 4, 1000.0, 60.0, 60.0), spaced(16, 8, 4))
+    assert r.tpot_ms == pytest.approx(14.96, rel=1e-9)
+
+
+def test_adjacent_slots_wait_for_the_next_slots_tokens():
+    # PP2, depth 2, slots 0 and 1: with depth > 0 outputs are exchanged before the forward, so
+    # slot 0's forward waits (schedule stream) for slot 1's tokens of the last round, which
+    # come back R after slot 1 started; slot 1 starts T + c after slot 0 on rank 0, since the
+    # next forward also waits for the last proxy send to complete (committed on the schedule
+    # stream): P = T + c + R = 1000 + 60 + 2120
+    r = simulate(uniform_loop(2, 2, 4, 1000.0, 60.0, 60.0), [4, 4, 0, 0])
+    assert r.tpot_ms == pytest.approx(3.18, rel=1e-9)
+    # depth 0 exchanges after the forward: back to max(2T, R)
+    r0 = simulate(uniform_loop(2, 0, 4, 1000.0, 60.0, 60.0), [4, 4])
+    assert r0.tpot_ms > 2.12 and r0.tpot_ms < 3.12
+
+
+def test_host_work_overlaps_the_upstream_forward():
+    # one micro-batch, PP2 + depth 2, forwards 500, hops 20; schedule 100, launch 50, result
+    # processing 30, gloo 10, empty visit 5. Only rank 0's schedule + launch and its result
+    # processing are on the round trip: 100 + 50 + 500 + 20 + 500 + 20 + 30 = 1220 us
+    kw = dict(host_us=100.0, launch_us=50.0, process_us=30.0, chain_us=10.0, empty_us=5.0)
+    r = simulate(uniform_loop(2, 2, 1, 500.0, 20.0, 20.0, **kw), [1])
+    assert r.tpot_ms == pytest.approx(1.22, rel=1e-9)
+    # rank 1's host work hides behind rank 0's forward until it is longer than it
+    kw2 = dict(kw, host_us=(100.0, 400.0))
+    assert simulate(uniform_loop(2, 2, 1, 500.0, 20.0, 20.0, **kw2), [1]).tpot_ms == \
+        pytest.approx(1.22, rel=1e-9)
+    kw3 = dict(kw, host_us=(100.0, 700.0))
+    assert simulate(uniform_loop(2, 2, 1, 500.0, 20.0, 20.0, **kw3), [1]).tpot_ms > 1.22
+
+
+def test_every_rank_syncs_on_its_previous_forward():
+    # one rank's CPU is held one forward behind its GPU: with a host cost per iteration longer
+    # than the forward, the GPU idles (2 full slots, PP2, depth 0, T=100, launch 300)
+    cfg = uniform_loop(2, 0, 1, 100.0, 0.0, 0.0, launch_us=300.0)
+    r = simulate(cfg, [1, 1])
+    assert max(r.busy_frac) < 0.5
 
 
 def test_empty_loop_and_bad_sizes():
@@ -48,36 +100,20 @@ def test_empty_loop_and_bad_sizes():
         simulate(cfg, [3, 0])  # no cost for b=3
 
 
-def _two_slots(result_sync: bool):
-    # PP2, 4 slots, two micro-batches of 4 in slots 0 and 2; forwards 1000 us on both ranks,
-    # free hops, rank 0 spends 500 us of host time per non-empty visit, rank 1 none.
-    base = uniform_loop(2, 2, 4, 1000.0)
-    return replace(base, first_host_us=(0.0, 500.0, 500.0, 500.0, 500.0),
-                   result_sync=result_sync)
-
-
-def test_rank0_host_hides_behind_the_other_forward_without_result_sync():
-    # round trip per slot R = 500 host + 1000 + 1000 = 2500 us > 2 x 1000: P = 2500
-    r = simulate(_two_slots(False), [4, 0, 4, 0])
-    assert r.tpot_ms == pytest.approx(2.5, rel=1e-9)
-    assert r.tok_per_s == pytest.approx(8 / 2500e-6, rel=1e-9)
-
-
-def test_result_sync_puts_rank0_host_between_its_forwards():
-    # tolist() waits for rank 0's queued forward: each forward is preceded by 500 us of host
-    # on an idle GPU, P = 2 x (500 + 1000) = 3000 us; rank 0 busy 2000/3000
-    r = simulate(_two_slots(True), [4, 0, 4, 0])
-    assert r.tpot_ms == pytest.approx(3.0, rel=1e-9)
-    assert r.tok_per_s == pytest.approx(8 / 3000e-6, rel=1e-9)
-    assert r.busy_frac[0] == pytest.approx(2 / 3, rel=1e-9)
-
-
-def test_result_sync_changes_nothing_with_one_micro_batch():
-    # one slot: the GPU is idle when the tokens come back anyway; R = 500 + 2000 = 2500 us
-    assert simulate(_two_slots(True), [4, 0, 0, 0]).tpot_ms == pytest.approx(2.5, rel=1e-9)
-    assert simulate(_two_slots(False), [4, 0, 0, 0]).tpot_ms == pytest.approx(2.5, rel=1e-9)
-
-
-def test_first_host_table_must_be_non_negative():
+def test_costs_must_be_non_negative_and_per_rank_tuples_sized():
     with pytest.raises(ValueError):
-        replace(uniform_loop(2, 2, 1, 100.0), first_host_us=(0.0, -1.0))
+        uniform_loop(2, 2, 1, 100.0, host_us=-1.0)
+    with pytest.raises(ValueError):
+        uniform_loop(2, 2, 1, 100.0, host_us=(1.0, 2.0, 3.0))
+    assert isinstance(uniform_loop(2, 2, 1, 100.0, process_us=(1.0, 2.0)), LoopConfig)
+
+
+@pytest.mark.parametrize("sizes", [[4, 0] * 8, [4] * 4, [4] * 16, [4]])
+def test_idealised_return_is_designs_closed_form(sizes):
+    # token_return=False (the attribution's ideal loop): tokens straight back to rank 0, no
+    # held send, no per-rank sync -> P = max(m * T, R) for any placement
+    from dataclasses import replace
+    cfg = replace(uniform_loop(8, 8, 4, 1000.0, 60.0, 60.0), token_return=False)
+    m = sum(1 for s in sizes if s)
+    assert simulate(cfg, sizes).tpot_ms * 1e3 == pytest.approx(
+        cf.period_us([1000.0] * 8, m, 60, 60), rel=1e-9)

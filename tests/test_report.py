@@ -71,7 +71,7 @@ def test_observed_flag_and_bad_value(tmp_path, capsys):
 
 def test_bench_jsonl(tmp_path):
     # Modelled on sglang.bench_serving --output-file: one JSON object per line, keys as in
-    # its result dict (FACTS.md); values here are ours.
+    # its result dict (SGLang 0.5.23 benchmark/serving.py); values here are ours.
     f = tmp_path / "bench.jsonl"
     f.write_text(json.dumps({"backend": "sglang", "max_concurrency": 8, "completed": 80,
                              "output_throughput": 81.7, "mean_tpot_ms": 97.1}) + "\n"
@@ -123,12 +123,15 @@ def test_dispatch_validation_reproduces_closed_form(tmp_path):
 
 
 def _probe_record(measured_tok_s: float):
-    # PP2, 4 slots, even C=8 in slots 0 and 2 (shape of the 2x H200 run, round numbers):
-    # rank 0 forward 2000 us at b=4, rank 1 1500 us, rank-0 dispatch latency 500 us, free hop
-    stages = [{"rank": 0, "gpu_us_p50": {"4": 2000.0}, "host_us_p50": 700.0,
-               "dispatch_latency_us": {"p50": 500.0, "p99": 900.0}},
+    # PP2, 4 slots, even C=8 in slots 0 and 2 (shape of a 2x H200 run, round numbers): rank 0
+    # forward 2000 us at b=4, rank 1 1500 us; rank 0's CPU per phase: schedule 200, run_batch
+    # 200, result processing 100; rank 1 none; free hop and gloo
+    stages = [{"rank": 0, "gpu_us_p50": {"4": 2000.0}, "host_us_p50": 500.0,
+               "sched_us_p50": 200.0, "launch_us_p50": 200.0, "process_us_p50": 100.0,
+               "host_empty_us_p50": 0.0},
               {"rank": 1, "gpu_us_p50": {"4": 1500.0}, "host_us_p50": 0.0,
-               "dispatch_latency_us": {"p50": 3.0, "p99": 4.0}}]
+               "sched_us_p50": 0.0, "launch_us_p50": 0.0, "process_us_p50": 0.0,
+               "host_empty_us_p50": 0.0}]
     data = {"config": {"pp": 2, "async_depth": 2, "slots": 4, "max_micro_batch": 512},
             "hop_us_in_loop": 0.0,
             "runs": [{"policy": "even", "arrival": "burst", "concurrency": 8,
@@ -137,11 +140,11 @@ def _probe_record(measured_tok_s: float):
     return make_record("dispatch", data, argv=[])
 
 
-def test_dispatch_validation_has_rank0_result_sync():
+def test_dispatch_validation_in_sglang_loop_order():
     from reports.model.validate_dispatch import validate
-    # rank 0 syncs on the returned tokens, so each of its forwards follows 500 us of host on
-    # an idle GPU: P = 2 x (500 + 2000) = 5000 us -> 8 / 5 ms = 1600 tok/s (without the sync
-    # the host would hide behind the other forward: P = max(2 x 2000, 500+2000+1500) = 4000)
+    # SGLang's order: the last rank sends slot 0's tokens behind slot 2's hidden states, which
+    # reach it as rank 0's slot-2 forward ends; rank 0 syncs on them, then spends 100 + 200 +
+    # 200 us of CPU before slot 0's forward: P = 2 x (2000 + 500) = 5000 us -> 8 / 5 ms
     (chk,) = validate(_probe_record(1600.0))
     assert chk.modelled_tok_per_s == pytest.approx(1600.0, rel=1e-9)
     assert chk.diff_pct == pytest.approx(0.0, abs=1e-9)
@@ -159,6 +162,7 @@ def test_micro_batch_choices_predict_more_slots_lose():
     assert rows[1].modelled_tok_per_s == pytest.approx(2000.0, rel=1e-9)
     # m=2 is the measured run
     assert rows[2].measured_tok_per_s == 1600.0 and not rows[2].interpolated
-    # m=4: four slots of 2, rank 0 pays 500 + 2000 four times per round -> 8 / 10 ms
+    # m=4: four slots of 2, rank 0 runs four 2000 us forwards per round (its CPU hides behind
+    # them) -> 8 / 8 ms
     assert rows[4].slot_sizes == (2, 2, 2, 2)
-    assert rows[4].modelled_tok_per_s == pytest.approx(800.0, rel=1e-9)
+    assert rows[4].modelled_tok_per_s == pytest.approx(1000.0, rel=1e-9)

@@ -91,8 +91,9 @@ def test_html_is_self_contained_and_ordered(tmp_path):
         {"src": 1, "dst": 0, "batch": 1, "hop_us": 450.0, "link": "NV18", "hop_class": "nvlink"}]
     tp = [w for w in rep["what_ifs"] if w["knob"].startswith("TP")]
     assert all("measured NCCL transport" in w["note"] for w in tp)
-    gains = [w["gain"] for w in rep["what_ifs"]]
-    assert gains == sorted(gains, reverse=True)
+    # eligible server settings first, each group best first on the objective
+    order = [(not w["eligible"], -round(w["gain"], 9)) for w in rep["what_ifs"]]
+    assert order == sorted(order)
     page = (tmp_path / "report.html").read_text()
     # self-contained: no fetched resource, no script, every link is an in-page anchor
     assert re.findall(r"""\b(?:src|href)\s*=\s*(\S{6})""", page)
@@ -130,11 +131,12 @@ def test_md_order_and_answer(tmp_path):
     assert ans[0].startswith("Biggest cause of the gap between ideal and modelled throughput: ")
     assert "too few micro-batches in flight at C=8" in ans[0]
     assert ans[1].startswith("Holds: bandwidth is not the limit")
-    best = rep["what_ifs"][0]
-    assert best["knob"].startswith("TP instead of PP")  # the seed's top row is the TP estimate
-    pp_best = next(w for w in rep["what_ifs"] if not w["knob"].startswith("TP "))
-    assert ans[2].startswith(f"Best change keeping PP: {pp_best['knob']} = {pp_best['setting']} "
-                             f"at C={pp_best['concurrency']}")
+    rec = rep["recommendation"]
+    assert rec["eligible"] and rec == next(w for w in rep["what_ifs"] if w["eligible"])
+    assert ans[2].startswith("Best single server setting (geometric mean of tok/s over the "
+                             "measured concurrencies, none worse by over 2%): "
+                             f"{rec['knob']} = {rec['setting']}, ")
+    assert all(f"C={e['concurrency']} " in ans[2] for e in rec["effects"])
     assert "outside PP, a rough estimate, not a measurement, puts TP instead of PP" in ans[2]
     assert "C=32 observed 248.1 vs modelled" in ans[3] and "ms/step slower" in ans[3]
     assert ans[4].startswith("Every figure except the observed tok/s is estimated")

@@ -96,7 +96,9 @@ def test_observed_and_bench_flags_override_sglang_json(tmp_path, fixtures):
 def test_herd_verdict_cites_the_logged_slot_sizes(tmp_path, fixtures):
     rep, _ = _report(tmp_path, _results(tmp_path, fixtures, "sglang.json"))
     v = next(v for v in rep["verdicts"] if v["hypothesis"].startswith("thundering herd"))
-    assert v["verdict"] == "holds"
+    # in SGLang's loop order spreading the 32 over 8 spaced slots costs as much as the burst
+    # does (the held token send), so the split explains 5-15% of the gap: minor
+    assert v["verdict"] == "minor"
     assert v["number"].endswith(
         "modelled 4 occupied slot(s) [8, 8, 8, 8] for 8 stages; observed (log, PP rank 0, 8 "
         "decode lines): slot size median 0, max 8; slot-imbalance max/mean -, cv 1.73")

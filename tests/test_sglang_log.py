@@ -89,3 +89,30 @@ def test_no_batch_lines(fixtures, tmp_path):
     s = sglang_log.read_logs([fixtures / "sglang" / "old_rank0.log", tmp_path / "access.log"])
     assert s["files_without_batch_lines"] == [str(tmp_path / "access.log")]
     assert s["lines_other"] == 1
+
+
+def test_startup_line_gives_the_server_settings(tmp_path):
+    # SGLang 0.5.23 managers/scheduler.py logs this once per rank at start-up (numbers ours)
+    log = tmp_path / "server.log"
+    log.write_text(
+        "[2026-11-30 10:00:00 PP0] max_total_num_tokens=683105, chunked_prefill_size=8192, "
+        "max_prefill_tokens=16384, max_running_requests=2048, context_len=262144, "
+        "available_gpu_mem=7.21 GB\n"
+        "[2026-11-30 10:00:05 PP0] Decode batch, #running-req: 8, #token: 8000, token usage: "
+        "0.01, cuda graph: True, gen throughput (token/s): 80.00, #queue-req: 0, \n")
+    from microbench.sglang.log import read_logs
+    s = read_logs([log])["server_settings"]
+    assert s == {"max_total_num_tokens": 683105, "chunked_prefill_size": 8192,
+                 "max_prefill_tokens": 16384, "max_running_requests": 2048,
+                 "context_len": 262144}
+
+
+def test_report_takes_max_running_requests_from_the_log():
+    from reports.base.records import make_record
+    from reports.model.scenario import build_inputs, load_scenario
+    rec = make_record("sglang", {"log": {"server_settings": {
+        "max_running_requests": 48, "chunked_prefill_size": 4096}}}, argv=[])
+    inp = build_inputs(load_scenario("seed-pp8"), {"sglang": rec})
+    assert inp.max_running_requests == 48 and inp.max_micro_batch == 6
+    assert inp.chunked_prefill_size == 4096
+    assert inp.src("max_running_requests") == ("observed", "sglang.json")

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from reports.base.slots import (SlotConfig, admit, default_max_micro_batch, even_micro_batches,
-                           even_slots, initial_assignment, slot_action, slot_sizes_of)
+from reports.base.slots import (AdmitState, SlotConfig, Visit, admit, burst_sizes, closed_loop,
+                                default_max_micro_batch, even_micro_batches, even_slots,
+                                initial_assignment, output_lengths, slot_action, slot_sizes_of,
+                                visit)
 
 
 def sizes(arrivals, cfg, policy, visits, m=None):
@@ -114,3 +116,121 @@ def test_slot_action_prefill_first():
     assert slot_action(2, 5) == "prefill"
     assert slot_action(0, 5) == "decode"
     assert slot_action(0, 0) == "idle"
+
+
+# ---- prefill token budget, request rows, chunked prefill (SGLang 0.5.23 PrefillAdder) ----
+
+def test_token_budget_splits_a_burst_whatever_the_cap():
+    # chunked_prefill_size 8192, 1000-token prompts: 8 requests + 192 tokens of a 9th per
+    # visit; the 9th finishes in the next slot, which then takes 7 more: 8 / 8 / 8 / 8
+    cfg = SlotConfig(8, 8, 256, max_running_requests=2048, chunked_prefill_size=8192)
+    assert burst_sizes(32, cfg, 1000) == [8, 8, 8, 8] + [0] * 12
+    assert burst_sizes(8, cfg, 1000) == [8] + [0] * 15
+    # the per-slot cap still binds when it is smaller
+    assert burst_sizes(32, SlotConfig(8, 8, 4, 2048, 8192), 1000) == [4] * 8 + [0] * 8
+    # chunked prefill off: max_prefill_tokens (16384) is the budget, 16 per visit
+    assert burst_sizes(32, SlotConfig(8, 8, 256, 2048, None), 1000) == [16, 16] + [0] * 14
+
+
+def test_chunked_request_joins_the_slot_of_its_last_chunk():
+    cfg = SlotConfig(2, 2, 64, chunked_prefill_size=2500)
+    st = AdmitState.empty(cfg)
+    v0 = visit(st, [1000] * 5, 0, cfg)       # 2 whole + 500 tokens of the 3rd
+    assert (v0.joined, v0.taken, v0.batch, v0.tokens) == (2, 3, 3, 2500)
+    assert st.chunk_left == 500 and st.sizes == [2, 0, 0, 0]
+    v1 = visit(st, [1000] * 2, 1, cfg)       # the chunk ends here (500) + 2 whole
+    assert (v1.joined, v1.taken, v1.batch, v1.tokens) == (3, 2, 3, 2500)
+    assert st.sizes == [2, 3, 0, 0] and st.chunk_left == 0
+    # a continuing chunk prefills even in a full slot (SGLang skips the cap check for it)
+    st2 = AdmitState([1, 0, 0, 0], chunk_left=300)
+    v = visit(st2, [], 0, SlotConfig(2, 2, 1, chunked_prefill_size=2500))
+    assert v.kind == "prefill" and v.joined == 1 and st2.sizes[0] == 2
+    assert initial_assignment([0.0] * 5, cfg, "sglang", range(4), prompt_lens=1000) == \
+        [0, 0, 1, 1, 1]
+
+
+def test_request_rows_limit_admission():
+    # max_running_requests 6 over all slots; cap 4 per slot
+    cfg = SlotConfig(2, 2, 4, max_running_requests=6)
+    assert burst_sizes(10, cfg, 1) == [4, 2, 0, 0]
+    st = AdmitState([4, 2, 0, 0])
+    assert visit(st, [1] * 3, 2, cfg).joined == 0   # no free row
+    assert admit(3, [3, 0, 0, 0], 1, cfg) == 3
+
+
+def test_without_chunking_only_the_first_request_may_exceed_the_input_cap():
+    cfg = SlotConfig(2, 2, 64, chunked_prefill_size=None, max_prefill_tokens=1000)
+    st = AdmitState.empty(cfg)
+    assert visit(st, [3000, 10], 0, cfg).joined == 1    # the first always goes
+    assert visit(st, [600, 600], 1, cfg).joined == 1    # 600 + 600 > 1000: one
+
+
+def test_even_policy_respects_the_token_budget():
+    cfg = SlotConfig(8, 8, 256, 2048, 8192)
+    assert burst_sizes(32, cfg, 1000, "even") == [4, 0] * 8
+    # 16 per chosen slot would be 16000 tokens: whole requests that fit, the rest next visit
+    assert burst_sizes(128, cfg, 1000, "even") == [16, 0] * 8
+
+
+def _naive_closed_loop(cfg, C, prompt_len, lens, reissue=2, rounds=60):
+    """Visit by visit, no jumping: the reference for `closed_loop`'s event skipping."""
+    S, st = cfg.slots, AdmitState.empty(cfg)
+    it = iter(lens)
+    members = [[] for _ in range(S)]       # [client, left]
+    leaving = [0] * S
+    ready = [(0, c) for c in range(C)]
+    queue, chunked, seen = [], None, []
+    for v in range(rounds * S):
+        s = v % S
+        st.sizes[s] -= leaving[s]
+        leaving[s] = 0
+        for w in sorted(w for w in ready if w[0] <= v):
+            ready.remove(w)
+            queue.append(w[1])
+        vis = visit(st, [prompt_len] * len(queue), s, cfg) if queue or st.chunk_left \
+            else Visit()
+        joining = queue[:vis.taken]
+        del queue[:vis.taken]
+        if chunked is not None and (st.chunk_left == 0 or vis.taken):
+            joining.insert(0, chunked)
+            chunked = None
+        if st.chunk_left and vis.taken:
+            chunked = joining.pop()
+        for c in joining:
+            left = next(it) - 1
+            if left > 0:
+                members[s].append([c, left])
+            else:
+                leaving[s] += 1
+                ready.append((v + S - 1 + reissue, c))
+        if vis.batch == 0:
+            for m in list(members[s]):
+                m[1] -= 1
+                if m[1] == 0:
+                    members[s].remove(m)
+                    leaving[s] += 1
+                    ready.append((v + S - 1 + reissue, m[0]))
+        if s == S - 1 and v // S >= rounds // 2:
+            seen.append(tuple(len(m) for m in members[:]))
+    return seen
+
+
+@pytest.mark.parametrize("cfg,C,plen", [
+    (SlotConfig(2, 2, 4), 5, 10), (SlotConfig(2, 2, 3, 5, 20), 6, 10),
+    (SlotConfig(3, 1, 8, None, 25), 7, 10), (SlotConfig(4, 4, 64, 2048, 8192), 16, 1000)])
+@pytest.mark.parametrize("ratio", [1.0, 0.0])
+def test_closed_loop_event_skipping_matches_visit_by_visit(cfg, C, plen, ratio):
+    occ = closed_loop(cfg, C, plen, 9, ratio, rounds=60, seed=3)
+    lens = output_lengths(10000, 9, ratio, seed=3)
+    assert list(occ.series) == _naive_closed_loop(cfg, C, plen, lens, rounds=60)
+
+
+def test_drift_with_fixed_lengths_keeps_the_split_with_lengths_that_differ_it_spreads():
+    cfg = SlotConfig(8, 8, 256, 2048, 8192)
+    fixed = closed_loop(cfg, 32, 1000, 1000, 1.0, rounds=3000)
+    assert {tuple(sorted(s for s in snap if s)) for snap in fixed.series if sum(snap)} == \
+        {(8, 8, 8, 8)}
+    mixed = closed_loop(cfg, 32, 1000, 1000, 0.0, rounds=3000)
+    occupied = [sum(1 for s in snap if s) for snap in mixed.series]
+    assert max(occupied) > 4 and len(set(mixed.series)) > 50
+    assert len(mixed.sample(6)) == 6

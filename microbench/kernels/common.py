@@ -2,6 +2,9 @@
 against a float32 reference (STYLE rule 4). Imports torch only inside functions."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
 REL_TOL = 2e-2  # ||y - ref|| / ||ref|| allowed for bf16 vs fp32 reference
 
 
@@ -42,3 +45,15 @@ def rmsnorm(x, w, eps: float = 1e-6):
 
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
+
+
+@dataclass(frozen=True)
+class Built:
+    kind: str
+    batch: int
+    backend: str
+    fn: Callable[[], Any]
+    check: Callable[[], float]          # returns relative error, raises CheckFailed
+    graphable: bool = True
+    weight_bytes: int = 0               # bytes allocated for weights
+    info: dict = field(default_factory=dict)  # distinct_experts, notes

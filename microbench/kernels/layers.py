@@ -25,26 +25,13 @@ distinct experts actually touched are counted from the routing so the floor stay
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable
 
-from microbench.kernels.moe_common import MoEWeights, append_shared  # noqa: F401 - re-exported
-from microbench.kernels.common import (REL_TOL, CheckFailed, assert_close, gen, randn,  # noqa: F401
-                                       rel_err, rmsnorm)
+from microbench.kernels.moe_common import (MoEWeights, append_shared, moe_reference,  # noqa: F401
+                                           moe_route, zipf_bias)
+from microbench.kernels.common import (REL_TOL, Built, CheckFailed, assert_close,  # noqa: F401 - re-exported
+                                       gen, randn, rel_err, rmsnorm)
 from reports.base import roofline
 from reports.base.model_config import ModelConfig
-
-@dataclass(frozen=True)
-class Built:
-    kind: str
-    batch: int
-    backend: str
-    fn: Callable[[], Any]
-    check: Callable[[], float]          # returns relative error, raises CheckFailed
-    graphable: bool = True
-    weight_bytes: int = 0               # bytes allocated for weights
-    info: dict = field(default_factory=dict)  # distinct_experts, notes
-
 
 def grouped_mm_available(device) -> str | None:
     """None if torch._grouped_mm runs here, else the reason."""
@@ -65,16 +52,6 @@ def grouped_mm_available(device) -> str | None:
 
 
 # ------------------------------------------------------------------ MoE
-
-def zipf_bias(E: int, zipf_s: float, device):
-    """Correction bias that skews the router toward low-rank experts: log of Zipf weights,
-    scaled so it competes with the random-input sigmoid scores (approximate skew; the record
-    counts the experts actually touched)."""
-    import torch
-
-    r = torch.arange(1, E + 1, device=device, dtype=torch.float32)
-    return -zipf_s * torch.log(r) * 0.1
-
 
 def make_moe_weights(m: ModelConfig, variant: str, device, *, experts_sample: int | None = None,
                      zipf_s: float = 0.0, seed: int = 0) -> MoEWeights:
@@ -98,18 +75,6 @@ def make_moe_weights(m: ModelConfig, variant: str, device, *, experts_sample: in
                           s_gate_up=randn((2 * S * I, H), sh, g, device) if S else None,
                           s_down=randn((H, S * I), si, g, device) if S else None)
     raise ValueError(f"unknown MoE variant {variant!r}")
-
-
-def moe_route(w: MoEWeights, x):
-    """Router: sigmoid scores, top-k on score + bias, weights renormalised (DeepSeek noaux_tc
-    without groups). Returns ids [b, k] folded into the allocated experts, weights [b, k] fp32."""
-    import torch
-
-    scores = (x @ w.router.t()).float().sigmoid()                    # [b, E]
-    _, ids = torch.topk(scores + w.bias, w.top_k, dim=-1)            # [b, k]
-    tw = scores.gather(1, ids)
-    tw = tw / tw.sum(-1, keepdim=True) * w.scale
-    return ids.remainder_(w.n_alloc) if w.n_alloc < w.router.shape[0] else ids, tw
 
 
 def moe_experts_fast(w: MoEWeights, x, ids, tw):
@@ -189,36 +154,6 @@ def _sglang_experts(device):
         except ImportError:
             return fused_experts(x, w13, w2, tw, ids.to(torch.int32), inplace=False)
     return call
-
-
-def moe_reference(w: MoEWeights, x, ids, tw):
-    """float32, one token and one expert at a time."""
-    import torch
-    import torch.nn.functional as F
-
-    xf = x.float()
-    out = torch.zeros_like(xf)
-    I = w.inter
-    for t in range(x.shape[0]):
-        for j in range(ids.shape[1]):
-            e = int(ids[t, j])
-            if w.gate_up is not None:
-                gu, dn = w.gate_up[e].float(), w.down[e].float()
-                g_, u_ = gu[:I], gu[I:]
-            else:
-                g_, u_, dn = w.gate[e].float(), w.up[e].float(), w.down[e].float()
-            out[t] += float(tw[t, j]) * (dn @ (F.silu(g_ @ xf[t]) * (u_ @ xf[t])))
-        for s in range(w.n_shared):
-            if w.gate_up is not None:
-                e = w.n_alloc + s
-                gu, dn = w.gate_up[e].float(), w.down[e].float()
-                out[t] += dn @ (F.silu(gu[:I] @ xf[t]) * (gu[I:] @ xf[t]))
-            else:
-                SI = w.n_shared * I
-                gu, dn = w.s_gate_up.float(), w.s_down.float()
-                sl = slice(s * I, (s + 1) * I)
-                out[t] += dn[:, sl] @ (F.silu(gu[:SI][sl] @ xf[t]) * (gu[SI:][sl] @ xf[t]))
-    return out
 
 
 def build_moe(m: ModelConfig, batch: int, device, *, backend: str = "torch",

@@ -85,3 +85,55 @@ class LazyExperts:
         if e not in self.cache:
             self.cache[e] = self.fn(e)
         return self.cache[e]
+
+
+def zipf_bias(E: int, zipf_s: float, device):
+    """Correction bias that skews the router toward low-rank experts: log of Zipf weights,
+    scaled so it competes with the random-input sigmoid scores (approximate skew; the record
+    counts the experts actually touched)."""
+    import torch
+
+    r = torch.arange(1, E + 1, device=device, dtype=torch.float32)
+    return -zipf_s * torch.log(r) * 0.1
+
+
+def moe_route(w: MoEWeights, x):
+    """Router: sigmoid scores, top-k on score + bias, weights renormalised (DeepSeek noaux_tc
+    without groups). Returns ids [b, k] folded into the allocated experts, weights [b, k] fp32."""
+    import torch
+
+    scores = (x @ w.router.t()).float().sigmoid()                    # [b, E]
+    _, ids = torch.topk(scores + w.bias, w.top_k, dim=-1)            # [b, k]
+    tw = scores.gather(1, ids)
+    tw = tw / tw.sum(-1, keepdim=True) * w.scale
+    return ids.remainder_(w.n_alloc) if w.n_alloc < w.router.shape[0] else ids, tw
+
+
+def moe_reference(w: MoEWeights, x, ids, tw):
+    """float32, one token and one expert at a time."""
+    import torch
+    import torch.nn.functional as F
+
+    xf = x.float()
+    out = torch.zeros_like(xf)
+    I = w.inter
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            if w.gate_up is not None:
+                gu, dn = w.gate_up[e].float(), w.down[e].float()
+                g_, u_ = gu[:I], gu[I:]
+            else:
+                g_, u_, dn = w.gate[e].float(), w.up[e].float(), w.down[e].float()
+            out[t] += float(tw[t, j]) * (dn @ (F.silu(g_ @ xf[t]) * (u_ @ xf[t])))
+        for s in range(w.n_shared):
+            if w.gate_up is not None:
+                e = w.n_alloc + s
+                gu, dn = w.gate_up[e].float(), w.down[e].float()
+                out[t] += dn @ (F.silu(gu[:I] @ xf[t]) * (gu[I:] @ xf[t]))
+            else:
+                SI = w.n_shared * I
+                gu, dn = w.s_gate_up.float(), w.s_down.float()
+                sl = slice(s * I, (s + 1) * I)
+                out[t] += dn[:, sl] @ (F.silu(gu[:SI][sl] @ xf[t]) * (gu[SI:][sl] @ xf[t]))
+    return out

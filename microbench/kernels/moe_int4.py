@@ -324,6 +324,6 @@ def moe_forward(qw: QuantMoEWeights, x, cfg: MoeConfig | None = None, asm: bool 
 def reference(qw: QuantMoEWeights, x, ids, tw):
     """float32 reference on the dequantised weights; ids/tw [b, top_k] routed only (the shared
     expert is added by `layers.moe_reference`)."""
-    from microbench.kernels.layers import moe_reference
+    from microbench.kernels.moe_common import moe_reference
 
     return moe_reference(dequantised_view(qw), x, ids, tw)

@@ -33,7 +33,7 @@ def make_weights(m, fmt: str, device, *, experts_sample: int | None = None,
     bf16 unless that is `fmt`: a kernel runs its own format or bf16, nothing else)."""
     import torch
 
-    from microbench.kernels import layers as L
+    from microbench.kernels import moe_common as L
 
     mod = _module(fmt)
     # router, bias, ids: the fast layout's, without allocating its bf16 experts
@@ -55,7 +55,8 @@ def build(m, batch: int, device, fmt: str, *, experts_sample: int | None = None,
     """A `layers.Built` for the quantised layer (backend "triton/<fmt>")."""
     import torch
 
-    from microbench.kernels import layers as L
+    from microbench.kernels import common as C
+    from microbench.kernels import moe_common as L
     from microbench.kernels import moe_route as R
 
     mod = _module(fmt)
@@ -85,7 +86,7 @@ def build(m, batch: int, device, fmt: str, *, experts_sample: int | None = None,
 
     ids, _ = R.route(qw.base, x)
     distinct = int(torch.unique(ids[:, :qw.base.top_k]).numel())
-    return L.Built("moe", batch, f"triton/{fmt}", fn, check, graphable=True,
+    return C.Built("moe", batch, f"triton/{fmt}", fn, check, graphable=True,
                    weight_bytes=qw.nbytes(),
                    info={"distinct_experts": distinct, "experts_allocated": qw.base.n_alloc,
                          "weights": qw, "kernel": KERNELS[fmt],

@@ -23,6 +23,11 @@ Several files: a line with a `PP{p}` tag belongs to rank p; a file whose lines c
 taken as rank <file index>. With TP > 1 only the lowest TP rank of each PP rank is counted (every
 TP rank of a stage logs the same batch).
 
+The scheduler's start-up line (`max_total_num_tokens=..., chunked_prefill_size=...,
+max_prefill_tokens=..., max_running_requests=..., context_len=...`) is read into
+`server_settings`: the values the server actually ran with (the report prefers them to defaults
+it would otherwise derive).
+
 How to read it: `lines_unrecognised` counts batch lines that could not be parsed (a line cut
 mid-way, an unknown layout); `lines_other` counts everything else (HTTP access lines...). Neither
 is fatal, neither is silently dropped; a file with no batch line at all is listed in
@@ -55,6 +60,11 @@ _LINE_RE = re.compile(
     r"(?P<kind>Decode|Prefill) batch(?: \[(?P<iter>\d+)\])?, (?P<rest>.*)$"
 )
 _TAG_RE = re.compile(r" ([A-Z_]*[A-Z])(\d+)")
+# The scheduler's start-up line (SGLang 0.5.23 managers/scheduler.py, `Scheduler.__init__`):
+# "max_total_num_tokens=N, chunked_prefill_size=N, max_prefill_tokens=N,
+#  max_running_requests=N, context_len=N, available_gpu_mem=X GB"
+_SETTINGS_RE = re.compile(r"\b(max_total_num_tokens|chunked_prefill_size|max_prefill_tokens|"
+                          r"max_running_requests|context_len)=(-?\d+)")
 _BATCH_HINT = re.compile(r"\] (?:Decode|Prefill) batch")
 _GRAPH_KEYS = ("cuda graph", "cpu graph", "npu graph")
 _REQUIRED = {
@@ -144,12 +154,14 @@ class LogScan:
     lines_unrecognised: int
     files: tuple[str, ...]
     files_without_batch_lines: tuple[str, ...] = ()
+    settings: dict = field(default_factory=dict)   # the start-up line's server settings
 
 
 def scan_logs(paths: Iterable[str | Path]) -> LogScan:
     out: list[BatchLine] = []
     total = other = bad = 0
     files, empty = [], []
+    settings: dict = {}
     for i, p in enumerate(paths):
         p = Path(p)
         files.append(str(p))
@@ -159,6 +171,8 @@ def scan_logs(paths: Iterable[str | Path]) -> LogScan:
             r = parse_line(line, source=i)
             if r is None:
                 other += 1
+                if "max_running_requests=" in line:   # the start-up line (every rank logs it)
+                    settings.update((k, int(v)) for k, v in _SETTINGS_RE.findall(line))
             elif r == "bad":
                 bad += 1
             else:
@@ -169,7 +183,7 @@ def scan_logs(paths: Iterable[str | Path]) -> LogScan:
         raise CliError(f"{files[0] if len(files) == 1 else ', '.join(files)}: no 'Decode batch' / "
                        f"'Prefill batch' lines in {total} lines ({bad} cut or unreadable); is it "
                        f"an SGLang server log at --log-level info?")
-    return LogScan(tuple(out), total, other, bad, tuple(files), tuple(empty))
+    return LogScan(tuple(out), total, other, bad, tuple(files), tuple(empty), settings)
 
 
 def _q(vals: list[float]) -> dict:
@@ -255,6 +269,8 @@ def summarize(scan: LogScan, window: int = 16, bin_s: float = 10.0) -> dict:
         "lines_unrecognised": scan.lines_unrecognised,
         "lines_other_tp": skipped_tp,
         "files_without_batch_lines": list(scan.files_without_batch_lines),
+        # the server's own settings from its start-up line, when the log has it
+        "server_settings": dict(scan.settings),
         "ranks": ranks,
         # Run-wide index: the rank with the most decode lines (every rank sees the same slots).
         "slot_imbalance": _run_imbalance(sizes_by_rank, window),

@@ -80,6 +80,7 @@ class ModelConfig:
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
     formats: WeightFormats = field(default_factory=WeightFormats)
+    max_position_embeddings: int | None = None   # SGLang's default context_len
 
     @property
     def is_moe(self) -> bool:
@@ -238,4 +239,7 @@ def parse_hf_config(raw: dict, name: str = "model", source: str = "config.json")
                        first_k_dense=min(first_dense, L), dense_intermediate=dense_inter,
                        moe_intermediate=moe_inter, n_routed_experts=E, top_k=top_k,
                        n_shared_experts=n_shared, num_heads=heads,
-                       formats=_formats_from_quant(d, raw, src, moe), **att)
+                       formats=_formats_from_quant(d, raw, src, moe),
+                       max_position_embeddings=_get(d, "max_position_embeddings", src,
+                                                    default=None),
+                       **att)

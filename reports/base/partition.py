@@ -1,4 +1,5 @@
-"""How SGLang splits a model's layers over pipeline stages (`get_pp_indices`).
+"""How SGLang splits a model's layers over pipeline stages (SGLang 0.5.23
+srt/distributed/utils.py, `get_pp_indices`; checked by tests/test_sglang_oracle.py).
 
 Even split; the last `L % P` ranks get one layer more (Kimi K2, 61 layers, PP8 ->
 7,7,7,8,8,8,8,8). An override "a,b,..." (SGLang's `SGLANG_PP_LAYER_PARTITION`, ppscope's

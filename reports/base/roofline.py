@@ -179,6 +179,22 @@ def moe_weight_bytes(m: ModelConfig, fmt: str, experts: int | None = None) -> in
             + S * routed_expert_bytes(m, shared_fmt))
 
 
+def stage_weight_bytes(m: ModelConfig, stage: Stage) -> int:
+    """Weights a stage's GPU holds (what loading the model leaves resident): every layer's
+    attention, all routed experts + router + shared expert (MoE layers) or the dense MLP, the
+    whole embedding table on the first stage and final norm + lm_head on the last."""
+    per_moe = moe_fixed_bytes(m) + m.n_routed_experts * routed_expert_bytes(m) if m.is_moe else 0
+    per_dense = mlp_bytes(m.hidden, m.dense_intermediate, m.formats.dense_mlp)
+    n_moe = sum(1 for i in stage.layers if m.layer_is_moe(i))
+    total = (stage.num_layers * attention_weight_bytes(m) + n_moe * per_moe
+             + (stage.num_layers - n_moe) * per_dense)
+    if stage.embedding:
+        total += matrix_bytes(m.vocab, m.hidden, m.formats.embedding)
+    if stage.lm_head:
+        total += matrix_bytes(m.vocab, m.hidden, m.formats.lm_head) + 2 * m.hidden
+    return int(total)
+
+
 def kv_elems_per_token_layer(m: ModelConfig) -> int:
     if m.attention == "mla":
         return m.kv_lora_rank + m.qk_rope_head_dim

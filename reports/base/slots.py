@@ -1,35 +1,58 @@
 """SGLang's pipeline-parallel slot and admission discipline, as pure functions (no torch).
 
-What it models (SGLang `scheduler_pp_mixin.py::event_loop_pp`, see FACTS.md):
-- `pp_size + pp_async_batch_depth` micro-batch *slots*, visited round-robin by rank 0;
-- a waiting request joins the slot being scheduled at that moment, up to the per-slot cap
-  `pp_max_micro_batch_size` (default `max(max_running_requests // pp_size, 1)`: divided by the
-  number of stages, not by the number of slots);
-- requests never move between slots;
-- a slot that admits requests runs a prefill that turn instead of its decode ("prefill first").
+What it models (SGLang 0.5.23 managers/scheduler_pp_mixin.py, `event_loop_pp`, and
+managers/scheduler.py, `get_next_batch_to_run` / `_get_new_batch_prefill_raw` /
+`get_num_allocatable_reqs`, with managers/schedule_policy.py, `PrefillAdder`):
+- `pp_size + pp_async_batch_depth` micro-batch *slots*, visited round-robin;
+- a slot visit admits waiting requests (FIFO) while all of these hold:
+  - the per-slot cap `pp_max_micro_batch_size` (default `max(max_running_requests // pp_size,
+    1)`: divided by the number of stages, not of slots) minus the requests running in the slot;
+  - free request rows: `max_running_requests` minus the requests running in every slot;
+  - the prefill token budget of one visit: `chunked_prefill_size` (the default depends on GPU
+    memory, reports/base/sglang_defaults.py) and `max_prefill_tokens` (16384). A prompt that
+    does not fit the rest of the chunk budget is *chunked*: its first part runs in this visit,
+    the rest in the next visits (whichever slot they are), and it joins the slot of its last
+    chunk (SGLang's one global `chunked_req`). With 1000-token prompts and the 8192 budget, a
+    burst of 32 splits 8 / 8 / 8 / 8 whatever the cap is.
+- a slot that prefills (admits, or continues the chunked request) runs that prefill in its
+  visit instead of its decode ("prefill first");
+- requests never move between slots; a finished request leaves its slot at the slot's next
+  visit, and the client's next request joins whichever slot is being visited when it arrives:
+  with lengths that differ, occupancy drifts away from the first split (`closed_loop`).
 
 Two admission policies:
-- `sglang`: what SGLang does. A burst of arrivals lands in the slot being scheduled (and the
-  next, once the cap is hit) and stays there: the "thundering herd".
-- `even`: spread the requests over `micro_batches` slots (default `pp`, i.e. about one
-  micro-batch per stage in flight, ~C/pp requests each), the slots chosen evenly spaced in the
-  round-robin. `micro_batches` is a choice: with MoE every micro-batch re-reads the experts its
-  tokens touch, so more micro-batches than stages costs weight bandwidth (FACTS.md, "the herd
-  at PP2"). If the cap cannot hold everything in `micro_batches` slots, more slots are used.
+- `sglang`: what SGLang does (above).
+- `even`: ppscope's counterfactual (arrival pacing): spread the requests over `micro_batches`
+  slots (default `pp`, about one micro-batch per stage in flight, ~C/pp requests each), chosen
+  evenly spaced in the round-robin; whole requests only, within the same rows and token budget
+  (a paced client sends a slot no more than fits). `micro_batches` is a choice: with MoE every
+  micro-batch re-reads the experts its tokens touch, so more micro-batches than stages costs
+  weight bandwidth. If the cap cannot hold everything in `micro_batches` slots, more are used.
 
-Both the dispatch probe (`microbench/pp_loop.py`, on real GPUs) and the report's discrete-event
-pipeline model use these functions, so the probe and the model admit requests identically.
+Simplified on purpose: KV-cache token capacity is not a limit (the pool is assumed large
+enough), a slot's `batch_is_full` flag is recomputed every visit (SGLang keeps it until a
+request leaves that slot), pages are 1 token unless `page_size` says otherwise.
+
+Both the PP-loop probe (`microbench/pp_loop.py`, on real GPUs) and the report's pipeline model
+use these functions, so the probe and the model admit requests identically.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import heapq
+import random
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Sequence
+
+from reports.base.sglang_defaults import MAX_PREFILL_TOKENS
 
 POLICIES = ("sglang", "even")
 
 
 def default_max_micro_batch(max_running_requests: int, pp_size: int) -> int:
-    """SGLang's default `pp_max_micro_batch_size`: `max(max_running_requests // pp_size, 1)`."""
+    """SGLang's default `pp_max_micro_batch_size`: `max(max_running_requests // pp_size, 1)`
+    (SGLang 0.5.23 managers/scheduler.py, `Scheduler.__init__`,
+    `scheduler.pp_max_micro_batch_size_default`)."""
     if pp_size < 1:
         raise ValueError(f"pp_size must be >= 1, got {pp_size}")
     return max(int(max_running_requests) // int(pp_size), 1)
@@ -37,10 +60,16 @@ def default_max_micro_batch(max_running_requests: int, pp_size: int) -> int:
 
 @dataclass(frozen=True)
 class SlotConfig:
-    """`pp` stages, `async_depth` extra slots, per-slot cap `max_micro_batch` (requests)."""
+    """`pp` stages, `async_depth` extra slots, per-slot cap `max_micro_batch` (requests);
+    `max_running_requests` request rows (None: no limit), prefill token budget per visit
+    `chunked_prefill_size` (None: chunked prefill off) and `max_prefill_tokens`."""
     pp: int
     async_depth: int
     max_micro_batch: int
+    max_running_requests: int | None = None
+    chunked_prefill_size: int | None = None
+    max_prefill_tokens: int = MAX_PREFILL_TOKENS
+    page_size: int = 1
 
     def __post_init__(self) -> None:
         if self.pp < 1:
@@ -49,11 +78,55 @@ class SlotConfig:
             raise ValueError(f"async_depth must be >= 0, got {self.async_depth}")
         if self.max_micro_batch < 1:
             raise ValueError(f"max_micro_batch must be >= 1, got {self.max_micro_batch}")
+        if self.max_running_requests is not None and self.max_running_requests < 1:
+            raise ValueError(f"max_running_requests must be >= 1, got "
+                             f"{self.max_running_requests}")
+        if self.max_prefill_tokens < 1 or self.page_size < 1:
+            raise ValueError("max_prefill_tokens and page_size must be >= 1")
 
     @property
     def slots(self) -> int:
         """SGLang's `pp_loop_size`."""
         return self.pp + self.async_depth
+
+    @property
+    def chunk_budget(self) -> int | None:
+        """Token budget of one visit with chunked prefill on; None when it is off (-1/0)."""
+        c = self.chunked_prefill_size
+        return c if c is not None and c > 0 else None
+
+
+@dataclass
+class AdmitState:
+    """What admission remembers between visits: requests running per slot and the tokens still
+    to prefill of the request being chunked (SGLang's `chunked_req`; 0 = none)."""
+    sizes: list[int]
+    chunk_left: int = 0
+
+    @classmethod
+    def empty(cls, cfg: SlotConfig) -> "AdmitState":
+        return cls([0] * cfg.slots)
+
+    @property
+    def rows_used(self) -> int:
+        """Request rows held: every running request plus the one being chunked."""
+        return sum(self.sizes) + (1 if self.chunk_left else 0)
+
+
+@dataclass(frozen=True)
+class Visit:
+    """One slot visit's admission. `joined`: requests whose prefill completed in this visit
+    (they run in this slot from now on); `taken`: requests taken from the waiting queue (a
+    request chunked in this visit included); `batch`: requests in this visit's prefill (0: no
+    prefill, the slot decodes); `tokens`: prefill tokens (rows of the prefill forward)."""
+    joined: int = 0
+    taken: int = 0
+    batch: int = 0
+    tokens: int = 0
+
+    @property
+    def kind(self) -> str:
+        return "prefill" if self.batch else "decode"
 
 
 def _check_policy(policy: str) -> None:
@@ -78,29 +151,109 @@ def even_micro_batches(total: int, cfg: SlotConfig, micro_batches: int | None = 
     return max(1, min(max(m, need), cfg.slots))
 
 
-def admit(waiting: int, slot_sizes: Sequence[int], slot: int, cfg: SlotConfig,
-          policy: str = "sglang", micro_batches: int | None = None) -> int:
-    """How many of `waiting` requests (FIFO) the slot `slot` admits now.
+def _paged(n: int, cfg: SlotConfig) -> int:
+    return -(-n // cfg.page_size) * cfg.page_size
 
-    `slot_sizes[s]` = requests already running in slot s (len == cfg.slots).
-    """
-    _check_policy(policy)
-    if len(slot_sizes) != cfg.slots:
-        raise ValueError(f"slot_sizes has {len(slot_sizes)} entries, expected {cfg.slots}")
-    if not 0 <= slot < cfg.slots:
-        raise ValueError(f"slot {slot} out of range 0..{cfg.slots - 1}")
-    room = max(0, cfg.max_micro_batch - slot_sizes[slot])
-    if waiting <= 0 or room == 0:
-        return 0
-    if policy == "sglang":
-        return min(waiting, room)
-    total = sum(slot_sizes) + waiting
+
+def _free_rows(state: AdmitState, cfg: SlotConfig) -> float:
+    if cfg.max_running_requests is None:
+        return float("inf")
+    return cfg.max_running_requests - state.rows_used
+
+
+def _sglang_visit(state: AdmitState, waiting: Sequence[int], slot: int,
+                  cfg: SlotConfig) -> Visit:
+    running = state.sizes[slot]
+    rem_chunk = cfg.chunk_budget
+    rem_input = cfg.max_prefill_tokens
+    tokens = batch = joined = taken = 0
+    held = 0   # rows held by requests in this batch before it runs (the continuing chunk)
+    if state.chunk_left:  # `add_chunked_req`: the chunk continues whatever the cap
+        t = state.chunk_left if rem_chunk is None else min(state.chunk_left, rem_chunk)
+        state.chunk_left -= t
+        tokens += t
+        rem_input -= t
+        if rem_chunk is not None:
+            rem_chunk -= t
+        batch = held = 1
+        if state.chunk_left == 0:
+            joined = 1
+    elif not waiting or min(cfg.max_micro_batch - running, _free_rows(state, cfg)) <= 0:
+        return Visit()
+    free = _free_rows(state, cfg) + held
+    new = 0
+    for length in waiting:
+        if rem_input <= 0 or (rem_chunk is not None and rem_chunk <= 0):
+            break   # `budget_state`: OTHER
+        if batch >= min(cfg.max_micro_batch - running, free):
+            break   # `get_num_allocatable_reqs`: pp budget and request rows
+        need = _paged(int(length), cfg)
+        if rem_chunk is not None and need > rem_chunk:
+            part = rem_chunk // cfg.page_size * cfg.page_size
+            if part <= 0:
+                break
+            state.chunk_left = int(length) - part   # chunked: rest in the next visits
+            tokens += part
+            taken += 1
+            batch += 1
+            break
+        if rem_chunk is None and batch and need >= rem_input:
+            break   # without chunking only the first request may exceed the input cap
+        tokens += int(length)
+        rem_input -= need
+        if rem_chunk is not None:
+            rem_chunk -= need
+        new += 1
+        taken += 1
+        batch += 1
+    state.sizes[slot] += joined + new
+    return Visit(joined + new, taken, batch, tokens)
+
+
+def _even_visit(state: AdmitState, waiting: Sequence[int], slot: int, cfg: SlotConfig,
+                micro_batches: int | None) -> Visit:
+    if not waiting:
+        return Visit()
+    sizes = state.sizes
+    total = sum(sizes) + len(waiting)
     chosen = even_slots(cfg, even_micro_batches(total, cfg, micro_batches))
     if slot not in chosen:
-        return 0
+        return Visit()
     k, m = chosen.index(slot), len(chosen)
     share = min(total // m + (1 if k < total % m else 0), cfg.max_micro_batch)
-    return max(0, min(waiting, share - slot_sizes[slot]))
+    want = max(0, min(len(waiting), share - sizes[slot], _free_rows(state, cfg)))
+    budget = cfg.chunk_budget or cfg.max_prefill_tokens
+    n = tokens = 0
+    for length in waiting[:int(want)]:
+        if n and tokens + int(length) > budget:
+            break   # whole requests only: the rest waits for this slot's next visit
+        tokens += int(length)
+        n += 1
+    sizes[slot] += n
+    return Visit(n, n, n, tokens)
+
+
+def visit(state: AdmitState, waiting: Sequence[int], slot: int, cfg: SlotConfig,
+          policy: str = "sglang", micro_batches: int | None = None) -> Visit:
+    """Admission at one visit of `slot`: `waiting` = prompt lengths (tokens) of the waiting
+    requests, in arrival order. Updates `state` (slot sizes, chunked request)."""
+    _check_policy(policy)
+    if len(state.sizes) != cfg.slots:
+        raise ValueError(f"slot_sizes has {len(state.sizes)} entries, expected {cfg.slots}")
+    if not 0 <= slot < cfg.slots:
+        raise ValueError(f"slot {slot} out of range 0..{cfg.slots - 1}")
+    if policy == "even":
+        return _even_visit(state, waiting, slot, cfg, micro_batches)
+    return _sglang_visit(state, waiting, slot, cfg)
+
+
+def admit(waiting: int, slot_sizes: Sequence[int], slot: int, cfg: SlotConfig,
+          policy: str = "sglang", micro_batches: int | None = None, prompt_len: int = 1) -> int:
+    """How many of `waiting` requests (FIFO, `prompt_len` tokens each, no chunk pending) join
+    slot `slot` now; `slot_sizes[s]` = requests already running in slot s."""
+    st = AdmitState(list(slot_sizes))
+    return visit(st, [prompt_len] * max(0, int(waiting)), slot, cfg, policy,
+                 micro_batches).joined
 
 
 def slot_action(admitted: int, running: int) -> str:
@@ -112,39 +265,194 @@ def slot_action(admitted: int, running: int) -> str:
 
 
 def initial_assignment(arrival_times: Sequence[float], cfg: SlotConfig, policy: str = "sglang",
-                       visit_times: Sequence[float] = (), micro_batches: int | None = None
-                       ) -> list[int | None]:
+                       visit_times: Sequence[float] = (), micro_batches: int | None = None,
+                       prompt_lens: Sequence[int] | int = 1) -> list[int | None]:
     """Slot of each request, given arrival times and the times rank 0 visits slots.
 
     Visit `i` schedules slot `i % cfg.slots` at `visit_times[i]`; requests with arrival time
-    <= that time are waiting, and are admitted in arrival order (ties: request index). Requests
-    never leave (a decode benchmark's streams run throughout). A request not admitted by the
-    last visit gets None. Deterministic.
+    <= that time are waiting, admitted in arrival order (ties: request index). A chunked
+    request belongs to the slot of its last chunk. Requests never leave (a decode benchmark's
+    streams run throughout). A request not placed by the last visit gets None. Deterministic.
     """
     _check_policy(policy)
+    lens = [prompt_lens] * len(arrival_times) if isinstance(prompt_lens, int) else \
+        list(prompt_lens)
     order = sorted(range(len(arrival_times)), key=lambda i: (arrival_times[i], i))
     out: list[int | None] = [None] * len(arrival_times)
-    sizes = [0] * cfg.slots
-    nxt = 0  # index into `order` of the first request not yet admitted
+    st = AdmitState.empty(cfg)
+    nxt = 0            # index into `order` of the first request not yet taken
+    chunked = None     # request being chunked
     for v, t in enumerate(visit_times):
         slot = v % cfg.slots
         arrived = nxt
         while arrived < len(order) and arrival_times[order[arrived]] <= t:
             arrived += 1
-        n = admit(arrived - nxt, sizes, slot, cfg, policy, micro_batches)
-        for r in order[nxt:nxt + n]:
+        had_chunk = chunked
+        vis = visit(st, [lens[i] for i in order[nxt:arrived]], slot, cfg, policy,
+                    micro_batches)
+        taken = order[nxt:nxt + vis.taken]
+        placed = list(taken)
+        if had_chunk is not None and (st.chunk_left == 0 or vis.taken):
+            out[had_chunk] = slot                # its last chunk ran here (a new chunk
+            chunked = None                       # implies the old one finished)
+        if st.chunk_left and vis.taken:
+            chunked = placed.pop()               # the last one taken is the new chunk
+        for r in placed:
             out[r] = slot
-        sizes[slot] += n
-        nxt += n
-        if nxt == len(order):
+        nxt += vis.taken
+        if nxt == len(order) and chunked is None:
             break
     return out
 
 
 def slot_sizes_of(assignment: Sequence[int | None], cfg: SlotConfig) -> list[int]:
-    """Requests per slot from `initial_assignment`'s output (unadmitted ones left out)."""
+    """Requests per slot from `initial_assignment`'s output (unplaced ones left out)."""
     sizes = [0] * cfg.slots
     for s in assignment:
         if s is not None:
             sizes[s] += 1
     return sizes
+
+
+def burst_sizes(C: int, cfg: SlotConfig, prompt_len: int, policy: str = "sglang",
+                micro_batches: int | None = None) -> list[int]:
+    """Slot sizes after a burst of C requests of `prompt_len` tokens (all waiting at the
+    first visit), once every request is placed."""
+    visits = [0.0] * (cfg.slots * (C + 2) + 2 * C * max(1, prompt_len // max(
+        1, cfg.chunk_budget or cfg.max_prefill_tokens)))
+    return slot_sizes_of(initial_assignment([0.0] * C, cfg, policy, visits, micro_batches,
+                                            prompt_len), cfg)
+
+
+# ---------------------------------------------------------------------------------------------
+# Occupancy drift: a closed-loop benchmark (C clients, each sends its next request when the
+# previous one finishes), visit by visit.
+
+@dataclass(frozen=True)
+class Occupancy:
+    """Slot sizes at the end of each round of the measured window, in order."""
+    series: tuple[tuple[int, ...], ...]
+
+    @property
+    def rounds(self) -> int:
+        return len(self.series)
+
+    @property
+    def snapshots(self) -> tuple[tuple[tuple[int, ...], int], ...]:
+        """(slot sizes, rounds seen), most frequent first."""
+        return tuple(Counter(self.series).most_common())
+
+    def top(self, k: int) -> list[tuple[tuple[int, ...], int]]:
+        return list(self.snapshots[:k])
+
+    def sample(self, k: int) -> list[tuple[int, ...]]:
+        """k snapshots evenly spaced in time (a time-representative sample)."""
+        n = len(self.series)
+        if n == 0:
+            return []
+        return [self.series[(i * n) // k + (n // k) // 2 if k <= n else i % n]
+                for i in range(min(k, n))]
+
+
+def output_lengths(n: int, mean_len: int, range_ratio: float, seed: int = 0) -> list[int]:
+    """Output lengths as `sglang.bench_serving --dataset-name random` draws them: uniform
+    integers in [max(int(len * range_ratio), 1), len] (SGLang 0.5.23 benchmark/datasets/
+    random.py; `--random-range-ratio`, default 0.0 in benchmark/serving.py)."""
+    draw = _length_draw(mean_len, range_ratio, seed)
+    return [draw() for _ in range(n)]
+
+
+def _length_draw(mean_len: int, range_ratio: float, seed: int):
+    lo = max(int(mean_len * range_ratio), 1)
+    rng = random.Random(seed)
+    return (lambda: mean_len) if lo >= mean_len else (lambda: rng.randint(lo, mean_len))
+
+
+def closed_loop(cfg: SlotConfig, C: int, prompt_len: int, output_len: int,
+                range_ratio: float = 1.0, *, policy: str = "sglang",
+                micro_batches: int | None = None, reissue_visits: int = 2,
+                rounds: int = 400, warmup_rounds: int | None = None,
+                seed: int = 0) -> Occupancy:
+    """Slot occupancy of a closed-loop benchmark with C clients, starting from a burst.
+
+    Visit v schedules slot v % S. At a visit: finished requests of that slot leave, waiting
+    requests are admitted (`visit`), then the slot prefills (if it admitted) or every request
+    in it decodes one token. A request's last token is processed by rank 0 one visit before
+    the slot's next visit (SGLang processes slot k+1's result while visiting k); its client's
+    next request is waiting `reissue_visits` visits after that (stated: 2, i.e. it lands one
+    slot after the one it left when a loop turn outlasts the client's round trip). Snapshots
+    (requests still decoding per slot) are taken at the end of each round after the warm-up
+    (default: the first half).
+    """
+    S = cfg.slots
+    st = AdmitState.empty(cfg)
+    draw = _length_draw(output_len, range_ratio, seed)
+    heaps: list[list[tuple[int, int]]] = [[] for _ in range(S)]  # (finish at decode #, client)
+    decoded = [0] * S            # decodes slot s has run
+    leaving = [0] * S            # finished, still holding their row until the slot's next visit
+    ready: list[tuple[int, int]] = [(0, c) for c in range(C)]    # heap of (ready visit, client)
+    queue: list[int] = []        # clients waiting, in arrival order
+    chunked: int | None = None
+    warm = rounds // 2 if warmup_rounds is None else warmup_rounds
+    seen: list[tuple[int, ...]] = []
+    end = rounds * S
+    v = 0
+    while v < end:
+        s = v % S
+        if leaving[s]:
+            st.sizes[s] -= leaving[s]
+            leaving[s] = 0
+        while ready and ready[0][0] <= v:
+            queue.append(heapq.heappop(ready)[1])
+        vis = Visit()
+        if queue or st.chunk_left:
+            had = chunked
+            vis = visit(st, [prompt_len] * len(queue), s, cfg, policy, micro_batches)
+            joining = queue[:vis.taken]
+            del queue[:vis.taken]
+            if had is not None and (st.chunk_left == 0 or vis.taken):
+                joining.insert(0, had)
+                chunked = None
+            if st.chunk_left and vis.taken:
+                chunked = joining.pop()
+            for c in joining:  # prefill makes the first token
+                left = draw() - 1
+                if left > 0:
+                    heapq.heappush(heaps[s], (decoded[s] + left, c))
+                else:
+                    leaving[s] += 1
+                    heapq.heappush(ready, (v + S - 1 + reissue_visits, c))
+        if vis.batch == 0 and heaps[s]:
+            decoded[s] += 1
+            h = heaps[s]
+            while h and h[0][0] <= decoded[s]:
+                _, c = heapq.heappop(h)
+                leaving[s] += 1
+                heapq.heappush(ready, (v + S - 1 + reissue_visits, c))
+        if s == S - 1 and v // S >= warm:
+            seen.append(tuple(len(h) for h in heaps))
+        # Jump to the next visit where anything can change: nothing is admitted while the
+        # queue is empty, and a slot only decodes until its next request finishes.
+        nxt = v + 1
+        if not queue and not st.chunk_left:
+            nxt = min(end, ready[0][0] if ready else end)
+            for q in range(S):
+                first = v + 1 + (q - v - 1) % S          # the next visit of slot q
+                if leaving[q]:
+                    nxt = min(nxt, first)
+                elif heaps[q]:
+                    nxt = min(nxt, first + (heaps[q][0][0] - decoded[q] - 1) * S)
+            nxt = max(nxt, v + 1)
+            if nxt > v + 1:   # decode the skipped visits, take the skipped snapshots
+                for q in range(S):
+                    if heaps[q]:
+                        first = v + 1 + (q - v - 1) % S
+                        if first < nxt:
+                            decoded[q] += (nxt - 1 - first) // S + 1
+                snap = tuple(len(h) for h in heaps)
+                r0, r1 = (v + 1) // S, nxt // S      # rounds whose last visit is skipped
+                for r in range(max(r0, warm), r1):
+                    if r * S + S - 1 < nxt and r * S + S - 1 > v:
+                        seen.append(snap)
+        v = nxt
+    return Occupancy(tuple(seen))

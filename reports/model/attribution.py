@@ -25,6 +25,7 @@ LABELS = {
     "launch_overhead": "launch overhead / CUDA-graph padding or fallback",
     "p2p_hops": "P2P hops (hidden states between stages)",
     "host_dispatch": "host dispatch + rank chaining",
+    "token_return": "SGLang's token return (held outputs, per-rank sync)",
     "slot_imbalance": "slot imbalance (herd)",
     "too_few_microbatches": "too few micro-batches in flight",
     "routing_skew": "expert-routing skew",
@@ -33,7 +34,8 @@ LABELS = {
 INPUT_OF = {
     "stage_imbalance": "kernel_efficiency", "kernel_efficiency": "kernel_efficiency",
     "launch_overhead": "eager_us_per_layer", "p2p_hops": "hop_us",
-    "host_dispatch": "host_us", "slot_imbalance": "max_micro_batch",
+    "host_dispatch": "host_us", "token_return": "async_depth",
+    "slot_imbalance": "max_micro_batch",
     "too_few_microbatches": "max_micro_batch", "routing_skew": "zipf_s",
 }
 

@@ -17,7 +17,7 @@ time); when none is above it, the answer is "nothing big".
 from __future__ import annotations
 
 from dataclasses import dataclass
-from statistics import median, median_low
+from statistics import median_low
 
 from reports.model.attribution import shapley
 from reports.model.deployment import CAUSES, LABELS, REFERENCE, Deployment, at_size, run

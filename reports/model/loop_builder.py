@@ -8,15 +8,22 @@ Each switch turns one named effect on (as measured/estimated) or off (ideal):
 | kernel_efficiency | the roofline floor | floor / efficiency |
 | launch_overhead | no graph padding, no eager launches | padding to the captured size; eager above graph max bs |
 | p2p_hops | hops cost nothing | hop cost by batch |
-| host_dispatch | no CPU time, no chaining | CPU per slot visit + request-list relay |
-| slot_imbalance | occupied slots evenly filled | the admission policy's sizes |
+| host_dispatch | no CPU time, no gloo latency | CPU per slot visit (schedule, launch, result) + gloo messages |
+| token_return | tokens straight back to rank 0 | SGLang's return: held `depth` iterations on the last rank, queued on the schedule stream, every rank synced on the next slot's outputs |
+| slot_imbalance | occupied slots evenly filled | the admission rule's sizes |
 | too_few_microbatches | at least min(C, pp) micro-batches | as admitted |
 | routing_skew | uniform routing | Zipf skew from the scenario |
 
-All off = `ideal`; all on = `modelled`. `run()` memoises, so Shapley's 2^8 subsets are cheap.
+All off = `ideal`; all on = `modelled`. Slot sizes come from SGLang's admission rule
+(reports/base/slots.py: per-slot cap, request rows, prefill token budget) for a burst of C
+requests of the scenario's prompt length; with lengths that differ (`range_ratio` < 1), from the
+occupancy a closed-loop benchmark drifts to (`slots.closed_loop`), the loop run for slot-size
+snapshots evenly spaced in time and combined by time (tokens and time add up). `run()` memoises on the built loop, so
+Shapley's 2^9 subsets are cheap where switches change nothing.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 from reports.base.cuda_graphs import padded
@@ -25,25 +32,46 @@ from reports.model.pipeline_model import LoopConfig, SimResult, simulate
 from reports.base.roofline import stage_floor
 from reports.base.interp import interp_log
 from reports.model.scenario import Inputs
-from reports.base.slots import SlotConfig, even_slots, initial_assignment, slot_sizes_of
+from reports.base.slots import SlotConfig, burst_sizes, closed_loop, even_slots
 
 SWITCHES = ("stage_imbalance", "kernel_efficiency", "launch_overhead", "p2p_hops",
-            "host_dispatch", "slot_imbalance", "too_few_microbatches", "routing_skew")
+            "host_dispatch", "token_return", "slot_imbalance", "too_few_microbatches",
+            "routing_skew")
 ALL_ON = frozenset(SWITCHES)
+# Drift: the closed-loop benchmark is followed for DRIFT_ROUNDS rounds (the second half kept)
+# and the loop is run for DRIFT_SNAPSHOTS slot-size snapshots evenly spaced in that window.
+DRIFT_SNAPSHOTS = 6
+DRIFT_ROUNDS = 2000
+
 
 @lru_cache(maxsize=20000)
 def _floor(model, stage, b, gpu, ctx, zipf) -> float:
     return stage_floor(model, stage, b, gpu, context_len=ctx, zipf_s=zipf).floor_us
 
 
+STAGE_SWITCHES = frozenset({"stage_imbalance", "kernel_efficiency", "launch_overhead",
+                            "routing_skew"})
+_STAGE: dict = {}
+
+
 def stage_cost_us(inp: Inputs, on: frozenset, b: int, partition: str | None = None,
-                  graph_max_bs: int | None = None) -> list[float]:
+                  graph_max_bs: int | None = None, mrr: int | None = None) -> list[float]:
     """Forward time of each stage for a micro-batch of b requests under the switches."""
+    key = (id(inp), on & STAGE_SWITCHES, b, partition, graph_max_bs, mrr)
+    if key not in _STAGE:
+        if len(_STAGE) > 100000:
+            _STAGE.clear()
+        _STAGE[key] = (inp, _stage_cost_us(inp, on, b, partition, graph_max_bs, mrr))
+    return list(_STAGE[key][1])
+
+
+def _stage_cost_us(inp: Inputs, on: frozenset, b: int, partition: str | None,
+                   graph_max_bs: int | None, mrr: int | None) -> list[float]:
     stages = pp_partition(inp.model.num_layers, inp.pp,
                           partition if partition is not None else inp.layer_partition)
     max_bs = graph_max_bs or inp.graph_max_bs
     launch = "launch_overhead" in on
-    pad = padded(b, max_bs) if inp.graphs else None
+    pad = padded(b, max_bs, mrr or inp.max_running_requests) if inp.graphs else None
     b_run = pad if (launch and pad is not None) else b
     eager = launch and pad is None
     zipf = inp.zipf_s if "routing_skew" in on else 0.0
@@ -68,6 +96,58 @@ def hop_us(inp: Inputs, b: int) -> float:
     return inp.hop_fixed_us + nbytes / (inp.gpu.link_gbps * 1e9) * 1e6
 
 
+def slot_config(inp: Inputs, cap: int | None = None, depth: int | None = None,
+                mrr: int | None = None, chunk: int | None = None) -> SlotConfig:
+    """The admission rule's settings: the scenario's, with what-if overrides. A new
+    `max_running_requests` without an explicit cap moves the default cap with it."""
+    mrr = mrr or inp.max_running_requests
+    if cap is None:
+        cap = inp.max_micro_batch if mrr == inp.max_running_requests or mrr is None \
+            else max(mrr // inp.pp, 1)
+    return SlotConfig(inp.pp, inp.async_depth if depth is None else depth, cap, mrr,
+                      inp.chunked_prefill_size if chunk is None else chunk,
+                      inp.max_prefill_tokens)
+
+
+def _policy(inp: Inputs, arrival: str | None) -> str:
+    return "even" if (arrival or inp.arrival) == "even" else "sglang"
+
+
+def occupancy(inp: Inputs, C: int, cap: int | None = None, depth: int | None = None,
+              arrival: str | None = None, mrr: int | None = None,
+              chunk: int | None = None) -> list[tuple[tuple[int, ...], float]]:
+    """(slot sizes, weight) the loop runs with: the burst split, or with `range_ratio` < 1 the
+    closed-loop drift's snapshots evenly spaced in time (equal weights)."""
+    cfg = slot_config(inp, cap, depth, mrr, chunk)
+    policy = _policy(inp, arrival)
+    if inp.range_ratio >= 1 or policy == "even":
+        return [(_burst(cfg, C, inp.prompt_len, policy), 1.0)]
+    snaps = [s for s in _drift(cfg, C, inp.prompt_len, inp.output_len, inp.range_ratio)
+             if sum(s)]
+    return [(s, 1.0 / len(snaps)) for s in snaps] or [(_burst(cfg, C, inp.prompt_len,
+                                                              policy), 1.0)]
+
+
+@lru_cache(maxsize=4096)
+def _burst(cfg: SlotConfig, C: int, prompt_len: int, policy: str) -> tuple[int, ...]:
+    return tuple(burst_sizes(C, cfg, prompt_len, policy))
+
+
+@lru_cache(maxsize=256)
+def _drift(cfg: SlotConfig, C: int, prompt_len: int, output_len: int,
+           range_ratio: float) -> tuple[tuple[int, ...], ...]:
+    occ = closed_loop(cfg, C, prompt_len, output_len, range_ratio, rounds=DRIFT_ROUNDS)
+    return tuple(occ.sample(DRIFT_SNAPSHOTS))
+
+
+def admitted_sizes(inp: Inputs, C: int, cap: int | None = None, depth: int | None = None,
+                   arrival: str | None = None, mrr: int | None = None,
+                   chunk: int | None = None) -> list[int]:
+    """Slot sizes the admission rule produces (the most frequent ones under drift); the same
+    rule as the dispatch probe (reports/base/slots.py)."""
+    return list(occupancy(inp, C, cap, depth, arrival, mrr, chunk)[0][0])
+
+
 def _split_largest(sizes: list[int], m: int) -> list[int]:
     out = sorted((s for s in sizes if s > 0), reverse=True)
     while len(out) < m and out and out[0] > 1:
@@ -87,24 +167,11 @@ def _place(sizes: list[int], n_slots: int, pp: int, depth: int) -> list[int]:
     return out
 
 
-def admitted_sizes(inp: Inputs, C: int, cap: int | None = None, depth: int | None = None,
-                   arrival: str | None = None) -> list[int]:
-    """Slot sizes the admission policy produces (reports/base/slots.py, same as the dispatch probe)."""
-    depth = inp.async_depth if depth is None else depth
-    cfg = SlotConfig(inp.pp, depth, cap or inp.max_micro_batch)
-    arrival = arrival or inp.arrival
-    policy = "even" if arrival == "even" else "sglang"
-    visits = [0.0] * (cfg.slots * (C + 1))  # burst: everyone is waiting at the first visit
-    return slot_sizes_of(initial_assignment([0.0] * C, cfg, policy, visits), cfg)
-
-
-def slot_sizes(inp: Inputs, C: int, on: frozenset, cap: int | None = None,
-               depth: int | None = None, arrival: str | None = None) -> list[int]:
-    depth = inp.async_depth if depth is None else depth
-    n_slots = inp.pp + depth
-    actual = admitted_sizes(inp, C, cap, depth, arrival)
+def switched_sizes(inp: Inputs, actual: list[int], on: frozenset, depth: int) -> list[int]:
+    """Slot sizes under the slot switches: as admitted, or evenly filled / more micro-batches."""
     if "slot_imbalance" in on and "too_few_microbatches" in on:
-        return actual
+        return list(actual)
+    n_slots = inp.pp + depth
     occupied = [s for s in actual if s > 0]
     total = sum(occupied)
     m = len(occupied)
@@ -117,13 +184,17 @@ def slot_sizes(inp: Inputs, C: int, on: frozenset, cap: int | None = None,
     return _place(sizes, n_slots, inp.pp, depth)
 
 
-def build(inp: Inputs, C: int, on: frozenset = ALL_ON, *, cap: int | None = None,
-          depth: int | None = None, arrival: str | None = None, partition: str | None = None,
-          graph_max_bs: int | None = None) -> tuple[LoopConfig, list[int]]:
+def slot_sizes(inp: Inputs, C: int, on: frozenset, cap: int | None = None,
+               depth: int | None = None, arrival: str | None = None) -> list[int]:
     depth = inp.async_depth if depth is None else depth
-    sizes = slot_sizes(inp, C, on, cap, depth, arrival)
-    bmax = max(sizes)
-    table = [[0.0] * inp.pp] + [stage_cost_us(inp, on, b, partition, graph_max_bs)
+    return switched_sizes(inp, admitted_sizes(inp, C, cap, depth, arrival), on, depth)
+
+
+def loop_config(inp: Inputs, on: frozenset, bmax: int, *, depth: int | None = None,
+                partition: str | None = None, graph_max_bs: int | None = None,
+                mrr: int | None = None) -> LoopConfig:
+    depth = inp.async_depth if depth is None else depth
+    table = [[0.0] * inp.pp] + [stage_cost_us(inp, on, b, partition, graph_max_bs, mrr)
                                 for b in range(1, bmax + 1)]
     stage = tuple(tuple(row[i] for row in table) for i in range(inp.pp))
     if "p2p_hops" in on:
@@ -132,11 +203,53 @@ def build(inp: Inputs, C: int, on: frozenset = ALL_ON, *, cap: int | None = None
     else:
         hop_row = ret_row = tuple([0.0] * (bmax + 1))
     host = "host_dispatch" in on
-    cfg = LoopConfig(stage_us=stage, hop_us=tuple([hop_row] * (inp.pp - 1) + [ret_row]),
-                     async_depth=depth, host_us=inp.host_us if host else 0.0,
-                     empty_us=inp.empty_us if host else 0.0,
-                     chain_us=inp.chain_us if host else 0.0)
-    return cfg, sizes
+    return LoopConfig(stage_us=stage, hop_us=tuple([hop_row] * (inp.pp - 1) + [ret_row]),
+                      async_depth=depth, host_us=inp.host_us if host else 0.0,
+                      empty_us=inp.empty_us if host else 0.0,
+                      chain_us=inp.chain_us if host else 0.0,
+                      launch_us=inp.launch_us if host else 0.0,
+                      process_us=inp.process_us if host else 0.0,
+                      token_return="token_return" in on)
+
+
+def build(inp: Inputs, C: int, on: frozenset = ALL_ON, *, cap: int | None = None,
+          depth: int | None = None, arrival: str | None = None, partition: str | None = None,
+          graph_max_bs: int | None = None, mrr: int | None = None,
+          chunk: int | None = None) -> list[tuple[LoopConfig, list[int], float]]:
+    """(loop, slot sizes, weight) per occupancy snapshot (one without drift)."""
+    depth = inp.async_depth if depth is None else depth
+    out = []
+    for sizes, w in occupancy(inp, C, cap, depth, arrival, mrr, chunk):
+        sz = switched_sizes(inp, list(sizes), on, depth)
+        cfg = loop_config(inp, on, max(sz), depth=depth, partition=partition,
+                          graph_max_bs=graph_max_bs, mrr=mrr)
+        out.append((cfg, sz, w))
+    return out
+
+
+_SIMS: dict = {}
+
+
+def _sim(cfg: LoopConfig, sizes: tuple[int, ...], keep_spans: bool) -> SimResult:
+    key = (cfg, sizes, keep_spans)
+    if key not in _SIMS:
+        if len(_SIMS) > 20000:
+            _SIMS.clear()
+        _SIMS[key] = simulate(cfg, sizes, keep_spans=keep_spans)
+    return _SIMS[key]
+
+
+def combine(parts: list[tuple[SimResult, float]]) -> SimResult:
+    """Snapshots weighted by the rounds they were seen: tokens and time add up."""
+    if len(parts) == 1:
+        return parts[0][0]
+    time = sum(w * r.tpot_ms for r, w in parts)
+    toks = sum(w * sum(r.slot_sizes) for r, w in parts)
+    top = max(parts, key=lambda x: x[1])[0]
+    busy = tuple(sum(w * r.tpot_ms * r.busy_frac[i] for r, w in parts) / time
+                 for i in range(len(top.busy_frac)))
+    return SimResult(toks / time * 1e3, time / sum(w for _, w in parts), busy, top.slot_sizes,
+                     top.spans)
 
 
 # Keyed on id(inp) (Inputs holds lists, so it is not hashable); each entry keeps its `inp`
@@ -150,6 +263,22 @@ def run(inp: Inputs, C: int, on: frozenset = ALL_ON, keep_spans: bool = False,
     if key not in _CACHE:
         if len(_CACHE) > 50000:
             _CACHE.clear()
-        cfg, sizes = build(inp, C, on, **overrides)
-        _CACHE[key] = (inp, simulate(cfg, sizes, keep_spans=keep_spans))
+        parts = [(_sim(cfg, tuple(sizes), keep_spans), w)
+                 for cfg, sizes, w in build(inp, C, on, **overrides)]
+        _CACHE[key] = (inp, combine(parts))
     return _CACHE[key][1]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One server setting for the what-ifs (None = as deployed)."""
+    cap: int | None = None
+    depth: int | None = None
+    arrival: str | None = None
+    partition: str | None = None
+    graph_max_bs: int | None = None
+    mrr: int | None = None
+    chunk: int | None = None
+
+    def overrides(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if v is not None}

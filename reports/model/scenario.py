@@ -1,7 +1,18 @@
 """Scenario + records in results/ -> the pipeline model's inputs, each labelled with its source.
 
 A scenario (`configs/scenarios/<name>.json`) says what is deployed (model, GPU, pp, async depth,
-max running requests, graphs, arrival) plus stated estimates for what no probe has measured.
+graphs, arrival, and any server setting the launch command gives: max running requests,
+pp_max_micro_batch_size, chunked prefill size, cuda-graph max bs, layer partition) and the
+workload (prompt and output length) plus stated estimates for what no probe has measured.
+Sources: a setting the user gave is `given` (a scenario key without an `assumptions` entry of
+the same name); one the scenario assumes (it has an `assumptions` entry) or that SGLang derives
+by its own rule from an estimate is `estimated`; numbers read from the user's server log are
+`observed`; probe records are `measured`.
+
+Server settings not given take SGLang's defaults (reports/base/sglang_defaults.py): chunked
+prefill and graph max bs by GPU memory; `max_running_requests` from the server log's start-up
+line (sglang.json, `server_settings`) when it has one, else SGLang's KV-capacity rule on
+estimated weights and memory; the per-slot cap `max_running_requests // pp` from that.
 Records in `results/` replace estimates where they exist:
 
 | input | measured from | else (estimated) |
@@ -29,7 +40,15 @@ from reports.base.model_config import ModelConfig, load_model
 from reports.base.paths import CONFIGS
 from reports.base.records import (SCHEMA_VERSION, Record, RecordError, payload_class,
                                   read_record)
+from reports.base.sglang_defaults import (MAX_PREFILL_TOKENS, SGLANG_VERSION,
+                                          default_chunked_prefill_size, default_decode_max_bs,
+                                          estimate_kv, gpu_mem_mib)
 from reports.base.slots import default_max_micro_batch
+
+# Workload defaults when the scenario does not say: sglang.bench_serving's random dataset
+# (SGLang 0.5.23 benchmark/serving.py: --random-input-len 1024, --random-output-len 1024).
+DEFAULT_PROMPT_LEN = 1024
+DEFAULT_OUTPUT_LEN = 1024
 
 PROBES = ("topology", "stage_cost", "graphs", "dispatch", "sglang", "watch")
 
@@ -39,7 +58,7 @@ class Param:
     """One model input and where it came from."""
     name: str
     value: Any
-    source: str          # measured | estimated | observed
+    source: str          # measured | estimated | observed | given
     evidence: str        # record file or config file
     note: str = ""
 
@@ -68,6 +87,15 @@ class Inputs:
     empty_us: float = 0.0
     chain_us: float = 0.0
     zipf_s: float = 0.0
+    launch_us: float = 0.0
+    process_us: float = 0.0
+    prompt_len: int = DEFAULT_PROMPT_LEN
+    output_len: int = DEFAULT_OUTPUT_LEN
+    range_ratio: float = 1.0
+    max_running_requests: int | None = None
+    chunked_prefill_size: int | None = None
+    max_prefill_tokens: int = MAX_PREFILL_TOKENS
+    tp: int = 1
     params: tuple[Param, ...] = ()
     warnings: tuple[str, ...] = ()
     records: tuple[str, ...] = ()                     # record files used
@@ -79,7 +107,7 @@ class Inputs:
         return not any(r != "sglang.json" for r in self.records)
 
     def src(self, key: str) -> tuple[str, str]:
-        """(measured|estimated, evidence) for a model input key."""
+        """(measured|estimated|observed|given, evidence) for a model input key."""
         for p in self.params:
             if p.name == key:
                 return p.source, p.evidence
@@ -155,14 +183,90 @@ def build_inputs(scenario: dict[str, Any], records: dict[str, Record],
     except (ValueError, OSError) as e:
         raise CliError(f"{sc_file}: {str(e).splitlines()[0]}") from None
     pp, depth = int(sc["pp"]), int(sc["async_depth"])
-    cap = sc.get("max_micro_batch") or default_max_micro_batch(
-        int(sc.get("max_running_requests", 4096)), pp)
+    assumed = dict(sc.get("assumptions") or {})
+
+    def label(key: str) -> str:  # a scenario setting: the user's, unless the scenario assumes it
+        return "estimated" if key in assumed else "given"
+
+    def note(key: str, default: str) -> str:
+        return str(assumed.get(key, default))
+
     params: list[Param] = [
-        Param("pp", pp, "estimated", sc_file, "deployment setting"),
-        Param("async_depth", depth, "estimated", sc_file, "deployment setting"),
-        Param("max_micro_batch", cap, "estimated", sc_file,
-              "pp_max_micro_batch_size = max_running_requests // pp unless set"),
+        Param("pp", pp, label("pp"), sc_file, note("pp", "deployment setting")),
+        Param("async_depth", depth, label("async_depth"), sc_file,
+              note("async_depth", "--pp-async-batch-depth")),
+        Param("cuda_graphs", bool(sc.get("cuda_graphs", True)), label("cuda_graphs"), sc_file,
+              note("cuda_graphs", "deployment setting")),
+        Param("arrival", str(sc.get("arrival", "burst")), label("arrival"), sc_file,
+              note("arrival", "how the clients start their streams")),
     ]
+    if sc.get("layer_partition"):
+        params.append(Param("layer_partition", sc["layer_partition"], label("layer_partition"),
+                            sc_file, "SGLANG_PP_LAYER_PARTITION"))
+    tp = int(sc.get("tp", 1))
+    prompt_len = int(sc.get("prompt_len") or DEFAULT_PROMPT_LEN)
+    output_len = int(sc.get("output_len") or DEFAULT_OUTPUT_LEN)
+    range_ratio = float(sc.get("range_ratio", 1.0))
+    params.append(Param("prompt_len", prompt_len,
+                        label("prompt_len") if "prompt_len" in sc else "estimated", sc_file,
+                        note("prompt_len", "tokens per prompt" if "prompt_len" in sc else
+                             f"not given: sglang.bench_serving's --random-input-len default "
+                             f"{DEFAULT_PROMPT_LEN}")))
+    params.append(Param("output_len", output_len,
+                        label("output_len") if "output_len" in sc else "estimated", sc_file,
+                        note("output_len", "tokens per response")))
+    params.append(Param("range_ratio", range_ratio,
+                        label("range_ratio") if "range_ratio" in sc else "estimated", sc_file,
+                        note("range_ratio", "lengths drawn in [len * ratio, len] "
+                             "(bench_serving --random-range-ratio); 1.0 = all the same, so "
+                             "slots keep their first split; below 1 occupancy drifts")))
+    mem_mib = gpu_mem_mib(gpu.mem_gb)
+    rule = f"SGLang {SGLANG_VERSION} default for a {gpu.mem_gb:g} GB GPU"
+    log_set = _server_settings(records)
+    if sc.get("chunked_prefill_size") is not None:
+        chunk = int(sc["chunked_prefill_size"])
+        chunk_p = (label("chunked_prefill_size"), sc_file, note("chunked_prefill_size",
+                                                                "--chunked-prefill-size"))
+    elif log_set.get("chunked_prefill_size") is not None:
+        chunk = int(log_set["chunked_prefill_size"])
+        chunk_p = ("observed", "sglang.json", "server log start-up line")
+    else:
+        chunk = default_chunked_prefill_size(mem_mib)
+        chunk_p = ("estimated", sc_file, rule + " (arg_groups/memory_hook.py)")
+    max_prefill = int(sc.get("max_prefill_tokens") or log_set.get("max_prefill_tokens")
+                      or MAX_PREFILL_TOKENS)
+    params.append(Param("chunked_prefill_size", chunk, *chunk_p))
+    params.append(Param("max_prefill_tokens", max_prefill,
+                        label("max_prefill_tokens") if sc.get("max_prefill_tokens") else
+                        "estimated", sc_file, f"SGLang {SGLANG_VERSION} default "
+                        f"{MAX_PREFILL_TOKENS} unless given"))
+    given_mrr = sc.get("max_running_requests")
+    if given_mrr is not None:
+        mrr = int(given_mrr)
+        mrr_p = (label("max_running_requests"), sc_file,
+                 note("max_running_requests", "--max-running-requests"))
+    elif log_set.get("max_running_requests") is not None:
+        mrr = int(log_set["max_running_requests"])
+        mrr_p = ("observed", "sglang.json", "server log start-up line")
+    else:
+        kv = estimate_kv(model, gpu.mem_gb, pp, tp=tp, partition=sc.get("layer_partition"),
+                         chunked_prefill_size=chunk, context_len=sc.get("context_length"),
+                         decode_graphs=bool(sc.get("cuda_graphs", True)))
+        mrr = max(1, kv.max_running_requests)
+        mrr_p = ("estimated", sc_file,
+                 f"not given: SGLang {SGLANG_VERSION}'s rule (mem_cache/kv_cache_configurator.py"
+                 f", resolve_max_num_reqs) on a KV pool of {kv.token_capacity} tokens "
+                 f"(mem_fraction_static {kv.mem_fraction_static}, weights "
+                 f"{max(kv.weights_gib):.1f} GiB on the fullest rank, context {kv.context_len})")
+    params.append(Param("max_running_requests", mrr, *mrr_p))
+    if sc.get("max_micro_batch"):
+        cap = int(sc["max_micro_batch"])
+        cap_p = (label("max_micro_batch"), sc_file, "--pp-max-micro-batch-size")
+    else:
+        cap = default_max_micro_batch(mrr, pp)
+        cap_p = (mrr_p[0], mrr_p[1], f"pp_max_micro_batch_size default: "
+                 f"max_running_requests // pp = {mrr} // {pp}")
+    params.append(Param("max_micro_batch", cap, *cap_p))
     used: list[str] = []
     eff_curve = tuple(sorted((int(b), float(v)) for b, v in
                              est.get("efficiency_by_batch", {"1": 1.0}).items()))
@@ -220,27 +324,47 @@ def build_inputs(scenario: dict[str, Any], records: dict[str, Record],
                         {"fixed_us": hop_fixed, "bytes_per_request": 4 * model.hidden},
                         *hop_src, "hidden states + residual (bf16) per micro-batch hop"))
 
-    host, empty, chain = (float(est.get(k, 0.0)) for k in ("host_us", "empty_us", "chain_us"))
+    host, empty, chain, launch, process = (float(est.get(k, 0.0)) for k in (
+        "host_us", "empty_us", "chain_us", "launch_us", "process_us"))
     host_src = ("estimated", sc_file)
     disp = records.get("dispatch")
     if disp is not None:
-        vals = sorted(s.host_us_p50 for r in disp.payload.runs for s in r.stages
-                      if s.host_us_p50 is not None)
-        if vals:
-            host = vals[len(vals) // 2]
+        stages = [s for r in disp.payload.runs for s in r.stages]
+
+        def med(vals):
+            vals = sorted(v for v in vals if v is not None)
+            return vals[len(vals) // 2] if vals else None
+        split = [med(getattr(s, f) for s in stages)
+                 for f in ("sched_us_p50", "launch_us_p50", "process_us_p50")]
+        total = med(s.host_us_p50 for s in stages)
+        if all(v is not None for v in split):
+            host, launch, process = split
+        elif total is not None:   # a probe without the phase split: all of it as schedule
+            host, launch, process = total, 0.0, 0.0
+        if total is not None:
             host_src = ("measured", "dispatch.json")
             used.append("dispatch.json")
             note = _gpu_note(disp, gpu)
             if note:
                 warn.append(f"dispatch.json: host time per slot visit {note}")
-    params.append(Param("host_us", host, *host_src, "CPU per non-empty slot visit"))
+    params.append(Param("host_us", host, *host_src,
+                        "CPU per non-empty slot visit: get_next_batch_to_run"))
+    params.append(Param("launch_us", launch, *host_src, "CPU per forward: run_batch"))
+    params.append(Param("process_us", process, *host_src,
+                        "CPU per processed slot: process_batch_result"))
     params.append(Param("empty_us", empty, "estimated", sc_file, "CPU per empty slot visit"))
-    params.append(Param("chain_us", chain, "estimated", sc_file, "request-list relay per rank"))
+    params.append(Param("chain_us", chain, "estimated", sc_file,
+                        "one gloo message (request list, metadata) between ranks"))
 
     eager = ((1, float(est.get("eager_us_per_layer", 0.0))),)
     eager_src = ("estimated", sc_file)
     gr = records.get("graphs")
-    max_bs = int(sc.get("graph_max_bs", 256))
+    if sc.get("graph_max_bs"):
+        max_bs = int(sc["graph_max_bs"])
+        bs_p = (label("graph_max_bs"), sc_file, note("graph_max_bs", "--cuda-graph-max-bs"))
+    else:
+        max_bs = default_decode_max_bs(mem_mib, tp, int(given_mrr) if given_mrr else None)
+        bs_p = ("estimated", sc_file, rule + " (arg_groups/memory_hook.py)")
     if gr is not None:
         g = gr.payload
         pts = [(r.batch, max(0.0, r.eager_us - r.graph_us)) for r in g.by_batch
@@ -252,8 +376,9 @@ def build_inputs(scenario: dict[str, Any], records: dict[str, Record],
         max_bs = g.max_bs
     params.append(Param("eager_us_per_layer", [list(x) for x in eager], *eager_src,
                         "extra cost per layer when a batch runs eager"))
-    params.append(Param("graph_max_bs", max_bs, "measured" if gr else "estimated",
-                        "graphs.json" if gr else sc_file))
+    if gr is not None and gr.data.get("max_bs"):
+        bs_p = ("measured", "graphs.json", "captured by the graphs probe")
+    params.append(Param("graph_max_bs", max_bs, *bs_p))
     zipf = float(est.get("zipf_s", 0.0))
     params.append(Param("zipf_s", zipf, "estimated", sc_file, "expert-routing skew"))
     if "sglang" in records:
@@ -273,9 +398,20 @@ def build_inputs(scenario: dict[str, Any], records: dict[str, Record],
         concurrency=tuple(conc), observed=tuple(sorted(obs.items())),
         eff_curve=eff_curve, stage_eff=stage_eff, eager_curve=eager, hop_curve=hop_curve,
         hop_fixed_us=hop_fixed, host_us=host, empty_us=empty, chain_us=chain, zipf_s=zipf,
+        launch_us=launch, process_us=process, prompt_len=prompt_len, output_len=output_len,
+        range_ratio=range_ratio, max_running_requests=mrr, chunked_prefill_size=chunk,
+        max_prefill_tokens=max_prefill, tp=tp,
         params=tuple(params), warnings=tuple(warn), records=tuple(dict.fromkeys(used)),
         assumptions=tuple((str(k), str(v)) for k, v in (sc.get("assumptions") or {}).items()),
     )
+
+
+def _server_settings(records: dict[str, Record]) -> dict[str, Any]:
+    """The server's own settings from its log's start-up line (sglang.json `log`), if read."""
+    sg = records.get("sglang")
+    if sg is None:
+        return {}
+    return dict(((sg.data.get("log") or {}).get("server_settings")) or {})
 
 
 def observed_from_sglang(rec: Record | None) -> tuple[dict[int, float], list[str]]:

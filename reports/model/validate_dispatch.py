@@ -1,27 +1,31 @@
 """Model vs the dispatch probe: rebuild the pipeline model for exactly the probe's configuration.
 
-Inputs come only from dispatch.json, never from its tok/s: pp, async depth, slot cap; per-rank
-forward time by micro-batch size (`stages[].gpu_us_p50`, pooled over runs, median); rank 0's
-host time per non-empty visit by slot size (`dispatch_latency_us.p50`: returned tokens
-available on its stream -> forward starts, pooled by the run's largest slot); the other ranks'
-host time (`host_us_p50`, median); rank 0's empty-visit cost (`host_empty_us_p50` where the
-probe wrote it, else 0); hop (`hop_us_in_loop`, else `send_us_p50`). Each run's own
-`slot_sizes` are the slots.
+Inputs come only from dispatch.json, never from its tok/s: pp, async depth; per-rank forward
+time by micro-batch size (`stages[].gpu_us_p50`, pooled over runs, median); per-rank CPU per
+phase of SGLang's loop order (`sched_us_p50` get_next_batch_to_run, `launch_us_p50` run_batch,
+`process_us_p50` process_batch_result, `host_empty_us_p50` an empty slot's whole visit; medians
+over runs; the rest of a busy visit's CPU, `host_busy_us_p50` minus the two, counts as
+schedule); the hop (`hop_us_in_loop`, else `send_us_p50`), used for hidden states and tokens
+alike; the gloo message latency (`ranks[].gloo_one_way_us`, measured by the probe at start-up,
+else 0). Each run's own `slot_sizes` are the slots. The probe and the model run the same loop
+order (SGLang 0.5.23 `event_loop_pp`: held outputs, per-rank sync, commits before reuse), so a
+difference is an effect one of them lacks.
 
-The mechanism that matters (found on 2x H200, PP2, 4 slots): rank 0 reads the returned tokens
-with `tolist()`, a host sync on its compute stream, so its host work for the next slot starts
-only when its GPU is idle (`result_sync`). With one occupied slot (`sglang` burst) that time is
-on the round trip anyway; with two (`even`) it lands between rank 0's two forwards, and a
-model without it over-predicted `even` by 24% at C=8 and 11% at C=32 (rank 0 measured 81%
-busy, not 100%).
+A record from a probe without the phase split (older schema-2 records) has its whole host time
+per visit placed before the launch (`host_us_p50`), said so in the notes.
 
-Output: modelled vs measured tok/s per policy x arrival x C, the % difference and, outside the
-10% target, the reason; `micro_batch_choices()` re-runs the same inputs with the requests spread
-over 1, pp or all slots (the micro-batch-count what-if; batch sizes not measured in the record
-are interpolated, said so).
+Output: modelled vs measured tok/s per policy x arrival x C (and per injected fault), the %
+difference and, outside the 10% target, the reason; `micro_batch_choices()` re-runs the same
+inputs with the requests spread over 1, pp or all slots (the micro-batch-count what-if; batch
+sizes not measured in the record are interpolated, said so).
+
+`python -m reports.model.validate_dispatch RECORD.json [...]` prints the table for one or more
+records (the GPU matrix in docs/ writes one record per configuration) and exits 1 when a point
+is outside the target.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from statistics import median
 
@@ -44,6 +48,7 @@ class Check:
     modelled_tok_per_s: float
     diff_pct: float
     note: str = ""              # why it is outside the target, "" when within
+    injected: tuple[str, ...] = ()   # --inject faults of the run
 
 
 @dataclass(frozen=True)
@@ -61,10 +66,13 @@ class ProbeInputs:
     pp: int
     depth: int
     curves: tuple[tuple[tuple[int, float], ...], ...]   # per rank: (batch, forward us)
-    first_host: tuple[tuple[int, float], ...]           # rank 0: (slot size, host us)
-    host_us: float
-    empty_us: float
+    host_us: tuple[float, ...]                          # per rank: schedule
+    launch_us: tuple[float, ...]                        # per rank: run_batch CPU
+    process_us: tuple[float, ...]                       # per rank: result processing
+    empty_us: tuple[float, ...]                         # per rank: an empty slot's visit
     hop_us: float
+    chain_us: float
+    phase_split: bool                                   # False: an older probe's record
 
 
 def _med(vals: list[float]) -> float:
@@ -77,43 +85,50 @@ def probe_inputs(rec: Record) -> ProbeInputs:
         raise CliError(f"dispatch.json: status {rec.status}; nothing to model")
     pp, depth = d.config.pp, d.config.async_depth
     gpu: dict[int, dict[int, list[float]]] = {}
-    host: list[float] = []
-    empty: list[float] = []
-    first: dict[int, list[float]] = {}
+    phase: dict[str, dict[int, list[float]]] = {k: {} for k in (
+        "sched_us_p50", "launch_us_p50", "process_us_p50", "host_empty_us_p50", "host_us_p50",
+        "host_busy_us_p50")}
     send: list[float] = []
     for r in d.runs:
-        big = max(r.slot_sizes, default=0)
         for s in r.stages:
             for b, us in s.gpu_us_p50.items():
-                if us is not None:
+                if us is not None and int(b) > 0:
                     gpu.setdefault(s.rank, {}).setdefault(int(b), []).append(us)
-            if s.rank == 0:
-                if s.dispatch_latency_us.p50 is not None and big > 0:
-                    first.setdefault(big, []).append(s.dispatch_latency_us.p50)
-                if s.host_empty_us_p50 is not None:
-                    empty.append(s.host_empty_us_p50)
-            elif s.host_us_p50 is not None:
-                host.append(s.host_us_p50)
+            for k in phase:
+                v = getattr(s, k)
+                if v is not None:
+                    phase[k].setdefault(s.rank, []).append(v)
             if s.send_us_p50 is not None:
                 send.append(s.send_us_p50)
     if len(gpu) < pp:
         raise CliError(f"dispatch.json: gpu_us_p50 for {len(gpu)} of {pp} ranks; cannot model")
     hop = d.hop_us_in_loop if d.hop_us_in_loop is not None else _med(send)
     curves = tuple(tuple(sorted((b, _med(v)) for b, v in gpu[i].items())) for i in range(pp))
-    return ProbeInputs(pp, depth, curves,
-                       tuple(sorted((b, _med(v)) for b, v in first.items())),
-                       _med(host), _med(empty), hop)
+
+    def per_rank(k):
+        return tuple(_med(phase[k].get(i, [])) for i in range(pp))
+    split = bool(phase["sched_us_p50"])
+    gl = [float(i["gloo_one_way_us"]) for i in (d.ranks or {}).values()
+          if isinstance(i, dict) and i.get("gloo_one_way_us") is not None]
+    launch = per_rank("launch_us_p50") if split else (0.0,) * pp
+    process = per_rank("process_us_p50") if split else (0.0,) * pp
+    if split:   # all CPU of a visit with a batch not in run_batch or processing: before launch
+        busy = per_rank("host_busy_us_p50")
+        host = tuple(max(s_, b - l_ - p_) for s_, b, l_, p_ in
+                     zip(per_rank("sched_us_p50"), busy, launch, process))
+    else:
+        host = per_rank("host_us_p50")
+    return ProbeInputs(pp, depth, curves, host, launch, process,
+                       per_rank("host_empty_us_p50"), hop, _med(gl), split)
 
 
 def loop_for(pi: ProbeInputs, bmax: int) -> LoopConfig:
     stage = tuple(tuple([0.0] + [interp_log(list(c), b) for b in range(1, bmax + 1)])
                   for c in pi.curves)
-    first = tuple([0.0] + [interp_log(list(pi.first_host), b) for b in range(1, bmax + 1)]) \
-        if pi.first_host else ()
     hop_row = tuple([0.0] + [pi.hop_us] * bmax)
     return LoopConfig(stage_us=stage, hop_us=tuple([hop_row] * pi.pp), async_depth=pi.depth,
-                      host_us=pi.host_us, empty_us=pi.empty_us, chain_us=0.0,
-                      first_host_us=first, result_sync=True)
+                      host_us=pi.host_us, launch_us=pi.launch_us, process_us=pi.process_us,
+                      empty_us=pi.empty_us, chain_us=pi.chain_us)
 
 
 def _note(diff_pct: float, sizes: list[int], pi: ProbeInputs) -> str:
@@ -121,15 +136,15 @@ def _note(diff_pct: float, sizes: list[int], pi: ProbeInputs) -> str:
         return ""
     occupied = sum(1 for n in sizes if n)
     why = "over-predicts" if diff_pct > 0 else "under-predicts"
-    if not pi.first_host:
-        return f"model {why}: the record has no rank-0 dispatch latency (old probe)"
+    if not pi.phase_split:
+        return (f"model {why}: the record has no per-phase CPU times (an older probe), so host "
+                "time is placed before each launch")
     if occupied == 1:
         return (f"model {why} with one occupied slot: the round trip (forwards + hops + rank-0 "
                 "host) is the whole story here, so a forward time measured under other slot "
                 "sizes (pooled median) is the likely culprit")
-    return (f"model {why} with {occupied} micro-batches: effect not in the model (e.g. the "
-            "gloo request-list chain waiting on the next rank, or NCCL kernels sharing the GPU "
-            "with a forward)")
+    return (f"model {why} with {occupied} micro-batches: effect not in the model (e.g. NCCL "
+            "kernels sharing the GPU with a forward, links shared by transfers, Python jitter)")
 
 
 def validate(rec: Record) -> list[Check]:
@@ -144,7 +159,8 @@ def validate(rec: Record) -> list[Check]:
         meas = r.tok_per_s
         diff = (sim.tok_per_s / meas - 1) * 100 if meas else 0.0
         out.append(Check(r.policy, r.arrival, r.concurrency, tuple(sizes), meas,
-                         sim.tok_per_s, diff, _note(diff, sizes, pi)))
+                         sim.tok_per_s, diff, _note(diff, sizes, pi),
+                         tuple(r.injected)))
     return out
 
 
@@ -172,3 +188,43 @@ def micro_batch_choices(rec: Record) -> list[MicroBatchChoice]:
                                         measured.get(tuple(sizes)),
                                         any(n and n not in have for n in sizes)))
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print model vs probe for each dispatch record given; exit 1 if any point is outside
+    the target (the GPU matrix's pass/fail)."""
+    from tabulate import tabulate
+
+    from reports.base.records import read_record
+    paths = list(sys.argv[1:] if argv is None else argv)
+    if not paths:
+        print("usage: python -m reports.model.validate_dispatch DISPATCH.json [...]")
+        return 2
+    rows, bad = [], 0
+    for p in paths:
+        try:
+            rec = read_record(p)
+            if rec.payload is None:
+                raise CliError(f"status {rec.status} ({rec.reason})")
+            checks = validate(rec)
+        except (CliError, OSError, ValueError) as e:
+            print(f"{p}: not checked: {str(e).splitlines()[0]}")
+            bad += 1
+            continue
+        c = rec.payload.config
+        for chk in checks:
+            bad += bool(chk.note)
+            rows.append([p, c.pp, c.async_depth, "graphs" if c.graphs else "eager",
+                         chk.policy, chk.concurrency, ",".join(chk.injected) or "-",
+                         " ".join(str(x) for x in chk.slot_sizes if x),
+                         f"{chk.measured_tok_per_s:.1f}", f"{chk.modelled_tok_per_s:.1f}",
+                         f"{chk.diff_pct:+.1f}%", chk.note or "within 10%"])
+    print(tabulate(rows, headers=["record", "pp", "depth", "mode", "policy", "C", "inject",
+                                  "slots", "measured tok/s", "modelled tok/s", "diff",
+                                  "note"]))
+    print(f"{len(rows) - bad} of {len(rows)} points within {TARGET_PCT:g}%")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

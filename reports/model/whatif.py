@@ -1,17 +1,39 @@
-"""What-ifs: re-run the pipeline model with one change and report predicted tok/s and gain.
+"""What-ifs as server settings: each setting a user could launch with, judged at every concurrency.
 
-Knobs: `pp_max_micro_batch_size` (micro-batch count is a choice: with MoE more micro-batches
-than stages re-read experts, so the best cap is searched, not assumed), `SGLANG_PP_LAYER_PARTITION`
-(local search moving one layer at a time between neighbours to lower the slowest stage),
-`--pp-async-batch-depth`, arrival pacing (requests spread by the `even` policy over min(C, pp)
-slots), `--cuda-graph-max-bs`, and PP vs TP of the same GPUs (estimated: every GPU reads 1/pp of
-each layer, plus two ring all-reduces of the hidden state per layer, costed from the measured
-NCCL transport time per message size when topology.json has it, else from a stated PCIe
-estimate). Everything else stays as modelled. `what_ifs` rows are sorted by gain, best first.
+A user changes one launch flag for all traffic, so every candidate setting is run through the
+pipeline model at every concurrency the user measured (the scenario's list when nothing was
+measured) and at a stated mixed-load case (`MIXED`: the largest of those concurrencies with
+request lengths drawn as sglang.bench_serving draws them by default, `--random-range-ratio 0`,
+so occupancy drifts; shown, not part of the objective).
+
+Objective (stated): the geometric mean over those concurrencies of predicted tok/s, relative to
+the deployment as modelled. The recommended setting is the one with the highest objective gain
+among those that lose no more than `MAX_LOSS` (2%) at any measured concurrency; it is shown with
+its effect at each. No row restates the current setting, and a setting the model cannot tell
+apart from the current one at any concurrency is left out (counted in the knob's note).
+
+Knobs (SGLang 0.5.23 server arguments, arg_groups/fields/*.py):
+- `--pp-max-micro-batch-size`: the per-slot cap; candidates are the caps that split each
+  measured concurrency into 1 .. slots micro-batches;
+- `--max-running-requests`: request rows; moves the default cap (`// pp`) with it;
+- `--chunked-prefill-size`: the prefill token budget of one visit (2048 .. 16384), which splits
+  a burst of prompts over slots;
+- `--pp-async-batch-depth`: 0, 1, 2, 4, 8, 16 (slots = pp + depth; depth 0 exchanges outputs
+  after the forward);
+- `SGLANG_PP_LAYER_PARTITION`: a local search moving one layer at a time between neighbours to
+  lower the slowest stage at the largest slot;
+- arrival pacing (a client-side change, not a flag, so never the recommended setting): requests
+  spread one micro-batch per stage;
+- `--cuda-graph-max-bs`, only when some slot runs eager;
+- TP instead of PP of the same GPUs (estimated: every GPU reads 1/pp of each layer, plus two ring
+  all-reduces of the hidden state per layer, costed from the measured NCCL transport time per
+  message size when topology.json has it, else from a stated PCIe estimate). A deployment
+  change, so never the recommended setting.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from reports.model import loop_builder as lb
@@ -25,21 +47,42 @@ from reports.model.scenario import Inputs
 # NCCL send/recv of a small message between neighbours; ~6.7 us measured on H200 NVLink by
 # topology's sendrecv_perf-style sweep, PCIe P2P is of the same order).
 RING_STEP_LATENCY_US = 7.0
+MAX_LOSS = 0.02          # a recommended setting loses at most 2% at any measured concurrency
+MIXED_RANGE_RATIO = 0.0  # the mixed-load case: bench_serving's default length spread
+OBJECTIVE = ("geometric mean of predicted tok/s over the measured concurrencies, no more than "
+             f"{MAX_LOSS:.0%} lost at any of them")
+TP_KNOB = "TP instead of PP (estimated)"
+PACING = "arrival pacing"
 
 
 @dataclass(frozen=True)
-class WhatIf:
-    knob: str
-    setting: str
+class Effect:
     concurrency: int
     baseline_tok_per_s: float
     predicted_tok_per_s: float
     gain: float
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """One setting, run at every measured concurrency (`effects`) and the mixed load."""
+    knob: str
+    setting: str
+    effects: tuple[Effect, ...]
+    mixed: Effect | None
+    gain: float                 # the objective: geometric-mean tok/s ratio - 1
+    worst_gain: float           # the lowest gain at any measured concurrency
+    eligible: bool              # loses <= MAX_LOSS everywhere and is a server setting
     note: str = ""
 
 
-def _row(knob, setting, C, base, pred, note="") -> WhatIf:
-    return WhatIf(knob, setting, C, base, pred, pred / base - 1 if base else 0.0, note)
+def _effect(C: int, base: float, pred: float) -> Effect:
+    return Effect(C, base, pred, pred / base - 1 if base else 0.0)
+
+
+def measured_concurrency(inp: Inputs) -> tuple[int, ...]:
+    obs = tuple(C for C, _ in inp.observed)
+    return obs or inp.concurrency
 
 
 def best_partition(inp: Inputs, b: int) -> str:
@@ -66,48 +109,102 @@ def best_partition(inp: Inputs, b: int) -> str:
     return ",".join(map(str, counts))
 
 
+def candidates(inp: Inputs) -> list[tuple[str, str, lb.Setting, str]]:
+    """(knob, setting shown, model overrides, note) for every setting tried, none equal to the
+    current one."""
+    Cs = measured_concurrency(inp)
+    S = inp.pp + inp.async_depth
+    out: list[tuple[str, str, lb.Setting, str]] = []
+    caps = sorted({max(1, -(-C // m)) for C in Cs for m in range(1, min(C, S) + 1)}
+                  - {inp.max_micro_batch})
+    for cap in caps:
+        out.append(("--pp-max-micro-batch-size", str(cap), lb.Setting(cap=cap),
+                    f"at most {cap} request(s) per slot"))
+    mrrs = sorted({inp.pp * c for c in caps if inp.pp * c >= max(Cs)} | {max(Cs)}
+                  - {inp.max_running_requests})
+    for m in mrrs:
+        out.append(("--max-running-requests", str(m), lb.Setting(mrr=m),
+                    f"{m} request rows; default cap {max(m // inp.pp, 1)} per slot"))
+    for ch in (2048, 4096, 8192, 16384):
+        if ch != inp.chunked_prefill_size:
+            out.append(("--chunked-prefill-size", str(ch), lb.Setting(chunk=ch),
+                        f"prefill budget {ch} tokens per slot visit"))
+    for d in (0, 1, 2, 4, 8, 16):
+        if d != inp.async_depth:
+            out.append(("--pp-async-batch-depth", str(d), lb.Setting(depth=d),
+                        f"{inp.pp + d} slots" + ("; outputs exchanged after the forward"
+                                                 if d == 0 else "")))
+    sizes = [s for s in lb.admitted_sizes(inp, max(Cs)) if s]
+    part = best_partition(inp, max(sizes))
+    cur = ",".join(map(str, layer_counts(inp.model.num_layers, inp.pp, inp.layer_partition)))
+    if part != cur:
+        out.append(("SGLANG_PP_LAYER_PARTITION", part, lb.Setting(partition=part),
+                    f"lowers the slowest stage at b={max(sizes)} (now {cur})"))
+    if inp.arrival != "even":
+        out.append((PACING, f"even over {inp.pp} slots", lb.Setting(arrival="even"),
+                    "clients paced so that each stage holds one micro-batch (~C/pp requests)"))
+    big = max(max(s for s in lb.admitted_sizes(inp, C) if s) for C in Cs)
+    if inp.graphs and big > inp.graph_max_bs:
+        need = next(s for s in capture_sizes(4096) if s >= big)
+        out.append(("--cuda-graph-max-bs", str(need), lb.Setting(graph_max_bs=need),
+                    f"the largest slot ({big}) replays a graph instead of running eager"))
+    return out
+
+
 def what_ifs(inp: Inputs, transport: Sequence[tuple[float, float]] | None = None
              ) -> list[WhatIf]:
-    """One row per (knob, C); `transport` = measured NCCL (bytes, us) points for the TP row.
-
-    Sorted by gain (best first), then C and knob, so the first row is the best single change."""
-    out = []
-    for C in inp.concurrency:
-        base = lb.run(inp, C).tok_per_s
-        caps = sorted({max(1, -(-C // m)) for m in range(1, min(C, inp.pp + inp.async_depth) + 1)})
-        res = {cap: lb.run(inp, C, cap=cap).tok_per_s for cap in caps}
-        cap = max(res, key=lambda k: (round(res[k], 6), k == inp.max_micro_batch, k))
-        out.append(_row("pp_max_micro_batch_size", str(cap), C, base, res[cap],
-                        f"{-(-C // cap)} micro-batch(es) of <= {cap}"))
-        sizes = [s for s in lb.admitted_sizes(inp, C) if s]
-        part = best_partition(inp, max(sizes))
-        pred = lb.run(inp, C, partition=part).tok_per_s
-        if pred <= base * (1 + 1e-9):
-            cur = ",".join(map(str, layer_counts(inp.model.num_layers, inp.pp,
-                                                 inp.layer_partition)))
-            out.append(_row("SGLANG_PP_LAYER_PARTITION", cur, C, base, base,
-                            f"no gain (best max-stage split {part} does not shorten the loop)"))
-        else:
-            out.append(_row("SGLANG_PP_LAYER_PARTITION", part, C, base, pred))
-        res = {d: lb.run(inp, C, depth=d).tok_per_s for d in (0, 1, 2, 4, 8, 16)}
-        d = max(res, key=lambda k: (round(res[k], 6), k == inp.async_depth, -k))
-        out.append(_row("--pp-async-batch-depth", str(d), C, base, res[d]))
-        out.append(_row("arrival pacing", f"even over {min(C, inp.pp)} slots", C, base,
-                        lb.run(inp, C, arrival="even").tok_per_s,
-                        "requests spread one micro-batch per stage"))
-        if max(sizes) > inp.graph_max_bs:
-            mb = capture_sizes(4096)
-            need = next(s for s in mb if s >= max(sizes))
-            out.append(_row("--cuda-graph-max-bs", str(need), C, base,
-                            lb.run(inp, C, graph_max_bs=need).tok_per_s))
-        else:
-            out.append(_row("--cuda-graph-max-bs", str(inp.graph_max_bs), C, base, base,
-                            "every slot already fits a captured graph"))
+    """One row per setting; eligible rows first, then by objective gain (best first)."""
+    Cs = measured_concurrency(inp)
+    base = {C: lb.run(inp, C).tok_per_s for C in Cs}
+    mixed_inp = replace(inp, range_ratio=MIXED_RANGE_RATIO)
+    Cm = max(Cs)
+    base_mixed = lb.run(mixed_inp, Cm).tok_per_s
+    out: list[WhatIf] = []
+    dropped: dict[str, int] = {}
+    for knob, shown, setting, note in candidates(inp):
+        ov = setting.overrides()
+        eff = tuple(_effect(C, base[C], lb.run(inp, C, **ov).tok_per_s) for C in Cs)
+        if all(abs(e.gain) < 1e-9 for e in eff):
+            dropped[knob] = dropped.get(knob, 0) + 1
+            continue
+        mixed = _effect(Cm, base_mixed, lb.run(mixed_inp, Cm, **ov).tok_per_s)
+        out.append(_row(knob, shown, eff, mixed, note, server=knob != PACING))
+    for knob, n in dropped.items():
+        out = [replace(w, note=w.note + f" ({n} other setting(s) of this knob change nothing)")
+               if w.knob == knob else w for w in out]
+    eff, notes = [], []
+    for C in Cs:
         tok, ar_us, how = _tp_tok_s(inp, C, transport)
-        out.append(_row("TP instead of PP (estimated)", f"tp={inp.pp}", C, base, tok,
-                        f"one batch of {C}; 2 ring all-reduces per layer, {ar_us:.0f} us each "
-                        f"({how})"))
-    return sorted(out, key=lambda w: (-w.gain, w.concurrency, w.knob))
+        eff.append(_effect(C, base[C], tok))
+        notes.append(f"C={C}: 2 ring all-reduces per layer, {ar_us:.0f} us each ({how})")
+    out.append(_row(TP_KNOB, f"tp={inp.pp}", tuple(eff), None,
+                    "one batch of C; " + "; ".join(notes), server=False))
+    return sorted(out, key=lambda w: (not w.eligible, -round(w.gain, 9), _rank(w.knob),
+                                      w.setting))
+
+
+# Tie-break between settings with the same predicted effect: the most direct flag first.
+KNOB_ORDER = ("--pp-max-micro-batch-size", "--pp-async-batch-depth", "--chunked-prefill-size",
+              "--max-running-requests", "SGLANG_PP_LAYER_PARTITION", "--cuda-graph-max-bs",
+              PACING, TP_KNOB)
+
+
+def _rank(knob: str) -> int:
+    return KNOB_ORDER.index(knob) if knob in KNOB_ORDER else len(KNOB_ORDER)
+
+
+def _row(knob, shown, eff, mixed, note, server: bool) -> WhatIf:
+    geo = math.exp(sum(math.log(max(e.predicted_tok_per_s, 1e-12) /
+                                max(e.baseline_tok_per_s, 1e-12)) for e in eff) / len(eff))
+    worst = min(e.gain for e in eff)
+    return WhatIf(knob, shown, eff, mixed, geo - 1, worst, server and worst >= -MAX_LOSS,
+                  note)
+
+
+def recommendation(rows: Sequence[WhatIf]) -> WhatIf | None:
+    """The eligible server setting with the highest objective gain, if it gains at all."""
+    ok = [w for w in rows if w.eligible and w.gain > 0.005]
+    return min(ok, key=lambda w: (-round(w.gain, 9), _rank(w.knob))) if ok else None
 
 
 def transport_points(topology: TopologyData | None) -> list[tuple[float, float]]:

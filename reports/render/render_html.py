@@ -22,7 +22,8 @@ from reports.render.render_md import (DISPATCH_NOTE, MEASURED_NOTE, Table, attri
                                attribution_title, banner, dispatch_table, header_lines,
                                inputs_table, measured_timeline_table, micro_batch_table,
                                observed_line, server_bench_table, server_gpu_table, server_lines,
-                               server_log_table, throughput_table, verdict_table, whatif_table)
+                               server_log_table, throughput_table, verdict_table, whatif_lines,
+                               whatif_table)
 
 CSS = """
 :root{--fg:#1f2328;--mute:#59636e;--line:#d1d9e0;--bg2:#f6f8fa;--acc:#0969da}
@@ -50,7 +51,7 @@ tr.total td{font-weight:600;border-top:2px solid var(--mute)}
 .v-holds{background:#dafbe1;color:#116329}.v-not{background:#ffebe9;color:#a40e26}
 .v-minor{background:#fff8c5;color:#7d4e00}.v-unknown{background:#eaeef2;color:#59636e}
 .s-measured{background:#ddf4ff;color:#0550ae}.s-estimated{background:#fff8c5;color:#7d4e00}
-.s-observed{background:#fbefff;color:#6e40c9}
+.s-observed{background:#fbefff;color:#6e40c9}.s-given{background:#dafbe1;color:#116329}
 .bar{display:inline-block;height:9px;background:#54aeff;border-radius:2px;margin-left:6px;
  vertical-align:middle}
 .gain-pos{color:#116329;font-weight:600}
@@ -63,7 +64,8 @@ ul.assume li{margin:3px 0}
 
 VERDICT_CLASS = {"holds": "v-holds", "does not hold": "v-not", "minor": "v-minor",
                  "not enough evidence": "v-unknown"}
-SOURCE_CLASS = {"measured": "s-measured", "estimated": "s-estimated", "observed": "s-observed"}
+SOURCE_CLASS = {"measured": "s-measured", "estimated": "s-estimated", "observed": "s-observed",
+                "given": "s-given"}
 
 
 def _e(x: Any) -> str:
@@ -322,14 +324,16 @@ def render_html(rep: dict[str, Any], spans: tuple[Span, ...] = (), measured=()) 
         o.append(f"<h3>{_e(attribution_title(a))}</h3>")
         o.append(table_html(attribution_table(a), total_label="total: ideal -> modelled"))
 
-    o.append('<h2 id="whatifs">What-ifs (one change, model re-run; best first)</h2>')
+    o.append('<h2 id="whatifs">What-ifs (one server setting at every concurrency; best '
+             'first)</h2>')
+    o += [f'<p class="meta">{_e(line)}</p>' for line in whatif_lines(rep)]
     gain = [w for w in rep["what_ifs"] if w["gain"] > 0.005]
     rest = [w for w in rep["what_ifs"] if w["gain"] <= 0.005]
     o.append(table_html(whatif_table(rep, gain)) if gain else
-             "<p>No single change raises modelled throughput by more than 0.5%.</p>")
+             "<p>No single setting raises the objective by more than 0.5%.</p>")
     if rest:
-        o.append(f"<details><summary>{len(rest)} what-ifs with no gain</summary>"
-                 f"{table_html(whatif_table(rep, rest))}</details>")
+        o.append(f"<details><summary>{len(rest)} settings with no gain on the objective"
+                 f"</summary>{table_html(whatif_table(rep, rest))}</details>")
 
     if rep.get("dispatch_validation"):
         o.append('<h2 id="dispatch">Model vs dispatch probe (same configuration)</h2>')
@@ -362,6 +366,9 @@ def render_html(rep: dict[str, Any], spans: tuple[Span, ...] = (), measured=()) 
             o.append(_fig(img, "link type per GPU pair (nvidia-smi topo) and measured PP hop "
                                "cost at the smallest batch"))
 
+    if rep.get("model_differs"):
+        o.append('<h2 id="differs">Where the model differs from SGLang</h2><ul>'
+                 + "".join(f"<li>{_e(d)}</li>" for d in rep["model_differs"]) + "</ul>")
     o.append('<h2 id="inputs">Inputs</h2>')
     o.append(table_html(inputs_table(rep)))
     if rep["assumptions"]:

@@ -28,6 +28,11 @@ class StageRun:
     host_us_p50: float | None = None                           # CPU per slot visit, wait excluded
     host_empty_us_p50: float | None = None                     # empty slot: request-list relay
     host_busy_us_p50: float | None = None
+    # CPU per phase of a non-empty visit (SGLang's order): get_next_batch_to_run, run_batch,
+    # process_batch_result of the next slot; None from a probe without the phase split
+    sched_us_p50: float | None = None
+    launch_us_p50: float | None = None
+    process_us_p50: float | None = None
     gpu_us_p50: dict[str, float | None] = field(default_factory=dict)  # micro-batch size -> us
     send_us_p50: float | None = ge(0, default=None)
     iterations: int = ge(0, default=0)
@@ -96,6 +101,7 @@ class DispatchSettings:
     capture_sizes: tuple[int, ...] = ()
     inject: tuple[str, ...] = ()            # --inject specs, as given
     max_running_requests: int | None = ge(1, default=None)
+    chunked_prefill_size: int | None = None  # prefill token budget per visit; None/<=0: off
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ class LogSummary:
     lines_unrecognised: int = ge(0, default=0)
     lines_other_tp: int = ge(0, default=0)
     files_without_batch_lines: tuple[str, ...] = ()
+    server_settings: dict[str, int | float | str] = field(default_factory=dict)  # start-up line
 
 
 @dataclass(frozen=True)
