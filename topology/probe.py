@@ -157,11 +157,12 @@ def from_smi_text(text: str, pipeline: list[int] | None = None, argv=None) -> Re
     if bad:
         raise ValueError(f"GPU {bad[0]} is not in the file (it lists {len(topo.gpus)} GPUs)")
     disc = Discovery(gpus=(), links=topo.links, p2p_support={}, sockets=None, numa_nodes=None,
-                     links_source="nvidia-smi")
+                     links_source="nvidia-smi", notes=topo.notes)
     data = build_data(disc, pipeline, hidden=0, tensors=0, mode="offline", source="nvidia-smi")
     data["gpus"] = [asdict(g) for g in topo.gpus]
     data["nics"] = list(topo.nics)
     data["columns"] = list(topo.columns)
+    data["links_unknown"] = list(topo.unknown_pairs)   # pairs the text did not give readably
     numa = {g.numa_node for g in topo.gpus if g.numa_node is not None}
     data["numa_nodes"] = len(numa) or None
     for k in ("hidden", "tensors"):
