@@ -2,10 +2,9 @@
 
 `python -m microbench.sglang.bench_log_reader [--mb 500] [--keep] [--file LOG]`: writes a log of
 about `--mb` MB to a temporary directory (or reads `--file`), then runs `read_logs` on it in a
-separate interpreter, and prints wall seconds and MB/s, the peak resident memory of the reader
-and its worker processes together (proportional set size, so pages the forked workers share
-are counted once; sampled from /proc every 20 ms), and the CPU seconds spent
-(a figure that, unlike wall time, does not depend on what else the machine is running).
+separate interpreter, and prints wall seconds and MB/s, the peak memory of the reader and its
+worker processes together, and the CPU seconds spent (a figure that, unlike wall time, does not
+depend on what else the machine is running); see bench_common.py for how they are measured.
 
 The generated log is a worst case for the reader, not a pretty one: an 8-stage pipeline whose
 every scheduler logs with SGLANG_LOG_MS (millisecond timestamps, so no two prefixes repeat),
@@ -19,65 +18,27 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import resource
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from microbench.sglang.bench_common import measured, run_child
+
 _OURS = "import sys; from microbench.sglang.bench_log_reader import _child; _child(sys.argv[1:])"
 
 
-def _tree_rss_kb(pid: int) -> int:
-    """Memory of a process and all its descendants (kB), from /proc: the proportional set
-    size (pages shared by the forked workers counted once), else the resident set size."""
-    total, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            try:
-                with open(f"/proc/{p}/smaps_rollup") as f:
-                    total += next(int(x.split()[1]) for x in f if x.startswith("Pss:"))
-            except (OSError, StopIteration):
-                with open(f"/proc/{p}/status") as f:
-                    total += next((int(x.split()[1]) for x in f if x.startswith("VmRSS:")), 0)
-            for task in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{task}/children") as f:
-                    todo += [int(c) for c in f.read().split()]
-        except (OSError, ValueError):
-            continue
-    return total
-
-
 def _child(files: list[str]) -> None:
-    """In the measured interpreter: read the logs while a thread samples the resident memory
-    of this process and its worker processes together every 20 ms; print the figures."""
+    """In the measured interpreter: read the logs, print the figures as JSON."""
     import json
-    import threading
 
     from microbench.sglang import log
+    out: dict = {}
 
-    peak = [0]
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            peak[0] = max(peak[0], _tree_rss_kb(os.getpid()))
-            done.wait(0.02)
-
-    th = threading.Thread(target=sample, daemon=True)
-    th.start()
-    t0 = time.perf_counter()
-    s = log.read_logs(files)
-    wall = time.perf_counter() - t0
-    done.set()
-    th.join()
-    self_ = resource.getrusage(resource.RUSAGE_SELF)
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    print(json.dumps({"lines_total": s["lines_total"], "lines_batch": s["lines_batch"],
-                      "read_s": wall, "peak_rss_mb": max(peak[0], self_.ru_maxrss) / 1024,
-                      "cpu_s": self_.ru_utime + self_.ru_stime + kids.ru_utime + kids.ru_stime}))
+    def run() -> None:
+        s = log.read_logs(files)
+        out.update(lines_total=s["lines_total"], lines_batch=s["lines_batch"])
+    print(json.dumps({**measured(run), **out}))
 
 
 def make_log(dst: Path, mb: float, pp: int = 8, seed: int = 0) -> int:
@@ -134,19 +95,6 @@ def make_log(dst: Path, mb: float, pp: int = 8, seed: int = 0) -> int:
     return dst.stat().st_size
 
 
-def measure(files: list[str]) -> dict:
-    """Wall seconds of the whole child interpreter (start-up and imports included) and the
-    child's own figures (see _child)."""
-    import json
-    t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-c", _OURS, *files], capture_output=True, text=True,
-                       cwd=Path(__file__).resolve().parents[2])
-    wall = time.perf_counter() - t0
-    if r.returncode:
-        raise SystemExit(f"reader failed: {r.stderr.strip().splitlines()[-1:]}")
-    return {"wall_s": wall, **json.loads(r.stdout.strip().splitlines()[-1])}
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mb", type=float, default=500.0, help="size of the generated log (default 500)")
@@ -166,10 +114,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"generated {big.stat().st_size / 1e6:.0f} MB in {time.perf_counter() - t0:.0f} s")
             files = [str(big)]
         size = sum(os.path.getsize(f) for f in files)
-        m = measure(files)
+        m = run_child(_OURS, files)
         load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
         print(f"read {size / 1e6:.0f} MB in {m['wall_s']:.1f} s wall (interpreter start "
-              f"included): {size / 1e6 / m['wall_s']:.1f} MB/s; peak RSS {m['peak_rss_mb']:.0f} MB "
+              f"included): {size / 1e6 / m['wall_s']:.1f} MB/s; peak memory {m['peak_mb']:.0f} MB "
               f"(reader and its workers together); {m['cpu_s']:.1f} CPU s "
               f"({size / 1e6 / m['cpu_s']:.1f} MB per CPU s); {m['lines_total']} lines, "
               f"{m['lines_batch']} batch lines; load average before: {load:.1f}")

@@ -98,9 +98,8 @@ _TAGS_FULL = re.compile(rb"(?: [A-Z][A-Z_]*[A-Z]\d{1,6})*")
 # expression over a block's joined lines (greedy, so the engine backtracks from the line's end
 # instead of trying every field). Lines it does not fit are read field by field.
 _DEC_FAST = re.compile(
-    rb"Decode batch(?: \[\d+\])?[.,] #running-req: (\d{1,9}), [^\n]*"
-    rb"gen throughput \(token/s\): (\d{1,9}(?:\.\d{1,9})?), [^\n]*#queue-req: (\d{1,9})")
-_GRAPH_FAST = re.compile(rb" graph: (True|False), gen throughput")   # its place in every release
+    rb"Decode batch(?: \[\d+\])?[.,] #running-req: (\d{1,9}), (?:[^\n]* graph: (True|False), )?"
+    rb"[^\n]*gen throughput \(token/s\): (\d{1,9}(?:\.\d{1,9})?), [^\n]*#queue-req: (\d{1,9})")
 _PRE_FAST = re.compile(
     rb"Prefill batch(?: \[\d+\])?[.,] #new-seq: \d{1,9}, #new-token: (\d{1,9}), "
     rb"(?:(?!#queue-req)[^,\n]+, )*#queue-req: \d{1,9}")
@@ -111,7 +110,9 @@ _REQUIRED = {
     "Decode": ("#running-req", "gen throughput (token/s)", "#queue-req"),
     "Prefill": ("#new-seq", "#new-token", "#queue-req"),
 }
-_PREFIX_W = 72   # (a multiple of 8) bytes of a line holding `[YYYY-mm-dd HH:MM:SS.mmm DP0 PP0 ATTN_CP0 TP0 EP0] `
+# bytes of a line read as its prefix (a multiple of 8); holds the longest SGLang writes,
+# `[YYYY-mm-dd HH:MM:SS.mmm DP10 PP10 ATTN_CP10 MOE_DP10 TP10 EP10] `
+_PREFIX_W = 72
 
 
 @dataclass(frozen=True)
@@ -433,16 +434,15 @@ def _read_lines(groups: dict, source: int, lines: list[bytes], kind: str) -> tup
     if not lines:
         return 0, 0
     fast = _DEC_FAST if kind == "Decode" else _PRE_FAST
-    blob = b"\n".join(lines)
-    found = fast.findall(blob)
-    graphs = _GRAPH_FAST.findall(blob) if kind == "Decode" else ()
-    if len(found) == len(lines) and len(graphs) in (0, len(lines)):
+    found = fast.findall(b"\n".join(lines))
+    if len(found) == len(lines):
         if kind == "Decode":
-            a = np.array(found, dtype="S24").reshape(len(lines), 3)
-            cols = (a[:, 0].astype(np.int64), a[:, 1].astype(np.float64),
-                    a[:, 2].astype(np.int64),
-                    (np.array(graphs) == b"True").astype(np.int8) if graphs else
-                    np.full(len(lines), -1, dtype=np.int8))
+            a = np.array(found, dtype="S24").reshape(len(lines), 4)
+            graph = a[:, 1]
+            cols = (a[:, 0].astype(np.int64), a[:, 2].astype(np.float64),
+                    a[:, 3].astype(np.int64),
+                    np.where(graph == b"True", 1, np.where(graph == b"False", 0, -1))
+                    .astype(np.int8))
         else:
             cols = (np.array(found, dtype="S16").astype(np.int64),)
         bad = _store(groups, source, lines, kind, cols)
