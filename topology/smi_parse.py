@@ -39,6 +39,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from reports.base.errors import CliError
+
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _LEVEL = r"(?:X|SYS|SOC|NODE|PHB|PXB|PIX|NV\d+|C2C)"
 LINK_RE = re.compile(rf"^{_LEVEL}$")
@@ -60,8 +62,9 @@ MAX_TEXT_BYTES = 1 << 20   # a 16-GPU, 16-NIC matrix with legend is ~10 kB
 MAX_NOTES = 40
 
 
-class TopoParseError(ValueError):
-    """A `nvidia-smi topo -m` text with no recognisable matrix; one line, names the line."""
+class TopoParseError(CliError, ValueError):
+    """A `nvidia-smi topo -m` text with no recognisable matrix; one line, names the line (a
+    CliError: the CLI prints it and exits 2)."""
 
 
 @dataclass(frozen=True)
