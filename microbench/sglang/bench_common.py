@@ -1,6 +1,6 @@
 """What the reader benchmarks share: run code in a fresh interpreter and measure it there.
 
-`measured(fn)` runs `fn()` while a thread samples, every 20 ms, the memory of this process and
+`measured(fn)` runs `fn()` while a thread samples, every 100 ms, the memory of this process and
 all its descendants (worker processes included) from /proc: the proportional set size, so pages
 forked workers share are counted once (the resident set size where /proc has no smaps_rollup).
 It returns the wall seconds, that peak in MB and the CPU seconds of the process and its waited-
@@ -47,7 +47,7 @@ def measured(fn: Callable[[], object]) -> dict:
     def sample() -> None:
         while not done.is_set():
             peak[0] = max(peak[0], process_tree_kb(os.getpid()))
-            done.wait(0.02)
+            done.wait(0.1)   # reading smaps costs CPU: not too often
 
     th = threading.Thread(target=sample, daemon=True)
     th.start()

@@ -94,12 +94,14 @@ _STAMP_RE = re.compile(
     rb"((?: [A-Z][A-Z_]*[A-Z]\d+)*)\]?")
 _TAG_RE = re.compile(rb" ([A-Z][A-Z_]*[A-Z])(\d+)")
 _TAGS_FULL = re.compile(rb"(?: [A-Z][A-Z_]*[A-Z]\d{1,6})*")
-# Decode and prefill lines in SGLang's field order (every release since 2024): one regular
-# expression over a block's joined lines (greedy, so the engine backtracks from the line's end
-# instead of trying every field). Lines it does not fit are read field by field.
-_DEC_FAST = re.compile(
-    rb"Decode batch(?: \[\d+\])?[.,] #running-req: (\d{1,9}), (?:[^\n]* graph: (True|False), )?"
-    rb"[^\n]*gen throughput \(token/s\): (\d{1,9}(?:\.\d{1,9})?), [^\n]*#queue-req: (\d{1,9})")
+# Decode and prefill lines in SGLang's field order (every release since 2024), read from a
+# block's joined lines by expressions that each start with a literal (the engine then jumps
+# from one occurrence to the next) and match once per line; a block whose counts differ from
+# its number of lines is read again in smaller pieces, down to field by field.
+_DEC_SIZE = re.compile(rb"Decode batch(?: \[\d+\])?[.,] #running-req: (\d{1,9}), ")
+_DEC_GEN = re.compile(rb"gen throughput \(token/s\): (\d{1,9}(?:\.\d{1,9})?), "
+                      rb"(?:[^,\n]+, )?#queue-req: (\d{1,9})")
+_DEC_GRAPH = re.compile(rb" graph: (True|False), gen throughput")   # its place in every release
 _PRE_FAST = re.compile(
     rb"Prefill batch(?: \[\d+\])?[.,] #new-seq: \d{1,9}, #new-token: (\d{1,9}), "
     rb"(?:(?!#queue-req)[^,\n]+, )*#queue-req: \d{1,9}")
@@ -433,20 +435,26 @@ def _read_lines(groups: dict, source: int, lines: list[bytes], kind: str) -> tup
     """(read, unreadable) batch lines of one kind, in order, into `groups`."""
     if not lines:
         return 0, 0
-    fast = _DEC_FAST if kind == "Decode" else _PRE_FAST
-    found = fast.findall(b"\n".join(lines))
-    if len(found) == len(lines):
-        if kind == "Decode":
-            a = np.array(found, dtype="S24").reshape(len(lines), 4)
-            graph = a[:, 1]
-            cols = (a[:, 0].astype(np.int64), a[:, 2].astype(np.float64),
-                    a[:, 3].astype(np.int64),
-                    np.where(graph == b"True", 1, np.where(graph == b"False", 0, -1))
-                    .astype(np.int8))
-        else:
+    n = len(lines)
+    blob = b"\n".join(lines)
+    cols = None
+    if kind == "Decode":
+        size, gen, graph = _DEC_SIZE.findall(blob), _DEC_GEN.findall(blob), []
+        if len(size) == len(gen) == n:
+            graph = _DEC_GRAPH.findall(blob)
+            if len(graph) in (0, n):
+                g = np.array(gen, dtype="S24").reshape(n, 2)
+                cols = (np.array(size, dtype="S12").astype(np.int64), g[:, 0].astype(np.float64),
+                        g[:, 1].astype(np.int64),
+                        (np.array(graph) == b"True").astype(np.int8) if graph else
+                        np.full(n, -1, dtype=np.int8))
+    else:
+        found = _PRE_FAST.findall(blob)
+        if len(found) == n:
             cols = (np.array(found, dtype="S16").astype(np.int64),)
+    if cols is not None:
         bad = _store(groups, source, lines, kind, cols)
-        return len(lines) - bad, bad
+        return n - bad, bad
     if len(lines) > SUB_LINES:   # find the lines that do not fit, keep the others fast
         good = bad = 0
         for s in range(0, len(lines), SUB_LINES):
@@ -523,11 +531,64 @@ def _texts(path: Path, count: _Lines) -> Iterator[bytes]:
         raise CliError(f"{path}: empty log file")
 
 
-def _block_job(text: bytes, source: int) -> tuple[dict, int, int]:
-    """One block read in a worker process: its groups as plain arrays, (read, unreadable)."""
+def _block_job(text: bytes, source: int) -> tuple[dict, int, int, int]:
+    """One block read in a worker process: its groups as plain arrays, (read, unreadable,
+    lines)."""
     groups: dict = {}
     good, bad = _scan_block(text, source, groups)
-    return {k: g.export() for k, g in groups.items()}, good, bad
+    return {k: g.export() for k, g in groups.items()}, good, bad, 0
+
+
+def _range_job(path: Path, start: int, end: int, source: int) -> tuple[dict, int, int, int]:
+    """The lines that start in bytes [start, end) of a plain file, read by a worker process
+    itself (nothing crosses a pipe but the numbers): as _block_job, with the line count."""
+    def to_newline(f) -> bytes:
+        """Bytes up to and including the next newline (all that is left if none)."""
+        out = b""
+        while True:
+            piece = f.read(65536)
+            nl = piece.find(b"\n")
+            if nl >= 0:
+                return out + piece[:nl + 1]
+            out += piece
+            if not piece:
+                return out
+            if len(out) > MAX_LINE_BYTES:
+                raise CliError(f"{path}: a line near byte {f.tell()} is longer than "
+                               f"{MAX_LINE_BYTES >> 20} MB: not a text log")
+
+    with open(path, "rb") as f:
+        begin = 0
+        if start:   # the line running through `start` belongs to the range before
+            f.seek(start - 1)
+            begin = start - 1 + len(to_newline(f))
+            if begin >= end:
+                return {}, 0, 0, 0
+        f.seek(begin)
+        text = f.read(end - begin)
+        if text and not text.endswith(b"\n"):   # finish the last line, however far it goes
+            text += to_newline(f)
+    lines = text.count(b"\n") + (1 if text and not text.endswith(b"\n") else 0)
+    parts, good, bad, _ = _block_job(text, source)
+    return parts, good, bad, lines
+
+
+def _plain_size(path: Path) -> int:
+    """Size of a regular, uncompressed, text file worth splitting into byte ranges; else 0 (the
+    blocks are then read by _texts, with its checks). Binary data is refused here."""
+    try:
+        if not path.is_file():
+            return 0
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(65536)
+    except OSError as e:
+        raise CliError(f"{path}: cannot read log ({e.strerror or e})") from None
+    if head[:2] == b"\x1f\x8b" or size <= CHUNK_BYTES:
+        return 0
+    if b"\x00" in head:
+        raise CliError(f"{path}: binary data, not a text log")
+    return size
 
 
 def _worker_count(paths: list[Path], workers: int | None) -> int:
@@ -586,17 +647,26 @@ def scan_logs(paths: Iterable[str | Path], workers: int | None = None) -> LogSca
 
                 def merge(fut) -> None:
                     nonlocal g_file, b_file
-                    parts, g, b = fut.result()
+                    parts, g, b, n = fut.result()
                     for k, arrays in parts.items():
                         _group(groups, k).merge(arrays)
                     g_file += g
                     b_file += b
-                for text in _texts(p, count):
-                    pending.append(pool.submit(_block_job, text, i))
+                    count.n += n
+                size = _plain_size(p)
+                # a plain file: workers read their own byte ranges; else (gzip, a pipe) this
+                # process reads and sends the blocks
+                jobs = ((_range_job, p, s, min(s + CHUNK_BYTES, size), i)
+                        for s in range(0, size, CHUNK_BYTES)) if size else \
+                    ((_block_job, text, i) for text in _texts(p, count))
+                for job in jobs:
+                    pending.append(pool.submit(*job))
                     while len(pending) >= 2 * n_workers:
                         merge(pending.pop(0))
                 while pending:
                     merge(pending.pop(0))
+                if size and count.n == 0:
+                    raise CliError(f"{p}: empty log file")
             total += count.n
             good += g_file
             bad += b_file
