@@ -150,14 +150,21 @@ def iter_events(path: str | Path, meta: dict | None = None) -> Iterator[dict]:
                 buf += more
                 lb = buf.find("[", k)
             pos, eof, n = lb + 1, False, 0
+            find = buf.find
             while True:
-                pos = _WS.match(buf, pos).end()
+                # the next event: usually "{" after ",\n"; two C calls, not a regex match
+                j = find("{", pos, pos + 64)
+                if j >= 0 and not buf[pos:j].strip(" \t\r\n,"):
+                    pos = j
+                else:
+                    pos = _WS.match(buf, pos).end()
                 if pos >= len(buf):
                     if eof:
                         raise TraceError(f"{path}: truncated trace (cut after {n} events)")
                     more = f.read(CHUNK_CHARS)
                     eof = not more
                     buf, pos = buf[pos:] + more, 0
+                    find = buf.find
                     continue
                 if buf[pos] == "]":
                     break
@@ -173,6 +180,7 @@ def iter_events(path: str | Path, meta: dict | None = None) -> Iterator[dict]:
                     more = f.read(CHUNK_CHARS)
                     eof = not more
                     buf, pos = buf[pos:] + more, 0
+                    find = buf.find
                     continue
                 n += 1
                 pos = end
