@@ -125,7 +125,8 @@ def test_dp_attention_every_dp_rank_is_its_own_batch(fixtures):
     assert r["slot_imbalance"] == {"window": 2, "windows": 16, "max_over_mean_median": 1.0,
                                    "cv": 0.0}
     d7 = r["by_dp"]["7"]
-    assert (d7["decode_lines"], d7["running_req"]["median"], d7["cuda_graph_frac"]) == (4, 8.0, 0.75)
+    assert (d7["decode_lines"], d7["running_req"]["median"]) == (4, 8.0)
+    assert d7["cuda_graph_frac"] == 0.75
     assert s["slot_imbalance"]["rank"] == 0 and s["slot_imbalance"]["dp"] == 0
 
 

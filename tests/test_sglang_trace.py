@@ -184,7 +184,8 @@ def _rules_trace(path):
         ev.append(_ev("cpu_op", f"ProfilerStep#{k + 1}", t0, 999.0))
         for j in range(3):
             c = 100 * k + j
-            ev.append(_ev("cuda_runtime", "cudaLaunchKernel", t0 + 10 + 100 * j, 5.0, correlation=c))
+            ev.append(_ev("cuda_runtime", "cudaLaunchKernel", t0 + 10 + 100 * j, 5.0,
+                          correlation=c))
             ev.append(_ev("kernel", "gemm_kernel", t0 + 20.5 + 100 * j, 50.25, stream=7,
                           correlation=c, device=0))
     ev.append(_ev("kernel", "gemm_kernel", 1400.0, 200.0, stream=7, correlation=9001, device=0))
@@ -257,8 +258,8 @@ def test_events_with_unusable_durations_are_skipped_and_counted(tmp_path, bad, f
 
 
 def test_ranks_read_in_worker_processes_give_the_same_record(fixtures):
-    files = [fixtures / "traces" / "recorded" / f"dispatch-sglang-burst-c8-TP-0-PP-{r}.trace.json.gz"
-             for r in (0, 1)]
+    d = fixtures / "traces" / "recorded"
+    files = [d / f"dispatch-sglang-burst-c8-TP-0-PP-{r}.trace.json.gz" for r in (0, 1)]
     one = sglang_trace.read_traces(files, workers=1)
     two = sglang_trace.read_traces(files, workers=2)
     assert one == two and sorted(two["ranks"]) == ["0", "1"]

@@ -188,7 +188,8 @@ def test_table_kept_as_comments_in_a_job_script(fixtures):
 
 def test_markdown_table_and_unrecoverable_pairs():
     md = ("| | GPU0 | GPU1 | GPU2 | CPU Affinity |\n|---|---|---|---|---|\n"
-          "| GPU0 | X | NV4 | SYS | 0-7 |\n| GPU1 | NV4 | X | | 0-7 |\n| GPU2 | SYS | | X | 8-15 |\n")
+          "| GPU0 | X | NV4 | SYS | 0-7 |\n| GPU1 | NV4 | X | | 0-7 |\n"
+          "| GPU2 | SYS | | X | 8-15 |\n")
     t = parse_topo_matrix(md)
     # cells between pipes are exact: the blank 1-2 cell is blank in both rows, so unknown
     assert t.links == {"0-1": "NV4", "0-2": "SYS"} and t.unknown_pairs == ("1-2",)

@@ -56,7 +56,8 @@ _NUMA_VAL = re.compile(r"^(\d+)(?:[-,]\d+)*$")
 # a hand-written note at the end of a row: "NUMA 0", "(NUMA node 1)", "numa=1", "# NUMA: 0"
 _NUMA_NOTE = re.compile(r"[#(\[]?\s*\bNUMA(?:[ _]?node)?\s*[:=]?\s*(\d+)\s*[)\]]?", re.I)
 _QUOTE = re.compile(r"^\s*(?:#+|>+|//)\s?(?=\s*(?:GPU|NIC|mlx|\t|\s{2}))")
-_LINKISH = re.compile(r"^(?!N/A$|NUMA|CPU)[A-Z][A-Z0-9]{1,7}$")   # an upper-case word in a link cell
+# an upper-case word where a link level should be: an unknown level, holding its cell
+_LINKISH = re.compile(r"^(?!N/A$|NUMA|CPU)[A-Z][A-Z0-9]{1,7}$")
 _MD_RULE = re.compile(r"^[\s|:+-]+$")
 MAX_TEXT_BYTES = 1 << 20   # a 16-GPU, 16-NIC matrix with legend is ~10 kB
 MAX_NOTES = 40

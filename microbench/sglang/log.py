@@ -735,7 +735,8 @@ def _throughput_series(dec: list[tuple], bin_s: float) -> list[dict]:
     bins, inv, n = np.unique(b, return_inverse=True, return_counts=True)
     inv = inv.ravel()
     sums = [np.bincount(inv, weights=w, minlength=len(bins)) for w in (gen, size, queue)]
-    return [{"t_s": float(k * bin_s), "lines": int(c), "gen_throughput_tok_s": float(sums[0][j] / c),
+    return [{"t_s": float(k * bin_s), "lines": int(c),
+             "gen_throughput_tok_s": float(sums[0][j] / c),
              "running_req_mean": float(sums[1][j] / c), "queue_req_mean": float(sums[2][j] / c)}
             for j, (k, c) in enumerate(zip(bins, n))]
 
