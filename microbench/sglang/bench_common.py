@@ -1,6 +1,6 @@
 """What the reader benchmarks share: run code in a fresh interpreter and measure it there.
 
-`measured(fn)` runs `fn()` while a thread samples, every 100 ms, the memory of this process and
+`measured(fn)` runs `fn()` while a thread samples, every 50 ms, the memory of this process and
 all its descendants (worker processes included) from /proc: the proportional set size, so pages
 forked workers share are counted once (the resident set size where /proc has no smaps_rollup).
 It returns the wall seconds, that peak in MB and the CPU seconds of the process and its waited-
@@ -40,25 +40,29 @@ def process_tree_kb(pid: int) -> int:
     return total
 
 
-def measured(fn: Callable[[], object]) -> dict:
+def measured(fn: Callable[[], object], sample_s: float | None = 0.05) -> dict:
+    """See the module docstring. `sample_s=None`: no memory sampling (reading /proc costs CPU
+    and competes with the reader; time with it off, measure memory in a second run)."""
     peak = [0]
     done = threading.Event()
 
     def sample() -> None:
         while not done.is_set():
             peak[0] = max(peak[0], process_tree_kb(os.getpid()))
-            done.wait(0.1)   # reading smaps costs CPU: not too often
+            done.wait(sample_s)
 
     th = threading.Thread(target=sample, daemon=True)
-    th.start()
+    if sample_s:
+        th.start()
     t0 = time.perf_counter()
     fn()
     wall = time.perf_counter() - t0
     done.set()
-    th.join()
+    if sample_s:
+        th.join()
     me = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return {"read_s": wall, "peak_mb": max(peak[0], me.ru_maxrss) / 1024,
+    return {"read_s": wall, "peak_mb": max(peak[0], me.ru_maxrss) / 1024 if sample_s else None,
             "cpu_s": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime}
 
 

@@ -7,9 +7,9 @@ writes them gzipped to a temporary directory, then times in separate interpreter
 - ppscope, ranks one after the other (`read_traces(..., workers=1)`, how it read them before);
 - ppscope, ranks in parallel processes (`read_traces`, the default);
 - HTA: `TraceAnalysis(trace_dir=...)` + `get_temporal_breakdown()` (it parses ranks in parallel).
-Prints wall seconds (interpreter start and imports included), the peak memory of each reader
-and its worker processes together and CPU seconds (see bench_common.py), and the ratios. Needs
-HolisticTraceAnalysis.
+Prints wall seconds (interpreter start and imports included) and CPU seconds, then (from a
+second run of each, sampling /proc) the peak memory of each reader and its worker processes
+together (see bench_common.py), and the ratios. Needs HolisticTraceAnalysis.
 """
 from __future__ import annotations
 
@@ -26,12 +26,19 @@ from microbench.sglang.bench_common import run_child
 _OURS = ("import sys, json; from microbench.sglang import trace as t; "
          "from microbench.sglang.bench_common import measured; "
          "print(json.dumps(measured(lambda: t.read_traces(sys.argv[1], workers=int(sys.argv[2])"
-         " or None))))")
+         " or None), sample_s=float(sys.argv[3]) or None)))")
 _HTA = ("import logging, sys, json; logging.disable(logging.WARNING);"
         "from hta.trace_analysis import TraceAnalysis;"
         "from microbench.sglang.bench_common import measured; "
         "print(json.dumps(measured(lambda: TraceAnalysis(trace_dir=sys.argv[1])"
-        ".get_temporal_breakdown(visualize=False))))")
+        ".get_temporal_breakdown(visualize=False), sample_s=float(sys.argv[2]) or None)))")
+
+
+def _both(code: str, args: list[str]) -> dict:
+    """Timed without memory sampling, then run again sampling memory."""
+    m = run_child(code, args + ["0"])
+    m["peak_mb"] = run_child(code, args + ["0.05"])["peak_mb"]
+    return m
 
 
 def make_large(src: Path, dst: Path, repeat: int) -> int:
@@ -88,9 +95,9 @@ def main(argv: list[str] | None = None) -> int:
             big = Path(d) / f"large-rank{r}.json.gz"
             n = make_large(Path(f), big, a.repeat)
             print(f"rank {r}: {n / 1e6:.0f} MB uncompressed, {big.stat().st_size / 1e6:.0f} MB gz")
-        seq = run_child(_OURS, [d, "1"])
-        par = run_child(_OURS, [d, "0"])
-        hta = run_child(_HTA, [d])
+        seq = _both(_OURS, [d, "1"])
+        par = _both(_OURS, [d, "0"])
+        hta = _both(_HTA, [d])
         load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
         for name, m in (("ppscope, ranks in turn", seq), ("ppscope, ranks in parallel", par),
                         ("HTA", hta)):

@@ -53,10 +53,12 @@ server log, or logged below info level) raise a one-line CliError.
 
 Streaming: files are read in 8 MB blocks and each batch line is reduced to a few numbers in
 numpy arrays, so memory grows with the number of batch lines (~30 bytes each), not with the file.
-A block is read with whole-block operations (split, one regular expression over all its decode
-lines, fixed-width numpy decoding of the standard `[date time tags]` prefix); lines those do not
-fit (another layout, a custom prefix, a cut line) are read one by one, in their place. See
-microbench/sglang/bench_log_reader.py and docs/BENCHMARKS.md for MB/s and peak RSS.
+A block is read with whole-block operations (split, regular expressions over all its decode
+lines at once, fixed-width numpy decoding of the standard `[date time tags]` prefix); lines
+those do not fit (another layout, a custom prefix, a cut line) are read one by one, in their
+place. Large plain files are split into byte ranges read by worker processes when the machine
+has cores to spare. See microbench/sglang/bench_log_reader.py and docs/BENCHMARKS.md for MB/s
+and peak memory.
 
 Slot-imbalance index (our definition): the log samples one decode step every
 `--decode-log-interval` steps of a rank, each naming the size of the slot it ran. Over windows of
@@ -70,6 +72,7 @@ estimate: with interval 40 and 16 slots the log visits only the slots 40·k mod 
 from __future__ import annotations
 
 import calendar
+import gc
 import gzip
 import math
 import os
@@ -86,6 +89,7 @@ from reports.base.errors import CliError
 CHUNK_BYTES = 8 << 20
 MAX_LINE_BYTES = 1 << 20     # no SGLang line comes near this; /dev/zero has no newline at all
 PARALLEL_MIN_BYTES = 32 << 20   # below this, starting worker processes costs more than it saves
+MAX_WORKERS = 4
 SUB_LINES = 512              # lines re-tried together when a block's fast read does not fit
 _MAX_COUNT = 2 ** 31 - 1     # a count or token/s beyond this is a corrupted field, not a value
 _BATCH_RE = re.compile(rb"(Decode|Prefill) batch(?: \[(\d+)\])?[.,] ?([^\n\r]*)")
@@ -598,7 +602,10 @@ def _worker_count(paths: list[Path], workers: int | None) -> int:
         size = sum(p.stat().st_size for p in paths if p.is_file())
     except OSError:
         return 1
-    return min(2, os.cpu_count() or 1) if size >= PARALLEL_MIN_BYTES else 1
+    # a spare core per worker: on a 2-core machine shared with other work, two workers and
+    # this process fought for the cores and read slower than one process (docs/BENCHMARKS.md)
+    return max(1, min(MAX_WORKERS, (os.cpu_count() or 1) - 1)) if size >= PARALLEL_MIN_BYTES \
+        else 1
 
 
 @dataclass(frozen=True)
@@ -616,10 +623,26 @@ class LogScan:
 
 
 def scan_logs(paths: Iterable[str | Path], workers: int | None = None) -> LogScan:
-    """Read every file. `workers`: processes reading blocks in parallel (default: 2 when the
-    files hold 32 MB or more and the machine has 2 cores, else 1); results are merged in block
-    order, so the answer does not depend on it."""
-    paths = [Path(p) for p in paths]
+    """Read every file. `workers`: processes reading blocks in parallel (default: one per core
+    but one, up to MAX_WORKERS, when the files hold 32 MB or more; else this process alone);
+    results are merged in block order, so the answer does not depend on it."""
+    # the regular-expression results are millions of short-lived tuples and no cycles: the
+    # cyclic garbage collector would only scan them over and over (~15% of the time)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _scan_logs([Path(p) for p in paths], workers)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _block_job_nogc(*args) -> tuple:
+    gc.disable()
+    return (_range_job if len(args) == 4 else _block_job)(*args)
+
+
+def _scan_logs(paths: list[Path], workers: int | None) -> LogScan:
     if not paths:
         raise CliError("no log files given")
     groups: dict = {}
@@ -656,9 +679,9 @@ def scan_logs(paths: Iterable[str | Path], workers: int | None = None) -> LogSca
                 size = _plain_size(p)
                 # a plain file: workers read their own byte ranges; else (gzip, a pipe) this
                 # process reads and sends the blocks
-                jobs = ((_range_job, p, s, min(s + CHUNK_BYTES, size), i)
+                jobs = ((_block_job_nogc, p, s, min(s + CHUNK_BYTES, size), i)
                         for s in range(0, size, CHUNK_BYTES)) if size else \
-                    ((_block_job, text, i) for text in _texts(p, count))
+                    ((_block_job_nogc, text, i) for text in _texts(p, count))
                 for job in jobs:
                     pending.append(pool.submit(*job))
                     while len(pending) >= 2 * n_workers:
