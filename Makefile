@@ -90,7 +90,7 @@ CORE_DEPS := 'numpy:numpy>=1.24' 'tabulate:tabulate>=0.9' 'pynvml:nvidia-ml-py>=
 TORCH_FALLBACK := torch==2.13.0
 # The tests. HolisticTraceAnalysis (the trace cross-check) goes in with --no-deps: its declared
 # dependencies pull in jupyterlab; what hta.trace_analysis imports is listed here instead.
-TEST_DEPS := 'pytest:pytest>=7' 'psutil:psutil' 'pandas:pandas' 'plotly:plotly' \
+TEST_DEPS := 'pytest:pytest>=7' 'hypothesis:hypothesis>=6' 'psutil:psutil' 'pandas:pandas' 'plotly:plotly' \
              'networkx:networkx' 'yaml:pyyaml'
 HTA := HolisticTraceAnalysis>=0.5,<0.6
 

@@ -83,3 +83,44 @@ def test_metrics_histogram_summed_over_series():
 def test_metrics_unreachable():
     with pytest.raises(CliError, match="cannot read metrics"):
         sglang_metrics.read_metrics("http://127.0.0.1:9/metrics")
+
+
+def test_metrics_bad_bounds_and_values_are_counted_not_fatal():
+    lines = ['sglang:inter_token_latency_seconds_bucket{le="abc",pp_rank="0"} 5',
+             'sglang:inter_token_latency_seconds_bucket{le="0.1",pp_rank="0"} 5',
+             'sglang:inter_token_latency_seconds_bucket{le="+Inf",pp_rank="0"} 10',
+             'sglang:inter_token_latency_seconds_count{pp_rank="0"} 10',
+             'sglang:num_running_reqs{pp_rank="0"} NaN',
+             'sglang:gen_throughput{pp_rank="0"} -3',
+             'sglang:num_queue_reqs{pp_rank="0"} 2']
+    m = sglang_metrics.parse_metrics("\n".join(lines))
+    r = m["ranks"]["0"]
+    assert m["lines_other"] == 3 and r["num_queue_reqs"] == 2.0
+    assert "num_running_reqs" not in r and "gen_throughput" not in r
+    assert r["inter_token_latency_seconds"]["p50"] == pytest.approx(0.1)
+
+
+def test_bench_jsonl_mixed_types_are_none_or_unrecognised(tmp_path):
+    (tmp_path / "b.jsonl").write_text("\n".join([
+        '{"output_throughput": "fast", "max_concurrency": 8}',          # no number: not a run
+        '{"output_throughput": 100.5, "max_concurrency": [8], "mean_ttft_ms": "x", '
+        '"duration": NaN, "completed": true, "backend": 7, "median_itl_ms": -4}',
+        '{"output_throughput": "250", "max_concurrency": "16", "concurrency": 15.5}',
+        '[1, 2, 3]', '{"output_throughput": 1e999}']))
+    b = sglang_bench.read_bench(tmp_path / "b.jsonl")
+    assert b["lines_unrecognised"] == 3 and len(b["runs"]) == 2
+    r1, r2 = b["runs"]   # sorted: the run with no usable cap is keyed by nothing, last
+    assert (r1["output_throughput"], r1["concurrency"], r1["mean_concurrency"]) == (250, 16, 15.5)
+    assert r2["output_throughput"] == 100.5 and r2["concurrency"] is None
+    assert [r2[k] for k in ("max_concurrency", "mean_ttft_ms", "duration", "completed",
+                            "backend", "median_itl_ms")] == [None] * 6
+
+
+@pytest.mark.parametrize("reader", [sglang_bench.read_bench, sglang_metrics.read_metrics])
+def test_bench_and_metrics_files_that_are_not_files(tmp_path, reader):
+    for src, words in (("/dev/zero", "larger than 64 MB"), (str(tmp_path), "cannot read"),
+                       (str(tmp_path / "bin"), "binary data")):
+        (tmp_path / "bin").write_bytes(b"\x00\x01\x02" * 10)
+        with pytest.raises(CliError) as e:
+            reader(src)
+        assert words in str(e.value) and "\n" not in str(e.value)

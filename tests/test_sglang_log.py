@@ -3,7 +3,9 @@ at the top of tests/fixtures/sglang/pp2_mixed.log and the README there)."""
 from __future__ import annotations
 
 import math
+import re
 
+import numpy as np
 import pytest
 
 from microbench.sglang import log as sglang_log
@@ -59,6 +61,11 @@ def test_tp_ranks_not_double_counted(fixtures):
     ("[2026-01-02 03:04:05.678 DP1 TP0 EP0 PP3] Decode batch, #running-req: 3, #token: 9, "
      "token usage: 0.00, cpu graph: False, gen throughput (token/s): 1.50, #queue-req: 0, ",
      "Decode", 3, None),
+    ("[2025-02-27 04:46:39 PP1 TP0] Decode batch. #running-req: 8, #token: 62531, token usage: "
+     "0.12, gen throughput (token/s): 186.64, #queue-req: 0", "Decode", 1, None),
+    ("(SchedulerActor pid=88) [2025-06-01 10:00:00 DP2 ATTN_CP1 TP5] Prefill batch. #new-seq: 1, "
+     "#new-token: 6, #cached-token: 0, token usage: 0.00, #unbootstrapped-req: 0, #queue-req: 0, "
+     "#transferring-req: 0, ", "Prefill", None, None),
     ("[2026-01-02 03:04:05 PP7 TP1] Prefill batch [12], #new-seq: 1, #new-token: 158, "
      "#cached-token: 0, token usage: 0.08, #running-req: 31, #queue-req: 0, cuda graph: True, "
      "input throughput (token/s): 559.53", "Prefill", 7, 12),
@@ -116,3 +123,113 @@ def test_report_takes_max_running_requests_from_the_log():
     assert inp.max_running_requests == 48 and inp.max_micro_batch == 6
     assert inp.chunked_prefill_size == 4096
     assert inp.src("max_running_requests") == ("observed", "sglang.json")
+
+
+def test_early_2025_period_trailing_comma_and_fields_after_gen(fixtures):
+    # "Decode batch." (0.4.3), trailing ", ", largest-len between gen throughput and #queue-req
+    s = sglang_log.read_logs([fixtures / "sglang" / "early2025_period_commas.log"], window=2)
+    assert (s["lines_total"], s["lines_unrecognised"], s["lines_other"]) == (15, 0, 5)
+    assert s["lines_other_tp"] == 5 and s["lines_batch"] == 5   # TP1 repeats TP0's batches
+    r = s["ranks"]["0"]
+    assert (r["decode_lines"], r["prefill_lines"], r["prefill_new_tokens"]) == (4, 1, 2048)
+    assert r["running_req"] == {"min": 8, "median": 231.0, "max": 509}
+    assert r["gen_throughput_tok_s"] == {"min": 100.0, "median": 250.0, "max": 400.0}
+    assert r["queue_req"]["max"] == 3 and r["span_s"] == 16.0
+    assert r["cuda_graph_frac"] == 0.0   # only the last line logs the field (False)
+
+
+def test_dp_attention_every_dp_rank_is_its_own_batch(fixtures):
+    # TP8 / DP8 with DP attention: 8 schedulers, each logs its own batch; all are counted
+    s = sglang_log.read_logs([fixtures / "sglang" / "dp_attention_tp8_dp8.log"], window=2)
+    assert s["lines_other_tp"] == 0 and s["lines_batch"] == 40
+    r = s["ranks"]["0"]
+    assert r["dp_ranks"] == list(range(8))
+    assert (r["decode_lines"], r["prefill_lines"]) == (32, 8)
+    assert r["running_req"] == {"min": 1, "median": 4.5, "max": 8}
+    assert r["cuda_graph_frac"] == 31 / 32
+    assert r["prefill_new_tokens"] == 100 * sum(range(1, 9))
+    # windows never mix two DP ranks: each scheduler's slots are all the same size here
+    assert r["slot_imbalance"] == {"window": 2, "windows": 16, "max_over_mean_median": 1.0,
+                                   "cv": 0.0}
+    d7 = r["by_dp"]["7"]
+    assert (d7["decode_lines"], d7["running_req"]["median"]) == (4, 8.0)
+    assert d7["cuda_graph_frac"] == 0.75
+    assert s["slot_imbalance"]["rank"] == 0 and s["slot_imbalance"]["dp"] == 0
+
+
+def test_attention_cp_npu_and_disaggregated_prefill(fixtures):
+    s = sglang_log.read_logs([fixtures / "sglang" / "attn_cp_npu_prefill.log"])
+    assert s["lines_unrecognised"] == 0 and s["lines_other"] == 6
+    assert s["lines_other_tp"] == 5      # the ATTN_CP1 TP1 lines repeat ATTN_CP0 TP0's
+    r0, r1 = s["ranks"]["0"], s["ranks"]["1"]
+    # PP0 is a disaggregated prefill server: no #running-req in its prefill lines
+    assert (r0["prefill_lines"], r0["prefill_new_tokens"], r0["decode_lines"]) == (3, 24576, 0)
+    assert r0["running_req"]["median"] is None and r0["span_s"] == 2.0
+    assert (r1["prefill_lines"], r1["decode_lines"], r1["cuda_graph_frac"]) == (2, 1, 0.0)
+    assert r1["span_s"] == 239.0
+
+
+def test_custom_logging_format_without_sglang_prefix(fixtures):
+    d = fixtures / "sglang"
+    s = sglang_log.read_logs([d / "custom_format_rank0.log", d / "custom_format_rank1.log"],
+                             window=2)
+    assert (s["lines_total"], s["lines_unrecognised"]) == (13, 1)   # the cut WARNING line
+    r0, r1 = s["ranks"]["0"], s["ranks"]["1"]   # no PP tags: the file's index is its rank
+    assert (r0["decode_lines"], r0["prefill_lines"], r0["span_s"]) == (3, 1, None)
+    assert r0["over_time"] == [] and r0["running_req"] == {"min": 2, "median": 4.0, "max": 6}
+    # asctime with a comma before the milliseconds; the reordered line is read field by field
+    assert r1["span_s"] == 2.5 and r1["running_req"] == {"min": 3, "median": 4.0, "max": 5}
+    assert r1["cuda_graph_frac"] == 0.5
+
+
+def test_dateless_clock_wraps_past_midnight(fixtures):
+    s = sglang_log.read_logs([fixtures / "sglang" / "dateless_2024_midnight.log"], window=2)
+    r = s["ranks"]["0"]
+    assert r["decode_lines"] == 4 and r["span_s"] == 4.0 and s["lines_unrecognised"] == 0
+    assert [b["lines"] for b in r["over_time"]] == [4]
+
+
+def _all_fixture_logs(fixtures):
+    d = fixtures / "sglang"
+    return [[d / "pp2_mixed.log"], [d / "tp2_pp2.log"], [d / "early2025_period_commas.log"],
+            [d / "dp_attention_tp8_dp8.log"], [d / "attn_cp_npu_prefill.log"],
+            [d / "custom_format_rank0.log", d / "custom_format_rank1.log"],
+            [d / "dateless_2024_midnight.log"], [d / "old_rank0.log", d / "old_rank1.log.gz"]]
+
+
+def test_fast_and_line_by_line_reads_agree(fixtures, monkeypatch):
+    # the block-wide fast read and the field-by-field read of each line give the same record
+    fast = [sglang_log.read_logs(f, window=2) for f in _all_fixture_logs(fixtures)]
+    monkeypatch.setattr(sglang_log, "_DEC_SIZE", re.compile(rb"(x)never"))
+    monkeypatch.setattr(sglang_log, "_PRE_FAST", re.compile(rb"(x)never"))
+    monkeypatch.setattr(sglang_log, "_fast_prefix", lambda lines: (   # every prefix per line
+        np.full(len(lines), np.nan), np.zeros(len(lines), dtype=np.int64), [None],
+        np.zeros(len(lines), dtype=bool)))
+    slow = [sglang_log.read_logs(f, window=2) for f in _all_fixture_logs(fixtures)]
+    assert fast == slow
+
+
+def test_small_blocks_and_worker_processes_give_the_same_answer(fixtures, monkeypatch, tmp_path):
+    big = tmp_path / "big.log"
+    with open(big, "wb") as out:
+        for _ in range(30):
+            for f in ("pp2_mixed.log", "tp2_pp2.log", "dp_attention_tp8_dp8.log"):
+                out.write((fixtures / "sglang" / f).read_bytes())
+    one = sglang_log.read_logs([big], workers=1)
+    monkeypatch.setattr(sglang_log, "CHUNK_BYTES", 4099)   # blocks cut mid-line, many of them
+    assert sglang_log.read_logs([big], workers=1) == one
+    assert sglang_log.read_logs([big], workers=2) == one
+
+
+@pytest.mark.parametrize("make,words", [
+    (lambda p: "/dev/zero", "/dev/zero: binary data, not a text log"),
+    (lambda p: str(p), "cannot read log (Is a directory)"),
+    (lambda p: (p / "bin.log").write_bytes(bytes(range(256)) * 64) and p / "bin.log",
+     "binary data, not a text log"),
+    (lambda p: (p / "long.log").write_bytes(b"Decode batch, " * 100_000) and p / "long.log",
+     "line 1 is longer than 1 MB"),
+])
+def test_unreadable_inputs_are_one_line_errors(tmp_path, make, words):
+    with pytest.raises(CliError) as e:
+        sglang_log.read_logs([make(tmp_path)])
+    assert words in str(e.value) and "\n" not in str(e.value)

@@ -112,7 +112,9 @@ def test_cli_pp_limits_the_pipeline(fixtures, tmp_path):
 
 @pytest.mark.parametrize("args,words", [
     (["--from-nvidia-smi", "MISSING"], "cannot read"),
-    (["--from-nvidia-smi", "BAD"], "line 2: unknown link 'QQQ'"),
+    (["--from-nvidia-smi", "BAD"], "line 2: row GPU0 has unknown link 'QQQ'"),
+    (["--from-nvidia-smi", "/dev/zero"], "larger than 1 MB"),
+    (["--from-nvidia-smi", "DIR"], "cannot read"),
     (["--from-nvidia-smi", "GOOD", "--pp", "9"], "--pp 9 but the file lists 2 GPUs"),
     (["--from-nvidia-smi", "GOOD", "--gpus", "0,x"], "comma-separated integers"),
     (["--from-nvidia-smi", "GOOD", "--gpus", "0,5"], "GPU 5 is not in the file"),
@@ -121,7 +123,8 @@ def test_cli_errors_one_line_exit_2(tmp_path, capsys, args, words):
     (tmp_path / "GOOD").write_text("\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tPIX\t0-7\n"
                                    "GPU1\tPIX\t X \t0-7\n")
     (tmp_path / "BAD").write_text("\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tQQQ\t0-7\n")
-    args = [str(tmp_path / a) if a in ("MISSING", "BAD", "GOOD") else a for a in args]
+    (tmp_path / "DIR").mkdir()
+    args = [str(tmp_path / a) if a in ("MISSING", "BAD", "GOOD", "DIR") else a for a in args]
     rc = main(["topology", *args, "--json", str(tmp_path / "o.json")])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and words in err and "\n" not in err and "Traceback" not in err

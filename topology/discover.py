@@ -158,6 +158,8 @@ def smi_links(n: int) -> tuple[dict[str, str] | None, str | None]:
         return None, f"nvidia-smi topo -m unusable: {str(e).splitlines()[0] if str(e) else e}"
     if len(topo.gpus) != n:
         return None, f"nvidia-smi topo -m lists {len(topo.gpus)} GPUs, NVML {n}"
+    if topo.unknown_pairs:
+        return None, f"nvidia-smi topo -m unusable: {topo.notes[-1]}"
     return topo.links, None
 
 

@@ -168,12 +168,14 @@ def from_smi_text(text: str, pipeline: list[int] | None = None, argv=None) -> Re
     if bad:
         raise ValueError(f"GPU {bad[0]} is not in the file (it lists {len(topo.gpus)} GPUs)")
     disc = Discovery(gpus=(), links=topo.links, p2p_support={}, sockets=None, numa_nodes=None,
-                     links_source="nvidia-smi")
+                     links_source="nvidia-smi", notes=topo.notes)
     numa = {g.numa_node for g in topo.gpus if g.numa_node is not None}
     data = replace(build_data(disc, pipeline, hidden=None, tensors=None, mode="offline",
                               source="nvidia-smi"),
                    gpus=tuple(TopoGpu(**asdict(g)) for g in topo.gpus), nics=tuple(topo.nics),
-                   columns=tuple(topo.columns), numa_nodes=len(numa) or None)
+                   columns=tuple(topo.columns), numa_nodes=len(numa) or None,
+                   # pairs the text did not give readably (shown as "?")
+                   links_unknown=tuple(topo.unknown_pairs))
     return make_record(PROBE, data, argv=argv)
 
 

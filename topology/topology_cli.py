@@ -118,12 +118,12 @@ def handle(args) -> int:
     _check_args(args)
     if args.from_smi:
         from topology.probe import from_smi_text
-        from topology.smi_parse import TopoParseError
+        from topology.smi_parse import TopoParseError, read_smi_file
 
         try:
-            text = Path(args.from_smi).read_text(errors="replace")
-        except OSError as e:
-            raise CliError(f"cannot read {args.from_smi}: {e.strerror or e}") from None
+            text = read_smi_file(args.from_smi)
+        except TopoParseError as e:
+            raise CliError(str(e)) from None
         try:
             pipeline = list(gpus) if gpus else None
             rec = from_smi_text(text, pipeline=pipeline, argv=args.argv)
@@ -134,6 +134,8 @@ def handle(args) -> int:
                 rec = from_smi_text(text, pipeline=list(range(args.pp)), argv=args.argv)
         except (TopoParseError, ValueError) as e:
             raise CliError(f"{args.from_smi}: {e}") from None
+        for note in rec.payload.notes:   # what the parser skipped or left unknown
+            print(f"warning: {args.from_smi}: {note}", file=sys.stderr)
         save_record(rec, out)
         _finish(rec, out, not args.no_png)
         return 0

@@ -1,13 +1,15 @@
-"""Benchmark ppscope's streaming trace reader against Holistic Trace Analysis on one large trace.
+"""Benchmark ppscope's streaming trace reader against Holistic Trace Analysis on large traces.
 
-`python -m microbench.sglang.bench_trace_reader FILE [--repeat N] [--keep]`: builds a large trace by
-repeating FILE's `traceEvents` N times, each copy shifted past the previous one in time and with
-correlation ids offset (a long, valid single-rank trace), writes it gzipped to a temporary
-directory, then times in separate subprocesses (so peak RSS is each reader's own, read from
-`resource.getrusage(RUSAGE_CHILDREN).ru_maxrss`):
-- ppscope: `sglang_trace.read_trace` (busy/idle, idle split, NCCL receives, ...);
-- HTA: `TraceAnalysis(trace_dir=...)` + `get_temporal_breakdown()`.
-Prints wall seconds and peak RSS (MB) of each and the ratios. Needs HolisticTraceAnalysis.
+`python -m microbench.sglang.bench_trace_reader FILE [FILE ...] [--repeat N] [--keep]`: builds
+one large trace per FILE (one rank each) by repeating its `traceEvents` N times, each copy
+shifted past the previous one in time and with correlation ids offset (a long, valid trace),
+writes them gzipped to a temporary directory, then times in separate interpreters:
+- ppscope, ranks one after the other (`read_traces(..., workers=1)`, how it read them before);
+- ppscope, ranks in parallel processes (`read_traces`, the default);
+- HTA: `TraceAnalysis(trace_dir=...)` + `get_temporal_breakdown()` (it parses ranks in parallel).
+Prints wall seconds (interpreter start and imports included) and CPU seconds, then (from a
+second run of each, sampling /proc) the peak memory of each reader and its worker processes
+together (see bench_common.py), and the ratios. Needs HolisticTraceAnalysis.
 """
 from __future__ import annotations
 
@@ -15,17 +17,28 @@ import argparse
 import gzip
 import json
 import os
-import resource
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-_OURS = "from microbench.sglang import trace as t; import sys; t.read_trace(sys.argv[1])"
-_HTA = ("import logging, sys; logging.disable(logging.WARNING);"
+from microbench.sglang.bench_common import run_child
+
+_OURS = ("import sys, json; from microbench.sglang import trace as t; "
+         "from microbench.sglang.bench_common import measured; "
+         "print(json.dumps(measured(lambda: t.read_traces(sys.argv[1], workers=int(sys.argv[2])"
+         " or None), sample_s=float(sys.argv[3]) or None)))")
+_HTA = ("import logging, sys, json; logging.disable(logging.WARNING);"
         "from hta.trace_analysis import TraceAnalysis;"
-        "TraceAnalysis(trace_dir=sys.argv[1]).get_temporal_breakdown(visualize=False)")
+        "from microbench.sglang.bench_common import measured; "
+        "print(json.dumps(measured(lambda: TraceAnalysis(trace_dir=sys.argv[1])"
+        ".get_temporal_breakdown(visualize=False), sample_s=float(sys.argv[2]) or None)))")
+
+
+def _both(code: str, args: list[str]) -> dict:
+    """Timed without memory sampling, then run again sampling memory."""
+    m = run_child(code, args + ["0"])
+    m["peak_mb"] = run_child(code, args + ["0.05"])["peak_mb"]
+    return m
 
 
 def make_large(src: Path, dst: Path, repeat: int) -> int:
@@ -61,38 +74,44 @@ def make_large(src: Path, dst: Path, repeat: int) -> int:
         return sum(len(b) for b in iter(lambda: f.read(1 << 24), b""))
 
 
-def _measure(code: str, arg: str) -> tuple[float, float]:
-    t0 = time.perf_counter()
-    # each reader in its own interpreter; ru_maxrss of the finished child is its peak RSS (kB)
-    r = subprocess.run([sys.executable, "-c", code, arg], capture_output=True, text=True,
-                       cwd=Path(__file__).resolve().parents[2])
-    wall = time.perf_counter() - t0
-    if r.returncode:
-        raise SystemExit(f"reader failed: {r.stderr.strip().splitlines()[-1:]}")
-    return wall, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("file", help="a Kineto trace (.json or .json.gz) to repeat")
+    p.add_argument("files", nargs="*", help="Kineto traces (.json or .json.gz), one per rank, "
+                   "each repeated into one large rank trace")
+    p.add_argument("--dir", help="time on the traces already in DIR (e.g. kept with --keep) "
+                   "instead of building them")
     p.add_argument("--repeat", type=int, default=300, help="copies of the events (default 300)")
-    p.add_argument("--keep", action="store_true", help="keep the large trace and print its path")
+    p.add_argument("--keep", action="store_true", help="keep the large traces in the current "
+                   "directory and print their paths")
     a = p.parse_args(argv)
+    if not 1 <= a.repeat <= 100_000:
+        raise SystemExit(f"--repeat must be 1..100000, got {a.repeat}")
+    if not a.files and not a.dir:
+        p.error("give trace FILEs to repeat, or --dir")
     with tempfile.TemporaryDirectory() as d:
-        big = Path(d) / "large-rank0.json.gz"
-        n = make_large(Path(a.file), big, a.repeat)
-        print(f"large trace: {n / 1e6:.0f} MB uncompressed, {big.stat().st_size / 1e6:.0f} MB gz")
-        # ours first: RUSAGE_CHILDREN's maxrss is the max over children so far, so the smaller
-        # reader must run first for its figure to be its own
-        w_ours, m_ours = _measure(_OURS, str(big))
-        w_hta, m_hta = _measure(_HTA, d)
-        print(f"ppscope: {w_ours:7.1f} s  peak RSS {m_ours:7.0f} MB")
-        print(f"HTA:     {w_hta:7.1f} s  peak RSS {m_hta:7.0f} MB")
-        print(f"ppscope is {w_hta / w_ours:.1f}x faster and uses {m_hta / m_ours:.1f}x less memory")
-        if a.keep:
-            keep = Path(os.getcwd()) / big.name
-            big.replace(keep)
-            print(f"kept {keep}")
+        if a.dir:
+            d = a.dir
+        for r, f in enumerate([] if a.dir else a.files):
+            big = Path(d) / f"large-rank{r}.json.gz"
+            n = make_large(Path(f), big, a.repeat)
+            print(f"rank {r}: {n / 1e6:.0f} MB uncompressed, {big.stat().st_size / 1e6:.0f} MB gz")
+        seq = _both(_OURS, [d, "1"])
+        par = _both(_OURS, [d, "0"])
+        hta = _both(_HTA, [d])
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+        for name, m in (("ppscope, ranks in turn", seq), ("ppscope, ranks in parallel", par),
+                        ("HTA", hta)):
+            print(f"{name:27s} {m['wall_s']:7.1f} s wall  {m['cpu_s']:7.1f} CPU s  peak "
+                  f"{m['peak_mb']:6.0f} MB")
+        print(f"HTA / ppscope wall: {hta['wall_s'] / par['wall_s']:.2f}x (ranks in turn: "
+              f"{hta['wall_s'] / seq['wall_s']:.2f}x); parallel vs in turn: "
+              f"{seq['wall_s'] / par['wall_s']:.2f}x; memory: HTA / ppscope "
+              f"{hta['peak_mb'] / par['peak_mb']:.1f}x; load average after: {load:.1f}")
+        if a.keep and not a.dir:
+            for r in range(len(a.files)):
+                keep = Path(os.getcwd()) / f"large-rank{r}.json.gz"
+                (Path(d) / keep.name).replace(keep)
+                print(f"kept {keep}")
     return 0
 
 

@@ -93,6 +93,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--concurrency", type=int, default=None, metavar="C",
                    help="client streams while the traces were recorded (the bench run's "
                         "--max-concurrency); with --url --profile it is --live-concurrency")
+    g.add_argument("--hta-compatible", action="store_true",
+                   help="read --traces by Holistic Trace Analysis's rules, to compare with it: "
+                   "cuda_sync events on stream -1 left out but other syncs counted busy, kernels "
+                   "with no launch event dropped when there are 2+ ProfilerSteps, intervals "
+                   "rounded inward to whole us. Default: no sync event is busy (they are waits), "
+                   "kernels with no launch event are kept (real GPU work), sub-us times kept. "
+                   "Both: the last of 2+ ProfilerSteps left out; events without dur or with "
+                   "NaN/negative/over-a-day durations skipped and counted. The rules used are in "
+                   "the record (traces.ranks.N.rules)")
     g.add_argument("--slot-window", type=int, default=16, metavar="W",
                    help="decode lines per slot-imbalance window: pp + async depth (default 16)")
 
@@ -129,7 +138,9 @@ def collect(args: argparse.Namespace) -> dict:
         data["slot_imbalance"] = log.pop("slot_imbalance")
         data["log"] = log
     if args.sglang_traces:
-        data["traces"] = sglang_trace.read_traces(args.sglang_traces, link_gbps=args.link_gbps)
+        data["traces"] = sglang_trace.read_traces(
+            args.sglang_traces, link_gbps=args.link_gbps,
+            hta_compatible=getattr(args, "hta_compatible", False))
         data["loop"] = _loop(args, data)
     if args.sglang_metrics:
         data["metrics"] = sglang_metrics.read_metrics(args.sglang_metrics)

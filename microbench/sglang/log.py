@@ -9,80 +9,129 @@ the graph path.
 
 How to run: `ppscope sglang --log server.log [rank1.log.gz ...]`.
 
-Formats handled (checked against SGLang's `scheduler_metrics_mixin.py` and `scheduler.py`):
+Formats handled (checked against SGLang 0.5.23's srt/managers/scheduler_components/
+metrics_reporter.py and scheduler.py `configure_scheduler_process`, and the 0.4.3 / 0.4.6 / 0.5.2
+releases' scheduler.py / scheduler_metrics_mixin.py):
 - prefix `[YYYY-mm-dd HH:MM:SS{tags}]`, `.mmm` milliseconds with SGLANG_LOG_MS, tags in any
   order among ` DP{d}`, ` PP{p}`, ` TP{t}`, ` EP{e}`, ` ATTN_CP{c}`, ` MOE_DP{m}` (the order
-  changed across versions);
+  changed across versions); 2024 releases printed `[HH:MM:SS TP0]` without the date (read as
+  seconds of day, a wrap past midnight adds a day); anything before the bracket (a Ray actor's
+  `(pid=…)`, a progress bar) is ignored;
+- a custom logging format (SGLANG_LOGGING_CONFIG_PATH replaces SGLang's format, prefix and rank
+  tags included), e.g. `INFO 1234 [metrics_reporter.py:1070] Decode batch, …`: the line is
+  read; its time is taken from a `YYYY-mm-dd HH:MM:SS[,mmm]` anywhere before `Decode`, else it
+  has none (no span, no time series), and without rank tags the file's index is its rank;
 - `Decode batch[ [N]], #running-req: N, #token: N, token usage: X, [#cached-token: N, ]
   [accept len: X, accept rate: X, ]cuda graph: B, gen throughput (token/s): X, #queue-req: N[, ]`
-  (`cpu graph` / `npu graph` on other devices, hybrid models log `#full token` instead of
-  `#token`; `[N]` appears with SGLANG_LOG_FORWARD_ITERS; older versions end with `, `);
-- `Prefill batch[ [N]], #new-seq: N, #new-token: N, #cached-token: N, token usage: X,
-  #running-req: N, #queue-req: N, ...`.
+  (`cpu graph` / `npu graph` / `musa graph` on other devices, hybrid models log `#full token`
+  instead of `#token`; `[N]` appears with SGLANG_LOG_FORWARD_ITERS); early-2025 releases write
+  `Decode batch.` and end with `, ` (sgl-project/sglang#3909, #4407), some with fields between
+  `gen throughput` and `#queue-req`; the fields in any other order are read too;
+- `Prefill batch[ [N]][,.] #new-seq: N, #new-token: N, #cached-token: N, token usage: X,
+  #running-req: N, #queue-req: N, …`; a prefill server of a disaggregated deployment logs no
+  `#running-req` (`#unbootstrapped-req`, `#transferring-req` instead) and is read without it;
+  NPU builds write `npu graph`.
 Several files: a line with a `PP{p}` tag belongs to rank p; a file whose lines carry no PP tag is
-taken as rank <file index>. With TP > 1 only the lowest TP rank of each PP rank is counted (every
-TP rank of a stage logs the same batch).
+taken as rank <file index>.
 
-The scheduler's start-up line (`max_total_num_tokens=..., chunked_prefill_size=...,
-max_prefill_tokens=..., max_running_requests=..., context_len=...`) is read into
-`server_settings`: the values the server actually ran with (the report prefers them to defaults
-it would otherwise derive).
+Which lines are the same batch and which are different batches (SGLang 0.5.23 logs only from
+schedulers with attention-TP rank 0 and attention-CP rank 0, `is_stats_logging_rank`; older
+releases logged from every TP rank): within one PP rank, each DP rank (`DP{d}`) runs its own
+scheduler and its own batches, so every DP rank's lines count (data-parallel attention: all 8
+DP ranks of a TP8/DP8 deployment log their own batch). The TP and attention-CP ranks of one
+(PP, DP) scheduler log the same batch, so only the lowest (ATTN_CP, TP) rank's lines are kept;
+the others are counted in `lines_other_tp`. Per PP rank, `by_dp` gives each DP rank's own
+numbers; the rank's own numbers pool all its DP ranks' lines (slot windows never mix two DP
+ranks).
 
 How to read it: `lines_unrecognised` counts batch lines that could not be parsed (a line cut
 mid-way, an unknown layout); `lines_other` counts everything else (HTTP access lines...). Neither
 is fatal, neither is silently dropped; a file with no batch line at all is listed in
-`files_without_batch_lines`. Unreadable files (truncated gzip, empty) and a set of files with no
-batch line at all (not a server log, or logged below info level) raise a one-line CliError.
+`files_without_batch_lines`. Unreadable files (missing, a directory, truncated gzip, empty,
+binary, a "line" over 1 MB such as /dev/zero) and a set of files with no batch line at all (not a
+server log, or logged below info level) raise a one-line CliError.
+
+Streaming: files are read in 8 MB blocks and each batch line is reduced to a few numbers in
+numpy arrays, so memory grows with the number of batch lines (~30 bytes each), not with the file.
+A block is read with whole-block operations (split, regular expressions over all its decode
+lines at once, fixed-width numpy decoding of the standard `[date time tags]` prefix); lines
+those do not fit (another layout, a custom prefix, a cut line) are read one by one, in their
+place. Large plain files are split into byte ranges read by worker processes when the machine
+has cores to spare. See microbench/sglang/bench_log_reader.py and docs/BENCHMARKS.md for MB/s
+and peak memory.
 
 Slot-imbalance index (our definition): the log samples one decode step every
 `--decode-log-interval` steps of a rank, each naming the size of the slot it ran. Over windows of
-`window` consecutive decode lines of a rank (default 16 = PP8 + async depth 8; `pp + depth` is
-the number of slots), we take max / mean of `#running-req` (1.0 = every sampled slot the same
-size; `window` = all requests in one slot) and report the median over windows, plus the
-coefficient of variation (population std / mean) of all sampled sizes. It is a sampled estimate:
-with interval 40 and 16 slots the log visits only the slots 40·k mod 16 apart.
+`window` consecutive decode lines of one scheduler (default 16 = PP8 + async depth 8; `pp +
+depth` is the number of slots), we take max / mean of `#running-req` (1.0 = every sampled slot
+the same size; `window` = all requests in one slot) and report the median over windows, plus the
+coefficient of variation (population std / mean) of all sampled sizes. With several DP ranks the
+windows of all of them are pooled and `cv` is the median of their cvs. It is a sampled
+estimate: with interval 40 and 16 slots the log visits only the slots 40·k mod 16 apart.
 """
 from __future__ import annotations
 
-import datetime as _dt
+import calendar
+import gc
 import gzip
+import math
+import os
 import re
-import statistics
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
+import numpy as np
+
 from reports.base.errors import CliError
 
-_LINE_RE = re.compile(
-    r"\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d{1,6})?)(?P<tags>(?: [A-Z_]*[A-Z]\d+)*)\] "
-    r"(?P<kind>Decode|Prefill) batch(?: \[(?P<iter>\d+)\])?, (?P<rest>.*)$"
-)
-_TAG_RE = re.compile(r" ([A-Z_]*[A-Z])(\d+)")
-# The scheduler's start-up line (SGLang 0.5.23 managers/scheduler.py, `Scheduler.__init__`):
-# "max_total_num_tokens=N, chunked_prefill_size=N, max_prefill_tokens=N,
-#  max_running_requests=N, context_len=N, available_gpu_mem=X GB"
-_SETTINGS_RE = re.compile(r"\b(max_total_num_tokens|chunked_prefill_size|max_prefill_tokens|"
-                          r"max_running_requests|context_len)=(-?\d+)")
-_BATCH_HINT = re.compile(r"\] (?:Decode|Prefill) batch")
-_GRAPH_KEYS = ("cuda graph", "cpu graph", "npu graph")
+CHUNK_BYTES = 8 << 20
+MAX_LINE_BYTES = 1 << 20     # no SGLang line comes near this; /dev/zero has no newline at all
+PARALLEL_MIN_BYTES = 32 << 20   # below this, starting worker processes costs more than it saves
+MAX_WORKERS = 4
+SUB_LINES = 512              # lines re-tried together when a block's fast read does not fit
+_MAX_COUNT = 2 ** 31 - 1     # a count or token/s beyond this is a corrupted field, not a value
+_BATCH_RE = re.compile(rb"(Decode|Prefill) batch(?: \[(\d+)\])?[.,] ?([^\n\r]*)")
+_STAMP_RE = re.compile(
+    rb"(?:(\d{4})-(\d\d)-(\d\d)[ T])?(\d\d):(\d\d):(\d\d)(?:[.,](\d{1,6}))?"
+    rb"((?: [A-Z][A-Z_]*[A-Z]\d+)*)\]?")
+_TAG_RE = re.compile(rb" ([A-Z][A-Z_]*[A-Z])(\d+)")
+_TAGS_FULL = re.compile(rb"(?: [A-Z][A-Z_]*[A-Z]\d{1,6})*")
+# Decode and prefill lines in SGLang's field order (every release since 2024), read from a
+# block's joined lines by expressions that each start with a literal (the engine then jumps
+# from one occurrence to the next) and match once per line; a block whose counts differ from
+# its number of lines is read again in smaller pieces, down to field by field.
+_DEC_SIZE = re.compile(rb"Decode batch(?: \[\d+\])?[.,] #running-req: (\d{1,9}), ")
+_DEC_GEN = re.compile(rb"gen throughput \(token/s\): (\d{1,9}(?:\.\d{1,9})?), "
+                      rb"(?:[^,\n]+, )?#queue-req: (\d{1,9})")
+_DEC_GRAPH = re.compile(rb" graph: (True|False), gen throughput")   # its place in every release
+_PRE_FAST = re.compile(
+    rb"Prefill batch(?: \[\d+\])?[.,] #new-seq: \d{1,9}, #new-token: (\d{1,9}), "
+    rb"(?:(?!#queue-req)[^,\n]+, )*#queue-req: \d{1,9}")
+_DEC_WORD = re.compile(rb"Decode batch").search
+_PRE_WORD = re.compile(rb"Prefill batch").search
+_GRAPH_KEYS = ("cuda graph", "cpu graph", "npu graph", "musa graph", "hpu graph", "xpu graph")
 _REQUIRED = {
     "Decode": ("#running-req", "gen throughput (token/s)", "#queue-req"),
-    "Prefill": ("#new-seq", "#new-token", "#running-req", "#queue-req"),
+    "Prefill": ("#new-seq", "#new-token", "#queue-req"),
 }
+# bytes of a line read as its prefix (a multiple of 8); holds the longest SGLang writes,
+# `[YYYY-mm-dd HH:MM:SS.mmm DP10 PP10 ATTN_CP10 MOE_DP10 TP10 EP10] `
+_PREFIX_W = 72
 
 
 @dataclass(frozen=True)
 class BatchLine:
     kind: str                 # "Decode" | "Prefill"
-    t_s: float                # seconds since the epoch (log clock, local time read as UTC)
+    t_s: float | None         # seconds since the epoch (log clock, local time read as UTC)
     pp: int | None
     tp: int | None
     dp: int | None
     iteration: int | None
     fields: dict = field(default_factory=dict)  # key -> int | float | bool | str
     source: int = 0           # index of the file it came from
+    attn_cp: int | None = None
 
 
 def _value(v: str):
@@ -94,195 +143,728 @@ def _value(v: str):
     except ValueError:
         pass
     try:
-        return float(v)
+        f = float(v)
     except ValueError:
         return v
+    return f if math.isfinite(f) else v
 
 
-def parse_line(line: str, source: int = 0) -> BatchLine | None | str:
-    """A BatchLine; None for a line that is not a batch line; "bad" for a batch line we cannot read."""
-    m = _LINE_RE.search(line)
-    if m is None:
-        return "bad" if _BATCH_HINT.search(line) else None
-    fields: dict = {}
-    for part in m["rest"].split(", "):
-        part = part.strip().rstrip(",")
+def _fields(rest: str) -> dict | None:
+    """Every `key: value` of a batch line's tail; None when a part has no `: `."""
+    out: dict = {}
+    for part in rest.split(", "):
+        part = part.strip().rstrip(",").strip()
         if not part:
             continue
         key, sep, val = part.partition(": ")
         if not sep:
-            return "bad"
-        fields[key.strip()] = _value(val)
-    if any(k not in fields or isinstance(fields[k], str) for k in _REQUIRED[m["kind"]]):
-        return "bad"
-    tags = {k: int(v) for k, v in _TAG_RE.findall(m["tags"])}
-    ts = m["ts"].replace(",", ".")
-    fmt = "%Y-%m-%d %H:%M:%S.%f" if "." in ts else "%Y-%m-%d %H:%M:%S"
-    try:
-        t = _dt.datetime.strptime(ts, fmt).replace(tzinfo=_dt.timezone.utc).timestamp()
-    except ValueError:  # e.g. a corrupted clock field
-        return "bad"
-    return BatchLine(kind=m["kind"], t_s=t, pp=tags.get("PP"), tp=tags.get("TP"),
-                     dp=tags.get("DP"), iteration=int(m["iter"]) if m["iter"] else None,
-                     fields=fields, source=source)
+            return None
+        out[key.strip()] = _value(val)
+    return out
 
 
-def _open_lines(path: Path) -> Iterator[str]:
+def _ok(kind: str, f: dict) -> bool:
+    return all(isinstance(f.get(k), (int, float)) and not isinstance(f.get(k), bool)
+               and 0 <= f[k] < _MAX_COUNT for k in _REQUIRED[kind])
+
+
+def _epoch(y, mo, d, h, mi, s) -> float | None:
+    """Seconds since the epoch of a log clock (read as UTC); None for an impossible date. A
+    date-less clock (2024 releases) is read as a time of 1970-01-01."""
+    yy, mm, dd = (int(y), int(mo), int(d)) if y is not None else (1970, 1, 1)
+    hh, mi_, ss = int(h), int(mi), int(s)
+    if not (1 <= mm <= 12 and 1 <= dd <= 31 and hh < 24 and mi_ < 60 and ss < 61):
+        return None
+    return float(calendar.timegm((yy, mm, dd, hh, mi_, ss)))
+
+
+_TAG_CACHE: dict[bytes, tuple] = {}
+
+
+def _tags(raw: bytes) -> tuple:
+    """(pp, dp, tp, attn_cp) from ` DP0 PP1 TP0 ...`."""
+    r = _TAG_CACHE.get(raw)
+    if r is None:
+        tags = {k: int(v) for k, v in _TAG_RE.findall(raw)}
+        r = (tags.get(b"PP"), tags.get(b"DP"), tags.get(b"TP"), tags.get(b"ATTN_CP"))
+        if len(_TAG_CACHE) > 10_000:
+            _TAG_CACHE.clear()
+        _TAG_CACHE[raw] = r
+    return r
+
+
+_NO_TAGS = (None, None, None, None)
+
+
+def _prefix(pre: bytes) -> tuple:
+    """(t_s | None | False, tags) from the text before `Decode/Prefill batch`; t_s is False for
+    a time that cannot be (a corrupted clock field), None when there is no clock."""
+    m = _STAMP_RE.search(pre)
+    if m is None:
+        return None, _NO_TAGS
+    y, mo, d, h, mi, s, frac, tags = m.groups()
+    t = _epoch(y, mo, d, h, mi, s)
+    if t is None:
+        return False, _NO_TAGS
+    if frac:
+        t += int(frac) / 10 ** len(frac)
+    return t, (_tags(tags) if tags else _NO_TAGS)
+
+
+def parse_line(line: str, source: int = 0) -> BatchLine | None | str:
+    """A BatchLine; None for a line that is not a batch line; "bad" for a batch line we cannot read."""
+    raw = line.encode("utf-8", errors="replace")
+    m = _BATCH_RE.search(raw)
+    if m is None:
+        return None
+    kind = m.group(1).decode()
+    f = _fields(m.group(3).decode("utf-8", errors="replace"))
+    if f is None or not _ok(kind, f):
+        return "bad"
+    t, (pp, dp, tp, cp) = _prefix(raw[:m.start()])
+    if t is False:
+        return "bad"
+    return BatchLine(kind=kind, t_s=t, pp=pp, tp=tp, dp=dp,
+                     iteration=int(m.group(2)) if m.group(2) else None, fields=f, source=source,
+                     attn_cp=cp)
+
+
+def _open_blocks(path: Path) -> Iterator[bytes]:
+    """The file's bytes in blocks (gzip or plain; a pipe is read once, never reopened)."""
     try:
-        with open(path, "rb") as f:
-            magic = f.read(2)
+        f = open(path, "rb")
     except OSError as e:
         raise CliError(f"{path}: cannot read log ({e.strerror or e})") from None
-    opener = gzip.open if magic == b"\x1f\x8b" else open
-    n = 0
+    with f:
+        try:
+            magic = f.peek(2)[:2]
+        except OSError as e:
+            raise CliError(f"{path}: cannot read log ({e.strerror or e})") from None
+        src = gzip.GzipFile(fileobj=f, mode="rb") if magic == b"\x1f\x8b" else f
+        while True:
+            b = src.read(CHUNK_BYTES)
+            if not b:
+                return
+            yield b
+
+
+def _unwrap_days(t: np.ndarray) -> np.ndarray:
+    """Date-less clocks (2024 releases print `[HH:MM:SS]`): in one scheduler's lines, a step
+    back of more than 12 h is a wrap past midnight and adds a day."""
+    if len(t) > 1 and (t[~np.isnan(t)] < 86400 * 2).all():
+        return t + 86400.0 * np.concatenate(([0], np.cumsum(np.diff(t) < -43200.0)))
+    return t
+
+
+def _cat1(parts: list, dtype) -> np.ndarray:
+    if not parts:
+        return np.zeros(0, dtype=dtype)
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+class _Group:
+    """One scheduler's lines (a (rank, DP, ATTN_CP, TP) key): numpy arrays, one per block."""
+    __slots__ = ("t", "size", "gen", "queue", "graph", "pre_t", "new_tokens")
+    _TYPES = (np.float64, np.int32, np.float64, np.int32, np.int8, np.float64)
+
+    def __init__(self) -> None:
+        self.t: list = []       # decode lines' times, NaN when a line has none
+        self.size: list = []    # #running-req
+        self.gen: list = []     # gen throughput (token/s)
+        self.queue: list = []   # #queue-req
+        self.graph: list = []   # 1 cuda graph: True, 0 False, -1 not logged
+        self.pre_t: list = []   # prefill lines' times
+        self.new_tokens = 0     # prefill #new-token, summed
+
+    def export(self) -> tuple:
+        """The group as one array per field (also what a worker process sends back)."""
+        return tuple(_cat1(x, dt) for x, dt in zip(
+            (self.t, self.size, self.gen, self.queue, self.graph, self.pre_t), self._TYPES)) \
+            + (self.new_tokens,)
+
+    def merge(self, e: tuple) -> None:
+        for parts, arr in zip((self.t, self.size, self.gen, self.queue, self.graph, self.pre_t),
+                              e[:6]):
+            if len(arr):
+                parts.append(arr)
+        self.new_tokens += e[6]
+
+    def decode(self) -> tuple:
+        """(t, size, gen, queue, graph) of the decode lines in time order, and the time span of
+        all the group's lines (None without clocks)."""
+        cat = list(self.export())
+        self.t, self.size, self.gen, self.queue, self.graph, self.pre_t = \
+            ([c] if len(c) else [] for c in cat[:6])
+        t = cat[0] = _unwrap_days(cat[0])
+        if len(t) > 1:
+            known = np.where(np.isnan(t), -np.inf, t)
+            if (np.diff(known[~np.isnan(t)]) < 0).any():   # several files of one rank
+                order = np.argsort(known, kind="stable")
+                cat[:5] = [c[order] for c in cat[:5]]
+        both = np.concatenate((t, _unwrap_days(cat[5])))
+        both = both[~np.isnan(both)]
+        span = (float(both.min()), float(both.max())) if len(both) else None
+        return tuple(cat[:5]) + (span,)
+
+    @property
+    def decode_lines(self) -> int:
+        return sum(len(x) for x in self.size)
+
+    @property
+    def prefills(self) -> int:
+        return sum(len(x) for x in self.pre_t)
+
+    @property
+    def lines(self) -> int:
+        return self.decode_lines + self.prefills
+
+
+def _group(groups: dict, key) -> _Group:
+    g = groups.get(key)
+    if g is None:
+        g = groups[key] = _Group()
+    return g
+
+
+def _fast_prefix(lines: list[bytes]) -> tuple[np.ndarray, np.ndarray, list, np.ndarray]:
+    """Standard `[YYYY-mm-dd HH:MM:SS[.mmm]{tags}] ` prefixes decoded as fixed-width bytes:
+    (t, key index per line, tags per key index (tuple, or None when not rank tags), ok mask).
+    Rows not in that layout have ok False."""
+    n = len(lines)
+    m = np.array(lines, dtype=f"S{_PREFIX_W}").view(np.uint8).reshape(n, _PREFIX_W)
+    d8 = m[:, :24] - np.uint8(48)       # digits 0..9; anything else wraps to >= 10
+    digit = d8 <= 9
+    d = d8.astype(np.int32)
+    ok = ((m[:, 0] == 91) & (m[:, 5] == 45) & (m[:, 8] == 45) & (m[:, 11] == 32)
+          & (m[:, 14] == 58) & (m[:, 17] == 58)
+          & digit[:, [1, 2, 3, 4, 6, 7, 9, 10, 12, 13, 15, 16, 18, 19]].all(axis=1))
+    y = d[:, 1] * 1000 + d[:, 2] * 100 + d[:, 3] * 10 + d[:, 4]
+    mo, dd = d[:, 6] * 10 + d[:, 7], d[:, 9] * 10 + d[:, 10]
+    hh, mi, ss = d[:, 12] * 10 + d[:, 13], d[:, 15] * 10 + d[:, 16], d[:, 18] * 10 + d[:, 19]
+    ok &= (mo >= 1) & (mo <= 12) & (dd >= 1) & (dd <= 31) & (hh < 24) & (mi < 60) & (ss < 61)
+    ms = ((m[:, 20] == 46) | (m[:, 20] == 44)) & digit[:, 21:24].all(axis=1)  # SGLANG_LOG_MS
+    end = np.where(ms, 24, 20)
+    # days from the civil date (H. Hinnant's days_from_civil), proleptic Gregorian as timegm
+    yy = (y - (mo <= 2)).astype(np.int64)
+    era = yy // 400
+    yoe = yy - era * 400
+    doy = (153 * (mo + np.where(mo > 2, -3, 9)) + 2) // 5 + dd - 1
+    days = era * 146097 + yoe * 365 + yoe // 4 - yoe // 100 + doy - 719468
+    t = (days * 86400 + hh * 3600 + mi * 60 + ss).astype(np.float64)
+    t += np.where(ms, d[:, 21] * 100 + d[:, 22] * 10 + d[:, 23], 0) / 1000.0
+    # the rank tags run from the end of the clock to the first "]"
+    close = np.argmax(m == 93, axis=1)
+    ok &= (m[np.arange(n), close] == 93) & (close >= end)
+    cols = np.arange(_PREFIX_W)
+    region = np.where((cols >= end[:, None]) & (cols < close[:, None]), m, np.uint8(0))
+    # group equal tag regions: a hash of each row, checked byte for byte afterwards
+    words = np.ascontiguousarray(region).view(np.uint64)
+    h = (words * np.arange(1, words.shape[1] * 2, 2, dtype=np.uint64)[None, :]).sum(axis=1)
+    uh, first, inv = np.unique(h, return_index=True, return_inverse=True)
+    inv = inv.ravel()
+    if not (region == region[first][inv]).all():   # a hash collision: group by the bytes
+        _, first, inv = np.unique(region.view(f"S{_PREFIX_W}").ravel(), return_index=True,
+                                  return_inverse=True)
+        inv = inv.ravel()
+    keys = []
+    for i in first:
+        raw = region[i].tobytes().replace(b"\x00", b"")
+        keys.append(_tags(raw) if raw and _TAGS_FULL.fullmatch(raw) else
+                    _NO_TAGS if not raw else None)
+    ok &= ~np.array([k is None for k in keys])[inv]
+    return t, inv, keys, ok
+
+
+def _prefixes(lines: list[bytes], kind: bytes) -> tuple[np.ndarray, np.ndarray, list]:
+    """t (NaN where none, -inf where the clock is impossible), key index per line, and the
+    rank tags of each key index."""
+    t, inv, keys, ok = _fast_prefix(lines)
+    if not ok.all():
+        where = {k: i for i, k in enumerate(keys) if k is not None}
+        for i in np.flatnonzero(~ok):
+            line = lines[i]
+            tt, tg = _prefix(line[:line.find(kind)])
+            t[i] = math.nan if tt is None else (-math.inf if tt is False else tt)
+            j = where.get(tg)
+            if j is None:
+                j = where[tg] = len(keys)
+                keys.append(tg)
+            inv[i] = j
+    return t, inv, keys
+
+
+def _slow(lines: list[bytes], kind: str) -> tuple[list, int]:
+    """Field-by-field read of lines the fast expression does not fit: (rows, unreadable)."""
+    rows, bad = [], 0
+    for line in lines:
+        m = _BATCH_RE.search(line)
+        if m is None:
+            continue   # "Decode batch size ..." in some other message: not a batch line
+        f = _fields(m.group(3).decode("utf-8", errors="replace"))
+        if m.group(1).decode() != kind or f is None or not _ok(kind, f):
+            bad += 1
+            continue
+        if kind == "Decode":
+            gv = next((f[k] for k in _GRAPH_KEYS if k in f), None)
+            rows.append((line, f["#running-req"], float(f["gen throughput (token/s)"]),
+                         f["#queue-req"], -1 if not isinstance(gv, bool) else int(gv)))
+        else:
+            rows.append((line, f["#new-token"]))
+    return rows, bad
+
+
+def _store(groups: dict, source: int, lines: list[bytes], kind: str, cols: tuple) -> int:
+    """Put read lines (and their value columns) into their schedulers' groups; returns the
+    number of lines whose clock is impossible (they are dropped, counted unreadable)."""
+    t, inv, keys = _prefixes(lines, kind.encode() + b" batch")
+    bad = np.isneginf(t)
+    for j in np.unique(inv[~bad]):
+        tg = keys[j]
+        g = _group(groups, (tg[0] if tg[0] is not None else source, tg[1], tg[3], tg[2]))
+        sel = np.flatnonzero((inv == j) & ~bad)
+        if kind == "Decode":
+            size, gen, queue, graph = cols
+            g.t.append(t[sel])
+            g.size.append(size[sel].astype(np.int32))
+            g.gen.append(gen[sel])
+            g.queue.append(queue[sel].astype(np.int32))
+            g.graph.append(graph[sel])
+        else:
+            g.pre_t.append(t[sel])
+            g.new_tokens += int(cols[0][sel].sum())
+    return int(bad.sum())
+
+
+def _read_lines(groups: dict, source: int, lines: list[bytes], kind: str) -> tuple[int, int]:
+    """(read, unreadable) batch lines of one kind, in order, into `groups`."""
+    if not lines:
+        return 0, 0
+    n = len(lines)
+    blob = b"\n".join(lines)
+    cols = None
+    if kind == "Decode":
+        size, gen, graph = _DEC_SIZE.findall(blob), _DEC_GEN.findall(blob), []
+        if len(size) == len(gen) == n:
+            graph = _DEC_GRAPH.findall(blob)
+            if len(graph) in (0, n):
+                g = np.array(gen, dtype="S24").reshape(n, 2)
+                cols = (np.array(size, dtype="S12").astype(np.int64), g[:, 0].astype(np.float64),
+                        g[:, 1].astype(np.int64),
+                        (np.array(graph) == b"True").astype(np.int8) if graph else
+                        np.full(n, -1, dtype=np.int8))
+    else:
+        found = _PRE_FAST.findall(blob)
+        if len(found) == n:
+            cols = (np.array(found, dtype="S16").astype(np.int64),)
+    if cols is not None:
+        bad = _store(groups, source, lines, kind, cols)
+        return n - bad, bad
+    if len(lines) > SUB_LINES:   # find the lines that do not fit, keep the others fast
+        good = bad = 0
+        for s in range(0, len(lines), SUB_LINES):
+            g, b = _read_lines(groups, source, lines[s:s + SUB_LINES], kind)
+            good += g
+            bad += b
+        return good, bad
+    rows, bad = _slow(lines, kind)
+    if rows:
+        if kind == "Decode":
+            cols = (np.array([r[1] for r in rows], dtype=np.int64),
+                    np.array([r[2] for r in rows], dtype=np.float64),
+                    np.array([r[3] for r in rows], dtype=np.int64),
+                    np.array([r[4] for r in rows], dtype=np.int8))
+        else:
+            cols = (np.array([r[1] for r in rows], dtype=np.int64),)
+        b2 = _store(groups, source, [r[0] for r in rows], kind, cols)
+        return len(rows) - b2, bad + b2
+    return 0, bad
+
+
+def _scan_block(text: bytes, source: int, groups: dict) -> tuple[int, int]:
+    """Batch lines of whole lines `text` into `groups`: (read, unreadable)."""
+    lines = text.split(b"\n")
+    dec = list(filter(_DEC_WORD, lines))
+    pre = [ln for ln in filter(_PRE_WORD, lines) if b"Decode batch" not in ln]
+    g1, b1 = _read_lines(groups, source, dec, "Decode")
+    g2, b2 = _read_lines(groups, source, pre, "Prefill")
+    return g1 + g2, b1 + b2
+
+
+class _Lines:
+    """Line count of the file being read (kept by _texts for its messages and the total)."""
+    __slots__ = ("n",)
+
+    def __init__(self) -> None:
+        self.n = 0
+
+
+def _texts(path: Path, count: _Lines) -> Iterator[bytes]:
+    """The file as blocks of whole lines, with the caps that keep a wrong file from being read
+    forever: binary data, or a line over MAX_LINE_BYTES (/dev/zero), is a one-line CliError."""
+    carry = b""
+    first = True
     try:
-        with opener(path, "rt", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                n += 1
-                yield line.rstrip("\n")
+        for block in _open_blocks(path):
+            if first:
+                first = False
+                if b"\x00" in block[:65536]:
+                    raise CliError(f"{path}: binary data, not a text log")
+            cut = block.rfind(b"\n")
+            if cut < 0:
+                carry += block
+                if len(carry) > MAX_LINE_BYTES:
+                    raise CliError(f"{path}: line {count.n + 1} is longer than "
+                                   f"{MAX_LINE_BYTES >> 20} MB: not a text log")
+                continue
+            text = carry + block[:cut + 1] if carry else block[:cut + 1]
+            carry = block[cut + 1:]
+            count.n += text.count(b"\n")
+            if len(carry) > MAX_LINE_BYTES:
+                raise CliError(f"{path}: line {count.n + 1} is longer than "
+                               f"{MAX_LINE_BYTES >> 20} MB: not a text log")
+            yield text
+        if carry:
+            count.n += 1
+            yield carry
     except (EOFError, zlib.error, gzip.BadGzipFile) as e:
-        raise CliError(f"{path}: truncated or corrupt gzip after {n} lines ({e})") from None
-    if n == 0:
+        raise CliError(f"{path}: truncated or corrupt gzip after {count.n} lines ({e})") from None
+    except OSError as e:
+        raise CliError(f"{path}: cannot read log after {count.n} lines ({e.strerror or e})") \
+            from None
+    if count.n == 0:
         raise CliError(f"{path}: empty log file")
+
+
+def _block_job(text: bytes, source: int) -> tuple[dict, int, int, int]:
+    """One block read in a worker process: its groups as plain arrays, (read, unreadable,
+    lines)."""
+    groups: dict = {}
+    good, bad = _scan_block(text, source, groups)
+    return {k: g.export() for k, g in groups.items()}, good, bad, 0
+
+
+def _range_job(path: Path, start: int, end: int, source: int) -> tuple[dict, int, int, int]:
+    """The lines that start in bytes [start, end) of a plain file, read by a worker process
+    itself (nothing crosses a pipe but the numbers): as _block_job, with the line count."""
+    def to_newline(f) -> bytes:
+        """Bytes up to and including the next newline (all that is left if none)."""
+        out = b""
+        while True:
+            piece = f.read(65536)
+            nl = piece.find(b"\n")
+            if nl >= 0:
+                return out + piece[:nl + 1]
+            out += piece
+            if not piece:
+                return out
+            if len(out) > MAX_LINE_BYTES:
+                raise CliError(f"{path}: a line near byte {f.tell()} is longer than "
+                               f"{MAX_LINE_BYTES >> 20} MB: not a text log")
+
+    with open(path, "rb") as f:
+        begin = 0
+        if start:   # the line running through `start` belongs to the range before
+            f.seek(start - 1)
+            begin = start - 1 + len(to_newline(f))
+            if begin >= end:
+                return {}, 0, 0, 0
+        f.seek(begin)
+        text = f.read(end - begin)
+        if text and not text.endswith(b"\n"):   # finish the last line, however far it goes
+            text += to_newline(f)
+    lines = text.count(b"\n") + (1 if text and not text.endswith(b"\n") else 0)
+    parts, good, bad, _ = _block_job(text, source)
+    return parts, good, bad, lines
+
+
+def _plain_size(path: Path) -> int:
+    """Size of a regular, uncompressed, text file worth splitting into byte ranges; else 0 (the
+    blocks are then read by _texts, with its checks). Binary data is refused here."""
+    try:
+        if not path.is_file():
+            return 0
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(65536)
+    except OSError as e:
+        raise CliError(f"{path}: cannot read log ({e.strerror or e})") from None
+    if head[:2] == b"\x1f\x8b" or size <= CHUNK_BYTES:
+        return 0
+    if b"\x00" in head:
+        raise CliError(f"{path}: binary data, not a text log")
+    return size
+
+
+def _worker_count(paths: list[Path], workers: int | None) -> int:
+    if workers is not None:
+        return max(1, int(workers))
+    try:
+        size = sum(p.stat().st_size for p in paths if p.is_file())
+    except OSError:
+        return 1
+    # a spare core per worker: on a 2-core machine shared with other work, two workers and
+    # this process fought for the cores and read slower than one process (docs/BENCHMARKS.md)
+    return max(1, min(MAX_WORKERS, (os.cpu_count() or 1) - 1)) if size >= PARALLEL_MIN_BYTES \
+        else 1
 
 
 @dataclass(frozen=True)
 class LogScan:
-    lines: tuple[BatchLine, ...]
+    groups: dict                 # (rank, dp, attn_cp, tp) -> _Group
     lines_total: int
     lines_other: int
     lines_unrecognised: int
     files: tuple[str, ...]
     files_without_batch_lines: tuple[str, ...] = ()
-    settings: dict = field(default_factory=dict)   # the start-up line's server settings
+
+    @property
+    def lines_batch(self) -> int:
+        return sum(g.lines for g in self.groups.values())
 
 
-def scan_logs(paths: Iterable[str | Path]) -> LogScan:
-    out: list[BatchLine] = []
-    total = other = bad = 0
+def scan_logs(paths: Iterable[str | Path], workers: int | None = None) -> LogScan:
+    """Read every file. `workers`: processes reading blocks in parallel (default: one per core
+    but one, up to MAX_WORKERS, when the files hold 32 MB or more; else this process alone);
+    results are merged in block order, so the answer does not depend on it."""
+    # the regular-expression results are millions of short-lived tuples and no cycles: the
+    # cyclic garbage collector would only scan them over and over (~15% of the time)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _scan_logs([Path(p) for p in paths], workers)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _block_job_nogc(*args) -> tuple:
+    gc.disable()
+    return (_range_job if len(args) == 4 else _block_job)(*args)
+
+
+def _scan_logs(paths: list[Path], workers: int | None) -> LogScan:
+    if not paths:
+        raise CliError("no log files given")
+    groups: dict = {}
+    total = good = bad = 0
     files, empty = [], []
-    settings: dict = {}
-    for i, p in enumerate(paths):
-        p = Path(p)
-        files.append(str(p))
-        before = len(out)
-        for line in _open_lines(p):
-            total += 1
-            r = parse_line(line, source=i)
-            if r is None:
-                other += 1
-                if "max_running_requests=" in line:   # the start-up line (every rank logs it)
-                    settings.update((k, int(v)) for k, v in _SETTINGS_RE.findall(line))
-            elif r == "bad":
-                bad += 1
+    n_workers = _worker_count(paths, workers)
+    pool = None
+    if n_workers > 1:
+        import concurrent.futures as cf
+        import multiprocessing as mp
+        ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
+        pool = cf.ProcessPoolExecutor(max_workers=n_workers, mp_context=ctx)
+    try:
+        for i, p in enumerate(paths):
+            files.append(str(p))
+            count = _Lines()
+            g_file = b_file = 0
+            if pool is None:
+                for text in _texts(p, count):
+                    g, b = _scan_block(text, i, groups)
+                    g_file += g
+                    b_file += b
             else:
-                out.append(r)
-        if len(out) == before:
-            empty.append(str(p))
-    if not out:
+                pending: list = []   # futures in block order; at most 2 per worker in flight
+
+                def merge(fut) -> None:
+                    nonlocal g_file, b_file
+                    parts, g, b, n = fut.result()
+                    for k, arrays in parts.items():
+                        _group(groups, k).merge(arrays)
+                    g_file += g
+                    b_file += b
+                    count.n += n
+                size = _plain_size(p)
+                # a plain file: workers read their own byte ranges; else (gzip, a pipe) this
+                # process reads and sends the blocks
+                jobs = ((_block_job_nogc, p, s, min(s + CHUNK_BYTES, size), i)
+                        for s in range(0, size, CHUNK_BYTES)) if size else \
+                    ((_block_job_nogc, text, i) for text in _texts(p, count))
+                for job in jobs:
+                    pending.append(pool.submit(*job))
+                    while len(pending) >= 2 * n_workers:
+                        merge(pending.pop(0))
+                while pending:
+                    merge(pending.pop(0))
+                if size and count.n == 0:
+                    raise CliError(f"{p}: empty log file")
+            total += count.n
+            good += g_file
+            bad += b_file
+            if g_file == 0:
+                empty.append(str(p))
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+    if good == 0:
         raise CliError(f"{files[0] if len(files) == 1 else ', '.join(files)}: no 'Decode batch' / "
                        f"'Prefill batch' lines in {total} lines ({bad} cut or unreadable); is it "
                        f"an SGLang server log at --log-level info?")
-    return LogScan(tuple(out), total, other, bad, tuple(files), tuple(empty), settings)
+    return LogScan(groups, total, total - good - bad, bad, tuple(files), tuple(empty))
 
 
-def _q(vals: list[float]) -> dict:
-    if not vals:
+def _num(x):
+    """A numpy scalar as a plain int or float for JSON."""
+    return x.item() if hasattr(x, "item") else x
+
+
+def _q(vals: np.ndarray) -> dict:
+    if not len(vals):
         return {"min": None, "median": None, "max": None}
-    return {"min": min(vals), "median": statistics.median(vals), "max": max(vals)}
+    return {"min": _num(vals.min()), "median": float(np.median(vals)), "max": _num(vals.max())}
 
 
-def slot_imbalance(sizes: list[int], window: int) -> dict:
+def _windows(sizes: np.ndarray, window: int) -> np.ndarray:
+    k = len(sizes) // window
+    if k == 0:
+        return np.zeros(0)
+    w = sizes[:k * window].reshape(k, window).astype(np.float64)
+    mean = w.mean(axis=1)
+    keep = mean > 0
+    return w.max(axis=1)[keep] / mean[keep]
+
+
+def _cv(sizes: np.ndarray) -> float | None:
+    mean = float(sizes.mean()) if len(sizes) else 0.0
+    return float(sizes.astype(np.float64).std() / mean) if len(sizes) > 1 and mean > 0 else None
+
+
+def slot_imbalance(sizes, window: int) -> dict:
     """max/mean of slot sizes per window of `window` consecutive decode lines (median over
     windows) and the coefficient of variation of all sizes. See the module docstring."""
-    ratios = []
-    for s in range(0, len(sizes) - window + 1, window):
-        w = sizes[s:s + window]
-        mean = sum(w) / len(w)
-        if mean > 0:
-            ratios.append(max(w) / mean)
-    mean_all = sum(sizes) / len(sizes) if sizes else 0.0
-    cv = statistics.pstdev(sizes) / mean_all if len(sizes) > 1 and mean_all > 0 else None
+    sizes = np.asarray(sizes)
+    ratios = _windows(sizes, window)
     return {"window": window, "windows": len(ratios),
-            "max_over_mean_median": statistics.median(ratios) if ratios else None,
-            "cv": cv}
+            "max_over_mean_median": float(np.median(ratios)) if len(ratios) else None,
+            "cv": _cv(sizes)}
 
 
-def _throughput_series(dec: list[BatchLine], bin_s: float) -> list[dict]:
-    if not dec:
+def _cat(arrays: list[np.ndarray]) -> np.ndarray:
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+
+
+def _throughput_series(dec: list[tuple], bin_s: float) -> list[dict]:
+    t = _cat([d[0] for d in dec])
+    known = ~np.isnan(t)
+    if not known.any():
         return []
-    t0 = dec[0].t_s
-    bins: dict[int, list[BatchLine]] = {}
-    for d in dec:
-        bins.setdefault(int((d.t_s - t0) // bin_s), []).append(d)
-    rows = []
-    for k in sorted(bins):
-        b = bins[k]
-        rows.append({"t_s": k * bin_s, "lines": len(b),
-                     "gen_throughput_tok_s": statistics.fmean(
-                         d.fields["gen throughput (token/s)"] for d in b),
-                     "running_req_mean": statistics.fmean(d.fields["#running-req"] for d in b),
-                     "queue_req_mean": statistics.fmean(d.fields["#queue-req"] for d in b)})
-    return rows
+    t = t[known]
+    gen = _cat([d[2] for d in dec])[known]
+    size = _cat([d[1] for d in dec])[known].astype(np.float64)
+    queue = _cat([d[3] for d in dec])[known].astype(np.float64)
+    b = np.floor((t - t.min()) / bin_s).astype(np.int64)
+    bins, inv, n = np.unique(b, return_inverse=True, return_counts=True)
+    inv = inv.ravel()
+    sums = [np.bincount(inv, weights=w, minlength=len(bins)) for w in (gen, size, queue)]
+    return [{"t_s": float(k * bin_s), "lines": int(c),
+             "gen_throughput_tok_s": float(sums[0][j] / c),
+             "running_req_mean": float(sums[1][j] / c), "queue_req_mean": float(sums[2][j] / c)}
+            for j, (k, c) in enumerate(zip(bins, n))]
+
+
+def _summary(groups: list[_Group], dec: list[tuple], window: int) -> dict:
+    sizes = _cat([d[1] for d in dec])
+    graph = _cat([d[4] for d in dec])
+    logged = graph >= 0
+    if len(dec) == 1:
+        imb = slot_imbalance(dec[0][1], window)
+    else:   # windows within each DP rank's scheduler, pooled; cv per scheduler, median
+        ratios = np.concatenate([_windows(d[1], window) for d in dec])
+        cvs = [c for c in (_cv(d[1]) for d in dec) if c is not None]
+        imb = {"window": window, "windows": len(ratios),
+               "max_over_mean_median": float(np.median(ratios)) if len(ratios) else None,
+               "cv": float(np.median(cvs)) if cvs else None}
+    spans = [d[5] for d in dec if d[5] is not None]
+    return {
+        "decode_lines": len(sizes),
+        "prefill_lines": sum(g.prefills for g in groups),
+        "running_req": _q(sizes),
+        "cuda_graph_frac": float((graph[logged] == 1).mean()) if logged.any() else None,
+        "gen_throughput_tok_s": _q(_cat([d[2] for d in dec])),
+        "queue_req": _q(_cat([d[3] for d in dec])),
+        "prefill_new_tokens": sum(g.new_tokens for g in groups),
+        "span_s": (max(b for _, b in spans) - min(a for a, _ in spans)) if spans else None,
+        "slot_imbalance": imb,
+    }
 
 
 def summarize(scan: LogScan, window: int = 16, bin_s: float = 10.0) -> dict:
     """The `ranks` / `slot_imbalance` part of sglang.json from a scan."""
-    by_rank: dict[int, list[BatchLine]] = {}
-    for bl in scan.lines:
-        by_rank.setdefault(bl.pp if bl.pp is not None else bl.source, []).append(bl)
+    # rank -> dp -> the (attn_cp, tp) groups of that scheduler; keep the lowest (same batch)
+    by_rank: dict[int, dict] = {}
+    for (rank, dp, cp, tp), g in scan.groups.items():
+        by_rank.setdefault(rank, {}).setdefault(dp, []).append(((cp or 0, tp or 0), g))
     ranks = {}
-    sizes_by_rank: dict[str, list[int]] = {}
-    skipped_tp = 0
+    skipped = 0
+    best = None    # (decode lines, rank, dp, decode arrays) of the scheduler with most lines
     for r in sorted(by_rank):
-        lines = by_rank[r]
-        tps = {bl.tp for bl in lines if bl.tp is not None}
-        if tps:  # every TP rank of a stage logs the same batch: keep the lowest one
-            keep = min(tps)
-            kept = [bl for bl in lines if bl.tp is None or bl.tp == keep]
-            skipped_tp += len(lines) - len(kept)
-            lines = kept
-        lines.sort(key=lambda bl: bl.t_s)
-        dec = [bl for bl in lines if bl.kind == "Decode"]
-        pre = [bl for bl in lines if bl.kind == "Prefill"]
-        sizes = [d.fields["#running-req"] for d in dec]
-        sizes_by_rank[str(r)] = sizes
-        graph = [d.fields[k] for d in dec for k in _GRAPH_KEYS if k in d.fields]
-        ranks[str(r)] = {
-            "decode_lines": len(dec),
-            "prefill_lines": len(pre),
-            "running_req": _q(sizes),
-            "cuda_graph_frac": (sum(1 for g in graph if g is True) / len(graph)) if graph else None,
-            "gen_throughput_tok_s": _q([d.fields["gen throughput (token/s)"] for d in dec]),
-            "queue_req": _q([d.fields["#queue-req"] for d in dec]),
-            "prefill_new_tokens": sum(p.fields["#new-token"] for p in pre),
-            "dp_ranks": sorted({bl.dp for bl in lines if bl.dp is not None}),
-            "span_s": (lines[-1].t_s - lines[0].t_s) if lines else 0.0,
-            "slot_imbalance": slot_imbalance(sizes, window),
-            "over_time": _throughput_series(dec, bin_s),
-        }
+        kept: dict = {}
+        for dp, gs in by_rank[r].items():
+            gs.sort(key=lambda x: x[0])
+            kept[dp] = gs[0][1]
+            skipped += sum(g.lines for _, g in gs[1:])
+        dps = sorted(kept, key=lambda d: -1 if d is None else d)
+        dec = {x: kept[x].decode() for x in dps}
+        d = _summary([kept[x] for x in dps], [dec[x] for x in dps], window)
+        d["dp_ranks"] = [x for x in dps if x is not None]
+        d["over_time"] = _throughput_series([dec[x] for x in dps], bin_s)
+        if dps != [None]:
+            d["by_dp"] = {str(x): _summary([kept[x]], [dec[x]], window)
+                          for x in dps if x is not None}
+        ranks[str(r)] = d
+        for x in dps:
+            n = len(dec[x][1])
+            if best is None or n > best[0]:
+                best = (n, r, x, dec[x])
+    run = None
+    if best is not None and best[0] > 0:
+        # run-wide index: the scheduler with the most decode lines (every rank sees the same
+        # slots)
+        run = {"rank": best[1], "dp": best[2], **slot_imbalance(best[3][1], window)}
     return {
         "log_files": list(scan.files),
         "lines_total": scan.lines_total,
-        "lines_batch": len(scan.lines) - skipped_tp,
+        "lines_batch": scan.lines_batch - skipped,
         "lines_other": scan.lines_other,
         "lines_unrecognised": scan.lines_unrecognised,
-        "lines_other_tp": skipped_tp,
+        "lines_other_tp": skipped,
         "files_without_batch_lines": list(scan.files_without_batch_lines),
-        # the server's own settings from its start-up line, when the log has it
-        "server_settings": dict(scan.settings),
         "ranks": ranks,
-        # Run-wide index: the rank with the most decode lines (every rank sees the same slots).
-        "slot_imbalance": _run_imbalance(sizes_by_rank, window),
+        "slot_imbalance": run,
     }
 
 
-def _run_imbalance(sizes_by_rank: dict[str, list[int]], window: int) -> dict | None:
-    if not sizes_by_rank or not any(sizes_by_rank.values()):
-        return None
-    r = max(sizes_by_rank, key=lambda k: len(sizes_by_rank[k]))
-    return {"rank": int(r), **slot_imbalance(sizes_by_rank[r], window)}
+# The scheduler's start-up line (SGLang 0.5.23 managers/scheduler.py, `Scheduler.__init__`):
+# "max_total_num_tokens=N, chunked_prefill_size=N, max_prefill_tokens=N,
+#  max_running_requests=N, context_len=N, available_gpu_mem=X GB"
+_SETTINGS_RE = re.compile(rb"\b(max_total_num_tokens|chunked_prefill_size|max_prefill_tokens|"
+                          rb"max_running_requests|context_len)=(-?\d{1,12})\b")
+SETTINGS_BYTES = 8 << 20     # the start-up line is among a log's first lines: read no further
 
 
-def read_logs(paths: Iterable[str | Path], window: int = 16, bin_s: float = 10.0) -> dict:
-    return summarize(scan_logs(paths), window=window, bin_s=bin_s)
+def startup_settings(paths: Iterable[str | Path]) -> dict[str, int]:
+    """The values the server ran with, from its start-up line (the first one found; every rank
+    logs the same), read from at most SETTINGS_BYTES of each file."""
+    for p in paths:
+        seen = 0
+        try:
+            for block in _open_blocks(Path(p)):
+                for line in block.splitlines():
+                    if b"max_running_requests=" in line:
+                        return {k.decode(): int(v) for k, v in _SETTINGS_RE.findall(line)}
+                seen += len(block)
+                if seen >= SETTINGS_BYTES:
+                    break
+        except (EOFError, OSError, zlib.error):  # the scan already said what is wrong with it
+            continue
+    return {}
+
+
+def read_logs(paths: Iterable[str | Path], window: int = 16, bin_s: float = 10.0,
+              workers: int | None = None) -> dict:
+    paths = list(paths)
+    out = summarize(scan_logs(paths, workers=workers), window=window, bin_s=bin_s)
+    out["server_settings"] = startup_settings(paths)
+    return out

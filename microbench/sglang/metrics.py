@@ -6,11 +6,14 @@ and, for histograms (`inter_token_latency_seconds`, `time_to_first_token_seconds
 and p50 / p99 estimated from the buckets (linear inside a bucket, as Prometheus's
 histogram_quantile does). Why: on a live server this shows which stage spends its time idle.
 How to run: `ppscope dispatch --from-sglang --sglang-metrics http://host:port/metrics` or a saved
-text file. Series without a `pp_rank` label go under rank "0". Lines that are not samples are
-counted, never fatal.
+text file. Series without a `pp_rank` label go under rank "0". Lines that are not samples
+(including NaN, infinite or negative values and buckets whose `le` is not a number) are
+counted in `lines_other`, never fatal; a file that is missing, a directory, binary or over
+64 MB is a one-line CliError.
 """
 from __future__ import annotations
 
+import math
 import re
 import urllib.error
 import urllib.request
@@ -18,6 +21,7 @@ from pathlib import Path
 
 from reports.base.errors import CliError
 
+MAX_BYTES = 64 << 20   # a /metrics page of a large deployment is well under 1 MB
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\d+)?\s*$")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
@@ -31,9 +35,15 @@ def fetch_text(src: str, timeout_s: float = 10.0) -> str:
         except (urllib.error.URLError, OSError, ValueError) as e:
             raise CliError(f"{url}: cannot read metrics ({getattr(e, 'reason', e)})") from None
     try:
-        return Path(src).read_text(errors="replace")
+        with open(src, "rb") as f:
+            raw = f.read(MAX_BYTES + 1)
     except OSError as e:
         raise CliError(f"{src}: cannot read metrics file ({e.strerror or e})") from None
+    if len(raw) > MAX_BYTES:
+        raise CliError(f"{src}: larger than {MAX_BYTES >> 20} MB; not a /metrics page")
+    if b"\x00" in raw:
+        raise CliError(f"{src}: binary data, not a /metrics page")
+    return raw.decode("utf-8", errors="replace")
 
 
 def _quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
@@ -55,7 +65,7 @@ def _quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
 def parse_metrics(text: str) -> dict:
     ranks: dict[str, dict] = {}
     hist: dict[tuple[str, str], dict] = {}
-    other = 0
+    other = bad_le = 0
     for line in text.splitlines():
         if not line.strip() or line.startswith("#"):
             continue
@@ -69,6 +79,9 @@ def parse_metrics(text: str) -> dict:
         except ValueError:
             other += 1
             continue
+        if not (math.isfinite(v) and 0 <= v < 1e18):   # NaN, +Inf, negative, absurd: skipped
+            other += 1
+            continue
         rank = labels.pop("pp_rank", "0")
         for k in ("tp_rank", "model_name", "engine_type"):
             labels.pop(k, None)
@@ -79,7 +92,14 @@ def parse_metrics(text: str) -> dict:
                 if suf == "_bucket":
                     # several series of one histogram on a PP rank (one per TP rank): their
                     # cumulative counts add up per bucket bound (Prometheus `sum by (le)`)
-                    le = float(labels.get("le", "inf"))
+                    try:
+                        le = float(labels.get("le", "inf"))
+                    except ValueError:   # le="abc": a bucket with no bound, skipped
+                        bad_le += 1
+                        break
+                    if math.isnan(le) or le == -math.inf:
+                        bad_le += 1
+                        break
                     h["buckets"][le] = h["buckets"].get(le, 0.0) + v
                 else:
                     h[suf[1:]] += v
@@ -95,7 +115,7 @@ def parse_metrics(text: str) -> dict:
             "p99": _quantile(list(h["buckets"].items()), 0.99)}
     if not ranks:
         raise CliError("no sglang: metrics found (is the server started with --enable-metrics?)")
-    return {"ranks": ranks, "lines_other": other}
+    return {"ranks": ranks, "lines_other": other + bad_le}
 
 
 def read_metrics(src: str) -> dict:

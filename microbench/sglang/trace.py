@@ -4,8 +4,7 @@ What it measures, per rank (one trace file = one rank):
 - GPU busy / idle: the union of every GPU event interval (kernels, memcpy, memset: every event
   with a CUDA stream) from the first one's start to the last one's end, overall and in time bins.
   This is Holistic Trace Analysis's "temporal breakdown" (idle = span - merged busy time;
-  compute = merged compute kernels; non-compute = the rest), and it agrees with HTA within 1%
-  (tests/test_sglang_trace.py checks it on HTA's sample traces and two-rank PP traces).
+  compute = merged compute kernels; non-compute = the rest).
 - Idle split per stream as HTA's idle-time breakdown does (summed over streams it can exceed
   the GPU's idle time, since one stream idles while another runs; read the compute stream's,
   `idle_split_compute_stream_us`): a gap before a kernel is `host_wait`
@@ -24,14 +23,36 @@ What it measures, per rank (one trace file = one rank):
   iteration (iterations of empty slots have no run_batch and are left out).
 - Kernels launched from CUDA graphs (correlated to `cudaGraphLaunch`) vs one by one.
 
+Rules, chosen on purpose and written into each rank's record (`rules`, RULES_DEFAULT):
+- cuda_sync events (Context / Stream / Event Sync, Stream Wait Event) are never busy and never
+  widen the span: CUPTI records them while something waits, they are not GPU work. HTA leaves
+  out only those on stream -1 and counts the others busy, so a wait outside the kernels widens
+  its span and a Stream Sync adds busy time; `sync_events_excluded` / `sync_excluded_us` say how
+  much we left out.
+- Kernels with no launch event (launched before the profiler started, or from a thread the
+  profiler did not trace) are kept: they ran on the GPU inside the window. HTA keeps only kernels
+  whose launch is in the trace when there are two or more ProfilerSteps, which can leave out a
+  large share of the busy time; `gpu_events_without_launch` counts them.
+- With two or more ProfilerSteps, work launched in the last (often incomplete) step is left out,
+  as HTA does (`gpu_events_last_step_dropped`).
+- An event without `dur`, or with a NaN, infinite, negative or over-a-day duration or an
+  impossible timestamp, is skipped and counted (`events_without_dur`, `events_bad_time`, and a
+  line in `warnings`, also logged): never taken as zero-long, never as a busy % below 0.
+- `hta_compatible=True` (`ppscope sglang --hta-compatible`) applies HTA's rules and its rounding
+  (every interval inward to whole microseconds) instead (RULES_HTA); busy, idle, compute and
+  non-compute time then equal HTA's exactly on HTA's sample traces, the PP traces and a trace
+  built to exercise both rules (tests/test_sglang_trace.py). The default differs from HTA by
+  < 2 us per event from the rounding, plus the sync time it leaves out.
+
 Why streaming: a few seconds of a busy server give traces of hundreds of MB. We never load the
 document: the gzip (or plain) text is read in chunks, the `traceEvents` array is walked with the
 stdlib C JSON decoder one event at a time (`raw_decode`), and only numbers we need are kept, in
 compact arrays. `python -m microbench.sglang.bench_trace_reader FILE` compares wall time and peak memory
 with HTA.
 
-How to run: `ppscope sglang --traces DIR` (files `*.trace.json[.gz]`,
+How to run: `ppscope sglang --traces DIR [--hta-compatible]` (files `*.trace.json[.gz]`,
 `*.json[.gz]`). Rank: `distributedInfo.rank`, else `-PP-{r}` / `rank{r}` in the file name.
+Ranks are read in parallel processes (one per rank, bounded by the cores), as HTA does.
 """
 from __future__ import annotations
 
@@ -39,7 +60,9 @@ import bisect
 import gzip
 import io
 import json
+import logging
 import math
+import os
 import re
 import zlib
 from array import array
@@ -50,6 +73,11 @@ from reports.base.errors import CliError
 
 CHUNK_CHARS = 1 << 21
 MAX_EVENT_CHARS = 64 << 20
+MAX_DUR_US = 86400e6     # a GPU event or range longer than a day is a corrupted field
+MAX_TS_US = 1e17         # ~3000 years of microseconds: beyond any clock Kineto uses
+PARALLEL_MIN_BYTES = 4 << 20
+MAX_WORKERS = 8
+_log = logging.getLogger("ppscope.sglang.trace")
 SCHEDULER_RANGES = ("recv_requests", "send_reqs_to_next_stage", "get_next_batch_to_run",
                     "run_batch", "process_batch_result", "send_proxy_dict_to_next_stage")
 _GPU_CATS = {"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset"}
@@ -122,14 +150,21 @@ def iter_events(path: str | Path, meta: dict | None = None) -> Iterator[dict]:
                 buf += more
                 lb = buf.find("[", k)
             pos, eof, n = lb + 1, False, 0
+            find = buf.find
             while True:
-                pos = _WS.match(buf, pos).end()
+                # the next event: usually "{" after ",\n"; two C calls, not a regex match
+                j = find("{", pos, pos + 64)
+                if j >= 0 and not buf[pos:j].strip(" \t\r\n,"):
+                    pos = j
+                else:
+                    pos = _WS.match(buf, pos).end()
                 if pos >= len(buf):
                     if eof:
                         raise TraceError(f"{path}: truncated trace (cut after {n} events)")
                     more = f.read(CHUNK_CHARS)
                     eof = not more
                     buf, pos = buf[pos:] + more, 0
+                    find = buf.find
                     continue
                 if buf[pos] == "]":
                     break
@@ -145,6 +180,7 @@ def iter_events(path: str | Path, meta: dict | None = None) -> Iterator[dict]:
                     more = f.read(CHUNK_CHARS)
                     eof = not more
                     buf, pos = buf[pos:] + more, 0
+                    find = buf.find
                     continue
                 n += 1
                 pos = end
@@ -170,20 +206,49 @@ class _Acc:
         # kind: 0 computation, 1 communication, 2 other (memcpy/memset/sync), as HTA classes them
         self.stream, self.corr, self.kind = array("q"), array("q"), array("b")
         self.in_idle = array("b")  # kernel/memcpy/memset (HTA's idle breakdown leaves out syncs)
+        self.sync = array("b")     # cuda_sync events: 1 on stream -1 (device-wide), 2 on a stream
         self.steps = array("d")    # ProfilerStep#N start times
-        self.recv = []          # (ts, end, bytes)
+        self.recv = []          # (index of the GPU event, bytes)
         self.rt_corr, self.rt_ts = array("q"), array("d")
         self.graph_corr: set[int] = set()
         self.ranges: dict[str, list[float]] = {}   # name -> [count, total_us]
         self.range_iv: dict[str, list[tuple[float, float]]] = {}
         self.events = 0
         self.unrecognised = 0
+        self.no_dur = 0         # duration events without "dur": skipped, counted
+        self.bad_time = 0       # NaN / inf / negative / over-a-day durations, absurd timestamps
+
+
+_KIND_CACHE: dict[str, int] = {}
 
 
 def _kind(name: str) -> int:
-    if _COMM_RE.match(name):
-        return 1
-    return 2 if _NOT_COMPUTE_RE.match(name) else 0
+    k = _KIND_CACHE.get(name)
+    if k is None:
+        k = 1 if _COMM_RE.match(name) else 2 if _NOT_COMPUTE_RE.match(name) else 0
+        if len(_KIND_CACHE) < 100_000:
+            _KIND_CACHE[name] = k
+    return k
+
+
+class _Skip(Exception):
+    pass
+
+
+def _interval(a: _Acc, ev: dict) -> tuple[float, float]:
+    """(ts, dur) of a duration event, or _Skip (counted) when it has no usable duration: no
+    `dur` at all, or a time that cannot be (NaN, inf, negative or over a day, a timestamp
+    beyond any clock). Such an event is never taken as zero-long or as hugely long."""
+    ts = float(ev["ts"])
+    d = ev.get("dur")
+    if d is None:
+        a.no_dur += 1
+        raise _Skip
+    dur = float(d)
+    if not (math.isfinite(ts) and abs(ts) < MAX_TS_US and 0.0 <= dur <= MAX_DUR_US):
+        a.bad_time += 1
+        raise _Skip
+    return ts, dur
 
 
 def _scan(path: Path, meta: dict) -> _Acc:
@@ -192,7 +257,9 @@ def _scan(path: Path, meta: dict) -> _Acc:
         a.events += 1
         try:
             _take(a, ev)
-        except (KeyError, TypeError, ValueError, AttributeError):
+        except _Skip:
+            pass
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
             a.unrecognised += 1   # not an object, or a duration event without numeric ts/dur
     return a
 
@@ -207,27 +274,34 @@ def _take(a: _Acc, ev: dict) -> None:
     name = ev.get("name", "")
     if cat in _GPU_CATS or (cat != "gpu_user_annotation" and "stream" in args
                             and cat not in ("cuda_runtime", "cuda_driver")):
-        ts, dur = float(ev["ts"]), float(ev.get("dur", 0.0))
+        ts, dur = _interval(a, ev)
         stream, corr = int(args.get("stream", -1)), int(args.get("correlation", -1))
         k = _kind(name)
         recv = None
         if k == 1 and (_RECV_RE.search(name) and args.get("Collective name", "recv") == "recv"):
             nel = args.get("In msg nelems") or args.get("Out msg nelems") or 0
-            recv = (ts, ts + dur, int(nel) * _DTYPE_BYTES.get(args.get("dtype"), 2))
+            recv = max(0, int(nel)) * _DTYPE_BYTES.get(args.get("dtype"), 2)
         a.ts.append(ts); a.end.append(ts + dur)
         a.stream.append(stream); a.corr.append(corr)
         a.kind.append(k); a.in_idle.append(cat in _IDLE_CATS)
-        if recv:
-            a.recv.append(recv)
+        # device-wide syncs are on stream -1, written as 4294967295 (uint32) by some Kineto
+        # versions; HTA leaves out only the literal -1 (and any other event on it)
+        a.sync.append(0 if cat != "cuda_sync" else 1 if stream == -1 else
+                      3 if not 0 <= stream < 1 << 31 else 2)
+        if recv is not None:
+            a.recv.append((len(a.ts) - 1, recv))
     elif cat in ("cuda_runtime", "cuda_driver"):
         c = args.get("correlation")
         if c is not None:
             c, ts = int(c), float(ev["ts"])
+            if not (math.isfinite(ts) and abs(ts) < MAX_TS_US):
+                a.bad_time += 1
+                return
             a.rt_corr.append(c); a.rt_ts.append(ts)
             if "GraphLaunch" in name:
                 a.graph_corr.add(c)
     elif cat == "user_annotation" or name.startswith("ProfilerStep#"):
-        ts, dur = float(ev["ts"]), float(ev.get("dur", 0.0))
+        ts, dur = _interval(a, ev)
         if name.startswith("ProfilerStep#"):
             a.steps.append(ts)
         r = a.ranges.setdefault(name, [0, 0.0])
@@ -259,10 +333,40 @@ def _pct(vals: list[float], q: float) -> float | None:
     return v[min(len(v) - 1, int(round(q * (len(v) - 1))))]
 
 
-def _select(a: _Acc, hta_rounding: bool, trim_last_step: bool) -> _Acc:
-    """The GPU events to analyse. Like HTA: with two or more ProfilerStep ranges, drop the
-    kernels launched in the last (often incomplete) step; optionally round each interval inward
-    to whole microseconds (HTA: ts = ceil(ts), end = floor(end)) to compare with it exactly."""
+RULES_DEFAULT = {
+    "mode": "default",
+    "busy": "union of kernel, memcpy and memset intervals (HTA's temporal breakdown)",
+    "sync_events": "cuda_sync events (Context/Stream/Event Sync, Stream Wait Event) are not "
+                   "busy and do not widen the span: they record a wait, not GPU work "
+                   "(HTA leaves out only those on stream -1)",
+    "kernels_without_launch": "kept: GPU work in the window whose launch call was not traced "
+                              "(launched before the profiler started, or from an untraced "
+                              "thread) is still GPU work (HTA drops them when the trace has "
+                              "two or more ProfilerSteps)",
+    "last_profiler_step": "with two or more ProfilerSteps, GPU work launched in the last "
+                          "(often incomplete) step is left out (as HTA)",
+    "rounding": "none: sub-microsecond timestamps kept",
+    "bad_events": "events without dur, or with a NaN, negative or over-a-day duration, are "
+                  "skipped and counted (never taken as zero)",
+}
+RULES_HTA = {
+    **RULES_DEFAULT,
+    "mode": "hta_compatible",
+    "sync_events": "as HTA: cuda_sync events on stream -1 left out, the others (on a stream, "
+                   "or on stream 4294967295 as some Kineto versions write -1) counted busy",
+    "kernels_without_launch": "as HTA: dropped when the trace has two or more ProfilerSteps, "
+                              "kept otherwise",
+    "rounding": "as HTA: each interval rounded inward to whole microseconds (start up, end "
+                "down; one under 1 us then ends before it starts and, as in HTA, takes up to "
+                "1 us off the busy time; totals floored at 0)",
+}
+
+
+def _select(a: _Acc, hta_rounding: bool, trim_last_step: bool,
+            hta_compatible: bool = False) -> _Acc:
+    """The GPU events to analyse, by the rules in RULES_DEFAULT / RULES_HTA (see there and the
+    module docstring); optionally round each interval inward to whole microseconds (HTA: ts =
+    ceil(ts), end = floor(end)) to compare with it exactly."""
     order = sorted(zip(a.rt_corr, a.rt_ts))
     rt_c = [c for c, _ in order]
     rt_t = [t for _, t in order]
@@ -271,40 +375,89 @@ def _select(a: _Acc, hta_rounding: bool, trim_last_step: bool) -> _Acc:
         i = bisect.bisect_left(rt_c, c)
         return rt_t[i] if i < len(rt_c) and rt_c[i] == c else None
 
-    cutoff = max(a.steps) if (trim_last_step and len(a.steps) >= 2) else None
+    steps = len(a.steps) >= 2
+    cutoff = max(a.steps) if (trim_last_step and steps) else None
+    drop_launchless = hta_compatible and steps
     b = _Acc()
     b.__dict__.update({k: v for k, v in a.__dict__.items()
-                       if k not in ("ts", "end", "stream", "corr", "kind", "in_idle", "recv")})
+                       if k not in ("ts", "end", "stream", "corr", "kind", "in_idle", "recv",
+                                    "sync")})
     b.runtime_ts = runtime_ts
-    b.trimmed = 0
+    b.trimmed = b.sync_n = b.launchless = b.launchless_dropped = 0
+    b.sync_us = 0.0
+    kept: dict[int, int] = {}
     for i in range(len(a.ts)):
-        if cutoff is not None:
-            r = runtime_ts(a.corr[i])
-            if (r if r is not None else a.ts[i]) >= cutoff:
-                b.trimmed += 1
+        sync = a.sync[i]
+        if sync and (sync == 1 or not hta_compatible):
+            b.sync_n += 1
+            b.sync_us += a.end[i] - a.ts[i]
+            continue
+        if hta_compatible and a.stream[i] == -1:
+            continue   # HTA: only events with a stream are GPU events
+        r = runtime_ts(a.corr[i])
+        if r is None and not sync:
+            b.launchless += 1
+            if drop_launchless:
+                b.launchless_dropped += 1
                 continue
+        if cutoff is not None and (r if r is not None else a.ts[i]) >= cutoff:
+            b.trimmed += 1
+            continue
         ts, end = a.ts[i], a.end[i]
         if hta_rounding:
+            # an interval under 1 us can round to end < start; HTA keeps it so (it then takes
+            # up to 1 us off the busy time), and so do we, to give HTA's numbers
             ts, end = float(math.ceil(ts)), float(math.floor(end))
+        kept[i] = len(b.ts)
         b.ts.append(ts); b.end.append(end); b.stream.append(a.stream[i]); b.corr.append(a.corr[i])
         b.kind.append(a.kind[i]); b.in_idle.append(a.in_idle[i])
-    b.recv = [r for r in a.recv if cutoff is None or r[0] < cutoff]
+    b.recv = [(a.ts[i], a.end[i], nb) for i, nb in a.recv if i in kept]
     return b
 
 
+def _warnings(a: _Acc) -> list[str]:
+    out = []
+    if a.no_dur:
+        out.append(f"{a.no_dur} duration event(s) without dur skipped (not taken as zero-long)")
+    if a.bad_time:
+        out.append(f"{a.bad_time} event(s) with a NaN, infinite, negative or over-a-day "
+                   "duration or an impossible timestamp skipped")
+    if a.unrecognised:
+        out.append(f"{a.unrecognised} event(s) not readable as trace events skipped")
+    return out
+
+
 def analyze_rank(a: _Acc, link_gbps: float | None = None, kernel_wait_us: float = 30.0,
-                 bins: int = 20, hta_rounding: bool = False, trim_last_step: bool = True) -> dict:
-    a = _select(a, hta_rounding, trim_last_step)
+                 bins: int = 20, hta_rounding: bool = False, trim_last_step: bool = True,
+                 hta_compatible: bool = False) -> dict:
+    """One rank's numbers (see the module docstring). `hta_compatible`: HTA's rules and
+    rounding (RULES_HTA) instead of ours (RULES_DEFAULT); `hta_rounding` alone only rounds."""
+    a = _select(a, hta_rounding or hta_compatible, trim_last_step, hta_compatible)
     n = len(a.ts)
+    counts = {
+        "rules": dict(RULES_HTA if hta_compatible else RULES_DEFAULT),
+        "sync_events_excluded": a.sync_n,
+        "sync_excluded_us": a.sync_us,
+        "gpu_events_without_launch": a.launchless,
+        "gpu_events_without_launch_dropped": a.launchless_dropped,
+        "events_without_dur": a.no_dur,
+        "events_bad_time": a.bad_time,
+        "warnings": _warnings(a),
+    }
     if n == 0:
         return {"gpu_events": 0, "events": a.events, "events_unrecognised": a.unrecognised,
                 "span_us": 0.0, "busy_us": 0.0,
-                "idle_us": 0.0, "busy_frac": None, "reason": "no GPU events in this trace"}
+                "idle_us": 0.0, "busy_frac": None, "reason": "no GPU events in this trace",
+                **counts}
     allv = _merge(list(zip(a.ts, a.end)))
-    span = allv[-1][1] - allv[0][0]
-    busy = _busy(allv)
-    comp = _busy(_merge([(a.ts[i], a.end[i]) for i in range(n) if a.kind[i] == 0]))
-    comm = _busy(_merge([(a.ts[i], a.end[i]) for i in range(n) if a.kind[i] == 1]))
+    # floored at 0: only HTA's rounding (intervals under 1 us turned inside out) can take them
+    # below, on a trace of almost nothing but such intervals
+    span = max(0.0, allv[-1][1] - allv[0][0])
+    busy = min(span, max(0.0, _busy(allv)))
+    comp = min(busy, max(0.0, _busy(_merge([(a.ts[i], a.end[i]) for i in range(n)
+                                            if a.kind[i] == 0]))))
+    comm = min(busy, max(0.0, _busy(_merge([(a.ts[i], a.end[i]) for i in range(n)
+                                            if a.kind[i] == 1]))))
     # time bins: busy fraction over time
     t0, width = allv[0][0], span / bins if span > 0 else 1.0
     busy_bins = [0.0] * bins
@@ -327,7 +480,7 @@ def analyze_rank(a: _Acc, link_gbps: float | None = None, kernel_wait_us: float 
         idx.sort(key=lambda i: a.ts[i])
         ss = {"host_wait": 0.0, "kernel_wait": 0.0, "other": 0.0}
         for p, i in zip(idx, idx[1:]):
-            gap = a.ts[i] - a.end[p]
+            gap = max(0.0, a.ts[i] - a.end[p])   # overlapping events on a stream: no gap
             rts = runtime_ts(a.corr[i])
             if rts is not None and rnd(rts) > a.end[p]:
                 cat = "host_wait"
@@ -407,6 +560,7 @@ def analyze_rank(a: _Acc, link_gbps: float | None = None, kernel_wait_us: float 
                                 for k, v in a.ranges.items() if k in SCHEDULER_RANGES},
         "user_annotations_us": {k: {"count": int(v[0]), "total_us": v[1]}
                                 for k, v in sorted(a.ranges.items(), key=lambda kv: -kv[1][1])[:20]},
+        **counts,
     }
 
 
@@ -451,18 +605,46 @@ def find_traces(src) -> list[Path]:
     return out
 
 
-def read_traces(src, **kw) -> dict:
+def _read_one(path: Path, kw: dict) -> tuple[int | None, dict]:
+    return read_trace(path, **kw)
+
+
+def _worker_count(files: list[Path], workers: int | None) -> int:
+    if workers is not None:
+        return max(1, min(int(workers), len(files)))
+    try:
+        size = sum(p.stat().st_size for p in files)
+    except OSError:
+        return 1
+    # one process per rank, as HTA parses ranks; not for small traces (starting costs more)
+    return min(len(files), os.cpu_count() or 1, MAX_WORKERS) if size >= PARALLEL_MIN_BYTES else 1
+
+
+def read_traces(src, workers: int | None = None, **kw) -> dict:
     """`traces` part of sglang.json: {"ranks": {"<rank>": {...}}}. `src`: a directory (one
     profile's per-rank traces), a file, or a list of them. Two traces of the same rank (say two
     profiles in one directory) are an error, not a guess; a file whose rank cannot be told is
-    keyed by its position."""
+    keyed by its position. Ranks are read in parallel processes (`workers`, default one per
+    rank up to the cores and MAX_WORKERS when the files hold 4 MB or more); the record does not
+    depend on it. Keyword arguments go to analyze_rank (link_gbps, hta_compatible, ...)."""
+    files = find_traces(src)
+    n = _worker_count(files, workers)
+    if n > 1:
+        import concurrent.futures as cf
+        import multiprocessing as mp
+        ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
+        with cf.ProcessPoolExecutor(max_workers=n, mp_context=ctx) as ex:
+            results = list(ex.map(_read_one, files, [kw] * len(files)))
+    else:
+        results = [read_trace(p, **kw) for p in files]
     ranks: dict[str, dict] = {}
-    for i, p in enumerate(find_traces(src)):
-        r, out = read_trace(p, **kw)
+    for i, (p, (r, out)) in enumerate(zip(files, results)):
         key = str(r if r is not None else i)
         if key in ranks:
             raise TraceError(f"{p}: a second trace for rank {key} (first: {ranks[key]['file']}); "
                              f"pass one profile's traces (files or a directory)")
         ranks[key] = out
+        for w in out.get("warnings") or []:
+            _log.warning("trace %s (rank %s): %s", p.name, key, w)
     return {"dir": ", ".join(str(x) for x in ([src] if isinstance(src, (str, Path)) else src)),
             "ranks": ranks}

@@ -10,13 +10,17 @@ both `ppscope sglang --bench` (into sglang.json) and `ppscope report --bench` re
 `observed_points` is the one rule that turns runs into the report's observed tok/s per C: only a
 capped run is a point for a concurrency (an uncapped run's mean in-flight count is not the C the
 model is asked about, so it is left out with a note), and the last run per C wins, as in the file.
-Unreadable input raises a one-line CliError; lines that are not runs are counted, not fatal.
+Unreadable input (missing, a directory, binary, over 64 MB) raises a one-line CliError; lines
+that are not runs (no numeric output throughput) are counted, not fatal; a field of a run that is
+not a finite number >= 0 (a string, a list, NaN...) is None.
 """
 from __future__ import annotations
 
 import gzip
 import json
+import math
 import re
+import zlib
 from pathlib import Path
 
 from reports.base.errors import CliError
@@ -63,19 +67,42 @@ _ALIASES = {"output_token_throughput": "output_throughput", "num_prompts_complet
 _LINE = re.compile(r"^\s*([A-Za-z0-9 ()/]+?):\s+(\S+)\s*$")
 
 
+MAX_BYTES = 64 << 20    # a bench file with thousands of runs is a few MB
+_MAX_VALUE = 1e15       # beyond any rate, latency or count: a corrupted field
+
+
 def _num(v):
-    if isinstance(v, (int, float)) or v is None:
+    """A finite number >= 0 as int or float; None for anything else (a string, a list, a bool,
+    NaN, inf, a negative or absurd value): records hold None, never NaN or a wrong type."""
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, (int, float)):
+        f = float(v) if abs(v) < 1e300 else math.inf
+        s = None
+    elif isinstance(v, str):
+        try:
+            f = float(v)
+        except ValueError:
+            return None
+        s = v
+    else:
+        return None
+    if not (math.isfinite(f) and 0 <= f < _MAX_VALUE):
+        return None
+    if isinstance(v, int):
         return v
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return v
-    return int(f) if f.is_integer() and "." not in str(v) and "inf" not in str(v) else f
+    return int(f) if s is not None and f.is_integer() and "." not in s and "e" not in s.lower() \
+        else f
 
 
 def _normalise(d: dict) -> dict:
     d = {_ALIASES.get(k, k): v for k, v in d.items()}
     run = {k: _num(d.get(k)) for k in _KEEP}
+    backend = d.get("backend")
+    run["backend"] = backend if isinstance(backend, str) else None
+    rate = d.get("request_rate")   # bench_serving prints "inf" for all requests at once
+    if isinstance(rate, (str, float)) and str(rate).strip().lower() in ("inf", "infinity"):
+        run["request_rate"] = "inf"
     # bench_serving's own `concurrency` is the measured mean number of requests in flight
     # (e.g. 7.98 under --max-concurrency 8); keep it, and key the run by the cap the user chose
     # (`--max-concurrency`), falling back to the measured mean for an uncapped run
@@ -88,15 +115,24 @@ def _normalise(d: dict) -> dict:
 
 
 def _read_text(path: Path) -> str:
+    """The file's text, at most MAX_BYTES (after gunzip): /dev/zero or a gzip bomb is refused,
+    not read forever; binary data is refused."""
     try:
-        raw = path.read_bytes()
+        with open(path, "rb") as f:
+            raw = f.read(MAX_BYTES + 1)
+            if raw[:2] == b"\x1f\x8b":
+                f.seek(0)
+                try:
+                    with gzip.GzipFile(fileobj=f) as g:
+                        raw = g.read(MAX_BYTES + 1)
+                except (EOFError, OSError, zlib.error) as e:
+                    raise CliError(f"{path}: truncated or corrupt gzip ({e})") from None
     except OSError as e:
         raise CliError(f"{path}: cannot read bench file ({e.strerror or e})") from None
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (EOFError, OSError) as e:
-            raise CliError(f"{path}: truncated or corrupt gzip ({e})") from None
+    if len(raw) > MAX_BYTES:
+        raise CliError(f"{path}: larger than {MAX_BYTES >> 20} MB; not a bench_serving output")
+    if b"\x00" in raw:
+        raise CliError(f"{path}: binary data, not a bench_serving output")
     text = raw.decode("utf-8", errors="replace")
     if not text.strip():
         raise CliError(f"{path}: empty bench file")
@@ -114,10 +150,12 @@ def read_bench(path: str | Path) -> dict:
                 continue
             try:
                 d = json.loads(line)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 bad += 1
                 continue
-            if isinstance(d, dict) and ("output_throughput" in d or "output_token_throughput" in d):
+            out = d.get("output_throughput", d.get("output_token_throughput")) \
+                if isinstance(d, dict) else None
+            if _num(out) is not None:   # a run, with the one number every run has
                 runs.append(_normalise(d))
             else:
                 bad += 1

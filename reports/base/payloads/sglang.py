@@ -28,6 +28,7 @@ class SlotImbalance:
     max_over_mean_median: float | None = ge(0, default=None)
     cv: float | None = ge(0, default=None)
     rank: int | None = None
+    dp: int | None = None                          # DP attention: the DP rank of the index
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class LogRank:
     span_s: float | None = ge(0, default=None)
     slot_imbalance: SlotImbalance | None = None
     over_time: tuple[Json, ...] = ()              # [{t_s, lines, ...}] for plots
+    by_dp: dict[str, Json] = field(default_factory=dict)   # DP attention: each DP rank's own
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,7 @@ class BenchRun:
     max_itl_ms: float | None = ge(0, default=None)
     mean_e2e_latency_ms: float | None = ge(0, default=None)
     median_e2e_latency_ms: float | None = ge(0, default=None)
-    request_rate: float | None = None
+    request_rate: float | str | None = None       # bench_serving writes "inf" when unpaced
     backend: str | None = None
     total_output_tokens: int | None = ge(0, default=None)
     mean_concurrency: float | None = ge(0, default=None)
@@ -142,6 +144,15 @@ class TraceRank:
     scheduler_ranges_us: Json = None                # {range: {count, total_us}}, for display
     user_annotations_us: Json = None
     file: str | None = None
+    # how the events were read (microbench/sglang/trace.py RULES_*), and what was left out
+    rules: dict[str, Json] = field(default_factory=dict)
+    sync_events_excluded: int = ge(0, default=0)
+    sync_excluded_us: float = ge(0, default=0.0)
+    gpu_events_without_launch: int = ge(0, default=0)
+    gpu_events_without_launch_dropped: int = ge(0, default=0)
+    events_without_dur: int = ge(0, default=0)
+    events_bad_time: int = ge(0, default=0)
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

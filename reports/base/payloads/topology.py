@@ -197,3 +197,4 @@ class TopologyData:
     projected_run_time_s: dict[str, float | None] = ge(0, default_factory=dict)  # n GPUs -> s
     nics: tuple[str, ...] = ()                    # offline: NIC columns of nvidia-smi topo -m
     columns: tuple[str, ...] = ()                 # offline: trailing columns printed
+    links_unknown: tuple[str, ...] = ()           # offline: "i-j" pairs the pasted text left unreadable
