@@ -209,7 +209,11 @@ REFERENCE = {
 
 
 def loop_config(dep: Deployment, on: frozenset, shape=None) -> tuple[LoopConfig, list[int]]:
-    """The observed loop with the causes in `on` as observed and the others at REFERENCE."""
+    """The observed loop with the causes in `on` as observed and the others at REFERENCE, in
+    SGLang's loop order (reports/model/pipeline_model.py: every rank syncs on the returned
+    tokens, the last rank holds them `depth` iterations). A loop that does not hold them (the
+    PP-loop probe before it followed SGLang here) is modelled slower than it ran when its hops
+    are slow: the held send then queues behind a late receive the real loop never waited on."""
     sizes = list(dep.sizes)
     if "herd" not in on:
         sizes = list(even_sizes(sum(sizes), min(dep.pp, sum(sizes)), dep.slots, dep.pp))
