@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from reports.base.payloads.dispatch import Quantiles as Latency  # {p50, p99, n}: one shape
 from reports.base.schema import Json, between, ge
 
 
@@ -93,13 +94,6 @@ class BenchSource:
     file: str
     format: str
     lines_unrecognised: int = ge(0, default=0)
-
-
-@dataclass(frozen=True)
-class Latency:
-    n: int = ge(0, default=0)
-    p50: float | None = None
-    p99: float | None = None
 
 
 @dataclass(frozen=True)
