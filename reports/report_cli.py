@@ -51,7 +51,7 @@ def register(subparsers) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     from reports.model import loop_builder as lb
-    from reports.base.records import RecordError, read_record, write_json_atomic
+    from reports.base.records import RecordError, read_record, write_atomic, write_json_atomic
     from reports.render.render_md import render_md
     from reports.report_build import build_report
     from reports.base.bench_serving import observed_points, read_bench
@@ -96,12 +96,12 @@ def handle(args: argparse.Namespace) -> int:
     write_json_atomic(out / "report.json", rep)
     if args.json:
         write_json_atomic(args.json, rep)
-    (out / "report.md").write_text(md)
+    write_atomic(out / "report.md", md)
     write_json_atomic(out / "report.trace.json",
                       chrome_trace({C: lb.run(inp, C, keep_spans=True).spans
                                     for C in inp.concurrency}))
     from reports.render.render_html import render_html
-    (out / "report.html").write_text(render_html(rep, spans, measured))
+    write_atomic(out / "report.html", render_html(rep, spans, measured))
     for w in rep["warnings"]:
         print(f"warning: {w}", file=sys.stderr)
     print(terminal_summary(rep, results_label=str(results)))

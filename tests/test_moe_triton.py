@@ -87,9 +87,9 @@ def test_broken_routing_weight_fails_check():
 def test_config_table_and_fit():
     assert MT.config_for(1) is MT.CONFIGS[0][1]
     assert MT.config_for(10 ** 9) is MT.CONFIGS[-1][1]
-    assert MT._fit(64, 2048) == 64 and MT._fit(64, 48) == 16 and MT._fit(128, 7168) == 128
+    assert MT.fit_block(64, 2048) == 64 and MT.fit_block(64, 48) == 16 and MT.fit_block(128, 7168) == 128
     with pytest.raises(ValueError):
-        MT._fit(64, 40)
+        MT.fit_block(64, 40)
 
 
 @pytest.mark.gpu

@@ -30,7 +30,7 @@ except ImportError:  # pragma: no cover
     triton = tl = None
 
 from microbench.kernels.moe_common import MoEWeights, QuantMoEWeights
-from microbench.kernels.moe_triton import KernelConfig, MoeConfig, _fit, available  # noqa: F401
+from microbench.kernels.moe_triton import KernelConfig, MoeConfig, fit_block, available  # noqa: F401
 
 BLOCK = 128          # weight block (both dims) and activation group
 FP8_MAX = 448.0      # largest e4m3 (fn) number
@@ -227,7 +227,7 @@ def _launch(a, wq, ws, w16, out, plan, tw_flat, N, kk, nh, n_q, kc: KernelConfig
     K = a.shape[1]
     if K % BLOCK or N % BLOCK:
         raise ValueError(f"dimensions {N} x {K} are not multiples of {BLOCK}")
-    bn = _fit(kc.block_n, N)
+    bn = fit_block(kc.block_n, N)
     cuda = a.device.type == "cuda"
     extra = dict(num_warps=kc.num_warps, num_stages=kc.num_stages) if cuda else {}
     has16 = w16 is not None
@@ -238,7 +238,7 @@ def _launch(a, wq, ws, w16, out, plan, tw_flat, N, kk, nh, n_q, kc: KernelConfig
         N, kk, n_q, a.stride(0), wq.stride(0), wq.stride(1), ws.stride(0), ws.stride(1),
         w16.stride(0), w16.stride(1), out.stride(0),
         K=K, NH=nh, HAS16=has16, EMU=not cuda, BLOCK_M=block_m, BLOCK_N=bn,
-        BLOCK_K16=_fit(max(16, kc.block_k // 2), K), **extra)
+        BLOCK_K16=fit_block(max(16, kc.block_k // 2), K), **extra)
     return out
 
 

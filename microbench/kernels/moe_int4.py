@@ -43,7 +43,7 @@ except ImportError:  # pragma: no cover - reported by available()
 
 from microbench.kernels import int4_pack as P
 from microbench.kernels.moe_common import LazyExperts, MoEWeights, QuantMoEWeights
-from microbench.kernels.moe_triton import KernelConfig, MoeConfig, _fit, available  # noqa: F401
+from microbench.kernels.moe_triton import KernelConfig, MoeConfig, fit_block, available  # noqa: F401
 
 # Upper micro-batch bound -> block sizes (first row whose bound >= b), from the sweep in
 # microbench/tune_moe_quant.py on one H200 at Kimi K2 dims (see docs/BENCHMARKS.md).
@@ -262,10 +262,10 @@ def dequantised_view(qw: QuantMoEWeights) -> MoEWeights:
 def _launch(a, a16, wq, ws, w16, out, plan, tw_flat, N, kk, nh, n_q, kc: KernelConfig,
             block_m: int, asm: bool):
     K = a.shape[1]
-    bk = _fit(kc.block_k, K)
+    bk = fit_block(kc.block_k, K)
     if bk < 64:
         raise ValueError(f"input dimension {K} must be a multiple of 64")
-    bn = _fit(kc.block_n, N)
+    bn = fit_block(kc.block_n, N)
     cuda = a.device.type == "cuda"
     extra = dict(num_warps=kc.num_warps, num_stages=kc.num_stages) if cuda else {}
     has16 = w16 is not None

@@ -220,7 +220,7 @@ def plan_blocks(flat_ids, G: int, block_m: int) -> BlockPlan:
     return BlockPlan(order, ec, starts[ec] + r * block_m, cnt)
 
 
-def _fit(block: int, n: int) -> int:
+def fit_block(block: int, n: int) -> int:
     """Largest power of two <= block that divides n and is >= 16 (tl.dot minimum)."""
     b = block
     while b > 16 and n % b:
@@ -237,7 +237,7 @@ def gate_up(x, w_gate_up, plan: BlockPlan, kc: KernelConfig, block_m: int, kk: i
     N = N2 // 2
     T = plan.order.numel()
     act = torch.empty(T, N, device=x.device, dtype=x.dtype)
-    bn, bk = _fit(kc.block_n, N), min(kc.block_k, max(16, triton.next_power_of_2(K)))
+    bn, bk = fit_block(kc.block_n, N), min(kc.block_k, max(16, triton.next_power_of_2(K)))
     kern = _kernels(x.device.type != "cuda")[0]
     grid = (plan.count.numel(), N // bn)
     extra = {} if x.device.type != "cuda" else dict(num_warps=kc.num_warps,
@@ -254,7 +254,7 @@ def down(act, w_down, tw_flat, plan: BlockPlan, kc: KernelConfig, block_m: int):
     G, H, K = w_down.shape
     T = plan.order.numel()
     y = torch.empty(T, H, device=act.device, dtype=torch.float32)
-    bn, bk = _fit(kc.block_n, H), min(kc.block_k, max(16, triton.next_power_of_2(K)))
+    bn, bk = fit_block(kc.block_n, H), min(kc.block_k, max(16, triton.next_power_of_2(K)))
     kern = _kernels(act.device.type != "cuda")[1]
     grid = (plan.count.numel(), H // bn)
     extra = {} if act.device.type != "cuda" else dict(num_warps=kc.num_warps,

@@ -42,8 +42,8 @@ import re
 from pathlib import Path
 from statistics import median
 
-from microbench.sglang.trace import (_COMM_RE, _DTYPE_BYTES, _GPU_CATS, _NOT_COMPUTE_RE,
-                                     _RECV_RE, SCHEDULER_RANGES, iter_events)
+from microbench.sglang.trace import (COMM_RE, DTYPE_BYTES, GPU_CATS, NOT_COMPUTE_RE,
+                                     RECV_RE, SCHEDULER_RANGES, iter_events)
 
 _SYNC_RE = re.compile(r"cuda(StreamSynchronize|DeviceSynchronize|EventSynchronize|Memcpy(?!Async)"
                       r"|MemcpyAsync)")
@@ -112,17 +112,17 @@ def read_steps(path: str | Path, *, hidden: int | None = None, link_gbps: float 
             ts, dur = float(ev["ts"]), float(ev.get("dur", 0.0))
             if not (math.isfinite(ts) and math.isfinite(dur)) or dur < 0:
                 continue
-            if cat in _GPU_CATS or (cat != "gpu_user_annotation" and "stream" in args
+            if cat in GPU_CATS or (cat != "gpu_user_annotation" and "stream" in args
                                     and cat not in ("cuda_runtime", "cuda_driver")):
-                comm = bool(_COMM_RE.match(name))
-                compute = not _NOT_COMPUTE_RE.match(name)
-                is_recv = comm and bool(_RECV_RE.search(name)) and \
+                comm = bool(COMM_RE.match(name))
+                compute = not NOT_COMPUTE_RE.match(name)
+                is_recv = comm and bool(RECV_RE.search(name)) and \
                     args.get("Collective name", "recv") == "recv"
                 kernels.append((ts, ts + dur, int(args.get("correlation", -1)), compute, comm,
                                 is_recv))
                 if is_recv:
                     nel = int(args.get("In msg nelems") or args.get("Out msg nelems") or 0)
-                    recvs.append((ts, ts + dur, nel * _DTYPE_BYTES.get(args.get("dtype"), 2), nel))
+                    recvs.append((ts, ts + dur, nel * DTYPE_BYTES.get(args.get("dtype"), 2), nel))
             elif cat in ("cuda_runtime", "cuda_driver"):
                 c = args.get("correlation")
                 if c is not None:

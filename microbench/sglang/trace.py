@@ -80,16 +80,16 @@ MAX_WORKERS = 8
 _log = logging.getLogger("ppscope.sglang.trace")
 SCHEDULER_RANGES = ("recv_requests", "send_reqs_to_next_stage", "get_next_batch_to_run",
                     "run_batch", "process_batch_result", "send_proxy_dict_to_next_stage")
-_GPU_CATS = {"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset"}
-_DTYPE_BYTES = {"BFloat16": 2, "Half": 2, "Float": 4, "Double": 8, "Int": 4, "Long": 8,
+GPU_CATS = {"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset"}
+DTYPE_BYTES = {"BFloat16": 2, "Half": 2, "Float": 4, "Double": 8, "Int": 4, "Long": 8,
                 "Char": 1, "Byte": 1, "Bool": 1, "Float8_e4m3fn": 1, "Float8_e5m2": 1}
 _WS = re.compile(r"[\s,]*")
 # HTA's kernel classes (hta/utils/utils.py, same regular expressions so the numbers agree):
 # communication = `^nccl.*Kernel`; computation = anything not NCCL, memcpy/memset or a sync.
-_COMM_RE = re.compile(r"^nccl.*Kernel")
-_NOT_COMPUTE_RE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
+COMM_RE = re.compile(r"^nccl.*Kernel")
+NOT_COMPUTE_RE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
 _IDLE_CATS = {"kernel", "Kernel", "gpu_memset", "Memset", "gpu_memcpy", "Memcpy"}
-_RECV_RE = re.compile(r"nccl\w*(SendRecv|Recv)", re.I)
+RECV_RE = re.compile(r"nccl\w*(SendRecv|Recv)", re.I)
 
 
 class TraceError(CliError):
@@ -225,7 +225,7 @@ _KIND_CACHE: dict[str, int] = {}
 def _kind(name: str) -> int:
     k = _KIND_CACHE.get(name)
     if k is None:
-        k = 1 if _COMM_RE.match(name) else 2 if _NOT_COMPUTE_RE.match(name) else 0
+        k = 1 if COMM_RE.match(name) else 2 if NOT_COMPUTE_RE.match(name) else 0
         if len(_KIND_CACHE) < 100_000:
             _KIND_CACHE[name] = k
     return k
@@ -272,15 +272,15 @@ def _take(a: _Acc, ev: dict) -> None:
     cat = ev.get("cat")
     args = ev.get("args") or {}
     name = ev.get("name", "")
-    if cat in _GPU_CATS or (cat != "gpu_user_annotation" and "stream" in args
+    if cat in GPU_CATS or (cat != "gpu_user_annotation" and "stream" in args
                             and cat not in ("cuda_runtime", "cuda_driver")):
         ts, dur = _interval(a, ev)
         stream, corr = int(args.get("stream", -1)), int(args.get("correlation", -1))
         k = _kind(name)
         recv = None
-        if k == 1 and (_RECV_RE.search(name) and args.get("Collective name", "recv") == "recv"):
+        if k == 1 and (RECV_RE.search(name) and args.get("Collective name", "recv") == "recv"):
             nel = args.get("In msg nelems") or args.get("Out msg nelems") or 0
-            recv = max(0, int(nel)) * _DTYPE_BYTES.get(args.get("dtype"), 2)
+            recv = max(0, int(nel)) * DTYPE_BYTES.get(args.get("dtype"), 2)
         a.ts.append(ts); a.end.append(ts + dur)
         a.stream.append(stream); a.corr.append(corr)
         a.kind.append(k); a.in_idle.append(cat in _IDLE_CATS)

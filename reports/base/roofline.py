@@ -272,7 +272,7 @@ def stage_floor(model: ModelConfig, stage: Stage, batch: int, gpu: GpuSpec, *,
 
 POOL_LAYERS = 1024   # independent layer routings simulated; draws pick layers from this pool
 # stage_floor needs a GPU for its time; bytes do not depend on it
-_NO_GPU = GpuSpec(name="bytes-only", mem_bw_gbps=1.0, bf16_tflops=1.0, mem_gb=0.0, pcie_gen=5,
+BYTES_ONLY_GPU = GpuSpec(name="bytes-only", mem_bw_gbps=1.0, bf16_tflops=1.0, mem_gb=0.0, pcie_gen=5,
                   pcie_lanes=16, nvlink=False)
 
 
@@ -362,7 +362,7 @@ def skew_spread(model: ModelConfig, stages, batch, zipf_s: float, draws: int = 2
         np.add.at(per_stage.T, owner, d[choice].T)               # Σ distinct over a stage's layers
         fixed = []
         for st, ml in zip(stages, moe_of):
-            f = stage_floor(model, st, b, _NO_GPU, context_len=context_len)
+            f = stage_floor(model, st, b, BYTES_ONLY_GPU, context_len=context_len)
             uni = int(round(expected_distinct_experts(E, k, b) * reb))
             fixed.append(f.weight_bytes + f.kv_bytes - len(ml) * uni)
         sb = np.asarray(fixed)[None, :] + per_stage * reb        # [draws, stages]

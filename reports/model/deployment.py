@@ -264,10 +264,10 @@ def curve_shape(pts: list[tuple[int, float]]):
 def moe_shape(model):
     """b -> bytes one MoE layer of `model` reads for b tokens (distinct experts touched + the
     fixed part): the shape used to carry an observed forward time to an unobserved size."""
-    from reports.base.roofline import _NO_GPU, layer_floor
+    from reports.base.roofline import BYTES_ONLY_GPU, layer_floor
     if not getattr(model, "is_moe", False):
         return None
-    return lambda b: layer_floor(model, "moe", max(1, int(b)), _NO_GPU).weight_bytes
+    return lambda b: layer_floor(model, "moe", max(1, int(b)), BYTES_ONLY_GPU).weight_bytes
 
 
 def run(dep: Deployment, on: frozenset, shape=None) -> SimResult:

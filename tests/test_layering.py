@@ -1,0 +1,75 @@
+"""Packages import one way (reports/base <- microbench/kit <- topology <- probes; reports never
+imports torch, microbench or topology; microbench never imports topology), no module imports
+itself through others, and no private name (`_x`) is imported across modules. Static: reads the
+source with `ast`, imports nothing."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PKGS = ("reports", "microbench", "topology")
+# package -> packages it must never import (at module level or inside a function)
+FORBIDDEN = {"reports": ("torch", "microbench", "topology", "cupy"), "microbench": ("topology",)}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PKGS:
+        for f in (ROOT / pkg).rglob("*.py"):
+            name = ".".join(f.relative_to(ROOT).with_suffix("").parts)
+            out[name.removesuffix(".__init__")] = f
+    return out
+
+
+def _imports(f: Path) -> list[tuple[str, list[str]]]:
+    out = []
+    for node in ast.walk(ast.parse(f.read_text(), str(f))):
+        if isinstance(node, ast.Import):
+            out += [(a.name, []) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append((node.module, [a.name for a in node.names]))
+    return out
+
+
+def test_packages_import_one_way_and_reports_never_imports_torch():
+    bad = []
+    for name, f in _modules().items():
+        for mod, _ in _imports(f):
+            for banned in FORBIDDEN.get(name.split(".")[0], ()):
+                if mod == banned or mod.startswith(banned + "."):
+                    bad.append(f"{name} imports {mod}")
+    assert not bad, bad
+
+
+def test_no_module_cycle():
+    mods = _modules()
+    edges = {m: set() for m in mods}
+    for m, f in mods.items():
+        for mod, names in _imports(f):
+            for cand in [mod] + [f"{mod}.{n}" for n in names]:
+                if cand in mods and cand != m:
+                    edges[m].add(cand)
+    state: dict[str, int] = {}
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for n in edges[m]:
+            if state.get(n) == 1:
+                raise AssertionError(" -> ".join(path[path.index(n):] + [n]) if n in path
+                                     else f"{m} -> {n}")
+            if n not in state:
+                visit(n, path + [n])
+        state[m] = 2
+    for m in mods:
+        if m not in state:
+            visit(m, [m])
+
+
+def test_no_private_name_crosses_modules():
+    bad = []
+    for name, f in _modules().items():
+        for mod, names in _imports(f):
+            if mod.split(".")[0] in PKGS and mod != name:
+                bad += [f"{name}: from {mod} import {n}" for n in names if n.startswith("_")]
+    assert not bad, bad
