@@ -18,16 +18,21 @@ def register(sub) -> None:
                        description=gr.__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="kimi-k2", help="preset name or HF config.json path")
-    p.add_argument("--pp", type=int, default=8)
+    p.add_argument("--pp", type=int, default=8,
+                   help="the deployment's pipeline size: sets the layers per stage (default 8)")
     p.add_argument("--partition", help="layers per stage, e.g. 7,7,7,8,8,8,8,8")
-    p.add_argument("--batches", type=int_list, default=gr.DEFAULT_BATCHES)
+    p.add_argument("--batches", type=int_list, default=gr.DEFAULT_BATCHES,
+                   help="micro-batch sizes to time, comma-separated (default: "
+                        f"{','.join(map(str, gr.DEFAULT_BATCHES))})")
     p.add_argument("--max-bs", type=int, help="SGLang --cuda-graph-max-bs (default: SGLang's "
                    "default for this GPU's memory, else 256)")
     p.add_argument("--user-batches", type=int_list, default=(),
                    help="micro-batch sizes your server runs, e.g. 1,4,32: flagged if eager")
     p.add_argument("--context", type=int, default=2048, help="KV-cache tokens per request")
     p.add_argument("--experts-sample", type=int, help="allocate only N routed experts")
-    p.add_argument("--variant", default="fast", choices=["fast", "plain"])
+    p.add_argument("--variant", default="fast", choices=["fast", "plain"],
+                   help="torch MoE layer timed: fast (fused gate/up, one grouped GEMM per "
+                        "projection) or plain (the straightforward reference layer)")
     p.add_argument("--plan", action="store_true", help="capture rule only; no GPU needed")
     p.add_argument("--json", help="record path (default results/graphs.json)")
     p.set_defaults(func=main)
