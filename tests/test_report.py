@@ -166,3 +166,13 @@ def test_micro_batch_choices_predict_more_slots_lose():
     # them) -> 8 / 8 ms
     assert rows[4].slot_sizes == (2, 2, 2, 2)
     assert rows[4].modelled_tok_per_s == pytest.approx(1000.0, rel=1e-9)
+
+
+def test_pasted_topology_without_gpu_names_reports(tmp_path, fixtures):
+    # an offline `topo -m` record names no GPU: no crash, no "8x None", no other-machine claim
+    src = fixtures / "topo" / "dgx_a100_nv12_nic_rows.txt"
+    assert main(["topology", "--from-nvidia-smi", str(src), "--json",
+                 str(tmp_path / "topology.json")]) == 0
+    assert main(["report", "--results", str(tmp_path)]) == 0
+    md = (tmp_path / "report.md").read_text()
+    assert "None" not in md.splitlines()[6] and "lists 8 GPUs (no names" in md

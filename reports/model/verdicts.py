@@ -179,9 +179,10 @@ def other_machine(rec: Record, inp: Inputs) -> str | None:
     from reports.base.gpu_specs import match_gpu
     g = list(rec.provenance.gpus)
     if rec.probe == "topology" and rec.payload is not None and rec.payload.gpus:
-        g = [x.name for x in rec.payload.gpus] or g
+        g = [x.name for x in rec.payload.gpus if x.name] or g
+    g = [n for n in g if n]
     if not g:
-        return None
+        return None   # a pasted `topo -m` names no GPU: nothing says it is another machine
     kinds = {getattr(match_gpu(n), "name", n) for n in g}
     if kinds != {inp.gpu.name}:
         return f"it describes {len(g)}x {', '.join(sorted(set(g)))}, the deployment {inp.pp}x {inp.gpu.name}"

@@ -66,7 +66,10 @@ def header_lines(rep: dict[str, Any]) -> list[str]:
     out = [dep, f"Inputs by source -- {src}."]
     if rep.get("topology") and rep["topology"].get("gpus"):
         g = rep["topology"]["gpus"]
-        out.append(f"Probes ran on {len(g)}x {', '.join(sorted(set(map(str, g))))}.")
+        names = sorted({str(x) for x in g if x})
+        out.append(f"Probes ran on {len(g)}x {', '.join(names)}." if names else
+                   f"The topology record lists {len(g)} GPUs (no names: a pasted `nvidia-smi "
+                   "topo -m` table).")
     return out
 
 
