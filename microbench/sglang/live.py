@@ -29,10 +29,11 @@ import json
 import statistics
 import threading
 import time
-import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
+from microbench.sglang.http import connect as http_connect
+from microbench.sglang.http import request as http_request
 from reports.base.errors import CliError
 
 DELTA_FRAC = 0.1  # delta = DELTA_FRAC x median ITL
@@ -56,36 +57,19 @@ class LiveConfig:
     profile_steps: int = 20
 
 
-def _split(url: str) -> tuple[str, int, str, bool]:
-    u = urllib.parse.urlparse(url if "://" in url else "http://" + url)
-    if u.scheme not in ("http", "https") or not u.hostname:
-        raise CliError(f"{url}: not an http(s) URL")
-    return u.hostname, u.port or (443 if u.scheme == "https" else 80), u.path.rstrip("/"), \
-        u.scheme == "https"
-
-
 def _conn(url: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:
-    host, port, base, tls = _split(url)
-    cls = http.client.HTTPSConnection if tls else http.client.HTTPConnection
-    return cls(host, port, timeout=timeout), base
+    return http_connect(url, timeout)
 
 
 def request_json(url: str, method: str, path: str, body: dict | None = None,
                  timeout: float = 30.0) -> tuple[int, dict | str]:
-    c, base = _conn(url, timeout)
+    """One bounded request (microbench/sglang/http.py): JSON when the reply is JSON."""
+    st, raw = http_request(url, method, path, body, timeout=timeout)
+    text = raw.decode("utf-8", errors="replace")
     try:
-        data = json.dumps(body).encode() if body is not None else None
-        c.request(method, base + path, body=data, headers={"Content-Type": "application/json"})
-        r = c.getresponse()
-        raw = r.read().decode("utf-8", errors="replace")
-        try:
-            return r.status, json.loads(raw)
-        except json.JSONDecodeError:
-            return r.status, raw
-    except (OSError, http.client.HTTPException) as e:
-        raise CliError(f"{url}: cannot reach server ({e})") from None
-    finally:
-        c.close()
+        return st, json.loads(text)
+    except json.JSONDecodeError:
+        return st, text
 
 
 def _model(cfg: LiveConfig) -> str:

@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import math
 import re
-import urllib.error
-import urllib.request
-from pathlib import Path
 
 from reports.base.errors import CliError
 
@@ -28,12 +25,18 @@ _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 def fetch_text(src: str, timeout_s: float = 10.0) -> str:
     if re.match(r"^https?://", src):
+        from microbench.sglang.http import request, split_url
         url = src if "/metrics" in src else src.rstrip("/") + "/metrics"
+        host, port, path, tls = split_url(url)
+        origin = f"{'https' if tls else 'http'}://{host}:{port}"
         try:
-            with urllib.request.urlopen(url, timeout=timeout_s) as r:
-                return r.read().decode("utf-8", errors="replace")
-        except (urllib.error.URLError, OSError, ValueError) as e:
-            raise CliError(f"{url}: cannot read metrics ({getattr(e, 'reason', e)})") from None
+            st, raw = request(origin, "GET", path or "/metrics", timeout=timeout_s,
+                              max_bytes=MAX_BYTES)
+        except CliError as e:
+            raise CliError(f"{url}: cannot read metrics ({str(e).split(': ', 1)[-1]})") from None
+        if st != 200:
+            raise CliError(f"{url}: HTTP {st}, not a /metrics page")
+        return raw.decode("utf-8", errors="replace")
     try:
         with open(src, "rb") as f:
             raw = f.read(MAX_BYTES + 1)
