@@ -176,3 +176,16 @@ def test_pasted_topology_without_gpu_names_reports(tmp_path, fixtures):
     assert main(["report", "--results", str(tmp_path)]) == 0
     md = (tmp_path / "report.md").read_text()
     assert "None" not in md.splitlines()[6] and "lists 8 GPUs (no names" in md
+
+
+def test_stage_cost_from_another_gpu_is_transferred_not_measured(tmp_path):
+    # the shipped H200 stage-cost record under the RTX PRO 6000 seed scenario
+    import shutil
+    from pathlib import Path
+    shutil.copy(Path(__file__).parent.parent / "docs" / "runs" / "h200x2" / "stage_cost.json",
+                tmp_path / "stage_cost.json")
+    assert main(["report", "--results", str(tmp_path)]) == 0
+    rep = json.loads((tmp_path / "report.json").read_text())
+    eff = next(p for p in rep["params"] if p["name"] == "kernel_efficiency")
+    assert eff["source"] == "transferred"
+    assert any("kernel efficiency transferred" in w for w in rep["warnings"])

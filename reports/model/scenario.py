@@ -107,7 +107,7 @@ class Inputs:
         return not any(r != "sglang.json" for r in self.records)
 
     def src(self, key: str) -> tuple[str, str]:
-        """(measured|estimated|observed|given, evidence) for a model input key."""
+        """(measured|transferred|estimated|observed|given, evidence) for a model input key."""
         for p in self.params:
             if p.name == key:
                 return p.source, p.evidence
@@ -296,7 +296,12 @@ def build_inputs(scenario: dict[str, Any], records: dict[str, Record],
             else:
                 warn.append("stage_cost.json: no measured stage for this pp/model; skipped")
         if note and eff_src[0] == "measured":
-            warn.append(f"stage_cost.json: {note}")
+            # another GPU: the fraction of the floor reached at the same micro-batch (the same
+            # arithmetic intensity) is carried over, and the floor is the scenario GPU's own
+            # (its memory bandwidth): a transfer, never a measurement of this GPU
+            eff_src = ("transferred", "stage_cost.json")
+            warn.append(f"stage_cost.json: {note}; kernel efficiency transferred (same fraction "
+                        "of the floor at the same micro-batch size, the scenario GPU's floor)")
     params.append(Param("kernel_efficiency", [list(x) for x in (stage_eff or (eff_curve,))[0]],
                         *eff_src, "fraction of the roofline floor reached (by batch)"))
 

@@ -426,8 +426,9 @@ GLOSSARY = (
     ("Shapley value", "a cause's average effect over every order of switching the causes on; "
                       "the rows add up to the gap and do not depend on an order."),
     ("unexplained", "observed - modelled: what the model does not account for (never fitted)."),
-    ("observed / measured / estimated / given", "from your server's own evidence / a probe run "
-     "on this machine / a datasheet, roofline or stated assumption / a setting you gave."),
+    ("observed / measured / transferred / estimated / given", "from your server's own evidence / "
+     "a probe run on this machine / measured on another GPU and carried over at the same "
+     "fraction of the floor / a datasheet, roofline or stated assumption / a setting you gave."),
     ("report.trace.json", "the modelled pipeline timeline, one track per stage: open it in "
                           "ui.perfetto.dev (the dispatch probe writes a measured one too)."),
 )
