@@ -62,6 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as e:
         print(f"ppscope {args.command}: error: {e}", file=sys.stderr)
         return e.exit_code
+    except OSError as e:  # a path that is a directory, unwritable, missing, a full disk...
+        where = f"{e.filename}: " if getattr(e, "filename", None) else ""
+        print(f"ppscope {args.command}: error: {where}{e.strerror or type(e).__name__}",
+              file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"ppscope {args.command}: interrupted; what was measured so far is kept",
               file=sys.stderr)

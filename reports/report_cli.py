@@ -63,6 +63,9 @@ def handle(args: argparse.Namespace) -> int:
     results = Path(args.results) if args.results else results_dir()
     out = Path(args.out) if args.out else results
     sc = load_scenario(args.scenario)
+    for what, d in (("--results", results), ("--out", out)):
+        if d.exists() and not d.is_dir():
+            raise CliError(f"{what} {d}: not a directory")
     if args.results and not results.is_dir():  # a typo must not pass for "no records yet"
         print(f"note: {results} does not exist: no probe records, every input is estimated",
               file=sys.stderr)

@@ -394,6 +394,11 @@ def build_inputs(scenario: dict[str, Any], records: dict[str, Record],
     if obs:
         params.append(Param("observed_tok_per_s", {str(k): v for k, v in sorted(obs.items())},
                             "observed", observed_src or sc_file))
+    too_big = sorted(c for c in obs if c > MAX_CONCURRENCY)
+    if too_big:
+        warn.append(f"observed points at C = {', '.join(map(str, too_big))} are above the "
+                    f"{MAX_CONCURRENCY} the model runs at; left out")
+        obs = {c: v for c, v in obs.items() if c <= MAX_CONCURRENCY}
     conc = sorted(set(int(c) for c in sc["concurrency"]) | set(obs))
     return Inputs(
         name=sc["name"], model=model, gpu=gpu, pp=pp, async_depth=depth,
@@ -427,6 +432,9 @@ def observed_from_sglang(rec: Record | None) -> tuple[dict[int, float], list[str
     return observed_points(rec.payload.bench, "sglang.json")
 
 
+MAX_CONCURRENCY = 4096  # the model simulates every request's slot: bound its work
+
+
 def parse_observed(text: str) -> dict[int, float]:
     """`"1:34,8:81.7,32:248.1"` -> {1: 34.0, 8: 81.7, 32: 248.1}."""
     out: dict[int, float] = {}
@@ -440,6 +448,9 @@ def parse_observed(text: str) -> dict[int, float]:
         except ValueError:
             raise CliError(f"--observed {text!r}: expected CONCURRENCY:TOK_PER_S pairs like "
                            "1:34,8:81.7") from None
-        if int(c) < 1 or float(v) <= 0:
+        if not (int(c) >= 1 and 0 < float(v) < 1e9):  # also NaN and inf
             raise CliError(f"--observed {text!r}: concurrency and tok/s must be positive")
+        if int(c) > MAX_CONCURRENCY:
+            raise CliError(f"--observed {text!r}: concurrency {int(c)} is above the "
+                           f"{MAX_CONCURRENCY} the model runs at")
     return out
