@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import json
-import math
 import os
 import platform
 import socket

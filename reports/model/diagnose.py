@@ -148,4 +148,3 @@ def time_split_rows(dep: Deployment) -> list[dict]:
     return out
 
 
-__all__ = ["Diagnosis", "CauseRow", "diagnose", "time_split_rows", "NAME_PCT", "median_low"]
