@@ -42,43 +42,13 @@ import re
 from pathlib import Path
 from statistics import median
 
+from microbench.sglang.intervals import length, merge, overlap
 from microbench.sglang.trace import (COMM_RE, DTYPE_BYTES, GPU_CATS, NOT_COMPUTE_RE,
                                      RECV_RE, SCHEDULER_RANGES, iter_events)
 
 _SYNC_RE = re.compile(r"cuda(StreamSynchronize|DeviceSynchronize|EventSynchronize|Memcpy(?!Async)"
                       r"|MemcpyAsync)")
 _BLOCKING_RANGES = ("recv_requests",)
-
-
-def _merge(iv):
-    out = []
-    for s, e in sorted(iv):
-        if out and s <= out[-1][1]:
-            if e > out[-1][1]:
-                out[-1][1] = e
-        else:
-            out.append([s, e])
-    return out
-
-
-def _len(merged) -> float:
-    return sum(e - s for s, e in merged)
-
-
-def _overlap(merged_a, merged_b) -> float:
-    """Total overlap of two merged interval lists."""
-    i = j = 0
-    tot = 0.0
-    while i < len(merged_a) and j < len(merged_b):
-        s = max(merged_a[i][0], merged_b[j][0])
-        e = min(merged_a[i][1], merged_b[j][1])
-        if e > s:
-            tot += e - s
-        if merged_a[i][1] < merged_b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return tot
 
 
 def _p50(v):
@@ -150,27 +120,26 @@ def summarize_steps(kernels, recvs, rt, syncs, ranges, *, hidden=None, link_gbps
     if not kernels:
         out["reason"] = "no GPU kernels in this trace"
         return out
-    kernels = [k if len(k) == 6 else (*k, False) for k in kernels]
     t0 = min(k[0] for k in kernels)
     t1 = max(k[1] for k in kernels)
     window = t1 - t0
     # -- exclusive time split of the GPU
-    comp = _merge([(k[0], k[1]) for k in kernels if k[3]])
-    allk = _merge([(k[0], k[1]) for k in kernels])
-    comm = _merge([(k[0], k[1]) for k in kernels if k[4]])
-    comm_only = _len(comm) - _overlap(comm, comp)
+    comp = merge([(k[0], k[1]) for k in kernels if k[3]])
+    allk = merge([(k[0], k[1]) for k in kernels])
+    comm = merge([(k[0], k[1]) for k in kernels if k[4]])
+    comm_only = length(comm) - overlap(comm, comp)
     recv_total = sum(e - s for s, e, _, _ in recvs)
     transfer_total = (sum(min(e - s, b / (link_gbps * 1e3)) for s, e, b, _ in recvs)
                       if link_gbps else None)
     frac = (transfer_total / recv_total) if transfer_total is not None and recv_total else None
     out["time_split"] = {
         "window_us": window,
-        "compute_us": _len(comp),
+        "compute_us": length(comp),
         "comm_transfer_us": None if frac is None else comm_only * frac,
         "comm_wait_us": None if frac is None else comm_only * (1 - frac),
         "comm_us": comm_only,
-        "other_us": max(0.0, _len(allk) - _len(comp) - comm_only),
-        "idle_us": window - _len(allk),
+        "other_us": max(0.0, length(allk) - length(comp) - comm_only),
+        "idle_us": window - length(allk),
     }
     # -- forwards: compute kernels launched inside each run_batch range
     rb = sorted(ranges.get("run_batch", []))
@@ -197,7 +166,7 @@ def summarize_steps(kernels, recvs, rt, syncs, ranges, *, hidden=None, link_gbps
     b_starts = [s for s, _ in blocking]
     recv_s = sorted(recvs)
     r_ends = [e for _, e, _, _ in recv_s]
-    sends = _merge([(k[0], k[1]) for k in kernels if k[4] and not k[5]])
+    sends = merge([(k[0], k[1]) for k in kernels if k[4] and not k[5]])
     fwds = []
     for j, ks in enumerate(per_fwd):
         if not ks:
@@ -211,14 +180,12 @@ def summarize_steps(kernels, recvs, rt, syncs, ranges, *, hidden=None, link_gbps
                 b = rcv[3]
             elif hidden and rcv[3] % hidden == 0:
                 b = rcv[3] // hidden
-        it_start = max((v[k] for v in full if (k := _latest_le(v, rb[j][0])) >= 0),
-                       default=rb[j][0]) if full else rb[j][0]
         it_start = min((v[k] for v in full if (k := _latest_le(v, rb[j][0])) >= 0),
-                       default=it_start) if full else it_start
+                       default=rb[j][0])
         kb = _latest_le(b_starts, rb[j][0])
         cpu_ready = max(it_start, blocking[kb][1] if kb >= 0 and blocking[kb][0] >= it_start
                         else it_start)
-        fwds.append({"start": fs, "end": fe, "busy": _len(_merge(ks)), "graph": graph_fwd[j],
+        fwds.append({"start": fs, "end": fe, "busy": length(merge(ks)), "graph": graph_fwd[j],
                      "batch": b, "recv": (rcv[0], rcv[1]) if rcv else None,
                      "launch": launch_at[j], "cpu_ready": cpu_ready})
     fwds.sort(key=lambda f: f["start"])
@@ -229,7 +196,7 @@ def summarize_steps(kernels, recvs, rt, syncs, ranges, *, hidden=None, link_gbps
         lo = max(x for x in (f["launch"], f["recv"][1] if f["recv"] else None, f["prev_end"])
                  if x is not None)
         f["queue"] = max(0.0, f["start"] - lo)
-        f["send_wait"] = _overlap(_merge([(lo, f["start"])]), sends) if f["queue"] > 0 else 0.0
+        f["send_wait"] = overlap(merge([(lo, f["start"])]), sends) if f["queue"] > 0 else 0.0
     out["forwards"] = len(fwds)
     out["graph_forwards"] = sum(1 for f in fwds if f["graph"])
     by_b: dict[int, list] = {}
@@ -245,29 +212,29 @@ def summarize_steps(kernels, recvs, rt, syncs, ranges, *, hidden=None, link_gbps
     out["iterations"] = iters
     out["range_counts"] = counts
     # host per empty iteration: CPU ranges minus blocked time, iterations without run_batch
-    blocked_iv = _merge(blocking + list(syncs) + list(relay))
-    cpu_iv = _merge([iv for v in ranges.values() for iv in v])
+    blocked_iv = merge(blocking + list(syncs) + list(relay))
+    cpu_iv = merge([iv for v in ranges.values() for iv in v])
     if full:
         marks = min(full, key=lambda v: v[0] if v else math.inf)
         empty, empty_relay = [], []
-        relay_iv = _merge(list(relay))
+        relay_iv = merge(list(relay))
         for k, m in enumerate(marks):
             nxt = marks[k + 1] if k + 1 < len(marks) else math.inf
             r = bisect.bisect_left(starts, m)
             if r < len(starts) and starts[r] < nxt:
                 continue
-            seg = _merge([(max(s, m), min(e, nxt)) for s, e in cpu_iv if e > m and s < nxt])
-            empty.append(_len(seg) - _overlap(seg, blocked_iv))
-            empty_relay.append(_overlap(seg, relay_iv) - _overlap(
-                _merge([(max(a, m), min(b, nxt)) for a, b in relay_iv if b > m and a < nxt]),
-                _merge(list(syncs))))
+            seg = merge([(max(s, m), min(e, nxt)) for s, e in cpu_iv if e > m and s < nxt])
+            empty.append(length(seg) - overlap(seg, blocked_iv))
+            empty_relay.append(overlap(seg, relay_iv) - overlap(
+                merge([(max(a, m), min(b, nxt)) for a, b in relay_iv if b > m and a < nxt]),
+                merge(list(syncs))))
         out["host_us_empty_p50"], out["host_us_empty_mean"] = _p50(empty), _mean(empty)
         out["relay_wait_us_empty_mean"] = _mean(empty_relay)
         out["iterations_empty"] = len(empty)
     out["recv_bytes_p50"] = _p50([b for _, _, b, _ in recvs])
     out["_fwds"] = fwds          # for the cross-rank pass; dropped before the record is written
-    out["_syncs"] = _merge(list(syncs))
-    out["_relay"] = _merge(list(relay))
+    out["_syncs"] = merge(list(syncs))
+    out["_relay"] = merge(list(relay))
     return out
 
 
@@ -308,9 +275,9 @@ def loop_profile(ranks: dict[int, dict]) -> dict:
             win = [(ready, launch)] if launch > ready else []
             # time the CPU spent blocked, not working: in a CUDA synchronisation (the returned
             # tokens' copy, queued behind communication) or in the gloo request-list relay
-            sync_w = _overlap(win, d.get("_syncs", []))
-            relay_w = _overlap(win, d.get("_relay", [])) - _overlap(
-                _merge([(max(a, ready), min(b, launch)) for a, b in d.get("_syncs", [])
+            sync_w = overlap(win, d.get("_syncs", []))
+            relay_w = overlap(win, d.get("_relay", [])) - overlap(
+                merge([(max(a, ready), min(b, launch)) for a, b in d.get("_syncs", [])
                         if b > ready and a < launch]), d.get("_relay", []))
             host.append(max(0.0, launch - ready - sync_w - relay_w) if win else 0.0)
             sync_wait.append(sync_w)

@@ -69,6 +69,7 @@ from array import array
 from pathlib import Path
 from typing import Iterator
 
+from microbench.sglang.intervals import length, merge
 from reports.base.errors import CliError
 
 CHUNK_CHARS = 1 << 21
@@ -310,22 +311,6 @@ def _take(a: _Acc, ev: dict) -> None:
             a.range_iv.setdefault(name, []).append((ts, ts + dur))
 
 
-def _merge(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """Union of intervals, sorted (HTA merge_kernel_intervals)."""
-    out: list[list[float]] = []
-    for s, e in sorted(iv):
-        if out and s <= out[-1][1]:
-            if e > out[-1][1]:
-                out[-1][1] = e
-        else:
-            out.append([s, e])
-    return [(s, e) for s, e in out]
-
-
-def _busy(merged: list[tuple[float, float]]) -> float:
-    return sum(e - s for s, e in merged)
-
-
 def _pct(vals: list[float], q: float) -> float | None:
     if not vals:
         return None
@@ -449,14 +434,14 @@ def analyze_rank(a: _Acc, link_gbps: float | None = None, kernel_wait_us: float 
                 "span_us": 0.0, "busy_us": 0.0,
                 "idle_us": 0.0, "busy_frac": None, "reason": "no GPU events in this trace",
                 **counts}
-    allv = _merge(list(zip(a.ts, a.end)))
+    allv = merge(list(zip(a.ts, a.end)))
     # floored at 0: only HTA's rounding (intervals under 1 us turned inside out) can take them
     # below, on a trace of almost nothing but such intervals
     span = max(0.0, allv[-1][1] - allv[0][0])
-    busy = min(span, max(0.0, _busy(allv)))
-    comp = min(busy, max(0.0, _busy(_merge([(a.ts[i], a.end[i]) for i in range(n)
+    busy = min(span, max(0.0, length(allv)))
+    comp = min(busy, max(0.0, length(merge([(a.ts[i], a.end[i]) for i in range(n)
                                             if a.kind[i] == 0]))))
-    comm = min(busy, max(0.0, _busy(_merge([(a.ts[i], a.end[i]) for i in range(n)
+    comm = min(busy, max(0.0, length(merge([(a.ts[i], a.end[i]) for i in range(n)
                                             if a.kind[i] == 1]))))
     # time bins: busy fraction over time
     t0, width = allv[0][0], span / bins if span > 0 else 1.0
