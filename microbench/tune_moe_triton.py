@@ -102,9 +102,9 @@ def _main(argv=None) -> int:
                  "mem_bw_spec_gbps": gpu.mem_bw_gbps, "checks": {}, "rows": []}
 
     def save():
-        if a.out:
-            Path(a.out).mkdir(parents=True, exist_ok=True)
-            Path(a.out, "moe_triton.json").write_text(json.dumps(res, indent=1, default=str))
+        if a.out:  # atomic, like every record: Ctrl-C never leaves half a file
+            from reports.base.records import write_json_atomic
+            write_json_atomic(Path(a.out, "moe_triton.json"), json.loads(json.dumps(res, default=str)))
 
     bw = sc.measure_mem_bw()
     res["mem_bw_measured_gbps"] = bw

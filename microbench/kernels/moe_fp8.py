@@ -30,7 +30,8 @@ except ImportError:  # pragma: no cover
     triton = tl = None
 
 from microbench.kernels.moe_common import MoEWeights, QuantMoEWeights
-from microbench.kernels.moe_triton import KernelConfig, MoeConfig, fit_block, available  # noqa: F401
+from microbench.kernels.moe_triton import (KernelConfig, MoeConfig, available,  # noqa: F401
+                                           fit_block, pick_config)
 
 BLOCK = 128          # weight block (both dims) and activation group
 FP8_MAX = 448.0      # largest e4m3 (fn) number
@@ -48,10 +49,7 @@ CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
 
 
 def config_for(batch: int) -> MoeConfig:
-    for bound, cfg in CONFIGS:
-        if batch <= bound:
-            return cfg
-    return CONFIGS[-1][1]
+    return pick_config(CONFIGS, batch)
 
 
 def _fp8_src(a_ptr, wq_ptr, ws_ptr, w16_ptr, out_ptr, order_ptr, tw_ptr,

@@ -43,7 +43,8 @@ except ImportError:  # pragma: no cover - reported by available()
 
 from microbench.kernels import int4_pack as P
 from microbench.kernels.moe_common import LazyExperts, MoEWeights, QuantMoEWeights
-from microbench.kernels.moe_triton import KernelConfig, MoeConfig, fit_block, available  # noqa: F401
+from microbench.kernels.moe_triton import (KernelConfig, MoeConfig, available,  # noqa: F401
+                                           fit_block, pick_config)
 
 # Upper micro-batch bound -> block sizes (first row whose bound >= b), from the sweep in
 # microbench/tune_moe_quant.py on one H200 at Kimi K2 dims (see docs/BENCHMARKS.md).
@@ -55,10 +56,7 @@ CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
 
 
 def config_for(batch: int) -> MoeConfig:
-    for bound, cfg in CONFIGS:
-        if batch <= bound:
-            return cfg
-    return CONFIGS[-1][1]
+    return pick_config(CONFIGS, batch)
 
 
 if tl is not None:

@@ -73,11 +73,16 @@ CONFIGS: tuple[tuple[int, MoeConfig], ...] = (
 )
 
 
-def config_for(batch: int) -> MoeConfig:
-    for bound, cfg in CONFIGS:
+def pick_config(table: tuple[tuple[int, MoeConfig], ...], batch: int) -> MoeConfig:
+    """The first row of a (batch bound, config) table whose bound is >= batch."""
+    for bound, cfg in table:
         if batch <= bound:
             return cfg
-    return CONFIGS[-1][1]
+    return table[-1][1]
+
+
+def config_for(batch: int) -> MoeConfig:
+    return pick_config(CONFIGS, batch)
 
 
 def available() -> str | None:
