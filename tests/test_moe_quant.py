@@ -14,6 +14,7 @@ triton = pytest.importorskip("triton")
 from microbench.kernels import layers as L  # noqa: E402
 from microbench.kernels import moe_fp8 as F8  # noqa: E402
 from microbench.kernels import moe_int4 as Q  # noqa: E402
+from microbench.kernels import moe_int4_gemv as G  # noqa: E402
 from microbench.kernels import moe_route as R  # noqa: E402
 from microbench.kernels import moe_triton as MT  # noqa: E402
 from reports.base.model_config import load_model  # noqa: E402
@@ -83,6 +84,44 @@ def test_int4_layer_matches_dequantised_reference(shared, b):
     assert L.rel_err(L.moe_reference(w, x, ids[:, :4], tw[:, :4]), ref) > 0.05
 
 
+def test_gemv_nibble_as_subnormal_is_exact():
+    # the GEMV kernel reads nibble j of a word, masked in place at bits 4(j%4).., as an fp32:
+    # every pattern below 2^24 is p * 2^-149 exactly (subnormals and the smallest normals)
+    nib = torch.arange(16, dtype=torch.int64)
+    for e in (0, 4, 8, 12):
+        bits = (nib << e).to(torch.int32)
+        assert torch.equal(bits.view(torch.float32).double(), nib.double() * 2.0 ** (e - 149))
+    # with activations scaled by 2^(149 - 64 - e) the product is nib * x * 2^-64, exactly
+    x = torch.tensor([1.5, -3.25, 2.0 ** -20], dtype=torch.float32)
+    w = (torch.tensor([13 << 8], dtype=torch.int32)).view(torch.float32)
+    assert torch.equal(w * (x * 2.0 ** (149 - 64 - 8)), 13 * x * 2.0 ** -64)
+
+
+@cpu_ok
+def test_route_gemv_layout_copy():
+    w = L.make_moe_weights(tiny(hidden=64, moe_intermediate=32), "fast", "cpu")
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    _, _, xg, c16 = R.route(w, x, gemv_layout=True)
+    rg, rc = G.gemv_layout_reference(x)
+    assert torch.equal(xg, rg)
+    # input 32g + 8w + j sits at 32g + 4j + w: input 9 (g 0, w 1, j 1) at 5, scaled 2^(85 - 4)
+    assert float(xg[0, 5]) == float(x[0, 9].float()) * 2.0 ** 81
+    assert torch.allclose(c16, rc, rtol=1e-6, atol=0)
+    assert torch.allclose(c16[:, 1], -8 * x.float()[:, 16:32].sum(1) * 2.0 ** -64, rtol=1e-6)
+
+
+@cpu_ok
+@pytest.mark.parametrize("shared,b,block_m", [("bf16", 7, 4), ("int4", 3, 2)])
+def test_int4_gemv_layer_matches_dequantised_reference(shared, b, block_m):
+    # 6 experts, top 4: blocks of 1..4 rows; hidden 512 in 4 K steps of 4 groups
+    w = L.make_moe_weights(tiny(hidden=512, n_routed_experts=6), "fast", "cpu")
+    qw = Q.quantize_weights(w, shared)
+    x = torch.randn(b, 512, generator=torch.Generator().manual_seed(b)).to(torch.bfloat16)
+    ids, tw = R.route(w, x)
+    cfg = G.GemvMoeConfig(G.GemvConfig(16, 4, 4, 2), G.GemvConfig(16, 2, 4, 2), 16, 64, block_m)
+    assert L.rel_err(Q.moe_forward(qw, x, cfg), Q.reference(qw, x, ids[:, :4], tw[:, :4])) < 1e-2
+
+
 @cpu_ok
 @pytest.mark.parametrize("shared", ["bf16", "fp8"])
 def test_fp8_layer_matches_reference(shared):
@@ -130,6 +169,15 @@ def test_gpu_quant_layer_real_dims(fmt):
     for b in (1, 8):
         bl = L.build_moe(m, b, torch.device("cuda"), backend="triton", fmt=fmt,
                          experts_sample=16)
+        assert bl.check() < L.REL_TOL
+
+
+@pytest.mark.gpu
+def test_gpu_int4_gemv_real_dims():
+    m = load_model("kimi-k2").all_formats("bf16").with_formats(routed_experts="int4")
+    for b in (1, 5, 40):
+        bl = L.build_moe(m, b, torch.device("cuda"), backend="triton", fmt="int4",
+                         experts_sample=16, triton_config=G.config_for(b))
         assert bl.check() < L.REL_TOL
 
 

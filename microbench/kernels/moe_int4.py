@@ -303,14 +303,33 @@ def fused_moe(x, xp, qw: QuantMoEWeights, ids, tw, plan, cfg: MoeConfig, asm: bo
     return y.view(b, kk, H).sum(1).to(out_dtype)
 
 
-def moe_forward(qw: QuantMoEWeights, x, cfg: MoeConfig | None = None, asm: bool = True):
+# Which expert kernel a call runs, from the mean (token, slot) rows per routed expert of the
+# model, b * top_k / experts: the CUDA-core GEMV (`moe_int4_gemv`) up to GEMV_MAX_ROWS, this
+# MMA kernel above. Measured on one H200 at Kimi K2 dims (whole layer, graph replay), the MMA
+# kernel was faster at every b from 1 (0.02 rows per expert: 178 vs 196 us) to 256 (5.3 rows:
+# 5.5 vs 21 ms), so the GEMV is never chosen by default (docs/BENCHMARKS.md section 8).
+GEMV_MAX_ROWS = 0.0
+
+
+def use_gemv(qw: QuantMoEWeights, batch: int) -> bool:
+    return batch * qw.base.top_k < GEMV_MAX_ROWS * qw.base.router.shape[0]
+
+
+def moe_forward(qw: QuantMoEWeights, x, cfg=None, asm: bool = True):
     """The whole layer on x [b, H]: router (`moe_route.route`), plan (`moe_route.plan`),
-    experts. Four Triton launches, one cuBLAS GEMV, the slot sum."""
+    experts. Four Triton launches, one cuBLAS GEMV, the slot sum. `cfg`: a `MoeConfig` runs
+    the MMA kernel, a `moe_int4_gemv.GemvMoeConfig` the GEMV one; None: `use_gemv` decides."""
+    from microbench.kernels import moe_int4_gemv as G
     from microbench.kernels import moe_route as R
 
     if why := available():
         raise RuntimeError(why)
     b = x.shape[0]
+    if isinstance(cfg, G.GemvMoeConfig) or (cfg is None and use_gemv(qw, b)):
+        cfg = cfg or G.config_for(b)
+        ids, tw, xg, cg = R.route(qw.base, x, gemv_layout=True)
+        plan = R.plan_for(ids, qw.base.n_alloc + qw.base.n_shared, cfg.block_m)
+        return G.fused_moe(x, xg, cg, qw, ids, tw, plan, cfg)
     cfg = cfg or config_for(b)
     ids, tw, xp = R.route(qw.base, x, pair_order=True)
     folded = qw.base.n_alloc < qw.base.router.shape[0]

@@ -27,20 +27,31 @@ try:
 except ImportError:  # pragma: no cover - reported by moe_triton.available()
     triton = tl = None
 
+from microbench.kernels.moe_int4_gemv import store_gemv  # noqa: F401 - used by _route_src
 from microbench.kernels.moe_triton import BlockPlan, max_blocks
 
 BLOCK_T = 4     # tokens per routing program
 COPY_CHUNK = 1024  # inputs per pair-order copy program
 
 
-def _route_src(logit_ptr, bias_ptr, ids_ptr, tw_ptr, x_ptr, xp_ptr, B, E, n_alloc, scale,
-               stride_l, H, stride_x,
+def _route_src(logit_ptr, bias_ptr, ids_ptr, tw_ptr, x_ptr, xp_ptr, xc_ptr, B, E, n_alloc,
+               scale, stride_l, H, stride_x,
                TOPK: tl.constexpr, NSHARED: tl.constexpr, KKP: tl.constexpr, EP: tl.constexpr,
-               BLOCK_T: tl.constexpr, FOLD: tl.constexpr, CHUNK: tl.constexpr):
+               BLOCK_T: tl.constexpr, FOLD: tl.constexpr, CHUNK: tl.constexpr,
+               GEMV: tl.constexpr):
     # logits [B, E] (x @ router.T); ids / tw [B, TOPK + NSHARED]
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)             # [BT]
     tm = t < B
-    if tl.program_id(1) > 0:
+    if GEMV:
+        if tl.program_id(1) > 0:
+            # x [B, H] -> xp fp32 + xc in moe_int4_gemv's layout
+            k0 = (tl.program_id(1) - 1) * CHUNK
+            k = k0 + tl.arange(0, CHUNK)
+            v = tl.load(x_ptr + t[:, None].to(tl.int64) * stride_x + k[None, :],
+                        mask=tm[:, None] & (k < H)[None, :], other=0.0).to(tl.float32)
+            store_gemv(xp_ptr, xc_ptr, H, H // 16, t.to(tl.int64), tm, k0, v, H, CHUNK)
+            return
+    elif tl.program_id(1) > 0:
         # copy x [B, H] into xp in pair order (moe_int4): xp[k] = x[8(k//8) + (k%8)//2 + 4(k%2)]
         k = (tl.program_id(1) - 1) * CHUNK + tl.arange(0, CHUNK)
         km = k < H
@@ -133,12 +144,14 @@ def _p2(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
 
 
-def route(w, x, pair_order: bool = False):
+def route(w, x, pair_order: bool = False, gemv_layout: bool = False):
     """`layers.moe_route` + `moe_common.append_shared` in one cuBLAS GEMV and one Triton
     kernel. w: a `moe_common.MoEWeights` (router, bias, n_alloc, top_k, n_shared, scale);
     x [b, H]. Returns ids int32 [b, kk] and weights fp32 [b, kk], kk = top_k + n_shared, and
     with `pair_order` a copy of x with each 8 inputs in the order 0,4,1,5,2,6,3,7 (what the
-    INT4 kernel reads; made by extra programs of the same launch)."""
+    INT4 MMA kernel reads), with `gemv_layout` x in `moe_int4_gemv`'s layout as two
+    tensors xg fp32 [b, H], c16 fp32 [b, H/16] (ids, tw, xg, c16); either made by extra
+    programs of the same launch."""
     import torch
 
     b = x.shape[0]
@@ -153,15 +166,26 @@ def route(w, x, pair_order: bool = False):
     extra = dict(num_warps=4) if cuda else {}
     H = x.shape[1]
     x = x if cuda else x.float()
-    xp = torch.empty_like(x) if pair_order else x
+    gemv = gemv_layout
+    xc = x
+    if gemv:
+        if H % 32 or x.stride(1) != 1:
+            raise ValueError("the gemv layout needs a contiguous x with a multiple of 32 inputs")
+        xp = torch.empty(b, H, device=x.device, dtype=torch.float32)
+        xc = torch.empty(b, H // 16, device=x.device, dtype=torch.float32)
+    else:
+        xp = torch.empty_like(x) if pair_order else x
     if pair_order and (H % 8 or x.stride(1) != 1):
         raise ValueError("pair order needs a contiguous x with a multiple of 8 inputs")
-    grid = (triton.cdiv(b, BLOCK_T), 1 + (triton.cdiv(H, COPY_CHUNK) if pair_order else 0))
+    copies = triton.cdiv(H, COPY_CHUNK) if pair_order or gemv else 0
+    grid = (triton.cdiv(b, BLOCK_T), 1 + copies)
     _kernels(not cuda)[0][grid](
-        logits, w.bias.float(), ids, tw, x, xp, b, E, w.n_alloc, float(w.scale),
+        logits, w.bias.float(), ids, tw, x, xp, xc, b, E, w.n_alloc, float(w.scale),
         logits.stride(0), H, x.stride(0),
         TOPK=w.top_k, NSHARED=w.n_shared, KKP=_p2(kk), EP=_p2(E), BLOCK_T=BLOCK_T,
-        FOLD=w.n_alloc < E, CHUNK=COPY_CHUNK, **extra)
+        FOLD=w.n_alloc < E, CHUNK=COPY_CHUNK, GEMV=gemv, **extra)
+    if gemv:
+        return ids, tw, xp, xc
     return (ids, tw, xp) if pair_order else (ids, tw)
 
 
