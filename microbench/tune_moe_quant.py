@@ -9,7 +9,8 @@ for Kimi K2 dims: bf16, INT4 and FP8 copies of all 384 experts).
    the fastest per size is used below (`--sweep-budget-s 0`: the modules' CONFIGS).
 3. Table under CUDA-graph replay, whole layer (router, plan, experts, slot sum): bf16 Triton
    (`moe_triton`, torch router), bf16 Triton with the fused router (`moe_route`),
-   `torch._grouped_mm` (bf16 `fast`), INT4, FP8; each next to its own format's floor
+   `torch._grouped_mm` (bf16 `fast`), INT4, INT4 on the CUDA-core GEMV (`moe_int4_gemv`,
+   its own config table, not swept), FP8; each next to its own format's floor
    (bytes of the distinct experts touched + shared expert + router, spec-sheet bandwidth,
    and the copy bandwidth measured here). MLA attention: torch ops vs `mla_decode`.
 Writes DIR/moe_quant.json as it goes; prints the table last.
@@ -133,7 +134,7 @@ def _main(argv=None) -> int:
     from tabulate import tabulate
 
     from microbench import stage_cost as sc
-    from microbench.kernels import common, moe_fp8, moe_int4, moe_quant
+    from microbench.kernels import common, moe_fp8, moe_int4, moe_int4_gemv, moe_quant
     from microbench.kernels import layers as L
     from microbench.kernels import moe_route as R
     from microbench.kernels import moe_triton as MT
@@ -192,6 +193,13 @@ def _main(argv=None) -> int:
             chk(f"{fmt}/shared-{shared}/{name}/b{b}",
                 lambda: L.build_moe(mf, b, dev, backend="triton", fmt=fmt, weights=qw).check())
         del qw
+    # the CUDA-core GEMV INT4 kernel (not the default: see moe_int4.use_gemv), real dims
+    qw = moe_quant.make_weights(m4, "int4", dev, experts_sample=16)
+    for b in (1, 5, 40):
+        chk(f"int4_gemv/shared-bf16/real/b{b}", lambda: L.build_moe(
+            m4, b, dev, backend="triton", fmt="int4", weights=qw,
+            triton_config=moe_int4_gemv.config_for(b)).check())
+    del qw
     # b = 128 at real dims: against the bf16 Triton kernel on the dequantised weights
     for fmt in ("int4", "fp8"):
         def big(fmt=fmt):
@@ -256,6 +264,9 @@ def _main(argv=None) -> int:
                 ("int4", lambda: L.build_moe(m4, b, dev, backend="triton", fmt="int4",
                                              weights=qw4, triton_config=best_config(
                                                  best.get("int4"), b, moe_int4.config_for(b)))),
+                ("int4_gemv", lambda: L.build_moe(m4, b, dev, backend="triton", fmt="int4",
+                                                  weights=qw4,
+                                                  triton_config=moe_int4_gemv.config_for(b))),
                 ("fp8", lambda: L.build_moe(m8, b, dev, backend="triton", fmt="fp8",
                                             weights=qw8, triton_config=best_config(
                                                 best.get("fp8"), b, moe_fp8.config_for(b)))))
@@ -270,6 +281,9 @@ def _main(argv=None) -> int:
                         mod = moe_int4 if key == "int4" else moe_fp8
                         row[f"{key}_config"] = dataclasses.asdict(
                             best_config(best.get(key), b, mod.config_for(b)))
+                    if key == "int4_gemv":
+                        row[f"{key}_config"] = dataclasses.asdict(moe_int4_gemv.config_for(b))
+                    if key in ("int4", "fp8", "int4_gemv"):
                         row[f"{key}_check_rel_err"] = bl.check()   # the config timed here
                 t = do_bench_graph(fn)
                 row[f"{key}_us"], row[f"{key}_p20_us"], row[f"{key}_p80_us"] = (
@@ -337,14 +351,14 @@ def _main(argv=None) -> int:
             save()
 
     hdr = ["b", "experts", "bf16 triton µs", "bf16 +fused route µs", "grouped_mm µs", "int4 µs",
-           "fp8 µs", "floor bf16/int4/fp8 µs", "bf16 %", "int4 %", "fp8 %", "int4 % copy-bw",
-           "bf16/int4"]
+           "int4 gemv µs", "fp8 µs", "floor bf16/int4/fp8 µs", "bf16 %", "int4 %", "fp8 %",
+           "int4 % copy-bw", "bf16/int4"]
 
     def pct(r, k, f):
         return f"{100 * r[f'{f}_floor_us'] / r[f'{k}_us']:.0f}%" if r.get(f"{k}_us") else "-"
     rows = [[r["batch"], r.get("int4_experts"), *(f"{r[k]:.1f}" if r.get(k) else "-" for k in (
         "bf16_triton_us", "bf16_triton_fused_route_us", "bf16_grouped_mm_us", "int4_us",
-        "fp8_us")),
+        "int4_gemv_us", "fp8_us")),
         "/".join(f"{r.get(f'{k}_floor_us', 0):.0f}" for k in ("bf16", "int4", "fp8")),
         pct(r, "bf16_triton", "bf16"), pct(r, "int4", "int4"), pct(r, "fp8", "fp8"),
         f"{100 * r['int4_floor_copy_bw_us'] / r['int4_us']:.0f}%" if r.get("int4_us") else "-",
