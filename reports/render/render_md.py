@@ -346,6 +346,7 @@ def diagnosis_lines(rep: dict[str, Any]) -> list[str]:
             "Time per rank over the traced window (waiting inside an NCCL receive is "
             "communication wait, never busy):", "", md_table(time_split_table(rep)), ""]
     out += [f"- {n}" for n in d["notes"]]
+    out += [f"- Caveat: {c}." for c in dg.get("caveats") or ()]
     w = rep.get("watch") or {}
     hints = [h for h in (w.get("summary") or {}).get("hints", []) if h.get("holds")]
     if hints:  # corroboration only: NVML utilisation never overrules the traces
