@@ -37,7 +37,7 @@ from microbench.kit.gpus import visible_gpus
 from reports.base.payloads.dispatch import (DispatchData, DispatchSettings, HopInLoop, HopStat,
                                             PolicyComparison, PolicyRun, Quantiles, StageRun)
 from reports.base.records import Record, make_record, save_record, write_json_atomic
-from reports.base.sglang_defaults import MAX_PREFILL_TOKENS
+from reports.base.sglang_defaults import MAX_PREFILL_TOKENS, MRR_MIN
 from reports.base.slots import SlotConfig, default_max_micro_batch
 
 PROBE = "dispatch"
@@ -49,7 +49,7 @@ WORKS = ("busy", "moe")
 class DispatchConfig:
     pp: int = 2
     async_depth: int | None = None          # None: = pp (the seed's PP8 uses 8)
-    max_running_requests: int = 1024
+    max_running_requests: int = MRR_MIN     # SGLang's derived default, at its floor (no KV pool)
     max_micro_batch: int | None = None      # None: max(max_running_requests // pp, 1)
     # prefill token budget per slot visit; SGLang 0.5.23's default for 90-160 GB GPUs (H200,
     # RTX PRO 6000: arg_groups/memory_hook.py); <= 0 turns chunked prefill off
