@@ -92,6 +92,9 @@ def build_report(inp: Inputs, records: dict[str, Record],
         from reports.model.compare import compare
         label, old = baseline
         rep["baseline_comparison"] = compare(rep.get("diagnosis"), old.get("diagnosis"), label)
+    from reports.model.implied import implied_efficiency
+    imp = [implied_efficiency(inp, C, o) for C, o in inp.observed if C in inp.concurrency]
+    rep["implied_efficiency"] = to_jsonable([x for x in imp if x is not None])
     rep["verdicts"] = to_jsonable(verdicts(inp, atts, records, rep.get("diagnosis")))
     from reports.model.next_steps import next_steps
     rep["measure_your_server"] = to_jsonable(next_steps(
@@ -369,6 +372,11 @@ def answer(rep: dict[str, Any]) -> list[str]:
             parts.append(f"C={C} observed {o:.1f} vs modelled {o - r['tok_per_s']:.1f} tok/s "
                          f"({abs(r['ms_per_step']):.1f} ms/step {word})")
         out.append("Unexplained by the model: " + "; ".join(parts) + ".")
+        imp = rep.get("implied_efficiency") or []
+        if imp:  # which input would have to change (an estimate: reports/model/implied.py)
+            worst = max(imp, key=lambda x: abs(x["observed_tok_per_s"] / x["modelled_tok_per_s"]
+                                                - 1))
+            out.append("Estimated, what would explain it: " + worst["text"] + ".")
     else:
         out.append("No observed throughput given (--observed or --bench), so the unexplained "
                    "gap is not known.")

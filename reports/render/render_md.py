@@ -394,6 +394,11 @@ def render_md(rep: dict[str, Any]) -> str:
             ""]
     if rep.get("observed_source"):
         out += [observed_line(rep), ""]
+    if rep.get("implied_efficiency"):
+        out += ["Kernel efficiency the observed points imply (estimated: the one factor on every "
+                "stage's efficiency curve at which the model meets the observation; other "
+                "inputs could explain part of the gap):", ""]
+        out += [f"- {x['text']}" for x in rep["implied_efficiency"]] + [""]
     out += ["## Verdicts on the hypotheses", "", md_table(verdict_table(rep)), ""]
     if rep.get("server"):
         out += ["## Your server (observed, sglang.json)", ""]
