@@ -178,6 +178,11 @@ def server_line(rep: dict[str, Any]) -> str | None:
     cg = [r["cuda_graph_frac"] for r in rs if r["cuda_graph_frac"] is not None]
     if cg:
         parts.append("decode on CUDA graph [log] " + " ".join(f"{x:.0%}" for x in cg))
+    if srv.get("dp_ranks"):   # DP attention: the figures above count every DP rank's batches
+        parts.append(f"DP attention, {srv['dp_ranks']} DP ranks per PP rank, all counted; gen "
+                     "tok/s summed over DP ranks [log] " + " ".join(
+                         "-" if r.get("gen_tok_per_s_dp_sum") is None
+                         else f"{r['gen_tok_per_s_dp_sum']:.0f}" for r in rs))
     return ("your server (sglang.json, observed): " + "; ".join(parts)) if parts else None
 
 

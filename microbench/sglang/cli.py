@@ -198,10 +198,15 @@ def render(data: dict) -> str:
     from tabulate import tabulate
     parts = []
     if data["ranks"]:
-        rows = [[r, d["decode_lines"], d["prefill_lines"], d["running_req"]["min"],
-                 d["running_req"]["median"], d["running_req"]["max"], d["cuda_graph_frac"],
-                 d["gen_throughput_tok_s"]["median"], d["slot_imbalance"]["max_over_mean_median"]]
-                for r, d in data["ranks"].items()]
+        def row(label, d):
+            return [label, d["decode_lines"], d["prefill_lines"], d["running_req"]["min"],
+                    d["running_req"]["median"], d["running_req"]["max"], d["cuda_graph_frac"],
+                    d["gen_throughput_tok_s"]["median"],
+                    (d.get("slot_imbalance") or {}).get("max_over_mean_median")]
+        rows = []
+        for r, d in data["ranks"].items():   # DP attention: all DP ranks, then each one
+            rows.append(row(f"{r} (all DP)" if d.get("by_dp") else r, d))
+            rows += [row(f"{r} DP{k}", x) for k, x in (d.get("by_dp") or {}).items()]
         parts.append("Server log, per PP rank\n" + tabulate(rows, headers=[
             "pp rank", "decode lines", "prefill lines", "running min", "running median",
             "running max", "cuda-graph frac", "gen tok/s median", "slot max/mean"],
