@@ -389,12 +389,18 @@ def answer(rep: dict[str, Any]) -> list[str]:
             word = "slower" if r["ms_per_step"] > 0 else "faster"
             parts.append(f"C={C} observed {o:.1f} vs modelled {o - r['tok_per_s']:.1f} tok/s "
                          f"({abs(r['ms_per_step']):.1f} ms/step {word})")
-        out.append("Unexplained by the model: " + "; ".join(parts) + ".")
         imp = rep.get("implied_efficiency") or []
+        why = ""
         if imp:  # which input would have to change (an estimate: reports/model/implied.py)
             worst = max(imp, key=lambda x: abs(x["observed_tok_per_s"] / x["modelled_tok_per_s"]
                                                 - 1))
-            out.append("Estimated, what would explain it: " + worst["text"] + ".")
+            C, i1 = worst["concurrency"], worst["implied_b1"]
+            why = (f" Estimated: C={C} needs kernels at {i1:.0%} of the floor (b=1), not "
+                   f"{worst['efficiency_b1']:.0%}"
+                   + ("" if worst["possible"] else " (beyond the floor: not kernels alone)")
+                   + "." if i1 is not None else
+                   f" Estimated: no kernel efficiency explains the C={C} miss.")
+        out.append("Unexplained by the model: " + "; ".join(parts) + "." + why)
     else:
         out.append("No observed throughput given (--observed or --bench), so the unexplained "
                    "gap is not known.")
