@@ -43,7 +43,7 @@ from microbench.kit.gpus import visible_gpus
 from reports.base.payloads.dispatch import (DispatchData, DispatchSettings, HopInLoop, HopStat,
                                             PolicyComparison, PolicyRun, Quantiles, StageRun)
 from reports.base.records import Record, make_record, save_record, write_json_atomic
-from reports.base.sglang_defaults import MAX_PREFILL_TOKENS
+from reports.base.sglang_defaults import MAX_PREFILL_TOKENS, MRR_MIN
 from reports.base.slots import SlotConfig, default_max_micro_batch
 
 PROBE = "dispatch"
@@ -55,7 +55,7 @@ WORKS = ("busy", "moe")
 class DispatchConfig:
     pp: int = 2
     async_depth: int | None = None          # None: = pp (the seed's PP8 uses 8)
-    max_running_requests: int = 1024
+    max_running_requests: int = MRR_MIN     # SGLang's derived default, at its floor (no KV pool)
     max_micro_batch: int | None = None      # None: max(max_running_requests // pp, 1)
     # prefill token budget per slot visit; SGLang 0.5.23's default for 90-160 GB GPUs (H200,
     # RTX PRO 6000: arg_groups/memory_hook.py); <= 0 turns chunked prefill off
@@ -192,13 +192,15 @@ def stage_summary(pt: dict) -> StageRun:
     c = pt["columns"]
     idx = [i for i, m in enumerate(c["measure"]) if m]
     disp, wait, host, send, busy = [], [], [], [], 0.0
-    host_empty, host_busy = [], []
+    host_empty, host_busy, commit_wait = [], [], []
     phase: dict[str, list[float]] = {"sched_us": [], "launch_us": [], "process_us": []}
     gpu_by_b: dict[int, list[float]] = {}
     for i in idx:
         wait.append(c["wait_us"][i])
         host.append((c["t_end"][i] - c["t_start"][i]) * 1e6 - c["wait_us"][i])
         (host_busy if c["rows"][i] else host_empty).append(host[-1])
+        if "wait_commit_us" in c:
+            commit_wait.append(c["wait_commit_us"][i])
         for k in phase:   # a probe with SGLang's phase split (microbench/pp_loop.py)
             v = (c.get(k) or [None] * len(c["it"]))[i]
             if v is not None and (c["rows"][i] or k == "process_us"):
@@ -226,6 +228,7 @@ def stage_summary(pt: dict) -> StageRun:
         sched_us_p50=_pct(phase["sched_us"], 50),
         launch_us_p50=_pct(phase["launch_us"], 50),
         process_us_p50=_pct(phase["process_us"], 50),
+        commit_wait_us_p50=_pct(commit_wait, 50),
         gpu_us_p50={str(b): _pct(v, 50) for b, v in sorted(gpu_by_b.items())},
         send_us_p50=_pct(send, 50),
         iterations=len(idx),

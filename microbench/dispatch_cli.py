@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from reports.base.errors import CliError
+from reports.base.sglang_defaults import MRR_MIN
 from reports.base.paths import default_record_path, results_dir
 from reports.base.slots import POLICIES
 
@@ -72,8 +73,10 @@ def register(subparsers) -> None:
                    "visible GPUs; more than visible is an error)")
     p.add_argument("--async-depth", type=int, default=None,
                    help="--pp-async-batch-depth: extra slots (default: = pp)")
-    p.add_argument("--max-running-requests", type=int, default=1024,
-                   help="sets the per-slot cap max(this // pp, 1) (default 1024)")
+    p.add_argument("--max-running-requests", type=int, default=MRR_MIN,
+                   help="sets the per-slot cap max(this // pp, 1) (default %(default)s: SGLang "
+                   "0.5.23 derives clamp(KV-pool tokens / context x 512, 2048, 4096) when not "
+                   "given; this loop holds no KV pool, so the floor)")
     p.add_argument("--max-micro-batch", type=int, default=None,
                    help="per-slot cap pp_max_micro_batch_size (overrides the above)")
     p.add_argument("--chunked-prefill-size", type=int, default=8192,

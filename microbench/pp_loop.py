@@ -453,13 +453,16 @@ def recv_pyobj_tag(torch, dist, src: int, group, tag: int):
     return pickle.loads(buf.numpy().tobytes())
 
 
-def commit(works: list) -> None:
+def commit(works: list) -> float:
     """SGLang's `_pp_commit_comm_work`: wait for earlier async sends. For NCCL this makes the
     current (schedule) stream wait for them; for gloo (the metadata) it blocks the CPU until
-    the peer has posted its receive (gloo sends are rendezvous)."""
+    the peer has posted its receive (gloo sends are rendezvous). Returns the microseconds the
+    CPU was blocked: waiting for the peer, not host work (the model's `chain`)."""
+    tw = time.perf_counter()
     for w, _ in works:
         w.wait()
     works.clear()
+    return (time.perf_counter() - tw) * 1e6
 
 
 def new_loop_state(torch, cfg: dict, pp: int, rank: int) -> dict:
@@ -496,9 +499,9 @@ def exchange_outputs(torch, dist, ctx: dict, lp: dict, s: int, tokens_of, drain:
     Returns (microseconds the CPU waited, (d2h event, host buffer, tokens) or None)."""
     rank, pp, gloo = ctx["rank"], ctx["pp"], ctx["gloo"]
     last, S = pp - 1, len(lp["mbs"])
-    if not drain:   # gloo sends complete only once received: at the end, commit after draining
-        commit(lp["out_work"])
     waited, got = 0.0, None
+    if not drain:   # gloo sends complete only once received: at the end, commit after draining
+        waited += commit(lp["out_work"])
 
     def send():
         if rank == last:   # (at the end rank 0 expects nothing more: what is held is dropped)
@@ -653,7 +656,8 @@ def run_point(torch, dist, ctx: dict, point: dict) -> dict:
 
     cols = {k: [] for k in ("it", "slot", "kind", "n", "rows", "measure", "t_start", "t_end",
                             "wait_us", "wait_req_us", "wait_proxy_us", "wait_out_us",
-                            "wait_sync_us", "sched_us", "launch_us", "process_us", "ev")}
+                            "wait_sync_us", "wait_commit_us", "sched_us", "launch_us",
+                            "process_us", "ev")}
     occupancy = []  # rank 0: (t, sizes) after admission
     adm = AdmitState.empty(scfg)
     lp = new_loop_state(torch, cfg, pp, rank)
@@ -674,7 +678,7 @@ def run_point(torch, dist, ctx: dict, point: dict) -> dict:
         s = it % S
         t_start = time.perf_counter()
         ev = {}
-        w_req = w_proxy = w_out = w_sync = 0.0
+        w_req = w_proxy = w_out = w_sync = w_commit = 0.0
         # ---- 1. recv_requests: rank 0 admits; the others get the request list from rank-1
         if rank == 0 and serve is not None:   # requests from HTTP clients (microbench/serve.py)
             with rf("get_next_batch_to_run"):
@@ -720,7 +724,7 @@ def run_point(torch, dist, ctx: dict, point: dict) -> dict:
             assert meta["it"] == it and meta["slot"] == s, "ranks out of step"
         if rank < last:
             with rf("send_reqs_to_next_stage"):
-                commit(lp["req_work"])
+                w_commit += commit(lp["req_work"])
                 lp["req_work"] = isend_pyobj(torch, dist, meta, rank + 1, gloo, TAG_REQS)
         if serve is not None:   # control commands: every rank, this same iteration
             for c in meta["ctl"]:
@@ -767,7 +771,8 @@ def run_point(torch, dist, ctx: dict, point: dict) -> dict:
                     e.record(lp["sched"])
                     ev["in"] = e
                 continue
-            commit(lp["proxy_work"])  # the next forward waits until NCCL read the last send
+            # the next forward waits until NCCL read the last send
+            w_commit += commit(lp["proxy_work"])
             if not rows:
                 continue
             tl = time.perf_counter()
@@ -827,11 +832,12 @@ def run_point(torch, dist, ctx: dict, point: dict) -> dict:
         cols["measure"].append(bool(measure))
         cols["t_start"].append(t_start)
         cols["t_end"].append(time.perf_counter())
-        cols["wait_us"].append(w_req + w_proxy + w_out + w_sync)
+        cols["wait_us"].append(w_req + w_proxy + w_out + w_sync + w_commit)
         cols["wait_req_us"].append(w_req)
         cols["wait_proxy_us"].append(w_proxy)
         cols["wait_out_us"].append(w_out)
         cols["wait_sync_us"].append(w_sync)
+        cols["wait_commit_us"].append(w_commit)
         cols["sched_us"].append(sched_us)
         cols["launch_us"].append(launch_us)
         cols["process_us"].append(process_us)

@@ -32,7 +32,9 @@ from reports.base.slots import burst_sizes
 REPORT_SCHEMA = "ppscope-report/1"
 
 
-def build_report(inp: Inputs, records: dict[str, Record]) -> dict[str, Any]:
+def build_report(inp: Inputs, records: dict[str, Record],
+                 baseline: tuple[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """`baseline`: (label, report.json of an earlier run) to say what changed since."""
     atts = [attribute(inp, C) for C in inp.concurrency]
     obs = dict(inp.observed)
     conc = []
@@ -86,6 +88,10 @@ def build_report(inp: Inputs, records: dict[str, Record]) -> dict[str, Any]:
     if "watch" in records:  # GPU watch: observed (NVML) hints, reports/model/watch_summary.py
         from reports.model.watch_summary import watch_section
         rep["watch"] = watch_section(records["watch"])
+    if baseline is not None:  # what one change did: reports/model/compare.py
+        from reports.model.compare import compare
+        label, old = baseline
+        rep["baseline_comparison"] = compare(rep.get("diagnosis"), old.get("diagnosis"), label)
     rep["verdicts"] = to_jsonable(verdicts(inp, atts, records, rep.get("diagnosis")))
     from reports.model.next_steps import next_steps
     rep["measure_your_server"] = to_jsonable(next_steps(
@@ -313,6 +319,9 @@ def answer(rep: dict[str, Any]) -> list[str]:
         top = max(rows, key=lambda r: r["ms_per_step"])
         if top["ms_per_step"] > 0:
             by_cause.setdefault(top["label"], []).append((C, top["share"] or 0.0))
+    cmp_ = rep.get("baseline_comparison") or {}
+    if cmp_.get("status") == "ok":   # the user changed one thing: what it did comes first
+        lead.insert(0, cmp_["answer"][0].upper() + cmp_["answer"][1:] + ".")
     out = lead
     if by_cause:
         parts = [f"{lab.split(' (')[0]} at {' and '.join(f'C={C}' for C, _ in cs)} "

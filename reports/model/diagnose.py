@@ -23,6 +23,7 @@ from reports.model.attribution import shapley
 from reports.model.deployment import CAUSES, LABELS, REFERENCE, Deployment, at_size, run
 
 NAME_PCT = 10.0   # a cause is named when its size (slowdown) is at least this
+CPU_CAUSES = ("host", "relay")
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class Diagnosis:
     unexplained_pct: float | None  # of the observed step
     answer: str
     named: tuple[str, ...]
+    caveats: tuple[str, ...] = ()
 
 
 def details(dep: Deployment) -> dict[str, str]:
@@ -124,13 +126,23 @@ def diagnose(dep: Deployment, shape=None) -> Diagnosis:
         biggest = rows[0]
         answer = (f"nothing big: no cause is above {NAME_PCT:.0f}% (largest: {biggest.cause} "
                   f"{biggest.size_pct or 0:.0f}%)")
+    caveats = []
+    if any(c in CPU_CAUSES for c in named):
+        caveats.append("host and rank-chaining rows come from traces recorded under the PyTorch "
+                       "profiler, whose per-op CPU overhead lengthens host work and the waits it "
+                       "causes: read them as upper bounds")
+    if unexpl is not None and obs_step and unexpl / obs_step < -NAME_PCT / 100:
+        caveats.append(f"the model of the traced loop is {-100 * unexpl / obs_step:.0f}% slower "
+                       "than the observed step: the traced run was slower than the one that "
+                       "gave the tok/s (profiler overhead, or a different load); every size "
+                       "here is then too large by about as much")
     return Diagnosis(
         concurrency=dep.concurrency, observed_tok_per_s=obs_tps,
         modelled_tok_per_s=dep.concurrency / full * 1e3, reference_tok_per_s=dep.concurrency
         / ref * 1e3, observed_step_ms=obs_step, modelled_step_ms=full, reference_step_ms=ref,
         rows=tuple(rows), unexplained_ms=unexpl,
         unexplained_pct=None if unexpl is None else 100 * unexpl / obs_step,
-        answer=answer, named=named)
+        answer=answer, named=named, caveats=tuple(caveats))
 
 
 def time_split_rows(dep: Deployment) -> list[dict]:

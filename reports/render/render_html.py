@@ -19,7 +19,7 @@ from typing import Any
 
 from reports.model.pipeline_model import Span
 from reports.render.render_md import (DISPATCH_NOTE, MEASURED_NOTE, Table, attribution_table,
-                               attribution_title, banner, dispatch_table, header_lines,
+                               attribution_title, baseline_table, banner, dispatch_table, header_lines,
                                inputs_table, measured_timeline_table, micro_batch_table,
                                observed_line, server_bench_table, server_gpu_table, server_lines,
                                server_log_table, throughput_table, verdict_table, whatif_lines,
@@ -301,6 +301,12 @@ def render_html(rep: dict[str, Any], spans: tuple[Span, ...] = (), measured=()) 
 
     o.append('<h2 id="answer">The answer</h2><div class="answer"><ol>'
              + "".join(f"<li>{_e(s)}</li>" for s in rep.get("answer", [])) + "</ol></div>")
+    cmp_ = rep.get("baseline_comparison")
+    if cmp_:
+        o.append(f'<h2 id="baseline">Against the baseline</h2><p class="meta">'
+                 f'Baseline: {_e(cmp_["baseline"])}</p>')
+        o.append(f"<p><b>{_e(cmp_['answer'])}</b></p>{table_html(baseline_table(cmp_))}"
+                 if cmp_["status"] == "ok" else f"<p>Not compared: {_e(cmp_['reason'])}</p>")
 
     o.append('<h2 id="throughput">Throughput (decode tok/s per concurrency C)</h2>')
     o.append(f'<div class="row"><div>{table_html(throughput_table(rep))}</div>'

@@ -301,6 +301,29 @@ def time_split_table(rep: dict[str, Any]) -> Table:
                   "comm (no link bw given) %", "idle %"), tuple(rows), (True,) * 6)
 
 
+def baseline_table(cmp_: dict[str, Any]) -> Table:
+    rows = [(r["label"], _f(r["baseline_ms"], 2), _f(r["now_ms"], 2), f"{r['growth_ms']:+.2f}",
+             "" if r["share_of_change_pct"] is None else f"{r['share_of_change_pct']:.0f}%")
+            for r in cmp_["rows"]]
+    return Table(("cause", "baseline ms/step", "this run ms/step", "change ms",
+                  "share of the step's change"), tuple(rows), (False, True, True, True, True))
+
+
+def baseline_lines(rep: dict[str, Any]) -> list[str]:
+    """What changed against an earlier run (reports/model/compare.py)."""
+    c = rep.get("baseline_comparison")
+    if not c:
+        return []
+    out = ["## Against the baseline", "", f"Baseline: {c['baseline']}.", ""]
+    if c["status"] != "ok":
+        return out + [f"Not compared: {c['reason']}", ""]
+    out += [f"**{c['answer']}**", "", md_table(baseline_table(c)), "",
+            "Each cause in ms per decode step in both runs (each run's own Shapley split); the "
+            "growths add up to the modelled step's change, `unexplained` takes the rest of the "
+            "observed change.", ""]
+    return out + [f"- {n}" for n in c["notes"]] + ([""] if c["notes"] else [])
+
+
 def diagnosis_lines(rep: dict[str, Any]) -> list[str]:
     dg = rep.get("diagnosis")
     if not dg:
@@ -323,6 +346,7 @@ def diagnosis_lines(rep: dict[str, Any]) -> list[str]:
             "Time per rank over the traced window (waiting inside an NCCL receive is "
             "communication wait, never busy):", "", md_table(time_split_table(rep)), ""]
     out += [f"- {n}" for n in d["notes"]]
+    out += [f"- Caveat: {c}." for c in dg.get("caveats") or ()]
     w = rep.get("watch") or {}
     hints = [h for h in (w.get("summary") or {}).get("hints", []) if h.get("holds")]
     if hints:  # corroboration only: NVML utilisation never overrules the traces
@@ -364,6 +388,7 @@ def render_md(rep: dict[str, Any]) -> str:
     out += header_lines(rep) + [""]
     out += [f"> warning: {w}  " for w in rep["warnings"]]
     out += ["", "## The answer", ""] + [f"- {s}" for s in rep.get("answer", [])] + [""]
+    out += baseline_lines(rep)
     out += diagnosis_lines(rep)
     out += ["## Throughput (decode tok/s per concurrency C)", "", md_table(throughput_table(rep)),
             ""]
