@@ -502,3 +502,40 @@ def test_start_serving_from_the_loop_config():
         state.close("test over")
         server.shutdown()
         server.server_close()
+
+
+def test_served_run_stopped_by_ctrl_c_is_an_ok_record_beside_nothing(monkeypatch, tmp_path):
+    # the launcher side of serve mode: the ranks write their session, the user's Ctrl-C is the
+    # normal end (ok, not partial); a failed session never replaces a good record
+    from microbench import dispatch as D
+    from reports.base.records import read_record
+    from tests.test_dispatch import fake_rank
+
+    def ranks_then_ctrl_c(cmd, env, timeout_s, grace_s=20.0):
+        assert timeout_s is None   # serve mode: no whole-run limit unless given
+        out = cmd[cmd.index("--out-dir") + 1]
+        for r in (0, 1):
+            d = fake_rank(r, 0.0)
+            d["points"][0]["point"] = {"policy": "sglang", "arrival": "served",
+                                       "concurrency": 8, "inject": []}
+            (D.Path(out) / f"rank{r}.json").write_text(json.dumps(d))
+        raise KeyboardInterrupt
+    monkeypatch.setattr(D, "available", lambda: None)
+    monkeypatch.setattr(D.launch, "run_group", ranks_then_ctrl_c)
+    path = tmp_path / "dispatch_serve.json"
+    cfg = D.DispatchConfig(pp=2, work="busy", policies=("sglang",), serve="127.0.0.1:30000",
+                           json_path=str(path), timeout_s=None)
+    rec, note = D.run(cfg)
+    assert rec.status == "ok" and "served until stopped" in rec.reason and note is None
+    (run,) = read_record(path).data["runs"]
+    assert run["arrival"] == "served" and run["decode_tokens"] == 16
+
+    def rank_fails(cmd, env, timeout_s, grace_s=20.0):
+        out = cmd[cmd.index("--out-dir") + 1]
+        (D.Path(out) / "rank1.error").write_text("rank 1: RuntimeError: boom\n")
+        return 1, False
+    monkeypatch.setattr(D.launch, "run_group", rank_fails)
+    rec, note = D.run(cfg)
+    assert rec.status == "error" and "boom" in rec.reason
+    assert read_record(path).status == "ok"          # the good record stays
+    assert (tmp_path / "dispatch_serve.error.json").exists()
