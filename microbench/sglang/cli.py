@@ -80,10 +80,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--profile-steps", type=int, default=20, help="num_steps for /start_profile")
     g = p.add_argument_group("GPU watch (microbench/sglang/watch.py)")
     g.add_argument("--watch", type=float, nargs="?", const=0.0, default=None, metavar="SECONDS",
-                   help="sample every GPU through NVML for SECONDS into results/watch.json and "
-                   "watch.trace.json; with --url it covers the live load instead")
+                   help="sample every GPU through NVML (and DCGM's dcgmi dmon, where it runs) "
+                   "for SECONDS into results/watch.json and watch.trace.json; with --url it "
+                   "covers the live load instead")
     g.add_argument("--watch-hz", type=float, default=10.0, metavar="HZ",
                    help="watch ticks per second (default 10)")
+    g.add_argument("--watch-source", choices=("auto", "nvml", "dcgm"), default="auto",
+                   help="auto (default): also run `dcgmi dmon` for DCGM's profiling fields (SM "
+                   "active, SM occupancy, DRAM active, PCIe/NVLink bytes/s) when dcgmi is on "
+                   "PATH, NVML alone otherwise or if dcgmi fails (the record says why); nvml: "
+                   "never start dcgmi; dcgm: like auto, but an error when dcgmi is not on PATH")
     g = p.add_argument_group("reading")
     g.add_argument("--link-gbps", type=float, default=None,
                    help="PP hop bandwidth, GB/s, to split NCCL receives into transfer vs waiting")

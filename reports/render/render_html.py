@@ -279,8 +279,8 @@ def watch_html(sec: dict[str, Any]) -> list[str]:
          f'{", during " + _e(sec["load"]) if sec["load"] else ""}</p>',
          table_html(Table(*watch_table(sec["summary"])))]
     if sec["timeline"]["gpus"]:
-        o.append(_fig(_png(plot_watch(sec, _plt())), "NVML utilization per GPU (stacked strips) "
-                      "and power over the watch"))
+        o.append(_fig(_png(plot_watch(sec, _plt())), f"{sec['timeline']['activity']} per GPU "
+                      "(stacked strips) and power over the watch"))
     return o + [f'<p class="meta">{_e(line)}</p>' for line in watch_lines(sec["summary"])]
 
 
