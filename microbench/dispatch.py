@@ -43,7 +43,7 @@ from microbench.kit.gpus import visible_gpus
 from reports.base.payloads.dispatch import (DispatchData, DispatchSettings, HopInLoop, HopStat,
                                             PolicyComparison, PolicyRun, Quantiles, StageRun)
 from reports.base.records import Record, make_record, save_record, write_json_atomic
-from reports.base.sglang_defaults import MAX_PREFILL_TOKENS, MRR_MIN
+from reports.base.sglang_defaults import MAX_PREFILL_TOKENS, MRR_MIN, default_decode_max_bs
 from reports.base.slots import SlotConfig, default_max_micro_batch
 
 PROBE = "dispatch"
@@ -158,10 +158,13 @@ def loop_config(cfg: DispatchConfig) -> dict:
         serve = {"host": host, "port": port, "policy": cfg.policies[0],
                  "seconds": cfg.serve_seconds}
         # one point: the whole session (its concurrency is set to the peak running requests);
-        # buffers and capture sizes are sized for max_running_requests
+        # buffers and capture sizes are sized for max_running_requests, the captured decode
+        # sizes stop at SGLang's default cuda_graph_max_bs for this GPU's memory (larger
+        # batches run eager, as on the server)
+        from microbench.kit.gpus import first_gpu_mem_mib
         points = [{"policy": cfg.policies[0], "arrival": "served", "concurrency": 1,
                    "inject": list(cfg.inject)}]
-        concurrency = [cfg.max_running_requests]
+        concurrency = [min(cfg.max_running_requests, default_decode_max_bs(first_gpu_mem_mib()))]
     return {"pp": cfg.pp, "async_depth": cfg.depth, "max_micro_batch": cfg.cap,
             "micro_batches": cfg.micro_batches, "work": cfg.work, "moe_variant": cfg.moe_variant,
             "layers_per_stage": cfg.layers_per_stage, "cost_points": pts,
