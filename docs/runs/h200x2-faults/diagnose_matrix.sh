@@ -28,6 +28,13 @@ for d in "$OUT"/*/; do
     [ "$case/$pol" != base/even ] && [ -e "$clean" ] && bl=(--baseline "$clean")
     $PY -m reports.cli report --results "$res" --observed "$c:$tok" "${bl[@]}" >/dev/null \
       2>"$res/report.err"
+    if [ -e "$d/dispatch_noprof.json" ]; then   # the same traces against an unprofiled tok/s
+      tok2=$($PY -c "import json,sys; d=json.load(open('$d/dispatch_noprof.json'))['data']; print(next(r['tok_per_s'] for r in d['runs'] if r['policy']=='$pol' and r['concurrency']==$c))")
+      mkdir -p "$res-noprof" && cp "$res/sglang.json" "$res-noprof/"
+      $PY -m reports.cli report --results "$res-noprof" --observed "$c:$tok2" >/dev/null \
+        2>"$res-noprof/report.err"
+      echo "$case $pol C=$c unprofiled tok/s=$tok2 :: $($PY -c "import json; r=json.load(open('$res-noprof/report.json'))['diagnosis']; print('cpu scale', r.get('cpu_scale'), '|', r.get('corrected_answer'))")"
+    fi
     echo "$case $pol C=$c tok/s=$tok :: $($PY -c "import json; r=json.load(open('$res/report.json')); print((r.get('diagnosis') or {}).get('answer'), '||', (r.get('baseline_comparison') or {}).get('answer'))")"
   done
 done
