@@ -18,6 +18,12 @@ How to read it: `tok_per_s` per (policy, C); `even_vs_sglang` gives the throughp
 micro-batch re-reads the experts it touches). `busy_frac` < 1 on a stage is pipeline bubble;
 a large `dispatch_latency_us` means the host, not the GPU, paces the loop.
 
+Serve mode (`--serve [HOST:]PORT`): the same loop, fed by HTTP clients instead of a scripted
+burst; rank 0 answers an OpenAI-compatible endpoint with SGLang's control routes
+(microbench/serve.py, microbench/serve_http.py) until Ctrl-C / SIGTERM / `--seconds`. The session
+is one point (arrival `served`, concurrency = the peak of running requests) in
+`results/dispatch_serve.json`, so it never replaces the benchmark record the report reads.
+
 Pure functions here (summaries, trace) run on CPU and are tested there; only `run` launches GPUs.
 """
 from __future__ import annotations
@@ -37,7 +43,7 @@ from microbench.kit.gpus import visible_gpus
 from reports.base.payloads.dispatch import (DispatchData, DispatchSettings, HopInLoop, HopStat,
                                             PolicyComparison, PolicyRun, Quantiles, StageRun)
 from reports.base.records import Record, make_record, save_record, write_json_atomic
-from reports.base.sglang_defaults import MAX_PREFILL_TOKENS
+from reports.base.sglang_defaults import MAX_PREFILL_TOKENS, MRR_MIN, default_decode_max_bs
 from reports.base.slots import SlotConfig, default_max_micro_batch
 
 PROBE = "dispatch"
@@ -49,7 +55,7 @@ WORKS = ("busy", "moe")
 class DispatchConfig:
     pp: int = 2
     async_depth: int | None = None          # None: = pp (the seed's PP8 uses 8)
-    max_running_requests: int = 1024
+    max_running_requests: int = MRR_MIN     # SGLang's derived default, at its floor (no KV pool)
     max_micro_batch: int | None = None      # None: max(max_running_requests // pp, 1)
     # prefill token budget per slot visit; SGLang 0.5.23's default for 90-160 GB GPUs (H200,
     # RTX PRO 6000: arg_groups/memory_hook.py); <= 0 turns chunked prefill off
@@ -79,6 +85,8 @@ class DispatchConfig:
     trace_ms_per_point: float = 300.0
     torchrun_args: tuple[str, ...] = ()
     inject: tuple[str, ...] = ()            # fault switches, pp_loop.parse_inject specs
+    serve: str | None = None                # "[HOST:]PORT": serve mode (microbench/serve.py)
+    serve_seconds: float | None = None      # serve mode: stop after this long (None: on a signal)
     argv: tuple[str, ...] = field(default=(), compare=False)
 
     @property
@@ -140,13 +148,30 @@ def loop_config(cfg: DispatchConfig) -> dict:
     parse_inject(cfg.inject, cfg.pp)  # one-line ValueError before anything runs
     points = [{"policy": p, "arrival": a, "concurrency": c, "inject": list(cfg.inject)}
               for a in cfg.arrivals for c in cfg.concurrency for p in cfg.policies]
+    serve = None
+    concurrency = list(cfg.concurrency)
+    if cfg.serve:
+        from microbench.serve_http import parse_address
+        host, port = parse_address(cfg.serve)
+        if len(cfg.policies) != 1:
+            raise ValueError("--serve runs one admission policy; give one with --policies")
+        serve = {"host": host, "port": port, "policy": cfg.policies[0],
+                 "seconds": cfg.serve_seconds}
+        # one point: the whole session (its concurrency is set to the peak running requests);
+        # buffers and capture sizes are sized for max_running_requests, the captured decode
+        # sizes stop at SGLang's default cuda_graph_max_bs for this GPU's memory (larger
+        # batches run eager, as on the server)
+        from microbench.kit.gpus import first_gpu_mem_mib
+        points = [{"policy": cfg.policies[0], "arrival": "served", "concurrency": 1,
+                   "inject": list(cfg.inject)}]
+        concurrency = [min(cfg.max_running_requests, default_decode_max_bs(first_gpu_mem_mib()))]
     return {"pp": cfg.pp, "async_depth": cfg.depth, "max_micro_batch": cfg.cap,
             "micro_batches": cfg.micro_batches, "work": cfg.work, "moe_variant": cfg.moe_variant,
             "layers_per_stage": cfg.layers_per_stage, "cost_points": pts,
             "model": m.name, "hidden": m.hidden, "moe_intermediate": m.moe_intermediate,
             "n_routed_experts": m.n_routed_experts, "top_k": m.top_k,
             "n_shared_experts": m.n_shared_experts, "graphs": cfg.graphs,
-            "concurrency": list(cfg.concurrency), "prompt_len": cfg.prompt_len,
+            "concurrency": concurrency, "prompt_len": cfg.prompt_len,
             "stagger_ms": cfg.stagger_ms, "poisson_rate_per_s": cfg.poisson_rate_per_s,
             "seconds_per_point": cfg.seconds_per_point,
             "max_iters_per_point": cfg.max_iters_per_point, "seed": cfg.seed,
@@ -154,7 +179,7 @@ def loop_config(cfg: DispatchConfig) -> dict:
             "inject": list(cfg.inject), "max_running_requests": cfg.max_running_requests,
             "chunked_prefill_size": cfg.chunked_prefill_size,
             "max_prefill_tokens": cfg.max_prefill_tokens,
-            "points": points}
+            "serve": serve, "points": points}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -170,13 +195,15 @@ def stage_summary(pt: dict) -> StageRun:
     c = pt["columns"]
     idx = [i for i, m in enumerate(c["measure"]) if m]
     disp, wait, host, send, busy = [], [], [], [], 0.0
-    host_empty, host_busy = [], []
+    host_empty, host_busy, commit_wait = [], [], []
     phase: dict[str, list[float]] = {"sched_us": [], "launch_us": [], "process_us": []}
     gpu_by_b: dict[int, list[float]] = {}
     for i in idx:
         wait.append(c["wait_us"][i])
         host.append((c["t_end"][i] - c["t_start"][i]) * 1e6 - c["wait_us"][i])
         (host_busy if c["rows"][i] else host_empty).append(host[-1])
+        if "wait_commit_us" in c:
+            commit_wait.append(c["wait_commit_us"][i])
         for k in phase:   # a probe with SGLang's phase split (microbench/pp_loop.py)
             v = (c.get(k) or [None] * len(c["it"]))[i]
             if v is not None and (c["rows"][i] or k == "process_us"):
@@ -204,6 +231,7 @@ def stage_summary(pt: dict) -> StageRun:
         sched_us_p50=_pct(phase["sched_us"], 50),
         launch_us_p50=_pct(phase["launch_us"], 50),
         process_us_p50=_pct(phase["process_us"], 50),
+        commit_wait_us_p50=_pct(commit_wait, 50),
         gpu_us_p50={str(b): _pct(v, 50) for b, v in sorted(gpu_by_b.items())},
         send_us_p50=_pct(send, 50),
         iterations=len(idx),
@@ -527,6 +555,8 @@ def run(cfg: DispatchConfig) -> tuple[Record, str | None]:
     write_json_atomic(cfg_path, lcfg)
     cmd = torchrun_command(cfg, cfg_path, work)
     status, why = "ok", None
+    if cfg.serve:
+        return _run_served(cfg, lcfg, cmd, work, p2p_off, argv)
     try:
         rc, timed_out = launch.run_group(cmd, launch.repo_env(), cfg.timeout_s, grace_s=30)
     except KeyboardInterrupt:
@@ -544,6 +574,38 @@ def run(cfg: DispatchConfig) -> tuple[Record, str | None]:
     return out
 
 
+def _run_served(cfg: DispatchConfig, lcfg: dict, cmd: list[str], work: Path, p2p_off: bool,
+                argv) -> tuple[Record, str | None]:
+    """Serve mode: the ranks run until Ctrl-C / SIGTERM (or `--seconds`); rank 0 stops the
+    loop at an iteration boundary, every rank writes its columns, and the record is written as
+    for a benchmark run. A signal here is the normal end, not an interruption."""
+    import signal
+    import threading
+
+    def term(signum, frame):
+        raise KeyboardInterrupt
+    main = threading.current_thread() is threading.main_thread()   # signals: main thread only
+    old = signal.signal(signal.SIGTERM, term) if main else None
+    how = None
+    try:
+        try:
+            rc, timed_out = launch.run_group(cmd, launch.repo_env(), cfg.timeout_s, grace_s=60)
+        except KeyboardInterrupt:
+            rc, timed_out, how = None, False, "served until stopped (Ctrl-C / SIGTERM)"
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, old)
+    status, why = "ok", how
+    if timed_out:
+        status, why = "partial", f"stopped by --timeout after {cfg.timeout_s:.0f} s"
+    elif rc not in (0, None):
+        errs = _rank_errors(work)
+        status, why = "error", errs[0] if errs else f"torchrun exited with code {rc}"
+    out = _finish(cfg, lcfg, work, p2p_off, status, why, argv)
+    shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
 def _finish(cfg, lcfg, work: Path, p2p_off: bool, status, why, argv) -> tuple[Record, str | None]:
     ranks = _read_ranks(work, cfg.pp)
     data = summarize(lcfg, ranks, p2p_off) if len(ranks) == cfg.pp else None
@@ -552,7 +614,7 @@ def _finish(cfg, lcfg, work: Path, p2p_off: bool, status, why, argv) -> tuple[Re
             status, why = "error", (why + "; " if why else "") + "no point finished"
     notes = [i.get("note") for i in (data.ranks if data else {}).values() if i.get("note")]
     if status == "ok" and notes:
-        why = "; ".join(sorted(set(notes)))
+        why = "; ".join(sorted(set(notes)) + ([why] if why else []))
     rec = make_record(PROBE, data, status=status, reason=why, argv=argv)
     path, note = save_record(rec, cfg.json_path)
     if len(ranks) == cfg.pp and path == Path(cfg.json_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from reports.base.errors import CliError
+from reports.base.sglang_defaults import MRR_MIN
 from reports.base.paths import default_record_path, results_dir
 from reports.base.slots import POLICIES
 
@@ -16,6 +17,13 @@ examples:
   ppscope dispatch --pp auto --work busy --cost-us 1:800,8:900,32:1200 --no-graphs
   ppscope dispatch --pp 2 --profile --trace-dir traces/   # per-rank Kineto traces, SGLang names
   ppscope dispatch --pp 2 --profile --inject slow-stage=1:1.5   # what a slow stage looks like
+
+serve mode: the same loop behind an OpenAI-compatible endpoint with SGLang's control routes
+(/v1/completions, /v1/chat/completions, /v1/models, /health, /get_server_info, /metrics,
+/start_profile, /stop_profile, /set_internal_state), on rank 0, until Ctrl-C:
+  ppscope dispatch --pp 2 --serve 30000 --max-running-requests 64
+  ppscope sglang --url http://127.0.0.1:30000 --profile --trace-dir "$PWD/traces" --mmb-sweep 1,2,4,8
+  (then Ctrl-C the first; its record goes to results/dispatch_serve.json)
 
 SGLang's own evidence (logs, traces, metrics, bench, a live server) is `ppscope sglang`.
 
@@ -65,8 +73,10 @@ def register(subparsers) -> None:
                    "visible GPUs; more than visible is an error)")
     p.add_argument("--async-depth", type=int, default=None,
                    help="--pp-async-batch-depth: extra slots (default: = pp)")
-    p.add_argument("--max-running-requests", type=int, default=1024,
-                   help="sets the per-slot cap max(this // pp, 1) (default 1024)")
+    p.add_argument("--max-running-requests", type=int, default=MRR_MIN,
+                   help="sets the per-slot cap max(this // pp, 1) (default %(default)s: SGLang "
+                   "0.5.23 derives clamp(KV-pool tokens / context x 512, 2048, 4096) when not "
+                   "given; this loop holds no KV pool, so the floor)")
     p.add_argument("--max-micro-batch", type=int, default=None,
                    help="per-slot cap pp_max_micro_batch_size (overrides the above)")
     p.add_argument("--chunked-prefill-size", type=int, default=8192,
@@ -92,17 +102,19 @@ def register(subparsers) -> None:
                    help="capture the decode forward in CUDA graphs (default)")
     g.add_argument("--no-graphs", dest="graphs", action="store_false", help="run eager")
     p.add_argument("--concurrency", type=_ints, default=(1, 8, 32), help="default 1,8,32")
-    p.add_argument("--policies", type=_choices(POLICIES), default=("sglang", "even"),
-                   help="admission policies (default sglang,even)")
+    p.add_argument("--policies", type=_choices(POLICIES), default=None,
+                   help="admission policies (default sglang,even; with --serve one, default "
+                        "sglang)")
     p.add_argument("--arrival", type=_choices(ARRIVALS), default=("burst",),
                    help="arrival patterns: burst (default), staggered, poisson")
     p.add_argument("--stagger-ms", type=float, default=2.0, help="staggered: gap per stream")
     p.add_argument("--poisson-rate", type=float, default=500.0, help="poisson: streams/s")
     p.add_argument("--prompt-len", type=int, default=16, help="prefill tokens per request")
-    p.add_argument("--seconds", type=float, default=2.0,
-                   help="measured steady-decode seconds per point (default 2)")
-    p.add_argument("--timeout", type=float, default=600.0,
-                   help="whole-run limit in seconds (default 600)")
+    p.add_argument("--seconds", type=float, default=None,
+                   help="measured steady-decode seconds per point (default 2); with --serve: "
+                        "serve this long, then stop (default: until Ctrl-C or SIGTERM)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="whole-run limit in seconds (default 600; with --serve none)")
     p.add_argument("--collective-timeout", type=float, default=120.0,
                    help="timeout of every collective / receive, seconds")
     p.add_argument("--trace", default=None, help="Perfetto trace path (default next to --json)")
@@ -110,12 +122,21 @@ def register(subparsers) -> None:
     p.add_argument("--inject", action="append", default=[], metavar="FAULT",
                    help="inject a fault to see what it looks like (repeatable): "
                         "slow-stage=RANK:FACTOR, host-delay=RANK:US, hop-delay=US")
-    p.add_argument("--json", default=None, help="record path (default results/dispatch.json)")
+    p.add_argument("--json", default=None, help="record path (default results/dispatch.json; with --serve "
+                   "results/dispatch_serve.json, so a served session never replaces the "
+                   "benchmark record the report reads)")
     p.add_argument("--profile", action="store_true",
                    help="record per-rank torch.profiler traces of the loop (SGLang's range names) "
                         "and SGLang-format scheduler logs, for `ppscope sglang --traces/--log`")
     p.add_argument("--trace-dir", metavar="DIR",
-                   help="--profile: where the traces and logs go (default results/dispatch_traces)")
+                   help="--profile: where the traces and logs go (default results/dispatch_traces;"
+                        " with --serve: where /start_profile writes when its body names no "
+                        "output_dir and SGLANG_TORCH_PROFILER_DIR is unset)")
+    p.add_argument("--serve", metavar="[HOST:]PORT",
+                   help="serve mode: rank 0 answers an OpenAI-compatible endpoint with SGLang's "
+                        "control routes (host default 127.0.0.1) and the loop runs the requests "
+                        "it gets until Ctrl-C / SIGTERM / --seconds; --concurrency and --arrival "
+                        "do not apply; record: results/dispatch_serve.json")
     p.set_defaults(func=handle)
 
 
@@ -138,10 +159,29 @@ def config_from_args(args, n_gpus: int, check_gpus: bool = True):
         if v is not None and v < (0 if name == "async_depth" else 1):
             raise CliError(f"--{name.replace('_', '-')} must be "
                            f"{'>= 0' if name == 'async_depth' else '>= 1'}, got {v}")
+    serve = getattr(args, "serve", None)
+    policies = args.policies or (("sglang",) if serve else ("sglang", "even"))
+    if serve:
+        from microbench.serve_http import parse_address
+        try:
+            host, port = parse_address(serve)
+        except ValueError as e:
+            raise CliError(str(e)) from None
+        if len(policies) != 1:
+            raise CliError("--serve runs one admission policy: give one with --policies "
+                           "(sglang or even)")
+        if args.profile:
+            raise CliError("--serve: profile through POST /start_profile and /stop_profile "
+                           "(or `ppscope sglang --url ... --profile`), not --profile")
+    seconds = args.seconds if args.seconds is not None else (None if serve else 2.0)
+    timeout = args.timeout if args.timeout is not None else (None if serve else 600.0)
     if args.layers_per_stage < 1 or args.prompt_len < 1:
         raise CliError("--layers-per-stage and --prompt-len must be >= 1")
-    for name in ("seconds", "timeout", "collective_timeout", "poisson_rate"):
-        v = getattr(args, name)
+    for name, v in (("seconds", seconds), ("timeout", timeout),
+                    ("collective_timeout", args.collective_timeout),
+                    ("poisson_rate", args.poisson_rate)):
+        if v is None:
+            continue
         if not (v > 0 and v < 1e7):  # also rejects NaN and inf
             raise CliError(f"--{name.replace('_', '-')} must be a positive number, got {v}")
     if not 0 <= args.stagger_ms < 1e6:
@@ -156,13 +196,15 @@ def config_from_args(args, n_gpus: int, check_gpus: bool = True):
         max_micro_batch=args.max_micro_batch, micro_batches=args.micro_batches, work=args.work,
         moe_variant=args.moe_variant,
         layers_per_stage=args.layers_per_stage, cost_us=args.cost_us, model=args.model,
-        graphs=args.graphs, concurrency=args.concurrency, policies=args.policies,
+        graphs=args.graphs, concurrency=args.concurrency, policies=policies,
         arrivals=args.arrival, prompt_len=args.prompt_len, stagger_ms=args.stagger_ms,
-        poisson_rate_per_s=args.poisson_rate, seconds_per_point=args.seconds,
-        collective_timeout_s=args.collective_timeout, timeout_s=args.timeout,
+        poisson_rate_per_s=args.poisson_rate,
+        seconds_per_point=2.0 if serve else seconds,
+        collective_timeout_s=args.collective_timeout, timeout_s=timeout,
         profile_dir=((args.trace_dir or str(results_dir() / "dispatch_traces"))
-                     if args.profile else None),
-        json_path=str(args.json or default_record_path("dispatch")),
+                     if args.profile or serve else None),
+        json_path=str(args.json or default_record_path("dispatch_serve" if serve else "dispatch")),
+        serve=f"{host}:{port}" if serve else None, serve_seconds=seconds if serve else None,
         trace_path=args.trace, torchrun_args=tuple(args.torchrun_args.split()),
         inject=tuple(args.inject),
         argv=tuple(getattr(args, "argv", ())))
@@ -199,6 +241,21 @@ def render(rec) -> str:
     return "\n".join(lines)
 
 
+def _check_listen(addr: str) -> None:
+    """Bind the serve address once before launching the ranks: a port in use (or a host not of
+    this machine) is a one-line error now, not a failed rank later."""
+    import socket
+    from microbench.serve_http import parse_address
+    host, port = parse_address(addr)
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        with socket.socket(infos[0][0], socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(infos[0][4])
+    except OSError as e:
+        raise CliError(f"--serve {addr}: cannot listen there ({e.strerror or e})") from None
+
+
 def _f(x, nd: int = 0) -> str:
     return "-" if x is None else f"{x:.{nd}f}"
 
@@ -211,12 +268,17 @@ def handle(args) -> int:
     # arguments first: a bad flag is a one-line error and writes nothing
     cfg = config_from_args(args, n if not reason or str(args.pp) != "auto" else 2,
                            check_gpus=not reason)
+    if cfg.serve and not reason:
+        _check_listen(cfg.serve)
     if reason:  # cannot run here: a waived record (beside a good one, never over it), exit 2
         path, note = save_record(waived("dispatch", reason, argv=getattr(args, "argv", None)),
                                  cfg.json_path)
         raise CliError(f"{reason}; nothing measured (waived record: {path}"
                        + (f"; {note}" if note else "") + "); on a machine without GPUs, read "
                        "SGLang's evidence with `ppscope sglang`")
+    if cfg.serve:
+        print(f"starting {cfg.pp} ranks; rank 0 serves http://{cfg.serve} once the stages are "
+              "built (GET /health answers 200 then); Ctrl-C or SIGTERM stops it", flush=True)
     try:
         rec, note = run(cfg)
     except ValueError as e:

@@ -36,6 +36,13 @@ Timing: host `perf_counter` (CLOCK_MONOTONIC, shared by the processes of one hos
 quantities; CUDA events for GPU quantities, placed on the host clock through one reference event
 per point (recorded then synchronized; error about +/- `ref_err_us`, written out).
 
+Serve mode (config key `serve`): rank 0 binds the HTTP front-end before the stages are built,
+the session is one point whose admission comes from HTTP clients (`serve_point`,
+microbench/serve.py) and whose relayed request list also carries control commands, applied on
+every rank at the same iteration (profiler start/stop through `RankProfiler`, the micro-batch
+cap); requests finish after `max_tokens` and leave their slot. Only iterations with work are
+kept as columns (the latest `max_iters_per_point`).
+
 Run it through `ppscope dispatch` (microbench/dispatch.py writes the config file and merges the
 per-rank outputs). Directly: `torchrun --nproc-per-node 2 -m microbench.pp_loop --config CFG.json
 --out-dir DIR`; multi-node: the usual torchrun flags (`--nnodes`, `--node-rank`,
@@ -446,13 +453,16 @@ def recv_pyobj_tag(torch, dist, src: int, group, tag: int):
     return pickle.loads(buf.numpy().tobytes())
 
 
-def commit(works: list) -> None:
+def commit(works: list) -> float:
     """SGLang's `_pp_commit_comm_work`: wait for earlier async sends. For NCCL this makes the
     current (schedule) stream wait for them; for gloo (the metadata) it blocks the CPU until
-    the peer has posted its receive (gloo sends are rendezvous)."""
+    the peer has posted its receive (gloo sends are rendezvous). Returns the microseconds the
+    CPU was blocked: waiting for the peer, not host work (the model's `chain`)."""
+    tw = time.perf_counter()
     for w, _ in works:
         w.wait()
     works.clear()
+    return (time.perf_counter() - tw) * 1e6
 
 
 def new_loop_state(torch, cfg: dict, pp: int, rank: int) -> dict:
@@ -489,9 +499,9 @@ def exchange_outputs(torch, dist, ctx: dict, lp: dict, s: int, tokens_of, drain:
     Returns (microseconds the CPU waited, (d2h event, host buffer, tokens) or None)."""
     rank, pp, gloo = ctx["rank"], ctx["pp"], ctx["gloo"]
     last, S = pp - 1, len(lp["mbs"])
-    if not drain:   # gloo sends complete only once received: at the end, commit after draining
-        commit(lp["out_work"])
     waited, got = 0.0, None
+    if not drain:   # gloo sends complete only once received: at the end, commit after draining
+        waited += commit(lp["out_work"])
 
     def send():
         if rank == last:   # (at the end rank 0 expects nothing more: what is held is dropped)
@@ -588,16 +598,17 @@ def gloo_one_way_us(torch, dist, rank: int, pp: int, gloo, reps: int = 20) -> fl
     return out
 
 
-def drain_last_to_first(torch, dist, ctx: dict, lp: dict, rows_by_it: list[int]) -> None:
-    """After the last iteration: rank 0 receives (and drops) the tokens the last rank sent for
-    slots rank 0 stopped before visiting -- those of the last rank's iterations
-    stop-pp+1 .. stop-1 whose slot ran a batch `async_depth` iterations earlier (rank 0 knows
-    every slot's rows) -- so that every send completes; then every rank commits its sends."""
+def drain_last_to_first(torch, dist, ctx: dict, lp: dict, stop: int, rows_by_it: dict) -> None:
+    """After the last iteration (`stop` = the iteration that stopped): rank 0 receives (and
+    drops) the tokens the last rank sent for slots rank 0 stopped before visiting -- those of
+    the last rank's iterations stop-pp+1 .. stop-1 whose slot ran a batch `async_depth`
+    iterations earlier (rank 0 knows every slot's rows: `rows_by_it`, it -> rows, the last
+    iterations at least) -- so that every send completes; then every rank commits its sends."""
     rank, pp, gloo = ctx["rank"], ctx["pp"], ctx["gloo"]
     if rank == 0:
-        stop, depth = len(rows_by_it), len(lp["mbs"]) - pp
+        depth = len(lp["mbs"]) - pp
         for j in range(max(0, stop - pp + 1), stop):
-            if j - depth >= 0 and rows_by_it[j - depth]:
+            if j - depth >= 0 and rows_by_it.get(j - depth):
                 n = recv_pyobj_tag(torch, dist, pp - 1, gloo, TAG_OUT)
                 buf = torch.empty(n, dtype=torch.long, device=ctx["dev"])
                 dist.irecv(buf, src=pp - 1).wait()
@@ -621,8 +632,11 @@ def run_point(torch, dist, ctx: dict, point: dict) -> dict:
                       cfg.get("max_running_requests"), cfg.get("chunked_prefill_size"),
                       cfg.get("max_prefill_tokens") or MAX_PREFILL_TOKENS)
     S, depth = scfg.slots, cfg["async_depth"]
-    profiling = ctx.get("profiler") is not None
-    rf = torch.profiler.record_function if profiling else (lambda name: contextlib.nullcontext())
+    serve = ctx.get("serve")   # serve mode: (rank 0's ServeScheduler or None, RankSide)
+
+    def rf(name):   # SGLang's range names, while a profiler records (serve: it comes and goes)
+        return torch.profiler.record_function(name) if ctx.get("profiler") is not None \
+            else contextlib.nullcontext()
     graphs, sizes = ctx["graphs"], ctx["capture_sizes"]
     emb = ctx["emb"]  # rank 0's stand-in for the embedding output, [rows, H]
     C = point["concurrency"]
@@ -638,11 +652,12 @@ def run_point(torch, dist, ctx: dict, point: dict) -> dict:
     t_ref, ref_err_us = (t0 + t1) / 2, (t1 - t0) / 2 * 1e6
     start = t1
     arrivals = arrival_times(point["arrival"], C, cfg["stagger_ms"], cfg["poisson_rate_per_s"],
-                             cfg["seed"]) if rank == 0 else []
+                             cfg["seed"]) if rank == 0 and serve is None else []
 
     cols = {k: [] for k in ("it", "slot", "kind", "n", "rows", "measure", "t_start", "t_end",
                             "wait_us", "wait_req_us", "wait_proxy_us", "wait_out_us",
-                            "wait_sync_us", "sched_us", "launch_us", "process_us", "ev")}
+                            "wait_sync_us", "wait_commit_us", "sched_us", "launch_us",
+                            "process_us", "ev")}
     occupancy = []  # rank 0: (t, sizes) after admission
     adm = AdmitState.empty(scfg)
     lp = new_loop_state(torch, cfg, pp, rank)
@@ -656,15 +671,23 @@ def run_point(torch, dist, ctx: dict, point: dict) -> dict:
     no_admit_rounds, it = 0, 0
     max_iters = cfg["max_iters_per_point"]
     seconds = cfg["seconds_per_point"]
+    lp["rows_tail"] = {}   # it -> rows of the last few iterations (drain_last_to_first)
     setup_deadline = start + max(5.0, 3 * seconds)
 
     while True:
         s = it % S
         t_start = time.perf_counter()
         ev = {}
-        w_req = w_proxy = w_out = w_sync = 0.0
+        w_req = w_proxy = w_out = w_sync = w_commit = 0.0
         # ---- 1. recv_requests: rank 0 admits; the others get the request list from rank-1
-        if rank == 0:
+        if rank == 0 and serve is not None:   # requests from HTTP clients (microbench/serve.py)
+            with rf("get_next_batch_to_run"):
+                meta = serve[0].visit(it, s)
+            stop, kind, n, rows, measure = (meta["stop"], meta["kind"], meta["n"],
+                                            meta["rows"], meta["measure"])
+            if window is None and measure:
+                window = (it, 0.0)
+        elif rank == 0:
             now = time.perf_counter() - start
             with rf("get_next_batch_to_run"):
                 stop = (window is not None and (now - window[1] >= seconds
@@ -701,8 +724,11 @@ def run_point(torch, dist, ctx: dict, point: dict) -> dict:
             assert meta["it"] == it and meta["slot"] == s, "ranks out of step"
         if rank < last:
             with rf("send_reqs_to_next_stage"):
-                commit(lp["req_work"])
+                w_commit += commit(lp["req_work"])
                 lp["req_work"] = isend_pyobj(torch, dist, meta, rank + 1, gloo, TAG_REQS)
+        if serve is not None:   # control commands: every rank, this same iteration
+            for c in meta["ctl"]:
+                serve[1].apply(c, it)
         if stop:   # the outputs the next rank still expects, then stop
             exchange_outputs(torch, dist, ctx, lp, s, None, drain=True)
             break
@@ -713,6 +739,8 @@ def run_point(torch, dist, ctx: dict, point: dict) -> dict:
                 while time.perf_counter() < t_spin:
                     pass
         lp["mbs"][s] = rows
+        lp["rows_tail"][it] = rows
+        lp["rows_tail"].pop(it - 2 * S - pp, None)
         sched_us = (time.perf_counter() - t_sched) * 1e6
         # ---- 2. inputs: hidden states from rank-1 (rank 0: its embedding stand-in)
         use_graph = cfg["graphs"] and kind == "decode"
@@ -743,7 +771,8 @@ def run_point(torch, dist, ctx: dict, point: dict) -> dict:
                     e.record(lp["sched"])
                     ev["in"] = e
                 continue
-            commit(lp["proxy_work"])  # the next forward waits until NCCL read the last send
+            # the next forward waits until NCCL read the last send
+            w_commit += commit(lp["proxy_work"])
             if not rows:
                 continue
             tl = time.perf_counter()
@@ -779,6 +808,8 @@ def run_point(torch, dist, ctx: dict, point: dict) -> dict:
                 w_sync, _tokens = sync_outputs(got)
                 tp0 = time.perf_counter()
                 lp["pp_out"] = got[2] if rank < last else None
+                if rank == 0 and serve is not None:   # one token per request of slot s+1
+                    serve[0].outputs((s + 1) % S, tp0)
                 process_us = (time.perf_counter() - tp0) * 1e6
         else:
             lp["pp_out"] = None
@@ -787,7 +818,13 @@ def run_point(torch, dist, ctx: dict, point: dict) -> dict:
             with rf("send_proxy_dict_to_next_stage"):
                 ev["se"] = send_proxy(torch, dist, ctx, lp, y, ev["fe"], rows, late,
                                       hop_delay_cyc)
-        cols["it"].append(it)
+        it += 1
+        if serve is not None and not (measure or rows):
+            continue   # serve mode keeps no column for an idle pipeline's turn
+        if serve is not None and len(cols["it"]) >= 2 * max_iters:
+            for v in cols.values():   # keep the latest max_iters iterations
+                del v[:len(v) - max_iters]
+        cols["it"].append(it - 1)
         cols["slot"].append(s)
         cols["kind"].append(kind)
         cols["n"].append(n)
@@ -795,17 +832,17 @@ def run_point(torch, dist, ctx: dict, point: dict) -> dict:
         cols["measure"].append(bool(measure))
         cols["t_start"].append(t_start)
         cols["t_end"].append(time.perf_counter())
-        cols["wait_us"].append(w_req + w_proxy + w_out + w_sync)
+        cols["wait_us"].append(w_req + w_proxy + w_out + w_sync + w_commit)
         cols["wait_req_us"].append(w_req)
         cols["wait_proxy_us"].append(w_proxy)
         cols["wait_out_us"].append(w_out)
         cols["wait_sync_us"].append(w_sync)
+        cols["wait_commit_us"].append(w_commit)
         cols["sched_us"].append(sched_us)
         cols["launch_us"].append(launch_us)
         cols["process_us"].append(process_us)
         cols["ev"].append(ev)
-        it += 1
-    drain_last_to_first(torch, dist, ctx, lp, cols["rows"])
+    drain_last_to_first(torch, dist, ctx, lp, it, lp["rows_tail"])
     torch.cuda.synchronize()
     # GPU events -> host clock (seconds)
     def at(e):
@@ -817,13 +854,119 @@ def run_point(torch, dist, ctx: dict, point: dict) -> dict:
     cols.update({f"t_{k}": v for k, v in gpu.items()})
     out = {"point": point, "rank": rank, "slots": S, "ref_err_us": ref_err_us,
            "t_point_start": start, "columns": cols, "complete": True}
-    if rank == 0:
+    if rank == 0 and serve is not None:   # the session: sizes at the peak of running requests
+        sc = serve[0]
+        out["point"] = dict(point, concurrency=max(1, sc.peak))
+        out.update(arrivals_s=[], admitted=sc.admitted, occupancy=list(sc.occupancy),
+                   slot_sizes=list(sc.peak_sizes), window_start_it=window[0] if window else None)
+    elif rank == 0:
         out["arrivals_s"] = arrivals
         out["admitted"] = admitted
         out["occupancy"] = occupancy
         out["slot_sizes"] = list(adm.sizes)   # requests per slot (a chunked one where it ended)
         out["window_start_it"] = window[0] if window else None
     return out
+
+
+def export_trace(prof, path: Path) -> None:
+    """Write a torch.profiler trace as SGLang does: Chrome JSON, gzipped, at `path` (.gz)."""
+    raw = path.with_name(path.name[:-3]) if path.name.endswith(".gz") else path
+    prof.export_chrome_trace(str(raw))
+    with open(raw, "rb") as f, gzip.open(path, "wb") as g:
+        shutil.copyfileobj(f, g)
+    raw.unlink()
+
+
+class RankProfiler:
+    """torch.profiler for serve mode's /start_profile (microbench/serve.py RankSide's
+    `profiler`): CPU and/or GPU activities as asked; while it records, the loop marks SGLang's
+    ranges (record_function). Neither stacks nor shapes are recorded (SGLang records both by
+    default; they make traces much larger and the readers use neither)."""
+
+    def __init__(self, torch, ctx: dict, activities: list[str]):
+        A = torch.profiler.ProfilerActivity
+        acts = ([A.CPU] if "CPU" in activities else []) + ([A.CUDA] if "GPU" in activities
+                                                           else [])
+        self.ctx, self.prof = ctx, torch.profiler.profile(activities=acts or [A.CPU])
+
+    def start(self) -> None:
+        self.prof.start()
+        self.ctx["profiler"] = self.prof
+
+    def stop(self) -> None:
+        self.ctx["profiler"] = None
+        self.prof.stop()
+
+    def export(self, path: Path) -> None:
+        export_trace(self.prof, path)
+
+
+def loop_capture_sizes(cfg: dict) -> list[int]:
+    """The decode batch sizes the loop captures: SGLang's sizes up to the one the largest
+    micro-batch pads to."""
+    max_b = max(1, min(cfg["max_micro_batch"], max(cfg["concurrency"])))
+    full = capture_sizes(max(512, 2 * max_b))  # capture up to the size max_b pads to
+    return capture_sizes(padded(max_b, full[-1]))
+
+
+def start_serving(cfg: dict):
+    """Rank 0 in serve mode: bind the HTTP front-end before the stages are built (GET /health
+    answers 503 until the loop runs). Returns (ServeState, server)."""
+    from microbench import serve as SV
+    from microbench import serve_http as SH
+    chunk = cfg.get("chunked_prefill_size")
+    args = SV.ServerArgs(
+        model_path=cfg["model"], pp_size=cfg["pp"],
+        max_running_requests=cfg["max_running_requests"],
+        pp_max_micro_batch_size=cfg["max_micro_batch"], pp_async_batch_depth=cfg["async_depth"],
+        chunked_prefill_size=chunk if chunk and chunk > 0 else None,
+        max_prefill_tokens=cfg.get("max_prefill_tokens") or MAX_PREFILL_TOKENS,
+        cuda_graph_max_bs=loop_capture_sizes(cfg)[-1] if cfg["graphs"] else None,
+        disable_cuda_graph=not cfg["graphs"], policy=cfg["serve"]["policy"])
+    state = SV.ServeState(args)
+    server = SH.make_server(state, cfg["serve"]["host"], cfg["serve"]["port"])
+    SH.start(server)
+    print(f"rank 0: serving http://{cfg['serve']['host']}:{server.server_address[1]} "
+          "(OpenAI-compatible, SGLang's control routes); building the stages", file=sys.stderr,
+          flush=True)
+    return state, server
+
+
+def serve_signals(state) -> None:
+    """Serve mode: SIGINT / SIGTERM on rank 0 stop the loop at its next visit (the request list
+    then tells every rank to stop); the other ranks ignore them and stop with rank 0."""
+    import signal
+
+    def stop(signum, frame):
+        state.request_stop(f"stopped by {signal.Signals(signum).name}")
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop if state is not None else signal.SIG_IGN)
+
+
+def serve_point(torch, dist, ctx: dict, state) -> dict:
+    """The whole served session as one point (run_point with rank 0's admission taken from
+    HTTP clients and control commands applied on every rank; microbench/serve.py)."""
+    from microbench import serve as SV
+    cfg, rank = ctx["cfg"], ctx["rank"]
+    sched = None
+    if rank == 0:
+        scfg = SlotConfig(cfg["pp"], cfg["async_depth"], cfg["max_micro_batch"],
+                          cfg.get("max_running_requests"), cfg.get("chunked_prefill_size"),
+                          cfg.get("max_prefill_tokens") or MAX_PREFILL_TOKENS)
+        secs = cfg["serve"].get("seconds")
+        sched = SV.ServeScheduler(state, scfg, cfg["serve"]["policy"], cfg.get("micro_batches"),
+                                  stop_at=None if secs is None else time.perf_counter() + secs,
+                                  profile_dir=cfg.get("profile_dir") or ".")
+    side = SV.RankSide(rank, sched, profiler=lambda acts: RankProfiler(torch, ctx, acts),
+                       barrier=lambda: dist.barrier(group=ctx["gloo"]))
+    ctx["serve"] = (sched, side)
+    if state is not None:
+        state.mark_ready()
+    try:
+        return run_point(torch, dist, ctx, cfg["points"][0])
+    finally:
+        if sched is not None:
+            sched.close(state.stop_requested or "the loop ended")
 
 
 def _profile_ctx(torch, cfg, rank, point):
@@ -856,13 +999,26 @@ def _main(cfg: dict, out_dir: Path, rank: int) -> int:
     import torch
     import torch.distributed as dist
 
+    state = server = None
+    if cfg.get("serve"):
+        if rank == 0:
+            state, server = start_serving(cfg)
+        serve_signals(state)
+    try:
+        return _run_rank(torch, dist, cfg, out_dir, rank, state)
+    finally:
+        if state is not None:
+            state.close("the loop ended")
+            server.shutdown()
+            server.server_close()
+
+
+def _run_rank(torch, dist, cfg: dict, out_dir: Path, rank: int, state) -> int:
     rc = start_rank(cfg["collective_timeout_s"], expect_world=cfg["pp"])
     pp, dev, gloo = rc.world, rc.device, rc.gloo
     H = cfg["hidden"]
     fwd, info = build_work(torch, cfg, rank, dev)
-    max_b = max(1, min(cfg["max_micro_batch"], max(cfg["concurrency"])))
-    full = capture_sizes(max(512, 2 * max_b))  # capture up to the size max_b pads to
-    sizes = capture_sizes(padded(max_b, full[-1]))
+    sizes = loop_capture_sizes(cfg)
     graphs = capture_graphs(torch, fwd, sizes, H, dev) if cfg["graphs"] else {}
     emb_rows = max(cfg["concurrency"]) * cfg["prompt_len"]
     ctx = {"cfg": cfg, "rank": rank, "pp": pp, "gloo": gloo, "dev": dev, "fwd": fwd,
@@ -892,13 +1048,16 @@ def _main(cfg: dict, out_dir: Path, rank: int) -> int:
     path = out_dir / f"rank{rank}.json"
     write_json_atomic(path, result)
     bar = None
-    if rank == 0:
+    if rank == 0 and not cfg.get("serve"):
         try:
             from tqdm import tqdm
             bar = tqdm(total=len(cfg["points"]), desc="dispatch", unit="point", file=sys.stderr)
         except ImportError:
             bar = None
-    for point in cfg["points"]:
+    if cfg.get("serve"):   # one point: the whole session
+        result["points"].append(serve_point(torch, dist, ctx, state))
+        write_json_atomic(path, result)
+    for point in ([] if cfg.get("serve") else cfg["points"]):
         prof, trace_path = _profile_ctx(torch, cfg, rank, point)
         if bar is not None:
             bar.set_postfix_str(f"{point['policy']} {point['arrival']} C={point['concurrency']}")
@@ -907,10 +1066,7 @@ def _main(cfg: dict, out_dir: Path, rank: int) -> int:
             res = run_point(torch, dist, ctx, point)
         if prof is not None:
             trace_path.parent.mkdir(parents=True, exist_ok=True)
-            prof.export_chrome_trace(str(trace_path))
-            with open(trace_path, "rb") as f, gzip.open(f"{trace_path}.gz", "wb") as g:
-                shutil.copyfileobj(f, g)
-            trace_path.unlink()
+            export_trace(prof, Path(f"{trace_path}.gz"))
             # SGLang-format scheduler log beside the trace: the whole evidence path of a server
             log_path = Path(str(trace_path).replace(".trace.json", ".log"))
             log_path.write_text("\n".join(sglang_log_lines(

@@ -3,9 +3,11 @@
 Levels per concurrency: `ideal` (every switch off), `predicted` (the model, every switch on),
 `observed` (the user's benchmark). Attribution rows, verdicts, what-ifs, parameters with their
 source, warnings about skipped records, (when dispatch.json exists) the model-vs-probe check, the
-PP link map when topology.json exists, `server` when sglang.json exists (the user's own server:
+PP link map when topology.json exists (with its source label: `given` for a pasted `topo -m`,
+its unknown links and parse notes), `server` when sglang.json exists (the user's own server:
 per-rank observed busy, NCCL receive share, dispatch latency, decode lines, CUDA-graph share and
-slot sizes, next to the modelled busy per stage; every figure observed, with its source),
+slot sizes, next to the modelled busy per stage; with DP attention each DP rank's log figures
+and the rule that combines them; every figure observed, with its source),
 `measured_timeline` when dispatch.trace.json exists (which probe point the plot shows), and
 `answer`: 3-5 sentences written from those numbers
 (biggest cause of the gap per concurrency, verdicts that hold, the recommended server setting
@@ -23,6 +25,7 @@ from reports.base.payloads.topology import HopCost, TopologyData
 from reports.base.payloads.sglang import SglangData
 from reports.base.records import Record, to_jsonable
 from reports.model.scenario import Inputs
+from reports.model.server_log import DP_RULES, dp_count, log_figures
 from reports.model.validate_dispatch import micro_batch_choices, validate
 from reports.model.verdicts import verdicts
 from reports.model.whatif import (OBJECTIVE, TP_KNOB, measured_concurrency, recommendation,
@@ -32,7 +35,9 @@ from reports.base.slots import burst_sizes
 REPORT_SCHEMA = "ppscope-report/1"
 
 
-def build_report(inp: Inputs, records: dict[str, Record]) -> dict[str, Any]:
+def build_report(inp: Inputs, records: dict[str, Record],
+                 baseline: tuple[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """`baseline`: (label, report.json of an earlier run) to say what changed since."""
     atts = [attribute(inp, C) for C in inp.concurrency]
     obs = dict(inp.observed)
     conc = []
@@ -86,6 +91,13 @@ def build_report(inp: Inputs, records: dict[str, Record]) -> dict[str, Any]:
     if "watch" in records:  # GPU watch: observed (NVML) hints, reports/model/watch_summary.py
         from reports.model.watch_summary import watch_section
         rep["watch"] = watch_section(records["watch"])
+    if baseline is not None:  # what one change did: reports/model/compare.py
+        from reports.model.compare import compare
+        label, old = baseline
+        rep["baseline_comparison"] = compare(rep.get("diagnosis"), old.get("diagnosis"), label)
+    from reports.model.implied import implied_efficiency
+    imp = [implied_efficiency(inp, C, o) for C, o in inp.observed if C in inp.concurrency]
+    rep["implied_efficiency"] = to_jsonable([x for x in imp if x is not None])
     rep["verdicts"] = to_jsonable(verdicts(inp, atts, records, rep.get("diagnosis")))
     from reports.model.next_steps import next_steps
     rep["measure_your_server"] = to_jsonable(next_steps(
@@ -234,12 +246,8 @@ def server_summary(sg: SglangData, conc: list[dict[str, Any]], pp: int) -> dict[
             "graph_kernels": t.graph_kernels if span else None,
             "eager_kernels": t.eager_kernels if span else None,
             "trace_span_ms": None if span is None else span / 1e3,
-            "decode_lines": lg.decode_lines if lg else None,
-            "prefill_lines": lg.prefill_lines if lg else None,
-            "cuda_graph_frac": lg.cuda_graph_frac if lg else None,
-            "running_req": ({"min": lg.running_req.min, "median": lg.running_req.median,
-                             "max": lg.running_req.max} if lg else None),
-            "gen_tok_per_s_median": lg.gen_throughput_tok_s.median if lg else None,
+            # the log's figures; with DP attention every DP rank's (reports/model/server_log.py)
+            **log_figures(lg),
             "modelled_busy_pct": {str(c["concurrency"]): 100.0 * c["busy_frac"][int(r)]
                                   for c in conc if int(r) < len(c["busy_frac"])},
         })
@@ -250,10 +258,20 @@ def server_summary(sg: SglangData, conc: list[dict[str, Any]], pp: int) -> dict[
     if tr_r and all(tr_r[r].nccl_recv.wait_us is None for r in tr_r):
         notes.append("NCCL receive time includes the transfer; read the traces with "
                      "--link-gbps to split waiting from transfer")
+    imb = to_jsonable(sg.slot_imbalance)
+    n_dp = dp_count(sg)
+    if n_dp and imb and str(imb.get("rank")) in log_r:
+        # DP attention: the PP rank's index pools every DP rank's windows (not one DP rank's)
+        own = log_r[str(imb["rank"])]
+        if own.slot_imbalance is not None:
+            imb = {**to_jsonable(own.slot_imbalance), "rank": imb["rank"], "dp": None,
+                   "dp_ranks": len(own.by_dp)}
     return {
         "evidence": "sglang.json", "source": "observed", "sources": sources,
         "ranks": ranks,
-        "slot_imbalance": to_jsonable(sg.slot_imbalance),
+        "dp_ranks": n_dp,                     # DP ranks per PP rank in the log (0: none)
+        "dp_rules": DP_RULES if n_dp else None,
+        "slot_imbalance": imb,
         "bench": [{"concurrency": b.max_concurrency, "mean_concurrency": b.mean_concurrency,
                    "output_tok_per_s": b.output_throughput, "mean_tpot_ms": b.mean_tpot_ms,
                    "median_itl_ms": b.median_itl_ms, "mean_ttft_ms": b.mean_ttft_ms}
@@ -266,7 +284,10 @@ def server_summary(sg: SglangData, conc: list[dict[str, Any]], pp: int) -> dict[
 
 
 def topology_summary(d: TopologyData) -> dict[str, Any]:
-    """GPUs, link type per pair and the measured PP hop per (src, dst) at the smallest batch."""
+    """GPUs, link type per pair, the pipeline's hops with their link level (None: unknown) and
+    the measured PP hop per (src, dst) at the smallest batch; `source` labels every figure
+    (`given` for a pasted `topo -m`, `measured` when probed), `links_unknown` and `notes` say
+    what the pasted text left unreadable and what the parser skipped."""
     hops: dict[tuple[int, int], HopCost] = {}
     for h in d.hops:
         if h.hop_us is None:
@@ -275,7 +296,13 @@ def topology_summary(d: TopologyData) -> dict[str, Any]:
         if key not in hops or h.batch < hops[key].batch:
             hops[key] = h
     return {"gpus": [g.name for g in d.gpus],
+            "source": d.figure_label,
+            "pasted": d.source == "nvidia-smi",
             "links": dict(d.links),
+            "links_unknown": list(d.links_unknown),
+            "pipeline_hops": [{"src": h.src, "dst": h.dst, "link": h.link,
+                               "hop_class": h.hop_class} for h in d.pipeline_hops],
+            "notes": list(d.notes),
             "hops": [{"src": h.src, "dst": h.dst, "batch": h.batch, "hop_us": h.hop_us,
                       "link": h.link, "hop_class": h.hop_class}
                      for h in (hops[k] for k in sorted(hops))]}
@@ -313,6 +340,9 @@ def answer(rep: dict[str, Any]) -> list[str]:
         top = max(rows, key=lambda r: r["ms_per_step"])
         if top["ms_per_step"] > 0:
             by_cause.setdefault(top["label"], []).append((C, top["share"] or 0.0))
+    cmp_ = rep.get("baseline_comparison") or {}
+    if cmp_.get("status") == "ok":   # the user changed one thing: what it did comes first
+        lead.insert(0, cmp_["answer"][0].upper() + cmp_["answer"][1:] + ".")
     out = lead
     if by_cause:
         parts = [f"{lab.split(' (')[0]} at {' and '.join(f'C={C}' for C, _ in cs)} "
@@ -359,7 +389,18 @@ def answer(rep: dict[str, Any]) -> list[str]:
             word = "slower" if r["ms_per_step"] > 0 else "faster"
             parts.append(f"C={C} observed {o:.1f} vs modelled {o - r['tok_per_s']:.1f} tok/s "
                          f"({abs(r['ms_per_step']):.1f} ms/step {word})")
-        out.append("Unexplained by the model: " + "; ".join(parts) + ".")
+        imp = rep.get("implied_efficiency") or []
+        why = ""
+        if imp:  # which input would have to change (an estimate: reports/model/implied.py)
+            worst = max(imp, key=lambda x: abs(x["observed_tok_per_s"] / x["modelled_tok_per_s"]
+                                                - 1))
+            C, i1 = worst["concurrency"], worst["implied_b1"]
+            why = (f" Estimated: C={C} needs kernels at {i1:.0%} of the floor (b=1), not "
+                   f"{worst['efficiency_b1']:.0%}"
+                   + ("" if worst["possible"] else " (beyond the floor: not kernels alone)")
+                   + "." if i1 is not None else
+                   f" Estimated: no kernel efficiency explains the C={C} miss.")
+        out.append("Unexplained by the model: " + "; ".join(parts) + "." + why)
     else:
         out.append("No observed throughput given (--observed or --bench), so the unexplained "
                    "gap is not known.")

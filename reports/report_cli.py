@@ -4,6 +4,7 @@
     ppscope report --observed 1:34,8:81.7,32:248.1 --scenario seed-pp8
     ppscope report --bench bench.jsonl --out results/
     ppscope report --validate-dispatch results/dispatch.json
+    ppscope report --results after/ --baseline before/report.json   # what one change did
 
 Writes report.json (the truth), report.md, report.html (self-contained) and report.trace.json
 (simulated timeline for ui.perfetto.dev) to --out; when --results holds dispatch.trace.json
@@ -44,6 +45,10 @@ def register(subparsers) -> None:
     p.add_argument("--out", default=None, help="output directory (default: --results)")
     p.add_argument("--json", default=None, metavar="PATH",
                    help="also write report.json here")
+    p.add_argument("--baseline", default=None, metavar="REPORT_JSON",
+                   help="report.json of an earlier run of the same server (before a change): "
+                   "the report then says what changed, per cause, in ms per decode step "
+                   "(needs a diagnosis from traces on both sides)")
     p.add_argument("--validate-dispatch", default=None, metavar="FILE",
                    help="compare the model with a dispatch.json (automatic when results/ has one)")
     p.set_defaults(func=handle)
@@ -90,8 +95,9 @@ def handle(args: argparse.Namespace) -> int:
         warns += notes
         if obs:
             observed, osrc = obs, "sglang.json (bench_serving)"
+    baseline = read_baseline(args.baseline) if args.baseline else None
     inp = build_inputs(sc, records, warns, observed, osrc)
-    rep = build_report(inp, records)
+    rep = build_report(inp, records, baseline)
     measured = measured_timelines(results, max(inp.concurrency), rep)
     Cmax = max(inp.concurrency)
     spans = lb.run(inp, Cmax, keep_spans=True).spans
@@ -110,6 +116,30 @@ def handle(args: argparse.Namespace) -> int:
     print(terminal_summary(rep, results_label=str(results)))
     print(f"\nwrote {out}/report.{{json,md,html,trace.json}} in {time.monotonic() - t0:.1f} s")
     return 0
+
+
+BASELINE_MAX_BYTES = 64 << 20   # a report.json is a few hundred kB; refuse anything huge
+
+
+def read_baseline(path: str) -> tuple[str, dict[str, Any]]:
+    """(label, report dict) of an earlier `ppscope report`; one-line error otherwise."""
+    import json
+
+    from reports.report_build import REPORT_SCHEMA
+    p = Path(path)
+    if p.is_dir():
+        p = p / "report.json"
+    with open(p, "rb") as f:
+        raw = f.read(BASELINE_MAX_BYTES + 1)
+    if len(raw) > BASELINE_MAX_BYTES:
+        raise CliError(f"--baseline {p}: larger than {BASELINE_MAX_BYTES >> 20} MB; not a report")
+    try:
+        rep = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise CliError(f"--baseline {p}: not JSON (give an earlier run's report.json)") from None
+    if not isinstance(rep, dict) or rep.get("schema") != REPORT_SCHEMA:
+        raise CliError(f"--baseline {p}: not a ppscope report.json ({REPORT_SCHEMA})")
+    return str(p), rep
 
 
 def measured_timelines(results: Path, max_c: int, rep: dict[str, Any]) -> tuple:
@@ -148,6 +178,11 @@ def server_line(rep: dict[str, Any]) -> str | None:
     cg = [r["cuda_graph_frac"] for r in rs if r["cuda_graph_frac"] is not None]
     if cg:
         parts.append("decode on CUDA graph [log] " + " ".join(f"{x:.0%}" for x in cg))
+    if srv.get("dp_ranks"):   # DP attention: the figures above count every DP rank's batches
+        parts.append(f"DP attention, {srv['dp_ranks']} DP ranks per PP rank, all counted; gen "
+                     "tok/s summed over DP ranks [log] " + " ".join(
+                         "-" if r.get("gen_tok_per_s_dp_sum") is None
+                         else f"{r['gen_tok_per_s_dp_sum']:.0f}" for r in rs))
     return ("your server (sglang.json, observed): " + "; ".join(parts)) if parts else None
 
 

@@ -158,3 +158,25 @@ def test_no_loop_profile_is_a_reason_not_a_crash():
     from reports.model.deployment import NoLoopEvidence
     with pytest.raises(NoLoopEvidence, match="--traces"):
         from_evidence(None, concurrency=8, observed=None)
+
+
+def test_cpu_costs_scaled_to_an_unprofiled_tok_s():
+    # the SGLang-order clean run's own traces (profiled, 1211 tok/s) against a faster tok/s as
+    # a bench_serving run without the profiler would give: the CPU factor found makes the
+    # model meet it, and the corrected split shrinks the CPU rows, never the GPU ones
+    from reports.model.diagnose import cpu_scaled
+    root = CASES.parent.parent / "h200x2-sglang-order" / "base"
+    d = json.loads((root / "diag-even-c8-sglang.json").read_text())["data"]
+    shape = moe_shape(load_model("kimi-k2"))
+    loop = from_json(LoopProfile, d["loop"], "loop")
+    dep = from_evidence(loop, concurrency=8, observed=1800.0, shape=shape)
+    g = diagnose(dep, shape)
+    assert g.unexplained_pct < -NAME_PCT and g.cpu_scale is not None and 0 < g.cpu_scale < 1
+    step = run(cpu_scaled(dep, g.cpu_scale), frozenset(CAUSES), shape).tpot_ms
+    assert step == pytest.approx(8 / 1800.0 * 1e3, rel=1e-3)
+    before = {r.cause: r.ms_per_step for r in g.rows}
+    after = {r.cause: r.ms_per_step for r in g.corrected_rows}
+    assert after["relay"] < before["relay"] and g.corrected_answer in g.caveats[-1]
+    # within 10% of the observation: no correction
+    same = diagnose(from_evidence(loop, concurrency=8, observed=1211.0, shape=shape), shape)
+    assert same.cpu_scale is None and same.corrected_rows == ()

@@ -78,7 +78,7 @@ def test_pp2_busy_loop_end_to_end(tmp_path):
     cfg = D.DispatchConfig(pp=2, work="busy", cost_us="1:300,4:400", concurrency=(1, 4),
                            seconds_per_point=0.5, json_path=str(tmp_path / "d.json"),
                            timeout_s=300)
-    rec = D.run(cfg)
+    rec, _ = D.run(cfg)   # (record, the writer's note)
     assert rec.status == "ok", rec.reason
     runs = {(r["policy"], r["concurrency"]): r for r in rec.data["runs"]}
     assert runs[("sglang", 4)]["slot_sizes"] == [4, 0, 0, 0]
@@ -96,10 +96,51 @@ def test_pp2_moe_loop_runs_the_backend_stage_cost_picks(tmp_path):
     cfg = D.DispatchConfig(pp=2, work="moe", layers_per_stage=1, concurrency=(1, 8),
                            seconds_per_point=0.5, json_path=str(tmp_path / "d.json"),
                            timeout_s=300)
-    rec = D.run(cfg)
+    rec, _ = D.run(cfg)   # (record, the writer's note)
     assert rec.status == "ok", rec.reason
     want = "torch/fast" if MT.available() else "triton/fast"
     c = rec.data["config"]
     assert c["moe_variant"] == "auto" and c["moe_backend"] == want
     assert [rec.data["ranks"][r]["moe_backend"] for r in ("0", "1")] == [want, want]
     assert all(r["tok_per_s"] > 0 for r in rec.data["runs"])
+
+
+@pytest.mark.multigpu
+def test_pp2_serve_mode_under_torchrun(tmp_path):
+    """`--serve` on 2 GPUs: the live probe (a load, a pp_max_micro_batch_size sweep, a profile)
+    against rank 0's endpoint while the loop runs, then the session's record."""
+    import socket
+    import threading
+    import time
+    import urllib.request
+
+    from microbench.sglang import live as sglang_live
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = D.DispatchConfig(pp=2, work="busy", cost_us="1:300,4:400", max_running_requests=8,
+                           policies=("sglang",), serve=f"127.0.0.1:{port}", serve_seconds=30,
+                           json_path=str(tmp_path / "d.json"), timeout_s=300,
+                           profile_dir=str(tmp_path / "default"))
+    out = {}
+    th = threading.Thread(target=lambda: out.update(r=D.run(cfg)), daemon=True)
+    th.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if urllib.request.urlopen(url + "/health", timeout=2).status == 200:
+                break
+        except OSError:
+            time.sleep(0.5)
+    res = sglang_live.run_live(sglang_live.LiveConfig(
+        url=url, concurrency=4, max_tokens=8, timeout_s=60, mmb_sweep=(1, 2), profile=True,
+        trace_dir=str(tmp_path / "traces"), profile_steps=1000))
+    assert res["runs"][0]["chunks"] == 32 and res["runs"][0]["streams_ok"] == 4
+    assert [x["status"] for x in res["mmb_sweep"]] == ["ok", "ok"]
+    assert sorted(res["profile"]["traces"]["ranks"]) == ["0", "1"]
+    th.join(120)
+    rec, _ = out["r"]
+    assert rec.status == "ok", rec.reason
+    (run,) = rec.data["runs"]
+    assert run["arrival"] == "served" and run["tok_per_s"] > 0

@@ -154,6 +154,34 @@ def test_dispatch_validation_in_sglang_loop_order():
     assert "2 micro-batches" in off.note
 
 
+def test_dispatch_validation_uses_each_runs_own_cpu_and_spares_the_token_hop():
+    from reports.base.records import make_record as mk
+    from reports.model.validate_dispatch import validate
+    rec = _probe_record(1600.0)
+    data = json.loads(json.dumps(rec.data))
+    # a second run of the same sizes whose rank 0 spends 1100 us more per busy visit:
+    # P = 2 x (2000 + 500 + 1100) = 7200 us -> 8 / 7.2 ms = 1111.1 tok/s; the first run keeps
+    # its own 500 us (a pooled median of the two would move both)
+    slow = json.loads(json.dumps(data["runs"][0]))
+    slow["stages"][0]["host_busy_us_p50"] = 1600.0
+    slow["tok_per_s"] = 1111.1
+    data["runs"][0]["stages"][0]["host_busy_us_p50"] = 500.0
+    data["runs"].append(slow)
+    a, b = validate(mk("dispatch", data, argv=[]))
+    assert a.modelled_tok_per_s == pytest.approx(1600.0, rel=1e-9)
+    assert b.modelled_tok_per_s == pytest.approx(8 / 7.2e-3, rel=1e-9)
+    # --inject hop-delay=300 with an in-loop hop of 300 us: hidden states take 300 us, the
+    # returned tokens (not delayed by the probe) 0: P = 2 x (2000 + 500) + 300 on each
+    # hidden-state hop that is on the round's critical path
+    data = json.loads(json.dumps(rec.data))
+    data["hop_us_in_loop"] = 300.0
+    data["config"]["inject"] = ["hop-delay=300"]
+    (d,) = validate(mk("dispatch", data, argv=[]))
+    data["config"]["inject"] = []
+    (u,) = validate(mk("dispatch", data, argv=[]))
+    assert d.modelled_tok_per_s > u.modelled_tok_per_s
+
+
 def test_micro_batch_choices_predict_more_slots_lose():
     from reports.model.validate_dispatch import micro_batch_choices
     rows = {c.micro_batches: c for c in micro_batch_choices(_probe_record(1600.0))}

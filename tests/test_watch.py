@@ -184,7 +184,7 @@ def test_threads_reach_the_requested_rate_and_measure_their_cost():
     gpus = [FakeGpu(util_samples=driver_samples(time.time() - 1, time.time() + 5, lambda t: 50))
             for _ in range(8)]
     nv = FakeNvml(gpus, time.time)
-    w = W.Watch(W.WatchConfig(hz=50, duration_s=0.6, pcie_every_s=0.1), nv=nv)
+    w = W.Watch(W.WatchConfig(hz=50, duration_s=0.6, pcie_every_s=0.1, source="nvml"), nv=nv)
     w.start()
     w.wait()
     w.stop()
@@ -268,6 +268,7 @@ def fake_pynvml(monkeypatch):
                    FakeGpu(util_samples=driver_samples(now - 1, now + 60, lambda t: 20))],
                   time.time)
     monkeypatch.setitem(sys.modules, "pynvml", nv)
+    monkeypatch.setattr(W.D, "dcgmi_path", lambda: None)   # NVML alone, even where DCGM is
     return nv
 
 

@@ -24,6 +24,24 @@ def nvml_gpu_count() -> int:
         nv.nvmlShutdown()
 
 
+def first_gpu_mem_mib() -> float | None:
+    """Total memory of the first visible GPU in MiB (NVML; None without it). SGLang sizes its
+    defaults by this figure (reports/base/sglang_defaults.py). Never touches CUDA."""
+    try:
+        import pynvml as nv
+        nv.nvmlInit()
+    except Exception:  # noqa: BLE001 - no library, no driver, no GPU
+        return None
+    try:
+        vis = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+        idx = int(vis) if vis.isdigit() else 0
+        return nv.nvmlDeviceGetMemoryInfo(nv.nvmlDeviceGetHandleByIndex(idx)).total / (1 << 20)
+    except Exception:  # noqa: BLE001 - a UUID in CUDA_VISIBLE_DEVICES, a lost GPU: unknown
+        return None
+    finally:
+        nv.nvmlShutdown()
+
+
 def visible_gpus() -> int:
     """GPUs the ranks of a launch will see: CUDA_VISIBLE_DEVICES, else NVML, else nvidia-smi."""
     vis = os.environ.get("CUDA_VISIBLE_DEVICES")

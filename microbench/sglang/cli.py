@@ -80,10 +80,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--profile-steps", type=int, default=20, help="num_steps for /start_profile")
     g = p.add_argument_group("GPU watch (microbench/sglang/watch.py)")
     g.add_argument("--watch", type=float, nargs="?", const=0.0, default=None, metavar="SECONDS",
-                   help="sample every GPU through NVML for SECONDS into results/watch.json and "
-                   "watch.trace.json; with --url it covers the live load instead")
+                   help="sample every GPU through NVML (and DCGM's dcgmi dmon, where it runs) "
+                   "for SECONDS into results/watch.json and watch.trace.json; with --url it "
+                   "covers the live load instead")
     g.add_argument("--watch-hz", type=float, default=10.0, metavar="HZ",
                    help="watch ticks per second (default 10)")
+    g.add_argument("--watch-source", choices=("auto", "nvml", "dcgm"), default="auto",
+                   help="auto (default): also run `dcgmi dmon` for DCGM's profiling fields (SM "
+                   "active, SM occupancy, DRAM active, PCIe/NVLink bytes/s) when dcgmi is on "
+                   "PATH, NVML alone otherwise or if dcgmi fails (the record says why); nvml: "
+                   "never start dcgmi; dcgm: like auto, but an error when dcgmi is not on PATH")
     g = p.add_argument_group("reading")
     g.add_argument("--link-gbps", type=float, default=None,
                    help="PP hop bandwidth, GB/s, to split NCCL receives into transfer vs waiting")
@@ -198,10 +204,15 @@ def render(data: dict) -> str:
     from tabulate import tabulate
     parts = []
     if data["ranks"]:
-        rows = [[r, d["decode_lines"], d["prefill_lines"], d["running_req"]["min"],
-                 d["running_req"]["median"], d["running_req"]["max"], d["cuda_graph_frac"],
-                 d["gen_throughput_tok_s"]["median"], d["slot_imbalance"]["max_over_mean_median"]]
-                for r, d in data["ranks"].items()]
+        def row(label, d):
+            return [label, d["decode_lines"], d["prefill_lines"], d["running_req"]["min"],
+                    d["running_req"]["median"], d["running_req"]["max"], d["cuda_graph_frac"],
+                    d["gen_throughput_tok_s"]["median"],
+                    (d.get("slot_imbalance") or {}).get("max_over_mean_median")]
+        rows = []
+        for r, d in data["ranks"].items():   # DP attention: all DP ranks, then each one
+            rows.append(row(f"{r} (all DP)" if d.get("by_dp") else r, d))
+            rows += [row(f"{r} DP{k}", x) for k, x in (d.get("by_dp") or {}).items()]
         parts.append("Server log, per PP rank\n" + tabulate(rows, headers=[
             "pp rank", "decode lines", "prefill lines", "running min", "running median",
             "running max", "cuda-graph frac", "gen tok/s median", "slot max/mean"],

@@ -19,7 +19,8 @@ chunk's arrival time is recorded (host clock, `time.perf_counter`). From them:
 
 Bounded: at most C requests per run, each run under `timeout_s`. An unreachable server or an
 HTTP error is a one-line CliError (exit 2). Stdlib only (http.client + threads).
-How to run: `ppscope dispatch --url http://host:30000 --live-concurrency 8 --live-tokens 64`.
+How to run: `ppscope sglang --url http://host:30000 --live-concurrency 8 --live-tokens 64`
+(against SGLang, or against the PP-loop probe served by `ppscope dispatch --serve 30000`).
 """
 from __future__ import annotations
 
@@ -195,11 +196,22 @@ def run_load(cfg: LiveConfig, arrival: str, model: str) -> dict:
             "lockstep": lockstep_index(streams)}
 
 
+def refused(status: int, reply) -> bool:
+    """Whether a `/set_internal_state` reply refuses the update: an HTTP error, or SGLang
+    0.5.23's `[false]` (one boolean per scheduler, HTTP 200: entrypoints/http_server.py,
+    managers/tokenizer_control_mixin.py), or a `{"success": false}` object."""
+    if status != 200:
+        return True
+    if isinstance(reply, list):
+        return not reply or not all(x is True for x in reply)
+    return isinstance(reply, dict) and reply.get("success") is False
+
+
 def _set_mmb(cfg: LiveConfig, n: int) -> str | None:
     """None when the server took it, else the reason."""
     st, d = request_json(cfg.url, "POST", "/set_internal_state",
                          {"server_args": {"pp_max_micro_batch_size": n}}, timeout=30.0)
-    if st != 200 or (isinstance(d, dict) and d.get("success") is False):
+    if refused(st, d):
         return f"HTTP {st}: {str(d)[:120]}"
     return None
 

@@ -6,7 +6,9 @@ and, for histograms (`inter_token_latency_seconds`, `time_to_first_token_seconds
 and p50 / p99 estimated from the buckets (linear inside a bucket, as Prometheus's
 histogram_quantile does). Why: on a live server this shows which stage spends its time idle.
 How to run: `ppscope dispatch --from-sglang --sglang-metrics http://host:port/metrics` or a saved
-text file. Series without a `pp_rank` label go under rank "0". Lines that are not samples
+text file. Series without a `pp_rank` label go under rank "0"; the `tp_rank`, `moe_ep_rank`,
+`model_name` and `engine_type` labels are dropped, other labels stay in the key
+(`num_requests_total{is_streaming=true}`). Lines that are not samples
 (including NaN, infinite or negative values and buckets whose `le` is not a number) are
 counted in `lines_other`, never fatal; a file that is missing, a directory, binary or over
 64 MB is a one-line CliError.
@@ -86,7 +88,7 @@ def parse_metrics(text: str) -> dict:
             other += 1
             continue
         rank = labels.pop("pp_rank", "0")
-        for k in ("tp_rank", "model_name", "engine_type"):
+        for k in ("tp_rank", "moe_ep_rank", "model_name", "engine_type"):
             labels.pop(k, None)
         r = ranks.setdefault(rank, {})
         for suf in ("_bucket", "_sum", "_count"):

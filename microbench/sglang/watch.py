@@ -26,8 +26,9 @@ number means):
   2 s, or n_gpus / 2 s beyond 4 GPUs, so the PCIe reads cost at most ~0.4% of a core).
 - the compute processes on each GPU every `processes_every_s` (2 s), kept when the set changes.
 
-Its own cost is measured, not assumed: CPU time of its threads over the watch's wall time
-(`cpu_pct_of_core`), mean wall time per NVML call (`call_us`), ticks achieved per second. On
+Its own cost is measured, not assumed: CPU time of its threads (and of dcgmi, when it ran; not
+DCGM's host engine) over the watch's wall time (`cpu_pct_of_core`), mean wall time per NVML
+call (`call_us`), ticks achieved per second. On
 2 H200s (driver 580) at 10 Hz: 10.0 Hz achieved, 0.50% of one core over 30 s idle (0.29%
 sampling, 0.21% PCIe), 0.46% under a matmul load; at 50 Hz, 49.9 Hz and 1.1%. Per GPU-second at
 10 Hz that is power + SM clock ~0.4 ms, buffer reads ~0.5 ms, PCIe ~0.9 ms (every 2 s), so 8 GPUs
@@ -37,16 +38,25 @@ costs in proportion to what was sampled), `ok` at the end; Ctrl-C keeps what was
 lost (GPU is lost / unknown error) is marked lost from that moment while the others go on; a
 counter the driver does not support is recorded once as unsupported, not as an error.
 
-DCGM: where its Python bindings import, the better source would be its profiling fields (SM
-active, PCIe/NVLink bytes). That path is not written: it could not be tested here. The record
-says when the bindings were found and NVML was used instead.
+DCGM (`--watch-source auto|nvml|dcgm`, default auto): where `dcgmi` is on PATH, `dcgmi dmon`
+runs beside the NVML sampler (microbench/sglang/dcgm.py, no DCGM Python bindings needed) for
+DCGM's profiling fields: SM active, SM occupancy, DRAM active, PCIe and NVLink bytes per second,
+each averaged by DCGM over its period (the tick, at least 100 ms). Its rows land on the same
+ticks as the NVML series; the record's `source` says which counters came from which. If dcgmi
+is missing, exits early, prints an error (profiling not supported, another client holds the
+profiling module, no host engine) or gives only N/A, the watch goes on with NVML and
+`dcgm_note` says why in one line. `auto` and `dcgm` differ only when dcgmi is not on PATH
+(`dcgm` is then an error). The DCGM path is tested only against a fake dcgmi that prints the
+layout DCGM's own source gives (dcgm.py says where each detail comes from;
+tests/test_watch_dcgm.py), never against a real DCGM host engine.
 
-No CUDA and no torch: NVML only, so the watch never takes GPU memory or a context.
+No CUDA and no torch: NVML (and dcgmi), so the watch never takes GPU memory or a context.
 """
 from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import statistics
 import sys
@@ -57,7 +67,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from reports.base.payloads.watch import GpuProcess, GpuSeries, ProcessSnapshot, WatchData
+from microbench.sglang import dcgm as D
+from reports.base.payloads.watch import (DCGM_FIELDS, DCGM_SERIES, NVML_COUNTERS, GpuProcess,
+                                         GpuSeries, ProcessSnapshot, WatchData, WatchSource)
 
 # NVML return codes (nvml.h): the sampler reads `NVMLError.value`.
 NOT_SUPPORTED, NO_PERMISSION, NOT_FOUND = 3, 4, 6
@@ -86,6 +98,7 @@ class WatchConfig:
     save_every_s: float = 5.0            # partial record; the gap doubles on long watches
     gpus: tuple[int, ...] | None = None  # NVML indices; None: every visible GPU
     load: str | None = None              # what runs beside the watch, for the record
+    source: str = "auto"                 # auto | nvml | dcgm: DCGM's dmon beside NVML or not
 
 
 def nvml():
@@ -109,18 +122,6 @@ def available() -> str | None:
     finally:
         nv.nvmlShutdown()
     return None
-
-
-def dcgm_note() -> str | None:
-    """A note when DCGM's Python bindings import (their path is not used: not tested here)."""
-    try:
-        import dcgm_fields  # noqa: F401
-        import pydcgm  # noqa: F401
-    except Exception:  # noqa: BLE001 - not installed or broken: NVML is the source either way
-        return None
-    return ("DCGM present but not used: not tested. Its Python bindings (pydcgm, dcgm_fields) "
-            "import here, and its profiling fields (SM active, PCIe/NVLink bytes) would be the "
-            "better source; this watch sampled NVML.")
 
 
 def visible_indices(nv, env: dict[str, str] | None = None) -> tuple[tuple[int, ...], str | None]:
@@ -251,7 +252,9 @@ class Watch:
         self.ticks = self.late = 0
         self.buffer_every_s: float | None = None
         self.pcie_every_s: float | None = None
-        self.dcgm = dcgm_note()
+        self.dmon: D.Dmon | None = None
+        self.dcgm_period_ms: int | None = None
+        self.dcgm_why: str | None = None     # why dmon was not started
 
     # --- setting up -------------------------------------------------------------------------
     def open(self) -> None:
@@ -439,6 +442,7 @@ class Watch:
         if not self.gpus:
             self.open()
         self._rebase()
+        self.start_dcgm()
         self._threads = [threading.Thread(target=self._tick_loop, name="ppscope-watch",
                                           daemon=True),
                          threading.Thread(target=self._pcie_loop, name="ppscope-watch-pcie",
@@ -456,6 +460,32 @@ class Watch:
         self.t0_us = self.t_end_us = round(now * 1e6)
         self.started_utc = _dt.datetime.fromtimestamp(now, _dt.timezone.utc).isoformat(
             timespec="milliseconds")
+
+    def start_dcgm(self) -> None:
+        """`dcgmi dmon` beside the NVML sampler, when the source allows it and dcgmi is here."""
+        if self.cfg.source == "nvml":
+            self.dcgm_why = "DCGM not asked for (--watch-source nvml)"
+            return
+        exe = D.dcgmi_path()
+        if exe is None:
+            self.dcgm_why = "dcgmi not on PATH: NVML counters only"
+            return
+        idx = tuple(g.index for g in self.gpus)
+        try:
+            every = tuple(range(int(self.nv.nvmlDeviceGetCount())))
+        except Exception:  # noqa: BLE001 - name the GPUs then
+            every = None
+        self.dcgm_period_ms = D.period_ms(self.cfg.hz)
+        rounds = None
+        if self.cfg.duration_s is not None:   # a backstop should this process die unseen
+            rounds = math.ceil(round((self.cfg.duration_s + 30) * 1000 / self.dcgm_period_ms, 6))
+        cmd = D.command(exe, self.dcgm_period_ms, None if idx == every else idx, rounds)
+        dm = D.Dmon(cmd, clock=self.clock, gpus=idx,
+                    first_row_s=max(D.FIRST_VALUE_S, 20 * self.dcgm_period_ms / 1e3))
+        try:
+            self.dmon = dm.start()
+        except OSError as e:
+            self.dcgm_why = f"dcgmi could not be started ({e.strerror or e}): NVML counters only"
 
     def _tick_loop(self) -> None:
         cpu0 = time.thread_time()
@@ -528,8 +558,15 @@ class Watch:
 
     def stop(self) -> None:
         self._stop.set()
-        for t in self._threads:
-            t.join()
+        try:
+            for t in self._threads:
+                t.join()
+        finally:
+            if self.dmon is not None:     # always ended and reaped, whatever happened
+                self.dmon.stop()
+                self._cpu["dcgm"] = self.dmon.cpu_s
+                if self.dmon.child_cpu_s is not None:
+                    self._cpu["dcgmi"] = self.dmon.child_cpu_s
 
     # --- the record -------------------------------------------------------------------------
     def data(self) -> WatchData:
@@ -538,12 +575,26 @@ class Watch:
         wall = dur if dur > 0 else None
         cpu = sum(self._cpu.values())
         series = []
+        dm = self.dmon
+        use_dcgm = dm is not None and dm.n_values > 0
         with self._lock:
             for g in self.gpus:
-                series.append(self._series(g))
+                series.append(self._series(g, dm if use_dcgm else None))
         period = 1.0 / self.cfg.hz
+        notes = list(self.notes)
+        have = tuple(f for f in DCGM_SERIES if any(g.has(f) for g in series)) if use_dcgm else ()
+        if use_dcgm:
+            notes += self._dcgm_notes(dm, series)
+        source = WatchSource(
+            nvml=NVML_COUNTERS, dcgm=have,
+            dcgm_unavailable=tuple(f for f in DCGM_SERIES if f not in have) if use_dcgm else (),
+            dcgm_command=tuple([Path(dm.cmd[0]).name] + dm.cmd[1:]) if dm else (),
+            dcgm_period_ms=self.dcgm_period_ms if dm else None,
+            dcgm_rows=dm.n_rows if dm else 0, dcgm_skipped_lines=dm.skipped if dm else 0,
+            dcgm_errors=tuple(dm.errors) if dm else (),
+            dcgm_exit_code=dm.exit_code if dm else None)
         return WatchData(
-            source="nvml", requested_hz=self.cfg.hz,
+            source=source, requested_hz=self.cfg.hz,
             achieved_hz=None if wall is None else round(self.ticks / max(wall, period), 3),
             duration_s=round(dur, 3), ticks=self.ticks, late_ticks=self.late,
             started_utc=self.started_utc,
@@ -552,8 +603,46 @@ class Watch:
             call_us={k: round(1e6 * v[1] / v[0], 1) for k, v in sorted(self._calls.items())
                      if v[0]},
             pcie_every_s=self.pcie_every_s, processes_every_s=self.cfg.processes_every_s,
-            buffer_every_s=self.buffer_every_s, load=self.cfg.load, dcgm_note=self.dcgm,
-            notes=tuple(dict.fromkeys(self.notes)), gpus=tuple(series))
+            buffer_every_s=self.buffer_every_s, load=self.cfg.load,
+            dcgm_note=None if use_dcgm else self._dcgm_why(),
+            notes=tuple(dict.fromkeys(notes)), gpus=tuple(series))
+
+    def _dcgm_why(self) -> str | None:
+        """One line: why the record holds no DCGM counter."""
+        dm = self.dmon
+        if dm is None:
+            return self.dcgm_why
+        if dm.why_stopped:
+            return f"DCGM not used: {dm.why_stopped}"
+        ended = ""
+        if dm.ended_by_itself:
+            code = "" if dm.exit_code is None else f" (exit code {dm.exit_code})"
+            ended = f"; dcgmi ended{code}" + (f": {dm.errors[0]}" if dm.errors else "")
+        if dm.n_rows:
+            return f"DCGM not used: dcgmi gave only N/A{ended}"
+        return f"DCGM not used: no dcgmi data row{ended}"
+
+    def _dcgm_notes(self, dm: D.Dmon, series: list[GpuSeries]) -> list[str]:
+        """Where DCGM's rows stopped before the watch did: dcgmi ended, a GPU stopped reporting."""
+        out = []
+        late = 2 * self.dcgm_period_ms * 1000
+        end = self.t_end_us
+        if dm.ended_by_itself and dm.ended_at_us is not None and dm.ended_at_us < end - late:
+            code = "still running" if dm.exit_code is None else f"exit code {dm.exit_code}"
+            out.append(f"dcgmi ended by itself at {max(0, dm.ended_at_us - self.t0_us) / 1e6:.1f}"
+                       f" s ({code}): DCGM series end there")
+        elif dm.why_stopped:
+            out.append(f"DCGM stopped early: {dm.why_stopped}")
+        for g in series:
+            rows = dm.rows_of(g.index)
+            if not rows:
+                out.append(f"GPU {g.index}: no DCGM row")
+            elif rows[-1][0] < end - late and not (dm.eof and rows[-1][0] >= dm.ended_at_us - late):
+                out.append(f"GPU {g.index}: DCGM rows stopped at "
+                           f"{max(0, rows[-1][0] - self.t0_us) / 1e6:.1f} s")
+        if dm.parser.bad_cells:
+            out.append(f"DCGM: {dm.parser.bad_cells} cells not a number in range (left None)")
+        return out
 
     def _aligned(self, g: _Gpu, b: _Buffer) -> list[float | None]:
         # windows that ended before the watch began seed the hold; they are not averaged in
@@ -563,8 +652,16 @@ class Watch:
         seed = b.samples[pre - 1][1] if pre else b.seed
         return align(g.t_us, b.samples[pre:], seed, b.read_until_us)
 
-    def _series(self, g: _Gpu) -> GpuSeries:
+    def _series(self, g: _Gpu, dm: D.Dmon | None = None) -> GpuSeries:
         n = len(g.t_us)
+        dcgm: dict[str, tuple[float | None, ...]] = {}
+        rows = dm.rows_of(g.index) if dm is not None else []
+        if dm is not None:
+            max_age = 2 * self.dcgm_period_ms * 1000
+            for k, (fid, name) in enumerate(DCGM_FIELDS.items()):
+                vals = D.align_rows(g.t_us, [(t, v[k]) for t, v in rows], max_age)
+                nd = 4 if fid in D.RATIO_FIELDS else 1    # a mean of 3-decimal ratios; bytes
+                dcgm[name] = tuple(_r(v, nd) for v in vals[:n])
         ub, mb = g.buffers["util"], g.buffers["mem"]
         util = self._aligned(g, ub) if ub else g.util_inst
         mem = self._aligned(g, mb) if mb else g.mem_inst
@@ -590,6 +687,7 @@ class Watch:
             sm_mhz=tuple(g.sm),
             pcie_tx_gbps=tuple(_r(v, 5) for v in g.tx),
             pcie_rx_gbps=tuple(_r(v, 5) for v in g.rx),
+            **dcgm, dcgm_rows=len(rows),
             processes=tuple(g.procs),
             lost_at_s=None if g.alive else round((g.lost_at_us - t0) / 1e6, 4),
             lost_reason=g.lost_reason,
@@ -639,12 +737,17 @@ def check_args(args) -> WatchConfig:
         raise CliError(f"--watch-hz must be in (0, 1000], got {hz}")
     if secs < 0 or secs > 7 * 86400:
         raise CliError(f"--watch SECONDS must be between 0 and 604800, got {secs}")
+    source = getattr(args, "watch_source", "auto")
+    if source == "dcgm" and D.dcgmi_path() is None:
+        raise CliError("--watch-source dcgm: dcgmi is not on PATH (install DCGM, or use "
+                       "--watch-source auto to fall back to NVML)")
     if getattr(args, "url", None):
-        return WatchConfig(hz=hz, duration_s=None, load=f"live probe of {args.url}")
+        return WatchConfig(hz=hz, duration_s=None, load=f"live probe of {args.url}",
+                           source=source)
     if secs == 0:
         raise CliError("--watch needs SECONDS (how long to sample) unless --url gives a load "
                        "to cover")
-    return WatchConfig(hz=hz, duration_s=secs)
+    return WatchConfig(hz=hz, duration_s=secs, source=source)
 
 
 def run_watch(args, evidence: Callable | None) -> int:
@@ -728,8 +831,10 @@ def render(d: WatchData) -> str:
     from tabulate import tabulate
     s = to_json(summarize(d))
     head, rows, _ = watch_table(s)
-    return "\n".join([f"GPU watch (NVML): {len(d.gpus)} GPU(s), {d.duration_s:.1f} s, "
+    src = "NVML + DCGM dmon" if d.dcgm_used else "NVML"
+    extra = [d.dcgm_note] if d.dcgm_note and d.source.dcgm_command else []
+    return "\n".join([f"GPU watch ({src}): {len(d.gpus)} GPU(s), {d.duration_s:.1f} s, "
                       f"{d.achieved_hz or 0:.1f} Hz achieved of {d.requested_hz:g} requested, "
                       f"sampler CPU {d.cpu_pct_of_core or 0:.2f}% of one core",
                       tabulate(list(rows), headers=list(head), disable_numparse=True)]
-                     + watch_lines(s))
+                     + watch_lines(s) + extra)

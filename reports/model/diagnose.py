@@ -16,13 +16,14 @@ time); when none is above it, the answer is "nothing big".
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import median_low
 
 from reports.model.attribution import shapley
 from reports.model.deployment import CAUSES, LABELS, REFERENCE, Deployment, at_size, run
 
 NAME_PCT = 10.0   # a cause is named when its size (slowdown) is at least this
+CPU_CAUSES = ("host", "relay")
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,11 @@ class Diagnosis:
     unexplained_pct: float | None  # of the observed step
     answer: str
     named: tuple[str, ...]
+    caveats: tuple[str, ...] = ()
+    # traced CPU costs scaled to meet the observed step (an estimate; see `cpu_corrected`)
+    cpu_scale: float | None = None
+    corrected_rows: tuple[CauseRow, ...] = ()
+    corrected_answer: str | None = None
 
 
 def details(dep: Deployment) -> dict[str, str]:
@@ -92,7 +98,8 @@ def details(dep: Deployment) -> dict[str, str]:
     }
 
 
-def diagnose(dep: Deployment, shape=None) -> Diagnosis:
+def _split(dep: Deployment, shape) -> tuple[list[CauseRow], float, float, str, tuple]:
+    """Shapley rows (largest first), modelled and reference step, the answer, named causes."""
     players = list(CAUSES)
     memo: dict = {}
 
@@ -114,7 +121,6 @@ def diagnose(dep: Deployment, shape=None) -> Diagnosis:
         rows.append(CauseRow(c, LABELS[c], ms, size, 100 * ms / (obs_step or full),
                              REFERENCE[c], det[c]))
     rows.sort(key=lambda r: -r.ms_per_step)
-    unexpl = obs_step - full if obs_step is not None else None
     named = tuple(r.cause for r in rows if r.size_pct is not None and r.size_pct >= NAME_PCT)
     if named:
         top = rows[0]
@@ -124,13 +130,64 @@ def diagnose(dep: Deployment, shape=None) -> Diagnosis:
         biggest = rows[0]
         answer = (f"nothing big: no cause is above {NAME_PCT:.0f}% (largest: {biggest.cause} "
                   f"{biggest.size_pct or 0:.0f}%)")
+    return rows, full, ref, answer, named
+
+
+def cpu_scaled(dep: Deployment, k: float) -> Deployment:
+    """The deployment with every traced CPU cost (host work, relay waits, empty visits) x k."""
+    return replace(dep, host_us=tuple(k * v for v in dep.host_us),
+                   relay_us=tuple(k * v for v in dep.relay_us), empty_us=k * dep.empty_us,
+                   empty_relay_us=k * dep.empty_relay_us)
+
+
+def cpu_corrected(dep: Deployment, obs_step: float, shape=None) -> float | None:
+    """The factor k in (0, 1) on the traced CPU costs at which the model of the observed loop
+    meets the observed step, or None when none does. The PyTorch profiler adds CPU overhead to
+    every op it records (the request-list relay, the host's scheduling), not GPU time; a tok/s
+    measured without it (bench_serving) is then faster than the traced loop. Bisection: the
+    modelled step grows with k."""
+    def step(k: float) -> float:
+        return run(cpu_scaled(dep, k), frozenset(CAUSES), shape).tpot_ms
+    lo, hi = 0.0, 1.0
+    if not step(lo) <= obs_step <= step(hi):
+        return None
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if step(mid) < obs_step else (lo, mid)
+    return (lo + hi) / 2
+
+
+def diagnose(dep: Deployment, shape=None) -> Diagnosis:
+    rows, full, ref, answer, named = _split(dep, shape)
+    obs_tps = dep.observed_tok_per_s
+    obs_step = dep.concurrency / obs_tps * 1e3 if obs_tps else None
+    unexpl = obs_step - full if obs_step is not None else None
+    caveats = []
+    if any(c in CPU_CAUSES for c in named):
+        caveats.append("host and rank-chaining rows come from traces recorded under the PyTorch "
+                       "profiler, whose per-op CPU overhead lengthens host work and the waits it "
+                       "causes: read them as upper bounds")
+    k, c_rows, c_answer = None, (), None
+    if unexpl is not None and obs_step and unexpl / obs_step < -NAME_PCT / 100:
+        caveats.append(f"the model of the traced loop is {-100 * unexpl / obs_step:.0f}% slower "
+                       "than the observed step: the traced run was slower than the one that "
+                       "gave the tok/s (profiler overhead, or a different load); every size "
+                       "here is then too large by about as much")
+        k = cpu_corrected(dep, obs_step, shape)
+        if k is not None:   # an estimate: the split again with the CPU costs that meet it
+            c_rows, _, _, c_answer, _ = _split(cpu_scaled(dep, k), shape)
+            c_rows = tuple(c_rows)
+            caveats.append(f"with the traced CPU costs (host work, relay waits) scaled by "
+                           f"{k:.2f} the model meets the observed step (estimated, as if the "
+                           f"whole difference were profiler overhead): {c_answer}")
     return Diagnosis(
         concurrency=dep.concurrency, observed_tok_per_s=obs_tps,
         modelled_tok_per_s=dep.concurrency / full * 1e3, reference_tok_per_s=dep.concurrency
         / ref * 1e3, observed_step_ms=obs_step, modelled_step_ms=full, reference_step_ms=ref,
         rows=tuple(rows), unexplained_ms=unexpl,
         unexplained_pct=None if unexpl is None else 100 * unexpl / obs_step,
-        answer=answer, named=named)
+        answer=answer, named=named, caveats=tuple(caveats), cpu_scale=k,
+        corrected_rows=c_rows, corrected_answer=c_answer)
 
 
 def time_split_rows(dep: Deployment) -> list[dict]:

@@ -316,7 +316,7 @@ def build_inputs(scenario: dict[str, Any], records: dict[str, Record],
                 by_b.setdefault(h.batch, []).append(h.hop_us)
         if by_b:
             hop_curve = tuple(sorted((b, sum(v) / len(v)) for b, v in by_b.items()))
-            hop_src = ("measured", "topology.json")
+            hop_src = (t.figure_label, "topology.json")   # never `measured` when pasted
             used.append("topology.json")
             n_gpu = len(t.gpus)
             if n_gpu and n_gpu < pp:

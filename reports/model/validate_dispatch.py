@@ -3,9 +3,12 @@
 Inputs come only from dispatch.json, never from its tok/s: pp, async depth; per-rank forward
 time by micro-batch size (`stages[].gpu_us_p50`, pooled over runs, median); per-rank CPU per
 phase of SGLang's loop order (`sched_us_p50` get_next_batch_to_run, `launch_us_p50` run_batch,
-`process_us_p50` process_batch_result, `host_empty_us_p50` an empty slot's whole visit; medians
-over runs; the rest of a busy visit's CPU, `host_busy_us_p50` minus the two, counts as
-schedule); the hop (`hop_us_in_loop`, else `send_us_p50`), used for hidden states and tokens
+`process_us_p50` process_batch_result, `host_empty_us_p50` an empty slot's whole visit; the rest
+of a busy visit's CPU, `host_busy_us_p50` minus the two, counts as schedule), each run's own
+(the CPU per visit depends on the batch and on what the loop waits for: on the 2x H200 record
+rank 0's busy visit took 1140-1956 us across four runs; pooled medians put one run's CPU into
+another's), pooled medians over runs only where a run lacks them; the hop (`hop_us_in_loop`, else
+`send_us_p50`), used for hidden states and tokens
 alike; the gloo message latency (`ranks[].gloo_one_way_us`, measured by the probe at start-up,
 else 0). Each run's own `slot_sizes` are the slots. The probe and the model run the same loop
 order (SGLang 0.5.23 `event_loop_pp`: held outputs, per-rank sync, commits before reuse), so a
@@ -26,7 +29,7 @@ is outside the target.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import median
 
 from reports.base.errors import CliError
@@ -73,6 +76,8 @@ class ProbeInputs:
     hop_us: float
     chain_us: float
     phase_split: bool                                   # False: an older probe's record
+    commit_split: bool = True                           # False: commit waits counted as host
+    hop_delay_us: float = 0.0                           # --inject hop-delay (proxy sends only)
 
 
 def _med(vals: list[float]) -> float:
@@ -118,15 +123,47 @@ def probe_inputs(rec: Record) -> ProbeInputs:
                      zip(per_rank("sched_us_p50"), busy, launch, process))
     else:
         host = per_rank("host_us_p50")
+    commit = any(s.commit_wait_us_p50 is not None for r in d.runs for s in r.stages)
+    delay = 0.0
+    for spec in d.config.inject or ():
+        kind, _, val = str(spec).partition("=")
+        if kind == "hop-delay":
+            try:
+                delay = max(0.0, float(val))
+            except ValueError:
+                pass
     return ProbeInputs(pp, depth, curves, host, launch, process,
-                       per_rank("host_empty_us_p50"), hop, _med(gl), split)
+                       per_rank("host_empty_us_p50"), hop, _med(gl), split, commit, delay)
+
+
+def for_run(pi: ProbeInputs, run) -> ProbeInputs:
+    """The record-wide inputs with this run's own CPU per phase where it has them."""
+    if not pi.phase_split:
+        return pi
+    st = {s.rank: s for s in run.stages}
+
+    def own(k: str, pooled: tuple[float, ...]) -> tuple[float, ...]:
+        return tuple(getattr(st[i], k) if i in st and getattr(st[i], k) is not None else p
+                     for i, p in enumerate(pooled))
+    launch = own("launch_us_p50", pi.launch_us)
+    process = own("process_us_p50", pi.process_us)
+    busy = own("host_busy_us_p50", tuple(h + l_ + p_ for h, l_, p_ in
+                                        zip(pi.host_us, pi.launch_us, pi.process_us)))
+    sched = own("sched_us_p50", (0.0,) * pi.pp)
+    host = tuple(max(s_, b - l_ - p_) for s_, b, l_, p_ in zip(sched, busy, launch, process))
+    return replace(pi, host_us=host, launch_us=launch, process_us=process,
+                   empty_us=own("host_empty_us_p50", pi.empty_us))
 
 
 def loop_for(pi: ProbeInputs, bmax: int) -> LoopConfig:
     stage = tuple(tuple([0.0] + [interp_log(list(c), b) for b in range(1, bmax + 1)])
                   for c in pi.curves)
     hop_row = tuple([0.0] + [pi.hop_us] * bmax)
-    return LoopConfig(stage_us=stage, hop_us=tuple([hop_row] * pi.pp), async_depth=pi.depth,
+    # `--inject hop-delay=US` delays the hidden-state sends only (microbench/pp_loop.py
+    # send_proxy): the token return (last -> 0) keeps the hop without it
+    tok_row = tuple([0.0] + [max(0.0, pi.hop_us - pi.hop_delay_us)] * bmax)
+    return LoopConfig(stage_us=stage, hop_us=tuple([hop_row] * (pi.pp - 1) + [tok_row]),
+                      async_depth=pi.depth,
                       host_us=pi.host_us, launch_us=pi.launch_us, process_us=pi.process_us,
                       empty_us=pi.empty_us, chain_us=pi.chain_us)
 
@@ -139,6 +176,11 @@ def _note(diff_pct: float, sizes: list[int], pi: ProbeInputs) -> str:
     if not pi.phase_split:
         return (f"model {why}: the record has no per-phase CPU times (an older probe), so host "
                 "time is placed before each launch")
+    if not pi.commit_split and diff_pct < 0:
+        return (f"model {why}: the record's host times include the CPU blocked committing "
+                "gloo sends (a probe before `commit_wait_us_p50`), which the model already "
+                f"waits for; with {occupied} of {len(sizes)} slots occupied the empty visits "
+                "are over-costed")
     if occupied == 1:
         return (f"model {why} with one occupied slot: the round trip (forwards + hops + rank-0 "
                 "host) is the whole story here, so a forward time measured under other slot "
@@ -154,7 +196,7 @@ def validate(rec: Record) -> list[Check]:
         sizes = list(r.slot_sizes)
         if not sizes or not sum(sizes) or r.tok_per_s is None:
             continue
-        lc = loop_for(pi, max(sizes))
+        lc = loop_for(for_run(pi, r), max(sizes))
         sim = simulate(lc, sizes[:lc.slots])
         meas = r.tok_per_s
         diff = (sim.tok_per_s / meas - 1) * 100 if meas else 0.0

@@ -23,6 +23,7 @@ from reports.model.attribution import Attribution
 from reports.base.payloads.sglang import SglangData
 from reports.base.records import Record
 from reports.model.scenario import Inputs
+from reports.model.server_log import dp_count, graph_shares
 
 HOLDS, MINOR, NOT, UNKNOWN = "holds", "minor", "does not hold", "not enough evidence"
 
@@ -64,11 +65,16 @@ def observed_slots(sg: SglangData) -> dict | None:
     d = ranks[r]
     if d.running_req.median is None:
         return None
+    if d.by_dp and d.slot_imbalance is not None:
+        # DP attention: the run-wide index is one DP rank's scheduler; the PP rank's own pools
+        # every DP rank's windows (server_log.DP_RULES), so no DP rank is left out
+        imb = d.slot_imbalance
     cv = imb.cv if imb is not None else None
     mom = imb.max_over_mean_median if imb is not None else None
     even = (d.decode_lines >= MIN_LINES and cv is not None and cv < EVEN_CV
             and (mom is None or mom < EVEN_MAX_OVER_MEAN))
-    return {"rank": int(r), "decode_lines": d.decode_lines, "min": d.running_req.min,
+    return {"rank": int(r), "dp_ranks": len(d.by_dp), "decode_lines": d.decode_lines,
+            "min": d.running_req.min,
             "median": d.running_req.median, "max": d.running_req.max, "max_over_mean": mom,
             "cv": cv, "window": imb.window if imb is not None else None, "even": even}
 
@@ -78,7 +84,8 @@ def _g(x, fmt: str = ".2f") -> str:
 
 
 def observed_slots_text(o: dict) -> str:
-    return (f"(log, PP rank {o['rank']}, {o['decode_lines']} decode lines): slot size median "
+    dp = f" of {o['dp_ranks']} DP ranks" if o.get("dp_ranks") else ""
+    return (f"(log, PP rank {o['rank']}, {o['decode_lines']} decode lines{dp}): slot size median "
             f"{o['median']:g}, max {_g(o['max'], 'g')}; slot-imbalance max/mean {_g(o['max_over_mean'])}"
             f", cv {_g(o['cv'])}")
 
@@ -87,7 +94,7 @@ def graph_evidence(sg: SglangData) -> tuple[str, str, str] | None:
     """(verdict, number, evidence) on CUDA-graph fallback from the server's log (share of decode
     lines with `cuda graph: True`) and traces (kernels from graph replays vs launched one by one);
     the log decides when it has the field, else the traces. None when neither says anything."""
-    fr = [(r, d.cuda_graph_frac) for r, d in sg.ranks.items() if d.cuda_graph_frac is not None]
+    fr = graph_shares(sg)   # per scheduler: each DP rank of a PP rank on its own
     tr = [(r, d.graph_kernels or 0, d.eager_kernels or 0, d.graph_launches or 0)
           for r, d in (sg.traces.ranks.items() if sg.traces else ()) if d.gpu_events]
     if not fr and not tr:
@@ -95,8 +102,13 @@ def graph_evidence(sg: SglangData) -> tuple[str, str, str] | None:
     parts, srcs = [], []
     v = UNKNOWN
     if fr:
-        r, lo = min(fr, key=lambda x: x[1])
+        r, lo, _ = min(fr, key=lambda x: x[1])
         parts.append(f"log: lowest per-rank share of decode batches on graphs {lo:.0%} (rank {r})")
+        if dp_count(sg):   # the PP ranks' shares over every DP rank's batches, beside it
+            parts.append("over all DP ranks' decode batches per PP rank " + ", ".join(
+                f"{k}: {d.cuda_graph_frac:.0%}" for k, d in
+                sorted(sg.ranks.items(), key=lambda kv: int(kv[0]))
+                if d.cuda_graph_frac is not None))
         srcs.append("log")
         v = HOLDS if lo < 0.9 else NOT
     if tr:
@@ -191,6 +203,65 @@ def other_machine(rec: Record, inp: Inputs) -> str | None:
     return None
 
 
+def _pair(h) -> str:
+    a, b = sorted((h.src, h.dst))
+    return f"GPU{a}\u2013GPU{b}"
+
+
+def numa_verdict(inp: Inputs, topo: Record | None, hop_share: float, C: int) -> Verdict:
+    """Cross-socket NUMA from topology.json: measured hop costs by link class when the probe
+    timed hops, else the pipeline hops' link classes (a pasted `topo -m`: labelled `given`). A
+    pipeline hop whose link is unknown leaves it undecided: an unreadable cell is never read as
+    a socket crossing, a link class or a link speed."""
+    H = "cross-socket NUMA"
+    if topo is None:
+        return Verdict(H, UNKNOWN, f"hops = {hop_share:.0%} of the gap with estimated hop cost; "
+                       "no topology.json", "scenario (estimated)")
+    elsewhere = other_machine(topo, inp)
+    if elsewhere:
+        return Verdict(H, UNKNOWN, f"topology.json does not decide it: {elsewhere}; run "
+                       "`ppscope topology` on the server (or --from-nvidia-smi its `topo -m`)",
+                       f"topology.json ({machine_of(topo)})")
+    d = topo.payload
+    label = d.figure_label
+    ev = f"topology.json ({label})"
+    unknown = sorted({_pair(h) for h in d.unknown_hops()})
+    if unknown:
+        where = "in the pasted table" if label == "given" else "in the link map read here"
+        known = [h for h in d.pipeline_hops if h.hop_class == "cross-socket"]
+        return Verdict(H, UNKNOWN, f"undecided: link{'s' if len(unknown) > 1 else ''} "
+                       f"{', '.join(unknown)} unknown {where} (the pipeline hop over "
+                       f"{'them' if len(unknown) > 1 else 'it'} may or may not cross a socket)"
+                       + ("; known to cross: " + ", ".join(f"GPU{h.src}->GPU{h.dst} {h.link}"
+                                                           for h in known) if known else ""),
+                       ev)
+    cls: dict[str, list[float]] = {}
+    for h in d.hops:
+        if h.hop_us is not None:
+            cls.setdefault(h.hop_class or "?", []).append(h.hop_us)
+    if cls:   # hops timed by the probe: cross-socket hop cost against the others
+        cross = cls.get("cross-socket")
+        near = [v for k, vs in cls.items() if k != "cross-socket" for v in vs]
+        if not cross:
+            return Verdict(H, NOT, "no PP hop crosses a socket", ev)
+        ratio = (sum(cross) / len(cross)) / (sum(near) / len(near)) if near else None
+        return Verdict(H, _by_share(hop_share), f"hops = {hop_share:.0%} of the gap; "
+                       "cross-socket hop " + (f"{ratio:.2f}x same-socket" if ratio else "only"),
+                       ev)
+    crossing = [h for h in d.pipeline_hops if h.hop_class == "cross-socket"]
+    if not d.pipeline_hops:
+        return Verdict(H, UNKNOWN, "topology.json has no pipeline hop with a link level", ev)
+    if not crossing:
+        return Verdict(H, NOT, f"no PP hop crosses a socket (link levels {label}, no hop "
+                       "timed)", ev)
+    src, hev = inp.src("hop_us")
+    return Verdict(H, _by_share(hop_share),
+                   f"{len(crossing)} PP hop(s) cross a socket ("
+                   + ", ".join(f"GPU{h.src}->GPU{h.dst} {h.link}" for h in crossing)
+                   + f", link levels {label}); hops = {hop_share:.0%} of the gap at C={C} with "
+                   f"the hop cost {src}, not timed on these links", f"{ev} + {hev} ({src})")
+
+
 def observed_verdicts(diag: dict) -> dict[str, Verdict]:
     """Verdicts decided by the diagnosis of the observed server (reports/model/diagnose.py):
     a cause holds when it slows the server by >= 10%, does not hold under 3%."""
@@ -282,33 +353,7 @@ def model_verdicts(inp: Inputs, atts: list[Attribution], records: dict[str, Reco
                            f"graph max bs {inp.graph_max_bs}); no graphs.json or SGLang logs",
                            "scenario (estimated)"))
     # 4. cross-socket NUMA
-    topo = records.get("topology")
-    elsewhere = other_machine(topo, inp) if topo is not None else None
-    if topo is None:
-        out.append(Verdict("cross-socket NUMA", UNKNOWN,
-                           f"hops = {hop_share:.0%} of the gap with estimated hop cost; "
-                           "no topology.json", "scenario (estimated)"))
-    elif elsewhere:
-        out.append(Verdict("cross-socket NUMA", UNKNOWN,
-                           f"topology.json does not decide it: {elsewhere}; run `ppscope "
-                           "topology` on the server (or --from-nvidia-smi its `topo -m`)",
-                           f"topology.json ({machine_of(topo)})"))
-    else:
-        cls: dict[str, list[float]] = {}
-        for h in topo.payload.hops:
-            if h.hop_us is not None:
-                cls.setdefault(h.hop_class or "?", []).append(h.hop_us)
-        cross = cls.get("cross-socket")
-        near = [v for k, vs in cls.items() if k != "cross-socket" for v in vs]
-        if not cross:
-            out.append(Verdict("cross-socket NUMA", NOT, "no PP hop crosses a socket",
-                               "topology.json (measured)"))
-        else:
-            ratio = (sum(cross) / len(cross)) / (sum(near) / len(near)) if near else None
-            out.append(Verdict("cross-socket NUMA", _by_share(hop_share),
-                               f"hops = {hop_share:.0%} of the gap; cross-socket hop "
-                               + (f"{ratio:.2f}x same-socket" if ratio else "only"),
-                               "topology.json (measured)"))
+    out.append(numa_verdict(inp, records.get("topology"), hop_share, C))
     # 5. MoE routing imbalance
     out.append(routing_verdict(inp, att, records, sizes))
     # 6. stage imbalance

@@ -6,7 +6,9 @@ Throughput (table + tok/s vs concurrency plot), Verdicts (colour-coded), Your se
 sglang.json: observed tables and GPU busy over time), Where the time goes
 (one attribution table per concurrency, share bars), What-ifs (best first; no-gain rows folded),
 Model vs dispatch probe, Micro-batch count, per-stage cost vs roofline floor, the simulated
-timeline and (with dispatch.trace.json) the measured one below it, the PP link map when topology.json exists, Inputs, Scenario assumptions.
+timeline and (with dispatch.trace.json) the measured one below it, Links between GPUs when
+topology.json exists (source label, unknown links, the parser's notes, pipeline hops, link map),
+Inputs, Scenario assumptions.
 Plots use matplotlib's Agg backend, imported only here. Open the file in any browser.
 """
 from __future__ import annotations
@@ -19,11 +21,12 @@ from typing import Any
 
 from reports.model.pipeline_model import Span
 from reports.render.render_md import (DISPATCH_NOTE, MEASURED_NOTE, Table, attribution_table,
-                               attribution_title, banner, dispatch_table, header_lines,
+                               attribution_title, baseline_table, banner, dispatch_table, header_lines,
                                inputs_table, measured_timeline_table, micro_batch_table,
-                               observed_line, server_bench_table, server_gpu_table, server_lines,
-                               server_log_table, throughput_table, verdict_table, whatif_lines,
-                               whatif_table)
+                               observed_line, server_bench_table, server_dp_table,
+                               server_gpu_table, server_lines, server_log_table,
+                               throughput_table, topology_lines, topology_table, verdict_table,
+                               whatif_lines, whatif_table)
 
 CSS = """
 :root{--fg:#1f2328;--mute:#59636e;--line:#d1d9e0;--bg2:#f6f8fa;--acc:#0969da}
@@ -226,7 +229,7 @@ def plot_links(topo: dict[str, Any]) -> str | None:
     ax.grid(False)
     for i in range(n):
         for j in range(n):
-            link = topo["links"].get(f"{min(i, j)}-{max(i, j)}", "") if i != j else "X"
+            link = topo["links"].get(f"{min(i, j)}-{max(i, j)}", "?") if i != j else "X"
             measured = not math.isnan(grid[i][j])
             txt = link + (f"\n{grid[i][j]:.0f} us" if measured else "")
             ax.text(j, i, txt, ha="center", va="center", fontsize=8,
@@ -259,6 +262,9 @@ def server_html(rep: dict[str, Any]) -> list[str]:
     if any(r["running_req"] is not None for r in srv["ranks"]):
         o.append("<h3>Scheduler log per PP rank</h3>")
         o.append(table_html(server_log_table(rep)))
+    if srv.get("dp_ranks"):
+        o.append("<h3>Scheduler log per PP rank and DP rank (DP attention)</h3>")
+        o.append(table_html(server_dp_table(rep)))
     if srv["bench"]:
         o.append("<h3>bench_serving runs</h3>")
         o.append(table_html(server_bench_table(rep)))
@@ -273,8 +279,8 @@ def watch_html(sec: dict[str, Any]) -> list[str]:
          f'{", during " + _e(sec["load"]) if sec["load"] else ""}</p>',
          table_html(Table(*watch_table(sec["summary"])))]
     if sec["timeline"]["gpus"]:
-        o.append(_fig(_png(plot_watch(sec, _plt())), "NVML utilization per GPU (stacked strips) "
-                      "and power over the watch"))
+        o.append(_fig(_png(plot_watch(sec, _plt())), f"{sec['timeline']['activity']} per GPU "
+                      "(stacked strips) and power over the watch"))
     return o + [f'<p class="meta">{_e(line)}</p>' for line in watch_lines(sec["summary"])]
 
 
@@ -289,7 +295,10 @@ def render_html(rep: dict[str, Any], spans: tuple[Span, ...] = (), measured=()) 
     toc += [("attribution", "Where the time goes"), ("whatifs", "What-ifs")]
     if rep.get("dispatch_validation"):
         toc.append(("dispatch", "Model vs probe"))
-    toc += [("plots", "Stage cost & timeline"), ("inputs", "Inputs")]
+    toc.append(("plots", "Stage cost & timeline"))
+    if rep.get("topology"):
+        toc.append(("links", "Links"))
+    toc.append(("inputs", "Inputs"))
     o = [f"<h1>ppscope report: {_e(rep['scenario'])}</h1>"]
     o += [f'<p class="meta">{_e(line)}</p>' for line in header_lines(rep)]
     if rep["all_estimated"]:
@@ -301,6 +310,12 @@ def render_html(rep: dict[str, Any], spans: tuple[Span, ...] = (), measured=()) 
 
     o.append('<h2 id="answer">The answer</h2><div class="answer"><ol>'
              + "".join(f"<li>{_e(s)}</li>" for s in rep.get("answer", [])) + "</ol></div>")
+    cmp_ = rep.get("baseline_comparison")
+    if cmp_:
+        o.append(f'<h2 id="baseline">Against the baseline</h2><p class="meta">'
+                 f'Baseline: {_e(cmp_["baseline"])}</p>')
+        o.append(f"<p><b>{_e(cmp_['answer'])}</b></p>{table_html(baseline_table(cmp_))}"
+                 if cmp_["status"] == "ok" else f"<p>Not compared: {_e(cmp_['reason'])}</p>")
 
     o.append('<h2 id="throughput">Throughput (decode tok/s per concurrency C)</h2>')
     o.append(f'<div class="row"><div>{table_html(throughput_table(rep))}</div>'
@@ -360,11 +375,19 @@ def render_html(rep: dict[str, Any], spans: tuple[Span, ...] = (), measured=()) 
                       "slot, number = requests in the micro-batch"))
         o.append(table_html(measured_timeline_table(rep)) + f'<p class="meta">{_e(MEASURED_NOTE)}</p>')
     if rep.get("topology"):
-        img = plot_links(rep["topology"])
+        t = rep["topology"]
+        o.append(f'<h2 id="links">Links between GPUs (topology.json, {_e(t.get("source"))})</h2>')
+        items = topology_lines(rep)
+        o += [f'<p class="meta">{_e(x)}</p>' for x in items if not x.startswith("- ")]
+        notes = [x[2:] for x in items if x.startswith("- ")]
+        if notes:
+            o.append("<ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
+        if t.get("pipeline_hops"):
+            o.append(table_html(topology_table(rep)))
+        img = plot_links(t)
         if img:
-            o.append("<h2>Links between GPUs</h2>")
-            o.append(_fig(img, "link type per GPU pair (nvidia-smi topo) and measured PP hop "
-                               "cost at the smallest batch"))
+            o.append(_fig(img, f"link type per GPU pair (nvidia-smi topo, {t.get('source')}; "
+                               "? = unknown) and measured PP hop cost at the smallest batch"))
 
     if rep.get("model_differs"):
         o.append('<h2 id="differs">Where the model differs from SGLang</h2><ul>'

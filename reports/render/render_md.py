@@ -5,7 +5,10 @@ estimated, warnings), The answer, Throughput, Verdicts, Your server (sglang.json
 column tagged with its source), Where the time goes (one attribution table per concurrency),
 What-ifs (one server setting at every measured concurrency, best first), Model vs dispatch
 probe, Micro-batch count, Measured pipeline timeline (dispatch.trace.json; in HTML it sits with
-the simulated one), Where the model differs from SGLang, Inputs, Scenario assumptions.
+the simulated one), Links between GPUs (topology.json: its source label, `given` for a pasted
+`topo -m`, the unknown links and what the parser skipped), Where the model differs from SGLang,
+Inputs, Scenario assumptions. With a DP-attention log, Your server adds one row per (PP rank,
+DP rank) and says how the PP rank's figures combine the DP ranks'.
 Each table builder returns a `Table`: headers with units, rows as display strings, and which
 columns are numbers (right-aligned).
 """
@@ -69,7 +72,7 @@ def header_lines(rep: dict[str, Any]) -> list[str]:
         names = sorted({str(x) for x in g if x})
         out.append(f"Probes ran on {len(g)}x {', '.join(names)}." if names else
                    f"The topology record lists {len(g)} GPUs (no names: a pasted `nvidia-smi "
-                   "topo -m` table).")
+                   "topo -m` table, so its link levels are labelled given).")
     return out
 
 
@@ -226,13 +229,38 @@ def server_gpu_table(rep: dict[str, Any]) -> Table:
 
 
 def server_log_table(rep: dict[str, Any]) -> Table:
-    rows = tuple((str(r["rank"]), _f(r["decode_lines"], 0), _f(r["prefill_lines"], 0),
-                  _sizes(r["running_req"]), _pct(r["cuda_graph_frac"]),
-                  _f(r["gen_tok_per_s_median"]))
+    """Per PP rank; with DP attention each figure combines every DP rank's lines (DP_RULES) and
+    the PP rank's throughput, the sum over its DP ranks, has its own column."""
+    dp = bool(rep["server"].get("dp_ranks"))
+    rows = tuple((str(r["rank"]),) + ((str(len(r.get("dp") or [])),) if dp else ())
+                 + (_f(r["decode_lines"], 0), _f(r["prefill_lines"], 0),
+                    _sizes(r["running_req"]), _pct(r["cuda_graph_frac"]),
+                    _f(r["gen_tok_per_s_median"]))
+                 + ((_f(r.get("gen_tok_per_s_dp_sum")),) if dp else ())
                  for r in rep["server"]["ranks"] if r["running_req"] is not None)
-    return Table(("PP rank", "decode lines [log]", "prefill lines [log]",
+    if not dp:
+        return Table(("PP rank", "decode lines [log]", "prefill lines [log]",
+                      "slot size min / median / max [log]", "decode on CUDA graph [log]",
+                      "gen tok/s median [log]"), rows, (True, True, True, False, True, True))
+    return Table(("PP rank", "DP ranks [log]", "decode lines, all DP ranks [log]",
+                  "prefill lines, all DP ranks [log]",
+                  "slot size min / median / max, all DP ranks [log]",
+                  "decode on CUDA graph, all DP ranks [log]",
+                  "gen tok/s median over all DP ranks' lines (one scheduler's rate) [log]",
+                  "gen tok/s, sum of DP ranks' medians [log]"),
+                 rows, (True, True, True, True, False, True, True, True))
+
+
+def server_dp_table(rep: dict[str, Any]) -> Table:
+    """DP attention: one row per (PP rank, DP rank), each DP rank's own scheduler log."""
+    rows = tuple((str(r["rank"]), str(d["dp"]), _f(d["decode_lines"], 0),
+                  _f(d["prefill_lines"], 0), _sizes(d["running_req"]),
+                  _pct(d["cuda_graph_frac"]), _f(d["gen_tok_per_s_median"]))
+                 for r in rep["server"]["ranks"] for d in r.get("dp") or [])
+    return Table(("PP rank", "DP rank", "decode lines [log]", "prefill lines [log]",
                   "slot size min / median / max [log]", "decode on CUDA graph [log]",
-                  "gen tok/s median [log]"), rows, (True, True, True, False, True, True))
+                  "gen tok/s median [log]"), rows,
+                 (True, True, True, True, False, True, True))
 
 
 def server_bench_table(rep: dict[str, Any]) -> Table:
@@ -254,12 +282,52 @@ def server_lines(rep: dict[str, Any]) -> list[str]:
     imb = srv.get("slot_imbalance")
     if imb:
         mom, cv = imb.get("max_over_mean_median"), imb.get("cv")
-        out.append(f"Slot-imbalance index [log, PP rank {imb.get('rank')}]: max/mean slot size per "
+        who = (f"PP rank {imb.get('rank')}, all {imb['dp_ranks']} DP ranks"
+               if imb.get("dp_ranks") else f"PP rank {imb.get('rank')}"
+               + (f" DP {imb['dp']}" if imb.get("dp") is not None else ""))
+        out.append(f"Slot-imbalance index [log, {who}]: max/mean slot size per "
                    f"window of {imb.get('window')} decode lines {_f(mom, 2)} (median over "
                    f"{imb.get('windows')} windows; 1.0 = even), coefficient of variation "
                    f"{_f(cv, 2)}. Under PP `#running-req` is the size of the one slot just "
                    "processed.")
+    if srv.get("dp_rules"):
+        out.append(f"{srv['dp_ranks']} DP ranks per PP rank in the log. {srv['dp_rules']}")
     return out + [f"Note: {n}." for n in srv.get("notes") or []]
+
+
+def topology_table(rep: dict[str, Any]) -> Table:
+    """The pipeline's hops with their link level as topology.json has it ("unknown" where the
+    pasted table left it unreadable) and the label of that figure."""
+    t = rep["topology"]
+    lab = t.get("source", "measured")
+    return Table(("PP hop", "link level", "link class", "source"),
+                 tuple((f"GPU{h['src']} -> GPU{h['dst']}", h["link"] or "unknown",
+                        h["hop_class"] or "unknown (no class, no speed taken from it)", lab)
+                       for h in t.get("pipeline_hops") or []), (False,) * 4)
+
+
+def topology_lines(rep: dict[str, Any]) -> list[str]:
+    """Where the link map comes from, which pairs are unknown and what the parser skipped."""
+    t = rep["topology"]
+    lab = t.get("source", "measured")
+    out = [("From a pasted `nvidia-smi topo -m` table (`ppscope topology --from-nvidia-smi`): "
+            "every link level here is given, nothing on the server was probed."
+            if t.get("pasted") else "Probed by `ppscope topology` on this machine (measured).")]
+    unk = t.get("links_unknown") or []
+    if unk:
+        out.append(f"Unknown links ({len(unk)} GPU pair(s) the pasted table left unreadable; no "
+                   "verdict, link class or link speed is taken from them): "
+                   + ", ".join("GPU{}\u2013GPU{}".format(*p.split("-")) for p in unk) + ".")
+    if lab != "measured" and not t.get("hops"):
+        out.append("No PP hop was timed: hop costs in the model stay estimated.")
+    notes = t.get("notes") or []   # last: the list items close the section
+    if notes:
+        out.append(("What the parser skipped or could not read in the pasted table:"
+                    if t.get("pasted") else "Notes from reading the link map:"))
+        out += [f"- {n}" for n in notes]
+    elif t.get("pasted"):
+        out.append("The parser skipped nothing in the pasted table.")
+    return out
 
 
 def measured_timeline_table(rep: dict[str, Any]) -> Table:
@@ -301,6 +369,29 @@ def time_split_table(rep: dict[str, Any]) -> Table:
                   "comm (no link bw given) %", "idle %"), tuple(rows), (True,) * 6)
 
 
+def baseline_table(cmp_: dict[str, Any]) -> Table:
+    rows = [(r["label"], _f(r["baseline_ms"], 2), _f(r["now_ms"], 2), f"{r['growth_ms']:+.2f}",
+             "" if r["share_of_change_pct"] is None else f"{r['share_of_change_pct']:.0f}%")
+            for r in cmp_["rows"]]
+    return Table(("cause", "baseline ms/step", "this run ms/step", "change ms",
+                  "share of the step's change"), tuple(rows), (False, True, True, True, True))
+
+
+def baseline_lines(rep: dict[str, Any]) -> list[str]:
+    """What changed against an earlier run (reports/model/compare.py)."""
+    c = rep.get("baseline_comparison")
+    if not c:
+        return []
+    out = ["## Against the baseline", "", f"Baseline: {c['baseline']}.", ""]
+    if c["status"] != "ok":
+        return out + [f"Not compared: {c['reason']}", ""]
+    out += [f"**{c['answer']}**", "", md_table(baseline_table(c)), "",
+            "Each cause in ms per decode step in both runs (each run's own Shapley split); the "
+            "growths add up to the modelled step's change, `unexplained` takes the rest of the "
+            "observed change.", ""]
+    return out + [f"- {n}" for n in c["notes"]] + ([""] if c["notes"] else [])
+
+
 def diagnosis_lines(rep: dict[str, Any]) -> list[str]:
     dg = rep.get("diagnosis")
     if not dg:
@@ -323,6 +414,7 @@ def diagnosis_lines(rep: dict[str, Any]) -> list[str]:
             "Time per rank over the traced window (waiting inside an NCCL receive is "
             "communication wait, never busy):", "", md_table(time_split_table(rep)), ""]
     out += [f"- {n}" for n in d["notes"]]
+    out += [f"- Caveat: {c}." for c in dg.get("caveats") or ()]
     w = rep.get("watch") or {}
     hints = [h for h in (w.get("summary") or {}).get("hints", []) if h.get("holds")]
     if hints:  # corroboration only: NVML utilisation never overrules the traces
@@ -364,11 +456,17 @@ def render_md(rep: dict[str, Any]) -> str:
     out += header_lines(rep) + [""]
     out += [f"> warning: {w}  " for w in rep["warnings"]]
     out += ["", "## The answer", ""] + [f"- {s}" for s in rep.get("answer", [])] + [""]
+    out += baseline_lines(rep)
     out += diagnosis_lines(rep)
     out += ["## Throughput (decode tok/s per concurrency C)", "", md_table(throughput_table(rep)),
             ""]
     if rep.get("observed_source"):
         out += [observed_line(rep), ""]
+    if rep.get("implied_efficiency"):
+        out += ["Kernel efficiency the observed points imply (estimated: the one factor on every "
+                "stage's efficiency curve at which the model meets the observation; other "
+                "inputs could explain part of the gap):", ""]
+        out += [f"- {x['text']}" for x in rep["implied_efficiency"]] + [""]
     out += ["## Verdicts on the hypotheses", "", md_table(verdict_table(rep)), ""]
     if rep.get("server"):
         out += ["## Your server (observed, sglang.json)", ""]
@@ -379,6 +477,9 @@ def render_md(rep: dict[str, Any]) -> str:
                     md_table(server_gpu_table(rep)), ""]
         if any(r["running_req"] is not None for r in rep["server"]["ranks"]):
             out += ["### Scheduler log per PP rank", "", md_table(server_log_table(rep)), ""]
+        if rep["server"].get("dp_ranks"):
+            out += ["### Scheduler log per PP rank and DP rank (DP attention)", "",
+                    md_table(server_dp_table(rep)), ""]
         if rep["server"]["bench"]:
             out += ["### bench_serving runs", "", md_table(server_bench_table(rep)), ""]
     if rep.get("watch"):  # GPU watch section: reports/render/watch_plot.py
@@ -400,6 +501,14 @@ def render_md(rep: dict[str, Any]) -> str:
     if rep.get("measured_timeline"):
         out += ["## Measured pipeline timeline (dispatch probe)", "",
                 md_table(measured_timeline_table(rep)), "", MEASURED_NOTE, ""]
+    if rep.get("topology"):
+        out += [f"## Links between GPUs (topology.json, {rep['topology'].get('source')})", ""]
+        lines = topology_lines(rep)   # paragraphs, then the parser's notes as a list
+        out += [x for line in lines for x in ([line] if line.startswith("- ") else [line, ""])]
+        if lines[-1].startswith("- "):
+            out.append("")
+        if rep["topology"].get("pipeline_hops"):
+            out += [md_table(topology_table(rep)), ""]
     if rep.get("model_differs"):
         out += ["## Where the model differs from SGLang", ""]
         out += [f"- {d}" for d in rep["model_differs"]] + [""]
@@ -428,7 +537,8 @@ GLOSSARY = (
     ("unexplained", "observed - modelled: what the model does not account for (never fitted)."),
     ("observed / measured / transferred / estimated / given", "from your server's own evidence / "
      "a probe run on this machine / measured on another GPU and carried over at the same "
-     "fraction of the floor / a datasheet, roofline or stated assumption / a setting you gave."),
+     "fraction of the floor / a datasheet, roofline or stated assumption / a setting or a pasted "
+     "`nvidia-smi topo -m` table you gave."),
     ("report.trace.json", "the modelled pipeline timeline, one track per stage: open it in "
                           "ui.perfetto.dev (the dispatch probe writes a measured one too)."),
 )

@@ -4,7 +4,7 @@ Table and lines render the JSON summary (`reports/model/watch_summary.py`, as re
 it under `watch.summary`), so the terminal, report.md and report.html say the same thing. The
 timeline (`plot_watch`) stacks one utilization strip per GPU over a power panel; it takes the
 caller's pyplot (Agg) and returns the figure. `counter_trace` writes `watch.trace.json` for
-ui.perfetto.dev: one process per GPU, one counter track per metric.
+ui.perfetto.dev: one process per GPU, one counter track per metric (DCGM's too, where it ran).
 """
 from __future__ import annotations
 
@@ -15,7 +15,15 @@ from reports.base.payloads.watch import WatchData
 # (payload series, Perfetto counter name, arg name -> track "name arg")
 TRACKS = (("util_pct", "util", "%"), ("mem_util_pct", "mem util", "%"), ("power_w", "power", "W"),
           ("sm_mhz", "SM clock", "MHz"), ("pcie_tx_gbps", "PCIe TX", "GB/s"),
-          ("pcie_rx_gbps", "PCIe RX", "GB/s"))
+          ("pcie_rx_gbps", "PCIe RX", "GB/s"),
+          # DCGM's profiling fields (empty series where DCGM was not used: no event)
+          ("sm_active", "SM active (DCGM)", "ratio"),
+          ("sm_occupancy", "SM occupancy (DCGM)", "ratio"),
+          ("dram_active", "DRAM active (DCGM)", "ratio"),
+          ("pcie_tx_bytes_per_s", "PCIe TX (DCGM)", "B/s"),
+          ("pcie_rx_bytes_per_s", "PCIe RX (DCGM)", "B/s"),
+          ("nvlink_tx_bytes_per_s", "NVLink TX (DCGM)", "B/s"),
+          ("nvlink_rx_bytes_per_s", "NVLink RX (DCGM)", "B/s"))
 
 
 def counter_trace(d: WatchData) -> dict[str, Any]:
@@ -40,7 +48,8 @@ def counter_trace(d: WatchData) -> dict[str, Any]:
             ev.append({"ph": "i", "name": f"GPU lost: {g.lost_reason}", "pid": pid, "tid": 0,
                        "s": "p", "ts": round(g.lost_at_s * 1e6, 1)})
     return {"traceEvents": ev, "displayTimeUnit": "ms",
-            "otherData": {"source": "ppscope watch (NVML)", "started_utc": d.started_utc,
+            "otherData": {"source": "ppscope watch (NVML + DCGM dmon)" if d.dcgm_used
+                          else "ppscope watch (NVML)", "started_utc": d.started_utc,
                           "requested_hz": d.requested_hz, "achieved_hz": d.achieved_hz}}
 
 
@@ -53,6 +62,13 @@ def watch_table(s: dict[str, Any]) -> tuple[tuple[str, ...], tuple[tuple[str, ..
     """(headers, rows, numeric columns) of the per-GPU table, from the JSON summary."""
     head = ("GPU", "util mean %", "util p10/p50/p90 %", "power mean W", "power p10/p50/p90 W",
             "SM MHz p50", "PCIe TX / RX mean GB/s", "% of link", "link GB/s", "note")
+    num = (False, True, True, True, True, True, True, True, False, False)
+    dcgm = any(g["sm_active_pct"]["n"] or g["pcie_source"] == "dcgm" or
+               g["nvlink_tx_gbps"]["n"] or g["nvlink_rx_gbps"]["n"] for g in s["gpus"])
+    if dcgm:   # DCGM's columns before the note; PCIe says which source it read
+        head = head[:6] + ("SM active mean %", "SM occ mean %", "DRAM active mean %",
+                           "NVLink TX / RX mean GB/s") + head[6:]
+        num = num[:6] + (True, True, True, True) + num[6:]
     rows = []
     for g in s["gpus"]:
         u, p = g["util_pct"], g["power_w"]
@@ -61,14 +77,22 @@ def watch_table(s: dict[str, Any]) -> tuple[tuple[str, ...], tuple[tuple[str, ..
             note.append(f"lost at {g['lost_at_s']:.1f} s")
         if g["unsupported"]:
             note.append("unsupported: " + ", ".join(g["unsupported"]))
-        rows.append((
-            f"{g['index']} {g['name']}".strip(), _f(u["mean"]),
-            f"{_f(u['p10'], 0)}/{_f(u['p50'], 0)}/{_f(u['p90'], 0)}", _f(p["mean"]),
-            f"{_f(p['p10'], 0)}/{_f(p['p50'], 0)}/{_f(p['p90'], 0)}", _f(g["sm_mhz"]["p50"], 0),
+        if dcgm:
+            note.append(f"PCIe from {g['pcie_source'].upper()}")
+        row = (f"{g['index']} {g['name']}".strip(), _f(u["mean"]),
+               f"{_f(u['p10'], 0)}/{_f(u['p50'], 0)}/{_f(u['p90'], 0)}", _f(p["mean"]),
+               f"{_f(p['p10'], 0)}/{_f(p['p50'], 0)}/{_f(p['p90'], 0)}",
+               _f(g["sm_mhz"]["p50"], 0))
+        if dcgm:
+            row += (_f(g["sm_active_pct"]["mean"]), _f(g["sm_occupancy_pct"]["mean"]),
+                    _f(g["dram_active_pct"]["mean"]),
+                    f"{_f(g['nvlink_tx_gbps']['mean'], 3)} / "
+                    f"{_f(g['nvlink_rx_gbps']['mean'], 3)}")
+        rows.append(row + (
             f"{_f(g['pcie_tx_gbps']['mean'], 3)} / {_f(g['pcie_rx_gbps']['mean'], 3)}",
             _f(g["pcie_pct_of_link"], 2), _f(g["link_gbps"]) + (
                 f" ({g['link_source']})" if g["link_source"] else ""), "; ".join(note)))
-    return head, tuple(rows), (False, True, True, True, True, True, True, True, False, False)
+    return head, tuple(rows), num
 
 
 def watch_lines(s: dict[str, Any]) -> list[str]:
@@ -76,11 +100,13 @@ def watch_lines(s: dict[str, Any]) -> list[str]:
     out = []
     kb = s["k_busy_frac"]
     if kb:
-        out.append(f"GPUs busy at once (util >= {s['busy_threshold_pct']:g}%, share of "
+        what = "DCGM SM active" if s["busy_source"] == "dcgm sm_active" else "util"
+        out.append(f"GPUs busy at once ({what} >= {s['busy_threshold_pct']:g}%, share of "
                    f"{s['ticks_used']} ticks): " + ", ".join(
                        f"{k}: {f:.0%}" for k, f in enumerate(kb)))
     if s["lags"]:
-        out.append("lag of each GPU behind the previous one (utilization cross-correlation): "
+        what = ("SM active" if s["busy_source"] == "dcgm sm_active" else "utilization")
+        out.append(f"lag of each GPU behind the previous one ({what} cross-correlation): "
                    + ", ".join(f"{x['src']}->{x['dst']} "
                                f"{'-' if x['lag_s'] is None else format(x['lag_s'], '.2f') + ' s'}"
                                f" (r {_f(x['r'], 2)})" for x in s["lags"]))
@@ -114,8 +140,8 @@ def plot_watch(sec: dict[str, Any], plt) -> Any:
                              gridspec_kw={"height_ratios": [1] * n + [max(2, n // 2)]})
     cmap = plt.get_cmap("tab10")
     for ax, g in zip(axes[:-1], gpus):
-        xs = g["t_s"][:len(g["util_pct"])]
-        ys = [0 if v is None else v for v in g["util_pct"]]
+        xs = g["t_s"][:len(g["activity_pct"])]
+        ys = [0 if v is None else v for v in g["activity_pct"]]
         ax.fill_between(xs, ys, step="post", color=cmap(g["index"] % 10), lw=0)
         ax.set_ylim(0, 100)
         ax.set_yticks([])
@@ -123,7 +149,8 @@ def plot_watch(sec: dict[str, Any], plt) -> Any:
         ax.grid(False)
         if g["lost_at_s"] is not None:
             ax.axvline(g["lost_at_s"], color="#cf222e", lw=1)
-    axes[0].set_title("NVML utilization per GPU (strip height 0-100%)", fontsize=9, loc="left")
+    axes[0].set_title(f"{sec['timeline']['activity']} per GPU (strip height 0-100%)", fontsize=9,
+                      loc="left")
     pa = axes[-1]
     for g in gpus:
         xs = g["t_s"][:len(g["power_w"])]

@@ -21,7 +21,20 @@ for d in "$OUT"/*/; do
       --log "$d"traces/$pid-TP-0-PP-*.log --model kimi-k2 --concurrency "$c" --link-gbps 390 \
       --json "$res/sglang.json" >/dev/null 2>"$res/sglang.err"
     [ -n "${STAGE_COST:-}" ] && cp "$STAGE_COST" "$res/stage_cost.json"
-    $PY -m reports.cli report --results "$res" --observed "$c:$tok" >/dev/null 2>"$res/report.err"
-    echo "$case $pol C=$c tok/s=$tok :: $($PY -c "import json; r=json.load(open('$res/report.json')); print((r.get('diagnosis') or {}).get('answer'))")"
+    # every run but the clean one is also compared with the clean run at its C (`--baseline`):
+    # what the fault changed, per cause (the clean runs, base/even, are read first)
+    bl=()
+    clean="$OUT/base/diag-even-c$c/report.json"
+    [ "$case/$pol" != base/even ] && [ -e "$clean" ] && bl=(--baseline "$clean")
+    $PY -m reports.cli report --results "$res" --observed "$c:$tok" "${bl[@]}" >/dev/null \
+      2>"$res/report.err"
+    if [ -e "$d/dispatch_noprof.json" ]; then   # the same traces against an unprofiled tok/s
+      tok2=$($PY -c "import json,sys; d=json.load(open('$d/dispatch_noprof.json'))['data']; print(next(r['tok_per_s'] for r in d['runs'] if r['policy']=='$pol' and r['concurrency']==$c))")
+      mkdir -p "$res-noprof" && cp "$res/sglang.json" "$res-noprof/"
+      $PY -m reports.cli report --results "$res-noprof" --observed "$c:$tok2" >/dev/null \
+        2>"$res-noprof/report.err"
+      echo "$case $pol C=$c unprofiled tok/s=$tok2 :: $($PY -c "import json; r=json.load(open('$res-noprof/report.json'))['diagnosis']; print('cpu scale', r.get('cpu_scale'), '|', r.get('corrected_answer'))")"
+    fi
+    echo "$case $pol C=$c tok/s=$tok :: $($PY -c "import json; r=json.load(open('$res/report.json')); print((r.get('diagnosis') or {}).get('answer'), '||', (r.get('baseline_comparison') or {}).get('answer'))")"
   done
 done

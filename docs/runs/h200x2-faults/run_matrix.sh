@@ -20,6 +20,13 @@ run() {  # run CASE [extra dispatch flags...]
 }
 # clean (even admission, graphs on) and the herd (SGLang's admission: a burst lands in one slot)
 run base --policies even,sglang --concurrency 8,32
+# the same clean points without the profiler: the tok/s a bench_serving run would give; the
+# diagnosis of the profiled traces against it shows the profiler's CPU overhead and the
+# report's CPU correction (diagnose_matrix.sh writes diag-*-noprof)
+echo "== base without the profiler" | tee -a "$OUT/matrix.log"
+timeout 240 $PY -m reports.cli dispatch --pp 2 --work moe --layers-per-stage 2 --seconds 0.5 \
+  --policies even,sglang --concurrency 8,32 --json "$OUT/base/dispatch_noprof.json" \
+  >>"$OUT/matrix.log" 2>&1
 run graphs-off --policies even --concurrency 8 --no-graphs
 run slow-stage --policies even --concurrency 8 --inject slow-stage=1:1.5
 run host-delay --policies even --concurrency 8 --inject host-delay=0:1000

@@ -26,6 +26,8 @@ def main(out: str) -> None:
           "injected cause's growth vs step growth, ms |")
     print("|---|---|---|---|---|---|---|")
     for d in sorted(root.glob("*/diag-*")):
+        if d.name.endswith("-noprof"):   # the CPU-correction check, printed by diagnose_matrix
+            continue
         case, (pol, c) = d.parent.name, d.name.split("-")[1:]
         C = int(c[1:])
         g = load(d)

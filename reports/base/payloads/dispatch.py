@@ -33,6 +33,9 @@ class StageRun:
     sched_us_p50: float | None = None
     launch_us_p50: float | None = None
     process_us_p50: float | None = None
+    # CPU blocked committing earlier gloo sends (the peer had not posted its receive yet):
+    # waiting, kept out of the host figures above; None from a probe that counted it as host
+    commit_wait_us_p50: float | None = ge(0, default=None)
     gpu_us_p50: dict[str, float | None] = field(default_factory=dict)  # micro-batch size -> us
     send_us_p50: float | None = ge(0, default=None)
     iterations: int = ge(0, default=0)

@@ -45,7 +45,9 @@ class LogRank:
     span_s: float | None = ge(0, default=None)
     slot_imbalance: SlotImbalance | None = None
     over_time: tuple[Json, ...] = ()              # [{t_s, lines, ...}] for plots
-    by_dp: dict[str, Json] = field(default_factory=dict)   # DP attention: each DP rank's own
+    # DP attention: each DP rank's own figures (the same shape, without dp_ranks / over_time /
+    # by_dp); the rank's own figures above pool every DP rank's lines (microbench/sglang/log.py)
+    by_dp: dict[str, LogRank] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -198,3 +198,15 @@ class TopologyData:
     nics: tuple[str, ...] = ()                    # offline: NIC columns of nvidia-smi topo -m
     columns: tuple[str, ...] = ()                 # offline: trailing columns printed
     links_unknown: tuple[str, ...] = ()           # offline: "i-j" pairs the pasted text left unreadable
+
+    @property
+    def figure_label(self) -> Literal["measured", "given"]:
+        """The label of this record's figures wherever the report shows them: a `topo -m` table
+        the user pasted (`--from-nvidia-smi`, source "nvidia-smi") is `given` (the user gave
+        it; nothing on the server was probed), what ppscope probed itself is `measured`."""
+        return "given" if self.source == "nvidia-smi" else "measured"
+
+    def unknown_hops(self) -> tuple[PipelineHop, ...]:
+        """Pipeline hops whose link level is unknown (a cell the parser could not place, a pair
+        the link map lacks). No verdict, link class or link speed is ever taken from them."""
+        return tuple(h for h in self.pipeline_hops if h.link is None)

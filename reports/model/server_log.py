@@ -1,0 +1,77 @@
+"""The server's scheduler-log figures as the report shows them, DP attention included.
+
+With `--enable-dp-attention` SGLang runs one scheduler per DP rank inside each PP rank, and each
+logs its own batches (`[time DP1 TP1 PP0] Decode batch, ...`). The log reader keeps every DP
+rank's lines (microbench/sglang/log.py): `LogRank.by_dp` holds each DP rank's own figures and the
+PP rank's own figures pool all of them. What the report adds here: one row per DP rank, and the
+PP rank's combined figures with the rule each follows (`DP_RULES`, printed in the report), so no
+figure stands for DP0 alone.
+
+Combining rules (each DP rank's batches are real, separate batches):
+- decode and prefill lines: summed over the DP ranks;
+- slot size min / median / max and the CUDA-graph share: over every DP rank's decode lines taken
+  together (one line = one batch of one scheduler);
+- gen tok/s: SGLang logs each scheduler's own generated tokens per second, so the PP rank's
+  throughput is the sum over its DP ranks (of their medians: the lines of two DP ranks are not
+  logged at the same instants, so no per-instant sum exists);
+- slot-imbalance index: windows of consecutive lines of one DP rank (never mixing two), pooled;
+  coefficient of variation = the median of the DP ranks' own.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from reports.base.payloads.sglang import Dist, LogRank, SglangData
+
+DP_RULES = ("DP attention: every DP rank runs its own scheduler and logs its own batches, so "
+            "all DP ranks' lines count. Per PP rank, decode and prefill lines are summed over "
+            "the DP ranks; slot sizes and the CUDA-graph share are taken over all their decode "
+            "lines together (each line one batch); gen tok/s is the sum of the DP ranks' "
+            "medians (each scheduler logs its own tokens); the slot-imbalance index pools "
+            "windows of each DP rank (a window never mixes two) and takes the median of their "
+            "coefficients of variation.")
+
+
+def _dist(d: Dist) -> dict[str, Any]:
+    return {"min": d.min, "median": d.median, "max": d.max}
+
+
+def dp_rows(lg: LogRank) -> list[dict[str, Any]]:
+    """One row per DP rank of a PP rank (empty without DP attention), DP order."""
+    return [{"dp": int(k), "decode_lines": d.decode_lines, "prefill_lines": d.prefill_lines,
+             "running_req": _dist(d.running_req), "cuda_graph_frac": d.cuda_graph_frac,
+             "gen_tok_per_s_median": d.gen_throughput_tok_s.median}
+            for k, d in sorted(lg.by_dp.items(), key=lambda kv: int(kv[0]))]
+
+
+def log_figures(lg: LogRank | None) -> dict[str, Any]:
+    """A PP rank's log figures for report.json's `server.ranks[]` (None where no log)."""
+    if lg is None:
+        return {"decode_lines": None, "prefill_lines": None, "cuda_graph_frac": None,
+                "running_req": None, "gen_tok_per_s_median": None, "dp": [],
+                "gen_tok_per_s_dp_sum": None}
+    dps = dp_rows(lg)
+    meds = [r["gen_tok_per_s_median"] for r in dps]
+    return {"decode_lines": lg.decode_lines, "prefill_lines": lg.prefill_lines,
+            "cuda_graph_frac": lg.cuda_graph_frac, "running_req": _dist(lg.running_req),
+            "gen_tok_per_s_median": lg.gen_throughput_tok_s.median, "dp": dps,
+            "gen_tok_per_s_dp_sum": (sum(meds) if dps and None not in meds else None)}
+
+
+def dp_count(sg: SglangData) -> int:
+    """The most DP ranks any PP rank logged (0: no DP attention in the log)."""
+    return max((len(r.by_dp) for r in sg.ranks.values()), default=0)
+
+
+def graph_shares(sg: SglangData) -> list[tuple[str, float, int]]:
+    """(scheduler, share of decode batches on the graph path, decode lines) per scheduler that
+    logged the field: "0" per PP rank, "0 DP 7" per DP rank of it, so every DP rank counts."""
+    out = []
+    for r, d in sorted(sg.ranks.items(), key=lambda kv: int(kv[0])):
+        if d.by_dp:
+            out += [(f"{r} DP {k}", x.cuda_graph_frac, x.decode_lines)
+                    for k, x in sorted(d.by_dp.items(), key=lambda kv: int(kv[0]))
+                    if x.cuda_graph_frac is not None]
+        elif d.cuda_graph_frac is not None:
+            out.append((r, d.cuda_graph_frac, d.decode_lines))
+    return out
