@@ -432,7 +432,7 @@ def test_all_low_exact():
 def test_too_few_ticks_says_so():
     s = S.summarize(_data([[100.0] * 4, [0.0] * 4]))
     assert all(h.holds is None and h.text == "only 4 ticks with every GPU's utilization "
-               "(needs 10)" for h in s.hints)
+               "(needs 10)" for h in s.hints if h.name != "shared")
     from reports.render.watch_plot import watch_lines
     assert "all_low [observed (NVML)]: not enough samples: only 4 ticks" in \
         "\n".join(watch_lines(to_json(s)))
@@ -466,3 +466,28 @@ def test_caveat_and_render(tmp_path):
     assert len(rows) == 2 and len(head) == len(rows[0]) == len(num)
     lines = watch_lines(s)
     assert any(line.startswith("wave [observed (NVML)]: holds") for line in lines)
+
+
+def test_shared_gpu_from_the_process_list():
+    from dataclasses import replace as rep
+    from reports.base.payloads.watch import GpuProcess, ProcessSnapshot
+    d = _data([[50.0] * 20, [50.0] * 20])
+    rank = GpuProcess(pid=100, used_mib=80000.0, name="python3")
+    other = GpuProcess(pid=200, used_mib=2048.0, name="hog")
+    # GPU 1: its rank alone 0-3 s, a second process 3-6 s, alone again to the end (10 s)
+    g0 = rep(d.gpus[0], processes=(ProcessSnapshot(0.0, (rank,)),))
+    g1 = rep(d.gpus[1], processes=(ProcessSnapshot(0.0, (rank,)),
+                                   ProcessSnapshot(3.0, (rank, other)),
+                                   ProcessSnapshot(6.0, (rank,))))
+    s = S.summarize(rep(d, gpus=(g0, g1), duration_s=10.0))
+    h = {x.name: x for x in s.hints}["shared"]
+    assert h.holds is True and h.numbers["1"] == {"max_processes": 2, "shared_share": 0.3,
+                                                  "pids": [100, 200]}
+    assert h.numbers["0"]["shared_share"] == 0.0
+    assert "GPU 1 ran 2 compute processes at once for 30%" in h.text and "pid 200 (hog)" in h.text
+    # a second process for under 10% of the watch is not a shared GPU; no list: no verdict
+    g1 = rep(g1, processes=(ProcessSnapshot(0.0, (rank, other)), ProcessSnapshot(0.5, (rank,))))
+    h = {x.name: x for x in S.summarize(rep(d, gpus=(g0, g1), duration_s=10.0)).hints}["shared"]
+    assert h.holds is False and h.numbers["1"]["shared_share"] == 0.05
+    h = {x.name: x for x in S.summarize(rep(d, duration_s=10.0)).hints}["shared"]
+    assert h.holds is None

@@ -14,6 +14,10 @@ it gave them, else NVML's. The rules and thresholds are the same for both source
 - `one_busy` (slow stage): the busiest GPU's mean utilization >= 1.5x the median of the others'
   and >= 20 points above it, or its mean power >= 1.3x the others' median.
 - `all_low` (host-bound, or no load): every GPU under 30% utilization at once in >= 50% of ticks.
+- `shared` (another process on a stage's GPU): a GPU ran two or more compute processes at once
+  for >= 10% of the watch (NVML's process list; a PP deployment runs one rank per GPU, so a
+  second process is someone else's work competing for that stage's SMs and memory bandwidth).
+  This one does not depend on utilization at all: it names the processes, not their share.
 
 GPUs are taken in index order as the pipeline's stage order (SGLang places PP rank r on the r-th
 group of tp_size GPUs). Every hint is labelled `observed (NVML)` or `observed (DCGM)`: it is one
@@ -57,6 +61,7 @@ ONE_BUSY_RATIO = 1.5
 ONE_BUSY_GAP_PCT = 20.0
 ONE_BUSY_POWER_RATIO = 1.3
 ALL_LOW_SHARE = 0.5
+SHARED_MIN_SHARE = 0.1      # shared: 2+ compute processes at once for this share of the watch
 MIN_TICKS = 10              # fewer ticks than this: the hints say "not enough samples"
 MAX_LAG_S = 10.0
 
@@ -297,7 +302,7 @@ def summarize(d: WatchData, link_gbps: float | None = None,
         label=HINT_LABEL_DCGM if dcgm else HINT_LABEL)
     live_stats = [st for st in stats if st.lost_at_s is None]
     return dataclasses.replace(s, hints=(_wave(s, tick_s), _one_busy(s, live_stats),
-                                         _all_low(s, live_stats, d.load)))
+                                         _all_low(s, live_stats, d.load), _shared(d, s)))
 
 
 def _enough(s: WatchSummary, need_gpus: int) -> str | None:
@@ -395,6 +400,46 @@ def _all_low(s: WatchSummary, st: list[GpuStats], load: str | None) -> Hint:
         text += (" while the live load ran: the GPUs wait on the host" if load else
                  ": the host does not keep the GPUs fed, or no load ran during the watch")
     return Hint("all_low", holds, s.label, rule, text, nums)
+
+
+def _shared(d: WatchData, s: WatchSummary) -> Hint:
+    rule = (f"a GPU runs 2 or more compute processes at once for >= {SHARED_MIN_SHARE:.0%} of "
+            "the watch (NVML's process list)")
+    end = d.duration_s or 0.0
+    seen = [g for g in d.gpus if g.processes]
+    if not seen or end <= 0:
+        return Hint("shared", None, s.label, rule, "no process list in the record")
+    nums: dict[str, Any] = {}
+    worst = None
+    for g in seen:
+        snaps = sorted(g.processes, key=lambda p: p.t_s)
+        stop = g.lost_at_s if g.lost_at_s is not None else end
+        multi, most, pids = 0.0, 0, {}
+        for a, b in zip(snaps, snaps[1:] + [None]):
+            t1 = min(stop, b.t_s if b is not None else stop)
+            n = len(a.processes)
+            most = max(most, n)
+            if n >= 2:
+                multi += max(0.0, t1 - a.t_s)
+                for p in a.processes:
+                    pids[p.pid] = p
+        share = multi / end
+        nums[str(g.index)] = {"max_processes": most, "shared_share": round(share, 4),
+                              "pids": sorted(pids)}
+        if share >= SHARED_MIN_SHARE and (worst is None or share > worst[1]):
+            worst = (g.index, share, most, list(pids.values()))
+    if worst is None:
+        return Hint("shared", False, s.label, rule,
+                    "every GPU ran at most one compute process at a time (or a second one for "
+                    f"under {SHARED_MIN_SHARE:.0%} of the watch)", nums)
+    gi, share, most, procs = worst
+    who = ", ".join(f"pid {p.pid}" + (f" ({p.name})" if p.name else "")
+                    + (f" {p.used_mib:.0f} MiB" if p.used_mib is not None else "")
+                    for p in procs)
+    return Hint("shared", True, s.label, rule,
+                f"GPU {gi} ran {most} compute processes at once for {share:.0%} of the watch "
+                f"({who}): another process competes with that stage for its SMs and memory "
+                "bandwidth", nums)
 
 
 def _act_metric(s: WatchSummary) -> str:
