@@ -313,12 +313,12 @@ def _measure(cfg, m, gpu, stages, notes, progress, writer) -> tuple[Record, str 
     if unknown:
         raise ValueError(f"unknown MoE backend(s) {unknown}; known: {sorted(MOE_BACKENDS)}")
     moe_names = list(cfg.moe_backends)
-    if fmt != "bf16":   # only ppscope's Triton kernels run int4 / fp8 here
-        skipped = [n for n in moe_names if n != "triton"]
+    if fmt != "bf16":   # ppscope's Triton kernels and SGLang's own run int4 / fp8
+        skipped = [n for n in moe_names if n not in ("triton", "sglang")]
         if skipped:
             notes.append(f"MoE backend(s) {', '.join(skipped)} not timed: they run bf16 only "
                          f"and the routed experts are {fmt}")
-        moe_names = ["triton"]
+        moe_names = [n for n in moe_names if n in ("triton", "sglang")] or ["triton"]
     moe_kinds = [f"moe_{n}" for n in moe_names] if m.is_moe else []
     kinds = ["attention"] + moe_kinds + (["dense_mlp"] if m.first_k_dense > 0 else []) + \
         ["lm_head"]

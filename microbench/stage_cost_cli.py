@@ -47,7 +47,8 @@ def register(sub) -> None:
     p.add_argument("--moe-backends", type=name_list, default=sc.StageCostConfig.moe_backends,
                    help="MoE backends timed in the same run; the stage figures use the fastest "
                    "that passed its check, per batch (default triton,plain; known: "
-                   f"{','.join(sc.MOE_BACKENDS)})")
+                   f"{','.join(sc.MOE_BACKENDS)}; `sglang` = SGLang's own fused MoE kernel, in "
+                   "the served format too (INT4 W4A16, FP8), where sglang imports)")
     p.add_argument("--batches", type=int_list, default=sc.DEFAULT_BATCHES,
                    help="micro-batch sizes (default 1,2,4,8,16,32,64,128)")
     p.add_argument("--prefill-chunk", type=int, default=2048, help="tokens; 0 skips it")

@@ -135,27 +135,6 @@ def moe_experts_loop(w: MoEWeights, x, ids, tw):
     return out + _shared_plain(w, x)
 
 
-def _sglang_experts(device):
-    """SGLang's fused MoE (Triton) as a function (x, w13 [E,2I,H], w2 [E,H,I], ids, tw) -> y,
-    or a reason string. Its API moved between releases; both known call forms are tried."""
-    try:
-        from sglang.srt.layers.moe.fused_moe_triton.fused_moe import fused_experts
-    except Exception as e:  # noqa: BLE001 - not installed / incompatible build
-        return f"sglang fused_moe not importable ({type(e).__name__}: {str(e)[:80]})"
-
-    import torch
-
-    def call(x, w13, w2, ids, tw):
-        try:
-            from sglang.srt.layers.moe.moe_runner import MoeRunnerConfig
-            from sglang.srt.layers.moe.topk import StandardTopKOutput
-            return fused_experts(x, w13, w2, StandardTopKOutput(tw, ids.to(torch.int32), None),
-                                 MoeRunnerConfig(inplace=False))
-        except ImportError:
-            return fused_experts(x, w13, w2, tw, ids.to(torch.int32), inplace=False)
-    return call
-
-
 def build_moe(m: ModelConfig, batch: int, device, *, backend: str = "torch",
               variant: str = "fast", experts_sample: int | None = None, zipf_s: float = 0.0,
               seed: int = 0, weights: MoEWeights | None = None,
@@ -167,18 +146,20 @@ def build_moe(m: ModelConfig, batch: int, device, *, backend: str = "torch",
     if not m.is_moe:
         raise ValueError(f"{m.name} has no MoE layers")
     if fmt != "bf16":
-        if backend != "triton":
+        if backend not in ("triton", "sglang"):
             raise ValueError(f"MoE backend {backend}/{variant} runs bf16 only, not {fmt}")
         from microbench.kernels import moe_quant
         return moe_quant.build(m, batch, device, fmt, experts_sample=experts_sample,
-                               zipf_s=zipf_s, seed=seed, weights=weights, config=triton_config)
+                               zipf_s=zipf_s, seed=seed, weights=weights, config=triton_config,
+                               backend=backend)
     if backend == "triton":
         from microbench.kernels import moe_triton as MT
         if why := MT.available():
             raise RuntimeError(why)
         variant = "fast"
     if backend == "sglang":
-        fe = _sglang_experts(device)
+        from microbench.kernels import moe_sglang
+        fe = moe_sglang.experts_fn()
         if isinstance(fe, str):
             raise RuntimeError(fe)
         variant = "fast"

@@ -51,8 +51,9 @@ def make_weights(m, fmt: str, device, *, experts_sample: int | None = None,
 
 def build(m, batch: int, device, fmt: str, *, experts_sample: int | None = None,
           zipf_s: float = 0.0, seed: int = 0, weights: QuantMoEWeights | None = None,
-          config=None):
-    """A `layers.Built` for the quantised layer (backend "triton/<fmt>")."""
+          config=None, backend: str = "triton"):
+    """A `layers.Built` for the quantised layer: ppscope's kernel (backend "triton/<fmt>") or
+    SGLang's own in the same format ("sglang/<fmt>", microbench/kernels/moe_sglang.py)."""
     import torch
 
     from microbench.kernels import common as C
@@ -60,8 +61,21 @@ def build(m, batch: int, device, fmt: str, *, experts_sample: int | None = None,
     from microbench.kernels import moe_route as R
 
     mod = _module(fmt)
-    if why := mod.available():
-        raise RuntimeError(why)
+    if backend == "sglang":
+        from microbench.kernels import moe_sglang as SG
+        call = SG.experts_fn()
+        if isinstance(call, str):
+            raise RuntimeError(call)
+
+        def forward(qw_, x_, cfg_=None):
+            return SG.forward(call, qw_, x_)
+        kernel = f"SGLang fused_experts ({fmt})"
+    elif backend == "triton":
+        if why := mod.available():
+            raise RuntimeError(why)
+        forward, kernel = mod.moe_forward, KERNELS[fmt]
+    else:
+        raise ValueError(f"MoE backend {backend} does not run {fmt}")
     qw = weights or make_weights(m, fmt, device, experts_sample=experts_sample, zipf_s=zipf_s,
                                  seed=seed)
     if qw.fmt != fmt:
@@ -69,7 +83,7 @@ def build(m, batch: int, device, fmt: str, *, experts_sample: int | None = None,
     x = common.randn((batch, m.hidden), 1.0, common.gen(device, seed + 1), device)
 
     def fn():
-        return mod.moe_forward(qw, x, config)
+        return forward(qw, x, config)
 
     def check() -> float:
         xc = common.randn((min(batch, 5), m.hidden), 1.0, common.gen(device, seed + 99), device)
@@ -81,14 +95,14 @@ def build(m, batch: int, device, fmt: str, *, experts_sample: int | None = None,
             common.assert_close("moe router (fused vs torch top-k scores)",
                                 sc.gather(1, ids[:, :k].long()).sort(1)[0],
                                 sc.gather(1, L.moe_route(qw.base, xc)[0]).sort(1)[0], tol=1e-6)
-        return common.assert_close(f"moe experts (triton/{fmt})", mod.moe_forward(qw, xc, config),
+        return common.assert_close(f"moe experts ({backend}/{fmt})", forward(qw, xc, config),
                                    mod.reference(qw, xc, ids[:, :k], tw[:, :k]))
 
     ids, _ = R.route(qw.base, x)
     distinct = int(torch.unique(ids[:, :qw.base.top_k]).numel())
-    return C.Built("moe", batch, f"triton/{fmt}", fn, check, graphable=True,
+    return C.Built("moe", batch, f"{backend}/{fmt}", fn, check, graphable=True,
                    weight_bytes=qw.nbytes(),
                    info={"distinct_experts": distinct, "experts_allocated": qw.base.n_alloc,
-                         "weights": qw, "kernel": KERNELS[fmt],
+                         "weights": qw, "kernel": kernel,
                          "shared_expert_format": "bf16" if qw.shared_gate_up is not None
                          else fmt})
