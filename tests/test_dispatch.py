@@ -8,7 +8,8 @@ import pytest
 from microbench import dispatch as D
 from reports.base.payloads.dispatch import DispatchData, PolicyRun, StageRun
 from reports.base.schema import from_json, to_json
-from microbench.pp_loop import arrival_times, interp_cost, parse_cost_curve
+from microbench.pp_loop import arrival_times, parse_cost_curve
+from microbench.pp_stage import interp_cost
 from reports.base.cuda_graphs import padded
 from reports.base.cuda_graphs import capture_sizes as sglang_capture_sizes
 from reports import cli

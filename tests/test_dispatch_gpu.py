@@ -21,7 +21,7 @@ def test_moe_stage_matches_reference_and_graph_replay_equals_eager(variant):
 
     from microbench.kernels import layers as L
     from microbench.kernels import moe_triton as MT
-    from microbench.pp_loop import build_moe_stage, capture_graphs
+    from microbench.pp_stage import build_moe_stage, capture_graphs
     dev = torch.device("cuda")
     m = _small()
     if variant == "triton" and MT.available():
@@ -57,7 +57,7 @@ def test_moe_stage_matches_reference_and_graph_replay_equals_eager(variant):
     # graph replay == eager at the same size (padded rows included): bit for bit, except
     # `plain`, whose index_add_ combine adds with atomics (order, hence rounding, varies); its
     # graph holds one layer, since over two a last-bit difference can flip layer 2's routing
-    from microbench.pp_loop import stage_forward
+    from microbench.pp_stage import stage_forward
     if variant == "plain":
         fwd = stage_forward(L, fwd.weights[:1], fwd.experts)
     graphs = capture_graphs(torch, fwd, [8, 40], 256, dev)
