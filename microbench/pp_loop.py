@@ -9,8 +9,8 @@ How (SGLang 0.5.23 managers/scheduler_pp_mixin.py, `event_loop_pp`): `pp + async
 visited round-robin; rank 0 admits arrivals with `reports.base.slots.visit` (policy `sglang` or
 `even`: per-slot cap, request rows, prefill token budget), a slot that admits runs that prefill
 in its visit. Every iteration, on every rank, in SGLang's order (the functions of
-microbench/pp_comm.py): rank r > 0 blocks on the pickled request list from rank r-1 (gloo) and sends it on
-at once (async), empty slots included; a slot with a batch receives its hidden states (metadata
+microbench/pp_comm.py): rank r > 0 blocks on the pickled request list from rank r-1 (gloo)
+and sends it on at once (async), empty slots included; a slot with a batch receives its hidden states (metadata
 over gloo blocks the CPU, the tensor over NCCL makes the schedule stream wait); outputs are
 exchanged -- before the forward when async_depth > 0 -- even ranks sending first: the last rank
 sends the sampled tokens of the slot it ran `async_depth` iterations ago to rank 0, the other
@@ -20,8 +20,8 @@ copy of its outputs (a CPU sync) before processing them; then the hidden states 
 (metadata at once, the NCCL send after the forward's end event). Simplifications, on purpose:
 requests never finish (steady decode); token ids stand for the whole output dict.
 
-Stage work (microbench/pp_stage.py): `busy` (a `torch.cuda._sleep` kernel whose length follows a cost-vs-batch curve,
-calibrated at start) or `moe` (real Kimi-K2-dims MoE layers in bf16: microbench.kernels.layers' MoE,
+Stage work (microbench/pp_stage.py): `busy` (a `torch.cuda._sleep` kernel whose length follows
+a cost-vs-batch curve, calibrated at start) or `moe` (real Kimi-K2-dims MoE layers in bf16: microbench.kernels.layers' MoE,
 the layer stage-cost times, checked against its float32 per-expert reference first). MoE
 backend as stage-cost picks it (`--moe-variant auto`, `moe_candidates`): the fused Triton
 decode kernel (microbench/kernels/moe_triton.py; fixed-size index tensors, no host syncs, so it is

@@ -37,7 +37,8 @@ def test_growth_per_cause_and_the_unexplained_rest():
     assert g["unexplained"]["growth_ms"] == pytest.approx(0.2)
     # the growths of the causes + unexplained add up to the observed change
     assert sum(r["growth_ms"] for r in c["rows"]) == pytest.approx(1.0)
-    assert c["answer"].startswith("against the baseline: 25% slower") and "SLOW_STAGE" in c["answer"]
+    assert c["answer"].startswith("against the baseline: 25% slower")
+    assert "SLOW_STAGE" in c["answer"]
 
 
 def test_faster_small_change_and_missing_sides():

@@ -78,8 +78,8 @@ def implied_efficiency(inp: Inputs, C: int, observed: float) -> ImpliedEfficienc
         lo, hi = (mid, hi) if tps(mid) < observed else (lo, mid)
     s = (lo * hi) ** 0.5
     possible = _max_eff(inp, C) * s <= 1.0
-    text = (f"C={C}: the observed {observed:.1f} tok/s (modelled {modelled:.1f}) needs the kernels of every "
-            f"stage at {s:.2f}x the efficiency fed in, {100 * e1 * s:.0f}% of the "
+    text = (f"C={C}: the observed {observed:.1f} tok/s (modelled {modelled:.1f}) needs the "
+            f"kernels of every stage at {s:.2f}x the efficiency fed in, {100 * e1 * s:.0f}% of the "
             f"roofline floor at micro-batch 1 instead of {100 * e1:.0f}%"
             + ("" if possible else
                " -- above the floor at a size this load runs, so kernel speed alone cannot "
