@@ -43,21 +43,25 @@ def test_moe_stage_matches_reference_and_graph_replay_equals_eager(variant):
     # the result by 0.1-0.2, which is what made this test fail 2 runs in 9 before.
     gen = torch.Generator(device=dev).manual_seed(1234)
     x = torch.randn(5, 256, device=dev, dtype=torch.bfloat16, generator=gen)
-    x_in = x
+    from microbench.pp_stage import stage_forward
+    x_in, outs = x, []
     for w in fwd.weights:
         ids, tw = L.moe_route(w, x_in)
         y = fwd.experts(w, x_in, ids, tw)
         assert L.rel_err(y, L.moe_reference(w, x_in, ids, tw)) < 3e-2
+        outs.append(y)
         x_in = x_in + y
-    got = fwd(x)
     if variant == "plain":
-        assert L.rel_err(got, x_in) < 3e-2   # atomics: last bits (and near-ties) may differ
+        # atomics: last bits differ run to run, and over two chained layers that can flip a
+        # near-tie routing choice in layer 2 (a 0.1-0.2 change, 1 run in 9 on an H200). One
+        # layer sees the same input, hence the same routing: only the last bits may differ.
+        one = stage_forward(L, fwd.weights[:1], fwd.experts)
+        assert L.rel_err(one(x), x + outs[0]) < 1e-2
     else:
-        assert torch.equal(got, x_in)        # same kernels, same inputs: bit for bit
+        assert torch.equal(fwd(x), x_in)     # same kernels, same inputs: bit for bit
     # graph replay == eager at the same size (padded rows included): bit for bit, except
     # `plain`, whose index_add_ combine adds with atomics (order, hence rounding, varies); its
     # graph holds one layer, since over two a last-bit difference can flip layer 2's routing
-    from microbench.pp_stage import stage_forward
     if variant == "plain":
         fwd = stage_forward(L, fwd.weights[:1], fwd.experts)
     graphs = capture_graphs(torch, fwd, [8, 40], 256, dev)
