@@ -77,7 +77,9 @@ def test_recorded_fault_is_the_largest_change_against_the_clean_run(tmp_path, ca
     assert c["status"] == "ok" and c["change_pct"] > 5 and top["cause"] == cause
     assert rep["answer"][0].startswith("Against the baseline")
     assert "## Against the baseline" in (d / "report.md").read_text()
-    assert 'id="baseline"' in (d / "report.html").read_text()
+    page = (d / "report.html").read_text()
+    assert 'id="baseline"' in page and 'id="diagnosis"' in page   # the diagnosis in HTML too
+    assert page.index('id="baseline"') < page.index('id="diagnosis"') < page.index('id="throughput"')
 
 
 def test_bad_baseline_is_one_line_exit_2(tmp_path, capsys):

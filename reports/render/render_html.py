@@ -21,7 +21,8 @@ from typing import Any
 
 from reports.model.pipeline_model import Span
 from reports.render.render_md import (DISPATCH_NOTE, MEASURED_NOTE, Table, attribution_table,
-                               attribution_title, baseline_table, banner, dispatch_table, header_lines,
+                               attribution_title, baseline_table, diagnosis_table,
+                               observed_loop_line, time_split_table, banner, dispatch_table, header_lines,
                                inputs_table, measured_timeline_table, micro_batch_table,
                                observed_line, server_bench_table, server_dp_table,
                                server_gpu_table, server_lines, server_log_table,
@@ -284,10 +285,31 @@ def watch_html(sec: dict[str, Any]) -> list[str]:
     return o + [f'<p class="meta">{_e(line)}</p>' for line in watch_lines(sec["summary"])]
 
 
+def diagnosis_html(rep: dict[str, Any]) -> list[str]:
+    """The observed server's diagnosis (reports/model/diagnose.py), as report.md shows it."""
+    dg = rep.get("diagnosis")
+    if not dg:
+        return []
+    o = ['<h2 id="diagnosis">Your server: diagnosis from its own evidence</h2>']
+    if dg.get("status") != "ok":
+        return o + [f"<p>Not diagnosed: {_e(dg.get('reason'))}</p>"]
+    o += [f"<p><b>{_e(dg['answer'])}</b></p>", f'<p class="meta">{_e(observed_loop_line(dg))}</p>',
+          table_html(diagnosis_table(rep)),
+          '<p class="meta">Time per rank over the traced window (waiting inside an NCCL receive '
+          "is communication wait, never busy):</p>", table_html(time_split_table(rep))]
+    notes = list(dg["deployment"]["notes"]) + [f"Caveat: {c}" for c in dg.get("caveats") or ()]
+    if notes:
+        o.append("<ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
+    return o
+
+
 def render_html(rep: dict[str, Any], spans: tuple[Span, ...] = (), measured=()) -> str:
     """`measured`: MeasuredTimeline tuple from reports.render.measured_timeline (may be empty)."""
     d = rep["deployment"]
-    toc = [("answer", "The answer"), ("throughput", "Throughput"), ("verdicts", "Verdicts")]
+    toc = [("answer", "The answer")]
+    if rep.get("diagnosis"):
+        toc.append(("diagnosis", "Diagnosis"))
+    toc += [("throughput", "Throughput"), ("verdicts", "Verdicts")]
     if rep.get("server"):
         toc.append(("server", "Your server"))
     if rep.get("watch"):
@@ -316,6 +338,8 @@ def render_html(rep: dict[str, Any], spans: tuple[Span, ...] = (), measured=()) 
                  f'Baseline: {_e(cmp_["baseline"])}</p>')
         o.append(f"<p><b>{_e(cmp_['answer'])}</b></p>{table_html(baseline_table(cmp_))}"
                  if cmp_["status"] == "ok" else f"<p>Not compared: {_e(cmp_['reason'])}</p>")
+
+    o += diagnosis_html(rep)
 
     o.append('<h2 id="throughput">Throughput (decode tok/s per concurrency C)</h2>')
     o.append(f'<div class="row"><div>{table_html(throughput_table(rep))}</div>'

@@ -392,6 +392,20 @@ def baseline_lines(rep: dict[str, Any]) -> list[str]:
     return out + [f"- {n}" for n in c["notes"]] + ([""] if c["notes"] else [])
 
 
+def observed_loop_line(dg: dict[str, Any]) -> str:
+    """The observed deployment the diagnosis models, in one paragraph."""
+    d = dg["deployment"]
+    obs = dg["observed_tok_per_s"]
+    return (f"Observed loop (C = {dg['concurrency']}, {dg['concurrency_source']}): PP{d['pp']}, "
+            f"{d['slots']} slots, micro-batches {','.join(str(n) for n in d['sizes'] if n)}, "
+            f"CUDA-graph share {_pct(d['graph_share'])}; observed "
+            f"{_f(obs)} tok/s" + (f" ({dg['observed_source']})" if dg.get("observed_source")
+                                  else "") +
+            f", the model of this loop {_f(dg['modelled_tok_per_s'])} tok/s, with every cause at "
+            f"its reference {_f(dg['reference_tok_per_s'])} tok/s. Every input is observed in "
+            "the traces (sizes the traces never ran: " + d["shape"] + ").")
+
+
 def diagnosis_lines(rep: dict[str, Any]) -> list[str]:
     dg = rep.get("diagnosis")
     if not dg:
@@ -399,21 +413,11 @@ def diagnosis_lines(rep: dict[str, Any]) -> list[str]:
     out = ["", "## Your server: diagnosis from its own evidence", ""]
     if dg.get("status") != "ok":
         return out + [f"Not diagnosed: {dg.get('reason')}", ""]
-    d = dg["deployment"]
-    obs = dg["observed_tok_per_s"]
-    out += [f"**{dg['answer']}**", "",
-            f"Observed loop (C = {dg['concurrency']}, {dg['concurrency_source']}): PP{d['pp']}, "
-            f"{d['slots']} slots, micro-batches {','.join(str(n) for n in d['sizes'] if n)}, "
-            f"CUDA-graph share {_pct(d['graph_share'])}; observed "
-            f"{_f(obs)} tok/s" + (f" ({dg['observed_source']})" if dg.get("observed_source")
-                                  else "") +
-            f", the model of this loop {_f(dg['modelled_tok_per_s'])} tok/s, with every cause at "
-            f"its reference {_f(dg['reference_tok_per_s'])} tok/s. Every input is observed in "
-            "the traces (sizes the traces never ran: " + d["shape"] + ").", "",
+    out += [f"**{dg['answer']}**", "", observed_loop_line(dg), "",
             md_table(diagnosis_table(rep)), "",
             "Time per rank over the traced window (waiting inside an NCCL receive is "
             "communication wait, never busy):", "", md_table(time_split_table(rep)), ""]
-    out += [f"- {n}" for n in d["notes"]]
+    out += [f"- {n}" for n in dg["deployment"]["notes"]]
     out += [f"- Caveat: {c}." for c in dg.get("caveats") or ()]
     w = rep.get("watch") or {}
     hints = [h for h in (w.get("summary") or {}).get("hints", []) if h.get("holds")]
