@@ -167,3 +167,26 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.t
+
+
+def two_gpus(clock=None) -> "FakeNvml":
+    """Two GPUs whose driver buffers read 60% and 20% from a second ago to a minute ahead (the
+    CLI tests' machine)."""
+    import time as _t
+    clock = clock or _t.time
+    now = clock()
+    return FakeNvml([FakeGpu(util_samples=driver_samples(now - 1, now + 60, lambda t: 60)),
+                     FakeGpu(util_samples=driver_samples(now - 1, now + 60, lambda t: 20))],
+                    clock)
+
+
+def sglang_args(argv):
+    """`ppscope sglang ARGV` parsed as the console script parses it."""
+    import argparse
+
+    from microbench.sglang import cli as sglang_cli
+    p = argparse.ArgumentParser()
+    sglang_cli.register(p.add_subparsers())
+    a = p.parse_args(["sglang", *argv])
+    a.argv = ["ppscope", "sglang", *argv]
+    return a

@@ -3,7 +3,6 @@ the instantaneous reading, a GPU lost mid-run, unsupported counters, the record 
 CLI, and the summary's numbers on synthetic series worked out by hand."""
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import sys
@@ -11,7 +10,7 @@ import time
 
 import pytest
 
-from fake_nvml import FakeClock, FakeGpu, FakeNvml, driver_samples
+from fake_nvml import FakeClock, FakeGpu, FakeNvml, driver_samples, sglang_args, two_gpus
 from microbench.sglang import cli as sglang_cli
 from microbench.sglang import watch as W
 from reports.base.errors import CliError
@@ -253,20 +252,12 @@ def test_series_must_be_parallel():
 
 
 # --- the CLI ------------------------------------------------------------------------------------
-def _args(argv):
-    p = argparse.ArgumentParser()
-    sglang_cli.register(p.add_subparsers())
-    a = p.parse_args(["sglang", *argv])
-    a.argv = ["ppscope", "sglang", *argv]
-    return a
+_args = sglang_args
 
 
 @pytest.fixture
 def fake_pynvml(monkeypatch):
-    now = time.time()
-    nv = FakeNvml([FakeGpu(util_samples=driver_samples(now - 1, now + 60, lambda t: 60)),
-                   FakeGpu(util_samples=driver_samples(now - 1, now + 60, lambda t: 20))],
-                  time.time)
+    nv = two_gpus()
     monkeypatch.setitem(sys.modules, "pynvml", nv)
     monkeypatch.setattr(W.D, "dcgmi_path", lambda: None)   # NVML alone, even where DCGM is
     return nv

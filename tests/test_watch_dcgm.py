@@ -7,16 +7,14 @@ supported, module in use), garbage lines, an endless line, a dcgmi that hangs or
 The NVML side is tests/fake_nvml.py. Never run against a real DCGM host engine."""
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
-from fake_nvml import FakeClock, FakeGpu, FakeNvml, driver_samples
+from fake_nvml import FakeClock, FakeGpu, FakeNvml, driver_samples, sglang_args, two_gpus
 from microbench.sglang import cli as sglang_cli
 from microbench.sglang import dcgm as D
 from microbench.sglang import watch as W
@@ -355,20 +353,12 @@ def test_only_the_watched_gpus_are_asked_for(fake_dcgmi):
 
 
 # --- the CLI ------------------------------------------------------------------------------------
-def _args(argv):
-    p = argparse.ArgumentParser()
-    sglang_cli.register(p.add_subparsers())
-    a = p.parse_args(["sglang", *argv])
-    a.argv = ["ppscope", "sglang", *argv]
-    return a
+_args = sglang_args
 
 
 @pytest.fixture
 def fake_pynvml(monkeypatch):
-    now = time.time()
-    nv = FakeNvml([FakeGpu(util_samples=driver_samples(now - 1, now + 60, lambda t: 60)),
-                   FakeGpu(util_samples=driver_samples(now - 1, now + 60, lambda t: 20))],
-                  time.time)
+    nv = two_gpus()
     monkeypatch.setitem(sys.modules, "pynvml", nv)
     return nv
 

@@ -32,15 +32,7 @@ run slow-stage --policies even --concurrency 8 --inject slow-stage=1:1.5
 run host-delay --policies even --concurrency 8 --inject host-delay=0:1000
 run hop-delay --policies even --concurrency 8 --inject hop-delay=500
 # faults the probe's switches do not make: another process on GPU 1, every CPU core busy
-$PY - <<'PYX' &
-import time, torch
-a = torch.randn(8192, 8192, device="cuda:1", dtype=torch.bfloat16)
-t = time.time()
-while time.time() - t < 200:
-    for _ in range(50):
-        a = (a @ a).clamp_(-1, 1)
-    torch.cuda.synchronize(1)
-PYX
+$PY docs/runs/gpu_matmul_load.py cuda:1 200 &
 HOG=$!
 sleep 5
 run gpu1-shared --policies even --concurrency 8

@@ -32,15 +32,7 @@ PYX
 case_run even --policies even
 case_run herd --policies sglang
 case_run graphs-off --policies even --no-graphs
-$PY - <<'PYX' &
-import time, torch
-a = torch.randn(8192, 8192, device="cuda:1", dtype=torch.bfloat16)
-t = time.time()
-while time.time() - t < 120:
-    for _ in range(50):
-        a = (a @ a).clamp_(-1, 1)
-    torch.cuda.synchronize(1)
-PYX
+$PY docs/runs/gpu_matmul_load.py cuda:1 120 &
 HOG=$!
 sleep 5
 case_run gpu1-shared --policies even
