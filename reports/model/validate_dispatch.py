@@ -8,9 +8,9 @@ of a busy visit's CPU, `host_busy_us_p50` minus the two, counts as schedule), ea
 (the CPU per visit depends on the batch and on what the loop waits for: on the 2x H200 record
 rank 0's busy visit took 1140-1956 us across four runs; pooled medians put one run's CPU into
 another's), pooled medians over runs only where a run lacks them; the hop (`hop_us_in_loop`, else
-`send_us_p50`), used for hidden states and tokens
-alike; the gloo message latency (`ranks[].gloo_one_way_us`, measured by the probe at start-up,
-else 0). Each run's own `slot_sizes` are the slots. The probe and the model run the same loop
+`send_us_p50`), used for hidden states and tokens alike, except that an injected `hop-delay`
+(which the probe puts on hidden-state sends only) is taken off the token return; the gloo
+message latency (`ranks[].gloo_one_way_us`, measured by the probe at start-up, else 0). Each run's own `slot_sizes` are the slots. The probe and the model run the same loop
 order (SGLang 0.5.23 `event_loop_pp`: held outputs, per-rank sync, commits before reuse), so a
 difference is an effect one of them lacks.
 
@@ -179,8 +179,8 @@ def _note(diff_pct: float, sizes: list[int], pi: ProbeInputs) -> str:
     if not pi.commit_split and diff_pct < 0:
         return (f"model {why}: the record's host times include the CPU blocked committing "
                 "gloo sends (a probe before `commit_wait_us_p50`), which the model already "
-                f"waits for; with {occupied} of {len(sizes)} slots occupied the empty visits "
-                "are over-costed")
+                f"waits for: the host work per visit ({occupied} of {len(sizes)} slots "
+                "occupied) is over-costed")
     if occupied == 1:
         return (f"model {why} with one occupied slot: the round trip (forwards + hops + rank-0 "
                 "host) is the whole story here, so a forward time measured under other slot "
