@@ -11,8 +11,9 @@ another's), pooled medians over runs only where a run lacks them; the hop (`hop_
 `send_us_p50`), used for hidden states and tokens alike, except that an injected `hop-delay`
 (which the probe puts on hidden-state sends only) is taken off the token return; the gloo
 message latency (`ranks[].gloo_one_way_us`, measured by the probe at start-up, else 0). Each
-run's own `slot_sizes` are the slots. The probe and the model run the same loop order (SGLang 0.5.23 `event_loop_pp`: held outputs, per-rank sync, commits before reuse), so a
-difference is an effect one of them lacks.
+run's own `slot_sizes` are the slots. The probe and the model run the same loop order (SGLang
+0.5.23 `event_loop_pp`: held outputs, per-rank sync, commits before reuse), so a difference is
+an effect one of them lacks.
 
 A record from a probe without the phase split (older schema-2 records) has its whole host time
 per visit placed before the launch (`host_us_p50`), said so in the notes.
