@@ -127,6 +127,8 @@ def _main(argv=None) -> int:
     p.add_argument("--sweep-budget-s", type=float, default=150.0, help="0 skips the sweeps")
     p.add_argument("--context-len", type=int, default=2048)
     p.add_argument("--skip-mla", action="store_true")
+    p.add_argument("--only-mla", action="store_true",
+                   help="time only the MLA decode layer (its check, rows, stages, sweep): mla.json")
     p.add_argument("--out", help="directory for moe_quant.json")
     a = p.parse_args(argv)
 
@@ -166,11 +168,62 @@ def _main(argv=None) -> int:
     def save():
         if a.out:  # atomic, like every record: Ctrl-C never leaves half a file
             from reports.base.records import write_json_atomic
-            write_json_atomic(Path(a.out, "moe_quant.json"), json.loads(json.dumps(res, default=str)))
+            write_json_atomic(Path(a.out, "mla.json" if a.only_mla else "moe_quant.json"),
+                              json.loads(json.dumps(res, default=str)))
 
     bw = sc.measure_mem_bw()
     res["mem_bw_measured_gbps"] = bw
     log(f"HBM copy bandwidth {bw:.0f} GB/s (spec {gpu.mem_bw_gbps:.0f})")
+
+    def time_mla():
+        """MLA rows (torch ops vs mla_decode), stage costs and the block-size sweep."""
+        for b in [int(x) for x in a.batches.split(",")]:
+            row = {"batch": b}
+            for key in ("torch", "triton"):
+                try:
+                    bl = L.build_attention(m16, b, dev, context_len=a.context_len,
+                                           backend=key)
+                    t = do_bench_graph(bl.fn)
+                    row[f"{key}_us"] = t.median_us
+                except Exception as e:  # noqa: BLE001
+                    row[f"{key}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            fl = layer_floor(m16, "attention", b, gpu, context_len=a.context_len).floor_us
+            row["floor_us"], row["floor_copy_bw_us"] = fl, fl * gpu.mem_bw_gbps / bw
+            res["mla_rows"].append(row)
+            log(f"mla b={b}: {row}")
+            save()
+        # where the time goes: each stage's marginal cost (graph replay of stages 1..k)
+        from microbench.kernels import mla_decode
+        res["mla_stages"] = {}
+        for b in (1, 64):
+            bt = L.build_attention(m16, b, dev, context_len=a.context_len, backend="triton")
+            fwd, (xa, ca) = bt.info["forward"], bt.info["inputs"]
+            cum = [do_bench_graph(lambda k=k: fwd(xa, ca, upto=k)).median_us
+                   for k in range(1, len(mla_decode.STAGES) + 1)]
+            res["mla_stages"][str(b)] = {n: c - (cum[i - 1] if i else 0.0)
+                                         for i, (n, c) in enumerate(zip(mla_decode.STAGES, cum))}
+            log(f"mla stages b={b}: " + ", ".join(f"{n} {v:.1f}" for n, v in
+                                                  res["mla_stages"][str(b)].items()))
+            save()
+        # MLA block sizes at three batch sizes (heads/program, context block, splits, warps)
+        from microbench.kernels import mla_decode
+        res["mla_sweep"] = {}
+        default = mla_decode.CONFIG
+        for b in (1, 64):
+            pts = []
+            for t in MLA_SWEEP:
+                mla_decode.CONFIG = mla_decode.MlaConfig(*t)
+                try:
+                    bt = L.build_attention(m16, b, dev, context_len=a.context_len,
+                                           backend="triton")
+                    pts.append((do_bench_graph(bt.fn).median_us, t))
+                except Exception as e:  # noqa: BLE001
+                    pts.append((None, t, f"{type(e).__name__}: {str(e)[:120]}"))
+                finally:
+                    mla_decode.CONFIG = default
+            res["mla_sweep"][str(b)] = pts
+            log(f"mla sweep b={b}: {pts}")
+            save()
 
     # 1. checks
     def chk(name, fn):
@@ -179,6 +232,15 @@ def _main(argv=None) -> int:
         except Exception as e:  # noqa: BLE001 - recorded; the table still runs
             res["checks"][name] = f"FAILED {type(e).__name__}: {str(e)[:300]}"
         log(f"check {name}: {res['checks'][name]}")
+    if a.only_mla:
+        if m16.attention != "mla":
+            print(f"{m16.name} has no MLA attention", file=sys.stderr)
+            return 2
+        for b in (1, 3):
+            chk(f"mla/triton/b{b}", lambda: L.build_attention(
+                m16, b, dev, context_len=a.context_len, backend="triton").check())
+        time_mla()
+        return _print_mla(res, tabulate, save, t_start)
     tiny = dataclasses.replace(m16, hidden=512, moe_intermediate=256, n_routed_experts=8,
                                top_k=4)
     # (the CPU tests run every path at tiny sizes; here: the compiled kernels, real dims where
@@ -302,53 +364,7 @@ def _main(argv=None) -> int:
         log(f"b={b}: " + ", ".join(f"{k[:-3]} {v:.1f}" for k, v in row.items()
                                    if k.endswith("_us") and "floor" not in k and "p" not in k[-6:-3]))
     if not a.skip_mla and m16.attention == "mla":
-        for b in [int(x) for x in a.batches.split(",")]:
-            row = {"batch": b}
-            for key in ("torch", "triton"):
-                try:
-                    bl = L.build_attention(m16, b, dev, context_len=a.context_len,
-                                           backend=key)
-                    t = do_bench_graph(bl.fn)
-                    row[f"{key}_us"] = t.median_us
-                except Exception as e:  # noqa: BLE001
-                    row[f"{key}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
-            fl = layer_floor(m16, "attention", b, gpu, context_len=a.context_len).floor_us
-            row["floor_us"], row["floor_copy_bw_us"] = fl, fl * gpu.mem_bw_gbps / bw
-            res["mla_rows"].append(row)
-            log(f"mla b={b}: {row}")
-            save()
-        # where the time goes: each stage's marginal cost (graph replay of stages 1..k)
-        from microbench.kernels import mla_decode
-        res["mla_stages"] = {}
-        for b in (1, 64):
-            bt = L.build_attention(m16, b, dev, context_len=a.context_len, backend="triton")
-            fwd, (xa, ca) = bt.info["forward"], bt.info["inputs"]
-            cum = [do_bench_graph(lambda k=k: fwd(xa, ca, upto=k)).median_us
-                   for k in range(1, len(mla_decode.STAGES) + 1)]
-            res["mla_stages"][str(b)] = {n: c - (cum[i - 1] if i else 0.0)
-                                         for i, (n, c) in enumerate(zip(mla_decode.STAGES, cum))}
-            log(f"mla stages b={b}: " + ", ".join(f"{n} {v:.1f}" for n, v in
-                                                  res["mla_stages"][str(b)].items()))
-            save()
-        # MLA block sizes at three batch sizes (heads/program, context block, splits, warps)
-        from microbench.kernels import mla_decode
-        res["mla_sweep"] = {}
-        default = mla_decode.CONFIG
-        for b in (1, 64):
-            pts = []
-            for t in MLA_SWEEP:
-                mla_decode.CONFIG = mla_decode.MlaConfig(*t)
-                try:
-                    bt = L.build_attention(m16, b, dev, context_len=a.context_len,
-                                           backend="triton")
-                    pts.append((do_bench_graph(bt.fn).median_us, t))
-                except Exception as e:  # noqa: BLE001
-                    pts.append((None, t, f"{type(e).__name__}: {str(e)[:120]}"))
-                finally:
-                    mla_decode.CONFIG = default
-            res["mla_sweep"][str(b)] = pts
-            log(f"mla sweep b={b}: {pts}")
-            save()
+        time_mla()
 
     hdr = ["b", "experts", "bf16 triton µs", "bf16 +fused route µs", "grouped_mm µs", "int4 µs",
            "int4 gemv µs", "fp8 µs", "floor bf16/int4/fp8 µs", "bf16 %", "int4 %", "fp8 %",
@@ -365,6 +381,10 @@ def _main(argv=None) -> int:
         f"{r['bf16_triton_us'] / r['int4_us']:.2f}" if r.get("int4_us") and r.get(
             "bf16_triton_us") else "-"] for r in res["rows"]]
     print(tabulate(rows, headers=hdr))
+    return _print_mla(res, tabulate, save, t_start)
+
+
+def _print_mla(res: dict, tabulate, save, t_start: float) -> int:
     if res["mla_rows"]:
         print(tabulate([[r["batch"], f"{r.get('torch_us', 0):.1f}", f"{r.get('triton_us', 0):.1f}",
                          f"{r['floor_us']:.1f}",

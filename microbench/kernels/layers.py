@@ -13,7 +13,7 @@ from a CUDA graph (no host syncs, fixed-size index tensors):
   decode kernel, microbench/kernels/moe_triton.py, on the `fast` weight layout).
 - `attention`: MLA decode with absorbed projections over a KV cache of `context_len` tokens
   (GQA for Llama/Qwen); RoPE itself is left out (elementwise, negligible). Backend `torch`
-  (op by op) or, for MLA, `triton` (microbench/kernels/mla_decode.py, 7 launches).
+  (op by op) or, for MLA, `triton` (microbench/kernels/mla_decode.py, 8 launches).
 - `dense_mlp`, `lm_head` (final norm, logits, Gumbel-max sampling).
 Each builder returns a `Built` with `fn` (one forward on fixed inputs) and `check()` that
 compares the op with a float32 reference on fresh random inputs (STYLE rule 4); probes call
@@ -223,7 +223,7 @@ def moe_weight_bytes(m: ModelConfig, experts_sample: int | None = None) -> int:
 def build_attention(m: ModelConfig, batch: int, device, *, context_len: int,
                     seed: int = 0, backend: str = "torch") -> Built:
     """backend "torch" (op by op) or, for MLA, "triton" (microbench/kernels/mla_decode.py:
-    the same absorbed decode in 7 launches); both checked against the float32 reference."""
+    the same absorbed decode in 8 launches); both checked against the float32 reference."""
     import torch
 
     H, h = m.hidden, m.num_heads
