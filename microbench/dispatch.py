@@ -32,9 +32,8 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -84,7 +83,7 @@ class DispatchConfig:
     trace_path: str | None = None           # None: next to json_path, .trace.json
     trace_ms_per_point: float = 300.0
     torchrun_args: tuple[str, ...] = ()
-    inject: tuple[str, ...] = ()            # fault switches, pp_loop.parse_inject specs
+    inject: tuple[str, ...] = ()            # fault switches, reports.base.inject specs
     serve: str | None = None                # "[HOST:]PORT": serve mode (microbench/serve.py)
     serve_seconds: float | None = None      # serve mode: stop after this long (None: on a signal)
     argv: tuple[str, ...] = field(default=(), compare=False)
@@ -144,7 +143,7 @@ def loop_config(cfg: DispatchConfig) -> dict:
         raise ValueError(f"--work moe needs a MoE model; {m.name} is dense")
     from microbench.pp_loop import parse_cost_curve
     pts = parse_cost_curve(cfg.cost_us) if cfg.work == "busy" else []
-    from microbench.pp_loop import parse_inject
+    from reports.base.inject import parse_inject
     parse_inject(cfg.inject, cfg.pp)  # one-line ValueError before anything runs
     points = [{"policy": p, "arrival": a, "concurrency": c, "inject": list(cfg.inject)}
               for a in cfg.arrivals for c in cfg.concurrency for p in cfg.policies]
@@ -393,7 +392,6 @@ def summarize(loop_cfg: dict, rank_results: list[dict], nccl_p2p_disabled: bool)
     runs = tuple(runs)
     allv = [h.p50_us for h in hops if h.p50_us is not None]
     info = {str(r["rank"]): r.get("info", {}) for r in rank_results}
-    layers = [i.get("layers_used") for i in info.values() if i.get("layers_used") is not None]
     return DispatchData(
         config=settings_of(loop_cfg, nccl_p2p_disabled, info,
                            rank_results[0].get("capture_sizes") if rank_results else ()),

@@ -150,7 +150,7 @@ def config_from_args(args, n_gpus: int, check_gpus: bool = True):
             if str(args.pp) != "auto" or check_gpus else 2
         if args.work == "busy":
             parse_cost_curve(args.cost_us)
-        from microbench.pp_loop import parse_inject
+        from reports.base.inject import parse_inject
         parse_inject(args.inject, pp)
     except ValueError as e:
         raise CliError(str(e)) from None

@@ -67,6 +67,7 @@ from reports.base.cuda_graphs import capture_sizes, padded  # SGLang's decode ca
 from microbench.kit.launch import recv_pyobj, start_rank
 from reports.base.records import write_json_atomic
 from reports.base.sglang_defaults import MAX_PREFILL_TOKENS
+from reports.base.inject import parse_inject
 from reports.base.slots import AdmitState, SlotConfig, Visit, visit
 from microbench.pp_comm import (TAG_REQS, commit, drain_last_to_first, exchange_outputs,
                                 gloo_one_way_us, isend_pyobj, new_loop_state, recv_proxy,
@@ -97,47 +98,6 @@ def parse_cost_curve(text: str) -> list[tuple[int, float]]:
     if len({b for b, _ in pts}) != len(pts):
         raise ValueError("cost curve repeats a batch size")
     return pts
-
-
-INJECT_KINDS = ("slow-stage", "host-delay", "hop-delay")
-
-
-def parse_inject(specs, pp: int) -> dict:
-    """`--inject` specs -> {"slow_stage": {rank: factor}, "host_delay_us": {rank: us},
-    "hop_delay_us": us}. Forms: `slow-stage=RANK:FACTOR` (that rank's forward takes FACTOR
-    times as long: an extra calibrated sleep kernel after it, inside `run_batch`),
-    `host-delay=RANK:US` (that rank's host spins US microseconds per loop iteration, inside
-    `get_next_batch_to_run` on ranks > 0; per visit with a batch), `hop-delay=US` (every hidden-state send leaves US later: a sleep
-    kernel on a side stream the send waits on, so the sender's forward is not slowed)."""
-    out = {"slow_stage": {}, "host_delay_us": {}, "hop_delay_us": 0.0}
-    for spec in specs or ():
-        kind, sep, val = str(spec).partition("=")
-        if kind not in INJECT_KINDS or not sep:
-            raise ValueError(f"--inject {spec!r}: expected one of slow-stage=RANK:FACTOR, "
-                             "host-delay=RANK:US, hop-delay=US")
-        try:
-            if kind == "hop-delay":
-                us = float(val)
-                if not 0 <= us <= 1e6:
-                    raise ValueError
-                out["hop_delay_us"] = us
-                continue
-            r, sep2, x = val.partition(":")
-            rank, v = int(r), float(x)
-            if not sep2 or not 0 <= rank < pp:
-                raise ValueError
-        except ValueError:
-            raise ValueError(f"--inject {spec!r}: bad value (rank 0..{pp - 1}, finite numbers)"
-                             ) from None
-        if kind == "slow-stage":
-            if not 1.0 <= v <= 100.0:
-                raise ValueError(f"--inject {spec!r}: FACTOR must be between 1 and 100")
-            out["slow_stage"][rank] = v
-        else:
-            if not 0 <= v <= 1e6:
-                raise ValueError(f"--inject {spec!r}: US must be between 0 and 1e6")
-            out["host_delay_us"][rank] = v
-    return out
 
 
 def sglang_log_lines(res: dict, prompt_len: int, graphs_on: bool, capture: list[int],

@@ -200,7 +200,7 @@ def test_cli_waived_without_gpus(monkeypatch, tmp_path):
 
 
 def test_parse_inject_forms_and_errors():
-    from microbench.pp_loop import parse_inject
+    from reports.base.inject import parse_inject
     got = parse_inject(["slow-stage=1:1.5", "host-delay=0:800", "hop-delay=300"], pp=2)
     assert got == {"slow_stage": {1: 1.5}, "host_delay_us": {0: 800.0}, "hop_delay_us": 300.0}
     assert parse_inject([], pp=2) == {"slow_stage": {}, "host_delay_us": {}, "hop_delay_us": 0.0}

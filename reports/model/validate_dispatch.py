@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 from statistics import median
 
 from reports.base.errors import CliError
+from reports.base.inject import parse_inject
 from reports.model.pipeline_model import LoopConfig, simulate
 from reports.base.records import Record
 from reports.base.interp import interp_log
@@ -125,14 +126,10 @@ def probe_inputs(rec: Record) -> ProbeInputs:
     else:
         host = per_rank("host_us_p50")
     commit = any(s.commit_wait_us_p50 is not None for r in d.runs for s in r.stages)
-    delay = 0.0
-    for spec in d.config.inject or ():
-        kind, _, val = str(spec).partition("=")
-        if kind == "hop-delay":
-            try:
-                delay = max(0.0, float(val))
-            except ValueError:
-                pass
+    try:
+        delay = parse_inject(d.config.inject, pp)["hop_delay_us"]
+    except ValueError as e:
+        raise CliError(f"dispatch.json: {e}") from None
     return ProbeInputs(pp, depth, curves, host, launch, process,
                        per_rank("host_empty_us_p50"), hop, _med(gl), split, commit, delay)
 
