@@ -59,20 +59,17 @@ def experts_fn():
 
 def quant_args(qw) -> tuple:
     """(w13, w2, keyword arguments) for SGLang's call on ppscope's quantised weights."""
+    import torch
+
     if qw.fmt == "int4":
         kw = dict(use_int4_w4a16=True, w1_scale=qw.gate_up_s, w2_scale=qw.down_s,
                   block_shape=[0, 32])
-        return qw.gate_up_q.view(dtype=_uint8()), qw.down_q.view(dtype=_uint8()), kw
+        return qw.gate_up_q.view(torch.uint8), qw.down_q.view(torch.uint8), kw
     if qw.fmt == "fp8":
         kw = dict(use_fp8_w8a8=True, w1_scale=qw.gate_up_s, w2_scale=qw.down_s,
                   block_shape=[128, 128])
         return qw.gate_up_q, qw.down_q, kw
     raise ValueError(f"no SGLang call for format {qw.fmt}")
-
-
-def _uint8():
-    import torch
-    return torch.uint8
 
 
 def forward(call, qw, x):
