@@ -16,7 +16,8 @@ bandwidth (`efficiency_measured_bw`): spec bandwidth is rarely reachable.
 Stage cost = Σ over its layers (attention + MoE or dense MLP) + extras (lm_head on the last
 stage; the embedding lookup is costed by the roofline only). Efficiency = floor / measured;
 imbalance = max / mean stage cost. Formats: MoE routed experts run in the model's own format
-(`--dtype native`, the default: INT4 W4A16 and FP8 block-scaled Triton kernels,
+(`--dtype native`, the default: INT4 W4A16 on a CUDA kernel that dequantises into MMA
+registers (Triton where it cannot build), FP8 block-scaled on Triton;
 microbench/kernels/moe_quant.py), the shared expert too when it shares that format, else
 bf16; attention, dense MLP, router and lm_head run in bf16. `measured_formats` says what ran,
 every floor and efficiency uses those formats, and each layer entry names its `kernel`

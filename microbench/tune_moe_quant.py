@@ -5,12 +5,15 @@ for Kimi K2 dims: bf16, INT4 and FP8 copies of all 384 experts).
 1. Checks (relative error, float32 references on dequantised weights, fresh random inputs):
    INT4 and FP8 layers at small and real dims (shared expert bf16 and in-format), at b = 128
    against the bf16 Triton kernel run on the dequantised weights, and the MLA decode.
-2. Sweep: each expert kernel alone (gate_up, down) per block config at a few batch sizes;
-   the fastest per size is used below (`--sweep-budget-s 0`: the modules' CONFIGS).
+2. Sweep: each Triton expert kernel alone (gate_up, down) per block config at a few batch
+   sizes, the fastest per size used below (`--sweep-budget-s 0`: the modules' CONFIGS); and
+   the whole INT4 layer on `moe_int4_mma` per variant (`SWEEP_MMA`: warps per tile and
+   register cap per launch; recorded, its CONFIGS table is set from it by hand).
 3. Table under CUDA-graph replay, whole layer (router, plan, experts, slot sum): bf16 Triton
    (`moe_triton`, torch router), bf16 Triton with the fused router (`moe_route`),
-   `torch._grouped_mm` (bf16 `fast`), INT4, INT4 on the CUDA-core GEMV (`moe_int4_gemv`,
-   its own config table, not swept), FP8; each next to its own format's floor
+   `torch._grouped_mm` (bf16 `fast`), INT4 (the default kernel: `moe_int4_mma` where it
+   builds), INT4 on the Triton kernel (`moe_int4`, swept config), INT4 on the CUDA-core GEMV
+   (`moe_int4_gemv`, its own config table, not swept), FP8; each next to its own format's floor
    (bytes of the distinct experts touched + shared expert + router, spec-sheet bandwidth,
    and the copy bandwidth measured here). MLA attention: torch ops vs `mla_decode`.
 Writes DIR/moe_quant.json as it goes; prints the table last.
@@ -27,6 +30,10 @@ SWEEP_INT4_DN = ((64, 128, 4, 4), (64, 256, 4, 3), (32, 256, 4, 3), (32, 128, 4,
                  (64, 128, 4, 3), (64, 512, 4, 2), (64, 256, 4, 4), (128, 128, 4, 3))
 SWEEP_FP8_GU = ((32, 128, 4, 4), (64, 128, 4, 4), (128, 128, 4, 3), (64, 128, 4, 6))
 SWEEP_FP8_DN = ((64, 128, 4, 4), (128, 128, 4, 3), (128, 128, 8, 4), (256, 128, 8, 3))
+# moe_int4_mma layer variants: ((gate_up warps per tile, CTAs per SM the registers allow),
+# (down ...))
+SWEEP_MMA = (((4, 12), (1, 12)), ((1, 12), (1, 12)), ((4, 10), (1, 10)), ((1, 10), (1, 10)),
+             ((2, 12), (1, 12)), ((4, 8), (1, 8)), ((1, 1), (1, 1)))
 # (heads per program, context block, max splits, warps)
 MLA_SWEEP = ((16, 64, 16, 4), (32, 64, 16, 8), (64, 32, 16, 8), (16, 64, 32, 4), (16, 32, 16, 4))
 
@@ -98,6 +105,38 @@ def sweep_quant(fmt: str, qw, m, batches, budget_s: float, log) -> dict:
         if str(b) in out["best"]:
             log(f"sweep {fmt} b={b}: " + ", ".join(
                 f"{k} {v[0]:.1f} us {tuple(v[1].values())}" for k, v in out["best"][str(b)].items()))
+    return out
+
+
+def sweep_mma(qw, m, batches, log) -> dict:
+    """The whole INT4 layer on `moe_int4_mma` per variant (`SWEEP_MMA`) and batch size, under
+    CUDA-graph replay. {"points": {b: [(us, variant)]}, "best": {b: variant}}; a variant
+    whose check fails is recorded with its error and never best."""
+    from microbench.kernels import layers as L
+    from microbench.kernels import moe_int4_mma as MM
+    from microbench.kit.timing import do_bench_graph
+
+    out = {"points": {}, "best": {}, "regs": {}}
+    for b in batches:
+        pts = []
+        for gu, dn in SWEEP_MMA:
+            cfg = MM.MmaLayerConfig(MM.MmaConfig(gu[0], 1, gu[1]), MM.MmaConfig(dn[0], 1, dn[1]))
+            try:
+                bl = L.build_moe(m, b, qw.gate_up_q.device, backend="triton", fmt="int4",
+                                 weights=qw, triton_config=cfg)
+                err = bl.check()
+                pts.append((do_bench_graph(bl.fn).median_us, [gu, dn], err))
+            except Exception as e:  # noqa: BLE001 - recorded; the others still run
+                pts.append((None, [gu, dn], f"{type(e).__name__}: {str(e)[:160]}"))
+        out["points"][str(b)] = pts
+        ok = [p for p in pts if p[0] is not None]
+        if ok:
+            out["best"][str(b)] = min(ok, key=lambda p: p[0])
+            log(f"mma sweep b={b}: best {out['best'][str(b)][0]:.1f} us {out['best'][str(b)][1]}")
+    for gu, dn in SWEEP_MMA:
+        for ks, mb in (gu, dn):
+            k = MM._kernel(MM.MmaConfig(ks, 1, mb))
+            out["regs"][f"ksplit{ks}/minb{mb}"] = [k.num_regs, k.local_size_bytes]
     return out
 
 
@@ -299,6 +338,12 @@ def _main(argv=None) -> int:
     best = {}
     if a.sweep_budget_s > 0:
         sb = [int(x) for x in a.sweep_batches.split(",")]
+        from microbench.kernels import moe_int4_mma
+        if why := moe_int4_mma.available():
+            res["sweep"]["int4_mma"] = f"not run: {why}"
+        else:
+            res["sweep"]["int4_mma"] = sweep_mma(qw4, m4, sb, log)
+        save()
         for fmt, qw, mm in (("int4", qw4, m4), ("fp8", qw8, m8)):
             res["sweep"][fmt] = sweep_quant(fmt, qw, mm, sb, a.sweep_budget_s / 2, log)
             best[fmt] = res["sweep"][fmt]["best"]
@@ -324,8 +369,11 @@ def _main(argv=None) -> int:
                 ("bf16_grouped_mm", lambda: L.build_moe(m16, b, dev, backend="torch",
                                                         variant="fast", weights=w16)),
                 ("int4", lambda: L.build_moe(m4, b, dev, backend="triton", fmt="int4",
-                                             weights=qw4, triton_config=best_config(
-                                                 best.get("int4"), b, moe_int4.config_for(b)))),
+                                             weights=qw4)),
+                ("int4_triton", lambda: L.build_moe(m4, b, dev, backend="triton", fmt="int4",
+                                                    weights=qw4, triton_config=best_config(
+                                                        best.get("int4"), b,
+                                                        moe_int4.config_for(b)))),
                 ("int4_gemv", lambda: L.build_moe(m4, b, dev, backend="triton", fmt="int4",
                                                   weights=qw4,
                                                   triton_config=moe_int4_gemv.config_for(b))),
@@ -339,13 +387,15 @@ def _main(argv=None) -> int:
                 else:
                     bl = make()
                     fn, d = bl.fn, bl.info["distinct_experts"]
-                    if key in ("int4", "fp8"):
-                        mod = moe_int4 if key == "int4" else moe_fp8
+                    if key in ("int4_triton", "fp8"):
+                        mod = moe_int4 if key == "int4_triton" else moe_fp8
                         row[f"{key}_config"] = dataclasses.asdict(
-                            best_config(best.get(key), b, mod.config_for(b)))
+                            best_config(best.get(key[:4]), b, mod.config_for(b)))
+                    if key == "int4":
+                        row["int4_kernel"] = bl.info["kernel"]
                     if key == "int4_gemv":
                         row[f"{key}_config"] = dataclasses.asdict(moe_int4_gemv.config_for(b))
-                    if key in ("int4", "fp8", "int4_gemv"):
+                    if key in ("int4", "int4_triton", "fp8", "int4_gemv"):
                         row[f"{key}_check_rel_err"] = bl.check()   # the config timed here
                 t = do_bench_graph(fn)
                 row[f"{key}_us"], row[f"{key}_p20_us"], row[f"{key}_p80_us"] = (
@@ -367,14 +417,14 @@ def _main(argv=None) -> int:
         time_mla()
 
     hdr = ["b", "experts", "bf16 triton µs", "bf16 +fused route µs", "grouped_mm µs", "int4 µs",
-           "int4 gemv µs", "fp8 µs", "floor bf16/int4/fp8 µs", "bf16 %", "int4 %", "fp8 %",
-           "int4 % copy-bw", "bf16/int4"]
+           "int4 triton µs", "int4 gemv µs", "fp8 µs", "floor bf16/int4/fp8 µs", "bf16 %",
+           "int4 %", "fp8 %", "int4 % copy-bw", "bf16/int4"]
 
     def pct(r, k, f):
         return f"{100 * r[f'{f}_floor_us'] / r[f'{k}_us']:.0f}%" if r.get(f"{k}_us") else "-"
     rows = [[r["batch"], r.get("int4_experts"), *(f"{r[k]:.1f}" if r.get(k) else "-" for k in (
         "bf16_triton_us", "bf16_triton_fused_route_us", "bf16_grouped_mm_us", "int4_us",
-        "int4_gemv_us", "fp8_us")),
+        "int4_triton_us", "int4_gemv_us", "fp8_us")),
         "/".join(f"{r.get(f'{k}_floor_us', 0):.0f}" for k in ("bf16", "int4", "fp8")),
         pct(r, "bf16_triton", "bf16"), pct(r, "int4", "int4"), pct(r, "fp8", "fp8"),
         f"{100 * r['int4_floor_copy_bw_us'] / r['int4_us']:.0f}%" if r.get("int4_us") else "-",

@@ -82,9 +82,11 @@ def _attn_src(ql_ptr, q_ptr, c_ptr, o_ptr, ml_ptr, ctx, sm_scale,
               BC: tl.constexpr, SPLIT: tl.constexpr):
     # ql [h, b, KL] absorbed queries; q [b, h, NOPE + ROPE]; cache [b, ctx, KL + ROPE]
     # o [b, S, h, KL] fp32 unnormalised; ml [b, S, h, 2] fp32 (running max, sum)
-    b = tl.program_id(0).to(tl.int64)
+    # head groups vary fastest in launch order: the groups of one (token, split) run side by
+    # side and read that cache slice from HBM once, then from L2
+    b = tl.program_id(2).to(tl.int64)
     sp = tl.program_id(1)
-    hh = (tl.program_id(2) * HB + tl.arange(0, HB)).to(tl.int64)
+    hh = (tl.program_id(0) * HB + tl.arange(0, HB)).to(tl.int64)
     kl = tl.arange(0, KL)
     rr = tl.arange(0, ROPE)
     q_lat = tl.load(ql_ptr + hh[:, None] * s_qlh + b * s_qlb + kl[None, :])          # [HB, KL]
@@ -212,7 +214,7 @@ def make_forward(W: dict, m, cfg: MlaConfig | None = None):
         o = torch.empty(b, S, h, kl, device=dev, dtype=torch.float32)
         ml = torch.empty(b, S, h, 2, device=dev, dtype=torch.float32)
         ex = dict(num_warps=attn_warps, num_stages=2) if cuda else {}
-        kern_attn[(b, S, h // hb)](
+        kern_attn[(h // hb, S, b)](
             q_lat, q3, cache, o, ml, ctx, sm,
             q_lat.stride(0), q_lat.stride(1), q3.stride(0), q3.stride(1),
             cache.stride(0), cache.stride(1), o.stride(0), o.stride(1), o.stride(2),

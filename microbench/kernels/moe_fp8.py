@@ -268,10 +268,7 @@ def moe_forward(qw: QuantMoEWeights, x, cfg: MoeConfig | None = None):
         raise RuntimeError(why)
     b = x.shape[0]
     cfg = cfg or config_for(b)
-    ids, tw = R.route(qw.base, x)
-    folded = qw.base.n_alloc < qw.base.router.shape[0]
-    plan = R.plan_for(ids, qw.base.n_alloc + qw.base.n_shared, cfg.block_m,
-                      None if folded else b)
+    ids, tw, plan = R.route_and_plan(qw.base, x, cfg.block_m)
     return fused_moe(x, qw, ids, tw, plan, cfg)
 
 

@@ -315,16 +315,35 @@ def use_gemv(qw: QuantMoEWeights, batch: int) -> bool:
     return batch * qw.base.top_k < GEMV_MAX_ROWS * qw.base.router.shape[0]
 
 
+def kernel_name(cfg=None) -> str:
+    """Which expert kernel `moe_forward(qw, x, cfg)` runs here."""
+    from microbench.kernels import moe_int4_gemv as G
+    from microbench.kernels import moe_int4_mma as MM
+
+    if isinstance(cfg, G.GemvMoeConfig):
+        return "moe_int4_gemv (Triton, CUDA-core GEMV, INT4 W4A16 group 32)"
+    if isinstance(cfg, MM.MmaLayerConfig) or (cfg is None and MM.available() is None):
+        return MM.KERNEL
+    return "moe_int4 (Triton, INT4 W4A16 group 32, in-register dequantisation)"
+
+
 def moe_forward(qw: QuantMoEWeights, x, cfg=None, asm: bool = True):
     """The whole layer on x [b, H]: router (`moe_route.route`), plan (`moe_route.plan`),
-    experts. Four Triton launches, one cuBLAS GEMV, the slot sum. `cfg`: a `MoeConfig` runs
-    the MMA kernel, a `moe_int4_gemv.GemvMoeConfig` the GEMV one; None: `use_gemv` decides."""
+    experts, the slot sum. `cfg` None: `moe_int4_mma` (CUDA, weights dequantised into MMA
+    registers) where it builds (`moe_int4_mma.available()`: cupy, an sm_80+ GPU), else this
+    module's Triton kernel; a `MoeConfig` runs the Triton kernel, a
+    `moe_int4_gemv.GemvMoeConfig` the CUDA-core GEMV one, a `moe_int4_mma.MmaLayerConfig`
+    the CUDA one."""
     from microbench.kernels import moe_int4_gemv as G
+    from microbench.kernels import moe_int4_mma as MM
     from microbench.kernels import moe_route as R
 
     if why := available():
         raise RuntimeError(why)
     b = x.shape[0]
+    if isinstance(cfg, MM.MmaLayerConfig) or (cfg is None and not use_gemv(qw, b)
+                                              and MM.available() is None):
+        return MM.moe_forward(qw, x, cfg)
     if isinstance(cfg, G.GemvMoeConfig) or (cfg is None and use_gemv(qw, b)):
         cfg = cfg or G.config_for(b)
         ids, tw, xg, cg = R.route(qw.base, x, gemv_layout=True)

@@ -13,7 +13,8 @@ from microbench.kernels import common
 from microbench.kernels.moe_common import QuantMoEWeights
 
 QUANT_FORMATS = ("int4", "fp8")
-KERNELS = {"int4": "moe_int4 (Triton, INT4 W4A16 group 32, in-register dequantisation)",
+KERNELS = {"int4": "moe_int4_mma (CUDA) where it builds, else moe_int4 (Triton); INT4 W4A16 "
+                   "group 32",
            "fp8": "moe_fp8 (Triton, FP8 e4m3 128x128 block scales, per-token-group activations)"}
 
 
@@ -73,7 +74,8 @@ def build(m, batch: int, device, fmt: str, *, experts_sample: int | None = None,
     elif backend == "triton":
         if why := mod.available():
             raise RuntimeError(why)
-        forward, kernel = mod.moe_forward, KERNELS[fmt]
+        forward = mod.moe_forward
+        kernel = mod.kernel_name(config) if hasattr(mod, "kernel_name") else KERNELS[fmt]
     else:
         raise ValueError(f"MoE backend {backend} does not run {fmt}")
     qw = weights or make_weights(m, fmt, device, experts_sample=experts_sample, zipf_s=zipf_s,

@@ -232,3 +232,12 @@ def plan_for(ids, G: int, block_m: int, max_per_expert: int | None = None) -> Bl
     if ids.numel() > FUSED_PLAN_MAX:
         return plan_blocks(ids.reshape(-1).long(), G, block_m)
     return plan(ids.reshape(-1), G, block_m, max_per_expert)
+
+
+def route_and_plan(w, x, block_m: int):
+    """`route` then `plan_for` with its blocks of `block_m` pairs: (ids, tw, plan). Experts
+    not folded (all allocated): at most b pairs per expert, which the fused plan uses."""
+    ids, tw = route(w, x)
+    folded = w.n_alloc < w.router.shape[0]
+    plan = plan_for(ids, w.n_alloc + w.n_shared, block_m, None if folded else x.shape[0])
+    return ids, tw, plan
