@@ -196,12 +196,14 @@ else
 endif
 	@touch $@
 
-# cupy drives the copy engines in the topology probe; pick the wheel for torch's CUDA major.
+# cupy drives the copy engines in the topology probe and builds stage-cost's INT4 MoE kernel
+# (NVRTC); pick the wheel for torch's CUDA major.
 $(GPU_STAMP): $(TORCH_STAMP)
 	@if command -v nvidia-smi >/dev/null 2>&1 && ! $(VPY) -c "import cupy" 2>/dev/null; then \
 	  major=$$($(VPY) -c "import torch; print((torch.version.cuda or '12').split('.')[0])"); \
 	  $(PIP) "cupy-cuda$${major}x" || \
-	    echo "warning: could not install cupy-cuda$${major}x; P2P copy-engine rows will be waived"; \
+	    echo "warning: could not install cupy-cuda$${major}x; P2P copy-engine rows will be waived" \
+	      "and the INT4 MoE layer runs its Triton kernel"; \
 	fi
 	@touch $@
 
@@ -229,7 +231,7 @@ test: $(TEST_STAMP)
 topology: $(GPU_STAMP)
 	$(PPSCOPE) topology --json $(RESULTS)/topology.json $(ARGS)
 
-stage-cost: $(TORCH_STAMP)
+stage-cost: $(GPU_STAMP)
 	$(PPSCOPE) stage-cost --model $(MODEL) --pp $(PP) --json $(RESULTS)/stage_cost.json $(ARGS)
 
 graphs: $(TORCH_STAMP)
