@@ -25,7 +25,7 @@ from reports.base.payloads.topology import HopCost, TopologyData
 from reports.base.payloads.sglang import SglangData
 from reports.base.records import Record, to_jsonable
 from reports.model.scenario import Inputs
-from reports.model.server_log import DP_RULES, dp_count, log_figures
+from reports.model.server_log import DP_RULES, dp_count, log_figures, moe_kernel_lines
 from reports.model.validate_dispatch import micro_batch_choices, validate
 from reports.model.verdicts import verdicts
 from reports.model.whatif import (OBJECTIVE, TP_KNOB, measured_concurrency, recommendation,
@@ -272,6 +272,8 @@ def server_summary(sg: SglangData, conc: list[dict[str, Any]], pp: int) -> dict[
         "dp_ranks": n_dp,                     # DP ranks per PP rank in the log (0: none)
         "dp_rules": DP_RULES if n_dp else None,
         "slot_imbalance": imb,
+        "moe_kernel": dict(sg.log.moe_kernel) if sg.log else {},
+        "moe_kernel_lines": moe_kernel_lines(sg.log.moe_kernel if sg.log else None),
         "bench": [{"concurrency": b.max_concurrency, "mean_concurrency": b.mean_concurrency,
                    "output_tok_per_s": b.output_throughput, "mean_tpot_ms": b.mean_tpot_ms,
                    "median_itl_ms": b.median_itl_ms, "mean_ttft_ms": b.mean_ttft_ms}

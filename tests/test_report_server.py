@@ -262,3 +262,29 @@ def test_unreadable_trace_is_a_warning(tmp_path, fixtures, capsys):
     assert "measured_timeline" not in rep
     assert any(w.startswith("dispatch.trace.json: not a readable Chrome trace") for w in rep["warnings"])
     assert "warning: dispatch.trace.json: not a readable" in capsys.readouterr().err
+
+
+# -- which MoE kernel the server ran (its start-up lines, microbench/sglang/log.py) ---------------
+
+@pytest.mark.parametrize("mk,want,absent", [
+    ({"scheme": "CompressedTensorsWNA16MarlinMoEMethod", "kernel": "marlin"},
+     ["MoE kernel [log]: SGLang picked CompressedTensorsWNA16MarlinMoEMethod, i.e. the Marlin",
+      "not Marlin"], ["default block config"]),
+    ({"scheme": "CompressedTensorsWNA16TritonMoE", "kernel": "triton",
+      "reason": "moe_runner_backend=triton", "triton_config": "default",
+      "config_file": "/c/E=384,N=256,device_name=X.json"},
+     ["SGLang's Triton fused MoE (SGLang's reason: moe_runner_backend=triton)",
+      "default block config (no tuned config for this GPU and expert shape: "
+      "/c/E=384,N=256,device_name=X.json not found"], ["not Marlin"]),
+    ({}, [], ["MoE kernel [log]"]),
+])
+def test_report_names_the_servers_moe_kernel(tmp_path, fixtures, mk, want, absent):
+    def edit(d):
+        d["log"]["moe_kernel"] = mk
+    rep, out = _report(tmp_path, _results(tmp_path, fixtures, "sglang.json", edit=edit))
+    assert rep["server"]["moe_kernel"] == mk
+    md = (out / "report.md").read_text()
+    for w in want:
+        assert w in md
+    for a in absent:
+        assert a not in md

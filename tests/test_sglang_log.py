@@ -233,3 +233,49 @@ def test_unreadable_inputs_are_one_line_errors(tmp_path, make, words):
     with pytest.raises(CliError) as e:
         sglang_log.read_logs([make(tmp_path)])
     assert words in str(e.value) and "\n" not in str(e.value)
+
+
+# -- which MoE kernel the server runs (start-up lines of SGLang 0.5.23: the scheme chosen in
+# layers/quantization/compressed_tensors/compressed_tensors.py, the Triton config lookup in
+# layers/moe/moe_runner/triton_utils/fused_moe_triton_config.py; paths and times ours)
+
+_DECODE = ("[2026-11-30 10:00:05 TP0 PP0] Decode batch, #running-req: 8, #token: 8000, token "
+           "usage: 0.01, cuda graph: True, gen throughput (token/s): 80.00, #queue-req: 0, \n")
+_CFG = ("/usr/lib/python3.12/site-packages/sglang/srt/layers/moe/moe_runner/triton_utils/configs/"
+        "triton_3_5_1/E=384,N=256,device_name=NVIDIA_RTX_PRO_6000_Blackwell_Server_Edition,"
+        "dtype=int4_w4a16.json")
+
+
+@pytest.mark.parametrize("lines,want", [
+    (["Using CompressedTensorsWNA16MarlinMoEMethod"],
+     {"scheme": "CompressedTensorsWNA16MarlinMoEMethod", "kernel": "marlin"}),
+    (["Using CompressedTensorsWNA16TritonMoE (moe_runner_backend=triton)",
+      f"Using default MoE kernel config. Performance might be sub-optimal! Config file not found "
+      f"at {_CFG}, you can create them with https://github.com/sgl-project/sglang/tree/main/"
+      f"benchmark/kernels/fused_moe_triton"],
+     {"scheme": "CompressedTensorsWNA16TritonMoE", "kernel": "triton",
+      "reason": "moe_runner_backend=triton", "triton_config": "default", "config_file": _CFG}),
+    ([f"Using MoE kernel config from {_CFG}."], {"triton_config": "tuned", "config_file": _CFG}),
+    ([f"Config file not found at /x/triton_3_6_0/E=384.json. Fallback to triton version 3.5.1 "
+      f"and use MoE kernel config from {_CFG}. Performance might be sub-optimal!"],
+     {"triton_config": "fallback", "config_file": _CFG}),
+    (["Using CompressedTensorsW8A8Fp8MoE", "Load weight end. type=DeepseekV3ForCausalLM"],
+     {"scheme": "CompressedTensorsW8A8Fp8MoE", "kernel": "other"}),
+    (["Load weight end. type=DeepseekV3ForCausalLM, dtype=torch.bfloat16"], {}),
+])
+def test_startup_lines_name_the_moe_kernel(tmp_path, lines, want):
+    log = tmp_path / "server.log"
+    log.write_text("".join(f"[2026-11-30 10:00:0{i} TP0 PP0] {ln}\n" for i, ln in enumerate(lines))
+                   + _DECODE)
+    assert sglang_log.read_logs([log])["moe_kernel"] == want
+
+
+def test_moe_kernel_read_only_at_start_up_and_across_block_edges(tmp_path, monkeypatch):
+    monkeypatch.setattr(sglang_log, "CHUNK_BYTES", 64)
+    monkeypatch.setattr(sglang_log, "SETTINGS_BYTES", 4096)
+    line = "[2026-11-30 11:00:00 TP0 PP0] Using CompressedTensorsWNA16MarlinMoEMethod\n"
+    log = tmp_path / "server.log"
+    log.write_text("x" * 50 + "\n" + line + _DECODE)       # the line spans two 64-byte blocks
+    assert sglang_log.startup_moe_kernel([log])["kernel"] == "marlin"
+    log.write_text(_DECODE * (4096 // len(_DECODE) + 2) + line)   # past the start-up window
+    assert sglang_log.startup_moe_kernel([log]) == {}

@@ -2,7 +2,11 @@
 ppscope's kernels in the same format (`ppscope stage-cost --moe-backends triton,sglang`).
 
 Only where `import sglang` works (the user's server machine): the point is to see whether the
-server's own kernel is the slow part. Nothing of SGLang is copied; its function is called:
+server's own kernel is the slow part. Which kernel that is depends on the format and GPU: for
+compressed-tensors INT4 W4A16 (Kimi K2) SGLang 0.5.23 runs this Triton kernel only with
+`--moe-runner-backend triton`, on SM100/SM103 by default, or on ROCm; on other CUDA GPUs its
+default is Marlin (`fused_marlin_moe`, sgl-kernel CUDA), which is not timed here. The server
+log names the one it picked (`ppscope sglang --log`: `moe_kernel`). Nothing of SGLang is copied; its function is called:
 `fused_experts` of `sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe` (SGLang 0.5.23;
 `sglang.srt.layers.moe.fused_moe_triton.fused_moe` in earlier 0.4/0.5 releases, tried second),
 with `StandardTopKOutput` (`sglang.srt.layers.moe.topk`) and `MoeRunnerConfig`

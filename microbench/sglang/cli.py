@@ -222,6 +222,8 @@ def render(data: dict) -> str:
                      f"{log['lines_unrecognised']} unrecognised, {log['lines_other']} other")
         if log.get("files_without_batch_lines"):
             parts.append("no batch lines in: " + ", ".join(log["files_without_batch_lines"]))
+        from reports.model.server_log import moe_kernel_lines
+        parts += moe_kernel_lines(log.get("moe_kernel"))
     if data["traces"]:
         parts.append(_render_traces(data["traces"]["ranks"]))
     if data["bench"]:

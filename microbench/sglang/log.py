@@ -33,6 +33,9 @@ releases' scheduler.py / scheduler_metrics_mixin.py):
   NPU builds write `npu graph`.
 Several files: a line with a `PP{p}` tag belongs to rank p; a file whose lines carry no PP tag is
 taken as rank <file index>.
+Start-up lines (the first SETTINGS_BYTES of each file): the settings line (`server_settings`:
+max_running_requests, chunked_prefill_size, ...) and which MoE kernel the server picked and how
+its Triton config was found (`moe_kernel`, `startup_moe_kernel`).
 
 Which lines are the same batch and which are different batches (SGLang 0.5.23 logs only from
 schedulers with attention-TP rank 0 and attention-CP rank 0, `is_stats_logging_rank`; older
@@ -862,9 +865,86 @@ def startup_settings(paths: Iterable[str | Path]) -> dict[str, int]:
     return {}
 
 
+# Which MoE kernel the server runs, from its start-up lines (SGLang 0.5.23):
+# - layers/quantization/compressed_tensors/compressed_tensors.py logs the scheme it picks for a
+#   compressed-tensors MoE once, `Using CompressedTensorsWNA16MarlinMoEMethod` (INT4 W4A16 on
+#   CUDA by default: Marlin) or `Using CompressedTensorsWNA16TritonMoE (<reason>)` (Triton:
+#   `--moe-runner-backend triton`, SM100/SM103 by default, ROCm), `Using
+#   CompressedTensorsW8A8Fp8MoE`, ...;
+# - layers/moe/moe_runner/triton_utils/fused_moe_triton_config.py, when the Triton fused MoE
+#   loads its block config: `Using MoE kernel config from <file>.` (tuned for this GPU and
+#   shape), a warning `Config file not found at <file>. Fallback to triton version <v> and use
+#   MoE kernel config from <file>. ...`, or `Using default MoE kernel config. Performance might
+#   be sub-optimal! Config file not found at <file>, ...` (untuned).
+_MOE_SCHEME_RE = re.compile(rb"\bUsing ([A-Za-z0-9_]*Mo[Ee][A-Za-z0-9_]*)(?: \(([^)\n]{0,80})\))?")
+_CFG_FILE = rb"(\S{1,400}?\.json|\S{1,400}?)"          # the file names hold commas and dots
+_MOE_TUNED_RE = re.compile(rb"Using MoE kernel config from " + _CFG_FILE + rb"\.?\s*$")
+_MOE_FALLBACK_RE = re.compile(rb"Fallback to triton version (\S{1,40}) and use MoE kernel config "
+                              rb"from " + _CFG_FILE + rb"\.(?:\s|$)")
+_MOE_DEFAULT_RE = re.compile(rb"Using default MoE kernel config\.(?:.*?Config file not found at "
+                             + _CFG_FILE + rb"[,.]?(?:\s|$))?")
+
+
+def _moe_kind(scheme: str) -> str:
+    s = scheme.lower()
+    return "marlin" if "marlin" in s else "triton" if "triton" in s else "other"
+
+
+def startup_moe_kernel(paths: Iterable[str | Path]) -> dict[str, str]:
+    """What the log says about the server's MoE kernel (the lines above), from at most
+    SETTINGS_BYTES of each file: `scheme` (the quantisation scheme SGLang picked), `kernel`
+    (marlin / triton / other), `reason` (why Triton, when SGLang says), `triton_config` (tuned /
+    fallback / default: the Triton fused MoE's block config), `config_file`. Empty when the log
+    has none of them (a bf16 model, or logged below info level)."""
+    out: dict[str, str] = {}
+    for p in paths:
+        seen = 0
+        tail = b""          # a line cut by the block boundary, completed by the next block
+        try:
+            for block in _open_blocks(Path(p)):
+                seen += len(block)
+                cut = block.rfind(b"\n")
+                block, tail = (tail + block, b"") if cut < 0 else \
+                    (tail + block[:cut + 1], block[cut + 1:])
+                if len(tail) > MAX_LINE_BYTES:
+                    tail = b""
+                if b"MoE" in block or b"Moe" in block:
+                    for line in block.splitlines():
+                        if b"Mo" not in line:
+                            continue
+                        line = line.rstrip()
+                        m = _MOE_SCHEME_RE.search(line)
+                        if m and "scheme" not in out:
+                            if m.group(1) != b"MoE":      # "Using MoE kernel config from"
+                                out["scheme"] = m.group(1).decode()
+                                out["kernel"] = _moe_kind(out["scheme"])
+                                if m.group(2):
+                                    out["reason"] = m.group(2).decode(errors="replace")
+                        if "triton_config" in out:
+                            continue
+                        if (m := _MOE_FALLBACK_RE.search(line)):
+                            out["triton_config"] = "fallback"
+                            out["config_file"] = m.group(2).decode(errors="replace")
+                        elif (m := _MOE_DEFAULT_RE.search(line)):
+                            out["triton_config"] = "default"
+                            if m.group(1):
+                                out["config_file"] = m.group(1).decode(errors="replace")
+                        elif (m := _MOE_TUNED_RE.search(line)):
+                            out["triton_config"] = "tuned"
+                            out["config_file"] = m.group(1).decode(errors="replace")
+                if seen >= SETTINGS_BYTES or ("scheme" in out and "triton_config" in out):
+                    break
+        except (EOFError, OSError, zlib.error):  # the scan already said what is wrong with it
+            continue
+        if out:
+            return out
+    return out
+
+
 def read_logs(paths: Iterable[str | Path], window: int = 16, bin_s: float = 10.0,
               workers: int | None = None) -> dict:
     paths = list(paths)
     out = summarize(scan_logs(paths, workers=workers), window=window, bin_s=bin_s)
     out["server_settings"] = startup_settings(paths)
+    out["moe_kernel"] = startup_moe_kernel(paths)
     return out

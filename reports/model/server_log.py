@@ -75,3 +75,41 @@ def graph_shares(sg: SglangData) -> list[tuple[str, float, int]]:
         elif d.cuda_graph_frac is not None:
             out.append((r, d.cuda_graph_frac, d.decode_lines))
     return out
+
+
+def moe_kernel_lines(mk: dict[str, str] | None) -> list[str]:
+    """What the server log says about its MoE kernel (microbench/sglang/log.py
+    `startup_moe_kernel`), in words, with what ppscope can and cannot compare it with. Empty when
+    the log named none. Observed: SGLang's own start-up lines."""
+    if not mk:
+        return []
+    out = []
+    scheme, kind = mk.get("scheme"), mk.get("kernel")
+    if scheme:
+        what = {"marlin": "the Marlin kernel (sgl-kernel CUDA; SGLang 0.5.23's default for "
+                          "compressed-tensors INT4 W4A16 MoE on CUDA GPUs other than SM100/SM103)",
+                "triton": "SGLang's Triton fused MoE"
+                          + (f" (SGLang's reason: {mk['reason']})" if mk.get("reason") else ""),
+                }.get(kind or "", "a kernel ppscope does not classify")
+        out.append(f"MoE kernel [log]: SGLang picked {scheme}, i.e. {what}.")
+        if kind == "marlin":
+            out.append("ppscope's stage-cost times its own INT4 kernel and, with --moe-backends "
+                       "sglang, SGLang's Triton fused MoE (what SGLang runs with "
+                       "--moe-runner-backend triton), not Marlin: the kernel efficiency fed into "
+                       "the model is ppscope's, and the report's implied efficiency says how far "
+                       "the server's kernels are from it.")
+    cfg = mk.get("triton_config")
+    if cfg == "default":
+        out.append("SGLang warned that its Triton fused MoE runs with the default block config "
+                   "(no tuned config for this GPU and expert shape"
+                   + (f": {mk['config_file']} not found" if mk.get("config_file") else "")
+                   + "; 'Performance might be sub-optimal'): tuning it with SGLang's "
+                     "benchmark/kernels/fused_moe_triton writes that file.")
+    elif cfg == "fallback":
+        out.append("SGLang's Triton fused MoE uses a block config tuned for another Triton "
+                   "version (" + mk.get("config_file", "file not named") + "): SGLang warns "
+                   "performance might be sub-optimal.")
+    elif cfg == "tuned":
+        out.append("SGLang's Triton fused MoE uses a tuned block config ("
+                   + mk.get("config_file", "file not named") + ").")
+    return out

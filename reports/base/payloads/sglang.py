@@ -60,6 +60,7 @@ class LogSummary:
     lines_other_tp: int = ge(0, default=0)
     files_without_batch_lines: tuple[str, ...] = ()
     server_settings: dict[str, int | float | str] = field(default_factory=dict)  # start-up line
+    moe_kernel: dict[str, str] = field(default_factory=dict)   # start-up lines (log.py)
 
 
 @dataclass(frozen=True)
