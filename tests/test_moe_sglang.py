@@ -132,3 +132,83 @@ def test_without_sglang_the_reason_names_both_paths(monkeypatch):
     why = SG.experts_fn()
     assert isinstance(why, str) and "moe_runner.triton_utils.fused_moe" in why \
         and "fused_moe_triton.fused_moe" in why
+
+
+# -- INT4 on Marlin, SGLang's default on CUDA GPUs other than SM100/SM103. The stand-in reads
+# the weights in the layout SGLang's compressed-tensors loader hands `gptq_marlin_moe_repack`
+# (schemes/compressed_tensors_wNa16_moe.py: packed [E, K/8, N], eight consecutive inputs per
+# int32 word from the low nibble, value + 8; scales [E, K/32, N]); its "repack" keeps that layout.
+
+def _fake_repack(w, perm, size_k, size_n, num_bits):
+    assert w.dtype == torch.int32 and w.shape[1:] == (size_k // 8, size_n) and num_bits == 4
+    assert w.is_contiguous() and perm.shape == (w.shape[0], 0)
+    return w.clone()
+
+
+def _fake_permute(s, size_k, size_n, group_size):
+    assert s.shape[1:] == (size_k // group_size, size_n) and group_size == 32
+    return s.clone()
+
+
+def _fake_marlin(x, w1, w2, s1, s2, gating, tw, ids, *, g_idx1, g_idx2, sort_indices1,
+                 sort_indices2, workspace, num_bits, is_k_full):
+    assert num_bits == 4 and is_k_full and ids.dtype == torch.int32
+    assert gating.shape == (x.shape[0], w1.shape[0]) and workspace is not None
+
+    def deq(w, s):                                    # [E, K/8, N] -> [E, N, K] float32
+        k = torch.arange(w.shape[1] * 8)
+        nib = (w[:, k // 8, :].to(torch.int64) >> ((k % 8) * 4)[None, :, None]) & 0xF
+        return ((nib - 8).float() * s.float().repeat_interleave(32, dim=1)).transpose(1, 2)
+    W1, W2 = deq(w1, s1), deq(w2, s2)
+    inter = W1.shape[1] // 2
+    xf, out = x.float(), torch.zeros(x.shape, dtype=torch.float32)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            h = W1[e] @ xf[t]
+            out[t] += float(tw[t, j]) * (W2[e] @ (torch.nn.functional.silu(h[:inter])
+                                                  * h[inter:]))
+    return out.to(x.dtype)
+
+
+@pytest.fixture
+def fake_marlin(fake_sglang, monkeypatch):
+    for n, attrs in ((SG._MARLIN[0], {"fused_marlin_moe": _fake_marlin}),
+                     (SG._MARLIN[1], {"gptq_marlin_moe_repack": _fake_repack}),
+                     (SG._MARLIN[2], {"marlin_moe_permute_scales": _fake_permute,
+                                      "marlin_make_workspace": lambda dev, n: torch.zeros(4)})):
+        mod = types.ModuleType(n)
+        for k, v in attrs.items():
+            setattr(mod, k, v)
+        monkeypatch.setitem(sys.modules, n, mod)
+    monkeypatch.setattr(SG, "int4_default", lambda: "marlin")
+
+
+@cpu_ok
+def test_int4_runs_marlin_where_that_is_sglangs_default(fake_marlin):
+    bl = L.build_moe(tiny("kimi-k2", "int4"), 3, "cpu", backend="sglang", fmt="int4",
+                     experts_sample=6)
+    assert bl.info["kernel"].startswith("SGLang fused_marlin_moe (int4, Marlin")
+    assert bl.check() < L.REL_TOL
+
+
+@cpu_ok
+def test_without_marlin_the_triton_kernel_runs_and_the_label_says_so(fake_sglang, monkeypatch):
+    monkeypatch.setattr(SG, "int4_default", lambda: "marlin")
+    bl = L.build_moe(tiny("kimi-k2", "int4"), 3, "cpu", backend="sglang", fmt="int4",
+                     experts_sample=6)
+    assert bl.info["kernel"].startswith("SGLang fused_experts (int4); its default on this GPU, "
+                                        "Marlin, was not timed: sglang fused_marlin_moe not "
+                                        "importable")
+    assert bl.check() < L.REL_TOL
+
+
+@pytest.mark.parametrize("cap,cuda,want", [((9, 0), "12.8", "marlin"), ((12, 0), "12.8", "marlin"),
+                                           ((10, 0), "12.8", "triton"),
+                                           ((10, 0), "12.6", "marlin")])
+def test_int4_default_follows_sglangs_rule(monkeypatch, cap, cuda, want):
+    monkeypatch.setitem(sys.modules, "sglang", None)       # SGLang's own check not importable
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: cap)
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    assert SG.int4_default() == want

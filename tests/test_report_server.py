@@ -269,13 +269,13 @@ def test_unreadable_trace_is_a_warning(tmp_path, fixtures, capsys):
 @pytest.mark.parametrize("mk,want,absent", [
     ({"scheme": "CompressedTensorsWNA16MarlinMoEMethod", "kernel": "marlin"},
      ["MoE kernel [log]: SGLang picked CompressedTensorsWNA16MarlinMoEMethod, i.e. the Marlin",
-      "not Marlin"], ["default block config"]),
+      "the sglang backend runs SGLang's Marlin MoE"], ["default block config"]),
     ({"scheme": "CompressedTensorsWNA16TritonMoE", "kernel": "triton",
       "reason": "moe_runner_backend=triton", "triton_config": "default",
       "config_file": "/c/E=384,N=256,device_name=X.json"},
      ["SGLang's Triton fused MoE (SGLang's reason: moe_runner_backend=triton)",
       "default block config (no tuned config for this GPU and expert shape: "
-      "/c/E=384,N=256,device_name=X.json not found"], ["not Marlin"]),
+      "/c/E=384,N=256,device_name=X.json not found"], ["Marlin"]),
     ({}, [], ["MoE kernel [log]"]),
 ])
 def test_report_names_the_servers_moe_kernel(tmp_path, fixtures, mk, want, absent):

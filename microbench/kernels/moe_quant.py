@@ -64,13 +64,10 @@ def build(m, batch: int, device, fmt: str, *, experts_sample: int | None = None,
     mod = _module(fmt)
     if backend == "sglang":
         from microbench.kernels import moe_sglang as SG
-        call = SG.experts_fn()
-        if isinstance(call, str):
-            raise RuntimeError(call)
+        experts, kernel = SG.experts_for(fmt)
 
         def forward(qw_, x_, cfg_=None):
-            return SG.forward(call, qw_, x_)
-        kernel = f"SGLang fused_experts ({fmt})"
+            return SG.forward(experts, qw_, x_)
     elif backend == "triton":
         if why := mod.available():
             raise RuntimeError(why)

@@ -93,11 +93,12 @@ def moe_kernel_lines(mk: dict[str, str] | None) -> list[str]:
                 }.get(kind or "", "a kernel ppscope does not classify")
         out.append(f"MoE kernel [log]: SGLang picked {scheme}, i.e. {what}.")
         if kind == "marlin":
-            out.append("ppscope's stage-cost times its own INT4 kernel and, with --moe-backends "
-                       "sglang, SGLang's Triton fused MoE (what SGLang runs with "
-                       "--moe-runner-backend triton), not Marlin: the kernel efficiency fed into "
-                       "the model is ppscope's, and the report's implied efficiency says how far "
-                       "the server's kernels are from it.")
+            out.append("To time this kernel beside ppscope's own, run `ppscope stage-cost "
+                       "--moe-backends triton,sglang` on the server's machine: the sglang backend "
+                       "runs SGLang's Marlin MoE where that is SGLang's default for the GPU (the "
+                       "record's kernel label says which ran). Without it, the kernel "
+                       "efficiency fed into the model is ppscope's, and the implied efficiency "
+                       "says how far the server's kernels are from it.")
     cfg = mk.get("triton_config")
     if cfg == "default":
         out.append("SGLang warned that its Triton fused MoE runs with the default block config "
