@@ -55,6 +55,25 @@ def test_repack_word_and_scale_by_formula():
                                                               2 * ch + grp])
 
 
+def test_repacked_weights_live_and_die_with_their_source():
+    import gc
+    from types import SimpleNamespace
+
+    _, wq, s = _weights(2, 128, 64, 5)                 # I = 64, H = 64
+    _, dq, ds = _weights(2, 64, 64, 6)
+    qw = SimpleNamespace(gate_up_q=wq, gate_up_s=s, down_q=dq, down_s=ds)
+    first = MM.repacked(qw)
+    assert MM.repacked(qw) is first                     # made once per weight set
+    assert torch.equal(first.gate_up_r, MM.repack(wq, s, 2)[0])
+    del qw, wq, s, dq, ds, first
+    gc.collect()
+    _, wq, s = _weights(2, 128, 128, 7)                # a new set (H = 128): never the old entry
+    _, dq, ds = _weights(2, 128, 64, 8)
+    qw = SimpleNamespace(gate_up_q=wq, gate_up_s=s, down_q=dq, down_s=ds)
+    assert MM.repacked(qw).gate_up_r.shape == (2, 8, 2, 32, 4)
+    assert len(MM._PACKED) == 1                         # the dead entry was dropped
+
+
 def test_repack_rejects_untileable():
     _, wq, s = _weights(1, 24, 64, 1)
     with pytest.raises(ValueError, match="tile"):

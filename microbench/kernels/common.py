@@ -57,3 +57,23 @@ class Built:
     graphable: bool = True
     weight_bytes: int = 0               # bytes allocated for weights
     info: dict = field(default_factory=dict)  # distinct_experts, notes
+
+
+def cached_for(cache: dict, src: tuple, make: Callable[[], Any], keep: int = 2):
+    """make() for the tensors `src` (e.g. weights repacked for a kernel), cached while they
+    live. Entries hold weak references to `src`: a freed weight set's id or address can never
+    hand a later one its stale entry, and dead entries are dropped on every call; at most
+    `keep` entries."""
+    import weakref
+
+    for k in [k for k, (refs, _) in cache.items() if any(r() is None for r in refs)]:
+        del cache[k]
+    key = tuple(id(t) for t in src)
+    hit = cache.get(key)
+    if hit is not None and all(r() is t for r, t in zip(hit[0], src)):
+        return hit[1]
+    if len(cache) >= keep:
+        cache.clear()
+    val = make()
+    cache[key] = (tuple(weakref.ref(t) for t in src), val)
+    return val

@@ -399,15 +399,15 @@ _PACKED: dict = {}
 
 
 def repacked(qw) -> Repacked:
-    """The kernel layout of a `QuantMoEWeights` (int4), made once per weight set."""
-    key = (id(qw.gate_up_q), qw.gate_up_q.data_ptr(), id(qw.down_q))
-    if key not in _PACKED:
-        if len(_PACKED) >= 2:
-            _PACKED.clear()
+    """The kernel layout of a `QuantMoEWeights` (int4), made once per weight set (and kept
+    only while that set lives: `common.cached_for`)."""
+    from microbench.kernels.common import cached_for
+
+    def make():
         gr, gs = repack(qw.gate_up_q, qw.gate_up_s, 2)
         dr, ds = repack(qw.down_q, qw.down_s, 1)
-        _PACKED[key] = Repacked(gr, gs, dr, ds)
-    return _PACKED[key]
+        return Repacked(gr, gs, dr, ds)
+    return cached_for(_PACKED, (qw.gate_up_q, qw.gate_up_s, qw.down_q, qw.down_s), make)
 
 
 # ------------------------------------------------------------------ host side
