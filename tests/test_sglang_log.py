@@ -262,6 +262,8 @@ _CFG = ("/usr/lib/python3.12/site-packages/sglang/srt/layers/moe/moe_runner/trit
     (["Using CompressedTensorsW8A8Fp8MoE", "Load weight end. type=DeepseekV3ForCausalLM"],
      {"scheme": "CompressedTensorsW8A8Fp8MoE", "kernel": "other"}),
     (["Load weight end. type=DeepseekV3ForCausalLM, dtype=torch.bfloat16"], {}),
+    # scheme names end in MoE / MoEMethod; other "Using Mo..." lines name no kernel
+    (["Using MoE LoRA GEMM config from /x/lora.json.", "Using MoeRunner backend triton"], {}),
 ])
 def test_startup_lines_name_the_moe_kernel(tmp_path, lines, want):
     log = tmp_path / "server.log"

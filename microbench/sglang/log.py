@@ -876,7 +876,7 @@ def startup_settings(paths: Iterable[str | Path]) -> dict[str, int]:
 #   shape), a warning `Config file not found at <file>. Fallback to triton version <v> and use
 #   MoE kernel config from <file>. ...`, or `Using default MoE kernel config. Performance might
 #   be sub-optimal! Config file not found at <file>, ...` (untuned).
-_MOE_SCHEME_RE = re.compile(rb"\bUsing ([A-Za-z0-9_]*Mo[Ee][A-Za-z0-9_]*)(?: \(([^)\n]{0,80})\))?")
+_MOE_SCHEME_RE = re.compile(rb"\bUsing ([A-Za-z0-9_]*Mo[Ee](?:Method)?)\b(?: \(([^)\n]{0,80})\))?")
 _CFG_FILE = rb"(\S{1,400}?\.json|\S{1,400}?)"          # the file names hold commas and dots
 _MOE_TUNED_RE = re.compile(rb"Using MoE kernel config from " + _CFG_FILE + rb"\.?\s*$")
 _MOE_FALLBACK_RE = re.compile(rb"Fallback to triton version (\S{1,40}) and use MoE kernel config "
