@@ -134,6 +134,14 @@ def test_unavailable_here_says_why():
     assert Q.kernel_name().startswith("moe_int4 (Triton")
 
 
+def test_the_cuda_kernel_is_picked_at_decode_sizes_only(monkeypatch):
+    from microbench.kernels import moe_int4 as Q
+    monkeypatch.setattr(MM, "available", lambda: None)         # as where it builds
+    assert Q.kernel_name(None, 1) == Q.kernel_name(None, MM.MAX_BATCH) == MM.KERNEL
+    assert Q.kernel_name(None, MM.MAX_BATCH + 1).startswith("moe_int4 (Triton")
+    assert Q.kernel_name(MM.MmaLayerConfig(), 4096) == MM.KERNEL   # asked for explicitly
+
+
 # ---- GPU: the compiled kernel at real dims and both block sizes
 
 @pytest.mark.gpu

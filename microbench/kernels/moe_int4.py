@@ -315,14 +315,15 @@ def use_gemv(qw: QuantMoEWeights, batch: int) -> bool:
     return batch * qw.base.top_k < GEMV_MAX_ROWS * qw.base.router.shape[0]
 
 
-def kernel_name(cfg=None) -> str:
-    """Which expert kernel `moe_forward(qw, x, cfg)` runs here."""
+def kernel_name(cfg=None, batch: int = 1) -> str:
+    """Which expert kernel `moe_forward(qw, x, cfg)` runs here for `batch` tokens."""
     from microbench.kernels import moe_int4_gemv as G
     from microbench.kernels import moe_int4_mma as MM
 
     if isinstance(cfg, G.GemvMoeConfig):
         return "moe_int4_gemv (Triton, CUDA-core GEMV, INT4 W4A16 group 32)"
-    if isinstance(cfg, MM.MmaLayerConfig) or (cfg is None and MM.available() is None):
+    if isinstance(cfg, MM.MmaLayerConfig) or (cfg is None and batch <= MM.MAX_BATCH
+                                              and MM.available() is None):
         return MM.KERNEL
     return "moe_int4 (Triton, INT4 W4A16 group 32, in-register dequantisation)"
 
@@ -330,8 +331,8 @@ def kernel_name(cfg=None) -> str:
 def moe_forward(qw: QuantMoEWeights, x, cfg=None, asm: bool = True):
     """The whole layer on x [b, H]: router (`moe_route.route`), plan (`moe_route.plan`),
     experts, the slot sum. `cfg` None: `moe_int4_mma` (CUDA, weights dequantised into MMA
-    registers) where it builds (`moe_int4_mma.available()`: cupy, an sm_80+ GPU), else this
-    module's Triton kernel; a `MoeConfig` runs the Triton kernel, a
+    registers) at decode sizes (b <= `moe_int4_mma.MAX_BATCH`) where it builds
+    (`moe_int4_mma.available()`: cupy, an sm_80+ GPU), else this module's Triton kernel; a `MoeConfig` runs the Triton kernel, a
     `moe_int4_gemv.GemvMoeConfig` the CUDA-core GEMV one, a `moe_int4_mma.MmaLayerConfig`
     the CUDA one."""
     from microbench.kernels import moe_int4_gemv as G
@@ -342,6 +343,7 @@ def moe_forward(qw: QuantMoEWeights, x, cfg=None, asm: bool = True):
         raise RuntimeError(why)
     b = x.shape[0]
     if isinstance(cfg, MM.MmaLayerConfig) or (cfg is None and not use_gemv(qw, b)
+                                              and b <= MM.MAX_BATCH
                                               and MM.available() is None):
         return MM.moe_forward(qw, x, cfg)
     if isinstance(cfg, G.GemvMoeConfig) or (cfg is None and use_gemv(qw, b)):

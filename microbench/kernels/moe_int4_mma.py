@@ -54,6 +54,11 @@ WARPS = 4           # warps per CTA
 # registers and was slower on an H200 at b = 32 and 128, docs/BENCHMARKS.md section 8.)
 BLOCK_M = 8
 KERNEL = "moe_int4_mma (CUDA mma.sync m16n8k16, INT4 W4A16 group 32, dequantised in registers)"
+# A decode kernel: each block of 8 pairs re-reads its expert's weights (from L2 when the blocks
+# of one expert run together), so at prefill sizes (hundreds of pairs per expert) it is far
+# from its floor. `moe_int4.moe_forward` picks it up to the largest micro-batch it was measured
+# at on an H200 (docs/BENCHMARKS.md section 8), the Triton kernel above.
+MAX_BATCH = 128
 
 _SRC = r"""
 typedef unsigned int u32;

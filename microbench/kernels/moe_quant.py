@@ -72,7 +72,8 @@ def build(m, batch: int, device, fmt: str, *, experts_sample: int | None = None,
         if why := mod.available():
             raise RuntimeError(why)
         forward = mod.moe_forward
-        kernel = mod.kernel_name(config) if hasattr(mod, "kernel_name") else KERNELS[fmt]
+        kernel = (mod.kernel_name(config, batch) if hasattr(mod, "kernel_name")
+                  else KERNELS[fmt])
     else:
         raise ValueError(f"MoE backend {backend} does not run {fmt}")
     qw = weights or make_weights(m, fmt, device, experts_sample=experts_sample, zipf_s=zipf_s,
