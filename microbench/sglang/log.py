@@ -847,22 +847,35 @@ _SETTINGS_RE = re.compile(rb"\b(max_total_num_tokens|chunked_prefill_size|max_pr
 SETTINGS_BYTES = 8 << 20     # the start-up line is among a log's first lines: read no further
 
 
-def startup_settings(paths: Iterable[str | Path]) -> dict[str, int]:
-    """The values the server ran with, from its start-up line (the first one found; every rank
-    logs the same), read from at most SETTINGS_BYTES of each file."""
-    for p in paths:
-        seen = 0
-        try:
-            for block in _open_blocks(Path(p)):
-                for line in block.splitlines():
-                    if b"max_running_requests=" in line:
-                        return {k.decode(): int(v) for k, v in _SETTINGS_RE.findall(line)}
-                seen += len(block)
-                if seen >= SETTINGS_BYTES:
-                    break
-        except (EOFError, OSError, zlib.error):  # the scan already said what is wrong with it
-            continue
-    return {}
+def _startup_blocks(path: Path) -> Iterator[bytes]:
+    """The first SETTINGS_BYTES of a log as blocks of whole lines (a line cut by a block edge is
+    completed by the next block); nothing for a file the scan already found unreadable."""
+    seen = 0
+    tail = b""
+    try:
+        for block in _open_blocks(path):
+            seen += len(block)
+            cut = block.rfind(b"\n")
+            block, tail = (tail + block, b"") if cut < 0 else \
+                (tail + block[:cut + 1], block[cut + 1:])
+            if len(tail) > MAX_LINE_BYTES:
+                tail = b""
+            yield block
+            if seen >= SETTINGS_BYTES:
+                return
+        if tail:
+            yield tail
+    except (EOFError, OSError, zlib.error):  # the scan already said what is wrong with it
+        return
+
+
+def _settings_in(block: bytes) -> dict[str, int] | None:
+    if b"max_running_requests=" not in block:
+        return None
+    for line in block.splitlines():
+        if b"max_running_requests=" in line:
+            return {k.decode(): int(v) for k, v in _SETTINGS_RE.findall(line)}
+    return None
 
 
 # Which MoE kernel the server runs, from its start-up lines (SGLang 0.5.23):
@@ -890,61 +903,72 @@ def _moe_kind(scheme: str) -> str:
     return "marlin" if "marlin" in s else "triton" if "triton" in s else "other"
 
 
+def _moe_in(block: bytes, out: dict[str, str]) -> None:
+    """Fill `out` (see `startup_moe_kernel`) from the MoE lines of `block`; first line wins."""
+    if b"MoE" not in block and b"Moe" not in block:
+        return
+    for line in block.splitlines():
+        if b"Mo" not in line:
+            continue
+        line = line.rstrip()
+        m = _MOE_SCHEME_RE.search(line)
+        if m and "scheme" not in out and m.group(1) != b"MoE":   # not "Using MoE kernel..."
+            out["scheme"] = m.group(1).decode()
+            out["kernel"] = _moe_kind(out["scheme"])
+            if m.group(2):
+                out["reason"] = m.group(2).decode(errors="replace")
+        if "triton_config" in out:
+            continue
+        if (m := _MOE_FALLBACK_RE.search(line)):
+            out["triton_config"] = "fallback"
+            out["config_file"] = m.group(2).decode(errors="replace")
+        elif (m := _MOE_DEFAULT_RE.search(line)):
+            out["triton_config"] = "default"
+            if m.group(1):
+                out["config_file"] = m.group(1).decode(errors="replace")
+        elif (m := _MOE_TUNED_RE.search(line)):
+            out["triton_config"] = "tuned"
+            out["config_file"] = m.group(1).decode(errors="replace")
+
+
+def startup(paths: Iterable[str | Path]) -> tuple[dict[str, int], dict[str, str]]:
+    """(server settings, MoE kernel) from the start-up lines, one read of at most
+    SETTINGS_BYTES per file: the settings of the first file that has the line (every rank logs
+    the same), the MoE lines of the first file that has any."""
+    settings: dict[str, int] = {}
+    moe: dict[str, str] = {}
+    for p in paths:
+        file_moe: dict[str, str] = {}
+        for block in _startup_blocks(Path(p)):
+            if not settings:
+                settings = _settings_in(block) or {}
+            if not moe:
+                _moe_in(block, file_moe)
+            if settings and (moe or ("scheme" in file_moe and "triton_config" in file_moe)):
+                break
+        moe = moe or file_moe
+        if settings and moe:
+            break
+    return settings, moe
+
+
+def startup_settings(paths: Iterable[str | Path]) -> dict[str, int]:
+    """The values the server ran with, from its start-up line (`startup`)."""
+    return startup(paths)[0]
+
+
 def startup_moe_kernel(paths: Iterable[str | Path]) -> dict[str, str]:
     """What the log says about the server's MoE kernel (the lines above), from at most
     SETTINGS_BYTES of each file: `scheme` (the quantisation scheme SGLang picked), `kernel`
     (marlin / triton / other), `reason` (why Triton, when SGLang says), `triton_config` (tuned /
     fallback / default: the Triton fused MoE's block config), `config_file`. Empty when the log
     has none of them (a bf16 model, or logged below info level)."""
-    out: dict[str, str] = {}
-    for p in paths:
-        seen = 0
-        tail = b""          # a line cut by the block boundary, completed by the next block
-        try:
-            for block in _open_blocks(Path(p)):
-                seen += len(block)
-                cut = block.rfind(b"\n")
-                block, tail = (tail + block, b"") if cut < 0 else \
-                    (tail + block[:cut + 1], block[cut + 1:])
-                if len(tail) > MAX_LINE_BYTES:
-                    tail = b""
-                if b"MoE" in block or b"Moe" in block:
-                    for line in block.splitlines():
-                        if b"Mo" not in line:
-                            continue
-                        line = line.rstrip()
-                        m = _MOE_SCHEME_RE.search(line)
-                        if m and "scheme" not in out:
-                            if m.group(1) != b"MoE":      # "Using MoE kernel config from"
-                                out["scheme"] = m.group(1).decode()
-                                out["kernel"] = _moe_kind(out["scheme"])
-                                if m.group(2):
-                                    out["reason"] = m.group(2).decode(errors="replace")
-                        if "triton_config" in out:
-                            continue
-                        if (m := _MOE_FALLBACK_RE.search(line)):
-                            out["triton_config"] = "fallback"
-                            out["config_file"] = m.group(2).decode(errors="replace")
-                        elif (m := _MOE_DEFAULT_RE.search(line)):
-                            out["triton_config"] = "default"
-                            if m.group(1):
-                                out["config_file"] = m.group(1).decode(errors="replace")
-                        elif (m := _MOE_TUNED_RE.search(line)):
-                            out["triton_config"] = "tuned"
-                            out["config_file"] = m.group(1).decode(errors="replace")
-                if seen >= SETTINGS_BYTES or ("scheme" in out and "triton_config" in out):
-                    break
-        except (EOFError, OSError, zlib.error):  # the scan already said what is wrong with it
-            continue
-        if out:
-            return out
-    return out
+    return startup(paths)[1]
 
 
 def read_logs(paths: Iterable[str | Path], window: int = 16, bin_s: float = 10.0,
               workers: int | None = None) -> dict:
     paths = list(paths)
     out = summarize(scan_logs(paths, workers=workers), window=window, bin_s=bin_s)
-    out["server_settings"] = startup_settings(paths)
-    out["moe_kernel"] = startup_moe_kernel(paths)
+    out["server_settings"], out["moe_kernel"] = startup(paths)
     return out
