@@ -68,7 +68,7 @@ typedef unsigned short u16;
 #define KSPLIT 1      // warps sharing one tile (splitting its inputs)
 #endif
 #ifndef UNROLL
-#define UNROLL 2      // chunks loaded together
+#define UNROLL 1      // chunks loaded together (MmaConfig.unroll)
 #endif
 #ifndef MINB
 #define MINB 1        // CTAs per SM the register allocation must allow
