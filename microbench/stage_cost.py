@@ -21,7 +21,11 @@ registers (Triton where it cannot build), FP8 block-scaled on Triton;
 microbench/kernels/moe_quant.py), the shared expert too when it shares that format, else
 bf16; attention, dense MLP, router and lm_head run in bf16. `measured_formats` says what ran,
 every floor and efficiency uses those formats, and each layer entry names its `kernel`
-(`kernel_by_layer` sums it up). MLA attention runs `mla_decode` (Triton + cuBLAS).
+(`kernel_by_layer` lists the distinct ones, in batch order). MLA attention runs `mla_decode`
+(Triton attention; its projections on `gemv_mma` at the micro-batches where that was faster,
+cuBLAS else). Decode layers are timed as per-call figures from graphs holding 4 back-to-back
+calls when a call streams >= 4x the L2 cache (`graph_copies` per entry;
+`microbench.kit.timing.graph_copies`), as a layer runs inside a decode step's graph.
 
 Run: `ppscope stage-cost --model kimi-k2 --pp 8 --dtype bf16` on one GPU (`--plan` anywhere:
 floors only). Read: `stages[i].by_batch["8"]` is stage i's cost for a micro-batch of 8.
@@ -292,9 +296,10 @@ def _measure(cfg, m, gpu, stages, notes, progress, writer) -> tuple[Record, str 
     import torch
 
     from microbench.kernels import layers as L
-    from microbench.kit.timing import do_bench, do_bench_graph
+    from microbench.kit.timing import do_bench, do_bench_graph, graph_copies
 
     dev = torch.device("cuda")
+    l2_bytes = int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or 0)
     m_meas = measured_model(m)
     fmt = m_meas.formats.routed_experts
     if m.formats != m_meas.formats:
@@ -349,7 +354,8 @@ def _measure(cfg, m, gpu, stages, notes, progress, writer) -> tuple[Record, str 
                   if prefill is not None else None, notes, imb),
             mem_bw_measured_gbps=bw_meas, moe_backend_by_batch=dict(chosen),
             backend=",".join(names) if names else None,
-            kernel_by_layer={k: next((e.kernel for e in d.values() if e.kernel), None)
+            kernel_by_layer={k: " | ".join(dict.fromkeys(e.kernel for e in d.values()
+                                                         if e.kernel)) or None
                              for k, d in layers.items()})
         errs = [f"{k}: {v.error}" for k, d in layers.items() if k != "moe"
                 for v in d.values() if v.error]
@@ -393,7 +399,6 @@ def _measure(cfg, m, gpu, stages, notes, progress, writer) -> tuple[Record, str 
                     weights = built.info.pop("weights")
                 if i == 0:  # check once per layer implementation, on fresh inputs
                     entry["check_rel_err"] = built.check()
-                t = (do_bench_graph if built.graphable else do_bench)(built.fn)
                 if is_moe:
                     d = built.info["distinct_experts"]
                     floor = moe_floor_us(m_meas, d, gpu, bw)
@@ -405,12 +410,19 @@ def _measure(cfg, m, gpu, stages, notes, progress, writer) -> tuple[Record, str 
                                         mem_bw_gbps=bw).floor_us
                     floor_m = layer_floor(m_meas, base, b, gpu, context_len=cfg.context_len,
                                           mem_bw_gbps=bw_meas).floor_us if bw_meas else None
+                copies = 1
+                if built.graphable:   # the layer's bytes (its floor) against the L2 cache
+                    copies = graph_copies(int(floor * bw * 1e3), l2_bytes)
+                    t = do_bench_graph(built.fn, copies=copies)
+                else:
+                    t = do_bench(built.fn)
                 entry.update(measured_us=t.median_us, p20_us=t.p20_us, p80_us=t.p80_us,
                              floor_us=floor, efficiency=floor / t.median_us,
                              floor_measured_bw_us=floor_m,
                              efficiency_measured_bw=floor_m and floor_m / t.median_us,
                              backend=built.backend, kernel=built.info.get("kernel"),
-                             timing="cuda_graph_replay" if built.graphable else "eager")
+                             timing="cuda_graph_replay" if built.graphable else "eager",
+                             graph_copies=copies)
                 del built
             except L.CheckFailed as e:
                 check_err = str(e)

@@ -179,7 +179,7 @@ def _main(argv=None) -> int:
     from microbench.kernels import layers as L
     from microbench.kernels import moe_route as R
     from microbench.kernels import moe_triton as MT
-    from microbench.kit.timing import do_bench_graph
+    from microbench.kit.timing import do_bench_graph, graph_copies
     from reports.base.model_config import load_model
     from reports.base.roofline import layer_floor
 
@@ -212,21 +212,32 @@ def _main(argv=None) -> int:
 
     bw = sc.measure_mem_bw()
     res["mem_bw_measured_gbps"] = bw
+    l2 = int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or 0)
+    res["l2_bytes"] = l2
+    res["timing"] = ("CUDA-graph replay; a graph holds `graph_copies` back-to-back calls of the "
+                     "layer (4 when its floor bytes are >= 4x the L2 cache, else 1) and figures "
+                     "are per call, as inside a decode step's graph")
+
+    def copies_for(floor_us: float) -> int:
+        return graph_copies(int(floor_us * gpu.mem_bw_gbps * 1e3), l2)
     log(f"HBM copy bandwidth {bw:.0f} GB/s (spec {gpu.mem_bw_gbps:.0f})")
 
     def time_mla():
         """MLA rows (torch ops vs mla_decode), stage costs and the block-size sweep."""
         for b in [int(x) for x in a.batches.split(",")]:
             row = {"batch": b}
+            fl = layer_floor(m16, "attention", b, gpu, context_len=a.context_len).floor_us
+            row["graph_copies"] = copies_for(fl)
             for key in ("torch", "triton"):
                 try:
                     bl = L.build_attention(m16, b, dev, context_len=a.context_len,
                                            backend=key)
-                    t = do_bench_graph(bl.fn)
+                    t = do_bench_graph(bl.fn, copies=row["graph_copies"])
                     row[f"{key}_us"] = t.median_us
+                    if key == "triton" and row["graph_copies"] > 1:   # the one-call graph too
+                        row["triton_one_call_graph_us"] = do_bench_graph(bl.fn).median_us
                 except Exception as e:  # noqa: BLE001
                     row[f"{key}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
-            fl = layer_floor(m16, "attention", b, gpu, context_len=a.context_len).floor_us
             row["floor_us"], row["floor_copy_bw_us"] = fl, fl * gpu.mem_bw_gbps / bw
             res["mla_rows"].append(row)
             log(f"mla b={b}: {row}")
@@ -397,7 +408,9 @@ def _main(argv=None) -> int:
                         row[f"{key}_config"] = dataclasses.asdict(moe_int4_gemv.config_for(b))
                     if key in ("int4", "int4_triton", "fp8", "int4_gemv"):
                         row[f"{key}_check_rel_err"] = bl.check()   # the config timed here
-                t = do_bench_graph(fn)
+                mm = m4 if key.startswith("int4") else m8 if key.startswith("fp8") else m16
+                row[f"{key}_graph_copies"] = copies_for(sc.moe_floor_us(mm, d, gpu, None))
+                t = do_bench_graph(fn, copies=row[f"{key}_graph_copies"])
                 row[f"{key}_us"], row[f"{key}_p20_us"], row[f"{key}_p80_us"] = (
                     t.median_us, t.p20_us, t.p80_us)
                 row[f"{key}_experts"] = d

@@ -28,3 +28,12 @@ def test_timing_module_imports_without_cuda():
     import subprocess, sys
     code = "import sys, microbench.kit.timing; sys.exit(1 if 'torch' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_graph_copies_only_when_a_call_outruns_the_l2_cache():
+    from microbench.kit.timing import GRAPH_COPIES, graph_copies
+
+    l2 = 50 * 2 ** 20
+    assert graph_copies(4 * l2, l2) == GRAPH_COPIES > 1
+    assert graph_copies(4 * l2 - 1, l2) == 1        # a call could find the last one's bytes
+    assert graph_copies(10 ** 12, 0) == 1           # L2 size unknown: one call per graph

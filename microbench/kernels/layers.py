@@ -318,12 +318,19 @@ def build_attention(m: ModelConfig, batch: int, device, *, context_len: int,
     return Built("attention", batch, backend, lambda: forward(x, cache), check,
                  weight_bytes=nbytes, info={"context_len": ctx,
                                             "kv_cache_bytes": cache.numel() * 2,
-                                            "kernel": _ATTN_KERNELS[backend],
-                                            "forward": forward, "inputs": (x, cache)})
+                                            "kernel": _attn_kernel(m, backend, batch),
+                                            "forward": forward, "inputs": (x, cache),
+                                            "weights": W})
 
 
-_ATTN_KERNELS = {"torch": "torch ops (bf16, absorbed MLA / GQA)",
-                 "triton": "mla_decode (Triton + cuBLAS, absorbed MLA, bf16)"}
+def _attn_kernel(m: ModelConfig, backend: str, batch: int) -> str:
+    if backend == "triton" and m.attention == "mla":
+        from microbench.kernels import mla_decode
+        return mla_decode.kernel_name(batch)
+    return _ATTN_KERNELS[backend]
+
+
+_ATTN_KERNELS = {"torch": "torch ops (bf16, absorbed MLA / GQA)"}
 
 
 # ------------------------------------------------------------------ dense MLP, lm_head

@@ -2,20 +2,24 @@
 decode), in 8 launches instead of ~30 small torch ops.
 
 What one decode step does for b tokens with a latent KV cache [b, ctx, kv_lora + rope]:
-1. a = x @ [W_qa; W_kva]^T (one cuBLAS GEMM over both down-projections).
+1. a = x @ [W_qa; W_kva]^T (one GEMV/GEMM over both down-projections).
 2. `_norm_cache` (Triton, one program per token): RMSNorm of the q latent, RMSNorm of the kv
    latent written with the rope part into the cache's last slot (this step's entry).
-3. q = q_a @ W_qb^T (cuBLAS), q = [q_nope | q_rope] per head.
-4. q_lat = q_nope @ W_uk per head (cuBLAS batched): the absorbed query, [h, b, kv_lora].
-5. `_attn` (Triton, flash-decoding): grid (token, context split, head group); each program
+3. q = q_a @ W_qb^T, q = [q_nope | q_rope] per head.
+4. q_lat = q_nope @ W_uk per head: the absorbed query, [h, b, kv_lora].
+5. `_attn` (Triton, flash-decoding): grid (head group, context split, token); each program
    reads its slice of the latent cache once for HB heads, scores = q_lat.c + q_rope.k_rope,
    online softmax, unnormalised output p.c and the running max / sum per head.
 6. `_merge` (Triton, one program per token and head): merges the context splits into the
-   normalised latent [h, b, kv_lora]; W_uv as one batched cuBLAS GEMM, then the [b, h*v_head]
-   row layout W_o reads (a copy of b x h x v_head values). (A fused merge + W_uv kernel, one
-   program per head and 16 tokens, took 25 us at b = 1 on an H200, most of it re-reading the
-   split partials per input block.)
-7. out = o @ W_o^T (cuBLAS).
+   normalised latent [h, b, kv_lora]; then W_uv per head, each head writing its columns of the
+   [b, h*v_head] row W_o reads. (A fused merge + W_uv kernel, one program per head and 16
+   tokens, took 25 us at b = 1 on an H200, most of it re-reading the split partials per input
+   block.)
+7. out = o @ W_o^T.
+The projections (steps 1, 3, 4, 6, 7) run on `gemv_mma` (tensor-core GEMV streaming each weight
+once, per-head inputs and outputs read and written in place) up to the micro-batch in
+`GEMV_MAX_B` where it was faster than cuBLAS on an H200, and on cuBLAS (torch matmul / bmm)
+above it or where `gemv_mma` cannot build; `kernel_name(b)` says which.
 RoPE itself is left out, as in `layers.build_attention` (elementwise, negligible).
 
 Floor (reports/base/roofline.py, attention): the bf16 projection weights (W_qa, W_qb, W_kva,
@@ -43,9 +47,14 @@ class MlaConfig:
     ctx_block: int = 64         # cache rows per step
     splits: int = 16            # context splits per token (enough programs at b = 1)
     warps: int = 8
+    gemv: bool = True           # projections by `gemv_mma` where GEMV_MAX_B says it wins
 
 
-CONFIG = MlaConfig(16, 64, 16, 4)  # chosen on one H200 (microbench/tune_moe_quant.py)
+CONFIG = MlaConfig(16, 64, 32, 4)  # chosen on one H200 (microbench/tune_moe_quant.py)
+# Largest micro-batch at which each projection runs `gemv_mma` instead of cuBLAS: where it was
+# faster on one H200 (each alone, weights rotated past L2, and inside the layer;
+# docs/BENCHMARKS.md section 8).
+GEMV_MAX_B = {"w_a": 16, "w_qb": 8, "w_uk": 16, "w_uv": 8, "w_o": 4}
 STAGES = ("x @ [W_qa; W_kva]", "norms + cache write", "q_a @ W_qb", "absorb W_uk (bmm)",
           "attention (splits)", "merge + W_uv", "o @ W_o")
 
@@ -145,6 +154,22 @@ def _kernels(interpret: bool):
     return F(_norm_cache_src), F(_attn_src), F(_merge_src)
 
 
+def gemv_projections(b: int, cfg: MlaConfig | None = None) -> list[str]:
+    """The projections that run `gemv_mma` at micro-batch b (where it builds), in order."""
+    cfg = cfg or CONFIG
+    return [k for k, v in GEMV_MAX_B.items() if cfg.gemv and b <= v]
+
+
+def kernel_name(b: int, cfg: MlaConfig | None = None) -> str:
+    """What runs at micro-batch b on this machine, for records."""
+    from microbench.kernels import gemv_mma
+
+    g = gemv_projections(b, cfg) if gemv_mma.available() is None else []
+    proj = (f"gemv_mma for {', '.join(g)}" + (", cuBLAS for the rest" if len(g) < 5 else "")
+            if g else "cuBLAS")
+    return f"mla_decode (Triton attention; projections: {proj}; absorbed MLA, bf16)"
+
+
 def _p2(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
 
@@ -167,11 +192,17 @@ def make_forward(W: dict, m, cfg: MlaConfig | None = None):
     wkvb = W["wkvb"].view(h, nope + vd, kl)
     w_uk = wkvb[:, :nope]                                             # [h, nope, kl]
     w_uv = wkvb[:, nope:]                                             # [h, vd, kl]
+    cuda = W["wkva"].device.type == "cuda"
+    gemv = None
+    if cuda and cfg.gemv:
+        from microbench.kernels import gemv_mma
+        if gemv_mma.available() is None:
+            gemv = gemv_mma.gemv
+            w_uk_t = w_uk.transpose(1, 2).contiguous()                # [h, kl, nope] rows
     hb = min(heads_per_prog, h)
     if h % hb or kl & (kl - 1) or rope & (rope - 1) or vd & (vd - 1):
         raise ValueError("mla_decode needs power-of-two kv_lora / rope / v_head dims and "
                          f"heads divisible by {hb}")
-    cuda = W["wkva"].device.type == "cuda"
     kern_norm, kern_attn, kern_comb = _kernels(not cuda)
     if not cuda:   # Triton's interpreter has no bf16: float32 copies, cache row copied back
         f32 = {k: (v.float() if v is not None else None) for k, v in W.items()}
@@ -188,7 +219,8 @@ def make_forward(W: dict, m, cfg: MlaConfig | None = None):
         """`upto` < 7 stops after that many stages (for timing each one's marginal cost)."""
         b, ctx = x.shape[0], cache.shape[1]
         dev = x.device
-        a = x @ w_a.t()                                                # [b, ql + kl + rope]
+        g = {k: gemv is not None and b <= v for k, v in GEMV_MAX_B.items()}
+        a = gemv(x, w_a) if g["w_a"] else x @ w_a.t()                  # [b, ql + kl + rope]
         if upto <= 1:
             return a
         qa = torch.empty(b, max(ql, 1), device=dev, dtype=x.dtype)
@@ -199,11 +231,16 @@ def make_forward(W: dict, m, cfg: MlaConfig | None = None):
                         **ex)
         if upto <= 2:
             return qa
-        q = (qa if ql else x) @ W["wqb"].t()                             # [b, h*qk]
+        xq = qa if ql else x
+        q = gemv(xq, W["wqb"]) if g["w_qb"] else xq @ W["wqb"].t()      # [b, h*qk]
         if upto <= 3:
             return q
         q3 = q.view(b, h, qk)
-        q_lat = torch.bmm(q3[:, :, :nope].transpose(0, 1), w_uk)      # [h, b, kl]
+        if g["w_uk"]:   # per head, q_nope read in place
+            q_lat = gemv(q3[:, :, :nope].transpose(0, 1), w_uk_t)      # [h, b, kl]
+        else:
+            q_lat = torch.bmm(q3[:, :, :nope].transpose(0, 1), w_uk)
+        q_lat = q_lat.contiguous()
         if upto <= 4:
             return q_lat
         # context splits: enough programs to fill the GPU (~2 per SM) at small b, one split
@@ -229,8 +266,12 @@ def make_forward(W: dict, m, cfg: MlaConfig | None = None):
                           KL=kl, S=S, SP=_p2(max(S, 2)), **ex)
         # W_uv per head as one batched GEMM ([h, b, kl] x [h, kl, vd]), then the [b, h*vd]
         # row layout W_o reads (a copy of b x h x vd values)
-        out_o = torch.bmm(lat, w_uv.transpose(1, 2)).transpose(0, 1).reshape(b, h * vd)
+        if g["w_uv"]:   # each head writes its columns of the row W_o reads
+            out_o = torch.empty(b, h * vd, device=dev, dtype=x.dtype)
+            gemv(lat, w_uv, out=out_o.view(b, h, vd).transpose(0, 1))
+        else:
+            out_o = torch.bmm(lat, w_uv.transpose(1, 2)).transpose(0, 1).reshape(b, h * vd)
         if upto <= 6:
             return out_o
-        return out_o @ W["wo"].t()
+        return gemv(out_o, W["wo"]) if g["w_o"] else out_o @ W["wo"].t()
     return forward

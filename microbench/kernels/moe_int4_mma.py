@@ -44,6 +44,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from microbench.kernels import cupy_launch as CL
 from microbench.kernels import int4_pack as P
 
 CHUNK = 64          # inputs per chunk: four 16-input MMA fragments
@@ -60,10 +61,7 @@ KERNEL = "moe_int4_mma (CUDA mma.sync m16n8k16, INT4 W4A16 group 32, dequantised
 # at on an H200 (docs/BENCHMARKS.md section 8), the Triton kernel above.
 MAX_BATCH = 128
 
-_SRC = r"""
-typedef unsigned int u32;
-typedef unsigned short u16;
-
+_SRC = CL.HELPERS + r"""
 #ifndef KSPLIT
 #define KSPLIT 1      // warps sharing one tile (splitting its inputs)
 #endif
@@ -89,37 +87,6 @@ __device__ __forceinline__ void deq4(u32 w, u32 sg, u32 sh, u32 &r0, u32 &r1, u3
       "fma.rn.bf16x2 %0, %0, %5, nz;\nfma.rn.bf16x2 %1, %1, %6, nz;\n"
       "fma.rn.bf16x2 %2, %2, %5, nz;\nfma.rn.bf16x2 %3, %3, %6, nz;\n}\n"
       : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(w), "r"(sg), "r"(sh));
-}
-
-__device__ __forceinline__ void mma(float *c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// the weight stream: read once, kept out of L1 (which holds the activations)
-__device__ __forceinline__ uint4 ld_stream(const void *p) {
-  uint4 r;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-  return r;
-}
-
-__device__ __forceinline__ u32 ld_stream32(const void *p) {
-  u32 r;
-  asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];\n" : "=r"(r) : "l"(p));
-  return r;
-}
-
-__device__ __forceinline__ uint4 ldx(const u16 *p) {
-  return p ? __ldg(reinterpret_cast<const uint4 *>(p)) : make_uint4(0u, 0u, 0u, 0u);
-}
-
-__device__ __forceinline__ u16 to_bf16(float v) {
-  u16 r;
-  asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(r) : "f"(v));
-  return r;
 }
 
 // four MMAs (one per fragment) of a chunk given its A registers a[f][0..3] and the lane's 16
@@ -268,20 +235,7 @@ extern "C" __global__ void slot_sum(const float *__restrict__ y, u16 *__restrict
 def available() -> str | None:
     """None when the kernel can run here, else why not (one line): cupy, a CUDA GPU of
     compute capability 8.0+, and NVRTC compiling the source."""
-    try:
-        import cupy  # noqa: F401
-        import torch
-    except ImportError as e:
-        return f"cupy/torch not importable ({e.name})"
-    if not torch.cuda.is_available():
-        return "no CUDA GPU"
-    if torch.cuda.get_device_capability() < (8, 0):
-        return "needs an sm_80+ GPU (bf16 mma.sync)"
-    try:
-        _kernel(CONFIG)
-    except Exception as e:  # noqa: BLE001 - e.g. no NVRTC library: the Triton kernel runs
-        return f"NVRTC build failed: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
-    return None
+    return CL.unavailable(lambda: _kernel(CONFIG))
 
 
 @dataclass(frozen=True)
@@ -417,34 +371,6 @@ def repacked(qw) -> Repacked:
 
 # ------------------------------------------------------------------ host side
 
-_STREAMS: dict = {}
-
-
-def _cupy_stream(ts):
-    """cupy's view of torch stream `ts` (cached): `Stream.from_external` (the CUDA stream
-    protocol) where cupy and torch have it, else the older `ExternalStream`."""
-    import cupy
-
-    key = ts.cuda_stream
-    if key not in _STREAMS:
-        try:
-            _STREAMS[key] = cupy.cuda.Stream.from_external(ts)
-        except (AttributeError, TypeError, ValueError):
-            import warnings
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", DeprecationWarning)
-                _STREAMS[key] = cupy.cuda.ExternalStream(key)
-    return _STREAMS[key]
-
-
-def _run(fn, grid, threads: int, args):
-    """Launch a cupy kernel on torch's current stream (so CUDA-graph capture records it)."""
-    import torch
-
-    with _cupy_stream(torch.cuda.current_stream()):
-        fn(grid, (threads,), args)
-
-
 def _launch(x, rp_w, rp_s, w16, out, plan, tw_flat, N, K, kk, nh, n_q, cfg: MmaConfig):
     import numpy as np
     import torch
@@ -467,7 +393,7 @@ def _launch(x, rp_w, rp_s, w16, out, plan, tw_flat, N, K, kk, nh, n_q, cfg: MmaC
             np.int32(x.stride(0)), np.int32(out.stride(0)),
             np.int64(rp_w[0].numel() // 4), np.int64(rp_s[0].numel() // 2),
             np.int64(w16t.stride(0) if has16 else 0), np.int32(w16t.stride(1) if has16 else 0))
-    _run(_kernel(cfg), grid, 32 * WARPS, args)
+    CL.run(_kernel(cfg), grid, 32 * WARPS, args)
     return out
 
 
@@ -492,7 +418,7 @@ def fused_moe(x, qw, ids, tw, plan, cfg: MmaLayerConfig | None = None):
     _launch(act, rp.down_r, rp.down_rs, qw.shared_down, y, plan, tw, H, I, kk, 1, qw.n_q,
             cfg.down)
     out = torch.empty(b, H, device=x.device, dtype=x.dtype)
-    _run(_slot_sum(), (-(-H // 256), b), 256, (np.uint64(y.data_ptr()), np.uint64(out.data_ptr()),
+    CL.run(_slot_sum(), (-(-H // 256), b), 256, (np.uint64(y.data_ptr()), np.uint64(out.data_ptr()),
                                           np.int32(kk), np.int32(H), np.int32(H)))
     return out
 

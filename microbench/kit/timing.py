@@ -90,12 +90,28 @@ def do_bench(fn: Callable[[], object], *, warmup_ms: float = 25.0, rep_ms: float
 
 
 def do_bench_graph(fn: Callable[[], object], *, warmup_ms: float = 25.0, rep_ms: float = 100.0,
-                   min_reps: int = 10, max_reps: int = 5000) -> Timing:
-    """Capture `fn` once into a CUDA graph (kit/graph_capture.py) and time its replays (launch
-    gaps shrink to ~0)."""
-    graph, _ = capture_graph(fn, warmup=3)
-    return do_bench(graph.replay, warmup_ms=warmup_ms, rep_ms=rep_ms,
-                    min_reps=min_reps, max_reps=max_reps)
+                   min_reps: int = 10, max_reps: int = 5000, copies: int = 1) -> Timing:
+    """Capture `fn` into a CUDA graph (kit/graph_capture.py) and time its replays (launch
+    gaps shrink to ~0). `copies` > 1: the graph holds that many calls back to back and the
+    figures are per call, as a layer runs inside a served decode step's graph (the replay's
+    own launch cost, paid once per step, is spread over the copies; see `graph_copies`)."""
+    if copies < 1:
+        raise ValueError("copies must be >= 1")
+    body = fn if copies == 1 else (lambda: [fn() for _ in range(copies)][-1])
+    graph, _ = capture_graph(body, warmup=3)
+    t = do_bench(graph.replay, warmup_ms=warmup_ms, rep_ms=rep_ms,
+                 min_reps=min_reps, max_reps=max_reps)
+    return t if copies == 1 else t.scaled(copies)
+
+
+GRAPH_COPIES = 4
+
+
+def graph_copies(bytes_per_call: int, l2_bytes: int) -> int:
+    """How many back-to-back calls of one layer a timing graph may hold: `GRAPH_COPIES` when
+    a call streams at least 4x the L2 cache (so a call finds nothing of the previous one's
+    data there: the copies add no cache hits a served step would not have), else 1."""
+    return GRAPH_COPIES if l2_bytes > 0 and bytes_per_call >= 4 * l2_bytes else 1
 
 
 def host_bench(fn: Callable[[], object], *, reps: int = 50, warmup: int = 5,

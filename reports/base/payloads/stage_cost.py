@@ -67,6 +67,7 @@ class LayerPoint:
     backend_name: str | None = None                      # `moe`: the MOE_BACKENDS name chosen
     kernel: str | None = None                            # the kernel that ran, e.g. "triton/int4"
     timing: str | None = None                            # cuda_graph_replay | eager
+    graph_copies: int | None = ge(1, default=None)       # calls per timing graph (per-call us)
     error: str | None = None
 
 

@@ -1,0 +1,36 @@
+"""Checks CUDA C++ kernel sources without a GPU or NVRTC: the host C++ compiler parses them
+with the CUDA builtins stubbed (syntax and preprocessor branches; the PTX inside asm() is not
+read)."""
+import shutil
+import subprocess
+
+import pytest
+
+HOST_STUBS = r"""
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __restrict__
+#define __launch_bounds__(...)
+#define __shared__ static
+struct uint4 { unsigned x, y, z, w; };
+struct uint3 { unsigned x, y, z; };
+static uint3 threadIdx, blockIdx, blockDim;
+inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
+template <class T> inline T __ldg(const T *p) { return *p; }
+inline unsigned __byte_perm(unsigned a, unsigned, unsigned) { return a; }
+inline float __expf(float x) { return x; }
+inline void __syncthreads() {}
+"""
+
+
+def check_parses(src: str, defines: dict, tmp_path) -> None:
+    cxx = shutil.which("g++") or shutil.which("clang++")
+    if not cxx:
+        pytest.skip("no host C++ compiler")
+    f = tmp_path / "k.cpp"
+    f.write_text(HOST_STUBS + src)
+    r = subprocess.run([cxx, "-std=c++17", "-fsyntax-only",
+                        *(f"-D{k}={v}" for k, v in defines.items()), str(f)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]

@@ -1,0 +1,111 @@
+"""The decode-size bf16 projection kernel (microbench/kernels/gemv_mma.py): its source, launch
+shapes and input rules on the CPU; the kernel against a float32 matmul on a GPU (`gpu`)."""
+import pytest
+
+torch = pytest.importorskip("torch")
+from cuda_host import check_parses  # noqa: E402
+from microbench.kernels import gemv_mma as G  # noqa: E402
+
+
+@pytest.mark.parametrize("ksplit,unroll,nt", [(1, 1, 1), (4, 2, 1), (16, 2, 2), (8, 4, 2),
+                                              (32, 4, 1)])
+def test_cuda_source_parses_as_cpp(ksplit, unroll, nt, tmp_path):
+    check_parses(G._SRC, {"KSPLIT": ksplit, "UNROLL": unroll, "NT": nt}, tmp_path)
+
+
+@pytest.mark.parametrize("n,k,z,b", [(2112, 7168, 1, 1), (12288, 1536, 1, 8), (7168, 8192, 1, 16),
+                                     (512, 128, 64, 1), (128, 512, 64, 4), (16, 64, 1, 1),
+                                     (2112, 7168, 1, 16)])
+def test_config_for_shapes(n, k, z, b):
+    cfg = G.config_for(n, k, z, b)
+    assert cfg.rows == (8 if n // 16 * z < G.SMALL_TILES else 16)
+    tiles, nch = n // cfg.rows * z, k // G.CHUNK
+    assert cfg.ksplit in (1, 2, 4, 8, 16)
+    assert cfg.nt == (1 if b <= 8 or cfg.rows == 8 else 2)
+    # the split stops at the target, at 16 warps or where a warp would get < 2 chunks
+    assert (tiles * cfg.ksplit >= G.TARGET_WARPS or cfg.ksplit == 16
+            or nch // (2 * cfg.ksplit) < 2)
+    assert cfg.ksplit == 1 or nch // cfg.ksplit >= 2
+    assert cfg.unroll == (2 if cfg.rows == 16 and b == 1 and nch // cfg.ksplit >= 7 else 1)
+    G._kernel.cache_clear()
+    with pytest.raises(ValueError):
+        G._kernel(G.GemvConfig(3))
+    with pytest.raises(ValueError):
+        G._kernel(G.GemvConfig(4, 1, 1, 12))
+
+
+def test_config_for_picks_the_sweep_winners():
+    # the best measured launch shapes on an H200 (docs/BENCHMARKS.md section 8)
+    assert G.config_for(2112, 7168, 1, 1) == G.GemvConfig(16, 1, 1, 8)   # x @ [W_qa; W_kva]
+    assert G.config_for(2112, 7168, 1, 16) == G.GemvConfig(16, 1, 1, 8)
+    assert G.config_for(12288, 1536, 1, 1) == G.GemvConfig(4, 1, 1)     # q_a @ W_qb
+    assert G.config_for(7168, 8192, 1, 1) == G.GemvConfig(8, 2, 1)      # o @ W_o
+    assert G.config_for(7168, 8192, 1, 4) == G.GemvConfig(8, 1, 1)
+    assert G.config_for(512, 128, 64, 1) == G.GemvConfig(1, 1, 1)       # W_uk per head
+
+
+def test_fits_says_why_not():
+    w = torch.zeros(2112, 7168, dtype=torch.bfloat16)
+    assert G.fits(w, 1) is None and G.fits(w, 16) is None
+    assert "tokens" in G.fits(w, 17) and "tokens" in G.fits(w, 0)
+    assert "tile" in G.fits(torch.zeros(24, 64, dtype=torch.bfloat16), 1)
+    assert "tile" in G.fits(torch.zeros(16, 96, dtype=torch.bfloat16), 1)
+    assert "contiguous" in G.fits(torch.zeros(64, 32, dtype=torch.bfloat16).t(), 1)
+    with pytest.raises(ValueError, match="tokens"):
+        G.gemv(torch.zeros(17, 64, dtype=torch.bfloat16), torch.zeros(16, 64, dtype=torch.bfloat16))
+
+
+# ---- GPU
+
+@pytest.mark.gpu
+def test_gpu_gemv_against_float32():
+    if why := G.available():
+        pytest.skip(why)
+    g = torch.Generator(device="cuda").manual_seed(3)
+    for n, k, b in [(2112, 7168, 1), (12288, 1536, 5), (7168, 8192, 16), (48, 192, 9)]:
+        w = torch.randn(n, k, device="cuda", generator=g).to(torch.bfloat16)
+        x = torch.randn(b, k, device="cuda", generator=g).to(torch.bfloat16)
+        ref = G.reference(x, w)
+        for cfg in (None, G.GemvConfig(1, 1, 2), G.GemvConfig(16, 4, 2),
+                    G.GemvConfig(4, 2, 1, 8), G.GemvConfig(32, 1, 1, 8)):
+            y = G.gemv(x, w, cfg=cfg)
+            err = float((y.float() - ref).norm() / ref.norm())
+            assert err < 1e-2, (n, k, b, cfg, err)
+
+
+@pytest.mark.gpu
+def test_gpu_gemv_batched_strided_in_place():
+    # MLA's absorbed W_uv: per head, x [h, b, kl] in, each head's columns of [b, h * vd] out
+    if why := G.available():
+        pytest.skip(why)
+    g = torch.Generator(device="cuda").manual_seed(4)
+    h, b, kl, vd, nope = 8, 3, 512, 128, 128
+    wkvb = torch.randn(h, nope + vd, kl, device="cuda", generator=g).to(torch.bfloat16)
+    lat = torch.randn(h, b, kl, device="cuda", generator=g).to(torch.bfloat16)
+    out = torch.full((b, h * vd), float("nan"), device="cuda", dtype=torch.bfloat16)
+    G.gemv(lat, wkvb[:, nope:], out=out.view(b, h, vd).transpose(0, 1))
+    ref = G.reference(lat, wkvb[:, nope:]).transpose(0, 1).reshape(b, h * vd)
+    assert float((out.float() - ref).norm() / ref.norm()) < 1e-2
+
+
+@pytest.mark.gpu
+def test_gpu_mla_projections_on_gemv_match_cublas_for_every_token():
+    # the layer's float32 check uses 3 tokens; here every token of up to 16 (both MMA halves)
+    import dataclasses
+
+    from microbench.kernels import layers as L
+    from microbench.kernels import mla_decode as MD
+    from reports.base.model_config import load_model
+
+    if why := G.available():
+        pytest.skip(why)
+    m = load_model("kimi-k2").all_formats("bf16")
+    for b in (1, 5, 12, 16):
+        bt = L.build_attention(m, b, torch.device("cuda"), context_len=256, backend="triton")
+        assert bt.check() < L.REL_TOL
+        W, (x, cache) = bt.info["weights"], bt.info["inputs"]
+        ys = [MD.make_forward(W, m, dataclasses.replace(MD.CONFIG, gemv=on))(x, cache.clone())
+              for on in (True, False)]
+        err = float((ys[0].float() - ys[1].float()).norm() / ys[1].float().norm())
+        assert err < 1e-2, (b, err)
+        assert ("gemv_mma" in bt.info["kernel"]) == bool(MD.gemv_projections(b))
