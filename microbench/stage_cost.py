@@ -299,7 +299,10 @@ def _measure(cfg, m, gpu, stages, notes, progress, writer) -> tuple[Record, str 
     from microbench.kit.timing import do_bench, do_bench_graph, graph_copies
 
     dev = torch.device("cuda")
-    l2_bytes = int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or 0)
+    try:      # 0 (one call per timing graph) where it is unknown
+        l2_bytes = int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or 0)
+    except (AssertionError, RuntimeError):    # no CUDA: every point records the error below
+        l2_bytes = 0
     m_meas = measured_model(m)
     fmt = m_meas.formats.routed_experts
     if m.formats != m_meas.formats:
