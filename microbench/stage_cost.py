@@ -24,7 +24,7 @@ every floor and efficiency uses those formats, and each layer entry names its `k
 (`kernel_by_layer` lists the distinct ones, in batch order). MLA attention runs `mla_decode`
 (Triton attention; its projections on `gemv_mma` at the micro-batches where that was faster,
 cuBLAS else). Decode layers are timed as per-call figures from graphs holding 4 back-to-back
-calls when a call streams >= 4x the L2 cache (`graph_copies` per entry;
+calls when a call streams >= 2x the L2 cache (`graph_copies` per entry;
 `microbench.kit.timing.graph_copies`), as a layer runs inside a decode step's graph.
 
 Run: `ppscope stage-cost --model kimi-k2 --pp 8 --dtype bf16` on one GPU (`--plan` anywhere:
@@ -415,7 +415,8 @@ def _measure(cfg, m, gpu, stages, notes, progress, writer) -> tuple[Record, str 
                                           mem_bw_gbps=bw_meas).floor_us if bw_meas else None
                 copies = 1
                 if built.graphable:   # the layer's bytes (its floor) against the L2 cache
-                    copies = graph_copies(int(floor * bw * 1e3), l2_bytes)
+                    copies = graph_copies(int(floor * (bw or gpu.mem_bw_gbps) * 1e3),
+                                          l2_bytes)
                     t = do_bench_graph(built.fn, copies=copies)
                 else:
                     t = do_bench(built.fn)

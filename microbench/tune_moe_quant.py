@@ -215,7 +215,7 @@ def _main(argv=None) -> int:
     l2 = int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or 0)
     res["l2_bytes"] = l2
     res["timing"] = ("CUDA-graph replay; a graph holds `graph_copies` back-to-back calls of the "
-                     "layer (4 when its floor bytes are >= 4x the L2 cache, else 1) and figures "
+                     "layer (4 when its floor bytes are >= 2x the L2 cache, else 1) and figures "
                      "are per call, as inside a decode step's graph")
 
     def copies_for(floor_us: float) -> int:
