@@ -299,6 +299,9 @@ def _measure(cfg, m, gpu, stages, notes, progress, writer) -> tuple[Record, str 
     from microbench.kit.timing import do_bench, do_bench_graph, graph_copies
 
     dev = torch.device("cuda")
+    from microbench.kit.clocks import ClockSampler
+    clocks = ClockSampler(torch.cuda.current_device() if torch.cuda.is_available() else 0)
+    slowed: list = []         # clock summaries of points that ran below full SM clock
     try:      # 0 (one call per timing graph) where it is unknown
         l2_bytes = int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or 0)
     except (AssertionError, RuntimeError):    # no CUDA: every point records the error below
@@ -414,12 +417,17 @@ def _measure(cfg, m, gpu, stages, notes, progress, writer) -> tuple[Record, str 
                     floor_m = layer_floor(m_meas, base, b, gpu, context_len=cfg.context_len,
                                           mem_bw_gbps=bw_meas).floor_us if bw_meas else None
                 copies = 1
+                clocks.start()
                 if built.graphable:   # the layer's bytes (its floor) against the L2 cache
                     copies = graph_copies(int(floor * (bw or gpu.mem_bw_gbps) * 1e3),
                                           l2_bytes)
                     t = do_bench_graph(built.fn, copies=copies)
                 else:
                     t = do_bench(built.fn)
+                cs = clocks.stop()
+                entry.update(cs.as_record())
+                if cs.slowed():
+                    slowed.append(cs)
                 entry.update(measured_us=t.median_us, p20_us=t.p20_us, p80_us=t.p80_us,
                              floor_us=floor, efficiency=floor / t.median_us,
                              floor_measured_bw_us=floor_m,
@@ -474,7 +482,23 @@ def _measure(cfg, m, gpu, stages, notes, progress, writer) -> tuple[Record, str 
         torch.cuda.empty_cache()
     if prefill is not None:
         prefill["note"] = "attention prefill not measured (decode kernel only); eager timing"
+    clocks.stop()
+    if slowed:
+        notes.append(clock_note(slowed, done[0]))
     return save(final=True)
+
+
+def clock_note(slowed: list, points: int) -> str:
+    """The run note for timed points whose SM clock fell (`ClockSummary` each)."""
+    lows = [c.sm_mhz_min for c in slowed if c.sm_mhz_min is not None]
+    top = next((c.sm_mhz_max_spec for c in slowed if c.sm_mhz_max_spec), None)
+    why = sorted({r for c in slowed for r in c.reasons})
+    return (f"SM clock below 90% of its max{f' ({top:.0f} MHz)' if top else ''} or limited "
+            f"while {len(slowed)} of {points} points were timed"
+            + (f" (lowest {min(lows):.0f} MHz" if lows else " (")
+            + (f"; {', '.join(why)})" if why else ")")
+            + ": latency-bound kernels (e.g. INT4 dequantisation) slow with the clock, so "
+            "those efficiencies hold at that clock (per point: sm_clock_mhz, clock_limits)")
 
 
 def with_measured_bw(stages: list[StageCost], m: ModelConfig, gpu: GpuSpec,

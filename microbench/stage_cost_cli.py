@@ -161,10 +161,12 @@ def render(d: StageCostData) -> str:
                 lrows.append([kind, b, e.backend or "", _f(e.measured_us), _f(e.floor_us),
                               _pct(e.efficiency), _pct(e.efficiency_measured_bw),
                               "" if e.distinct_experts is None else e.distinct_experts,
+                              _f(e.sm_clock_mhz, "{:.0f}") + (f" ({e.clock_limits})"
+                                                              if e.clock_limits else ""),
                               (e.error or "")[:60]])
         out += ["", tabulate(lrows, headers=["layer", "batch", "backend", "measured_us",
                                              "floor_us", "eff_spec_bw", "eff_measured_bw",
-                                             "experts", "error"], tablefmt="simple")]
+                                             "experts", "SM MHz", "error"], tablefmt="simple")]
     imb = [[b, _f(v.measured, "{:.3f}"), _f(v.floor, "{:.3f}")]
            for b, v in d.imbalance.items()]
     if imb:

@@ -218,6 +218,19 @@ def _main(argv=None) -> int:
                      "layer (4 when its floor bytes are >= 2x the L2 cache, else 1) and figures "
                      "are per call, as inside a decode step's graph")
 
+    from microbench.kit.clocks import ClockSampler
+    clocks = ClockSampler(torch.cuda.current_device())
+
+    def timed(fn, copies: int, row: dict, key: str):
+        """do_bench_graph with the SM clock sampled while it runs (row[key_sm_clock_mhz] ...)"""
+        clocks.start()
+        try:
+            return do_bench_graph(fn, copies=copies)
+        finally:
+            c = clocks.stop()
+            row[f"{key}_sm_clock_mhz"], row[f"{key}_clock_limits"] = (
+                c.sm_mhz_median, ",".join(c.reasons) or None)
+
     def copies_for(floor_us: float) -> int:
         return graph_copies(int(floor_us * gpu.mem_bw_gbps * 1e3), l2)
     log(f"HBM copy bandwidth {bw:.0f} GB/s (spec {gpu.mem_bw_gbps:.0f})")
@@ -232,7 +245,7 @@ def _main(argv=None) -> int:
                 try:
                     bl = L.build_attention(m16, b, dev, context_len=a.context_len,
                                            backend=key)
-                    t = do_bench_graph(bl.fn, copies=row["graph_copies"])
+                    t = timed(bl.fn, row["graph_copies"], row, key)
                     row[f"{key}_us"] = t.median_us
                     if key == "triton" and row["graph_copies"] > 1:   # the one-call graph too
                         row["triton_one_call_graph_us"] = do_bench_graph(bl.fn).median_us
@@ -410,7 +423,7 @@ def _main(argv=None) -> int:
                         row[f"{key}_check_rel_err"] = bl.check()   # the config timed here
                 mm = m4 if key.startswith("int4") else m8 if key.startswith("fp8") else m16
                 row[f"{key}_graph_copies"] = copies_for(sc.moe_floor_us(mm, d, gpu, None))
-                t = do_bench_graph(fn, copies=row[f"{key}_graph_copies"])
+                t = timed(fn, row[f"{key}_graph_copies"], row, key)
                 row[f"{key}_us"], row[f"{key}_p20_us"], row[f"{key}_p80_us"] = (
                     t.median_us, t.p20_us, t.p80_us)
                 row[f"{key}_experts"] = d
@@ -431,7 +444,7 @@ def _main(argv=None) -> int:
 
     hdr = ["b", "experts", "bf16 triton µs", "bf16 +fused route µs", "grouped_mm µs", "int4 µs",
            "int4 triton µs", "int4 gemv µs", "fp8 µs", "floor bf16/int4/fp8 µs", "bf16 %",
-           "int4 %", "fp8 %", "int4 % copy-bw", "bf16/int4"]
+           "int4 %", "fp8 %", "int4 % copy-bw", "bf16/int4", "int4 SM MHz"]
 
     def pct(r, k, f):
         return f"{100 * r[f'{f}_floor_us'] / r[f'{k}_us']:.0f}%" if r.get(f"{k}_us") else "-"
@@ -442,7 +455,10 @@ def _main(argv=None) -> int:
         pct(r, "bf16_triton", "bf16"), pct(r, "int4", "int4"), pct(r, "fp8", "fp8"),
         f"{100 * r['int4_floor_copy_bw_us'] / r['int4_us']:.0f}%" if r.get("int4_us") else "-",
         f"{r['bf16_triton_us'] / r['int4_us']:.2f}" if r.get("int4_us") and r.get(
-            "bf16_triton_us") else "-"] for r in res["rows"]]
+            "bf16_triton_us") else "-",
+        (f"{r['int4_sm_clock_mhz']:.0f}" if r.get("int4_sm_clock_mhz") else "-")
+        + (f" ({r['int4_clock_limits']})" if r.get("int4_clock_limits") else "")]
+        for r in res["rows"]]
     print(tabulate(rows, headers=hdr))
     return _print_mla(res, tabulate, save, t_start)
 

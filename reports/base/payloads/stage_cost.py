@@ -68,6 +68,12 @@ class LayerPoint:
     kernel: str | None = None                            # the kernel that ran, e.g. "triton/int4"
     timing: str | None = None                            # cuda_graph_replay | eager
     graph_copies: int | None = ge(1, default=None)       # calls per timing graph (per-call us)
+    # what the SM clock did while this point was timed (NVML; microbench/kit/clocks.py)
+    sm_clock_mhz: float | None = ge(0, default=None)     # median of the samples
+    sm_clock_min_mhz: float | None = ge(0, default=None)
+    sm_clock_max_mhz: float | None = ge(0, default=None)  # the board's max SM clock
+    power_w_max: float | None = ge(0, default=None)
+    clock_limits: str | None = None                      # e.g. "sw_power_cap"
     error: str | None = None
 
 
