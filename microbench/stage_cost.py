@@ -296,10 +296,10 @@ def _measure(cfg, m, gpu, stages, notes, progress, writer) -> tuple[Record, str 
     import torch
 
     from microbench.kernels import layers as L
+    from microbench.kit.clocks import ClockSampler
     from microbench.kit.timing import do_bench, do_bench_graph, graph_copies
 
     dev = torch.device("cuda")
-    from microbench.kit.clocks import ClockSampler
     clocks = ClockSampler(torch.cuda.current_device() if torch.cuda.is_available() else 0)
     slowed: list = []         # clock summaries of points that ran below full SM clock
     try:      # 0 (one call per timing graph) where it is unknown

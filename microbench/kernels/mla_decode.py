@@ -240,7 +240,6 @@ def make_forward(W: dict, m, cfg: MlaConfig | None = None):
             q_lat = gemv(q3[:, :, :nope].transpose(0, 1), w_uk_t)      # [h, b, kl]
         else:
             q_lat = torch.bmm(q3[:, :, :nope].transpose(0, 1), w_uk)
-        q_lat = q_lat.contiguous()
         if upto <= 4:
             return q_lat
         # context splits: enough programs to fill the GPU (~2 per SM) at small b, one split
@@ -264,12 +263,10 @@ def make_forward(W: dict, m, cfg: MlaConfig | None = None):
         kern_comb[(b, h)](o, ml, lat, o.stride(0), o.stride(1), o.stride(2),
                           ml.stride(0), ml.stride(1), ml.stride(2), lat.stride(0), lat.stride(1),
                           KL=kl, S=S, SP=_p2(max(S, 2)), **ex)
-        # W_uv per head as one batched GEMM ([h, b, kl] x [h, kl, vd]), then the [b, h*vd]
-        # row layout W_o reads (a copy of b x h x vd values)
         if g["w_uv"]:   # each head writes its columns of the row W_o reads
             out_o = torch.empty(b, h * vd, device=dev, dtype=x.dtype)
             gemv(lat, w_uv, out=out_o.view(b, h, vd).transpose(0, 1))
-        else:
+        else:   # one batched GEMM ([h, b, kl] x [h, kl, vd]), then the [b, h*vd] row layout
             out_o = torch.bmm(lat, w_uv.transpose(1, 2)).transpose(0, 1).reshape(b, h * vd)
         if upto <= 6:
             return out_o
