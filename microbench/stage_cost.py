@@ -297,15 +297,12 @@ def _measure(cfg, m, gpu, stages, notes, progress, writer) -> tuple[Record, str 
 
     from microbench.kernels import layers as L
     from microbench.kit.clocks import ClockSampler
-    from microbench.kit.timing import do_bench, do_bench_graph, graph_copies
+    from microbench.kit.timing import do_bench, do_bench_graph, graph_copies, l2_bytes
 
     dev = torch.device("cuda")
     clocks = ClockSampler(torch.cuda.current_device() if torch.cuda.is_available() else 0)
     slowed: list = []         # clock summaries of points that ran below full SM clock
-    try:      # 0 (one call per timing graph) where it is unknown
-        l2_bytes = int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or 0)
-    except (AssertionError, RuntimeError):    # no CUDA: every point records the error below
-        l2_bytes = 0
+    l2 = l2_bytes(dev)        # 0 without CUDA: every point then records the error below
     m_meas = measured_model(m)
     fmt = m_meas.formats.routed_experts
     if m.formats != m_meas.formats:
@@ -419,8 +416,7 @@ def _measure(cfg, m, gpu, stages, notes, progress, writer) -> tuple[Record, str 
                 copies = 1
                 clocks.start()
                 if built.graphable:   # the layer's bytes (its floor) against the L2 cache
-                    copies = graph_copies(int(floor * (bw or gpu.mem_bw_gbps) * 1e3),
-                                          l2_bytes)
+                    copies = graph_copies(int(floor * (bw or gpu.mem_bw_gbps) * 1e3), l2)
                     t = do_bench_graph(built.fn, copies=copies)
                 else:
                     t = do_bench(built.fn)

@@ -179,7 +179,7 @@ def _main(argv=None) -> int:
     from microbench.kernels import layers as L
     from microbench.kernels import moe_route as R
     from microbench.kernels import moe_triton as MT
-    from microbench.kit.timing import do_bench_graph, graph_copies
+    from microbench.kit.timing import do_bench_graph, graph_copies, l2_bytes
     from reports.base.model_config import load_model
     from reports.base.roofline import layer_floor
 
@@ -212,7 +212,7 @@ def _main(argv=None) -> int:
 
     bw = sc.measure_mem_bw()
     res["mem_bw_measured_gbps"] = bw
-    l2 = int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or 0)
+    l2 = l2_bytes(dev)
     res["l2_bytes"] = l2
     res["timing"] = ("CUDA-graph replay; a graph holds `graph_copies` back-to-back calls of the "
                      "layer (4 when its floor bytes are >= 2x the L2 cache, else 1) and figures "

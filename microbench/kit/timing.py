@@ -107,6 +107,17 @@ def do_bench_graph(fn: Callable[[], object], *, warmup_ms: float = 25.0, rep_ms:
 GRAPH_COPIES = 4
 
 
+def l2_bytes(device=None) -> int:
+    """The GPU's L2 cache size in bytes; 0 where unknown (no CUDA, an older torch), which
+    `graph_copies` reads as one call per timing graph."""
+    import torch
+
+    try:
+        return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 0)
+    except (AssertionError, RuntimeError):
+        return 0
+
+
 def graph_copies(bytes_per_call: int, l2_bytes: int) -> int:
     """How many back-to-back calls of one layer a timing graph may hold: `GRAPH_COPIES` when
     a call streams at least twice the L2 cache (a call's first bytes were last read a whole
