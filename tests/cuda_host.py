@@ -12,7 +12,7 @@ HOST_STUBS = r"""
 #define __forceinline__ inline
 #define __restrict__
 #define __launch_bounds__(...)
-#define __shared__ static
+#define __shared__
 struct uint4 { unsigned x, y, z, w; };
 struct uint3 { unsigned x, y, z; };
 static uint3 threadIdx, blockIdx, blockDim;
@@ -21,6 +21,17 @@ template <class T> inline T __ldg(const T *p) { return *p; }
 inline unsigned __byte_perm(unsigned a, unsigned, unsigned) { return a; }
 inline float __expf(float x) { return x; }
 inline void __syncthreads() {}
+struct float2 { float x, y; };
+struct float4 { float x, y, z, w; };
+struct uint2 { unsigned x, y; };
+inline float2 make_float2(float a, float b) { return {a, b}; }
+inline uint2 make_uint2(unsigned a, unsigned b) { return {a, b}; }
+inline unsigned long long __cvta_generic_to_shared(const void *p) { return (unsigned long long)p; }
+inline float exp2f(float x) { return x; }
+inline float fmaxf(float a, float b) { return a > b ? a : b; }
+inline float __int_as_float(unsigned x) { float f; __builtin_memcpy(&f, &x, 4); return f; }
+inline float __shfl_xor_sync(unsigned, float v, int) { return v; }
+inline int min(int a, int b) { return a < b ? a : b; }
 """
 
 

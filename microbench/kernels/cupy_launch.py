@@ -61,12 +61,13 @@ def cupy_stream(ts):
     return _STREAMS[key]
 
 
-def run(fn, grid, threads: int, args):
-    """Launch a cupy kernel on torch's current stream (so CUDA-graph capture records it)."""
+def run(fn, grid, threads: int, args, shared_mem: int = 0):
+    """Launch a cupy kernel on torch's current stream (so CUDA-graph capture records it), with
+    `shared_mem` bytes of dynamic shared memory."""
     import torch
 
     with cupy_stream(torch.cuda.current_stream()):
-        fn(grid, (threads,), args)
+        fn(grid, (threads,), args, shared_mem=shared_mem)
 
 
 def unavailable(build) -> str | None:

@@ -326,7 +326,8 @@ def build_attention(m: ModelConfig, batch: int, device, *, context_len: int,
 def _attn_kernel(m: ModelConfig, backend: str, batch: int) -> str:
     if backend == "triton" and m.attention == "mla":
         from microbench.kernels import mla_decode
-        return mla_decode.kernel_name(batch)
+        return mla_decode.kernel_name(batch, heads=m.num_heads, kv_lora=m.kv_lora_rank,
+                                      rope=m.qk_rope_head_dim)
     return _ATTN_KERNELS[backend]
 
 

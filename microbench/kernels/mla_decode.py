@@ -9,7 +9,9 @@ What one decode step does for b tokens with a latent KV cache [b, ctx, kv_lora +
 4. q_lat = q_nope @ W_uk per head: the absorbed query, [h, b, kv_lora].
 5. `_attn` (Triton, flash-decoding): grid (head group, context split, token); each program
    reads its slice of the latent cache once for HB heads, scores = q_lat.c + q_rope.k_rope,
-   online softmax, unnormalised output p.c and the running max / sum per head.
+   online softmax, unnormalised output p.c and the running max / sum per head. From
+   `MlaConfig.mma_attn_min_b` tokens up, `mla_attn_mma` instead (CUDA, all 64 heads of a token
+   in one CTA: each cache block read once; faster on an H200 from b = 16, slower below).
 6. `_merge` (Triton, one program per token and head): merges the context splits into the
    normalised latent [h, b, kv_lora]; then W_uv per head, each head writing its columns of the
    [b, h*v_head] row W_o reads. (A fused merge + W_uv kernel, one program per head and 16
@@ -48,6 +50,7 @@ class MlaConfig:
     splits: int = 16            # context splits per token (enough programs at b = 1)
     warps: int = 8
     gemv: bool = True           # projections by `gemv_mma` where GEMV_MAX_B says it wins
+    mma_attn_min_b: int = 16    # attention by `mla_attn_mma` from this micro-batch (0: never)
 
 
 CONFIG = MlaConfig(16, 64, 32, 4)  # chosen on one H200 (microbench/tune_moe_quant.py)
@@ -160,14 +163,23 @@ def gemv_projections(b: int, cfg: MlaConfig | None = None) -> list[str]:
     return [k for k, v in GEMV_MAX_B.items() if cfg.gemv and b <= v]
 
 
-def kernel_name(b: int, cfg: MlaConfig | None = None) -> str:
-    """What runs at micro-batch b on this machine, for records."""
-    from microbench.kernels import gemv_mma
+def mma_attention(b: int, cfg: MlaConfig | None = None) -> bool:
+    """Whether micro-batch b runs `mla_attn_mma` for the attention (where it builds)."""
+    cfg = cfg or CONFIG
+    return 0 < cfg.mma_attn_min_b <= b
+
+
+def kernel_name(b: int, cfg: MlaConfig | None = None, heads: int = 64, kv_lora: int = 512,
+                rope: int = 64) -> str:
+    """What runs at micro-batch b on this machine for this attention shape, for records."""
+    from microbench.kernels import gemv_mma, mla_attn_mma
 
     g = gemv_projections(b, cfg) if gemv_mma.available() is None else []
     proj = (f"gemv_mma for {', '.join(g)}" + (", cuBLAS for the rest" if len(g) < 5 else "")
             if g else "cuBLAS")
-    return f"mla_decode (Triton attention; projections: {proj}; absorbed MLA, bf16)"
+    attn = ("mla_attn_mma" if mma_attention(b, cfg) and mla_attn_mma.available() is None
+            and mla_attn_mma.fits(heads, kv_lora, rope) is None else "Triton")
+    return f"mla_decode ({attn} attention; projections: {proj}; absorbed MLA, bf16)"
 
 
 def _p2(n: int) -> int:
@@ -204,6 +216,12 @@ def make_forward(W: dict, m, cfg: MlaConfig | None = None):
         raise ValueError("mla_decode needs power-of-two kv_lora / rope / v_head dims and "
                          f"heads divisible by {hb}")
     kern_norm, kern_attn, kern_comb = _kernels(not cuda)
+    attn_mma = sms = None
+    if cuda and cfg.mma_attn_min_b > 0:
+        from microbench.kernels import mla_attn_mma
+        if mla_attn_mma.available() is None and mla_attn_mma.fits(h, kl, rope) is None:
+            attn_mma = mla_attn_mma
+            sms = torch.cuda.get_device_properties(W["wkva"].device).multi_processor_count
     if not cuda:   # Triton's interpreter has no bf16: float32 copies, cache row copied back
         f32 = {k: (v.float() if v is not None else None) for k, v in W.items()}
         fwd32 = make_forward(f32, m, cfg) if W["wkva"].dtype != torch.float32 else None
@@ -242,20 +260,29 @@ def make_forward(W: dict, m, cfg: MlaConfig | None = None):
             q_lat = torch.bmm(q3[:, :, :nope].transpose(0, 1), w_uk)
         if upto <= 4:
             return q_lat
-        # context splits: enough programs to fill the GPU (~2 per SM) at small b, one split
-        # (no partial outputs to merge) once b x head groups does
-        want = min(splits, triton.cdiv(ctx, ctx_block), max(1, triton.cdiv(264, b * (h // hb))))
-        split = triton.cdiv(triton.cdiv(ctx, want), ctx_block) * ctx_block
+        if attn_mma is not None and mma_attention(b, cfg):
+            # one CTA per SM over the launch, splits of whole 32-row blocks
+            blk = attn_mma.BC
+            split = triton.cdiv(triton.cdiv(ctx, attn_mma.splits_for(b, ctx, h, sms)), blk) * blk
+        else:
+            # context splits: enough programs to fill the GPU (~2 per SM) at small b, one
+            # split (no partial outputs to merge) once b x head groups does
+            want = min(splits, triton.cdiv(ctx, ctx_block),
+                       max(1, triton.cdiv(264, b * (h // hb))))
+            split = triton.cdiv(triton.cdiv(ctx, want), ctx_block) * ctx_block
         S = triton.cdiv(ctx, split)
         o = torch.empty(b, S, h, kl, device=dev, dtype=torch.float32)
         ml = torch.empty(b, S, h, 2, device=dev, dtype=torch.float32)
-        ex = dict(num_warps=attn_warps, num_stages=2) if cuda else {}
-        kern_attn[(h // hb, S, b)](
-            q_lat, q3, cache, o, ml, ctx, sm,
-            q_lat.stride(0), q_lat.stride(1), q3.stride(0), q3.stride(1),
-            cache.stride(0), cache.stride(1), o.stride(0), o.stride(1), o.stride(2),
-            ml.stride(0), ml.stride(1), ml.stride(2),
-            KL=kl, ROPE=rope, NOPE=nope, HB=hb, BC=ctx_block, SPLIT=split, **ex)
+        if attn_mma is not None and mma_attention(b, cfg):
+            attn_mma.attention(q_lat, q3, nope, cache, o, ml, ctx, sm, split)
+        else:
+            ex = dict(num_warps=attn_warps, num_stages=2) if cuda else {}
+            kern_attn[(h // hb, S, b)](
+                q_lat, q3, cache, o, ml, ctx, sm,
+                q_lat.stride(0), q_lat.stride(1), q3.stride(0), q3.stride(1),
+                cache.stride(0), cache.stride(1), o.stride(0), o.stride(1), o.stride(2),
+                ml.stride(0), ml.stride(1), ml.stride(2),
+                KL=kl, ROPE=rope, NOPE=nope, HB=hb, BC=ctx_block, SPLIT=split, **ex)
         if upto <= 5:
             return o
         lat = torch.empty(h, b, kl, device=dev, dtype=x.dtype)
