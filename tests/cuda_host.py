@@ -15,7 +15,7 @@ HOST_STUBS = r"""
 #define __shared__
 struct uint4 { unsigned x, y, z, w; };
 struct uint3 { unsigned x, y, z; };
-static uint3 threadIdx, blockIdx, blockDim;
+static uint3 threadIdx, blockIdx, blockDim, gridDim;
 inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
 template <class T> inline T __ldg(const T *p) { return *p; }
 inline unsigned __byte_perm(unsigned a, unsigned, unsigned) { return a; }
@@ -32,6 +32,10 @@ inline float fmaxf(float a, float b) { return a > b ? a : b; }
 inline float __int_as_float(unsigned x) { float f; __builtin_memcpy(&f, &x, 4); return f; }
 inline float __shfl_xor_sync(unsigned, float v, int) { return v; }
 inline int min(int a, int b) { return a < b ? a : b; }
+inline float __uint_as_float(unsigned x) { float f; __builtin_memcpy(&f, &x, 4); return f; }
+inline float fmaf(float a, float b, float c) { return a * b + c; }
+inline float rsqrtf(float x) { return x; }
+inline void __syncwarp() {}
 """
 
 

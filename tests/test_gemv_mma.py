@@ -7,10 +7,17 @@ from cuda_host import check_parses  # noqa: E402
 from microbench.kernels import gemv_mma as G  # noqa: E402
 
 
-@pytest.mark.parametrize("ksplit,unroll,nt", [(1, 1, 1), (4, 2, 1), (16, 2, 2), (8, 4, 2),
-                                              (32, 4, 1)])
-def test_cuda_source_parses_as_cpp(ksplit, unroll, nt, tmp_path):
-    check_parses(G._SRC, {"KSPLIT": ksplit, "UNROLL": unroll, "NT": nt}, tmp_path)
+@pytest.mark.parametrize("ksplit,unroll,nt,rms", [(1, 1, 1, 0), (4, 2, 1, 0), (16, 2, 2, 0),
+                                                  (8, 4, 2, 0), (32, 4, 1, 0), (1, 1, 1, 1),
+                                                  (4, 1, 2, 1)])
+def test_cuda_source_parses_as_cpp(ksplit, unroll, nt, rms, tmp_path):
+    check_parses(G._SRC, {"KSPLIT": ksplit, "UNROLL": unroll, "NT": nt, "RMS": rms}, tmp_path)
+
+
+def test_rms_only_on_16_row_tiles():
+    G._kernel.cache_clear()
+    with pytest.raises(ValueError, match="RMS"):
+        G._kernel(G.GemvConfig(4, 1, 1, 8), True)
 
 
 @pytest.mark.parametrize("n,k,z,b", [(2112, 7168, 1, 1), (12288, 1536, 1, 8), (7168, 8192, 1, 16),
@@ -71,6 +78,48 @@ def test_gpu_gemv_against_float32():
             y = G.gemv(x, w, cfg=cfg)
             err = float((y.float() - ref).norm() / ref.norm())
             assert err < 1e-2, (n, k, b, cfg, err)
+
+
+@pytest.mark.gpu
+def test_gpu_gemv_with_rmsnorm_folded_in():
+    # gemv(x, w * nw, rms_eps) == RMSNorm(x, nw) @ w^T, x a strided view (MLA's q latent)
+    if why := G.available():
+        pytest.skip(why)
+    from microbench.kernels.common import rmsnorm
+
+    g = torch.Generator(device="cuda").manual_seed(5)
+    for n, k, b in [(12288, 1536, 1), (12288, 1536, 8), (4096, 1536, 13), (64, 512, 3)]:
+        w = torch.randn(n, k, device="cuda", generator=g).to(torch.bfloat16)
+        nw = torch.rand(k, device="cuda", generator=g).add_(0.5).to(torch.bfloat16)
+        a = (torch.randn(b, k + 576, device="cuda", generator=g) * 3).to(torch.bfloat16)
+        ref = G.reference(rmsnorm(a[:, :k].float(), nw.float()), w)
+        wn = (w.float() * nw.float()).to(torch.bfloat16)
+        for cfg in (None, G.GemvConfig(1, 1, 2), G.GemvConfig(16, 2, 2), G.GemvConfig(4, 1, 1, 8)):
+            y = G.gemv(a[:, :k], wn, cfg=cfg, rms_eps=1e-6)
+            err = float((y.float() - ref).norm() / ref.norm())
+            assert err < 1e-2, (n, k, b, cfg, err)
+
+
+@pytest.mark.gpu
+def test_gpu_gemv_side_job_writes_the_normed_row():
+    # gemv(.., side=) also writes RMSNorm(src[:, :k]) * w and src's tail into a strided dst
+    if why := G.available():
+        pytest.skip(why)
+    from microbench.kernels.common import rmsnorm
+
+    g = torch.Generator(device="cuda").manual_seed(6)
+    for b in (1, 3, 8):
+        a = (torch.randn(b, 1536 + 576, device="cuda", generator=g) * 2).to(torch.bfloat16)
+        w = torch.randn(12288, 1536, device="cuda", generator=g).to(torch.bfloat16)
+        nw = torch.rand(512, device="cuda", generator=g).add_(0.5).to(torch.bfloat16)
+        cache = torch.zeros(b, 7, 576, device="cuda", dtype=torch.bfloat16)
+        G.gemv(a[:, :1536], w, rms_eps=1e-6, side=(a[:, 1536:], nw, cache[:, -1], 512))
+        ref = rmsnorm(a[:, 1536:2048].float(), nw.float())
+        assert float((cache[:, -1, :512].float() - ref).norm() / ref.norm()) < 1e-2
+        assert torch.equal(cache[:, -1, 512:], a[:, 2048:])
+        assert not cache[:, :-1].any()
+    with pytest.raises(ValueError, match="side"):
+        G.gemv(a[:, :1536], w, side=(a[:, 1536:], nw, cache[:, -1], 512))   # no rms_eps
 
 
 @pytest.mark.gpu

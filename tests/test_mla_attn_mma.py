@@ -1,6 +1,6 @@
 """MLA decode attention with 64 heads per CTA (microbench/kernels/mla_attn_mma.py): its source,
-shape rules and split rule on the CPU; the kernel against `mla_decode`'s Triton kernel and a
-float32 softmax on a GPU (`gpu`)."""
+shape rules and split rule on the CPU, the kernel against a float32 softmax on a GPU (`gpu`);
+and which micro-batches of `mla_decode` run it or fold the norm launch away."""
 import math
 
 import pytest
@@ -94,3 +94,45 @@ def test_kernel_matches_float32_softmax(b, ctx, split, heads, cta_heads):
     ref = _softmax_reference(q_lat, q3, nope, cache, ctx, sm)
     err = ((_merge(o, ml) - ref).norm() / ref.norm()).item()
     assert err < 1e-2, err
+
+
+def test_mla_decode_kernel_choice_per_batch():
+    import dataclasses
+
+    from microbench.kernels import mla_decode as MD
+
+    cfg = MD.MlaConfig()
+    assert [b for b in (1, 8, 15, 16, 64) if MD.mma_attention(b, cfg)] == [16, 64]
+    assert not MD.mma_attention(64, dataclasses.replace(cfg, mma_attn_min_b=0))
+    # the norm launch goes where W_qb runs gemv_mma (which then writes the cache row too)
+    assert [b for b in (1, 4, 8, 9, 16) if MD.fused_norms(b, 1536, cfg)] == [1, 4, 8]
+    assert not MD.fused_norms(1, 0, cfg)                     # no q latent (DeepSeek-V2 Lite)
+    assert not MD.fused_norms(1, 1536, dataclasses.replace(cfg, fuse_norms=False))
+    assert not MD.fused_norms(1, 1536, dataclasses.replace(cfg, gemv=False))
+    assert MD.fused_norms(8, 1536, dataclasses.replace(cfg, mma_attn_min_b=4))
+
+
+@pytest.mark.gpu
+def test_gpu_fused_norms_match_the_norm_kernel():
+    # output and this step's cache row, with and without the norm launch, every token to 8
+    import dataclasses
+
+    from microbench.kernels import layers as L
+    from microbench.kernels import mla_decode as MD
+    from reports.base.model_config import load_model
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    m = load_model("kimi-k2").all_formats("bf16")
+    for b, ctx, mma_from in ((1, 300, 16), (5, 300, 16), (8, 2048, 16), (4, 2049, 2)):
+        bt = L.build_attention(m, b, torch.device("cuda"), context_len=ctx, backend="triton")
+        W, (x, cache) = bt.info["weights"], bt.info["inputs"]
+        outs = []
+        for on in (True, False):
+            c = cache.clone()
+            cfg = dataclasses.replace(MD.CONFIG, fuse_norms=on, mma_attn_min_b=mma_from)
+            outs.append((MD.make_forward(W, m, cfg)(x, c), c[:, -1].float()))
+        (y1, r1), (y0, r0) = outs
+        assert float((y1.float() - y0.float()).norm() / y0.float().norm()) < 1e-2, b
+        assert float((r1 - r0).norm() / r0.norm()) < 1e-2, b
+        assert bt.check() < L.REL_TOL

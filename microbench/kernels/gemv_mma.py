@@ -41,15 +41,69 @@ _SRC = CL.HELPERS + r"""
 #ifndef NT
 #define NT 1          // 8-token MMA groups
 #endif
+#ifndef RMS
+#define RMS 0         // 1: each output row times 1 / rms(x row) (RMSNorm folded in, rows-16 only)
+#endif
+
+// The side job of `gemv(.., side=)`: one CTA per token n writes
+// sy[n, :sk] = RMSNorm(sx[n, :sk]) * sw and copies sx[n, sk:sk + stail] to sy[n, sk:].
+__device__ void side_rmsnorm(const u16 *sx, long long sx_s, const u16 *sw, u16 *sy,
+                             long long sy_s, int sk, int stail, int n, float eps) {
+  __shared__ float part[32];
+  const u16 *xr = sx + n * sx_s;
+  u16 *yr = sy + n * sy_s;
+  const int tid = threadIdx.x, nthr = blockDim.x;
+  float ss = 0.f;
+  for (int i = tid; i < sk; i += nthr) {
+    const float v = __uint_as_float((u32)xr[i] << 16);
+    ss = fmaf(v, v, ss);
+  }
+#pragma unroll
+  for (int off = 16; off; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+  if ((tid & 31) == 0) part[tid >> 5] = ss;
+  __syncthreads();
+  float tot = 0.f;
+  for (int w = 0; w < (nthr >> 5); ++w) tot += part[w];
+  const float r = rsqrtf(tot / sk + eps);
+  for (int i = tid; i < sk; i += nthr)
+    yr[i] = to_bf16(__uint_as_float((u32)xr[i] << 16) * r * __uint_as_float((u32)sw[i] << 16));
+  for (int i = tid; i < stail; i += nthr) yr[sk + i] = xr[sk + i];
+}
+
+__device__ __forceinline__ float sumsq8(uint4 v) {
+  const u32 w[4] = {v.x, v.y, v.z, v.w};
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float lo = __uint_as_float(w[i] << 16), hi = __uint_as_float(w[i] & 0xffff0000u);
+    s = fmaf(lo, lo, fmaf(hi, hi, s));
+  }
+  return s;
+}
 
 // y[z, n, r] = sum_k x[z, n, k] w[z, r, k] for tokens n < nb; x, w, y bf16, fp32 accumulation.
-// grid (N / 16, Z), KSPLIT warps per CTA. Strides in elements; rows of w and x contiguous.
+// With RMS, y[z, n, r] also times 1 / sqrt(mean_k x[z, n, k]^2 + eps): the sums of squares come
+// from the activation loads the MMAs use (each input of a token is loaded once per CTA).
+// grid (N / 16 + side_nb, Z), KSPLIT warps per CTA; the last side_nb CTAs run `side_rmsnorm`
+// (Z = 1). Strides in elements; rows of w and x contiguous.
 extern "C" __global__ void __launch_bounds__(32 * KSPLIT)
 gemv_bf16_mma(const u16 *__restrict__ w, const u16 *__restrict__ x, u16 *__restrict__ y,
               int K, int nb, long long w_sz, int w_sn, long long x_sz, int x_sn,
-              long long y_sz, int y_sn) {
+              long long y_sz, int y_sn, float eps,
+              const u16 *sx, long long sx_s, const u16 *sw, u16 *sy, long long sy_s, int sk,
+              int stail, int side_nb) {
+  if (side_nb && (int)blockIdx.x >= (int)gridDim.x - side_nb) {
+    side_rmsnorm(sx, sx_s, sw, sy, sy_s, sk, stail, blockIdx.x - (gridDim.x - side_nb), eps);
+    return;
+  }
 #if KSPLIT > 1
   __shared__ float red[KSPLIT][NT][4][32];
+#endif
+#if RMS
+  __shared__ float red_ss[KSPLIT][NT][8];
+  float ss[NT];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) ss[j] = 0.f;
 #endif
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
@@ -90,9 +144,24 @@ gemv_bf16_mma(const u16 *__restrict__ w, const u16 *__restrict__ x, u16 *__restr
 #pragma unroll
           for (int f = 0; f < 4; ++f)
             mma(acc[j], a[f][0], a[f][1], a[f][2], a[f][3], bx[2 * f], bx[2 * f + 1]);
+#if RMS
+          ss[j] += sumsq8(xa) + sumsq8(xb);
+#endif
         }
       }
   }
+#if RMS   // token 8j + g's sum of squares: the 4 lanes of its row, then the KSPLIT warps
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    float v = ss[j];
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    v += __shfl_xor_sync(0xffffffffu, v, 2);
+    if (c == 0) red_ss[warp][j][g] = v;
+  }
+#if KSPLIT == 1
+  __syncwarp();
+#endif
+#endif
 #if KSPLIT > 1
 #pragma unroll
   for (int j = 0; j < NT; ++j)
@@ -115,8 +184,15 @@ gemv_bf16_mma(const u16 *__restrict__ w, const u16 *__restrict__ x, u16 *__restr
     for (int i = 0; i < 2; ++i) {
       const int n = j * 8 + 2 * c + i;
       if (n < nb) {
-        yz[(long long)n * y_sn] = to_bf16(acc[j][i]);
-        yz[(long long)n * y_sn + 8] = to_bf16(acc[j][2 + i]);
+        float r = 1.f;
+#if RMS
+        float tot = 0.f;
+#pragma unroll
+        for (int s = 0; s < KSPLIT; ++s) tot += red_ss[s][j][2 * c + i];
+        r = rsqrtf(tot / K + eps);
+#endif
+        yz[(long long)n * y_sn] = to_bf16(acc[j][i] * r);
+        yz[(long long)n * y_sn + 8] = to_bf16(acc[j][2 + i] * r);
       }
     }
 }
@@ -128,7 +204,9 @@ gemv_bf16_mma(const u16 *__restrict__ w, const u16 *__restrict__ x, u16 *__restr
 extern "C" __global__ void __launch_bounds__(32 * KSPLIT)
 gemv_bf16_mma_r8(const u16 *__restrict__ w, const u16 *__restrict__ x, u16 *__restrict__ y,
                  int K, int nb, long long w_sz, int w_sn, long long x_sz, int x_sn,
-                 long long y_sz, int y_sn) {
+                 long long y_sz, int y_sn, float eps,   // eps, side job: unused here
+                 const u16 *sx, long long sx_s, const u16 *sw, u16 *sy, long long sy_s, int sk,
+                 int stail, int side_nb) {
 #if KSPLIT > 1
   __shared__ float red[KSPLIT][4][32];
 #endif
@@ -199,13 +277,14 @@ class GemvConfig:
 
 
 @functools.lru_cache(maxsize=32)
-def _kernel(cfg: GemvConfig):
+def _kernel(cfg: GemvConfig, rms: bool = False):
     if (cfg.ksplit not in (1, 2, 4, 8, 16, 32) or cfg.unroll < 1 or cfg.nt not in (1, 2)
-            or cfg.rows not in (8, 16)):
-        raise ValueError(f"bad gemv config {cfg}")
+            or cfg.rows not in (8, 16) or (rms and cfg.rows != 16)):
+        raise ValueError(f"bad gemv config {cfg}" + (" with RMS" if rms else ""))
     import cupy
 
-    opts = ("-std=c++17", f"-DKSPLIT={cfg.ksplit}", f"-DUNROLL={cfg.unroll}", f"-DNT={cfg.nt}")
+    opts = ("-std=c++17", f"-DKSPLIT={cfg.ksplit}", f"-DUNROLL={cfg.unroll}", f"-DNT={cfg.nt}",
+            f"-DRMS={int(rms)}")
     name = "gemv_bf16_mma" if cfg.rows == 16 else "gemv_bf16_mma_r8"
     return cupy.RawModule(code=_SRC, options=opts).get_function(name)
 
@@ -249,10 +328,16 @@ def fits(w, b: int) -> str | None:
     return None
 
 
-def gemv(x, w, out=None, cfg: GemvConfig | None = None):
+def gemv(x, w, out=None, cfg: GemvConfig | None = None, rms_eps: float | None = None,
+         side=None):
     """out [.., b, N] = x [.., b, K] @ w [.., N, K]^T in bf16, with an optional leading batch
     dimension z shared by x, w and out (any strides whose rows are contiguous and 16-byte
-    aligned; `out` may be a strided view, e.g. one head's columns of a wider row)."""
+    aligned; `out` may be a strided view, e.g. one head's columns of a wider row).
+    rms_eps: each token's row of out also divided by sqrt(mean(x^2) + rms_eps), so that
+    gemv(x, w * norm_weight, rms_eps=eps) is RMSNorm(x) @ w^T in one launch (16-row tiles).
+    side = (src [b, k + t], norm_w [k], dst [b, k + t], k), with rms_eps and no batch dimension:
+    the same launch also writes dst[:, :k] = RMSNorm(src[:, :k]) * norm_w and copies
+    src[:, k:] into dst[:, k:] (one extra CTA per token; MLA's kv latent into its cache row)."""
     import numpy as np
     import torch
 
@@ -272,13 +357,30 @@ def gemv(x, w, out=None, cfg: GemvConfig | None = None):
     if os_.stride(-1) != 1:
         raise ValueError("gemv_mma: output rows must be contiguous")
     cfg = cfg or config_for(N, K, Z, b)
+    if side is not None:
+        sx, sw, sy, sk = side
+        if rms_eps is None or batched or sx.shape[0] != b or sy.shape != sx.shape:
+            raise ValueError("gemv_mma: side needs rms_eps, no batch dim and src / dst [b, k + t]")
+        if sx.stride(-1) != 1 or sy.stride(-1) != 1 or sw.numel() != sk or sk > sx.shape[1]:
+            raise ValueError("gemv_mma: side rows must be contiguous, norm weight [k]")
+    if rms_eps is not None and cfg.rows != 16:
+        cfg = GemvConfig(cfg.ksplit, 1, 1 if b <= 8 else 2, 16)
     if cfg.rows == 16 and b > 8 * cfg.nt:
         raise ValueError(f"gemv_mma: {b} tokens need nt >= {-(-b // 8)}")
     args = (np.uint64(ws.data_ptr()), np.uint64(xs.data_ptr()), np.uint64(os_.data_ptr()),
             np.int32(K), np.int32(b), np.int64(ws.stride(0)), np.int32(ws.stride(1)),
             np.int64(xs.stride(0)), np.int32(xs.stride(1)), np.int64(os_.stride(0)),
-            np.int32(os_.stride(1)))
-    CL.run(_kernel(cfg), (N // cfg.rows, Z), 32 * cfg.ksplit, args)
+            np.int32(os_.stride(1)), np.float32(rms_eps or 0.0))
+    if side is None:
+        args += (np.uint64(0), np.int64(0), np.uint64(0), np.uint64(0), np.int64(0), np.int32(0),
+                 np.int32(0), np.int32(0))
+        nside = 0
+    else:
+        args += (np.uint64(sx.data_ptr()), np.int64(sx.stride(0)), np.uint64(sw.data_ptr()),
+                 np.uint64(sy.data_ptr()), np.int64(sy.stride(0)), np.int32(sk),
+                 np.int32(sx.shape[1] - sk), np.int32(b))
+        nside = b
+    CL.run(_kernel(cfg, rms_eps is not None), (N // cfg.rows + nside, Z), 32 * cfg.ksplit, args)
     return out
 
 

@@ -327,7 +327,7 @@ def _attn_kernel(m: ModelConfig, backend: str, batch: int) -> str:
     if backend == "triton" and m.attention == "mla":
         from microbench.kernels import mla_decode
         return mla_decode.kernel_name(batch, heads=m.num_heads, kv_lora=m.kv_lora_rank,
-                                      rope=m.qk_rope_head_dim)
+                                      rope=m.qk_rope_head_dim, q_lora=m.q_lora_rank or 0)
     return _ATTN_KERNELS[backend]
 
 

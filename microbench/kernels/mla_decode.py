@@ -4,7 +4,9 @@ decode), in 8 launches instead of ~30 small torch ops.
 What one decode step does for b tokens with a latent KV cache [b, ctx, kv_lora + rope]:
 1. a = x @ [W_qa; W_kva]^T (one GEMV/GEMM over both down-projections).
 2. `_norm_cache` (Triton, one program per token): RMSNorm of the q latent, RMSNorm of the kv
-   latent written with the rope part into the cache's last slot (this step's entry).
+   latent written with the rope part into the cache's last slot (this step's entry). Where
+   `fused_norms(b)` (step 3 on `gemv_mma`), no launch of its own: step 3's launch applies the
+   q norm and writes the cache row from b extra CTAs (7 launches).
 3. q = q_a @ W_qb^T, q = [q_nope | q_rope] per head.
 4. q_lat = q_nope @ W_uk per head: the absorbed query, [h, b, kv_lora].
 5. `_attn` (Triton, flash-decoding): grid (head group, context split, token); each program
@@ -51,6 +53,7 @@ class MlaConfig:
     warps: int = 8
     gemv: bool = True           # projections by `gemv_mma` where GEMV_MAX_B says it wins
     mma_attn_min_b: int = 16    # attention by `mla_attn_mma` from this micro-batch (0: never)
+    fuse_norms: bool = True     # no norm launch where q_a @ W_qb runs gemv_mma (`fused_norms`)
 
 
 CONFIG = MlaConfig(16, 64, 32, 4)  # chosen on one H200 (microbench/tune_moe_quant.py)
@@ -163,6 +166,15 @@ def gemv_projections(b: int, cfg: MlaConfig | None = None) -> list[str]:
     return [k for k, v in GEMV_MAX_B.items() if cfg.gemv and b <= v]
 
 
+def fused_norms(b: int, q_lora: int, cfg: MlaConfig | None = None) -> bool:
+    """Whether micro-batch b skips the norm launch (where gemv_mma builds): the q-latent
+    RMSNorm folded into q_a @ W_qb on `gemv_mma` (its weight into W_qb's columns, 1 / rms per
+    token from the activations that launch loads anyway) and this step's cache row written by
+    b extra CTAs of that launch. Needs a q latent and W_qb on gemv_mma."""
+    cfg = cfg or CONFIG
+    return cfg.gemv and cfg.fuse_norms and q_lora > 0 and b <= GEMV_MAX_B["w_qb"]
+
+
 def mma_attention(b: int, cfg: MlaConfig | None = None) -> bool:
     """Whether micro-batch b runs `mla_attn_mma` for the attention (where it builds)."""
     cfg = cfg or CONFIG
@@ -170,7 +182,7 @@ def mma_attention(b: int, cfg: MlaConfig | None = None) -> bool:
 
 
 def kernel_name(b: int, cfg: MlaConfig | None = None, heads: int = 64, kv_lora: int = 512,
-                rope: int = 64) -> str:
+                rope: int = 64, q_lora: int = 1536) -> str:
     """What runs at micro-batch b on this machine for this attention shape, for records."""
     from microbench.kernels import gemv_mma, mla_attn_mma
 
@@ -179,7 +191,8 @@ def kernel_name(b: int, cfg: MlaConfig | None = None, heads: int = 64, kv_lora: 
             if g else "cuBLAS")
     attn = ("mla_attn_mma" if mma_attention(b, cfg) and mla_attn_mma.available() is None
             and mla_attn_mma.fits(heads, kv_lora, rope) is None else "Triton")
-    return f"mla_decode ({attn} attention; projections: {proj}; absorbed MLA, bf16)"
+    norms = "; norms in W_qb's launch" if g and fused_norms(b, q_lora, cfg) else ""
+    return f"mla_decode ({attn} attention; projections: {proj}{norms}; absorbed MLA, bf16)"
 
 
 def _p2(n: int) -> int:
@@ -211,6 +224,8 @@ def make_forward(W: dict, m, cfg: MlaConfig | None = None):
         if gemv_mma.available() is None:
             gemv = gemv_mma.gemv
             w_uk_t = w_uk.transpose(1, 2).contiguous()                # [h, kl, nope] rows
+            if ql and cfg.fuse_norms:   # RMSNorm(q_a) @ W_qb^T = rms(q_a)^-1 (q_a @ (W_qb qn)^T)
+                wqb_n = (W["wqb"].float() * W["qn"].float()).to(W["wqb"].dtype)
     hb = min(heads_per_prog, h)
     if h % hb or kl & (kl - 1) or rope & (rope - 1) or vd & (vd - 1):
         raise ValueError("mla_decode needs power-of-two kv_lora / rope / v_head dims and "
@@ -241,16 +256,22 @@ def make_forward(W: dict, m, cfg: MlaConfig | None = None):
         a = gemv(x, w_a) if g["w_a"] else x @ w_a.t()                  # [b, ql + kl + rope]
         if upto <= 1:
             return a
-        qa = torch.empty(b, max(ql, 1), device=dev, dtype=x.dtype)
-        ex = dict(num_warps=4) if cuda else {}
-        kern_norm[(b,)](a, W["qn"] if ql else W["kvn"], W["kvn"], qa, cache, a.stride(0),
-                        qa.stride(0), cache.stride(0), (ctx - 1) * cache.stride(1), EPS,
-                        QL=ql, KL=kl, ROPE=rope, QLP=_p2(max(ql, 1)), KLP=_p2(kl), RP=_p2(rope),
-                        **ex)
-        if upto <= 2:
-            return qa
-        xq = qa if ql else x
-        q = gemv(xq, W["wqb"]) if g["w_qb"] else xq @ W["wqb"].t()      # [b, h*qk]
+        fused = gemv is not None and fused_norms(b, ql, cfg)
+        if fused:   # the q norm and this step's cache row in W_qb's launch
+            if upto <= 2:
+                return a
+            q = gemv(a[:, :ql], wqb_n, rms_eps=EPS, side=(a[:, ql:], W["kvn"], cache[:, -1], kl))
+        else:
+            qa = torch.empty(b, max(ql, 1), device=dev, dtype=x.dtype)
+            ex = dict(num_warps=4) if cuda else {}
+            kern_norm[(b,)](a, W["qn"] if ql else W["kvn"], W["kvn"], qa, cache, a.stride(0),
+                            qa.stride(0), cache.stride(0), (ctx - 1) * cache.stride(1), EPS,
+                            QL=ql, KL=kl, ROPE=rope, QLP=_p2(max(ql, 1)), KLP=_p2(kl),
+                            RP=_p2(rope), **ex)
+            if upto <= 2:
+                return qa
+            xq = qa if ql else x
+            q = gemv(xq, W["wqb"]) if g["w_qb"] else xq @ W["wqb"].t()  # [b, h*qk]
         if upto <= 3:
             return q
         q3 = q.view(b, h, qk)
