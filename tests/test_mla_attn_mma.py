@@ -58,6 +58,13 @@ def test_attention_rejects_shapes_it_was_not_built_for():
     q3 = torch.zeros(1, 64, 192, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="multiple of 32"):
         A.attention(q, q3, 128, c, None, None, 64, 0.07, 48)
+    with pytest.raises(ValueError, match="ctx"):                    # more rows than the cache
+        A.attention(q, q3, 128, c, None, None, 65, 0.07, 32)
+    o = torch.zeros(1, 2, 64, 512)
+    with pytest.raises(ValueError, match="ml must be"):            # wrong split count in ml
+        A.attention(q, q3, 128, c, o, torch.zeros(1, 3, 64, 2), 64, 0.07, 32)
+    with pytest.raises(ValueError, match="o must be"):
+        A.attention(q, q3, 128, c, o.bfloat16(), torch.zeros(1, 2, 64, 2), 64, 0.07, 32)
 
 
 def _softmax_reference(q_lat, q3, nope, cache, ctx, sm_scale):

@@ -363,6 +363,8 @@ def gemv(x, w, out=None, cfg: GemvConfig | None = None, rms_eps: float | None = 
             raise ValueError("gemv_mma: side needs rms_eps, no batch dim and src / dst [b, k + t]")
         if sx.stride(-1) != 1 or sy.stride(-1) != 1 or sw.numel() != sk or sk > sx.shape[1]:
             raise ValueError("gemv_mma: side rows must be contiguous, norm weight [k]")
+        if any(t.dtype != torch.bfloat16 for t in (sx, sw, sy)) or not sw.is_contiguous():
+            raise ValueError("gemv_mma: side tensors bf16, norm weight contiguous")
     if rms_eps is not None and cfg.rows != 16:
         cfg = GemvConfig(cfg.ksplit, 1, 1 if b <= 8 else 2, 16)
     if cfg.rows == 16 and b > 8 * cfg.nt:

@@ -336,6 +336,15 @@ def attention(q_lat, q3, nope: int, cache, o, ml, ctx: int, sm_scale: float, spl
             s % 2 for s in (*q_lat.stride()[:2], *q3.stride()[:2])) or nope % 2:
         raise ValueError("mla_attn_mma: cache rows 16-byte aligned, query strides even")
     S = -(-ctx // split)
+    if (q3.shape[:2] != (b, h) or cache.shape[0] != b or cache.shape[2] != KL + ROPE
+            or not 0 < ctx <= cache.shape[1]):
+        raise ValueError(f"mla_attn_mma: q3 {tuple(q3.shape)} / cache {tuple(cache.shape)} do "
+                         f"not match q_lat {tuple(q_lat.shape)} at ctx {ctx}")
+    for name, t, last in (("o", o, KL), ("ml", ml, 2)):
+        if (t.dtype != torch.float32 or tuple(t.shape) != (b, S, h, last) or t.stride(-1) != 1
+                or t.stride(2) % 2 or t.data_ptr() % 8):
+            raise ValueError(f"mla_attn_mma: {name} must be float32 [{b}, {S}, {h}, {last}] "
+                             "with a contiguous, 8-byte aligned last dim")
     qr = q3[:, :, nope:]
     args = (np.uint64(q_lat.data_ptr()), np.uint64(qr.data_ptr()), np.uint64(cache.data_ptr()),
             np.uint64(o.data_ptr()), np.uint64(ml.data_ptr()), np.int32(ctx), np.int32(split),
