@@ -275,7 +275,8 @@ def _main(argv=None) -> int:
         for b in (1, 64):
             pts = []
             for t in MLA_SWEEP:
-                mla_decode.CONFIG = mla_decode.MlaConfig(*t)
+                # the Triton attention's block sizes: at every b, not only where it runs
+                mla_decode.CONFIG = mla_decode.MlaConfig(*t, mma_attn_min_b=0)
                 try:
                     bt = L.build_attention(m16, b, dev, context_len=a.context_len,
                                            backend="triton")

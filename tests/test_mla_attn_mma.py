@@ -29,6 +29,20 @@ def test_shared_memory_fits_an_sm80_block():
         A._kernel(2, 16)
 
 
+def test_unavailable_where_a_block_gets_too_little_shared_memory(monkeypatch):
+    # e.g. an RTX PRO 6000 (sm_120) or an L40S (sm_89): 99 KiB per block
+    monkeypatch.setattr(A.CL, "unavailable", lambda build: None)
+    monkeypatch.setattr(A, "_smem_limit", lambda: 99 * 1024)
+    A.available.cache_clear()
+    try:
+        assert A.available() == "needs 118 KiB of shared memory per block, this GPU allows 99 KiB"
+        monkeypatch.setattr(A, "_smem_limit", lambda: 227 * 1024)
+        A.available.cache_clear()
+        assert A.available() is None
+    finally:
+        A.available.cache_clear()
+
+
 def test_fits_names_the_shape():
     assert A.fits(64, 512, 64) is None and A.fits(128, 512, 64) is None
     assert "heads" in A.fits(16, 512, 64)

@@ -291,9 +291,35 @@ def smem_bytes(stages: int = STAGES, heads: int = HEADS) -> int:
     return 2 * stages * BC * ROW + 4 * 4 * heads * SPR + 2 * heads * PR + 4 * heads
 
 
+def _smem_limit() -> int | None:
+    """Dynamic shared memory one block may opt into on the current GPU (None: unknown)."""
+    import torch
+
+    dev = torch.cuda.current_device()
+    v = getattr(torch.cuda.get_device_properties(dev), "shared_memory_per_block_optin", None)
+    if v:
+        return int(v)
+    try:
+        import cupy
+
+        rt = cupy.cuda.runtime
+        return int(rt.deviceGetAttribute(
+            getattr(rt, "cudaDevAttrMaxSharedMemoryPerBlockOptin", 97), dev))
+    except Exception:  # noqa: BLE001 - unknown: the build below still says if it fails
+        return None
+
+
 @functools.lru_cache(maxsize=1)
 def available() -> str | None:
-    """None when the kernel can run here, else why not (one line)."""
+    """None when the kernel can run here, else why not (one line). GPUs whose blocks get
+    under `smem_bytes()` of shared memory (sm_86 / sm_89 / sm_120 allow 99 KiB) run the
+    Triton attention instead."""
+    if why := CL.unavailable(lambda: None):
+        return why
+    lim = _smem_limit()
+    if lim is not None and lim < smem_bytes():
+        return (f"needs {smem_bytes() // 1024} KiB of shared memory per block, this GPU "
+                f"allows {lim // 1024} KiB")
     return CL.unavailable(_kernel)
 
 
