@@ -281,8 +281,8 @@ def make_forward(W: dict, m, cfg: MlaConfig | None = None):
             q_lat = torch.bmm(q3[:, :, :nope].transpose(0, 1), w_uk)
         if upto <= 4:
             return q_lat
-        if attn_mma is not None and mma_attention(b, cfg):
-            # one CTA per SM over the launch, splits of whole 32-row blocks
+        on_mma = attn_mma is not None and mma_attention(b, cfg)
+        if on_mma:   # one CTA per SM over the launch, splits of whole 32-row blocks
             blk = attn_mma.BC
             split = triton.cdiv(triton.cdiv(ctx, attn_mma.splits_for(b, ctx, h, sms)), blk) * blk
         else:
@@ -294,7 +294,7 @@ def make_forward(W: dict, m, cfg: MlaConfig | None = None):
         S = triton.cdiv(ctx, split)
         o = torch.empty(b, S, h, kl, device=dev, dtype=torch.float32)
         ml = torch.empty(b, S, h, 2, device=dev, dtype=torch.float32)
-        if attn_mma is not None and mma_attention(b, cfg):
+        if on_mma:
             attn_mma.attention(q_lat, q3, nope, cache, o, ml, ctx, sm, split)
         else:
             ex = dict(num_warps=attn_warps, num_stages=2) if cuda else {}
