@@ -20,8 +20,13 @@ Per block of BC = 32 cache rows [32, 576] (latent 512 + rope 64), in shared memo
 Writes the unnormalised O and (max, sum) per head and split in the layout `mla_decode`'s merge
 kernel reads: o [b, S, h, 512] fp32, ml [b, S, h, 2] fp32 (max in natural-log units).
 Fixed shape: kv_lora 512, rope 64, heads a multiple of 64 (DeepSeek-V3, Kimi K2); `fits` says
-why not otherwise. Check: against `mla_decode`'s Triton kernel and the float32 reference of
-`layers.build_attention`. Needs cupy and an sm_80+ GPU; `available()` says why not.
+why not otherwise. 32 heads per CTA (8 warps, two CTAs per SM) also builds (`cta_heads`); it
+was slower. What bounds it on an H200 (~1.5 TB/s at b = 64): the `mma.sync` work itself and
+the shared-memory traffic and barriers around it, not HBM (docs/BENCHMARKS.md section 8);
+reaching the memory floor needs Hopper's `wgmma`. Check: against a float32 softmax
+(tests/test_mla_attn_mma.py) and, inside `mla_decode`, the float32 reference of
+`layers.build_attention`. Needs cupy, an sm_80+ GPU and `smem_bytes()` (118 KiB) of shared
+memory per block; `available()` says why not.
 """
 from __future__ import annotations
 
@@ -36,7 +41,6 @@ STAGES = 2                  # cache blocks in flight (2 was faster than 3 or 4 o
 ROW = KL + ROPE + 8         # shared-memory row (bf16): 16 bytes of padding, no bank conflicts
 SPR = BC + 8                # partial-score row (fp32)
 PR = BC + 8                 # P row (bf16)
-KERNEL = "mla_attn_mma (CUDA mma.sync m16n8k16, 64 heads per CTA, cp.async pipeline)"
 
 _SRC = CL.HELPERS + r"""
 #define KL 512
