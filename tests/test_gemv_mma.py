@@ -14,6 +14,22 @@ def test_cuda_source_parses_as_cpp(ksplit, unroll, nt, rms, tmp_path):
     check_parses(G._SRC, {"KSPLIT": ksplit, "UNROLL": unroll, "NT": nt, "RMS": rms}, tmp_path)
 
 
+def test_side_job_inputs_are_checked_before_any_launch():
+    # CPU tensors: every rule below fails before the kernel would be built or launched
+    bf = torch.bfloat16
+    x, w = torch.zeros(2, 1536, dtype=bf), torch.zeros(64, 1536, dtype=bf)
+    src, dst = torch.zeros(2, 576, dtype=bf), torch.zeros(2, 576, dtype=bf)
+    nw = torch.zeros(512, dtype=bf)
+    with pytest.raises(ValueError, match="needs rms_eps"):
+        G.gemv(x, w, side=(src, nw, dst, 512))
+    with pytest.raises(ValueError, match="src / dst"):
+        G.gemv(x, w, rms_eps=1e-6, side=(src, nw, dst[:1], 512))
+    with pytest.raises(ValueError, match="norm weight"):
+        G.gemv(x, w, rms_eps=1e-6, side=(src, nw[:256], dst, 512))
+    with pytest.raises(ValueError, match="bf16"):
+        G.gemv(x, w, rms_eps=1e-6, side=(src, nw.float(), dst, 512))
+
+
 def test_rms_only_on_16_row_tiles():
     G._kernel.cache_clear()
     with pytest.raises(ValueError, match="RMS"):
