@@ -470,7 +470,7 @@ def _print_mla(res: dict, tabulate, save, t_start: float) -> int:
                          f"{r['floor_us']:.1f}",
                          f"{100 * r['floor_us'] / r['triton_us']:.0f}%" if r.get("triton_us")
                          else "-"] for r in res["mla_rows"]],
-                       headers=["b", "MLA torch µs", "MLA triton µs", "floor µs", "triton %"]))
+                       headers=["b", "MLA torch ops µs", "mla_decode µs", "floor µs", "mla_decode %"]))
     res["wall_s"] = time.perf_counter() - t_start
     save()
     return 0
