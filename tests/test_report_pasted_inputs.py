@@ -168,3 +168,18 @@ def test_probed_topology_stays_measured(tmp_path):
     hop = next(p for p in rep["params"] if p["name"] == "hop_us")
     assert (hop["source"], hop["evidence"]) == ("measured", "topology.json")
     assert "## Links between GPUs (topology.json, measured)" in md
+
+
+def test_pasted_table_parsed_on_a_gpu_machine_still_decides(tmp_path, fixtures):
+    # parsed where a GPU is present, the record's provenance names that machine's GPU (here one
+    # H200); the pasted table describes the user's server, so that must not make the report
+    # call it "another machine" (this failed on a 1x H200 before the fix)
+    res = _pasted(tmp_path, fixtures, "readme_trimmed_numa_notes_shifted_row")
+    path = res / "topology.json"
+    rec = json.loads(path.read_text())
+    rec["provenance"]["gpus"] = ["NVIDIA H200"]
+    path.write_text(json.dumps(rec))
+    rep, _, _ = _report(res)
+    v = _verdict(rep, "cross-socket NUMA")
+    assert v["number"].startswith("2 PP hop(s) cross a socket (GPU3->GPU4 SYS, GPU7->GPU0 SYS, "
+                                  "link levels given)")

@@ -190,8 +190,10 @@ def other_machine(rec: Record, inp: Inputs) -> str | None:
     about the user's machine."""
     from reports.base.gpu_specs import match_gpu
     g = list(rec.provenance.gpus)
-    if rec.probe == "topology" and rec.payload is not None and rec.payload.gpus:
-        g = [x.name for x in rec.payload.gpus if x.name] or g
+    if rec.probe == "topology" and rec.payload is not None:
+        named = [x.name for x in rec.payload.gpus if x.name]
+        # a pasted table describes the machine it was printed on, not the one that parsed it
+        g = named if (named or rec.payload.source == "nvidia-smi") else g
     g = [n for n in g if n]
     if not g:
         return None   # a pasted `topo -m` names no GPU: nothing says it is another machine
