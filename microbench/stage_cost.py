@@ -22,13 +22,15 @@ microbench/kernels/moe_quant.py), the shared expert too when it shares that form
 bf16; attention, dense MLP, router and lm_head run in bf16. `measured_formats` says what ran,
 every floor and efficiency uses those formats, and each layer entry names its `kernel`
 (`kernel_by_layer` lists the distinct ones, in batch order). MLA attention runs `mla_decode`
-(Triton attention; its projections on `gemv_mma` at the micro-batches where that was faster,
-cuBLAS else). Decode layers are timed as per-call figures from graphs holding 4 back-to-back
-calls when a call streams >= 2x the L2 cache (`graph_copies` per entry;
-`microbench.kit.timing.graph_copies`), as a layer runs inside a decode step's graph.
+(attention on Triton, from a micro-batch of 16 on the CUDA kernel `mla_attn_mma`; its
+projections on `gemv_mma` at the micro-batches where that was faster, cuBLAS else). Decode
+layers are timed as per-call figures from graphs holding 4 back-to-back calls when a call
+streams >= 2x the L2 cache (`graph_copies` per entry; `microbench.kit.timing.graph_copies`), as
+a layer runs inside a decode step's graph.
 
-Run: `ppscope stage-cost --model kimi-k2 --pp 8 --dtype bf16` on one GPU (`--plan` anywhere:
-floors only). Read: `stages[i].by_batch["8"]` is stage i's cost for a micro-batch of 8.
+Run: `ppscope stage-cost --model kimi-k2 --pp 8` on one GPU (`--dtype bf16`: every layer in
+bf16; `--plan` anywhere: floors only). Read: `stages[i].by_batch["8"]` is stage i's cost for a
+micro-batch of 8.
 """
 from __future__ import annotations
 
