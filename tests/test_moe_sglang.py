@@ -127,8 +127,15 @@ def test_a_wrong_layout_fails_the_check(fake_sglang, monkeypatch):
         bl.check()
 
 
-def test_without_sglang_the_reason_names_both_paths(monkeypatch):
+def _no_sglang(monkeypatch):
+    """`import sglang` fails, also where an earlier test imported the real one."""
+    for name in [n for n in sys.modules if n.startswith("sglang.")]:
+        monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "sglang", None)
+
+
+def test_without_sglang_the_reason_names_both_paths(monkeypatch):
+    _no_sglang(monkeypatch)
     why = SG.experts_fn()
     assert isinstance(why, str) and "moe_runner.triton_utils.fused_moe" in why \
         and "fused_moe_triton.fused_moe" in why
@@ -207,7 +214,7 @@ def test_without_marlin_the_triton_kernel_runs_and_the_label_says_so(fake_sglang
                                            ((10, 0), "12.8", "triton"),
                                            ((10, 0), "12.6", "marlin")])
 def test_int4_default_follows_sglangs_rule(monkeypatch, cap, cuda, want):
-    monkeypatch.setitem(sys.modules, "sglang", None)       # SGLang's own check not importable
+    _no_sglang(monkeypatch)                                # SGLang's own check not importable
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: cap)
     monkeypatch.setattr(torch.version, "cuda", cuda)
