@@ -101,7 +101,7 @@ def run(cfg: GraphsConfig, progress=None) -> tuple[Record, str | None]:
                           argv=list(cfg.argv))
     else:
         return _measure(cfg, data, progress, writer)
-    return rec, writer.save(rec)[1] if writer else None
+    return rec, writer.save(rec, plan=cfg.plan)[1] if writer else None
 
 
 def count_kernels(fn) -> int | None:

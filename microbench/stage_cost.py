@@ -273,7 +273,7 @@ def run(cfg: StageCostConfig, progress=None) -> tuple[Record, str | None]:
                           status="waived", reason=f"needs a GPU: {reason}", argv=list(cfg.argv))
     else:
         return _measure(cfg, m, gpu, stages, notes, progress, writer)
-    return rec, writer.save(rec)[1] if writer else None
+    return rec, writer.save(rec, plan=cfg.plan)[1] if writer else None
 
 
 def _fits(nbytes: int, what: str, m: ModelConfig, cfg: StageCostConfig) -> str | None:

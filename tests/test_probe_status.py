@@ -3,6 +3,8 @@ replaces a good record (it goes beside it as NAME.STATUS.json), arguments are ch
 anything is written, and a finished run supersedes what it left while running (CPU only)."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from microbench import graphs as gr
@@ -232,3 +234,18 @@ def test_run_writer_never_replaces_an_older_good_record(tmp_path):
     assert read_record(path).data == {"v": 0}
     assert RunWriter(path).save(_rec("ok", 3)) == (path, None)
     assert _names(tmp_path) == ["a.json"]
+
+
+def test_stage_cost_plan_goes_beside_a_measured_record(tmp_path, capsys):
+    # `--plan` over a measured stage_cost.json (here: a plan record whose command line says it
+    # measured) leaves that record and its plot alone
+    out = tmp_path / "stage_cost.json"
+    assert main(["stage-cost", *DENSE, "--plan", "--json", str(out)]) == 0
+    rec = json.loads(out.read_text())
+    rec["provenance"]["argv"] = [a for a in rec["provenance"]["argv"] if a != "--plan"]
+    out.write_text(json.dumps(rec))
+    good = out.read_text()
+    assert main(["stage-cost", *DENSE, "--plan", "--json", str(out)]) == 0
+    assert out.read_text() == good
+    assert read_record(tmp_path / "stage_cost.plan.json").status == "ok"
+    assert "kept the ok record" in capsys.readouterr().out

@@ -126,3 +126,24 @@ def test_ok_removes_stale_beside_files(tmp_path):
     save_record(_rec("ok", 3), path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json"]
     assert read_record(path).data == {"v": 3}
+
+
+def _plan(v: int):
+    return make_record("a", {"v": v}, argv=["ppscope", "a", "--plan"])
+
+
+def test_a_plan_never_replaces_a_measured_record(tmp_path):
+    # a plan measured nothing: over a measured record it goes beside as a.plan.json
+    path = tmp_path / "a.json"
+    save_record(_rec("ok", 1), path)
+    dest, note = save_record(_plan(2), path, plan=True)
+    assert dest == tmp_path / "a.plan.json" and read_record(path).data == {"v": 1}
+    assert f"kept the ok record {path}" in note and "this plan run went to" in note
+    save_record(_rec("ok", 3), path)                      # a measured run still replaces it
+
+
+def test_a_plan_replaces_a_plan_and_fills_an_empty_place(tmp_path):
+    path = tmp_path / "a.json"
+    assert save_record(_plan(1), path, plan=True) == (path, None)
+    assert save_record(_plan(2), path, plan=True) == (path, None)
+    assert read_record(path).data == {"v": 2}

@@ -22,12 +22,13 @@ class RunWriter:
         self.path = Path(path)
         self._last: Path | None = None   # where this run's previous save went
 
-    def save(self, rec: Record) -> tuple[Path, str | None]:
-        """Write `rec`; returns where it went and `save_record`'s note (kept an older record)."""
+    def save(self, rec: Record, plan: bool = False) -> tuple[Path, str | None]:
+        """Write `rec` (`plan`: it measured nothing); returns where it went and `save_record`'s
+        note (kept an older record)."""
         if self._last == self.path and rec.status != "ok":
             write_json_atomic(self.path, rec)   # our own interim record: superseded in place
             return self.path, None
-        dest, note = save_record(rec, self.path)
+        dest, note = save_record(rec, self.path, plan=plan)
         if self._last is not None and self._last != dest and self._last.exists():
             self._last.unlink()                 # our own interim record beside a good one
         self._last = dest

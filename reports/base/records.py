@@ -14,7 +14,9 @@ The status rule, the same for every probe:
 - `waived`: cannot run on this machine; `reason` says why; `data` may be empty;
 - `error`: the run failed; `reason` says why.
 `save_record` is the one writer. Only an `ok` record may replace an `ok` (or `partial`) record:
-any other status is written beside it as `<name>.<status>.json` and the good record stays.
+any other status is written beside it as `<name>.<status>.json` and the good record stays. A
+plan (a probe's `--plan`: floors or rules only, nothing measured) replaces another plan but never
+a measured good record: it goes beside it as `<name>.plan.json`.
 
 This module never imports torch: provenance reads torch's versions only if the probe already
 imported it (`sys.modules`), so `reports/` stays CPU-only.
@@ -221,21 +223,30 @@ def beside(path: str | os.PathLike, status: str) -> Path:
     return path.with_name(f"{path.stem}.{status}{path.suffix or '.json'}")
 
 
-def save_record(record: Record, path: str | os.PathLike) -> tuple[Path, str | None]:
-    """The one record writer, applying the status rule (module docstring): returns where the
-    record went and, when it was written beside a good record, a one-line note saying so."""
+def is_plan(rec: Record) -> bool:
+    """A probe's `--plan` record (its command line says so): nothing in it was measured."""
+    return "--plan" in (rec.provenance.argv or ())
+
+
+def save_record(record: Record, path: str | os.PathLike, *,
+                plan: bool = False) -> tuple[Path, str | None]:
+    """The one record writer, applying the status rule (module docstring; `plan`: `record`
+    measured nothing): returns where the record went and, when it was written beside a good
+    record, a one-line note saying so."""
     path = Path(path)
-    if record.status != "ok" and path.exists():
+    if (record.status != "ok" or plan) and path.exists():
         try:
             old = read_record(path)
         except RecordError:
             old = None  # a corrupt file holds nothing worth keeping
         if old is not None and old.status in GOOD and not (
-                record.status == "partial" and old.status == "partial"):
-            dest = beside(path, record.status)
+                record.status == "partial" and old.status == "partial") and not (
+                plan and is_plan(old)):
+            what = "plan" if plan and record.status == "ok" else record.status
+            dest = beside(path, what)
             write_json_atomic(dest, record)
             return dest, (f"kept the {old.status} record {path} ({old.provenance.utc}); this "
-                          f"{record.status} run went to {dest}")
+                          f"{what} run went to {dest}")
     write_json_atomic(path, record)
     if record.status == "ok":
         for st in STATUSES[1:]:  # a finished run supersedes notes left beside an older one
