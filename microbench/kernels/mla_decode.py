@@ -199,6 +199,67 @@ def _p2(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
 
 
+def make_attention(h: int, kl: int, rope: int, nope: int, device, cfg: MlaConfig | None = None):
+    """Steps 5 and 6 of the decode alone: (partials, merge) for h heads over a latent cache
+    [b, ctx, kl + rope]. partials(q_lat [h, b, kl], q3 [b, h, nope + rope], cache, ctx) ->
+    (o [b, S, h, kl], ml [b, S, h, 2]) fp32 per context split (`mla_attn_mma` where
+    `mma_attention(b)` and it builds, else the Triton kernel); merge(o, ml, dtype) -> the
+    normalised latent output [h, b, kl]. Softmax scale (nope + rope)^-1/2, as the model's."""
+    import torch
+
+    cfg = cfg or CONFIG
+    sm = (nope + rope) ** -0.5
+    hb = min(cfg.heads_per_prog, h)
+    if h % hb or kl & (kl - 1) or rope & (rope - 1):
+        raise ValueError("mla_decode needs power-of-two kv_lora / rope dims and "
+                         f"heads divisible by {hb}")
+    cuda = torch.device(device).type == "cuda"
+    _, kern_attn, kern_comb = _kernels(not cuda)
+    attn_mma = sms = None
+    if cuda and cfg.mma_attn_min_b > 0:
+        from microbench.kernels import mla_attn_mma
+        if mla_attn_mma.available() is None and mla_attn_mma.fits(h, kl, rope) is None:
+            attn_mma = mla_attn_mma
+            sms = torch.cuda.get_device_properties(device).multi_processor_count
+
+    def partials(q_lat, q3, cache, ctx: int):
+        b, dev = q_lat.shape[1], q_lat.device
+        on_mma = attn_mma is not None and mma_attention(b, cfg)
+        if on_mma:   # one CTA per SM over the launch, splits of whole 32-row blocks
+            blk = attn_mma.BC
+            split = triton.cdiv(triton.cdiv(ctx, attn_mma.splits_for(b, ctx, h, sms)), blk) * blk
+        else:
+            # context splits: enough programs to fill the GPU (~2 per SM) at small b, one
+            # split (no partial outputs to merge) once b x head groups does
+            want = min(cfg.splits, triton.cdiv(ctx, cfg.ctx_block),
+                       max(1, triton.cdiv(264, b * (h // hb))))
+            split = triton.cdiv(triton.cdiv(ctx, want), cfg.ctx_block) * cfg.ctx_block
+        S = triton.cdiv(ctx, split)
+        o = torch.empty(b, S, h, kl, device=dev, dtype=torch.float32)
+        ml = torch.empty(b, S, h, 2, device=dev, dtype=torch.float32)
+        if on_mma:
+            attn_mma.attention(q_lat, q3, nope, cache, o, ml, ctx, sm, split)
+        else:
+            ex = dict(num_warps=cfg.warps, num_stages=2) if cuda else {}
+            kern_attn[(h // hb, S, b)](
+                q_lat, q3, cache, o, ml, ctx, sm,
+                q_lat.stride(0), q_lat.stride(1), q3.stride(0), q3.stride(1),
+                cache.stride(0), cache.stride(1), o.stride(0), o.stride(1), o.stride(2),
+                ml.stride(0), ml.stride(1), ml.stride(2),
+                KL=kl, ROPE=rope, NOPE=nope, HB=hb, BC=cfg.ctx_block, SPLIT=split, **ex)
+        return o, ml
+
+    def merge(o, ml, dtype):
+        b, S = o.shape[0], o.shape[1]
+        lat = torch.empty(h, b, kl, device=o.device, dtype=dtype)
+        ex = dict(num_warps=4) if cuda else {}
+        kern_comb[(b, h)](o, ml, lat, o.stride(0), o.stride(1), o.stride(2),
+                          ml.stride(0), ml.stride(1), ml.stride(2), lat.stride(0), lat.stride(1),
+                          KL=kl, S=S, SP=_p2(max(S, 2)), **ex)
+        return lat
+    return partials, merge
+
+
 def make_forward(W: dict, m, cfg: MlaConfig | None = None):
     """forward(x [b, H], cache [b, ctx, kv_lora + rope]) -> [b, H], writing this step's latent
     into cache[:, -1] (as `layers.build_attention`'s torch forward). `W`: that builder's
@@ -206,13 +267,9 @@ def make_forward(W: dict, m, cfg: MlaConfig | None = None):
     import torch
 
     cfg = cfg or CONFIG
-    heads_per_prog, ctx_block, splits, attn_warps = (cfg.heads_per_prog, cfg.ctx_block,
-                                                     cfg.splits, cfg.warps)
-
     h, ql, kl = m.num_heads, (m.q_lora_rank or 0), m.kv_lora_rank
     nope, rope, vd = m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim
     qk = nope + rope
-    sm = qk ** -0.5
     w_a = torch.cat([W["wqa"], W["wkva"]], 0) if ql else W["wkva"]     # [ql + kl + rope, H]
     wkvb = W["wkvb"].view(h, nope + vd, kl)
     w_uk = wkvb[:, :nope]                                             # [h, nope, kl]
@@ -226,17 +283,10 @@ def make_forward(W: dict, m, cfg: MlaConfig | None = None):
             w_uk_t = w_uk.transpose(1, 2).contiguous()                # [h, kl, nope] rows
             if ql and cfg.fuse_norms:   # RMSNorm(q_a) @ W_qb^T = rms(q_a)^-1 (q_a @ (W_qb qn)^T)
                 wqb_n = (W["wqb"].float() * W["qn"].float()).to(W["wqb"].dtype)
-    hb = min(heads_per_prog, h)
-    if h % hb or kl & (kl - 1) or rope & (rope - 1) or vd & (vd - 1):
-        raise ValueError("mla_decode needs power-of-two kv_lora / rope / v_head dims and "
-                         f"heads divisible by {hb}")
-    kern_norm, kern_attn, kern_comb = _kernels(not cuda)
-    attn_mma = sms = None
-    if cuda and cfg.mma_attn_min_b > 0:
-        from microbench.kernels import mla_attn_mma
-        if mla_attn_mma.available() is None and mla_attn_mma.fits(h, kl, rope) is None:
-            attn_mma = mla_attn_mma
-            sms = torch.cuda.get_device_properties(W["wkva"].device).multi_processor_count
+    if vd & (vd - 1):
+        raise ValueError("mla_decode needs a power-of-two v_head dim")
+    partials, merge = make_attention(h, kl, rope, nope, W["wkva"].device, cfg)
+    kern_norm = _kernels(not cuda)[0]
     if not cuda:   # Triton's interpreter has no bf16: float32 copies, cache row copied back
         f32 = {k: (v.float() if v is not None else None) for k, v in W.items()}
         fwd32 = make_forward(f32, m, cfg) if W["wkva"].dtype != torch.float32 else None
@@ -281,36 +331,10 @@ def make_forward(W: dict, m, cfg: MlaConfig | None = None):
             q_lat = torch.bmm(q3[:, :, :nope].transpose(0, 1), w_uk)
         if upto <= 4:
             return q_lat
-        on_mma = attn_mma is not None and mma_attention(b, cfg)
-        if on_mma:   # one CTA per SM over the launch, splits of whole 32-row blocks
-            blk = attn_mma.BC
-            split = triton.cdiv(triton.cdiv(ctx, attn_mma.splits_for(b, ctx, h, sms)), blk) * blk
-        else:
-            # context splits: enough programs to fill the GPU (~2 per SM) at small b, one
-            # split (no partial outputs to merge) once b x head groups does
-            want = min(splits, triton.cdiv(ctx, ctx_block),
-                       max(1, triton.cdiv(264, b * (h // hb))))
-            split = triton.cdiv(triton.cdiv(ctx, want), ctx_block) * ctx_block
-        S = triton.cdiv(ctx, split)
-        o = torch.empty(b, S, h, kl, device=dev, dtype=torch.float32)
-        ml = torch.empty(b, S, h, 2, device=dev, dtype=torch.float32)
-        if on_mma:
-            attn_mma.attention(q_lat, q3, nope, cache, o, ml, ctx, sm, split)
-        else:
-            ex = dict(num_warps=attn_warps, num_stages=2) if cuda else {}
-            kern_attn[(h // hb, S, b)](
-                q_lat, q3, cache, o, ml, ctx, sm,
-                q_lat.stride(0), q_lat.stride(1), q3.stride(0), q3.stride(1),
-                cache.stride(0), cache.stride(1), o.stride(0), o.stride(1), o.stride(2),
-                ml.stride(0), ml.stride(1), ml.stride(2),
-                KL=kl, ROPE=rope, NOPE=nope, HB=hb, BC=ctx_block, SPLIT=split, **ex)
+        o, ml = partials(q_lat, q3, cache, ctx)
         if upto <= 5:
             return o
-        lat = torch.empty(h, b, kl, device=dev, dtype=x.dtype)
-        ex = dict(num_warps=4) if cuda else {}
-        kern_comb[(b, h)](o, ml, lat, o.stride(0), o.stride(1), o.stride(2),
-                          ml.stride(0), ml.stride(1), ml.stride(2), lat.stride(0), lat.stride(1),
-                          KL=kl, S=S, SP=_p2(max(S, 2)), **ex)
+        lat = merge(o, ml, x.dtype)
         if g["w_uv"]:   # each head writes its columns of the row W_o reads
             out_o = torch.empty(b, h * vd, device=dev, dtype=x.dtype)
             gemv(lat, w_uv, out=out_o.view(b, h, vd).transpose(0, 1))
