@@ -101,7 +101,8 @@ def build_report(inp: Inputs, records: dict[str, Record],
     rep["verdicts"] = to_jsonable(verdicts(inp, atts, records, rep.get("diagnosis")))
     from reports.model.next_steps import next_steps
     rep["measure_your_server"] = to_jsonable(next_steps(
-        rep, [C for C, _ in inp.observed] or list(inp.concurrency), inp.pp))
+        rep, [C for C, _ in inp.observed] or list(inp.concurrency), inp.pp,
+        model=inp.model.name, mla=inp.model.attention == "mla"))
     rep["answer"] = answer(rep)
     return rep
 

@@ -18,8 +18,10 @@ class Step:
     commands: tuple[str, ...]
 
 
-def next_steps(rep: dict, concurrencies: list[int], pp: int) -> list[Step]:
-    """The steps still worth taking, first the ones that change the most of the report."""
+def next_steps(rep: dict, concurrencies: list[int], pp: int, model: str = "kimi-k2",
+               mla: bool = True) -> list[Step]:
+    """The steps still worth taking, first the ones that change the most of the report.
+    `model`: the preset (or config path) the commands name; `mla`: it has MLA attention."""
     srv = rep.get("server") or {}
     ranks = srv.get("ranks") or []
     has_log = any(r.get("decode_lines") for r in ranks)
@@ -51,9 +53,23 @@ def next_steps(rep: dict, concurrencies: list[int], pp: int) -> list[Step]:
             f"Profile the server under load at C={c_hi} and read its traces: this is what "
             "turns the report from the scenario's estimate into a diagnosis of your server.",
             (f"ppscope sglang --url http://127.0.0.1:30000 --live-concurrency {c_hi} --profile "
-             f"--trace-dir /srv/sglang_traces --model kimi-k2 --watch 60",
+             f"--trace-dir /srv/sglang_traces --model {model} --watch 60",
              "ppscope sglang --log server.log --traces /srv/sglang_traces/<profile id> "
-             f"--bench bench.jsonl --model kimi-k2 --concurrency {c_hi}")))
+             f"--bench bench.jsonl --model {model} --concurrency {c_hi}")))
+    eff = next((p for p in rep.get("params") or [] if p.get("name") == "kernel_efficiency"), {})
+    if eff and eff.get("source") != "measured":
+        what = ("the per-stage decode cost of this model in its served format on that GPU, "
+                "with SGLang's own fused MoE kernel timed beside ppscope's")
+        cmds = [f"ppscope stage-cost --model {model} --pp {pp} --moe-backends triton,sglang"]
+        if mla:
+            what += (", and the MLA decode attention SGLang runs by default off Hopper and "
+                     "SM100 (its Triton backend) beside ppscope's")
+            cmds.append(f"python3 -m microbench.sglang_anchor --model {model}")
+        out.append(Step(
+            f"Measure the kernels on one of your server's GPUs: the kernel efficiency here is "
+            f"{eff.get('source')}, not measured there. This times {what}; the report then "
+            "uses the stage cost in place of the estimate.",
+            (*cmds, "ppscope report --results results")))
     out.append(Step(
         "Try the micro-batch cap live, without a restart, and see which setting holds up at "
         "every concurrency (the what-ifs predict it; this measures it).",
