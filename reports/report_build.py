@@ -25,7 +25,8 @@ from reports.base.payloads.topology import HopCost, TopologyData
 from reports.base.payloads.sglang import SglangData
 from reports.base.records import Record, to_jsonable
 from reports.model.scenario import Inputs
-from reports.model.server_log import DP_RULES, dp_count, log_figures, moe_kernel_lines
+from reports.model.server_log import (DP_RULES, attention_lines, dp_count, log_figures,
+                                      moe_kernel_lines)
 from reports.model.validate_dispatch import micro_batch_choices, validate
 from reports.model.verdicts import verdicts
 from reports.model.whatif import (OBJECTIVE, TP_KNOB, measured_concurrency, recommendation,
@@ -85,7 +86,8 @@ def build_report(inp: Inputs, records: dict[str, Record],
     if "topology" in records:
         rep["topology"] = topology_summary(records["topology"].payload)
     if "sglang" in records:
-        rep["server"] = server_summary(records["sglang"].payload, conc, inp.pp)
+        rep["server"] = server_summary(records["sglang"].payload, conc, inp.pp,
+                                       mla=inp.model.attention == "mla")
         rep["diagnosis"] = diagnosis_summary(records["sglang"].payload, inp,
                                              records.get("stage_cost"))
     if "watch" in records:  # GPU watch: observed (NVML) hints, reports/model/watch_summary.py
@@ -217,7 +219,8 @@ def _pct100(num: float | None, den: float | None) -> float | None:
     return None if num is None or not den else 100.0 * num / den
 
 
-def server_summary(sg: SglangData, conc: list[dict[str, Any]], pp: int) -> dict[str, Any]:
+def server_summary(sg: SglangData, conc: list[dict[str, Any]], pp: int,
+                   mla: bool | None = None) -> dict[str, Any]:
     """The user's server as sglang.json saw it, per PP rank (log and traces joined by rank),
     with the model's busy fraction per stage at each concurrency beside it. Observed only:
     `sources` names the file each group of numbers came from."""
@@ -275,6 +278,8 @@ def server_summary(sg: SglangData, conc: list[dict[str, Any]], pp: int) -> dict[
         "slot_imbalance": imb,
         "moe_kernel": dict(sg.log.moe_kernel) if sg.log else {},
         "moe_kernel_lines": moe_kernel_lines(sg.log.moe_kernel if sg.log else None),
+        "attention_backend": dict(sg.log.attention_backend) if sg.log else {},
+        "attention_lines": attention_lines(sg.log.attention_backend if sg.log else None, mla),
         "bench": [{"concurrency": b.max_concurrency, "mean_concurrency": b.mean_concurrency,
                    "output_tok_per_s": b.output_throughput, "mean_tpot_ms": b.mean_tpot_ms,
                    "median_itl_ms": b.median_itl_ms, "mean_ttft_ms": b.mean_ttft_ms}

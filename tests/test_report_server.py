@@ -288,3 +288,25 @@ def test_report_names_the_servers_moe_kernel(tmp_path, fixtures, mk, want, absen
         assert w in md
     for a in absent:
         assert a not in md
+
+
+@pytest.mark.parametrize("ab, want, absent", [
+    ({"backend": "triton", "source": "default"},
+     ["Attention backend [log]: triton (SGLang's default for this model and GPU).",
+      "SGLang's Triton MLA decode", "python3 -m microbench.sglang_anchor"], []),
+    ({"backend": "flashinfer", "source": "--attention-backend"},
+     ["Attention backend [log]: flashinfer (from the server's arguments).",
+      "not flashinfer's"], ["sglang_anchor"]),
+    ({}, [], ["Attention backend [log]"]),
+])
+def test_report_names_the_servers_attention_backend(tmp_path, fixtures, ab, want, absent):
+    def edit(d):
+        d["log"]["attention_backend"] = ab
+    rep, out = _report(tmp_path, _results(tmp_path, fixtures, "sglang.json", edit=edit))
+    assert rep["server"]["attention_backend"] == ab
+    md = (out / "report.md").read_text()
+    lines = " ".join(rep["server"]["attention_lines"])
+    for w in want:
+        assert w in md and w in lines
+    for a in absent:
+        assert a not in lines

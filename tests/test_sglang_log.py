@@ -281,3 +281,46 @@ def test_moe_kernel_read_only_at_start_up_and_across_block_edges(tmp_path, monke
     assert sglang_log.startup_moe_kernel([log])["kernel"] == "marlin"
     log.write_text(_DECODE * (4096 // len(_DECODE) + 2) + line)   # past the start-up window
     assert sglang_log.startup_moe_kernel([log]) == {}
+
+
+# -- which attention backend decodes (SGLang 0.5.23: srt/arg_groups/overrides.py logs the
+# default it picks; srt/entrypoints/engine.py logs the resolved arguments as a dict, older
+# releases as ServerArgs(...); the argument lists are cut short here, the neighbours that share
+# the word are kept)
+
+_ARGS_DICT = ("server_args={'model_path': '/models/Kimi-K2', 'tp_size': 1, 'pp_size': 8, "
+              "'attention_backend': 'triton', 'decode_attention_backend': None, "
+              "'prefill_attention_backend': None, 'sampling_backend': 'flashinfer', "
+              "'mm_attention_backend': None, 'speculative_draft_attention_backend': None}")
+_ARGS_OLD = ("server_args=ServerArgs(model_path='/models/DeepSeek-V3', tp_size=8, "
+             "attention_backend='flashinfer', decode_attention_backend='fa3', "
+             "prefill_attention_backend=None, mm_attention_backend='fa3')")
+
+
+@pytest.mark.parametrize("lines,want", [
+    (["Attention backend not specified. Use triton backend by default."],
+     {"backend": "triton", "source": "default"}),
+    ([_ARGS_DICT, "Attention backend not specified. Use triton backend by default."],
+     {"backend": "triton", "source": "--attention-backend"}),
+    ([_ARGS_OLD], {"backend": "fa3", "source": "--decode-attention-backend"}),
+    # the multimodal and draft backends are other models' attention: not read
+    (["server_args={'mm_attention_backend': 'fa3', 'speculative_draft_attention_backend': "
+      "'triton', 'nsa_decode_backend': 'flashmla_kv'}"], {}),
+    # a backend word outside the argument line names nothing
+    (["Using attention_backend='fa3' for the draft worker"], {}),
+    ([], {}),
+])
+def test_startup_lines_name_the_attention_backend(tmp_path, lines, want):
+    log = tmp_path / "server.log"
+    log.write_text("".join(f"[2026-11-30 10:00:0{i}] {ln}\n" for i, ln in enumerate(lines))
+                   + _DECODE)
+    assert sglang_log.read_logs([log])["attention_backend"] == want
+    assert sglang_log.startup_attention_backend([log]) == want
+
+
+def test_attention_backend_of_the_first_file_that_names_one(tmp_path):
+    a, b = tmp_path / "r0.log", tmp_path / "r1.log"
+    a.write_text(_DECODE)
+    b.write_text(f"[2026-11-30 10:00:00] {_ARGS_DICT}\n" + _DECODE)
+    assert sglang_log.startup_attention_backend([a, b]) == {
+        "backend": "triton", "source": "--attention-backend"}

@@ -222,8 +222,9 @@ def render(data: dict) -> str:
                      f"{log['lines_unrecognised']} unrecognised, {log['lines_other']} other")
         if log.get("files_without_batch_lines"):
             parts.append("no batch lines in: " + ", ".join(log["files_without_batch_lines"]))
-        from reports.model.server_log import moe_kernel_lines
+        from reports.model.server_log import attention_lines, moe_kernel_lines
         parts += moe_kernel_lines(log.get("moe_kernel"))
+        parts += attention_lines(log.get("attention_backend"))
     if data["traces"]:
         parts.append(_render_traces(data["traces"]["ranks"]))
     if data["bench"]:

@@ -34,8 +34,9 @@ releases' scheduler.py / scheduler_metrics_mixin.py):
 Several files: a line with a `PP{p}` tag belongs to rank p; a file whose lines carry no PP tag is
 taken as rank <file index>.
 Start-up lines (the first SETTINGS_BYTES of each file): the settings line (`server_settings`:
-max_running_requests, chunked_prefill_size, ...) and which MoE kernel the server picked and how
-its Triton config was found (`moe_kernel`, `startup_moe_kernel`).
+max_running_requests, chunked_prefill_size, ...), which MoE kernel the server picked and how
+its Triton config was found (`moe_kernel`, `startup_moe_kernel`), and which attention backend
+decodes (`attention_backend`, `startup_attention_backend`).
 
 Which lines are the same batch and which are different batches (SGLang 0.5.23 logs only from
 schedulers with attention-TP rank 0 and attention-CP rank 0, `is_stats_logging_rank`; older
@@ -931,25 +932,64 @@ def _moe_in(block: bytes, out: dict[str, str]) -> None:
             out["config_file"] = m.group(1).decode(errors="replace")
 
 
-def startup(paths: Iterable[str | Path]) -> tuple[dict[str, int], dict[str, str]]:
-    """(server settings, MoE kernel) from the start-up lines, one read of at most
-    SETTINGS_BYTES per file: the settings of the first file that has the line (every rank logs
-    the same), the MoE lines of the first file that has any."""
+def startup(paths: Iterable[str | Path]) -> tuple[dict[str, int], dict[str, str], dict[str, str]]:
+    """(server settings, MoE kernel, attention backend) from the start-up lines, one read of at
+    most SETTINGS_BYTES per file: the settings of the first file that has the line (every rank
+    logs the same), the MoE lines of the first file that has any, the attention backend of the
+    first file that names one."""
     settings: dict[str, int] = {}
     moe: dict[str, str] = {}
+    attn: dict[str, str] = {}
     for p in paths:
         file_moe: dict[str, str] = {}
+        file_attn: dict[str, str] = {}
         for block in _startup_blocks(Path(p)):
             if not settings:
                 settings = _settings_in(block) or {}
             if not moe:
                 _moe_in(block, file_moe)
-            if settings and (moe or ("scheme" in file_moe and "triton_config" in file_moe)):
+            if not attn:
+                _attn_in(block, file_attn)
+            if settings and (moe or ("scheme" in file_moe and "triton_config" in file_moe)) \
+                    and (attn or file_attn.get("source", "").startswith("--")):
                 break
         moe = moe or file_moe
-        if settings and moe:
+        attn = attn or file_attn
+        if settings and moe and attn:
             break
-    return settings, moe
+    return settings, moe, attn
+
+
+# Which attention backend decodes (SGLang 0.5.23): with none given, srt/arg_groups/overrides.py
+# `_attention_backend_default` logs "Attention backend not specified. Use <backend> backend by
+# default." (for MLA models: fa3 on Hopper, flashinfer on SM100, triton on other CUDA GPUs,
+# `get_default_attn_backend`); the engine logs the resolved arguments once, "server_args={...,
+# 'attention_backend': 'triton', ..., 'decode_attention_backend': None, ...}" (a dict since the
+# argument groups; "ServerArgs(..., attention_backend='triton', ...)" in older releases). A
+# decode backend given apart (--decode-attention-backend) is the one decode runs.
+_ATTN_DEFAULT_RE = re.compile(rb"Attention backend not specified\. Use ([A-Za-z0-9_]{1,40}) "
+                              rb"backend by default")
+_ATTN_ARG_RE = re.compile(rb"(?<![A-Za-z0-9_])'?(decode_attention_backend|attention_backend)'?"
+                          rb"(?:=|: )'([A-Za-z0-9_]{1,40})'")
+
+
+def _attn_in(block: bytes, out: dict[str, str]) -> None:
+    """Fill `out` (see `startup_attention_backend`) from `block`: a decode backend given apart
+    wins over the backend for both, which wins over the default SGLang says it picked."""
+    if b"ttention backend" not in block and b"attention_backend" not in block:
+        return
+    rank = {"--decode-attention-backend": 3, "--attention-backend": 2, "default": 1}
+    for line in block.splitlines():
+        found = []
+        if (m := _ATTN_DEFAULT_RE.search(line)):
+            found.append(("default", m.group(1)))
+        if b"server_args" in line or b"ServerArgs(" in line:
+            for k, v in _ATTN_ARG_RE.findall(line):
+                found.append(("--decode-attention-backend" if k.startswith(b"decode")
+                              else "--attention-backend", v))
+        for src, v in found:
+            if rank[src] > rank.get(out.get("source", ""), 0):
+                out["backend"], out["source"] = v.decode(), src
 
 
 def startup_settings(paths: Iterable[str | Path]) -> dict[str, int]:
@@ -966,9 +1006,17 @@ def startup_moe_kernel(paths: Iterable[str | Path]) -> dict[str, str]:
     return startup(paths)[1]
 
 
+def startup_attention_backend(paths: Iterable[str | Path]) -> dict[str, str]:
+    """Which attention backend decodes, from the start-up lines (above): `backend` (as SGLang
+    names it: triton, fa3, flashinfer, flashmla, trtllm_mla, ...) and `source`
+    (--decode-attention-backend / --attention-backend: the resolved arguments; default: SGLang's
+    line saying it picked its default). Empty when the log names none."""
+    return startup(paths)[2]
+
+
 def read_logs(paths: Iterable[str | Path], window: int = 16, bin_s: float = 10.0,
               workers: int | None = None) -> dict:
     paths = list(paths)
     out = summarize(scan_logs(paths, workers=workers), window=window, bin_s=bin_s)
-    out["server_settings"], out["moe_kernel"] = startup(paths)
+    out["server_settings"], out["moe_kernel"], out["attention_backend"] = startup(paths)
     return out

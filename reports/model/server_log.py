@@ -114,3 +114,26 @@ def moe_kernel_lines(mk: dict[str, str] | None) -> list[str]:
         out.append("SGLang's Triton fused MoE uses a tuned block config ("
                    + mk.get("config_file", "file not named") + ").")
     return out
+
+
+def attention_lines(ab: dict[str, str] | None, mla: bool | None = None) -> list[str]:
+    """What the server log says about its attention backend (microbench/sglang/log.py
+    `startup_attention_backend`), in words, and how to time that kernel beside ppscope's. Empty
+    when the log named none. `mla`: the report's model has MLA attention (None: unknown)."""
+    if not ab or not ab.get("backend"):
+        return []
+    be, src = ab["backend"], ab.get("source")
+    how = {"default": "SGLang's default for this model and GPU",
+           "--attention-backend": "from the server's arguments",
+           "--decode-attention-backend": "the decode backend given apart"}.get(src or "", "")
+    out = [f"Attention backend [log]: {be}" + (f" ({how})" if how else "") + "."]
+    if be == "triton" and mla is not False:
+        out.append("For an MLA model (DeepSeek-V3, Kimi K2) that is SGLang's Triton MLA decode "
+                   "(`decode_attention_fwd`), which ppscope's stage cost does not time: on an "
+                   "H200 it ran 2.8-4.2x slower than ppscope's attention on the same cache "
+                   "(docs/BENCHMARKS.md section 13). `python3 -m microbench.sglang_anchor` "
+                   "times both on the server's GPU.")
+    elif be != "triton":
+        out.append(f"ppscope's stage cost times its own attention kernels, not {be}'s; the "
+                   "implied efficiency says how far the server's kernels are from them.")
+    return out

@@ -293,6 +293,7 @@ def server_lines(rep: dict[str, Any]) -> list[str]:
     if srv.get("dp_rules"):
         out.append(f"{srv['dp_ranks']} DP ranks per PP rank in the log. {srv['dp_rules']}")
     out += srv.get("moe_kernel_lines") or []
+    out += srv.get("attention_lines") or []
     return out + [f"Note: {n}." for n in srv.get("notes") or []]
 
 

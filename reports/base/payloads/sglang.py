@@ -61,6 +61,7 @@ class LogSummary:
     files_without_batch_lines: tuple[str, ...] = ()
     server_settings: dict[str, int | float | str] = field(default_factory=dict)  # start-up line
     moe_kernel: dict[str, str] = field(default_factory=dict)   # start-up lines (log.py)
+    attention_backend: dict[str, str] = field(default_factory=dict)   # start-up lines (log.py)
 
 
 @dataclass(frozen=True)
