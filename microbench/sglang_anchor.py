@@ -27,7 +27,9 @@ a served step does; figures per call. Floor: the cache bytes of the batch (b x c
 
 Run where SGLang is installed (the user's server machine):
     python3 -m microbench.sglang_anchor --batches 1,8,32,128 --json results/sglang_anchor.json
-Without SGLang it says so and exits 2; it never writes a figure it did not time.
+Without SGLang it says so and exits 2; it never writes a figure it did not time. Progress goes
+to NAME.partial.json beside the record; the record itself is written once, at the end, so an
+earlier good one is never replaced by a run that timed nothing.
 """
 from __future__ import annotations
 
@@ -220,7 +222,9 @@ def _run(a, m, decode_fwd, n_splits_fn, pdl: bool, sg_ver: str) -> int:
     out = Path(a.json)
     t0 = time.perf_counter()
     g = torch.Generator(device=dev).manual_seed(0)
-    for b in tqdm(a.batches, desc="sglang anchor", unit="batch", file=sys.stderr):
+
+    def one(b: int) -> dict:
+        """Check and time every variant at micro-batch b (fresh inputs)."""
         cache_b = b * ctx * row * 2
         n = max(1, min(64, math.ceil(2 * l2 / cache_b))) if l2 else 1
         caches = [torch.randn(b, ctx, row, device=dev, generator=g).to(torch.bfloat16)
@@ -272,11 +276,26 @@ def _run(a, m, decode_fwd, n_splits_fn, pdl: bool, sg_ver: str) -> int:
                 r[f"{key}_pct_floor"] = 100 * r["floor_us"] / t.median_us
         if r.get("ppscope_us") and r.get("sglang_us"):
             r["sglang_over_ppscope"] = r["sglang_us"] / r["ppscope_us"]
+        del caches
+        return r
+
+    partial = out.with_name(out.stem + ".partial.json")
+    for b in tqdm(a.batches, desc="sglang anchor", unit="batch", file=sys.stderr):
+        try:
+            r = one(b)
+        except (RuntimeError, ValueError) as e:   # CUDA out of memory, a kernel that fails
+            r = {"b": b, "error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"}
+            print(f"sglang_anchor: b={b}: {r['error']}", file=sys.stderr)
+        torch.cuda.empty_cache()
         res["rows"].append(r)
         res["wall_s"] = time.perf_counter() - t0
-        write_json_atomic(out, res)
-        del caches
-        torch.cuda.empty_cache()
+        write_json_atomic(partial, res)      # progress beside the record, never over it
+    good = [r for r in res["rows"] if "error" not in r]
+    if not good:
+        print(f"sglang_anchor: nothing timed; what happened is in {partial}", file=sys.stderr)
+        return 1
+    write_json_atomic(out, res)
+    partial.unlink(missing_ok=True)
 
     def f(v, d=1):
         return "-" if v is None else f"{v:.{d}f}"
@@ -286,7 +305,7 @@ def _run(a, m, decode_fwd, n_splits_fn, pdl: bool, sg_ver: str) -> int:
              f(r.get("sglang_over_ppscope"), 2), ",".join(map(str, r["sglang_splits"]))]
             + [f(r.get(f"sglang_{k}splits_us")) for k in forced]
             + [f(r.get("ppscope_triton_us"))]
-            + [f"{r['ppscope_rel_err']:.1e} / {r['sglang_rel_err']:.1e}"] for r in res["rows"]]
+            + [f"{r['ppscope_rel_err']:.1e} / {r['sglang_rel_err']:.1e}"] for r in good]
     print(f"{props.name}: MLA decode attention, {h} heads, {ctx} tokens of cache per request; "
           f"SGLang {sg_ver} (split cap {cap}, PDL {'on' if pdl else 'off'})")
     print(tabulate(rows, headers=["b", "floor us", "ppscope us", "% floor", "ppscope kernel",
@@ -294,6 +313,9 @@ def _run(a, m, decode_fwd, n_splits_fn, pdl: bool, sg_ver: str) -> int:
                    + [f"SGLang, {k} splits us" for k in forced]
                    + ["ppscope Triton us"]
                    + ["rel. err (ours / SGLang)"]))
+    for r in res["rows"]:
+        if "error" in r:
+            print(f"b={r['b']}: not timed ({r['error']})")
     print(f"wrote {out}")
     return 0
 
