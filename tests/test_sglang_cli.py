@@ -47,3 +47,18 @@ def test_run_writes_record(fixtures, tmp_path, capsys):
 def test_nothing_to_read():
     with pytest.raises(CliError, match="needs at least one"):
         sglang_cli.collect(_args([]))
+
+
+def test_log_names_the_attention_backend_end_to_end(fixtures, tmp_path, capsys):
+    """A log with SGLang's default-backend line: the record keeps it and the printout says it."""
+    log = tmp_path / "server.log"
+    log.write_text("[2026-11-30 10:00:00 TP0 PP0] Attention backend not specified. Use triton "
+                   "backend by default.\n"
+                   + (fixtures / "sglang" / "pp2_mixed.log").read_text())
+    out = tmp_path / "sglang.json"
+    assert sglang_cli.run(_args(["--log", str(log), "--json", str(out)])) == 0
+    d = json.loads(out.read_text())["data"]
+    assert d["log"]["attention_backend"] == {"backend": "triton", "source": "default"}
+    printed = capsys.readouterr().out
+    assert "Attention backend [log]: triton (SGLang's default for this model and GPU)." in printed
+    assert "python3 -m microbench.sglang_anchor" in printed
