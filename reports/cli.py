@@ -25,6 +25,7 @@ SUBCOMMANDS = (
     "microbench.graphs_cli",
     "microbench.dispatch_cli",
     "microbench.sglang.cli",
+    "microbench.sglang_lab.lab_cli",
     "reports.report_cli",
 )
 

@@ -40,7 +40,12 @@ def build_report(inp: Inputs, records: dict[str, Record],
                  baseline: tuple[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """`baseline`: (label, report.json of an earlier run) to say what changed since."""
     atts = [attribute(inp, C) for C in inp.concurrency]
-    obs = dict(inp.observed)
+    from reports.model.observed_server import differs_from, observed_server
+    observed_dep = observed_server(records["sglang"].payload) if "sglang" in records else None
+    differs = differs_from(observed_dep, pp=inp.pp, gpu=inp.gpu.name, scenario=inp.name)
+    # the observed tok/s is the traced server's: set beside the scenario's model only when the
+    # scenario is that deployment (else "observed / modelled" compares two different servers)
+    obs = {} if differs else dict(inp.observed)
     conc = []
     for C, a in zip(inp.concurrency, atts):
         sim = lb.run(inp, C)
@@ -65,7 +70,7 @@ def build_report(inp: Inputs, records: dict[str, Record],
                        "arrival": inp.arrival, "context_len": inp.context_len},
         "params": to_jsonable(list(inp.params)),
         "assumptions": {**dict(inp.assumptions), **setting_dependencies(inp)},
-        "observed_source": inp.src("observed_tok_per_s")[1] if inp.observed else None,
+        "observed_source": inp.src("observed_tok_per_s")[1] if obs else None,
         "concurrency": conc,
         "attribution": [{"concurrency": a.concurrency, "ideal_tpot_ms": a.ideal_tpot_ms,
                          "modelled_tpot_ms": a.modelled_tpot_ms,
@@ -86,6 +91,8 @@ def build_report(inp: Inputs, records: dict[str, Record],
     if "topology" in records:
         rep["topology"] = topology_summary(records["topology"].payload)
     if "sglang" in records:
+        rep["observed_deployment"] = observed_dep
+        rep["scenario_differs"] = differs
         rep["server"] = server_summary(records["sglang"].payload, conc, inp.pp,
                                        mla=inp.model.attention == "mla")
         rep["diagnosis"] = diagnosis_summary(records["sglang"].payload, inp,
@@ -98,7 +105,7 @@ def build_report(inp: Inputs, records: dict[str, Record],
         label, old = baseline
         rep["baseline_comparison"] = compare(rep.get("diagnosis"), old.get("diagnosis"), label)
     from reports.model.implied import implied_efficiency
-    imp = [implied_efficiency(inp, C, o) for C, o in inp.observed if C in inp.concurrency]
+    imp = [implied_efficiency(inp, C, o) for C, o in obs.items() if C in inp.concurrency]
     rep["implied_efficiency"] = to_jsonable([x for x in imp if x is not None])
     rep["verdicts"] = to_jsonable(verdicts(inp, atts, records, rep.get("diagnosis")))
     from reports.model.next_steps import next_steps
@@ -337,12 +344,22 @@ def answer(rep: dict[str, Any]) -> list[str]:
     by_cause: dict[str, list[tuple[int, float]]] = {}
     dg = rep.get("diagnosis") or {}
     lead = []
+    from reports.model.observed_server import headline
+    head = headline(rep.get("observed_deployment"))
+    differs = rep.get("scenario_differs")
     if dg.get("status") == "ok":  # the observed server first: its evidence decides
         un = dg["unexplained_pct"]
-        lead.append(f"Your server (C={dg['concurrency']}, from its own traces and logs): "
+        lead.append(f"Your server ({head or 'C=' + str(dg['concurrency'])}, from its own "
+                    "traces and logs): "
                     f"{dg['answer']}." + ("" if un is None else
                                           f" The model of the observed loop leaves "
                                           f"{un:+.0f}% of the observed step unexplained."))
+    elif head:
+        why = dg.get("reason") or ("no loop profile: read its per-rank traces with "
+                                   "`ppscope sglang --traces DIR`")
+        lead.append(f"Your server ({head}): not diagnosed ({why}).")
+    if differs:
+        lead.append(differs[0].upper() + differs[1:] + ".")
     for C in user_c:
         rows = [r for r in atts[C]["rows"] if r["cause"] != "unexplained"]
         top = max(rows, key=lambda r: r["ms_per_step"])
@@ -375,7 +392,11 @@ def answer(rep: dict[str, Any]) -> list[str]:
     out.append(s)
     best = rep.get("recommendation")
     tp = next((w for w in rep["what_ifs"] if w["knob"] == TP_KNOB), None)
-    if best:
+    if differs:   # the scenario's what-ifs are not advice for the traced server
+        best, tp = None, None
+        out.append("No server setting is recommended from the scenario model: it is not the "
+                   "traced server (pass --scenario with your deployment for its what-ifs).")
+    elif best:
         s = (f"Best single server setting (geometric mean of tok/s over the measured "
              f"concurrencies, none worse by over 2%): {best['knob']} = {best['setting']}, "
              f"{best['gain']:+.0%} on that mean: {_effects_text(best)}")
@@ -388,7 +409,8 @@ def answer(rep: dict[str, Any]) -> list[str]:
         s += (f"; outside PP, a rough estimate, not a measurement, puts {tp['knob']} "
               f"({tp['setting']}) at {tp['gain']:+.0%} on that mean: measure it before acting "
               "on it")
-    out.append(s + ".")
+    if not differs:
+        out.append(s + ".")
     un = [(C, r) for C in obs_c for r in atts[C]["rows"] if r["cause"] == "unexplained"]
     if un:
         parts = []
@@ -409,7 +431,7 @@ def answer(rep: dict[str, Any]) -> list[str]:
                    + "." if i1 is not None else
                    f" Estimated: no kernel efficiency explains the C={C} miss.")
         out.append("Unexplained by the model: " + "; ".join(parts) + "." + why)
-    else:
+    elif not differs:
         out.append("No observed throughput given (--observed or --bench), so the unexplained "
                    "gap is not known.")
     if rep["all_estimated"]:

@@ -1,6 +1,5 @@
 """`ppscope report` end to end on the seed scenario, schema, HTML, bad inputs, dispatch check."""
 import json
-import time
 
 import pytest
 
@@ -39,10 +38,9 @@ def test_validator_rejects():
 
 
 def test_seed_report_end_to_end(tmp_path, capsys):
-    t = time.monotonic()
+    # (its wall time is a benchmark figure, docs/BENCHMARKS.md, not a timed assertion)
     rc = main(["report", "--results", str(tmp_path / "none"), "--out", str(tmp_path)])
     assert rc == 0
-    assert time.monotonic() - t < 10
     out = capsys.readouterr().out
     assert out.startswith("every figure is estimated")
     rep = json.loads((tmp_path / "report.json").read_text())

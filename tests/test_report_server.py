@@ -9,7 +9,6 @@ cut to the GPU-forward tracks of three points (sglang burst C=8, sglang/even bur
 import json
 import re
 import shutil
-import time
 
 import pytest
 
@@ -235,9 +234,7 @@ def test_measured_timeline_bad_files(tmp_path):
 
 def test_report_with_measured_timeline_and_server_html(tmp_path, fixtures):
     res = _results(tmp_path, fixtures, "sglang.json", "dispatch.trace.json")
-    t = time.monotonic()
-    rep, out = _report(tmp_path, res)
-    assert time.monotonic() - t < 10
+    rep, out = _report(tmp_path, res)   # its wall time: docs/BENCHMARKS.md, not asserted
     mt = rep["measured_timeline"]
     assert [(m["point"], m["rounds"], m["first_it"], m["forwards"]) for m in mt] == \
         [("sglang burst C=32", 4, 5, 4), ("even burst C=32", 4, 7, 6)]

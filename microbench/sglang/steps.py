@@ -46,9 +46,12 @@ from microbench.sglang.intervals import length, merge, overlap
 from microbench.sglang.trace import (COMM_RE, DTYPE_BYTES, GPU_CATS, NOT_COMPUTE_RE,
                                      RECV_RE, SCHEDULER_RANGES, iter_events)
 
+STEP_RE = re.compile(r"^step\[(DECODE|EXTEND|MIXED|IDLE)\s+bs=(\d+)")
+
 _SYNC_RE = re.compile(r"cuda(StreamSynchronize|DeviceSynchronize|EventSynchronize|Memcpy(?!Async)"
                       r"|MemcpyAsync)")
 _BLOCKING_RANGES = ("recv_requests",)
+NO_KERNELS = "no GPU kernels in this trace"
 
 
 def _p50(v):
@@ -69,7 +72,8 @@ def read_steps(path: str | Path, *, hidden: int | None = None, link_gbps: float 
     rt = {}             # correlation -> (ts, is_graph)
     syncs = []          # (ts, end) blocking runtime calls
     ranges: dict[str, list[tuple[float, float]]] = {}
-    relay = []          # (ts, end) gloo send/receive calls (the request-list relay)
+    relay = []          # (ts, end) gloo receives (blocking: the request-list relay, metadata)
+    step_spans = []     # (ts, end, mode, bs) SGLang's step[DECODE bs=N] spans
     no_dur = 0
     for ev in iter_events(path):
         if not isinstance(ev, dict) or ev.get("ph") != "X":
@@ -92,7 +96,11 @@ def read_steps(path: str | Path, *, hidden: int | None = None, link_gbps: float 
                                 is_recv))
                 if is_recv:
                     nel = int(args.get("In msg nelems") or args.get("Out msg nelems") or 0)
-                    recvs.append((ts, ts + dur, nel * DTYPE_BYTES.get(args.get("dtype"), 2), nel))
+                    dt = args.get("dtype")
+                    # an integer receive is sampled token ids (the output ring), not hidden
+                    # states: with async depth > 0 it is the last receive before a forward
+                    recvs.append((ts, ts + dur, nel * DTYPE_BYTES.get(dt, 2), nel,
+                                  dt in ("Long", "Int", "Int64", "Int32")))
             elif cat in ("cuda_runtime", "cuda_driver"):
                 c = args.get("correlation")
                 if c is not None:
@@ -101,12 +109,20 @@ def read_steps(path: str | Path, *, hidden: int | None = None, link_gbps: float 
                     syncs.append((ts, ts + dur))
             elif cat == "user_annotation" and name in SCHEDULER_RANGES:
                 ranges.setdefault(name, []).append((ts, ts + dur))
-            elif cat == "user_annotation" and name.startswith(("gloo:send", "gloo:recv")):
-                relay.append((ts, ts + dur))   # torch.distributed's gloo call, CPU-blocking
+            elif cat == "user_annotation" and name.startswith("gloo:recv"):
+                # c10d's gloo receive: SGLang waits on it at once, so its range is blocked time.
+                # `gloo:send` is left out: SGLang posts it with isend and waits a phase later,
+                # so its range covers the rank's ordinary work (microbench/sglang/cpu_steps.py)
+                relay.append((ts, ts + dur))
+            elif cat == "user_annotation" and name.startswith("step["):
+                m = STEP_RE.match(name)
+                if m:
+                    step_spans.append((ts, ts + dur, m.group(1), int(m.group(2))))
         except (KeyError, TypeError, ValueError):
             continue
     return summarize_steps(kernels, recvs, rt, syncs, ranges, hidden=hidden,
-                           link_gbps=link_gbps, rank=rank, no_dur=no_dur, relay=relay)
+                           link_gbps=link_gbps, rank=rank, no_dur=no_dur, relay=relay,
+                           steps=step_spans)
 
 
 def _latest_le(sorted_starts: list[float], t: float) -> int:
@@ -114,11 +130,13 @@ def _latest_le(sorted_starts: list[float], t: float) -> int:
 
 
 def summarize_steps(kernels, recvs, rt, syncs, ranges, *, hidden=None, link_gbps=None,
-                    rank=None, no_dur: int = 0, relay=()) -> dict:
-    """The per-rank part of read_steps (CPU-tested on hand-made events)."""
+                    rank=None, no_dur: int = 0, relay=(), steps=()) -> dict:
+    """The per-rank part of read_steps (CPU-tested on hand-made events). `recvs`: (ts, end,
+    bytes, nelems[, is_token_ids]); `steps`: SGLang's step[MODE bs=N] spans (ts, end, mode, bs)."""
     out: dict = {"rank": rank, "events_without_dur": no_dur}
+    recvs = [tuple(r) + (False,) * (5 - len(r)) for r in recvs]
     if not kernels:
-        out["reason"] = "no GPU kernels in this trace"
+        out["reason"] = NO_KERNELS
         return out
     t0 = min(k[0] for k in kernels)
     t1 = max(k[1] for k in kernels)
@@ -128,8 +146,8 @@ def summarize_steps(kernels, recvs, rt, syncs, ranges, *, hidden=None, link_gbps
     allk = merge([(k[0], k[1]) for k in kernels])
     comm = merge([(k[0], k[1]) for k in kernels if k[4]])
     comm_only = length(comm) - overlap(comm, comp)
-    recv_total = sum(e - s for s, e, _, _ in recvs)
-    transfer_total = (sum(min(e - s, b / (link_gbps * 1e3)) for s, e, b, _ in recvs)
+    recv_total = sum(r[1] - r[0] for r in recvs)
+    transfer_total = (sum(min(r[1] - r[0], r[2] / (link_gbps * 1e3)) for r in recvs)
                       if link_gbps else None)
     frac = (transfer_total / recv_total) if transfer_total is not None and recv_total else None
     out["time_split"] = {
@@ -164,8 +182,12 @@ def summarize_steps(kernels, recvs, rt, syncs, ranges, *, hidden=None, link_gbps
     full = [sorted(s for s, _ in v) for k, v in ranges.items() if len(v) == iters and k != "run_batch"]
     blocking = sorted(iv for k in _BLOCKING_RANGES for iv in ranges.get(k, []))
     b_starts = [s for s, _ in blocking]
-    recv_s = sorted(recvs)
-    r_ends = [e for _, e, _, _ in recv_s]
+    # what feeds a forward: on ranks > 0 the hidden states (an integer receive there is the
+    # output ring's token ids); on rank 0 the sampled tokens themselves
+    recv_s = sorted(r for r in recvs if rank == 0 or not r[4])
+    r_ends = [r[1] for r in recv_s]
+    steps = sorted(steps)
+    st_starts = [x[0] for x in steps]
     sends = merge([(k[0], k[1]) for k in kernels if k[4] and not k[5]])
     fwds = []
     for j, ks in enumerate(per_fwd):
@@ -174,19 +196,27 @@ def summarize_steps(kernels, recvs, rt, syncs, ranges, *, hidden=None, link_gbps
         fs, fe = min(k[0] for k in ks), max(k[1] for k in ks)
         i = bisect.bisect_right(r_ends, fs) - 1  # the receive that fed this forward
         rcv = recv_s[i] if i >= 0 else None
-        b = None
+        b = b_nccl = None
         if rcv and rcv[3]:
             if rank == 0:
-                b = rcv[3]
+                b_nccl = rcv[3]
             elif hidden and rcv[3] % hidden == 0:
-                b = rcv[3] // hidden
+                b_nccl = rcv[3] // hidden
+        k = bisect.bisect_left(st_starts, rb[j][0])
+        st = steps[k] if k < len(steps) and steps[k][0] <= rb[j][1] else None
+        if st is not None:      # SGLang's own step[MODE bs=N]: the raw size, on every rank
+            b = st[3] if st[2] == "DECODE" else None
+            mode = st[2]
+        else:                   # older traces: the hidden-state receive's rows (padded on ranks > 0)
+            b, mode = b_nccl, None
         it_start = min((v[k] for v in full if (k := _latest_le(v, rb[j][0])) >= 0),
                        default=rb[j][0])
         kb = _latest_le(b_starts, rb[j][0])
         cpu_ready = max(it_start, blocking[kb][1] if kb >= 0 and blocking[kb][0] >= it_start
                         else it_start)
         fwds.append({"start": fs, "end": fe, "busy": length(merge(ks)), "graph": graph_fwd[j],
-                     "batch": b, "recv": (rcv[0], rcv[1]) if rcv else None,
+                     "batch": b, "batch_nccl": b_nccl, "mode": mode,
+                     "recv": (rcv[0], rcv[1]) if rcv else None,
                      "launch": launch_at[j], "cpu_ready": cpu_ready})
     fwds.sort(key=lambda f: f["start"])
     prev = None
@@ -199,6 +229,12 @@ def summarize_steps(kernels, recvs, rt, syncs, ranges, *, hidden=None, link_gbps
         f["send_wait"] = overlap(merge([(lo, f["start"])]), sends) if f["queue"] > 0 else 0.0
     out["forwards"] = len(fwds)
     out["graph_forwards"] = sum(1 for f in fwds if f["graph"])
+    out["prefill_forwards"] = sum(1 for f in fwds if f["mode"] == "EXTEND")
+    # the step spans' size against the NCCL receive's rows (padded to the graph size on ranks > 0)
+    both = [f for f in fwds if f["batch"] is not None and f["batch_nccl"] is not None]
+    out["batch_source"] = ("step spans" if any(f["mode"] for f in fwds) else
+                           "NCCL receive sizes" if any(f["batch"] for f in fwds) else None)
+    out["batch_nccl_disagree"] = sum(1 for f in both if f["batch_nccl"] < f["batch"])
     by_b: dict[int, list] = {}
     busy_b: dict[int, list] = {}
     for f in fwds:
@@ -231,7 +267,7 @@ def summarize_steps(kernels, recvs, rt, syncs, ranges, *, hidden=None, link_gbps
         out["host_us_empty_p50"], out["host_us_empty_mean"] = _p50(empty), _mean(empty)
         out["relay_wait_us_empty_mean"] = _mean(empty_relay)
         out["iterations_empty"] = len(empty)
-    out["recv_bytes_p50"] = _p50([b for _, _, b, _ in recvs])
+    out["recv_bytes_p50"] = _p50([r[2] for r in recvs])
     out["_fwds"] = fwds          # for the cross-rank pass; dropped before the record is written
     out["_syncs"] = merge(list(syncs))
     out["_relay"] = merge(list(relay))
@@ -304,6 +340,16 @@ def loop_profile(ranks: dict[int, dict]) -> dict:
 
 def read_loop(paths: dict[int, str | Path], *, hidden: int | None = None,
               link_gbps: float | None = None) -> dict:
-    """read_steps for every rank, then loop_profile."""
-    return loop_profile({r: read_steps(p, hidden=hidden, link_gbps=link_gbps, rank=r)
-                         for r, p in sorted(paths.items())})
+    """read_steps for every rank, then loop_profile; traces of SGLang's CPU backend (no GPU
+    event, `run_batch` ranges) go through microbench/sglang/cpu_steps.py instead."""
+    from microbench.sglang import cpu_steps
+    ranks = {r: read_steps(p, hidden=hidden, link_gbps=link_gbps, rank=r)
+             for r, p in sorted(paths.items())}
+    if ranks and all(d.get("reason") == NO_KERNELS for d in ranks.values()):
+        evs = {r: cpu_steps.collect(p) for r, p in sorted(paths.items())}
+        if all(cpu_steps.is_cpu_trace(e) for e in evs.values()):
+            out = cpu_steps.cpu_loop_profile({r: cpu_steps.summarize(e, rank=r)
+                                              for r, e in evs.items()})
+            out["device"] = "cpu"
+            return out
+    return loop_profile(ranks)

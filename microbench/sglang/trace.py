@@ -80,7 +80,8 @@ PARALLEL_MIN_BYTES = 4 << 20
 MAX_WORKERS = 8
 _log = logging.getLogger("ppscope.sglang.trace")
 SCHEDULER_RANGES = ("recv_requests", "send_reqs_to_next_stage", "get_next_batch_to_run",
-                    "run_batch", "process_batch_result", "send_proxy_dict_to_next_stage")
+                    "run_batch", "process_batch_result", "send_proxy_dict_to_next_stage",
+                    "send_res_dict_to_next_stage", "recv_res_dict_from_prev_stage")
 GPU_CATS = {"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset"}
 DTYPE_BYTES = {"BFloat16": 2, "Half": 2, "Float": 4, "Double": 8, "Int": 4, "Long": 8,
                 "Char": 1, "Byte": 1, "Bool": 1, "Float8_e4m3fn": 1, "Float8_e5m2": 1}

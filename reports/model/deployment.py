@@ -53,6 +53,10 @@ class Deployment:
     sources: dict[str, str] = field(default_factory=dict)   # input -> observed|given|estimated
     notes: tuple[str, ...] = ()
     time_split: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    # SGLang's CPU backend (microbench/sglang/cpu_steps.py): forwards run on each rank's CPU;
+    # send_us: per rank, the CPU time of the hidden-state send (part of the hop)
+    device: str = "gpu"
+    send_us: tuple[float, ...] = ()
 
     @property
     def occupied(self) -> int:
@@ -149,7 +153,11 @@ def from_evidence(loop: LoopProfile | None, *, concurrency: int | None, observed
     n_mean = sum(b * c for b, c in counts.items()) / sum(counts.values())
     # slots: occupied micro-batches m = C / mean size; slots = m x iterations per forward
     slots = None
-    if rk[0].forwards and rk[0].iterations:
+    marked = [x.slots for x in rk if x.slots]
+    if marked:        # SGLang's own idle-pass markers: pp_loop_size iterations per pass
+        slots = max(pp, max(set(marked), key=marked.count))
+        src["slots"] = "observed"
+    elif rk[0].forwards and rk[0].iterations:
         m = max(1, round(concurrency / n_mean))
         slots = max(pp, round(m * rk[0].iterations / rk[0].forwards))
         src["slots"] = "observed"
@@ -174,6 +182,9 @@ def from_evidence(loop: LoopProfile | None, *, concurrency: int | None, observed
         if h is None:
             notes.append(f"hop {r}->{nxt}: not seen in the traces; taken as 0")
     f = sum(x.forwards for x in rk)
+    on_cpu = loop.device == "cpu" or any(x.device == "cpu" for x in rk)
+    if on_cpu:
+        src["device"] = "observed"
     return Deployment(
         pp=pp, slots=slots, sizes=sizes, forward=tuple(fw), forward_busy=tuple(fb),
         host_us=per_rank("host_us_mean"), relay_us=per_rank("relay_wait_us_mean"),
@@ -184,7 +195,9 @@ def from_evidence(loop: LoopProfile | None, *, concurrency: int | None, observed
         concurrency=int(concurrency), observed_tok_per_s=observed,
         sources={**src, "forward": "observed", "host": "observed", "hop": "observed"},
         notes=tuple(notes),
-        time_split={r: to_json(x.time_split) or {} for r, x in zip(order, rk)})
+        time_split={r: to_json(x.time_split) or {} for r, x in zip(order, rk)},
+        device="cpu" if on_cpu else "gpu",
+        send_us=per_rank("send_us_mean") if on_cpu else ())
 
 
 # ------------------------------------------------------------------ switches and the model
@@ -240,7 +253,8 @@ def loop_config(dep: Deployment, on: frozenset, shape=None) -> tuple[LoopConfig,
                      async_depth=dep.slots - dep.pp, host_us=0.0,
                      empty_us=(dep.empty_us if "host" in on else 0.0)
                      + (dep.empty_relay_us if "relay" in on else 0.0),
-                     rank_host_us=host, result_sync=True)
+                     rank_host_us=host, result_sync=True, cpu_forward=dep.device == "cpu",
+                     send_us=tuple(v if "hop" in on else 0.0 for v in dep.send_us))
     return cfg, sizes
 
 

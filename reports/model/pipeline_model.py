@@ -88,6 +88,11 @@ class LoopConfig:
     # order every rank syncs on the next slot's outputs (`token_return`).
     rank_host_us: tuple[float, ...] = ()
     result_sync: bool = False
+    # SGLang's CPU backend: the forward runs on the rank's CPU (no device to overlap with), so
+    # the CPU clock stays at the forward's end; `send_us`: per rank, the CPU time of posting the
+    # hidden-state send (`send_proxy_dict_to_next_stage`) before it leaves
+    cpu_forward: bool = False
+    send_us: tuple[float, ...] = ()
 
     @property
     def pp(self) -> int:
@@ -120,6 +125,8 @@ class LoopConfig:
             raise ValueError("costs must be >= 0")
         if self.rank_host_us and len(self.rank_host_us) != self.pp:
             raise ValueError("rank_host_us needs one entry per rank")
+        if self.send_us and (len(self.send_us) != self.pp or any(v < 0 for v in self.send_us)):
+            raise ValueError("send_us needs one entry >= 0 per rank")
 
 
 @dataclass(frozen=True)
@@ -161,6 +168,8 @@ def _rank_loop(cfg: LoopConfig, r: int, sizes: list[int], iters: int, post, box:
     host, empty = cfg.cpu("host_us", r), cfg.cpu("empty_us", r)
     launch, process = cfg.cpu("launch_us", r), cfg.cpu("process_us", r)
     chain, stage, hop, tok_hop = cfg.chain_us, cfg.stage_us[r], cfg.hop_us[r], cfg.hop_us[last]
+    on_cpu = cfg.cpu_forward
+    send_cpu = float(cfg.send_us[r]) if cfg.send_us else 0.0
     prev = (r - 1) % p
     t = gpu_free = sched = 0.0           # CPU clock, GPU free, schedule stream
     proxy_done = out_done = 0.0          # when this rank's last proxy / output send completed
@@ -204,6 +213,8 @@ def _rank_loop(cfg: LoopConfig, r: int, sizes: list[int], iters: int, post, box:
                 start = max(t, gpu_free, sched)
                 end = start + _at(stage, n)
                 gpu_free = end
+                if on_cpu:
+                    t = end
                 if r == last:
                     done_at[j] = end
                     post(("tok", k, j), end + _at(tok_hop, n))
@@ -211,6 +222,7 @@ def _rank_loop(cfg: LoopConfig, r: int, sizes: list[int], iters: int, post, box:
                     spans.append(Span(r, k, n, start, end))
                 if r < last:
                     sched = max(sched, end)
+                    t += send_cpu
                     post(("proxy", r, j), (t, max(sched, t) + _at(hop, n)))
             continue
         nxt = mbs[(k + 1) % S]
@@ -230,6 +242,8 @@ def _rank_loop(cfg: LoopConfig, r: int, sizes: list[int], iters: int, post, box:
                     start = max(t, gpu_free, sched)
                     end = start + _at(stage, n)
                     gpu_free = end
+                    if on_cpu:
+                        t = end
                     if r == last:
                         held.append((end, n))
                         done_at[j] = end
@@ -271,6 +285,7 @@ def _rank_loop(cfg: LoopConfig, r: int, sizes: list[int], iters: int, post, box:
             t = max(t, d2h) + process
         if n and r < last:                                   # 7. proxy send
             sched = max(sched, end)                          # waits on the launch event
+            t += send_cpu
             proxy_done = max(sched, t) + _at(hop, n)
             post(("proxy", r, j), (t, proxy_done))
             proxy_sent = (("ack", "proxy", r, j), t)

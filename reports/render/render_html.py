@@ -22,7 +22,7 @@ from typing import Any
 from reports.model.pipeline_model import Span
 from reports.render.render_md import (DISPATCH_NOTE, MEASURED_NOTE, Table, attribution_table,
                                attribution_title, baseline_table, diagnosis_table,
-                               observed_loop_line, time_split_table, banner, dispatch_table, header_lines,
+                               observed_loop_line, time_split_table, banner, dispatch_table, header_lines, report_title,
                                inputs_table, measured_timeline_table, micro_batch_table,
                                observed_line, server_bench_table, server_dp_table,
                                server_gpu_table, server_lines, server_log_table,
@@ -321,7 +321,7 @@ def render_html(rep: dict[str, Any], spans: tuple[Span, ...] = (), measured=()) 
     if rep.get("topology"):
         toc.append(("links", "Links"))
     toc.append(("inputs", "Inputs"))
-    o = [f"<h1>ppscope report: {_e(rep['scenario'])}</h1>"]
+    o = [f"<h1>{_e(report_title(rep))}</h1>"]
     o += [f'<p class="meta">{_e(line)}</p>' for line in header_lines(rep)]
     if rep["all_estimated"]:
         o.append(f'<div class="banner">{_e(banner(rep))}</div>')

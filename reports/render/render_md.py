@@ -55,10 +55,31 @@ def fmt_value(v: Any, limit: int = 90) -> str:
     return s if len(s) <= limit else s[:limit - 3] + "..."
 
 
+def report_title(rep: dict[str, Any]) -> str:
+    """The server the evidence comes from when there is one; else the scenario."""
+    from reports.model.observed_server import headline
+    head = headline(rep.get("observed_deployment"))
+    return f"ppscope report: your server ({head})" if head else f"ppscope report: {rep['scenario']}"
+
+
+def observed_lines(rep: dict[str, Any]) -> list[str]:
+    """Each setting of the observed server with where it was read (reports/model/observed_server.py)."""
+    obs = rep.get("observed_deployment") or {}
+    if not obs:
+        return []
+    parts = [f"{k} {fmt_value(e['value'])} ({e['source'].removeprefix('observed: ')})"
+             for k, e in obs.items() if isinstance(e, dict) and "value" in e]
+    out = ["Your server, observed: " + "; ".join(parts) + "."]
+    if rep.get("scenario_differs"):
+        out.append(f"Scenario {rep['scenario']}: {rep['scenario_differs']}.")
+    return out
+
+
 def header_lines(rep: dict[str, Any]) -> list[str]:
     """Deployment, then where the numbers come from (plain text, no Markdown)."""
     d = rep["deployment"]
-    dep = (f"{d['model']} on {d['pp']}x {d['gpu']}: PP{d['pp']}, async depth {d['async_depth']}, "
+    dep = (("Scenario model: " if rep.get("observed_deployment") else "") +
+           f"{d['model']} on {d['pp']}x {d['gpu']}: PP{d['pp']}, async depth {d['async_depth']}, "
            f"pp_max_micro_batch_size {d['max_micro_batch']}, CUDA graphs "
            f"{'on' if d['cuda_graphs'] else 'off'} (max bs {d['graph_max_bs']}), "
            f"{d['arrival']} arrivals, mean context {d['context_len']} tokens.")
@@ -66,7 +87,7 @@ def header_lines(rep: dict[str, Any]) -> list[str]:
     for p in rep["params"]:
         by.setdefault(p["source"], []).append(p["name"])
     src = "; ".join(f"{k}: {', '.join(v)}" for k, v in sorted(by.items()))
-    out = [dep, f"Inputs by source -- {src}."]
+    out = observed_lines(rep) + [dep, f"Inputs by source -- {src}."]
     if rep.get("topology") and rep["topology"].get("gpus"):
         g = rep["topology"]["gpus"]
         names = sorted({str(x) for x in g if x})
@@ -457,7 +478,7 @@ def md_table(t: Table) -> str:
 
 
 def render_md(rep: dict[str, Any]) -> str:
-    out = [f"# ppscope report: {rep['scenario']}", ""]
+    out = [f"# {report_title(rep)}", ""]
     out += [f"**{banner(rep)}**" if rep["all_estimated"] else banner(rep), ""]
     out += header_lines(rep) + [""]
     out += [f"> warning: {w}  " for w in rep["warnings"]]

@@ -65,6 +65,29 @@ class LogSummary:
 
 
 @dataclass(frozen=True)
+class BenchServerInfo:
+    """The server's settings as bench_serving saw them: a summary of the `server_info` it wrote
+    beside each run (the server's GET /server_info), not the whole dict. Each is the server
+    argument; one left to SGLang (null) is the value the server resolved, where server_info
+    carries it, and is named in `resolved` (reports/base/bench_serving.py `_server_info`)."""
+    version: str | None = None                    # SGLang's, as the server reports it
+    model: str | None = None                      # model_path, base name only
+    device: str | None = None
+    pp_size: int | None = ge(1, default=None)
+    tp_size: int | None = ge(1, default=None)
+    dp_size: int | None = ge(1, default=None)
+    pp_async_batch_depth: int | None = ge(0, default=None)
+    pp_max_micro_batch_size: int | None = ge(1, default=None)
+    max_running_requests: int | None = ge(1, default=None)
+    chunked_prefill_size: int | None = None       # -1 or 0: chunked prefill off
+    max_prefill_tokens: int | None = ge(1, default=None)
+    attention_backend: str | None = None
+    disable_cuda_graph: bool | None = None
+    cuda_graph_max_bs: int | None = ge(0, default=None)
+    resolved: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class BenchRun:
     max_concurrency: int | None = ge(1, default=None)
     completed: int | None = ge(0, default=None)
@@ -91,6 +114,18 @@ class BenchRun:
     mean_concurrency: float | None = ge(0, default=None)
     concurrency: float | None = ge(0, default=None)
     concurrency_from: str | None = None           # max_concurrency | measured
+    # the most requests in flight in any 1 s bucket (bench_serving's max_concurrent_requests;
+    # may exceed max_concurrency: a request is counted in every second it touches)
+    peak_concurrency: int | None = ge(0, default=None)
+    peak_output_throughput: float | None = ge(0, default=None)   # best 1 s bucket, tok/s
+    total_input_tokens: int | None = ge(0, default=None)
+    mean_input_len: float | None = ge(0, default=None)     # total_input_tokens / completed
+    mean_output_len: float | None = ge(0, default=None)    # total_output_tokens / completed
+    dataset_name: str | None = None
+    random_input_len: int | None = ge(0, default=None)     # requested (random datasets only)
+    random_output_len: int | None = ge(0, default=None)
+    random_range_ratio: float | None = ge(0, default=None)
+    server_info: BenchServerInfo | None = None
 
 
 @dataclass(frozen=True)
@@ -197,6 +232,15 @@ class LoopRank:
     send_wait_us_mean: float | None = ge(0, default=None)
     foreign_queue_us_mean: float | None = ge(0, default=None)
     recv_bytes_p50: float | None = ge(0, default=None)
+    # SGLang's CPU backend (microbench/sglang/cpu_steps.py): the forward runs on the CPU
+    device: str | None = None
+    prefill_forwards: int = ge(0, default=0)
+    send_us_mean: float | None = ge(0, default=None)          # hidden-state send, sender's CPU
+    wait_us_mean: dict[str, float | None] = field(default_factory=dict)   # blocked, by kind
+    iterations_idle: int = ge(0, default=0)   # in passes SGLang marked idle (no request at all)
+    slots: int | None = ge(1, default=None)   # pp_loop_size, from SGLang's idle-pass markers
+    batch_source: str | None = None   # "step spans" (SGLang's step[... bs=N]) or NCCL sizes
+    batch_nccl_disagree: int = ge(0, default=0)   # forwards whose receive held fewer rows
 
     def curve(self, name: str, cmax: int | None) -> dict[int, float]:
         """A by-batch dict as {batch: us}: decode sizes only (a prefill forward has
@@ -223,6 +267,7 @@ class LoopProfile:
     concurrency: int | None = ge(1, default=None)   # client streams while traced (given)
     model: str | None = None
     link_gbps: float | None = ge(0, default=None)
+    device: str | None = None       # "cpu": SGLang's CPU backend traced (no GPU events)
 
 
 @dataclass(frozen=True)

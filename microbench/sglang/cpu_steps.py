@@ -1,0 +1,251 @@
+"""Per-iteration view of one rank's trace when SGLang ran its forward on the CPU (no GPU events).
+
+SGLang's CPU backend is a real deployment (`--device cpu`, gloo between the PP ranks): its
+traces hold the scheduler's ranges, each forward's `step[DECODE bs=N]` / `step[EXTEND bs=N
+toks=T]` span (srt/utils/profile_utils.py) and c10d's `gloo:send` / `gloo:recv` ranges, and no
+GPU event. One thread does everything, so each loop iteration (from one `recv_requests` to the
+next, SGLang's `event_loop_pp`) splits exactly into:
+
+- **forward**: the `run_batch` range (the model runs inside it, synchronously); its micro-batch
+  size and mode from the `step[...]` span inside it. Only decode forwards feed the curves.
+- **waiting**: the CPU blocked in a `gloo:recv` range (c10d's receive: `irecv` then `wait()` at
+  once, srt/utils/common.py `point_to_point_pyobj`, parallel_state `recv_tensor_dict`), by what
+  it waited for: the request list inside `recv_requests` (`relay`: the previous rank's loop had
+  not sent it yet), the hidden states before `run_batch` (`input`), the outputs inside
+  `recv_res_dict_from_prev_stage` (`output`). Waiting is never called work: the pipeline model
+  reproduces it from the other ranks' costs.
+- **hidden-state send**: the `send_proxy_dict_to_next_stage` range (serialising and posting the
+  hidden states; a blocking or delayed send shows here) - the sender's part of the hop.
+- **host work**: the rest of the iteration (scheduling, result processing, the output exchange's
+  own work, SGLang's unranged Python between ranges).
+
+`gloo:send` ranges are left out of every sum on purpose: SGLang sends with `isend` and waits one
+phase later (`_pp_commit_comm_work`), so a send range opens at the post and closes at the next
+iteration's commit; it covers the rank's ordinary work in between, not waiting (measured on
+SGLang 0.5.23 with torch 2.13 gloo: every `get_next_batch_to_run` inside one).
+
+Cross-rank (`cpu_loop_profile`, one host: one clock): the hop r -> r+1 is the receiver's input
+arriving after the sender posted it: receive end - max(sender's send range end, receive start);
+the token hop last -> 0 likewise, from the last rank's `send_res_dict_to_next_stage` to rank 0's
+`recv_res_dict_from_prev_stage`.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from statistics import median
+
+from microbench.sglang.intervals import length, merge, overlap
+from microbench.sglang.steps import STEP_RE
+from microbench.sglang.trace import iter_events
+RANGES = ("recv_requests", "send_reqs_to_next_stage", "get_next_batch_to_run", "run_batch",
+          "process_batch_result", "send_proxy_dict_to_next_stage", "send_res_dict_to_next_stage",
+          "recv_res_dict_from_prev_stage", "scheduler.idle")
+
+
+def idle_passes(starts: list[float], idle: list[tuple[float, float]]) -> tuple[int | None, set]:
+    """SGLang marks a pass over all its slots that found nothing to run with one
+    `scheduler.idle` range after the pass (`event_loop_pp`: `if server_is_idle: on_idle()`).
+    Between two consecutive markers lie exactly `pp_loop_size` iterations, so the markers give
+    the slot count (the most common such count) and which iterations belong to idle passes
+    (the `slots` iterations before each marker): those are the server having no request at
+    all (the client between waves), not empty slots of a running server."""
+    if len(idle) < 2 or not starts:
+        return None, set()
+    marks = [s for s, _ in idle]
+    counts: dict[int, int] = {}
+    for a, b in zip(marks, marks[1:]):
+        n = bisect.bisect_left(starts, b) - bisect.bisect_left(starts, a)
+        if 1 <= n <= 256:
+            counts[n] = counts.get(n, 0) + 1
+    if not counts:
+        return None, set()
+    slots = max(counts, key=lambda n: (counts[n], -n))
+    skip = set()
+    for m in marks:
+        j = bisect.bisect_left(starts, m)
+        skip.update(range(max(0, j - slots), j))
+    return slots, skip
+
+
+def _mean(v):
+    return float(sum(v) / len(v)) if v else None
+
+
+def _p50(v):
+    return float(median(v)) if v else None
+
+
+def collect(path) -> dict:
+    """The events the CPU view needs, from one trace file (streamed)."""
+    ranges: dict[str, list] = {k: [] for k in RANGES}
+    steps, recvs = [], []
+    gpu = 0
+    for ev in iter_events(path):
+        if not isinstance(ev, dict) or ev.get("ph") != "X":
+            continue
+        name, cat = ev.get("name"), ev.get("cat")
+        try:
+            ts, dur = float(ev["ts"]), float(ev["dur"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if not (math.isfinite(ts) and math.isfinite(dur)) or dur < 0 or not isinstance(name, str):
+            continue
+        if cat in ("kernel", "Kernel", "gpu_memcpy", "gpu_memset"):
+            gpu += 1
+        elif cat != "user_annotation":
+            continue
+        elif name in ranges:
+            ranges[name].append((ts, ts + dur))
+        elif name.startswith("gloo:recv"):
+            recvs.append((ts, ts + dur))
+        else:
+            m = STEP_RE.match(name)
+            if m:
+                steps.append((ts, ts + dur, m.group(1), int(m.group(2))))
+    for v in ranges.values():
+        v.sort()
+    return {"ranges": ranges, "steps": sorted(steps), "recvs": merge(recvs), "gpu_events": gpu}
+
+
+def is_cpu_trace(ev: dict) -> bool:
+    """SGLang ran its forward on the CPU: run_batch ranges and no GPU event."""
+    return not ev["gpu_events"] and bool(ev["ranges"]["run_batch"])
+
+
+def _inside(ivs, lo, hi):
+    return [(max(a, lo), min(b, hi)) for a, b in ivs if b > lo and a < hi]
+
+
+def summarize(ev: dict, rank: int | None = None) -> dict:
+    """One rank's loop profile from collect()'s events (the fields of LoopRank, plus `_fwds`
+    and `_sends` for the cross-rank pass). Times in microseconds."""
+    rg = ev["ranges"]
+    starts = [s for s, _ in rg["recv_requests"]]
+    out: dict = {"rank": rank, "device": "cpu", "events_without_dur": 0}
+    if len(starts) < 2:
+        out["reason"] = "fewer than two loop iterations (recv_requests ranges) in this trace"
+        return out
+    recvs = ev["recvs"]
+    steps = ev["steps"]
+    step_starts = [s[0] for s in steps]
+    rb = rg["run_batch"]
+    rb_starts = [s for s, _ in rb]
+    fwds, host_b, host_e, waits = [], [], [], {"relay": [], "input": [], "output": []}
+    sends = []
+    slots, idle = idle_passes(starts, rg["scheduler.idle"])
+    for i in range(len(starts) - 1):
+        if i in idle:
+            continue
+        lo, hi = starts[i], starts[i + 1]
+        span = hi - lo
+        blocked = _inside(recvs, lo, hi)
+        b_total = length(merge(blocked))
+        relay = overlap(merge(blocked), merge(_inside(rg["recv_requests"], lo, hi)))
+        output = overlap(merge(blocked), merge(_inside(rg["recv_res_dict_from_prev_stage"], lo, hi)))
+        send = length(merge(_inside(rg["send_proxy_dict_to_next_stage"], lo, hi)))
+        j = bisect.bisect_left(rb_starts, lo)
+        run = rb[j] if j < len(rb) and rb[j][0] < hi else None
+        fwd_len = (min(run[1], hi) - run[0]) if run else 0.0
+        host = max(0.0, span - fwd_len - b_total - send)
+        if run is None:
+            host_e.append(host)
+            waits["relay"].append(relay)
+            continue
+        k = bisect.bisect_left(step_starts, run[0])
+        st = steps[k] if k < len(steps) and steps[k][0] < run[1] else None
+        # the input receive: blocked time before run_batch, outside recv_requests
+        pre = merge(_inside(recvs, lo, run[0]))
+        pre_in = [(a, b) for a, b in pre
+                  if not overlap([(a, b)], merge(_inside(rg["recv_requests"], lo, hi)))]
+        fwds.append({"start": run[0], "end": run[1], "mode": st[2] if st else None,
+                     "batch": st[3] if st else None, "input": pre_in[-1] if pre_in else None})
+        if st and st[2] == "DECODE":
+            host_b.append(host)
+            waits["relay"].append(relay)
+            waits["output"].append(output)
+            waits["input"].append(sum(b - a for a, b in pre_in))
+            sends.append(send)
+    dec = [f for f in fwds if f["mode"] == "DECODE" and f["batch"]]
+    by_b: dict[int, list] = {}
+    for f in dec:
+        by_b.setdefault(f["batch"], []).append(f["end"] - f["start"])
+    curve = {str(b): _mean(v) for b, v in sorted(by_b.items())}
+    window = starts[-1] - starts[0]
+    comp = length(merge([(f["start"], f["end"]) for f in fwds]))
+    wait = length(merge(_inside(recvs, starts[0], starts[-1])))
+    send_all = length(merge(_inside(rg["send_proxy_dict_to_next_stage"], starts[0], starts[-1])))
+    out.update({
+        "forwards": len(dec), "graph_forwards": 0,
+        "prefill_forwards": sum(1 for f in fwds if f["mode"] == "EXTEND"),
+        "forward_us_by_batch": {str(b): _p50(v) for b, v in sorted(by_b.items())},
+        "forward_busy_us_by_batch": curve,          # no launch gaps on a CPU: busy = forward
+        "forward_effective_us_by_batch": curve,
+        "forward_count_by_batch": {str(b): len(v) for b, v in sorted(by_b.items())},
+        "forward_us_p50": _p50([f["end"] - f["start"] for f in dec]),
+        "iterations": len(starts) - 1 - len([i for i in idle if i < len(starts) - 1]),
+        "iterations_empty": len(host_e),
+        "iterations_idle": len([i for i in idle if i < len(starts) - 1]),
+        "slots": slots,
+        "range_counts": {k: len(v) for k, v in rg.items() if v},
+        "host_us_p50": _p50(host_b), "host_us_mean": _mean(host_b),
+        "host_us_empty_p50": _p50(host_e), "host_us_empty_mean": _mean(host_e),
+        # waiting is the model's to reproduce, not a cost: none of it feeds the host time
+        "relay_wait_us_mean": 0.0, "relay_wait_us_empty_mean": 0.0,
+        "sync_wait_us_mean": 0.0, "send_wait_us_mean": 0.0, "foreign_queue_us_mean": 0.0,
+        "send_us_mean": _mean(sends),
+        "wait_us_mean": {k: _mean(v) for k, v in waits.items()},
+        "time_split": {"window_us": window, "compute_us": comp, "comm_transfer_us": send_all,
+                       "comm_wait_us": wait, "comm_us": wait + send_all,
+                       "other_us": max(0.0, window - comp - wait - send_all), "idle_us": 0.0},
+    })
+    out["_fwds"] = fwds
+    out["_sends"] = {"proxy": rg["send_proxy_dict_to_next_stage"],
+                     "output": rg["send_res_dict_to_next_stage"]}
+    out["_out_recv"] = [(s, e) for s, e in rg["recv_res_dict_from_prev_stage"]]
+    out["_recvs"] = recvs
+    return out
+
+
+def _hop(recv: tuple[float, float], sent_ends: list[float]) -> float | None:
+    """Arrival after the post: receive end - max(latest send end before it, receive start)."""
+    j = bisect.bisect_right(sent_ends, recv[1]) - 1
+    if j < 0:
+        return None
+    return max(0.0, recv[1] - max(sent_ends[j], recv[0]))
+
+
+def cpu_loop_profile(ranks: dict[int, dict]) -> dict:
+    """Cross-rank pass over summarize() results of one run: the hops."""
+    order = sorted(ranks)
+    out: dict = {"ranks": {}, "hops": {}}
+    for k, r in enumerate(order):
+        d = ranks[r]
+        up = order[k - 1]
+        u = ranks[up]
+        vals = []
+        if k > 0:
+            ends = sorted(e for _, e in u.get("_sends", {}).get("proxy", []))
+            for f in d.get("_fwds", []):
+                if f["mode"] == "DECODE" and f["input"] is not None:
+                    h = _hop(f["input"], ends)
+                    if h is not None:
+                        vals.append(h)
+        elif len(order) > 1:
+            ends = sorted(e for _, e in u.get("_sends", {}).get("output", []))
+            recvs = d.get("_recvs", [])
+            for lo, hi in d.get("_out_recv", []):
+                inner = [iv for iv in recvs if iv[1] > lo and iv[0] < hi]
+                if inner:
+                    h = _hop((inner[0][0], inner[-1][1]), ends)
+                    if h is not None:
+                        vals.append(h)
+        if vals:
+            out["hops"][f"{up}->{r}"] = {"p50_us": _p50(vals), "mean_us": _mean(vals),
+                                         "n": len(vals)}
+    for r in order:
+        d = dict(ranks[r])
+        for key in ("_fwds", "_sends", "_out_recv", "_recvs"):
+            d.pop(key, None)
+        out["ranks"][str(r)] = d
+    return out

@@ -1,0 +1,61 @@
+"""The lab's plan: which server settings, which load, which injected fault, per case.
+
+One server per `Group` (settings that need a restart: the pipeline size, the async depth); in
+a group the cases run one after another on the same server, each with its own fault (switched
+live through the fault module's control file, `boot/ppscope_lab_faults.py`), its own
+`pp_max_micro_batch_size` (SGLang's `POST /set_internal_state`) and its own arrivals.
+`clean-c8` is the reference every fault's slowdown is measured against.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    concurrency: int
+    fault: str = ""                 # PPSCOPE_LAB_FAULT grammar, e.g. "host-delay=0:3000"
+    hog_core: int | None = None     # an external CPU hog pinned to this core
+    mmb: int | None = None          # pp_max_micro_batch_size through /set_internal_state
+    request_rate: float | None = None   # bench_serving --request-rate (None: all at once)
+    reps: int = 1                   # bench_serving repetitions (distinct seeds)
+    stacks: bool = False            # also profile a window with SGLang's defaults (stacks, shapes)
+    live: bool = False              # also run ppscope's own live probe at this C
+    baseline: str = "clean-c8"      # what its slowdown is measured against
+    expect: str = ""                # the cause the diagnosis should name first ("" = none big)
+
+    @property
+    def faulted(self) -> bool:
+        return bool(self.fault or self.hog_core is not None)
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    pp: int = 2
+    extra_args: tuple[str, ...] = ()
+    cases: tuple[Case, ...] = field(default_factory=tuple)
+
+
+def default_plan(pp: int = 2, quick: bool = False) -> tuple[Group, ...]:
+    """Clean runs at C = 1, 8, 16; each fault at C = 8; herd against spread at C = 8.
+    `quick`: clean C = 8 and one fault (the CI tier)."""
+    last = pp - 1
+    c8 = 8
+    clean8 = Case("clean-c8", c8, reps=3, stacks=True, live=True, baseline="")
+    if quick:
+        return (Group("depth0", pp, (), (clean8,
+                      Case("slow-stage", c8, fault=f"slow-stage={last}:2", expect="slow_stage"))),)
+    cases = (
+        clean8,
+        Case("clean-c1", 1, reps=2, live=True, baseline=""),
+        Case("clean-c16", 16, reps=3, live=True, baseline=""),
+        Case("host-delay", c8, fault="host-delay=0:4000", expect="host"),
+        Case("slow-stage", c8, fault=f"slow-stage={last}:2", expect="slow_stage"),
+        Case("hop-delay", c8, fault="hop-delay=0:4000", expect="hop"),
+        Case("cpu-hog", c8, hog_core=last, expect="slow_stage"),
+        Case("spread-mmb", c8, mmb=max(1, c8 // pp), baseline="clean-c8"),
+        Case("staggered", c8, request_rate=16.0, baseline="clean-c8"),
+    )
+    return (Group("depth0", pp, (), cases),)

@@ -1,0 +1,157 @@
+"""What the lab does to a running server, per case: bench_serving, a profiled window, /metrics.
+
+bench_serving is SGLang's own client (`python -m sglang.bench_serving` from the lab venv): the
+random dataset over a local ShareGPT-format file, fixed lengths (`--random-range-ratio 1`), one
+JSON line per run in the case's `bench.jsonl`. Repetitions use distinct `--seed`s: the same seed
+replays the same prompts, which then hit the radix cache.
+
+The profiled window: a bench run in the background; once the server log shows it decoding, the
+window opens with `POST /start_profile {"with_stack": false, "record_shapes": false,
+"activities": ["CPU", "GPU"], "output_dir": ...}` (SGLang's defaults are `with_stack` and
+`record_shapes` on, whose Python tracer inflates host times; the `stacks` window keeps them, to
+show how much) and closes with `/stop_profile`. Every HTTP call has a deadline and a size cap
+(`microbench/sglang/http.py`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from microbench.sglang.http import request as http_request
+from microbench.sglang_lab.venv import LabError
+
+INPUT_LEN = 64
+OUTPUT_LEN = 128
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    python: Path
+    url: str
+    model: Path
+    dataset: Path
+    input_len: int = INPUT_LEN
+    output_len: int = OUTPUT_LEN
+
+
+def bench_cmd(b: BenchSpec, *, concurrency: int, prompts: int, seed: int, out: Path,
+              request_rate: float | None = None) -> list[str]:
+    host, port = b.url.split("//", 1)[1].split(":")
+    cmd = [str(b.python), "-m", "sglang.bench_serving", "--backend", "sglang", "--host", host,
+           "--port", port, "--dataset-name", "random", "--dataset-path", str(b.dataset),
+           "--tokenizer", b.model.name, "--random-input-len", str(b.input_len),
+           "--random-output-len", str(b.output_len), "--random-range-ratio", "1",
+           "--num-prompts", str(prompts), "--max-concurrency", str(concurrency),
+           "--output-file", str(out), "--seed", str(seed), "--disable-tqdm"]
+    if request_rate:
+        cmd += ["--request-rate", str(request_rate)]
+    return cmd
+
+
+def _bench_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(HF_HUB_OFFLINE="1")
+    return env
+
+
+def run_bench(b: BenchSpec, log: Path, timeout_s: float = 600.0, **kw) -> None:
+    with open(log, "ab") as f:
+        try:
+            rc = subprocess.run(bench_cmd(b, **kw), stdout=f, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=_bench_env(), cwd=b.model.parent,
+                                timeout=timeout_s).returncode
+        except subprocess.TimeoutExpired:
+            raise LabError(f"bench_serving did not finish within {timeout_s:.0f} s (log: {log})") from None
+    if rc != 0:
+        raise LabError(f"bench_serving failed (exit {rc}; log: {log})")
+
+
+def start_bench(b: BenchSpec, log: Path, **kw) -> subprocess.Popen:
+    f = open(log, "ab")
+    try:
+        return subprocess.Popen(bench_cmd(b, **kw), stdout=f, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=_bench_env(), cwd=b.model.parent)
+    finally:
+        f.close()
+
+
+def _http(url: str, method: str, path: str, body: dict | None, timeout_s: float) -> bytes:
+    from reports.base.errors import CliError
+    try:
+        status, reply = http_request(url, method, path, body, timeout=timeout_s)
+    except CliError as e:
+        raise LabError(f"{method} {path}: {e}") from None
+    if status != 200:
+        raise LabError(f"{method} {path}: HTTP {status}: {reply[:200]!r}")
+    return reply
+
+
+def post(url: str, path: str, body: dict | None = None, timeout_s: float = 120.0):
+    reply = _http(url, "POST", path, body, timeout_s)
+    try:
+        return json.loads(reply)
+    except ValueError:
+        return reply.decode("utf-8", "replace")
+
+
+def set_mmb(url: str, n: int) -> None:
+    reply = post(url, "/set_internal_state", {"server_args": {"pp_max_micro_batch_size": n}})
+    def one(r):   # SGLang answers per scheduler: `true`, or {"updated": true, ...}
+        return r is True or (isinstance(r, dict) and r.get("updated") is True)
+    ok = all(one(r) for r in reply) if isinstance(reply, list) and reply else one(reply)
+    if not ok:
+        raise LabError(f"SGLang refused pp_max_micro_batch_size={n}: {str(reply)[:200]}")
+
+
+def scrape_metrics(url: str, dest: Path) -> None:
+    dest.write_bytes(_http(url, "GET", "/metrics", None, 30.0))
+
+
+def wait_decoding(server, since: int, lines: int, timeout_s: float = 120.0) -> None:
+    """Until the server log shows `lines` decode lines written after byte `since`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.log_text(since).count("Decode batch") >= lines:
+            return
+        time.sleep(0.2)
+    raise LabError(f"the server did not start decoding within {timeout_s:.0f} s")
+
+
+def profile_window(server, out_dir: Path, seconds: float, stacks: bool) -> list[Path]:
+    """/start_profile, wait, /stop_profile; returns the trace files written into out_dir."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    body = {"output_dir": str(out_dir.resolve()), "activities": ["CPU", "GPU"]}
+    if not stacks:
+        body.update(with_stack=False, record_shapes=False)
+    post(server.url, "/start_profile", body, timeout_s=60.0)
+    time.sleep(seconds)
+    post(server.url, "/stop_profile", None, timeout_s=300.0)
+    deadline = time.monotonic() + 120.0
+    want = server.spec.pp
+    while time.monotonic() < deadline:
+        files = sorted(out_dir.glob("*.trace.json*"))
+        if len(files) >= want and all(_complete(f) for f in files):
+            return files
+        time.sleep(0.5)
+    raise LabError(f"the server wrote {len(list(out_dir.glob('*.trace.json*')))} of {want} "
+                   f"traces into {out_dir} within 120 s")
+
+
+def _complete(p: Path) -> bool:
+    """A gzip trace is complete when its size has stopped changing for a moment."""
+    try:
+        a = p.stat().st_size
+        time.sleep(0.2)
+        return a > 0 and p.stat().st_size == a
+    except FileNotFoundError:
+        return False
+
+
+def write_json(p: Path, obj) -> None:
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True))
+    tmp.replace(p)

@@ -1,0 +1,208 @@
+"""Run the lab's plan on SGLang's own server and keep every case's artefacts (see __init__.py).
+
+A case is written into `OUT/.partial/<case>` and moved to `OUT/<case>` only when it finished,
+so a failed run never replaces good artefacts. Progress goes to stderr, one line per step.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+import zlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from microbench.sglang_lab import drive
+from microbench.sglang_lab.cases import Case, Group
+from microbench.sglang_lab.server import LabServer, ServerSpec
+from microbench.sglang_lab.venv import (LabError, ensure_model, ensure_venv, install_boot,
+                                        sharegpt_file)
+
+PROFILE_S = 2.5
+
+
+@dataclass(frozen=True)
+class LabConfig:
+    out: Path
+    lab_dir: Path
+    plan: tuple[Group, ...]
+    sglang_python: Path | None = None     # an existing SGLang installation (GPU machine)
+    model: Path | None = None             # with sglang_python: a real model folder
+    device: str = "cpu"
+    only: tuple[str, ...] = ()
+    analyse: bool = True
+
+
+def _say(msg: str) -> None:
+    print(f"sglang-lab: {msg}", file=sys.stderr, flush=True)
+
+
+class _Hog:
+    """An external CPU hog: one process spinning on one core (another tenant on the host)."""
+
+    def __init__(self, core: int | None):
+        self.core, self.proc = core, None
+
+    def __enter__(self):
+        if self.core is not None:
+            code = ("import os\ntry:\n os.sched_setaffinity(0, {%d})\nexcept OSError:\n pass\n"
+                    "while True:\n pass\n" % self.core)
+            self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL)
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        return False
+
+
+def _header(server: LabServer) -> str:
+    """The server log up to "fired up": its arguments and start-up lines, which every case's
+    log slice carries so that each case reads as a whole server log."""
+    text = server.log_text()
+    i = text.find("The server is fired up")
+    return text[: text.find("\n", i) + 1] if i >= 0 else ""
+
+
+def run_case(case: Case, server: LabServer, bench: drive.BenchSpec, fault_file: Path,
+             default_mmb: int | None, out: Path, header: str) -> Path:
+    tmp = out / ".partial" / case.name
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    blog = tmp / "bench.out"
+    t0 = time.time()
+    fault_file.write_text(case.fault + "\n")
+    time.sleep(0.2)                         # the fault module re-reads it within 50 ms
+    mmb = case.mmb or default_mmb
+    if mmb:
+        drive.set_mmb(server.url, mmb)
+    start = server.log_size()
+    seed0 = 1000 + zlib.crc32(case.name.encode()) % 100000
+    try:
+        with _Hog(case.hog_core):
+            for k in range(case.reps):
+                _say(f"{case.name}: bench_serving C={case.concurrency} run {k + 1}/{case.reps}")
+                drive.run_bench(bench, blog, concurrency=case.concurrency,
+                                prompts=2 * case.concurrency + 2, seed=seed0 + k,
+                                out=tmp / "bench.jsonl", request_rate=case.request_rate)
+            windows = [("traces", False)] + ([("traces-stacks", True)] if case.stacks else [])
+            for sub, stacks in windows:
+                _say(f"{case.name}: profiling a window ({'SGLang defaults: stacks, shapes' if stacks else 'no stacks, no shapes'})")
+                since = server.log_size()
+                p = drive.start_bench(bench, blog, concurrency=case.concurrency,
+                                      prompts=2 * case.concurrency + 2, seed=seed0 + 50,
+                                      out=tmp / f"bench-{sub}.jsonl",
+                                      request_rate=case.request_rate)
+                try:
+                    drive.wait_decoding(server, since, lines=6 * server.spec.pp)
+                    drive.profile_window(server, tmp / sub, PROFILE_S, stacks)
+                    p.wait(timeout=600)
+                finally:
+                    if p.poll() is None:
+                        p.kill()
+                        p.wait()
+            drive.scrape_metrics(server.url, tmp / "metrics.txt")
+            if case.live:
+                _say(f"{case.name}: ppscope's live probe C={case.concurrency}")
+                r = subprocess.run([sys.executable, "-m", "reports.cli", "sglang", "--url",
+                                    server.url, "--live-concurrency", str(case.concurrency),
+                                    "--live-arrival", "burst", "--live-tokens", "64",
+                                    "--json", str(tmp / "live.json")],
+                                   capture_output=True, text=True, timeout=300)
+                (tmp / "live.out").write_text(r.stdout + r.stderr)
+                if r.returncode != 0:
+                    raise LabError(f"{case.name}: the live probe failed: {r.stderr.strip()[-200:]}")
+    finally:
+        fault_file.write_text("")
+    end = server.log_size()
+    (tmp / "server.log").write_text(header + server.log_text(start, end))
+    drive.write_json(tmp / "case.json", {
+        "case": asdict(case), "pp": server.spec.pp, "device": server.spec.device,
+        "extra_args": list(server.spec.extra_args), "pp_max_micro_batch_size": mmb,
+        "started_unix": t0, "seconds": time.time() - t0,
+        "input_len": bench.input_len, "output_len": bench.output_len})
+    final = out / case.name
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    return final
+
+
+def _default_mmb(server: LabServer) -> int | None:
+    """SGLang's own default cap, to restore after a case that set one: what
+    `/get_server_info` reports, else max_running_requests // pp."""
+    try:
+        info = json.loads(drive._http(server.url, "GET", "/get_server_info", None, 30.0))
+    except (LabError, ValueError):
+        return None
+    states = info.get("internal_states") or [{}]
+    st = states[0] if isinstance(states, list) and states else {}
+    v = st.get("pp_max_micro_batch_size") or info.get("pp_max_micro_batch_size")
+    if isinstance(v, int) and v > 0:
+        return v
+    mrr = st.get("max_running_requests") or info.get("max_running_requests")
+    return max(1, int(mrr) // server.spec.pp) if isinstance(mrr, int) else None
+
+
+def analyse_case(case_dir: Path) -> dict:
+    """`ppscope sglang` then `ppscope report` on one case's artefacts; their verdict."""
+    c = json.loads((case_dir / "case.json").read_text())["case"]
+    py = [sys.executable, "-m", "reports.cli"]
+    args = py + ["sglang", "--log", str(case_dir / "server.log"), "--traces",
+                 str(case_dir / "traces"), "--metrics", str(case_dir / "metrics.txt"),
+                 "--bench", str(case_dir / "bench.jsonl"), "--concurrency", str(c["concurrency"]),
+                 "--json", str(case_dir / "sglang.json")]
+    out = {}
+    for name, cmd in (("sglang", args), ("report", py + ["report", "--results", str(case_dir)])):
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        (case_dir / f"{name}.out").write_text(r.stdout + r.stderr)
+        out[f"{name}_rc"] = r.returncode
+        if r.returncode != 0:
+            out["error"] = f"ppscope {name}: {(r.stderr.strip().splitlines() or ['?'])[-1]}"
+            return out
+    return out
+
+
+def run_lab(cfg: LabConfig) -> int:
+    from dataclasses import replace
+    cfg = replace(cfg, out=cfg.out.resolve(), lab_dir=cfg.lab_dir.resolve())
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    if cfg.sglang_python:
+        python = cfg.sglang_python
+        install_boot(python)     # the fault module and shims; harmless beside a GPU build
+    else:
+        python = ensure_venv(cfg.lab_dir, _say)
+    model = cfg.model or ensure_model(python, cfg.lab_dir)
+    dataset = sharegpt_file(cfg.lab_dir)
+    fault_file = cfg.lab_dir / "fault"
+    fault_file.write_text("")
+    done = []
+    for g in cfg.plan:
+        cases = [c for c in g.cases if not cfg.only or c.name in cfg.only]
+        if not cases:
+            continue
+        spec = ServerSpec(python=python, model=model, pp=g.pp, device=cfg.device,
+                          extra_args=g.extra_args, env={"PPSCOPE_LAB_FAULT_FILE": str(fault_file)})
+        logdir = cfg.out / ".partial"
+        _say(f"starting SGLang (pp={g.pp}, {cfg.device}{', ' + ' '.join(g.extra_args) if g.extra_args else ''})")
+        with LabServer(spec, logdir / f"server-{g.name}.log", logdir / f"traces-{g.name}") as server:
+            bench = drive.BenchSpec(python=python, url=server.url, model=model, dataset=dataset)
+            header = _header(server)
+            _say("warm-up")
+            drive.run_bench(bench, logdir / "warmup.out", concurrency=4, prompts=4, seed=1, out=logdir / "warmup.jsonl")
+            mmb0 = _default_mmb(server)
+            for case in cases:
+                done.append(run_case(case, server, bench, fault_file, mmb0, cfg.out, header))
+        _say(f"server stopped (group {g.name})")
+    if cfg.analyse:
+        for d in done:
+            _say(f"{d.name}: ppscope sglang + ppscope report")
+            drive.write_json(d / "analysis.json", analyse_case(d))
+    from microbench.sglang_lab.summary import summarise, render
+    rows = summarise(cfg.out)
+    drive.write_json(cfg.out / "summary.json", rows)
+    print(render(rows))
+    return 0

@@ -1,0 +1,105 @@
+"""`ppscope sglang-lab`: SGLang's own PP server as the system under test (see __init__.py)."""
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from reports.base.errors import CliError
+
+EPILOG = """\
+examples:
+  ppscope sglang-lab                       # install (once), run every case, read each one
+  ppscope sglang-lab --cases clean-c8,slow-stage
+  ppscope sglang-lab --analyse-only        # re-read results/lab/* with today's readers
+  ppscope sglang-lab --sglang-python /opt/sglang/bin/python --device cuda \\
+                     --model-path /models/llama-3-8b      # drive an existing SGLang on GPUs
+
+afterwards: ppscope report --results results/lab/<case>   (the case's report is already there)
+"""
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "sglang-lab", help="run SGLang's own PP server with injected faults; read every case",
+        description="Start SGLang's own pipeline-parallel server (a venv of its own, CPU by "
+                    "default), load it with bench_serving and ppscope's live probe, profile it, "
+                    "inject one fault at a time, and read each case with `ppscope sglang` and "
+                    "`ppscope report`. Artefacts: OUT/<case>/.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=None, help="artefacts folder (default results/lab)")
+    p.add_argument("--lab-dir", default=os.environ.get("PPSCOPE_LAB_DIR", ".lab"),
+                   help="the lab venv, model and logs (default .lab; never your environment)")
+    p.add_argument("--pp", type=int, default=2, help="pipeline size (default 2)")
+    p.add_argument("--cases", default="", metavar="NAME,...",
+                   help="only these cases (default: the whole plan; --list shows it)")
+    p.add_argument("--quick", action="store_true",
+                   help="clean C=8 and one fault only (the CI tier)")
+    p.add_argument("--list", action="store_true", help="print the plan and exit")
+    p.add_argument("--sglang-python", default=None, metavar="PATH",
+                   help="an existing SGLang installation's python (no install step)")
+    p.add_argument("--model-path", default=None, metavar="DIR",
+                   help="with --sglang-python: a model folder (default: the lab's tiny Llama, "
+                   "random weights)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cpu (default; gloo between ranks, graphs off) or cuda (CUDA graphs on)")
+    p.add_argument("--analyse-only", action="store_true",
+                   help="run no server: read the cases already in --out again")
+    p.set_defaults(func=run)
+
+
+def _plan(args):
+    from microbench.sglang_lab.cases import default_plan
+    if not 2 <= args.pp <= max(2, os.cpu_count() or 2):
+        raise CliError(f"--pp must be between 2 and the number of cores "
+                       f"({os.cpu_count()}), got {args.pp}")
+    plan = default_plan(args.pp, quick=args.quick)
+    names = [c.name for g in plan for c in g.cases]
+    only = tuple(x.strip() for x in args.cases.split(",") if x.strip())
+    bad = [x for x in only if x not in names]
+    if bad:
+        raise CliError(f"--cases: unknown case(s) {', '.join(bad)}; the plan has {', '.join(names)}")
+    return plan, only
+
+
+def run(args: argparse.Namespace) -> int:
+    from reports.base.paths import results_dir
+    from microbench.sglang_lab.lab import LabConfig, run_lab, analyse_case
+    from microbench.sglang_lab.summary import render, summarise
+    from microbench.sglang_lab.drive import write_json
+    from microbench.sglang_lab.venv import LabError
+    plan, only = _plan(args)
+    out = Path(args.out) if args.out else results_dir() / "lab"
+    if args.list:
+        for g in plan:
+            for c in g.cases:
+                print(f"{c.name:12s} pp={g.pp} C={c.concurrency:<3d} {c.fault or ''}"
+                      f"{' hog on core %d' % c.hog_core if c.hog_core is not None else ''}"
+                      f"{' mmb=%d' % c.mmb if c.mmb else ''}"
+                      f"{' rate=%g/s' % c.request_rate if c.request_rate else ''}")
+        return 0
+    if args.model_path and not args.sglang_python:
+        raise CliError("--model-path needs --sglang-python (the lab's own SGLang runs its tiny model)")
+    for name in ("sglang_python", "model_path"):
+        v = getattr(args, name)
+        if v and not Path(v).exists():
+            raise CliError(f"--{name.replace('_', '-')}: {v} does not exist")
+    if args.analyse_only:
+        dirs = sorted(d for d in out.glob("*") if (d / "case.json").exists()
+                      and (not only or d.name in only))
+        if not dirs:
+            raise CliError(f"--analyse-only: no lab cases in {out}")
+        for d in dirs:
+            write_json(d / "analysis.json", analyse_case(d))
+        rows = summarise(out)
+        write_json(out / "summary.json", rows)
+        print(render(rows))
+        return 0
+    cfg = LabConfig(out=out, lab_dir=Path(args.lab_dir).resolve(), plan=plan,
+                    sglang_python=Path(args.sglang_python) if args.sglang_python else None,
+                    model=Path(args.model_path).resolve() if args.model_path else None,
+                    device=args.device, only=only)
+    try:
+        return run_lab(cfg)
+    except LabError as e:
+        raise CliError(str(e)) from None

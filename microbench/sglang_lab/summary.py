@@ -1,0 +1,69 @@
+"""The lab's table: per case, tok/s (bench_serving), the slowdown against its baseline, and
+the diagnosis's first named cause with its size (from the case's report.json)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from statistics import mean
+
+
+def _bench(case_dir: Path) -> list[float]:
+    out = []
+    p = case_dir / "bench.jsonl"
+    if p.exists():
+        for ln in p.read_text().splitlines():
+            try:
+                v = json.loads(ln).get("output_throughput")
+            except ValueError:
+                continue
+            if isinstance(v, (int, float)):
+                out.append(float(v))
+    return out
+
+
+def _diagnosis(case_dir: Path) -> dict:
+    p = case_dir / "report.json"
+    if not p.exists():
+        return {}
+    try:
+        rep = json.loads(p.read_text())
+    except ValueError:
+        return {}
+    return (rep.get("server") or {}).get("diagnosis") or rep.get("diagnosis") or {}
+
+
+def summarise(out: Path) -> list[dict]:
+    rows, tok = [], {}
+    dirs = sorted(d for d in out.iterdir() if (d / "case.json").exists())
+    for d in dirs:
+        tok[d.name] = _bench(d)
+    for d in dirs:
+        case = json.loads((d / "case.json").read_text())["case"]
+        t = tok[d.name]
+        base = tok.get(case.get("baseline") or "", [])
+        dg = _diagnosis(d)
+        first = next((r for r in dg.get("rows", []) if r.get("cause") in (dg.get("named") or [])),
+                     None)
+        rows.append({
+            "case": d.name, "concurrency": case["concurrency"], "fault": case.get("fault") or
+            (f"cpu hog on core {case['hog_core']}" if case.get("hog_core") is not None else ""),
+            "tok_per_s": mean(t) if t else None, "runs": len(t),
+            "spread_pct": 100 * (max(t) - min(t)) / mean(t) if len(t) > 1 else None,
+            "slowdown_pct": 100 * (mean(base) / mean(t) - 1) if t and base and case.get("baseline")
+            else None,
+            "diagnosis": dg.get("status"), "first_cause": first["cause"] if first else
+            ("nothing big" if dg.get("status") == "ok" else None),
+            "first_size_pct": first.get("size_pct") if first else None,
+            "expect": case.get("expect") or "",
+            "answer": dg.get("answer"),
+        })
+    return rows
+
+
+def render(rows: list[dict]) -> str:
+    from tabulate import tabulate
+    return tabulate([[r["case"], r["concurrency"], r["fault"], r["tok_per_s"], r["runs"],
+                      r["spread_pct"], r["slowdown_pct"], r["first_cause"], r["first_size_pct"],
+                      r["expect"]] for r in rows],
+                    headers=["case", "C", "fault", "tok/s", "runs", "spread %", "slowdown %",
+                             "first cause", "size %", "expected"], floatfmt=".1f")
