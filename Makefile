@@ -9,6 +9,9 @@
 #   make test              the CPU test suite (GPU tests run too where a GPU is present)
 #   make topology | stage-cost | graphs | dispatch    one probe each (GPU machine)
 #   make sglang ARGS="--log server.log --traces DIR --bench bench.jsonl"   your server's evidence
+#   make sglang-lab        SGLang's own PP server (its own venv in .lab/, CPU) with injected
+#                          faults, each case read by ppscope: results/lab/ (ARGS="--cases ...")
+#   make sglang-lab-test   the live lab as a test tier (CI runs it after make test)
 #   make all               every probe this machine can run, then the report
 #   make env               which Python the targets use and why, and how to call ppscope
 #
@@ -151,7 +154,7 @@ PIP = mkdir -p $(STAMPS) && $(VPY) -c "$$_PPSCOPE_PINS" $(PIN_WHAT) > $(STAMPS)/
 # `$(call MISSING,deps)`: the shell variable $$missing gets the requirements not importable.
 MISSING = missing=$$($(VPY) -c "$$_PPSCOPE_MISSING" $(1))
 
-.PHONY: help env report test topology stage-cost graphs dispatch sglang all clean
+.PHONY: help env report test topology stage-cost graphs dispatch sglang sglang-lab sglang-lab-test all clean
 help:
 	@sed -n '/^#/!q;p' Makefile
 	@echo
@@ -244,6 +247,14 @@ dispatch: $(TORCH_STAMP)
 sglang: $(CORE_STAMP)
 	$(PPSCOPE) sglang --json $(RESULTS)/sglang.json $(ARGS)
 
+# SGLang's own server as the system under test (microbench/sglang_lab/): installs SGLang into
+# .lab/venv (never this environment), runs the plan, reads every case.
+sglang-lab: $(CORE_STAMP)
+	$(PPSCOPE) sglang-lab --out $(RESULTS)/lab $(ARGS)
+
+sglang-lab-test: $(TEST_STAMP)
+	PPSCOPE_LAB=1 $(VPY) -m pytest -q -m sglang_lab tests/test_sglang_lab_live.py
+
 # Every probe this machine can run, then the report. A probe that cannot run here leaves a
 # `waived` record and the next one still runs.
 all: $(GPU_STAMP)
@@ -256,4 +267,4 @@ all: $(GPU_STAMP)
 # .venv, the per-environment stamps (under build/) and build outputs. A ppscope installed into
 # your own environment stays there: `pip uninstall ppscope` removes it.
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info .lab

@@ -27,9 +27,10 @@ a served step does; figures per call. Floor: the cache bytes of the batch (b x c
 
 Run where SGLang is installed (the user's server machine):
     python3 -m microbench.sglang_anchor --batches 1,8,32,128 --json results/sglang_anchor.json
-Without SGLang it says so and exits 2; it never writes a figure it did not time. Progress goes
-to NAME.partial.json beside the record; the record itself is written once, at the end, so an
-earlier good one is never replaced by a run that timed nothing.
+The record is ppscope's (`reports/base/records.py`: probe `sglang_anchor`, provenance, status):
+a `partial` one after each batch size, `ok` at the end, a batch size that fails recorded with its
+error; without a GPU or SGLang a `waived` one and exit 2. Only an `ok` run replaces a good
+record. It never writes a figure it did not time.
 """
 from __future__ import annotations
 
@@ -41,7 +42,9 @@ import time
 from pathlib import Path
 
 from microbench.stage_cost_cli import int_list
+from reports.base.paths import default_record_path
 
+PROBE = "sglang_anchor"
 DEFAULT_SPLITS = 8          # SGLang's --triton-attention-num-kv-splits default (0.5.23)
 MIN_BLOCK_KV = 32           # triton_backend.py _MLA_DECODE_MIN_BLOCK_KV (0.5.23)
 
@@ -135,6 +138,10 @@ def rel_err(out, ref) -> float:
     return float(torch.linalg.vector_norm(out.float() - ref) / torch.linalg.vector_norm(ref))
 
 
+def _argv() -> list[str]:
+    return ["python3", "-m", "microbench.sglang_anchor", *sys.argv[1:]]
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python3 -m microbench.sglang_anchor", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -150,14 +157,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--forced-splits", type=int_list, default=(8, 32),
                    help="also time SGLang's kernel with every request split into this many "
                    "parts (not a server setting: what its split count costs; default 8,32)")
-    p.add_argument("--json", default="results/sglang_anchor.json",
-                   help="where the figures go (default results/sglang_anchor.json)")
+    p.add_argument("--json", default=str(default_record_path(PROBE)),
+                   help="the record (default results/sglang_anchor.json; ppscope's record "
+                   "envelope and status rule: only a finished run replaces a good record)")
     return p
 
 
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
-    prog = "sglang_anchor"
+    prog = PROBE
     if a.context_len < 2:
         print(f"{prog}: --context-len must be >= 2, got {a.context_len}", file=sys.stderr)
         return 2
@@ -171,12 +179,15 @@ def main(argv=None) -> int:
         print(f"{prog}: {m.name} has no MLA attention", file=sys.stderr)
         return 2
     import torch
-    if not torch.cuda.is_available():
-        print(f"{prog}: needs a CUDA GPU", file=sys.stderr)
-        return 2
-    sg = sglang_kernels()
+    why = "needs a CUDA GPU" if not torch.cuda.is_available() else None
+    sg = None if why else sglang_kernels()
     if isinstance(sg, str):
-        print(f"{prog}: {sg}", file=sys.stderr)
+        why = sg
+    if why:   # cannot run here: a waived record (beside a good one, never over it), exit 2
+        from reports.base.records import waived
+        from microbench.kit.run_writer import RunWriter
+        dest, _ = RunWriter(a.json).save(waived(PROBE, why, argv=_argv()))
+        print(f"{prog}: {why}; nothing timed (waived record: {dest})", file=sys.stderr)
         return 2
     decode_fwd, n_splits_fn, pdl, sg_ver = sg
     return _run(a, m, decode_fwd, n_splits_fn, pdl, sg_ver)
@@ -192,7 +203,8 @@ def _run(a, m, decode_fwd, n_splits_fn, pdl: bool, sg_ver: str) -> int:
     from microbench.kit.clocks import ClockSampler
     from microbench.kit.timing import do_bench_graph, l2_bytes
     from reports.base.gpu_specs import match_gpu
-    from reports.base.records import write_json_atomic
+    from microbench.kit.run_writer import RunWriter
+    from reports.base.records import make_record
 
     dev = torch.device("cuda")
     h, kl, rope, nope = m.num_heads, m.kv_lora_rank, m.qk_rope_head_dim, m.qk_nope_head_dim
@@ -209,9 +221,7 @@ def _run(a, m, decode_fwd, n_splits_fn, pdl: bool, sg_ver: str) -> int:
     tri_partials, _ = mla_decode.make_attention(
         h, kl, rope, nope, dev, dataclasses.replace(mla_decode.CONFIG, mma_attn_min_b=0))
     clocks = ClockSampler(torch.cuda.current_device())
-    res = {"argv": ["python3", "-m", "microbench.sglang_anchor", *sys.argv[1:]],
-           "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "gpu": props.name, "spec": spec.name if spec else None, "model": m.name,
+    res = {"gpu": props.name, "spec": spec.name if spec else None, "model": m.name,
            "heads": h, "kv_lora": kl, "rope": rope, "context_len": ctx,
            "server_context": server_ctx, "sglang": sg_ver, "sglang_max_kv_splits": cap,
            "sglang_pdl": pdl, "torch": torch.__version__, "triton": triton.__version__,
@@ -279,23 +289,27 @@ def _run(a, m, decode_fwd, n_splits_fn, pdl: bool, sg_ver: str) -> int:
         del caches
         return r
 
-    partial = out.with_name(out.stem + ".partial.json")
-    for b in tqdm(a.batches, desc="sglang anchor", unit="batch", file=sys.stderr):
+    writer = RunWriter(out)
+    for i, b in enumerate(tqdm(a.batches, desc="sglang anchor", unit="batch", file=sys.stderr)):
         try:
             r = one(b)
         except (RuntimeError, ValueError) as e:   # CUDA out of memory, a kernel that fails
             r = {"b": b, "error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"}
-            print(f"sglang_anchor: b={b}: {r['error']}", file=sys.stderr)
+            print(f"{PROBE}: b={b}: {r['error']}", file=sys.stderr)
         torch.cuda.empty_cache()
         res["rows"].append(r)
         res["wall_s"] = time.perf_counter() - t0
-        write_json_atomic(partial, res)      # progress beside the record, never over it
+        if i + 1 < len(a.batches):   # what is timed so far, kept if the run stops here
+            writer.save(make_record(PROBE, res, status="partial", argv=_argv(),
+                                    reason=f"{i + 1} of {len(a.batches)} batch sizes"))
     good = [r for r in res["rows"] if "error" not in r]
+    failed = [f"b={r['b']}: {r['error']}" for r in res["rows"] if "error" in r]
+    rec = (make_record(PROBE, res, argv=_argv()) if good else
+           make_record(PROBE, res, status="error", argv=_argv(), reason="; ".join(failed)))
+    dest, note = writer.save(rec)
     if not good:
-        print(f"sglang_anchor: nothing timed; what happened is in {partial}", file=sys.stderr)
+        print(f"{PROBE}: nothing timed ({failed[0]}); error record: {dest}", file=sys.stderr)
         return 1
-    write_json_atomic(out, res)
-    partial.unlink(missing_ok=True)
 
     def f(v, d=1):
         return "-" if v is None else f"{v:.{d}f}"
@@ -313,10 +327,9 @@ def _run(a, m, decode_fwd, n_splits_fn, pdl: bool, sg_ver: str) -> int:
                    + [f"SGLang, {k} splits us" for k in forced]
                    + ["ppscope Triton us"]
                    + ["rel. err (ours / SGLang)"]))
-    for r in res["rows"]:
-        if "error" in r:
-            print(f"b={r['b']}: not timed ({r['error']})")
-    print(f"wrote {out}")
+    for line in failed:
+        print(f"not timed: {line}")
+    print(f"record: {dest}" + (f" ({note})" if note else ""))
     return 0
 
 

@@ -80,23 +80,28 @@ def handle(args: argparse.Namespace) -> int:
             records["dispatch"] = read_record(args.validate_dispatch)
         except RecordError as e:
             raise CliError(str(e)) from None
-    observed, osrc = None, None
+    from reports.base.bench_serving import bench_workload
+    observed, osrc, workload = None, None, None
     if args.bench:  # same reader and rule as `ppscope sglang --bench` (reports/base/bench_serving.py)
         bench, osrc = read_bench(args.bench), Path(args.bench).name
         observed, notes = observed_points(bench["runs"], osrc)
+        warns += notes
+        workload, notes = bench_workload(bench["runs"], osrc)
         warns += notes
         if bench["lines_unrecognised"]:
             warns.append(f"{osrc}: {bench['lines_unrecognised']} line(s) not bench_serving runs, "
                          "skipped")
     if args.observed:
-        observed, osrc = parse_observed(args.observed), "--observed"
+        observed, osrc, workload = parse_observed(args.observed), "--observed", None
     if observed is None:  # the user's own bench_serving runs, read into sglang.json
         obs, notes = observed_from_sglang(records.get("sglang"))
         warns += notes
         if obs:
             observed, osrc = obs, "sglang.json (bench_serving)"
+            workload, notes = bench_workload(records["sglang"].payload.bench, "sglang.json")
+            warns += notes
     baseline = read_baseline(args.baseline) if args.baseline else None
-    inp = build_inputs(sc, records, warns, observed, osrc)
+    inp = build_inputs(sc, records, warns, observed, osrc, workload=workload)
     rep = build_report(inp, records, baseline)
     measured = measured_timelines(results, max(inp.concurrency), rep)
     Cmax = max(inp.concurrency)

@@ -31,7 +31,11 @@ def pytest_collection_modifyitems(config, items):
     n = _gpu_count()
     skip_gpu = pytest.mark.skip(reason="needs an NVIDIA GPU")
     skip_multi = pytest.mark.skip(reason="needs two or more NVIDIA GPUs")
+    skip_lab = pytest.mark.skip(reason="the live SGLang lab runs with PPSCOPE_LAB=1 "
+                                "(make sglang-lab-test)")
     for item in items:
+        if "sglang_lab" in item.keywords and os.environ.get("PPSCOPE_LAB") != "1":
+            item.add_marker(skip_lab)
         if "gpu" in item.keywords and n < 1:
             item.add_marker(skip_gpu)
         if "multigpu" in item.keywords and n < 2:

@@ -62,15 +62,23 @@ def test_bad_batches_is_a_usage_error(capsys):
     assert "positive integers" in capsys.readouterr().err
 
 
-def test_without_gpu_or_sglang_says_why(capsys, monkeypatch):
+def test_without_gpu_or_sglang_a_waived_record_never_over_a_good_one(capsys, monkeypatch,
+                                                                     tmp_path):
     torch = pytest.importorskip("torch")
+    from reports.base.records import make_record, read_record, save_record
     _hide_sglang(monkeypatch)
-    rc, err = _main(capsys, [])
+    out = tmp_path / "sglang_anchor.json"
+    rc, err = _main(capsys, ["--json", str(out)])
     assert rc == 2 and len(err) == 1
-    if torch.cuda.is_available():
-        assert "does not import" in err[0]
-    else:
-        assert "needs a CUDA GPU" in err[0]
+    why = "does not import" if torch.cuda.is_available() else "needs a CUDA GPU"
+    assert why in err[0] and "waived record" in err[0]
+    rec = read_record(out)
+    assert rec.probe == "sglang_anchor" and rec.status == "waived" and why in rec.reason
+    # a good record stays; the waived one goes beside it
+    save_record(make_record("sglang_anchor", {"rows": [{"b": 1}]}), out)
+    rc, err = _main(capsys, ["--json", str(out)])
+    assert rc == 2 and read_record(out).status == "ok"
+    assert read_record(tmp_path / "sglang_anchor.waived.json").status == "waived"
 
 
 def test_sglang_missing_is_a_reason_not_an_error(monkeypatch):

@@ -194,7 +194,8 @@ def _all_fixture_logs(fixtures):
     return [[d / "pp2_mixed.log"], [d / "tp2_pp2.log"], [d / "early2025_period_commas.log"],
             [d / "dp_attention_tp8_dp8.log"], [d / "attn_cp_npu_prefill.log"],
             [d / "custom_format_rank0.log", d / "custom_format_rank1.log"],
-            [d / "dateless_2024_midnight.log"], [d / "old_rank0.log", d / "old_rank1.log.gz"]]
+            [d / "dateless_2024_midnight.log"], [d / "old_rank0.log", d / "old_rank1.log.gz"],
+            [fixtures / "sglang_lab" / "log_pp2_cpu.log"]]
 
 
 def test_fast_and_line_by_line_reads_agree(fixtures, monkeypatch):
@@ -324,3 +325,246 @@ def test_attention_backend_of_the_first_file_that_names_one(tmp_path):
     b.write_text(f"[2026-11-30 10:00:00] {_ARGS_DICT}\n" + _DECODE)
     assert sglang_log.startup_attention_backend([a, b]) == {
         "backend": "triton", "source": "--attention-backend"}
+
+
+# -- SGLang 0.5.23's own server, PP2 on CPU, recorded by the ppscope lab (`--pp-size 2 --device
+# cpu --disable-cuda-graph --decode-log-interval 1 --attention-backend torch_native`, bursts of 8
+# requests from bench_serving). tests/fixtures/sglang_lab/log_pp2_cpu.log keeps four stretches
+# of that log byte for byte (start-up through the first burst, a burst admitted as 1 + 4 + 3, a
+# profiled burst admitted as 1 + 6 + 2, shutdown): the `[date time PPn]` tags, `cpu graph:` in
+# the batch lines, the server_args dict, the ANSI-coloured deprecation warning, USDT and Python
+# warning lines without a prefix. Only machine paths were replaced (the model directory by
+# `model-llama-4l`, the virtualenv's by `site-packages/`, the trace directory by `traces`).
+
+import calendar  # noqa: E402
+
+
+def _lab(fixtures):
+    return fixtures / "sglang_lab" / "log_pp2_cpu.log"
+
+
+def _epoch(clock: str) -> float:
+    return float(calendar.timegm(tuple(int(x) for x in re.split("[- :]", clock))))
+
+
+def test_lab_cpu_graph_lines_read_like_cuda_graph(fixtures, tmp_path):
+    s = sglang_log.read_logs([_lab(fixtures)], window=2)
+    assert (s["lines_total"], s["lines_batch"], s["lines_unrecognised"]) == (345, 190, 0)
+    r0, r1 = s["ranks"]["0"], s["ranks"]["1"]
+    assert (r0["decode_lines"], r0["prefill_lines"]) == (86, 10)
+    assert (r1["decode_lines"], r1["prefill_lines"]) == (84, 10)
+    # every decode line says `cpu graph: False`: none on the graph path, and the label is kept
+    assert r0["cuda_graph_frac"] == 0.0 and r1["cuda_graph_frac"] == 0.0
+    assert r0["graph_device"] == "cpu" and r1["graph_device"] == "cpu"
+    # the same log with SGLang's CUDA label reads the same, but for the label
+    cuda = tmp_path / "cuda.log"
+    cuda.write_text(_lab(fixtures).read_text().replace("cpu graph:", "cuda graph:"))
+    c = sglang_log.read_logs([cuda], window=2)
+    for r in ("0", "1"):
+        assert c["ranks"][r]["graph_device"] == "cuda"
+        assert {**c["ranks"][r], "graph_device": "cpu"} == s["ranks"][r]
+
+
+@pytest.mark.parametrize("labels,frac,device", [
+    (["cpu graph: True", "cpu graph: False", "cpu graph: True", "cpu graph: True"], 0.75, "cpu"),
+    (["npu graph: True", "npu graph: True"], 1.0, "npu"),
+    (["cpu graph: True", "cuda graph: False"], 0.5, "cpu,cuda"),   # two files of one rank
+])
+def test_graph_label_of_any_device_counts_and_is_recorded(tmp_path, labels, frac, device,
+                                                          monkeypatch):
+    log = tmp_path / "server.log"
+    log.write_text("".join(
+        f"[2026-12-01 21:41:{10 + i} PP0] Decode batch, #running-req: 4, #token: 60, token usage:"
+        f" 0.00, {g}, gen throughput (token/s): 50.00, #queue-req: 0\n"
+        for i, g in enumerate(labels)))
+    r = sglang_log.read_logs([log])["ranks"]["0"]
+    assert (r["cuda_graph_frac"], r["graph_device"]) == (frac, device)
+    monkeypatch.setattr(sglang_log, "_DEC_SIZE", re.compile(rb"(x)never"))   # line by line
+    assert sglang_log.read_logs([log])["ranks"]["0"] == r
+
+
+def test_lab_prefill_waves_per_rank(fixtures):
+    s = sglang_log.read_logs([_lab(fixtures)], window=2)
+    for r in ("0", "1"):
+        d = s["ranks"][r]
+        # a warm-up request, one request alone, then bursts of 8 admitted as 1 + 7, 1 + 4 + 3
+        # and 1 + 6 + 2 (on PP1 the 3 comes after a PP0 decode line: still in its place)
+        assert [w["new_seq"] for w in d["prefill_waves"]] == [1, 1, 1, 7, 1, 4, 3, 1, 6, 2]
+        assert d["prefill_new_seq_total"] == 27
+        assert d["prefill_new_seq_hist"] == {"1": 5, "2": 1, "3": 1, "4": 1, "6": 1, "7": 1}
+        assert d["prefill_new_tokens"] == 1476 and d["prefill_cached_tokens"] == 210
+        assert d["prefill_waves"][0] == {
+            "t_s": _epoch("2026-12-01 21:41:23"), "new_seq": 1, "new_token": 22,
+            "cached_token": 0, "running_req": 0, "queue_req": 0}
+        assert d["prefill_waves"][6] == {
+            "t_s": _epoch("2026-12-01 21:42:20"), "new_seq": 3, "new_token": 186,
+            "cached_token": 6, "running_req": 1, "queue_req": 0}
+
+
+def test_prefill_waves_capped_and_without_running_req(fixtures, tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text("".join(
+        f"[2026-12-01 21:41:{i % 60:02d} PP0] Prefill batch, #new-seq: {1 + i % 3}, #new-token: "
+        f"64, #cached-token: 0, token usage: 0.00, #running-req: 0, #queue-req: {i % 2}, "
+        f"#pending-token: 0, cpu graph: False, input throughput (token/s): 10.00\n"
+        for i in range(sglang_log.PREFILL_WAVES + 6)))
+    d = sglang_log.read_logs([log])["ranks"]["0"]
+    n = sglang_log.PREFILL_WAVES + 6
+    assert d["prefill_lines"] == n and len(d["prefill_waves"]) == sglang_log.PREFILL_WAVES
+    assert d["prefill_new_seq_total"] == sum(1 + i % 3 for i in range(n))
+    assert d["prefill_new_seq_hist"] == {"1": 24, "2": 23, "3": 23}
+    # a disaggregated prefill server logs no #running-req: None, not 0
+    p = sglang_log.read_logs([fixtures / "sglang" / "attn_cp_npu_prefill.log"])["ranks"]["0"]
+    assert [w["running_req"] for w in p["prefill_waves"]] == [None, None, None]
+    assert p["prefill_new_seq_total"] == sum(w["new_seq"] for w in p["prefill_waves"])
+
+
+_LAB_ARGS = {"form": "dict", "pp_size": 2, "tp_size": 1, "device": "cpu",
+             "attention_backend": "torch_native", "disable_cuda_graph": True,
+             "decode_graph_backend": "disabled", "cuda_graph_max_bs": 32,
+             "enable_torch_compile": False, "pp_async_batch_depth": 0,
+             "pp_max_micro_batch_size": None, "max_running_requests": None,
+             "chunked_prefill_size": 4096, "max_prefill_tokens": 16384}
+
+
+def test_lab_server_args_summary(fixtures, tmp_path):
+    s = sglang_log.read_logs([_lab(fixtures)])
+    assert s["server_args"] == _LAB_ARGS
+    # the scheduler's own start-up line still gives what SGLang chose for the defaults
+    assert s["server_settings"]["max_running_requests"] == 2048
+    assert s["attention_backend"] == {"backend": "torch_native", "source": "--attention-backend"}
+    # a value whose repr is not a literal: each key is read on its own, to the same summary
+    text = _lab(fixtures).read_text()
+    odd = tmp_path / "odd.log"
+    odd.write_text(text.replace("server_args={", "server_args={'x': <Backend.DISABLED: 1>, "))
+    assert sglang_log.read_logs([odd])["server_args"] == _LAB_ARGS
+
+
+def test_server_args_older_form():
+    # releases before the argument groups log the dataclass repr (argument list cut short)
+    block = (b"[2025-06-01 10:00:00] server_args=ServerArgs(model_path='m', tp_size=8, "
+             b"pp_size=2, device='cuda', cuda_graph_max_bs=160, disable_cuda_graph=False, "
+             b"enable_torch_compile=False, max_running_requests=256, chunked_prefill_size=-1, "
+             b"max_prefill_tokens=16384, attention_backend='fa3', pp_max_micro_batch_size=None)"
+             b"\n")
+    sa = sglang_log._server_args_in(block)
+    assert sa == sglang_log.ServerArgs(
+        form="ServerArgs(...)", pp_size=2, tp_size=8, device="cuda", attention_backend="fa3",
+        disable_cuda_graph=False, cuda_graph_max_bs=160, enable_torch_compile=False,
+        max_running_requests=256, chunked_prefill_size=-1, max_prefill_tokens=16384)
+    assert sglang_log.graph_setting(sa, ()) == {"off_by_setting": False, "reasons": []}
+
+
+# A POST /set_internal_state as `ppscope sglang --mmb-sweep` sends it; the line is SGLang
+# 0.5.23's format string (managers/scheduler_components/internal_state.py,
+# `Config updated via context override: {overrides}`) under each scheduler's prefix
+_OVERRIDE = ("[2026-12-01 21:42:30 PP0] Config updated via context override: "
+             "{'pp_max_micro_batch_size': 4}\n"
+             "[2026-12-01 21:42:31 PP1] Config updated via context override: "
+             "{'pp_max_micro_batch_size': 4}\n"
+             '[2026-12-01 21:42:31] INFO:     127.0.0.1:44100 - "POST /set_internal_state '
+             'HTTP/1.1" 200 OK\n')
+
+
+def _with_override(fixtures, tmp_path):
+    lines = _lab(fixtures).read_text().splitlines(keepends=True)
+    cut = next(i for i, ln in enumerate(lines) if ln.startswith("[2026-12-01 21:42:43"))
+    log = tmp_path / "override.log"
+    log.write_text("".join(lines[:cut]) + _OVERRIDE + "".join(lines[cut:]))
+    return log
+
+
+def test_runtime_setting_change_recorded_with_its_time(fixtures, tmp_path):
+    s = sglang_log.read_logs([_with_override(fixtures, tmp_path)])
+    assert s["config_overrides"] == [{
+        "t_s": _epoch("2026-12-01 21:42:30"), "clock": "2026-12-01 21:42:30", "ranks": [0, 1],
+        "overrides": {"pp_max_micro_batch_size": 4},
+        "text": "{'pp_max_micro_batch_size': 4}"}]
+    assert s["lines_other"] == 155 + 3
+    assert sglang_log.read_logs([_lab(fixtures)])["config_overrides"] == []
+    from reports.model.server_log import log_setting_lines
+    assert ("Setting changed at run time [log] 2026-12-01 21:42:30 (PP rank 0, 1): "
+            "pp_max_micro_batch_size=4.") in log_setting_lines(s, s["ranks"])
+
+
+def test_lab_log_in_blocks_and_worker_processes(fixtures, tmp_path, monkeypatch):
+    big = tmp_path / "big.log"
+    one = _with_override(fixtures, tmp_path).read_text()
+    # 20 copies, each with its change at another minute (the same change at the same clock
+    # would be one change logged 20 times)
+    big.write_text("".join(one.replace("21:42:30 PP0] Config", f"20:{k:02d}:30 PP0] Config")
+                           .replace("21:42:31 PP1] Config", f"20:{k:02d}:31 PP1] Config")
+                           for k in range(20)))
+    whole = sglang_log.read_logs([big], workers=1)
+    assert [o["clock"] for o in whole["config_overrides"]] == [
+        f"2026-12-01 20:{k:02d}:30" for k in range(20)]
+    assert all(o["ranks"] == [0, 1] for o in whole["config_overrides"])
+    monkeypatch.setattr(sglang_log, "CHUNK_BYTES", 4099)   # blocks cut mid-line
+    assert sglang_log.read_logs([big], workers=1) == whole
+    assert sglang_log.read_logs([big], workers=2) == whole
+
+
+def test_lab_graphs_off_by_setting_with_the_reasons(fixtures):
+    s = sglang_log.read_logs([_lab(fixtures)])
+    assert s["graph_setting"] == {"off_by_setting": True, "reasons": [
+        "device cpu without --enable-torch-compile: SGLang captures no CPU graph",
+        "server_args disable_cuda_graph=True",
+        "server_args cuda_graph_config decode backend 'disabled'",
+        "SGLang: Cuda graph is disabled because of using torch native attention backend",
+        "--disable-cuda-graph given (SGLang's deprecation warning for it)"]}
+    from reports.model.server_log import log_setting_lines
+    text = "\n".join(log_setting_lines(s, s["ranks"]))
+    assert ("Decode graphs [log]: off by setting (device cpu without --enable-torch-compile: "
+            "SGLang captures no CPU graph; ") in text
+    assert "off the `cpu graph` path are this setting, not a fallback." in text
+    assert "Prefill waves [log], PP rank 1: 10 prefills admitted 27 requests; #new-seq per " \
+           "prefill: 1 1 1 7 1 4 3 1 6 2 (prefills per #new-seq 1: 5, 2: 1, 3: 1, 4: 1, 6: 1, " \
+           "7: 1)." in text
+    assert text.startswith("Server args [log]: pp_size 2, tp_size 1, device cpu, "
+                           "attention_backend torch_native, disable_cuda_graph True, ")
+
+
+@pytest.mark.parametrize("sa,notes,want", [
+    # CUDA, graphs left on: a `cuda graph: False` decode line is then a real fallback
+    (dict(device="cuda", disable_cuda_graph=False, decode_graph_backend="full"), (),
+     {"off_by_setting": False, "reasons": []}),
+    # CPU with torch.compile: SGLang 0.5.23 captures CPU graphs (the CUDA switch is not read)
+    (dict(device="cpu", disable_cuda_graph=True, enable_torch_compile=True), (),
+     {"off_by_setting": False, "reasons": []}),
+    (None, ("Cuda graph is disabled because deepep_mode=`normal`",),
+     {"off_by_setting": True,
+      "reasons": ["SGLang: Cuda graph is disabled because deepep_mode=`normal`"]}),
+    (None, (), {"off_by_setting": None, "reasons": []}),
+])
+def test_graph_setting_rules(sa, notes, want):
+    args = None if sa is None else sglang_log.ServerArgs(form="dict", **sa)
+    assert sglang_log.graph_setting(args, notes) == want
+
+
+def test_graph_notes_read_from_start_up_lines(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text("[2026-11-30 10:00:00] CUDA graph is disabled because --enable-mis is set.\n"
+                   + _DECODE)
+    assert sglang_log.read_logs([log])["graph_setting"] == {
+        "off_by_setting": True,
+        "reasons": ["SGLang: CUDA graph is disabled because --enable-mis is set."]}
+
+
+def test_graph_verdict_number_says_off_by_setting():
+    from reports.model.server_log import graph_off_number
+    assert graph_off_number(["server_args disable_cuda_graph=True"], [("0", 0.0, 86)]) == (
+        "Decode graphs off by setting (server_args disable_cuda_graph=True): decode runs eager on "
+        "purpose, not a fallback; log: lowest per-rank share of decode batches on graphs 0% "
+        "(rank 0)")
+
+
+def test_report_verdict_on_graphs_off_by_setting(fixtures):
+    from reports.base.payloads.sglang import SglangData
+    from reports.base.schema import from_json
+    from reports.model.verdicts import NOT, graph_evidence
+    log = sglang_log.read_logs([_lab(fixtures)])
+    sg = from_json(SglangData, {"ranks": log.pop("ranks"),
+                                "slot_imbalance": log.pop("slot_imbalance"), "log": log})
+    v, number, evidence = graph_evidence(sg)
+    assert v == NOT and number.startswith("Decode graphs off by setting (device cpu without ")
+    assert evidence == "sglang.json (observed: log start-up lines)"

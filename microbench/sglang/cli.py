@@ -78,6 +78,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--trace-dir", metavar="DIR",
                    help="--profile: where the server writes traces (its SGLANG_TORCH_PROFILER_DIR)")
     g.add_argument("--profile-steps", type=int, default=20, help="num_steps for /start_profile")
+    g.add_argument("--profile-stacks", action="store_true",
+                   help="--profile with SGLang's own defaults (with_stack, record_shapes: the "
+                   "Python tracer inflates host times); default: both off")
     g = p.add_argument_group("GPU watch (microbench/sglang/watch.py)")
     g.add_argument("--watch", type=float, nargs="?", const=0.0, default=None, metavar="SECONDS",
                    help="sample every GPU through NVML (and DCGM's dcgmi dmon, where it runs) "
@@ -167,7 +170,8 @@ def collect(args: argparse.Namespace) -> dict:
             url=args.url, concurrency=args.live_concurrency, max_tokens=args.live_tokens,
             arrival=args.live_arrival, stagger_s=args.live_stagger_ms / 1e3, timeout_s=args.live_timeout,
             model=args.model_name, chat=args.chat, mmb_sweep=_mmb(args.mmb_sweep),
-            profile=args.profile, trace_dir=args.trace_dir, profile_steps=args.profile_steps)
+            profile=args.profile, trace_dir=args.trace_dir, profile_steps=args.profile_steps,
+            profile_stacks=getattr(args, "profile_stacks", False))
         data["live"] = sglang_live.run_live(cfg, link_gbps=args.link_gbps)
     elif args.profile:
         raise CliError("--profile needs --url")
@@ -222,11 +226,17 @@ def render(data: dict) -> str:
                      f"{log['lines_unrecognised']} unrecognised, {log['lines_other']} other")
         if log.get("files_without_batch_lines"):
             parts.append("no batch lines in: " + ", ".join(log["files_without_batch_lines"]))
-        from reports.model.server_log import attention_lines, moe_kernel_lines
+        from reports.model.server_log import attention_lines, log_setting_lines, moe_kernel_lines
         parts += moe_kernel_lines(log.get("moe_kernel"))
         parts += attention_lines(log.get("attention_backend"))
+        parts += log_setting_lines(log, data["ranks"])
     if data["traces"]:
-        parts.append(_render_traces(data["traces"]["ranks"]))
+        if any(d.get("gpu_events") for d in data["traces"]["ranks"].values()):
+            parts.append(_render_traces(data["traces"]["ranks"]))
+        for line in data["traces"].get("files_skipped") or ():
+            parts.append(f"trace left out: {line}")
+    if data.get("loop") and data["loop"].get("ranks"):
+        parts.append(_render_loop(data["loop"]))
     if data["bench"]:
         rows = [["none" if b["max_concurrency"] is None else b["max_concurrency"],
                  b["mean_concurrency"], b["output_throughput"], b["mean_ttft_ms"],
@@ -250,6 +260,31 @@ def render(data: dict) -> str:
 
 def _ms(v):
     return None if v is None else v / 1e3
+
+
+def _render_loop(loop: dict) -> str:
+    """The loop profile per rank (microbench/sglang/steps.py, cpu_steps.py), ms."""
+    from tabulate import tabulate
+    rows = []
+    for r, d in sorted(loop["ranks"].items(), key=lambda kv: int(kv[0])):
+        if d.get("reason"):
+            rows.append([r, d["reason"]] + [None] * 8)
+            continue
+        fw = ", ".join(f"{b}: {v / 1e3:.2f}" for b, v in (d.get("forward_us_by_batch") or {}).items()
+                       if v is not None)
+        w = d.get("wait_us_mean") or {}
+        rows.append([r, d.get("forwards"), fw, d.get("iterations"), d.get("slots"),
+                     _ms(d.get("host_us_mean")), _ms(d.get("send_us_mean")),
+                     _ms(w.get("relay")), _ms(w.get("input")), _ms(w.get("output"))])
+    hops = ", ".join(f"{k}: {v['mean_us'] / 1e3:.2f} ms" for k, v in (loop.get("hops") or {}).items()
+                     if v.get("mean_us") is not None)
+    where = "on the CPU (SGLang's CPU backend)" if loop.get("device") == "cpu" else "on the GPU"
+    return (f"Loop profile per rank (forwards {where}; waiting is blocked time, not work)\n"
+            + tabulate(rows, headers=["rank", "decode forwards", "forward ms by batch size",
+                                      "iterations", "slots", "host ms/visit",
+                                      "hidden-state send ms", "wait: request list ms",
+                                      "wait: input ms", "wait: outputs ms"], floatfmt=".2f")
+            + (f"\nhops (arrival after the send was posted): {hops}" if hops else ""))
 
 
 def _render_traces(ranks: dict) -> str:

@@ -16,8 +16,10 @@ next, SGLang's `event_loop_pp`) splits exactly into:
   reproduces it from the other ranks' costs.
 - **hidden-state send**: the `send_proxy_dict_to_next_stage` range (serialising and posting the
   hidden states; a blocking or delayed send shows here) - the sender's part of the hop.
-- **host work**: the rest of the iteration (scheduling, result processing, the output exchange's
-  own work, SGLang's unranged Python between ranges).
+- **result processing**: `process_batch_result` (the next slot's tokens), which SGLang runs
+  after the forward and before the hidden-state send: it delays the next rank's input.
+- **host work**: the rest of the iteration (scheduling, the output exchange's own work,
+  SGLang's unranged Python between ranges), before the forward.
 
 `gloo:send` ranges are left out of every sum on purpose: SGLang sends with `isend` and waits one
 phase later (`_pp_commit_comm_work`), so a send range opens at the post and closes at the next
@@ -36,8 +38,7 @@ import math
 from statistics import median
 
 from microbench.sglang.intervals import length, merge, overlap
-from microbench.sglang.steps import STEP_RE
-from microbench.sglang.trace import iter_events
+from microbench.sglang.trace import STEP_RE, iter_events
 RANGES = ("recv_requests", "send_reqs_to_next_stage", "get_next_batch_to_run", "run_batch",
           "process_batch_result", "send_proxy_dict_to_next_stage", "send_res_dict_to_next_stage",
           "recv_res_dict_from_prev_stage", "scheduler.idle")
@@ -132,7 +133,7 @@ def summarize(ev: dict, rank: int | None = None) -> dict:
     rb = rg["run_batch"]
     rb_starts = [s for s, _ in rb]
     fwds, host_b, host_e, waits = [], [], [], {"relay": [], "input": [], "output": []}
-    sends = []
+    sends, procs = [], []
     slots, idle = idle_passes(starts, rg["scheduler.idle"])
     for i in range(len(starts) - 1):
         if i in idle:
@@ -144,12 +145,14 @@ def summarize(ev: dict, rank: int | None = None) -> dict:
         relay = overlap(merge(blocked), merge(_inside(rg["recv_requests"], lo, hi)))
         output = overlap(merge(blocked), merge(_inside(rg["recv_res_dict_from_prev_stage"], lo, hi)))
         send = length(merge(_inside(rg["send_proxy_dict_to_next_stage"], lo, hi)))
+        proc = length(merge(_inside(rg["process_batch_result"], lo, hi))) - overlap(
+            merge(blocked), merge(_inside(rg["process_batch_result"], lo, hi)))
         j = bisect.bisect_left(rb_starts, lo)
         run = rb[j] if j < len(rb) and rb[j][0] < hi else None
         fwd_len = (min(run[1], hi) - run[0]) if run else 0.0
-        host = max(0.0, span - fwd_len - b_total - send)
+        host = max(0.0, span - fwd_len - b_total - send - proc)
         if run is None:
-            host_e.append(host)
+            host_e.append(host + proc)
             waits["relay"].append(relay)
             continue
         k = bisect.bisect_left(step_starts, run[0])
@@ -162,6 +165,7 @@ def summarize(ev: dict, rank: int | None = None) -> dict:
                      "batch": st[3] if st else None, "input": pre_in[-1] if pre_in else None})
         if st and st[2] == "DECODE":
             host_b.append(host)
+            procs.append(proc)
             waits["relay"].append(relay)
             waits["output"].append(output)
             waits["input"].append(sum(b - a for a, b in pre_in))
@@ -176,7 +180,7 @@ def summarize(ev: dict, rank: int | None = None) -> dict:
     wait = length(merge(_inside(recvs, starts[0], starts[-1])))
     send_all = length(merge(_inside(rg["send_proxy_dict_to_next_stage"], starts[0], starts[-1])))
     out.update({
-        "forwards": len(dec), "graph_forwards": 0,
+        "forwards": len(dec), "graph_forwards": 0, "batch_source": "step spans",
         "prefill_forwards": sum(1 for f in fwds if f["mode"] == "EXTEND"),
         "forward_us_by_batch": {str(b): _p50(v) for b, v in sorted(by_b.items())},
         "forward_busy_us_by_batch": curve,          # no launch gaps on a CPU: busy = forward
@@ -194,6 +198,7 @@ def summarize(ev: dict, rank: int | None = None) -> dict:
         "relay_wait_us_mean": 0.0, "relay_wait_us_empty_mean": 0.0,
         "sync_wait_us_mean": 0.0, "send_wait_us_mean": 0.0, "foreign_queue_us_mean": 0.0,
         "send_us_mean": _mean(sends),
+        "process_us_mean": _mean(procs),
         "wait_us_mean": {k: _mean(v) for k, v in waits.items()},
         "time_split": {"window_us": window, "compute_us": comp, "comm_transfer_us": send_all,
                        "comm_wait_us": wait, "comm_us": wait + send_all,

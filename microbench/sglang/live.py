@@ -56,6 +56,7 @@ class LiveConfig:
     profile: bool = False
     trace_dir: str | None = None
     profile_steps: int = 20
+    profile_stacks: bool = False     # SGLang's own defaults (with_stack, record_shapes) when True
 
 
 def _conn(url: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:
@@ -257,7 +258,11 @@ def _profile(cfg: LiveConfig, model: str, arrival: str, link_gbps: float | None)
     before = {p.name for p in d.glob("*.json*")} if d.is_dir() else set()
     st, resp = request_json(cfg.url, "POST", "/start_profile",
                             {"output_dir": str(d), "num_steps": cfg.profile_steps,
-                             "activities": ["CPU", "GPU"]}, timeout=60.0)
+                             "activities": ["CPU", "GPU"],
+                             # SGLang's defaults turn both on; the Python tracer behind
+                             # with_stack inflates every host time the loop profile reads
+                             "with_stack": cfg.profile_stacks,
+                             "record_shapes": cfg.profile_stacks}, timeout=60.0)
     if st != 200:
         raise CliError(f"{cfg.url}: /start_profile answered HTTP {st}: {str(resp)[:120]}")
     run = run_load(cfg, arrival, model)

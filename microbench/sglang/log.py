@@ -2,10 +2,16 @@
 
 What it measures: for each PP rank, how many decode/prefill lines were logged, the distribution
 of `#running-req` (under PP this is the size of the one micro-batch slot just processed, so its
-spread *is* the slot imbalance), the fraction of decode steps on the CUDA-graph path, generated
-tokens/s over time and the queue length. Why: a user with a slow PP deployment already has this
-log; it shows whether requests piled into a few slots (the "herd") and whether decode fell off
-the graph path.
+spread *is* the slot imbalance), the fraction of decode steps on the graph path (and which
+device's label, `graph_device`: SGLang writes `cpu graph:` on CPU, `cuda graph:` on CUDA),
+generated tokens/s over time, the queue length, and the prefill waves: `#new-seq` of each
+prefill, i.e. how a burst of arrivals was admitted (8 requests as 6 then 2). From the start-up
+lines, the server arguments that shape PP batching and graph use (`server_args`) and whether
+decode graphs are off BY SETTING (`graph_setting`, with SGLang's reasons: then eager decode is
+the setting, never a fallback); from anywhere in the log, settings changed at run time
+(`config_overrides`, POST /set_internal_state). Why: a user with a slow PP deployment already
+has this log; it shows whether requests piled into a few slots (the "herd") and whether decode
+fell off the graph path.
 
 How to run: `ppscope sglang --log server.log [rank1.log.gz ...]`.
 
@@ -35,8 +41,10 @@ Several files: a line with a `PP{p}` tag belongs to rank p; a file whose lines c
 taken as rank <file index>.
 Start-up lines (the first SETTINGS_BYTES of each file): the settings line (`server_settings`:
 max_running_requests, chunked_prefill_size, ...), which MoE kernel the server picked and how
-its Triton config was found (`moe_kernel`, `startup_moe_kernel`), and which attention backend
-decodes (`attention_backend`, `startup_attention_backend`).
+its Triton config was found (`moe_kernel`, `startup_moe_kernel`), which attention backend
+decodes (`attention_backend`, `startup_attention_backend`), the `server_args=` line
+(`server_args`, `ServerArgs`) and the lines saying graphs are disabled (`graph_setting`).
+Checked on a real log: SGLang 0.5.23's own server, PP2 on CPU (tests/fixtures/sglang_lab/).
 
 Which lines are the same batch and which are different batches (SGLang 0.5.23 logs only from
 schedulers with attention-TP rank 0 and attention-CP rank 0, `is_stats_logging_rank`; older
@@ -75,6 +83,7 @@ estimate: with interval 40 and 16 slots the log visits only the slots 40·k mod 
 """
 from __future__ import annotations
 
+import ast
 import calendar
 import gc
 import gzip
@@ -82,7 +91,7 @@ import math
 import os
 import re
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -110,12 +119,20 @@ _DEC_SIZE = re.compile(rb"Decode batch(?: \[\d+\])?[.,] #running-req: (\d{1,9}),
 _DEC_GEN = re.compile(rb"gen throughput \(token/s\): (\d{1,9}(?:\.\d{1,9})?), "
                       rb"(?:[^,\n]+, )?#queue-req: (\d{1,9})")
 _DEC_GRAPH = re.compile(rb" graph: (True|False), gen throughput")   # its place in every release
+# prefill: #new-seq, #new-token, #cached-token, #running-req (absent on a disaggregated prefill
+# server), #queue-req; an absent optional field is an empty group
 _PRE_FAST = re.compile(
-    rb"Prefill batch(?: \[\d+\])?[.,] #new-seq: \d{1,9}, #new-token: (\d{1,9}), "
-    rb"(?:(?!#queue-req)[^,\n]+, )*#queue-req: \d{1,9}")
+    rb"Prefill batch(?: \[\d+\])?[.,] #new-seq: (\d{1,9}), #new-token: (\d{1,9}), "
+    rb"(?:#cached-token: (\d{1,9}), )?(?:(?!#running-req|#queue-req)[^,\n]+, )*"
+    rb"(?:#running-req: (\d{1,9}), )?(?:(?!#queue-req)[^,\n]+, )*#queue-req: (\d{1,9})")
 _DEC_WORD = re.compile(rb"Decode batch").search
 _PRE_WORD = re.compile(rb"Prefill batch").search
+# `{label}: B`, the label by device (SGLang 0.5.23 metrics_reporter.py `_graph_backend_label`:
+# cpu -> "cpu graph", npu -> "npu graph", musa -> "musa graph", anything else "cuda graph")
 _GRAPH_KEYS = ("cuda graph", "cpu graph", "npu graph", "musa graph", "hpu graph", "xpu graph")
+_GRAPH_KEYS_B = tuple(k.encode() + b": " for k in _GRAPH_KEYS)
+_DEC_LABEL = re.compile(rb"(" + b"|".join(k.split()[0].encode() for k in _GRAPH_KEYS)
+                        + rb") graph: (?:True|False), gen throughput")
 _REQUIRED = {
     "Decode": ("#running-req", "gen throughput (token/s)", "#queue-req"),
     "Prefill": ("#new-seq", "#new-token", "#queue-req"),
@@ -266,49 +283,87 @@ def _cat1(parts: list, dtype) -> np.ndarray:
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
+def _time_order(cols: list) -> tuple:
+    """Columns reordered by their first (times, NaN where none), stably, when the times go
+    back (lines of several files, or DP ranks, of one rank): clock order, lines without a
+    clock first."""
+    t = cols[0]
+    if len(t) > 1:
+        known = np.where(np.isnan(t), -np.inf, t)
+        if (np.diff(known[~np.isnan(t)]) < 0).any():
+            order = np.argsort(known, kind="stable")
+            cols = [c[order] for c in cols]
+    return tuple(cols)
+
+
 class _Group:
-    """One scheduler's lines (a (rank, DP, ATTN_CP, TP) key): numpy arrays, one per block."""
-    __slots__ = ("t", "size", "gen", "queue", "graph", "pre_t", "new_tokens")
-    _TYPES = (np.float64, np.int32, np.float64, np.int32, np.int8, np.float64)
+    """One scheduler's lines (a (rank, DP, ATTN_CP, TP) key): numpy arrays, one per block, and
+    the device words of the `{device} graph: B` field its decode lines logged."""
+    __slots__ = ("t", "size", "gen", "queue", "graph",
+                 "pre_t", "pre_seq", "pre_tok", "pre_cached", "pre_running", "pre_queue",
+                 "labels")
+    _COLS = ("t", "size", "gen", "queue", "graph",
+             "pre_t", "pre_seq", "pre_tok", "pre_cached", "pre_running", "pre_queue")
+    _TYPES = (np.float64, np.int32, np.float64, np.int32, np.int8,
+              np.float64, np.int32, np.int64, np.int64, np.int32, np.int32)
 
     def __init__(self) -> None:
         self.t: list = []       # decode lines' times, NaN when a line has none
         self.size: list = []    # #running-req
         self.gen: list = []     # gen throughput (token/s)
         self.queue: list = []   # #queue-req
-        self.graph: list = []   # 1 cuda graph: True, 0 False, -1 not logged
+        self.graph: list = []   # 1 `{device} graph: True`, 0 False, -1 not logged
         self.pre_t: list = []   # prefill lines' times
-        self.new_tokens = 0     # prefill #new-token, summed
+        self.pre_seq: list = []      # prefill #new-seq: requests admitted by that prefill
+        self.pre_tok: list = []      # #new-token
+        self.pre_cached: list = []   # #cached-token, -1 not logged
+        self.pre_running: list = []  # #running-req, -1 not logged (disaggregated prefill)
+        self.pre_queue: list = []    # #queue-req
+        self.labels: set = set()     # "cuda" / "cpu" / "npu" / ... of `{device} graph: B`
+
+    def _parts(self) -> tuple:
+        return tuple(getattr(self, c) for c in self._COLS)
 
     def export(self) -> tuple:
-        """The group as one array per field (also what a worker process sends back)."""
-        return tuple(_cat1(x, dt) for x, dt in zip(
-            (self.t, self.size, self.gen, self.queue, self.graph, self.pre_t), self._TYPES)) \
-            + (self.new_tokens,)
+        """The group as one array per field, then its graph labels (also what a worker process
+        sends back)."""
+        return tuple(_cat1(x, dt) for x, dt in zip(self._parts(), self._TYPES)) \
+            + (tuple(sorted(self.labels)),)
 
     def merge(self, e: tuple) -> None:
-        for parts, arr in zip((self.t, self.size, self.gen, self.queue, self.graph, self.pre_t),
-                              e[:6]):
+        for parts, arr in zip(self._parts(), e[:len(self._COLS)]):
             if len(arr):
                 parts.append(arr)
-        self.new_tokens += e[6]
+        self.labels.update(e[len(self._COLS)])
+
+    def _joined(self) -> list:
+        """Every field as one array (kept so, so a second call does not concatenate again)."""
+        cat = list(self.export()[:len(self._COLS)])
+        for c, arr in zip(self._COLS, cat):
+            setattr(self, c, [arr] if len(arr) else [])
+        return cat
 
     def decode(self) -> tuple:
         """(t, size, gen, queue, graph) of the decode lines in time order, and the time span of
         all the group's lines (None without clocks)."""
-        cat = list(self.export())
-        self.t, self.size, self.gen, self.queue, self.graph, self.pre_t = \
-            ([c] if len(c) else [] for c in cat[:6])
+        cat = self._joined()
         t = cat[0] = _unwrap_days(cat[0])
-        if len(t) > 1:
-            known = np.where(np.isnan(t), -np.inf, t)
-            if (np.diff(known[~np.isnan(t)]) < 0).any():   # several files of one rank
-                order = np.argsort(known, kind="stable")
-                cat[:5] = [c[order] for c in cat[:5]]
+        cat[:5] = _time_order(cat[:5])      # several files of one rank
         both = np.concatenate((t, _unwrap_days(cat[5])))
         both = both[~np.isnan(both)]
         span = (float(both.min()), float(both.max())) if len(both) else None
         return tuple(cat[:5]) + (span,)
+
+    def prefill(self) -> tuple:
+        """(t, new_seq, new_token, cached_token, running_req, queue_req) of the prefill lines,
+        in time order (`_time_order`)."""
+        cat = self._joined()[5:]
+        cat[0] = _unwrap_days(cat[0])
+        return _time_order(cat)
+
+    @property
+    def new_tokens(self) -> int:
+        return int(sum(int(x.sum()) for x in self.pre_tok))
 
     @property
     def decode_lines(self) -> int:
@@ -397,6 +452,12 @@ def _prefixes(lines: list[bytes], kind: bytes) -> tuple[np.ndarray, np.ndarray, 
     return t, inv, keys
 
 
+def _count_or(f: dict, key: str) -> int:
+    """An optional count field of a batch line; -1 when not logged or not a count."""
+    v = f.get(key)
+    return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < _MAX_COUNT else -1
+
+
 def _slow(lines: list[bytes], kind: str) -> tuple[list, int]:
     """Field-by-field read of lines the fast expression does not fit: (rows, unreadable)."""
     rows, bad = [], 0
@@ -409,17 +470,32 @@ def _slow(lines: list[bytes], kind: str) -> tuple[list, int]:
             bad += 1
             continue
         if kind == "Decode":
-            gv = next((f[k] for k in _GRAPH_KEYS if k in f), None)
+            key = next((k for k in _GRAPH_KEYS if isinstance(f.get(k), bool)), None)
             rows.append((line, f["#running-req"], float(f["gen throughput (token/s)"]),
-                         f["#queue-req"], -1 if not isinstance(gv, bool) else int(gv)))
+                         f["#queue-req"], -1 if key is None else int(f[key]),
+                         None if key is None else key.split()[0]))
         else:
-            rows.append((line, f["#new-token"]))
+            rows.append((line, f["#new-seq"], f["#new-token"], _count_or(f, "#cached-token"),
+                         _count_or(f, "#running-req"), f["#queue-req"]))
     return rows, bad
+
+
+def _graph_labels(blob: bytes, n: int) -> str | list | None:
+    """The device word of the `{device} graph: B` field of each of `n` decode lines that all
+    log it: one word when every line has the same (the usual case: one count per label), else
+    one per line; None when they do not all fit."""
+    for k, kb in zip(_GRAPH_KEYS, _GRAPH_KEYS_B):
+        if blob.count(kb) == n:
+            return k.split()[0]
+    found = _DEC_LABEL.findall(blob)
+    return [x.decode() for x in found] if len(found) == n else None
 
 
 def _store(groups: dict, source: int, lines: list[bytes], kind: str, cols: tuple) -> int:
     """Put read lines (and their value columns) into their schedulers' groups; returns the
-    number of lines whose clock is impossible (they are dropped, counted unreadable)."""
+    number of lines whose clock is impossible (they are dropped, counted unreadable). Decode
+    columns: size, gen, queue, graph, graph label(s) (see _graph_labels); prefill: new-seq,
+    new-token, cached-token, running-req, queue-req."""
     t, inv, keys = _prefixes(lines, kind.encode() + b" batch")
     bad = np.isneginf(t)
     for j in np.unique(inv[~bad]):
@@ -427,15 +503,24 @@ def _store(groups: dict, source: int, lines: list[bytes], kind: str, cols: tuple
         g = _group(groups, (tg[0] if tg[0] is not None else source, tg[1], tg[3], tg[2]))
         sel = np.flatnonzero((inv == j) & ~bad)
         if kind == "Decode":
-            size, gen, queue, graph = cols
+            size, gen, queue, graph, label = cols
             g.t.append(t[sel])
             g.size.append(size[sel].astype(np.int32))
             g.gen.append(gen[sel])
             g.queue.append(queue[sel].astype(np.int32))
             g.graph.append(graph[sel])
+            if isinstance(label, str):
+                g.labels.add(label)
+            elif label is not None:
+                g.labels.update(label[i] for i in sel if label[i] is not None)
         else:
+            seq, tok, cached, running, queue = cols
             g.pre_t.append(t[sel])
-            g.new_tokens += int(cols[0][sel].sum())
+            g.pre_seq.append(seq[sel].astype(np.int32))
+            g.pre_tok.append(tok[sel])
+            g.pre_cached.append(cached[sel])
+            g.pre_running.append(running[sel].astype(np.int32))
+            g.pre_queue.append(queue[sel].astype(np.int32))
     return int(bad.sum())
 
 
@@ -455,11 +540,14 @@ def _read_lines(groups: dict, source: int, lines: list[bytes], kind: str) -> tup
                 cols = (np.array(size, dtype="S12").astype(np.int64), g[:, 0].astype(np.float64),
                         g[:, 1].astype(np.int64),
                         (np.array(graph) == b"True").astype(np.int8) if graph else
-                        np.full(n, -1, dtype=np.int8))
+                        np.full(n, -1, dtype=np.int8),
+                        _graph_labels(blob, n) if graph else None)
     else:
         found = _PRE_FAST.findall(blob)
         if len(found) == n:
-            cols = (np.array(found, dtype="S16").astype(np.int64),)
+            a = np.array(found, dtype="S12").reshape(n, 5)
+            a = np.where(a == b"", b"-1", a).astype(np.int64)   # an optional field not logged
+            cols = tuple(a[:, i] for i in range(5))
     if cols is not None:
         bad = _store(groups, source, lines, kind, cols)
         return n - bad, bad
@@ -476,21 +564,56 @@ def _read_lines(groups: dict, source: int, lines: list[bytes], kind: str) -> tup
             cols = (np.array([r[1] for r in rows], dtype=np.int64),
                     np.array([r[2] for r in rows], dtype=np.float64),
                     np.array([r[3] for r in rows], dtype=np.int64),
-                    np.array([r[4] for r in rows], dtype=np.int8))
+                    np.array([r[4] for r in rows], dtype=np.int8),
+                    [r[5] for r in rows])
         else:
-            cols = (np.array([r[1] for r in rows], dtype=np.int64),)
+            cols = tuple(np.array([r[i] for r in rows], dtype=np.int64) for i in range(1, 6))
         b2 = _store(groups, source, [r[0] for r in rows], kind, cols)
         return len(rows) - b2, bad + b2
     return 0, bad
 
 
-def _scan_block(text: bytes, source: int, groups: dict) -> tuple[int, int]:
-    """Batch lines of whole lines `text` into `groups`: (read, unreadable)."""
+# A runtime change of the schedulers' settings (SGLang 0.5.23 managers/scheduler_components/
+# internal_state.py `set_internal_state`, after a POST /set_internal_state, e.g. by `ppscope
+# sglang --mmb-sweep`): "Config updated via context override: {'pp_max_micro_batch_size': 4}",
+# logged by every scheduler that applies it.
+_OVERRIDE_WORD = b"Config updated via context override: "
+
+
+def _clock(pre: bytes) -> str | None:
+    """The log clock as written (`2026-12-01 21:45:00`, `.mmm` kept), without the rank tags."""
+    m = _STAMP_RE.search(pre)
+    if m is None:
+        return None
+    start = m.start(1) if m.group(1) else m.start(4)
+    end = m.end(7) if m.group(7) else m.end(6)
+    return pre[start:end].decode()
+
+
+def _overrides_in(lines: list[bytes], source: int) -> list[tuple]:
+    """(t_s | None, clock | None, rank, the dict as logged) of each override line."""
+    out = []
+    for line in lines:
+        i = line.find(_OVERRIDE_WORD)
+        if i < 0:
+            continue
+        t, tags = _prefix(line[:i])
+        out.append((None if t is None or t is False else t, _clock(line[:i]),
+                    tags[0] if tags[0] is not None else source,
+                    line[i + len(_OVERRIDE_WORD):].strip().decode("utf-8", errors="replace")))
+    return out
+
+
+def _scan_block(text: bytes, source: int, groups: dict, events: list) -> tuple[int, int]:
+    """Batch lines of whole lines `text` into `groups`, override lines onto `events`: (read,
+    unreadable) batch lines."""
     lines = text.split(b"\n")
     dec = list(filter(_DEC_WORD, lines))
     pre = [ln for ln in filter(_PRE_WORD, lines) if b"Decode batch" not in ln]
     g1, b1 = _read_lines(groups, source, dec, "Decode")
     g2, b2 = _read_lines(groups, source, pre, "Prefill")
+    if _OVERRIDE_WORD in text:
+        events += _overrides_in(lines, source)
     return g1 + g2, b1 + b2
 
 
@@ -539,15 +662,17 @@ def _texts(path: Path, count: _Lines) -> Iterator[bytes]:
         raise CliError(f"{path}: empty log file")
 
 
-def _block_job(text: bytes, source: int) -> tuple[dict, int, int, int]:
+def _block_job(text: bytes, source: int) -> tuple[dict, int, int, int, list]:
     """One block read in a worker process: its groups as plain arrays, (read, unreadable,
-    lines)."""
+    lines), its override lines."""
     groups: dict = {}
-    good, bad = _scan_block(text, source, groups)
-    return {k: g.export() for k, g in groups.items()}, good, bad, 0
+    events: list = []
+    good, bad = _scan_block(text, source, groups, events)
+    return {k: g.export() for k, g in groups.items()}, good, bad, 0, events
 
 
-def _range_job(path: Path, start: int, end: int, source: int) -> tuple[dict, int, int, int]:
+def _range_job(path: Path, start: int, end: int, source: int) -> tuple[dict, int, int, int,
+                                                                      list]:
     """The lines that start in bytes [start, end) of a plain file, read by a worker process
     itself (nothing crosses a pipe but the numbers): as _block_job, with the line count."""
     def to_newline(f) -> bytes:
@@ -571,14 +696,14 @@ def _range_job(path: Path, start: int, end: int, source: int) -> tuple[dict, int
             f.seek(start - 1)
             begin = start - 1 + len(to_newline(f))
             if begin >= end:
-                return {}, 0, 0, 0
+                return {}, 0, 0, 0, []
         f.seek(begin)
         text = f.read(end - begin)
         if text and not text.endswith(b"\n"):   # finish the last line, however far it goes
             text += to_newline(f)
     lines = text.count(b"\n") + (1 if text and not text.endswith(b"\n") else 0)
-    parts, good, bad, _ = _block_job(text, source)
-    return parts, good, bad, lines
+    parts, good, bad, _, events = _block_job(text, source)
+    return parts, good, bad, lines, events
 
 
 def _plain_size(path: Path) -> int:
@@ -620,6 +745,7 @@ class LogScan:
     lines_unrecognised: int
     files: tuple[str, ...]
     files_without_batch_lines: tuple[str, ...] = ()
+    overrides: tuple[tuple, ...] = ()   # (t_s, clock, rank, dict text) per line, file order
 
     @property
     def lines_batch(self) -> int:
@@ -650,6 +776,7 @@ def _scan_logs(paths: list[Path], workers: int | None) -> LogScan:
     if not paths:
         raise CliError("no log files given")
     groups: dict = {}
+    events: list = []
     total = good = bad = 0
     files, empty = [], []
     n_workers = _worker_count(paths, workers)
@@ -666,7 +793,7 @@ def _scan_logs(paths: list[Path], workers: int | None) -> LogScan:
             g_file = b_file = 0
             if pool is None:
                 for text in _texts(p, count):
-                    g, b = _scan_block(text, i, groups)
+                    g, b = _scan_block(text, i, groups, events)
                     g_file += g
                     b_file += b
             else:
@@ -674,9 +801,10 @@ def _scan_logs(paths: list[Path], workers: int | None) -> LogScan:
 
                 def merge(fut) -> None:
                     nonlocal g_file, b_file
-                    parts, g, b, n = fut.result()
+                    parts, g, b, n, ev = fut.result()
                     for k, arrays in parts.items():
                         _group(groups, k).merge(arrays)
+                    events.extend(ev)
                     g_file += g
                     b_file += b
                     count.n += n
@@ -706,7 +834,8 @@ def _scan_logs(paths: list[Path], workers: int | None) -> LogScan:
         raise CliError(f"{files[0] if len(files) == 1 else ', '.join(files)}: no 'Decode batch' / "
                        f"'Prefill batch' lines in {total} lines ({bad} cut or unreadable); is it "
                        f"an SGLang server log at --log-level info?")
-    return LogScan(groups, total, total - good - bad, bad, tuple(files), tuple(empty))
+    return LogScan(groups, total, total - good - bad, bad, tuple(files), tuple(empty),
+                   tuple(events))
 
 
 def _num(x):
@@ -768,6 +897,30 @@ def _throughput_series(dec: list[tuple], bin_s: float) -> list[dict]:
             for j, (k, c) in enumerate(zip(bins, n))]
 
 
+PREFILL_WAVES = 64    # prefill lines kept one by one per rank (the first ones, in time order)
+
+
+def _waves(groups: list[_Group]) -> dict:
+    """What the prefill lines of one PP rank (all its DP ranks, in clock order) say about
+    admission: each prefill batch admits `#new-seq` waiting requests, so the sequence of
+    #new-seq is how arrivals were split (8 requests sent at once, admitted as 6 then 2: two
+    prefills, and under PP two micro-batch slots of 6 and 2)."""
+    cols = [np.concatenate(c) for c in zip(*(g.prefill() for g in groups))]
+    t, seq, tok, cached, running, queue = _time_order(cols) if len(groups) > 1 else cols
+    vals, counts = np.unique(seq, return_counts=True)
+    k = min(len(seq), PREFILL_WAVES)
+    return {
+        "prefill_new_seq_total": int(seq.sum()),
+        "prefill_cached_tokens": int(cached[cached >= 0].sum()),
+        "prefill_new_seq_hist": {str(v): int(c) for v, c in zip(vals, counts)},
+        "prefill_waves": [
+            {"t_s": None if math.isnan(t[i]) else float(t[i]), "new_seq": int(seq[i]),
+             "new_token": int(tok[i]), "cached_token": None if cached[i] < 0 else int(cached[i]),
+             "running_req": None if running[i] < 0 else int(running[i]),
+             "queue_req": int(queue[i])} for i in range(k)],
+    }
+
+
 def _summary(groups: list[_Group], dec: list[tuple], window: int) -> dict:
     sizes = _cat([d[1] for d in dec])
     graph = _cat([d[4] for d in dec])
@@ -786,12 +939,53 @@ def _summary(groups: list[_Group], dec: list[tuple], window: int) -> dict:
         "prefill_lines": sum(g.prefills for g in groups),
         "running_req": _q(sizes),
         "cuda_graph_frac": float((graph[logged] == 1).mean()) if logged.any() else None,
+        # which `{device} graph: B` field the decode lines logged ("cuda", "cpu", ...: SGLang
+        # names it by device); the share above is of that device's graph path
+        "graph_device": ",".join(sorted(set().union(*(g.labels for g in groups)))) or None,
         "gen_throughput_tok_s": _q(_cat([d[2] for d in dec])),
         "queue_req": _q(_cat([d[3] for d in dec])),
         "prefill_new_tokens": sum(g.new_tokens for g in groups),
+        **_waves(groups),
         "span_s": (max(b for _, b in spans) - min(a for a, _ in spans)) if spans else None,
         "slot_imbalance": imb,
     }
+
+
+OVERRIDE_SAME_S = 5.0   # one POST reaches every scheduler within moments: one change
+
+
+def _override_dict(text: str) -> dict:
+    """The logged overrides as {key: value} (values JSON can hold; others as their repr);
+    empty when the text is not a dict literal (it is kept as logged beside it)."""
+    try:
+        d = ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return {}
+    if not isinstance(d, dict):
+        return {}
+    ok = (str, int, bool, type(None))
+    return {str(k): v if isinstance(v, ok) or isinstance(v, float) and math.isfinite(v)
+            else repr(v) for k, v in d.items()}
+
+
+def config_overrides(events: Iterable[tuple]) -> list[dict]:
+    """Runtime setting changes (see _OVERRIDE_WORD) in clock order: `t_s` (log clock, seconds
+    since the epoch read as UTC, None without a clock), `clock` (as logged), `ranks` (the PP
+    ranks whose scheduler logged it; file index without PP tags), `overrides` (the settings and
+    their new values), `text` (the dict as logged). The same change logged by several
+    schedulers within OVERRIDE_SAME_S seconds is one."""
+    out: list[dict] = []
+    for t, clock, rank, text in sorted(events, key=lambda e: (e[0] is None, e[0] or 0.0)):
+        same = next((e for e in reversed(out) if e["text"] == text and (
+            e["t_s"] is None and t is None
+            or e["t_s"] is not None and t is not None and t - e["t_s"] <= OVERRIDE_SAME_S)),
+            None)
+        if same is None:
+            out.append({"t_s": t, "clock": clock, "ranks": [rank],
+                        "overrides": _override_dict(text), "text": text})
+        elif rank not in same["ranks"]:
+            same["ranks"] = sorted(same["ranks"] + [rank])
+    return out
 
 
 def summarize(scan: LogScan, window: int = 16, bin_s: float = 10.0) -> dict:
@@ -837,6 +1031,7 @@ def summarize(scan: LogScan, window: int = 16, bin_s: float = 10.0) -> dict:
         "files_without_batch_lines": list(scan.files_without_batch_lines),
         "ranks": ranks,
         "slot_imbalance": run,
+        "config_overrides": config_overrides(scan.overrides),
     }
 
 
@@ -850,18 +1045,21 @@ SETTINGS_BYTES = 8 << 20     # the start-up line is among a log's first lines: r
 
 def _startup_blocks(path: Path) -> Iterator[bytes]:
     """The first SETTINGS_BYTES of a log as blocks of whole lines (a line cut by a block edge is
-    completed by the next block); nothing for a file the scan already found unreadable."""
+    completed by the next blocks: the server_args line alone is ~20 kB); nothing for a file the
+    scan already found unreadable."""
     seen = 0
     tail = b""
     try:
         for block in _open_blocks(path):
             seen += len(block)
             cut = block.rfind(b"\n")
-            block, tail = (tail + block, b"") if cut < 0 else \
-                (tail + block[:cut + 1], block[cut + 1:])
-            if len(tail) > MAX_LINE_BYTES:
-                tail = b""
-            yield block
+            if cut < 0:      # no line ends in this block: the line goes on in the next
+                tail = tail + block if len(tail) + len(block) <= MAX_LINE_BYTES else b""
+            else:
+                block, tail = tail + block[:cut + 1], block[cut + 1:]
+                if len(tail) > MAX_LINE_BYTES:
+                    tail = b""
+                yield block
             if seen >= SETTINGS_BYTES:
                 return
         if tail:
@@ -932,14 +1130,163 @@ def _moe_in(block: bytes, out: dict[str, str]) -> None:
             out["config_file"] = m.group(1).decode(errors="replace")
 
 
-def startup(paths: Iterable[str | Path]) -> tuple[dict[str, int], dict[str, str], dict[str, str]]:
-    """(server settings, MoE kernel, attention backend) from the start-up lines, one read of at
-    most SETTINGS_BYTES per file: the settings of the first file that has the line (every rank
-    logs the same), the MoE lines of the first file that has any, the attention backend of the
-    first file that names one."""
+# The resolved server arguments, logged once by the launching process (SGLang 0.5.23
+# srt/entrypoints/engine.py: "server_args={'model_path': ..., 'pp_size': 2, ...}", a dict repr;
+# "server_args=ServerArgs(model_path=..., pp_size=2, ...)" in releases before the argument
+# groups). The few that decide how a PP deployment batches, and whether decode may run on
+# graphs, are kept (`ServerArgs`); the dict is read with ast.literal_eval, each key by a regular
+# expression where that fails (a value whose repr is not a literal) and in the old form.
+_SERVER_ARGS_WORD = b"server_args="
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    """What the `server_args=` line says (None: not in it, or not that type). `None` for
+    max_running_requests / pp_max_micro_batch_size / chunked_prefill_size means SGLang chose the
+    value at start-up (the scheduler line, `server_settings`, has what it chose)."""
+    form: str                                  # "dict" (0.5.23) | "ServerArgs(...)" (older)
+    pp_size: int | None = None
+    tp_size: int | None = None
+    device: str | None = None
+    attention_backend: str | None = None
+    disable_cuda_graph: bool | None = None
+    # 0.5.23 resolves graph use per phase: cuda_graph_config['decode']['backend'] ("disabled"
+    # when --disable-cuda-graph, --cuda-graph-backend-decode=disabled or an auto-disable rule)
+    decode_graph_backend: str | None = None
+    cuda_graph_max_bs: int | None = None       # the largest decode batch captured
+    enable_torch_compile: bool | None = None   # on CPU, the only way to a CPU graph
+    pp_async_batch_depth: int | None = None
+    pp_max_micro_batch_size: int | None = None
+    max_running_requests: int | None = None
+    chunked_prefill_size: int | None = None
+    max_prefill_tokens: int | None = None
+
+
+_SA_SCALAR = rb"(None|True|False|-?\d{1,12}(?:\.\d{1,12})?|'[^'\n]{0,200}')"
+
+
+def _sa_key(text: bytes, key: str):
+    """One `'key': value` / `key=value` of the line as a Python value (not found: ...)."""
+    m = re.search(rb"(?<![A-Za-z0-9_])'?" + key.encode() + rb"'?(?:=|: )" + _SA_SCALAR, text)
+    if m is None:
+        return ...
+    try:
+        return ast.literal_eval(m.group(1).decode())
+    except (ValueError, SyntaxError):
+        return ...
+
+
+def _typed(v, tp: type):
+    """v when it is a `tp` (an int is not a bool here, nor a bool an int), else None."""
+    if tp is int and isinstance(v, bool):
+        return None
+    return v if isinstance(v, tp) else None
+
+
+def _server_args_in(block: bytes) -> ServerArgs | None:
+    i = block.find(_SERVER_ARGS_WORD)
+    if i < 0:
+        return None
+    end = block.find(b"\n", i)
+    text = block[i + len(_SERVER_ARGS_WORD):end if end >= 0 else len(block)].strip()
+    d = None
+    if text.startswith(b"{"):
+        try:
+            d = ast.literal_eval(text.decode("utf-8", errors="replace"))
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            d = None
+    elif not text.startswith(b"ServerArgs("):
+        return None
+    get = (lambda k: d.get(k, ...)) if isinstance(d, dict) else (lambda k: _sa_key(text, k))
+    graph = get("cuda_graph_config")
+    dec = graph.get("decode") if isinstance(graph, dict) else None
+    if not isinstance(dec, dict):   # the regular-expression read, or no such argument
+        m = re.search(rb"'cuda_graph_config': \{'decode': \{([^{}]{0,400})", text)
+        dec = {k: _sa_key(m.group(1), k) for k in ("backend", "max_bs")} if m else {}
+    max_bs = next((v for v in (dec.get("max_bs"), get("cuda_graph_max_bs_decode"),
+                               get("cuda_graph_max_bs")) if _typed(v, int) is not None), None)
+    backend = dec.get("backend")
+    if _typed(backend, str) is None:
+        backend = get("cuda_graph_backend_decode")
+    ints = ("pp_size", "tp_size", "pp_async_batch_depth", "pp_max_micro_batch_size",
+            "max_running_requests", "chunked_prefill_size", "max_prefill_tokens")
+    return ServerArgs(
+        form="dict" if text.startswith(b"{") else "ServerArgs(...)",
+        device=_typed(get("device"), str), attention_backend=_typed(get("attention_backend"), str),
+        disable_cuda_graph=_typed(get("disable_cuda_graph"), bool),
+        decode_graph_backend=_typed(backend, str), cuda_graph_max_bs=max_bs,
+        enable_torch_compile=_typed(get("enable_torch_compile"), bool),
+        **{k: _typed(get(k), int) for k in ints})
+
+
+# Start-up lines that say decode graphs are off by a setting (SGLang 0.5.23 srt/arg_groups/):
+# "Cuda graph is disabled because of using torch native attention backend" (attention_hook.py;
+# also flex attention, deepep_mode=`normal` in moe_hook.py, "CUDA graph is disabled because
+# --enable-mis is set.", "Cuda graph is disabled for diffusion LLM inference on AMD GPUs"), and
+# argparse_actions.py's warning that the flag was given, "'--disable-cuda-graph' is deprecated
+# and will be removed ..." (printed between ANSI colour codes).
+_GRAPH_OFF_RE = re.compile(rb"(?i)\bcuda graph is disabled\b[^\n\x1b]{0,200}")
+_GRAPH_FLAG_RE = re.compile(rb"'--disable-cuda-graph' is deprecated")
+
+
+def _graph_notes_in(block: bytes, out: list[str]) -> None:
+    """Append (once each) the lines of `block` that say decode graphs are off by a setting."""
+    if b"raph is disabled" not in block and b"--disable-cuda-graph" not in block:
+        return
+    for m in _GRAPH_OFF_RE.finditer(block):
+        note = m.group(0).decode("utf-8", errors="replace").strip()
+        if note not in out:
+            out.append(note)
+    flag = "--disable-cuda-graph given (SGLang's deprecation warning for it)"
+    if _GRAPH_FLAG_RE.search(block) and flag not in out:
+        out.append(flag)
+
+
+def graph_setting(sa: ServerArgs | None, notes: Iterable[str]) -> dict:
+    """Whether decode graphs are off BY SETTING, and why: `off_by_setting` True (with
+    `reasons`), False (the server arguments leave them on: a decode line with `graph: False`
+    then is a real fallback), None (the log says neither). SGLang 0.5.23 decides it in
+    model_runner_components/cuda_graph_setup.py `capture_decode_graph`: on CPU a graph is
+    captured only with --enable-torch-compile (the CUDA switches are not read there); on other
+    devices not when cuda_graph_config's decode backend is "disabled", which
+    --disable-cuda-graph and the auto-disable rules of the notes above set."""
+    notes = list(notes)
+    reasons: list[str] = []
+    if sa is not None and sa.device == "cpu":
+        if sa.enable_torch_compile:
+            return {"off_by_setting": False, "reasons": []}
+        reasons.append("device cpu without --enable-torch-compile: SGLang captures no CPU graph")
+    if sa is not None and sa.disable_cuda_graph:
+        reasons.append("server_args disable_cuda_graph=True")
+    if sa is not None and sa.decode_graph_backend == "disabled":
+        reasons.append("server_args cuda_graph_config decode backend 'disabled'")
+    reasons += [n if n.startswith("--") else f"SGLang: {n}" for n in notes]
+    if reasons:
+        return {"off_by_setting": True, "reasons": reasons}
+    said = sa is not None and (sa.decode_graph_backend, sa.disable_cuda_graph) != (None, None)
+    return {"off_by_setting": False if said else None, "reasons": []}
+
+
+@dataclass(frozen=True)
+class Startup:
+    """What a log's start-up lines say (see `startup`)."""
+    settings: dict
+    moe_kernel: dict
+    attention_backend: dict
+    server_args: ServerArgs | None
+    graph_notes: tuple[str, ...]
+
+
+def startup(paths: Iterable[str | Path]) -> Startup:
+    """The start-up lines, one read of at most SETTINGS_BYTES per file: the settings of the
+    first file that has the line (every rank logs the same), the MoE lines of the first file
+    that has any, the attention backend of the first file that names one, the server arguments
+    of the first file that has them, and every graph note (once each)."""
     settings: dict[str, int] = {}
     moe: dict[str, str] = {}
     attn: dict[str, str] = {}
+    sa: ServerArgs | None = None
+    notes: list[str] = []
     for p in paths:
         file_moe: dict[str, str] = {}
         file_attn: dict[str, str] = {}
@@ -950,14 +1297,17 @@ def startup(paths: Iterable[str | Path]) -> tuple[dict[str, int], dict[str, str]
                 _moe_in(block, file_moe)
             if not attn:
                 _attn_in(block, file_attn)
+            if sa is None:
+                sa = _server_args_in(block)
+            _graph_notes_in(block, notes)
             if settings and (moe or ("scheme" in file_moe and "triton_config" in file_moe)) \
-                    and (attn or file_attn.get("source", "").startswith("--")):
+                    and (attn or file_attn.get("source", "").startswith("--")) and sa is not None:
                 break
         moe = moe or file_moe
         attn = attn or file_attn
-        if settings and moe and attn:
+        if settings and moe and attn and sa is not None:
             break
-    return settings, moe, attn
+    return Startup(settings, moe, attn, sa, tuple(notes))
 
 
 # Which attention backend decodes (SGLang 0.5.23): with none given, srt/arg_groups/overrides.py
@@ -994,7 +1344,7 @@ def _attn_in(block: bytes, out: dict[str, str]) -> None:
 
 def startup_settings(paths: Iterable[str | Path]) -> dict[str, int]:
     """The values the server ran with, from its start-up line (`startup`)."""
-    return startup(paths)[0]
+    return startup(paths).settings
 
 
 def startup_moe_kernel(paths: Iterable[str | Path]) -> dict[str, str]:
@@ -1003,7 +1353,7 @@ def startup_moe_kernel(paths: Iterable[str | Path]) -> dict[str, str]:
     (marlin / triton / other), `reason` (why Triton, when SGLang says), `triton_config` (tuned /
     fallback / default: the Triton fused MoE's block config), `config_file`. Empty when the log
     has none of them (a bf16 model, or logged below info level)."""
-    return startup(paths)[1]
+    return startup(paths).moe_kernel
 
 
 def startup_attention_backend(paths: Iterable[str | Path]) -> dict[str, str]:
@@ -1011,12 +1361,16 @@ def startup_attention_backend(paths: Iterable[str | Path]) -> dict[str, str]:
     names it: triton, fa3, flashinfer, flashmla, trtllm_mla, ...) and `source`
     (--decode-attention-backend / --attention-backend: the resolved arguments; default: SGLang's
     line saying it picked its default). Empty when the log names none."""
-    return startup(paths)[2]
+    return startup(paths).attention_backend
 
 
 def read_logs(paths: Iterable[str | Path], window: int = 16, bin_s: float = 10.0,
               workers: int | None = None) -> dict:
     paths = list(paths)
     out = summarize(scan_logs(paths, workers=workers), window=window, bin_s=bin_s)
-    out["server_settings"], out["moe_kernel"], out["attention_backend"] = startup(paths)
+    st = startup(paths)
+    out["server_settings"], out["moe_kernel"], out["attention_backend"] = \
+        st.settings, st.moe_kernel, st.attention_backend
+    out["server_args"] = None if st.server_args is None else asdict(st.server_args)
+    out["graph_setting"] = graph_setting(st.server_args, st.graph_notes)
     return out

@@ -44,9 +44,7 @@ from statistics import median
 
 from microbench.sglang.intervals import length, merge, overlap
 from microbench.sglang.trace import (COMM_RE, DTYPE_BYTES, GPU_CATS, NOT_COMPUTE_RE,
-                                     RECV_RE, SCHEDULER_RANGES, iter_events)
-
-STEP_RE = re.compile(r"^step\[(DECODE|EXTEND|MIXED|IDLE)\s+bs=(\d+)")
+                                     RECV_RE, SCHEDULER_RANGES, STEP_RE, iter_events)
 
 _SYNC_RE = re.compile(r"cuda(StreamSynchronize|DeviceSynchronize|EventSynchronize|Memcpy(?!Async)"
                       r"|MemcpyAsync)")
@@ -342,10 +340,10 @@ def read_loop(paths: dict[int, str | Path], *, hidden: int | None = None,
               link_gbps: float | None = None) -> dict:
     """read_steps for every rank, then loop_profile; traces of SGLang's CPU backend (no GPU
     event, `run_batch` ranges) go through microbench/sglang/cpu_steps.py instead."""
-    from microbench.sglang import cpu_steps
     ranks = {r: read_steps(p, hidden=hidden, link_gbps=link_gbps, rank=r)
              for r, p in sorted(paths.items())}
     if ranks and all(d.get("reason") == NO_KERNELS for d in ranks.values()):
+        from microbench.sglang import cpu_steps      # (imports nothing of this module)
         evs = {r: cpu_steps.collect(p) for r, p in sorted(paths.items())}
         if all(cpu_steps.is_cpu_trace(e) for e in evs.values()):
             out = cpu_steps.cpu_loop_profile({r: cpu_steps.summarize(e, rank=r)

@@ -82,6 +82,8 @@ _log = logging.getLogger("ppscope.sglang.trace")
 SCHEDULER_RANGES = ("recv_requests", "send_reqs_to_next_stage", "get_next_batch_to_run",
                     "run_batch", "process_batch_result", "send_proxy_dict_to_next_stage",
                     "send_res_dict_to_next_stage", "recv_res_dict_from_prev_stage")
+# SGLang's span per forward (srt/utils/profile_utils.py): step[DECODE bs=N], step[EXTEND bs=N toks=T]
+STEP_RE = re.compile(r"^step\[(DECODE|EXTEND|MIXED|IDLE)\s+bs=(\d+)")
 GPU_CATS = {"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset"}
 DTYPE_BYTES = {"BFloat16": 2, "Half": 2, "Float": 4, "Double": 8, "Int": 4, "Long": 8,
                 "Char": 1, "Byte": 1, "Bool": 1, "Float8_e4m3fn": 1, "Float8_e5m2": 1}
@@ -591,6 +593,43 @@ def find_traces(src) -> list[Path]:
     return out
 
 
+_NAME_RE = re.compile(r"-TP-(?P<tp>\d+)(?:-DP-\d+)?(?:-PP-(?P<pp>\d+))?(?:-EP-\d+)?"
+                      r"(?:-(?P<stage>EXTEND|DECODE))?\.trace\.json")
+
+
+def select_rank_files(files: list[Path]) -> tuple[list[Path], list[str]]:
+    """One file per PP rank, by SGLang's names (srt/utils/profile_utils.py:
+    `[prefix-]{id}-TP-{t}[-DP-{d}][-PP-{p}][-EP-{e}][-EXTEND|-DECODE].trace.json.gz`): with TP > 1
+    every TP rank writes its own trace, whose scheduler loop is the same; TP 0's is read. With
+    `profile_by_stage` a rank writes one file per stage; the decode one is read. A
+    `merged-{id}` file (`merge_profiles`) mixes every rank and is left out beside per-rank
+    files. Returns (files to read, one line per file left out)."""
+    merged = [p for p in files if p.name.startswith("merged-")]
+    rest = [p for p in files if p not in merged]
+    if merged and not rest:
+        raise TraceError(f"{merged[0]}: a merged trace (merge_profiles) mixes every rank's "
+                         "events; pass the per-rank files SGLang writes beside it")
+    skipped = [f"{p.name}: merged trace of every rank (per-rank files read)" for p in merged]
+    best: dict[str, tuple[tuple, Path]] = {}
+    keep: list[Path] = []
+    for p in rest:
+        m = _NAME_RE.search(p.name)
+        if not m or m.group("pp") is None:
+            keep.append(p)
+            continue
+        key = m.group("pp")
+        rank = (int(m.group("tp")), {"DECODE": 0, None: 1, "EXTEND": 2}[m.group("stage")])
+        if key in best:
+            old_rank, old = best[key]
+            loser = p if rank >= old_rank else old
+            why = "another TP rank" if rank[0] != old_rank[0] else "the prefill-stage file"
+            skipped.append(f"{loser.name}: {why} of PP rank {key}")
+            if rank >= old_rank:
+                continue
+        best[key] = (rank, p)
+    return keep + [p for _, p in best.values()], skipped
+
+
 def _read_one(path: Path, kw: dict) -> tuple[int | None, dict]:
     return read_trace(path, **kw)
 
@@ -613,7 +652,7 @@ def read_traces(src, workers: int | None = None, **kw) -> dict:
     keyed by its position. Ranks are read in parallel processes (`workers`, default one per
     rank up to the cores and MAX_WORKERS when the files hold 4 MB or more); the record does not
     depend on it. Keyword arguments go to analyze_rank (link_gbps, hta_compatible, ...)."""
-    files = find_traces(src)
+    files, skipped = select_rank_files(find_traces(src))
     n = _worker_count(files, workers)
     if n > 1:
         import concurrent.futures as cf
@@ -632,5 +671,8 @@ def read_traces(src, workers: int | None = None, **kw) -> dict:
         ranks[key] = out
         for w in out.get("warnings") or []:
             _log.warning("trace %s (rank %s): %s", p.name, key, w)
-    return {"dir": ", ".join(str(x) for x in ([src] if isinstance(src, (str, Path)) else src)),
-            "ranks": ranks}
+    out = {"dir": ", ".join(str(x) for x in ([src] if isinstance(src, (str, Path)) else src)),
+           "ranks": ranks}
+    if skipped:
+        out["files_skipped"] = skipped
+    return out

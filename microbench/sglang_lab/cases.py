@@ -45,12 +45,12 @@ def default_plan(pp: int = 2, quick: bool = False) -> tuple[Group, ...]:
     c8 = 8
     clean8 = Case("clean-c8", c8, reps=3, stacks=True, live=True, baseline="")
     if quick:
-        return (Group("depth0", pp, (), (clean8,
+        return (Group("depth0", pp, (), (Case("clean-c8", c8, reps=2, baseline=""),
                       Case("slow-stage", c8, fault=f"slow-stage={last}:2", expect="slow_stage"))),)
     cases = (
         clean8,
-        Case("clean-c1", 1, reps=2, live=True, baseline=""),
-        Case("clean-c16", 16, reps=3, live=True, baseline=""),
+        Case("clean-c1", 1, reps=1, live=True, baseline=""),
+        Case("clean-c16", 16, reps=2, live=True, baseline=""),
         Case("host-delay", c8, fault="host-delay=0:4000", expect="host"),
         Case("slow-stage", c8, fault=f"slow-stage={last}:2", expect="slow_stage"),
         Case("hop-delay", c8, fault="hop-delay=0:4000", expect="hop"),

@@ -121,6 +121,23 @@ def wait_decoding(server, since: int, lines: int, timeout_s: float = 120.0) -> N
     raise LabError(f"the server did not start decoding within {timeout_s:.0f} s")
 
 
+def wait_idle(server, timeout_s: float = 60.0) -> None:
+    """Until no request runs on any rank (`sglang:num_running_reqs` 0 in /metrics)."""
+    import re
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            text = _http(server.url, "GET", "/metrics", None, 10.0).decode("utf-8", "replace")
+        except LabError:
+            return
+        vals = [float(v) for v in re.findall(r"^sglang:num_running_reqs\{[^}]*\} (\S+)$",
+                                              text, re.M)]
+        if vals and all(v == 0 for v in vals):
+            return
+        time.sleep(0.5)
+    raise LabError(f"requests still running {timeout_s:.0f} s after the client stopped")
+
+
 def profile_window(server, out_dir: Path, seconds: float, stacks: bool) -> list[Path]:
     """/start_profile, wait, /stop_profile; returns the trace files written into out_dir."""
     out_dir.mkdir(parents=True, exist_ok=True)

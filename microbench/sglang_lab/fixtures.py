@@ -3,11 +3,11 @@
 A lab case holds seconds of SGLang's real artefacts (traces of several MB). A fixture keeps
 their real format and a short steady window of them:
 - each trace: its metadata (`distributedInfo`, `deviceProperties`, ...) and every event that
-  starts inside `iterations` consecutive loop iterations (from one `recv_requests` to the next)
-  in the middle of the profiled window: SGLang's ranges, step spans, c10d's gloo ranges, CPU ops
+  starts inside `iterations` consecutive loop iterations (from one `recv_requests` to the next),
+  the stretch with the most forwards: SGLang's ranges, step spans, c10d's gloo ranges, CPU ops
   and, for the with-stacks window, the Python tracer's events as they are;
 - the server log: the start-up lines, then the case's lines up to `log_lines` batch lines;
-- bench.jsonl, metrics.txt and case.json as they are.
+- bench.jsonl and case.json as they are; metrics.txt (130 kB) for the clean C = 8 case only.
 Absolute paths of the machine the lab ran on become relative names (`.lab/...`, the model's
 folder name), so nothing of the recording machine is committed.
 
@@ -34,21 +34,36 @@ def scrub(text: str) -> str:
     return re.sub(r"(['\"])/(?:[A-Za-z0-9_.+-]+/)+(model-llama-\d+l)", r"\1\2", text)
 
 
-def trim_trace(src: Path, dst: Path, iterations: int = ITERATIONS) -> int:
-    doc = json.loads(gzip.open(src, "rt").read())
+def _events(src: Path) -> dict:
+    return json.loads(gzip.open(src, "rt").read())
+
+
+def busy_window(doc: dict, iterations: int = ITERATIONS) -> tuple[float, float] | None:
+    """The stretch of `iterations` loop passes with the most forwards (the server busy)."""
+    import bisect
     ev = doc.get("traceEvents") or []
     marks = sorted(e["ts"] for e in ev if e.get("name") == "recv_requests" and e.get("ph") == "X")
-    if len(marks) > iterations + 2:
-        mid = len(marks) // 2 - iterations // 2
-        lo, hi = marks[mid], marks[mid + iterations]
-        keep = [e for e in ev if e.get("ph") != "X" or lo <= float(e.get("ts", -1)) < hi]
-    else:
-        keep = ev
-    doc["traceEvents"] = keep
+    runs = sorted(e["ts"] for e in ev if e.get("name") == "run_batch" and e.get("ph") == "X")
+    if len(marks) <= iterations + 2:
+        return None
+    best = max(range(len(marks) - iterations), key=lambda i: (
+        bisect.bisect_left(runs, marks[i + iterations]) - bisect.bisect_left(runs, marks[i]),
+        -abs(i - len(marks) // 2)))
+    return marks[best], marks[best + iterations]
+
+
+def trim_trace(doc: dict, dst: Path, window: tuple[float, float] | None) -> int:
+    """Keep metadata and the events that start inside `window` (one clock for every rank of
+    one host, so the same window cuts every rank's trace)."""
+    ev = doc.get("traceEvents") or []
+    if window is not None:
+        lo, hi = window
+        ev = [e for e in ev if e.get("ph") != "X" or lo <= float(e.get("ts", -1)) < hi]
+    doc = {**doc, "traceEvents": ev}
     dst.parent.mkdir(parents=True, exist_ok=True)
     with gzip.open(dst, "wt", compresslevel=9) as f:
         f.write(scrub(json.dumps(doc, separators=(",", ":"))))
-    return len(keep)
+    return len(ev)
 
 
 def trim_log(src: Path, dst: Path, log_lines: int = LOG_LINES) -> None:
@@ -67,10 +82,20 @@ def make(case_dir: Path, dst: Path) -> None:
         shutil.rmtree(dst)
     dst.mkdir(parents=True)
     for sub in ("traces", "traces-stacks"):
-        for p in sorted((case_dir / sub).glob("*.trace.json.gz")):
-            trim_trace(p, dst / sub / p.name, ITERATIONS if sub == "traces" else ITERATIONS // 3)
+        files = sorted((case_dir / sub).glob("*.trace.json.gz"))
+        docs = [_events(p) for p in files]
+        if not docs:
+            continue
+        # the window is chosen on rank 0's trace (the first by name) and cuts every rank
+        win = busy_window(docs[0], ITERATIONS if sub == "traces" else ITERATIONS // 3)
+        if win is not None:   # a margin of a few ms: the other ranks' passes straddle its edges
+            win = (win[0] - 5e3, win[1] + 5e3)
+        for p, doc in zip(files, docs):
+            trim_trace(doc, dst / sub / p.name, win)
     trim_log(case_dir / "server.log", dst / "server.log")
     for name in ("bench.jsonl", "metrics.txt", "case.json"):
+        if name == "metrics.txt" and case_dir.name != "clean-c8":
+            continue
         if (case_dir / name).exists():
             (dst / name).write_text(scrub((case_dir / name).read_text()))
 

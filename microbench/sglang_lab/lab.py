@@ -99,11 +99,17 @@ def run_case(case: Case, server: LabServer, bench: drive.BenchSpec, fault_file: 
                 try:
                     drive.wait_decoding(server, since, lines=6 * server.spec.pp)
                     drive.profile_window(server, tmp / sub, PROFILE_S, stacks)
-                    p.wait(timeout=600)
                 finally:
+                    # the window is what this run is for: stop the client (SGLang aborts its
+                    # requests when they disconnect) and let the server drain
                     if p.poll() is None:
-                        p.kill()
-                        p.wait()
+                        p.terminate()
+                        try:
+                            p.wait(timeout=20)
+                        except subprocess.TimeoutExpired:
+                            p.kill()
+                            p.wait()
+                drive.wait_idle(server)
             drive.scrape_metrics(server.url, tmp / "metrics.txt")
             if case.live:
                 _say(f"{case.name}: ppscope's live probe C={case.concurrency}")
@@ -156,7 +162,11 @@ def analyse_case(case_dir: Path) -> dict:
                  "--bench", str(case_dir / "bench.jsonl"), "--concurrency", str(c["concurrency"]),
                  "--json", str(case_dir / "sglang.json")]
     out = {}
-    for name, cmd in (("sglang", args), ("report", py + ["report", "--results", str(case_dir)])):
+    report = py + ["report", "--results", str(case_dir)]
+    base = case_dir.parent / (c.get("baseline") or "") / "report.json"
+    if c.get("baseline") and base.exists():   # what the fault changed: reports/model/compare.py
+        report += ["--baseline", str(base)]
+    for name, cmd in (("sglang", args), ("report", report)):
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         (case_dir / f"{name}.out").write_text(r.stdout + r.stderr)
         out[f"{name}_rc"] = r.returncode
@@ -166,8 +176,29 @@ def analyse_case(case_dir: Path) -> dict:
     return out
 
 
+def order_for_analysis(dirs: list[Path]) -> list[Path]:
+    """Baselines (cases with none) first: the others are read against their report."""
+    def has_baseline(d: Path) -> bool:
+        return bool(json.loads((d / "case.json").read_text())["case"].get("baseline"))
+    return sorted(dirs, key=has_baseline)
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so the server and the hog are
+    stopped by their PIDs on the way out instead of outliving the lab."""
+    import signal
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    try:
+        signal.signal(signal.SIGTERM, handler)
+    except ValueError:      # not the main thread: leave the default
+        pass
+
+
 def run_lab(cfg: LabConfig) -> int:
     from dataclasses import replace
+    _stop_on_sigterm()
     cfg = replace(cfg, out=cfg.out.resolve(), lab_dir=cfg.lab_dir.resolve())
     cfg.out.mkdir(parents=True, exist_ok=True)
     if cfg.sglang_python:
@@ -198,7 +229,7 @@ def run_lab(cfg: LabConfig) -> int:
                 done.append(run_case(case, server, bench, fault_file, mmb0, cfg.out, header))
         _say(f"server stopped (group {g.name})")
     if cfg.analyse:
-        for d in done:
+        for d in order_for_analysis(done):
             _say(f"{d.name}: ppscope sglang + ppscope report")
             drive.write_json(d / "analysis.json", analyse_case(d))
     from microbench.sglang_lab.summary import summarise, render

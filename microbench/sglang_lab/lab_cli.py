@@ -89,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
                       and (not only or d.name in only))
         if not dirs:
             raise CliError(f"--analyse-only: no lab cases in {out}")
-        for d in dirs:
+        from microbench.sglang_lab.lab import order_for_analysis
+        for d in order_for_analysis(dirs):
             write_json(d / "analysis.json", analyse_case(d))
         rows = summarise(out)
         write_json(out / "summary.json", rows)

@@ -156,7 +156,11 @@ class LabServer:
         self.proc = None
 
     def __enter__(self):
-        self.start()
+        try:
+            self.start()
+        except BaseException:     # Ctrl-C / SIGTERM while it starts: never left running
+            self.stop()
+            raise
         return self
 
     def __exit__(self, *exc):

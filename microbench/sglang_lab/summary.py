@@ -21,15 +21,12 @@ def _bench(case_dir: Path) -> list[float]:
     return out
 
 
-def _diagnosis(case_dir: Path) -> dict:
+def _report(case_dir: Path) -> dict:
     p = case_dir / "report.json"
-    if not p.exists():
-        return {}
     try:
-        rep = json.loads(p.read_text())
+        return json.loads(p.read_text()) if p.exists() else {}
     except ValueError:
         return {}
-    return (rep.get("server") or {}).get("diagnosis") or rep.get("diagnosis") or {}
 
 
 def summarise(out: Path) -> list[dict]:
@@ -41,9 +38,16 @@ def summarise(out: Path) -> list[dict]:
         case = json.loads((d / "case.json").read_text())["case"]
         t = tok[d.name]
         base = tok.get(case.get("baseline") or "", [])
-        dg = _diagnosis(d)
+        rep = _report(d)
+        dg = rep.get("diagnosis") or {}
         first = next((r for r in dg.get("rows", []) if r.get("cause") in (dg.get("named") or [])),
                      None)
+        cmp_ = rep.get("baseline_comparison") or {}
+        moved = None
+        if cmp_.get("status") == "ok":
+            named = [r for r in cmp_["rows"] if r["cause"] != "unexplained"]
+            if named:
+                moved = max(named, key=lambda r: r["growth_ms"])
         rows.append({
             "case": d.name, "concurrency": case["concurrency"], "fault": case.get("fault") or
             (f"cpu hog on core {case['hog_core']}" if case.get("hog_core") is not None else ""),
@@ -56,6 +60,13 @@ def summarise(out: Path) -> list[dict]:
             "first_size_pct": first.get("size_pct") if first else None,
             "expect": case.get("expect") or "",
             "answer": dg.get("answer"),
+            # against the baseline's diagnosis: the cause that grew most, and its growth as a
+            # share of the baseline's observed step (the model's slowdown from that cause)
+            "moved_cause": moved["cause"] if moved else None,
+            "moved_pct": 100 * moved["growth_ms"] / cmp_["baseline_step_ms"] if moved else None,
+            "modelled_change_pct": cmp_.get("change_pct") if cmp_.get("kind") == "modelled"
+            else None,
+            "unexplained_pct": dg.get("unexplained_pct"),
         })
     return rows
 
@@ -64,6 +75,8 @@ def render(rows: list[dict]) -> str:
     from tabulate import tabulate
     return tabulate([[r["case"], r["concurrency"], r["fault"], r["tok_per_s"], r["runs"],
                       r["spread_pct"], r["slowdown_pct"], r["first_cause"], r["first_size_pct"],
-                      r["expect"]] for r in rows],
+                      r["moved_cause"], r["moved_pct"], r["unexplained_pct"], r["expect"]]
+                     for r in rows],
                     headers=["case", "C", "fault", "tok/s", "runs", "spread %", "slowdown %",
-                             "first cause", "size %", "expected"], floatfmt=".1f")
+                             "first cause", "size %", "grew most vs baseline", "growth %",
+                             "unexplained %", "expected"], floatfmt=".1f")

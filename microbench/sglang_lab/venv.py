@@ -4,8 +4,8 @@ Never the user's environment: `.lab/venv` is made without system site packages. 
 first on its own (`PPSCOPE_LAB_TORCH`, default `torch==2.13.0`: a CPU build where pip finds one),
 then every package of `requirements-cpu.txt` with `--no-deps`, so nothing can pull a CUDA torch or
 `sglang-kernel`. `boot/` is copied into site-packages and loaded by a `.pth` file (see
-`boot/ppscope_lab_boot.py`). A stamp holds a hash of the list and the boot files: an unchanged
-venv is reused with no network. Any failed step raises LabError with one line and the log path.
+`boot/ppscope_lab_boot.py`; copied again on every run). A stamp holds a hash of the list: an
+unchanged venv is reused with no network. Any failed step raises LabError with one line and the log path.
 """
 from __future__ import annotations
 
@@ -27,11 +27,9 @@ class LabError(Exception):
 
 
 def _fingerprint() -> str:
+    """What the installed packages depend on (the boot files are copied again on every run)."""
     h = hashlib.sha256(REQUIREMENTS.read_bytes())
     h.update(os.environ.get("PPSCOPE_LAB_TORCH", "torch==2.13.0").encode())
-    for p in sorted(BOOT.rglob("*.py")):
-        h.update(p.relative_to(BOOT).as_posix().encode())
-        h.update(p.read_bytes())
     return h.hexdigest()[:16]
 
 
@@ -82,6 +80,7 @@ def ensure_venv(lab_dir: Path, say=print) -> Path:
     stamp = venv / ".ppscope-lab-stamp"
     want = _fingerprint()
     if python.exists() and stamp.exists() and stamp.read_text().strip() == want:
+        install_boot(python)
         return python
     lab_dir.mkdir(parents=True, exist_ok=True)
     log = lab_dir / "install.log"

@@ -57,6 +57,7 @@ class Deployment:
     # send_us: per rank, the CPU time of the hidden-state send (part of the hop)
     device: str = "gpu"
     send_us: tuple[float, ...] = ()
+    process_us: tuple[float, ...] = ()     # per rank, after the forward (CPU view only)
 
     @property
     def occupied(self) -> int:
@@ -197,7 +198,8 @@ def from_evidence(loop: LoopProfile | None, *, concurrency: int | None, observed
         notes=tuple(notes),
         time_split={r: to_json(x.time_split) or {} for r, x in zip(order, rk)},
         device="cpu" if on_cpu else "gpu",
-        send_us=per_rank("send_us_mean") if on_cpu else ())
+        send_us=per_rank("send_us_mean") if on_cpu else (),
+        process_us=per_rank("process_us_mean") if on_cpu else ())
 
 
 # ------------------------------------------------------------------ switches and the model
@@ -205,7 +207,7 @@ def from_evidence(loop: LoopProfile | None, *, concurrency: int | None, observed
 CAUSES = ("slow_stage", "host", "relay", "herd", "launch_gaps", "hop")
 LABELS = {
     "slow_stage": "slow stage (a rank's forward above the others')",
-    "host": "host work on the critical path (GPU idle while its CPU works)",
+    "host": "host work on the critical path (no forward runs while the CPU works)",
     "relay": "rank chaining (blocked relaying the request list to the next rank's CPU)",
     "herd": "micro-batch split (herd: occupied slots vs pp)",
     "launch_gaps": "launch gaps (eager forwards / CUDA-graph fallback)",
@@ -254,7 +256,9 @@ def loop_config(dep: Deployment, on: frozenset, shape=None) -> tuple[LoopConfig,
                      empty_us=(dep.empty_us if "host" in on else 0.0)
                      + (dep.empty_relay_us if "relay" in on else 0.0),
                      rank_host_us=host, result_sync=True, cpu_forward=dep.device == "cpu",
-                     send_us=tuple(v if "hop" in on else 0.0 for v in dep.send_us))
+                     send_us=tuple(v if "hop" in on else 0.0 for v in dep.send_us),
+                     process_us=tuple(v if "host" in on else 0.0 for v in dep.process_us)
+                     if dep.process_us else 0.0)
     return cfg, sizes
 
 

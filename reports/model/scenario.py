@@ -172,8 +172,10 @@ def _gpu_note(rec: Record, gpu: GpuSpec) -> str | None:
 
 def build_inputs(scenario: dict[str, Any], records: dict[str, Record],
                  warnings: list[str] | None = None, observed: dict[int, float] | None = None,
-                 observed_src: str | None = None) -> Inputs:
-    """Combine a scenario dict and ok records into model inputs (fallback chain per input)."""
+                 observed_src: str | None = None, workload=None) -> Inputs:
+    """Combine a scenario dict and ok records into model inputs (fallback chain per input).
+    `workload`: the request lengths of the observed bench_serving runs
+    (reports/base/bench_serving.py `bench_workload`): they fill what the scenario does not say."""
     sc, warn = scenario, list(warnings or [])
     sc_file = f"configs/scenarios/{sc['name']}.json"
     est = dict(sc.get("estimates", {}))
@@ -204,22 +206,36 @@ def build_inputs(scenario: dict[str, Any], records: dict[str, Record],
         params.append(Param("layer_partition", sc["layer_partition"], label("layer_partition"),
                             sc_file, "SGLANG_PP_LAYER_PARTITION"))
     tp = int(sc.get("tp", 1))
-    prompt_len = int(sc.get("prompt_len") or DEFAULT_PROMPT_LEN)
-    output_len = int(sc.get("output_len") or DEFAULT_OUTPUT_LEN)
-    range_ratio = float(sc.get("range_ratio", 1.0))
-    params.append(Param("prompt_len", prompt_len,
-                        label("prompt_len") if "prompt_len" in sc else "estimated", sc_file,
-                        note("prompt_len", "tokens per prompt" if "prompt_len" in sc else
-                             f"not given: sglang.bench_serving's --random-input-len default "
-                             f"{DEFAULT_PROMPT_LEN}")))
-    params.append(Param("output_len", output_len,
-                        label("output_len") if "output_len" in sc else "estimated", sc_file,
-                        note("output_len", "tokens per response")))
-    params.append(Param("range_ratio", range_ratio,
-                        label("range_ratio") if "range_ratio" in sc else "estimated", sc_file,
-                        note("range_ratio", "lengths drawn in [len * ratio, len] "
-                             "(bench_serving --random-range-ratio); 1.0 = all the same, so "
-                             "slots keep their first split; below 1 occupancy drifts")))
+    wl_src = observed_src or "bench_serving"
+
+    def length(key: str, wl_value, default, cast, what: str) -> Any:
+        """A request length: the scenario's when it states it (given), else the observed
+        bench runs', else the scenario's assumption or the default (estimated)."""
+        stated = key in sc and sc[key] is not None
+        if stated and key not in assumed:
+            v = cast(sc[key])
+            params.append(Param(key, v, label(key), sc_file, note(key, what)))
+        elif wl_value is not None:
+            v = cast(wl_value)
+            params.append(Param(key, v, "observed", wl_src,
+                                getattr(workload, "note", None) or f"{what}, bench_serving"))
+        elif stated:
+            v = cast(sc[key])
+            params.append(Param(key, v, "estimated", sc_file, note(key, what)))
+        else:
+            v = cast(default)
+            params.append(Param(key, v, "estimated", sc_file, note(key, (
+                f"not given: sglang.bench_serving's --random-input-len default {default}"
+                if key == "prompt_len" else what))))
+        return v
+    prompt_len = length("prompt_len", getattr(workload, "prompt_len", None),
+                        DEFAULT_PROMPT_LEN, int, "tokens per prompt")
+    output_len = length("output_len", getattr(workload, "output_len", None),
+                        DEFAULT_OUTPUT_LEN, int, "tokens per response")
+    range_ratio = length("range_ratio", getattr(workload, "range_ratio", None), 1.0, float,
+                         "lengths drawn in [len * ratio, len] (bench_serving "
+                         "--random-range-ratio); 1.0 = all the same, so slots keep their "
+                         "first split; below 1 occupancy drifts")
     mem_mib = gpu_mem_mib(gpu.mem_gb)
     rule = f"SGLang {SGLANG_VERSION} default for a {gpu.mem_gb:g} GB GPU"
     log_set = _server_settings(records)

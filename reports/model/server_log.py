@@ -16,10 +16,14 @@ Combining rules (each DP rank's batches are real, separate batches):
   logged at the same instants, so no per-instant sum exists);
 - slot-imbalance index: windows of consecutive lines of one DP rank (never mixing two), pooled;
   coefficient of variation = the median of the DP ranks' own.
+
+Also here: the log's start-up and run-time settings in words (server arguments, decode graphs
+off by setting with SGLang's reasons, settings changed at run time) and each PP rank's prefill
+waves, for `ppscope sglang`'s printout and the report's CUDA-graph verdict.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from reports.base.payloads.sglang import Dist, LogRank, SglangData
 
@@ -136,4 +140,96 @@ def attention_lines(ab: dict[str, str] | None, mla: bool | None = None) -> list[
     elif be != "triton":
         out.append(f"ppscope's stage cost times its own attention kernels, not {be}'s; the "
                    "implied efficiency says how far the server's kernels are from them.")
+    return out
+
+
+# -- what the log says about the server's settings, its graph path and its prefill waves
+# (microbench/sglang/log.py: `server_args`, `graph_setting`, `config_overrides`, and per PP rank
+# `graph_device` and `prefill_*`). Each function takes plain values, so the CLI's printout (the
+# record as JSON) and the report (the typed payload) say the same words.
+
+_SA_ORDER = ("pp_size", "tp_size", "device", "attention_backend", "disable_cuda_graph",
+             "decode_graph_backend", "cuda_graph_max_bs", "enable_torch_compile",
+             "pp_async_batch_depth", "pp_max_micro_batch_size", "max_running_requests",
+             "chunked_prefill_size", "max_prefill_tokens")
+
+
+def server_args_line(sa: Mapping[str, Any] | None) -> str | None:
+    """The server arguments ppscope reads (`server_args=` start-up line), in one line; None
+    when the log has no such line. "default": not given, SGLang picks at start-up."""
+    if not sa:
+        return None
+    vals = ", ".join(f"{k} {'default' if sa.get(k) is None else sa[k]}" for k in _SA_ORDER)
+    return f"Server args [log]: {vals}."
+
+
+def graph_off_text(reasons: Sequence[str]) -> str:
+    """Decode graphs off by setting, with SGLang's reasons (never a fallback)."""
+    return "off by setting (" + "; ".join(reasons) + ")"
+
+
+def graph_setting_line(off_by_setting: bool | None, reasons: Sequence[str],
+                       device: str | None = None) -> str | None:
+    """What the start-up lines say about decode graphs, beside the share of decode batches on
+    the graph path (`{device} graph: B`); None when they say nothing."""
+    path = f"`{device} graph`" if device else "graph"
+    if off_by_setting:
+        return (f"Decode graphs [log]: {graph_off_text(reasons)}: decode runs eager on purpose, "
+                f"so decode batches off the {path} path are this setting, not a fallback.")
+    if off_by_setting is False:
+        return (f"Decode graphs [log]: on by setting; a decode batch logged with {path}: False "
+                "fell off the graph path (e.g. larger than the largest captured batch).")
+    return None
+
+
+def prefill_waves_line(rank: str, new_seq: Sequence[int], prefills: int, admitted: int,
+                       hist: Mapping[str, int]) -> str | None:
+    """A PP rank's prefill waves: how many requests each prefill admitted (`#new-seq`), in
+    order, and how many prefills admitted each number. None without prefill lines."""
+    if not prefills:
+        return None
+    seq = " ".join(str(x) for x in new_seq) + (" ..." if len(new_seq) < prefills else "")
+    sizes = ", ".join(f"{k}: {v}" for k, v in sorted(hist.items(), key=lambda kv: int(kv[0])))
+    return (f"Prefill waves [log], PP rank {rank}: {prefills} prefills admitted {admitted} "
+            f"requests; #new-seq per prefill: {seq} (prefills per #new-seq {sizes}).")
+
+
+def config_override_lines(overrides: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Settings changed while the server ran (POST /set_internal_state), one line each."""
+    out = []
+    for o in overrides:
+        what = ", ".join(f"{k}={v}" for k, v in o["overrides"].items()) or o["text"]
+        ranks = ", ".join(str(r) for r in o["ranks"])
+        out.append(f"Setting changed at run time [log] {o['clock'] or 'at an unknown time'} "
+                   f"(PP rank {ranks}): {what}.")
+    return out
+
+
+def log_setting_lines(log: Mapping[str, Any], ranks: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The lines above for `ppscope sglang`'s printout, from the record's `log` and `ranks`."""
+    out = []
+    if (line := server_args_line(log.get("server_args"))):
+        out.append(line)
+    gs = log.get("graph_setting") or {}
+    devices = sorted({d["graph_device"] for d in ranks.values() if d.get("graph_device")})
+    if (line := graph_setting_line(gs.get("off_by_setting"), gs.get("reasons") or (),
+                                   ",".join(devices) or None)):
+        out.append(line)
+    for r, d in ranks.items():
+        line = prefill_waves_line(r, [w["new_seq"] for w in d.get("prefill_waves") or ()],
+                                  d["prefill_lines"], d.get("prefill_new_seq_total") or 0,
+                                  d.get("prefill_new_seq_hist") or {})
+        if line:
+            out.append(line)
+    return out + config_override_lines(log.get("config_overrides") or ())
+
+
+def graph_off_number(reasons: Sequence[str], shares: Sequence[tuple[str, float, int]]) -> str:
+    """The CUDA-graph verdict's number when decode graphs are off by setting (the log's
+    `graph_setting`): the setting and SGLang's reasons, then the share of decode batches on
+    graphs per scheduler (`graph_shares`), which that setting explains."""
+    out = f"Decode graphs {graph_off_text(reasons)}: decode runs eager on purpose, not a fallback"
+    if shares:
+        r, lo, _ = min(shares, key=lambda x: x[1])
+        out += f"; log: lowest per-rank share of decode batches on graphs {lo:.0%} (rank {r})"
     return out

@@ -23,7 +23,7 @@ from reports.model.attribution import Attribution
 from reports.base.payloads.sglang import SglangData
 from reports.base.records import Record
 from reports.model.scenario import Inputs
-from reports.model.server_log import dp_count, graph_shares
+from reports.model.server_log import dp_count, graph_off_number, graph_shares
 
 HOLDS, MINOR, NOT, UNKNOWN = "holds", "minor", "does not hold", "not enough evidence"
 
@@ -95,6 +95,10 @@ def graph_evidence(sg: SglangData) -> tuple[str, str, str] | None:
     lines with `cuda graph: True`) and traces (kernels from graph replays vs launched one by one);
     the log decides when it has the field, else the traces. None when neither says anything."""
     fr = graph_shares(sg)   # per scheduler: each DP rank of a PP rank on its own
+    gs = sg.log.graph_setting if sg.log is not None else None
+    if gs is not None and gs.off_by_setting:   # eager on purpose: never read as a fallback
+        return (NOT, graph_off_number(gs.reasons, fr),
+                "sglang.json (observed: log start-up lines)")
     tr = [(r, d.graph_kernels or 0, d.eager_kernels or 0, d.graph_launches or 0)
           for r, d in (sg.traces.ranks.items() if sg.traces else ()) if d.gpu_events]
     if not fr and not tr:
@@ -299,6 +303,10 @@ def verdicts(inp: Inputs, atts: list[Attribution], records: dict[str, Record],
     them (`observed_verdicts`)."""
     base = model_verdicts(inp, atts, records)
     obs = observed_verdicts(diagnosis or {})
+    sg = records.get("sglang")
+    gs = sg.payload.log.graph_setting if sg is not None and sg.payload.log is not None else None
+    if gs is not None and gs.off_by_setting:   # graphs off on purpose: the setting is the answer
+        obs.pop("CUDA-graph fallback", None)
     return [obs.get(x.hypothesis, x) for x in base]
 
 

@@ -1,16 +1,19 @@
 """One injected fault inside SGLang's own processes (the ppscope lab venv only; SGLang's files
 are never edited). Chosen by `PPSCOPE_LAB_FAULT`, one of:
 
-  host-delay=R:US      rank R's scheduler spends US more microseconds of CPU in every
-                       `get_next_batch_to_run` (busy, like real scheduling work)
+  host-delay=R:US      rank R's scheduler takes US microseconds longer in every
+                       `get_next_batch_to_run`
   slow-stage=R:F       rank R's model forward (`ModelRunner.forward`) takes F times as long
-                       (the forward runs, then the CPU stays busy for (F - 1) x its time)
+                       (the forward runs, then the rank waits (F - 1) x its time)
   hop-delay=R:US       rank R's hidden-state send to the next stage is held US microseconds
                        inside SGLang's `send_proxy_dict_to_next_stage` range, before the
                        send is posted, as a slow link holds a blocking send
 
 The wrap goes on SGLang's classes right after their module is imported, and acts only in the
 process whose pipeline rank is R (`pp_group.rank_in_group`), so the other ranks run unchanged.
+Every delay is a sleep, not a spin: on a small lab machine (2 cores for two ranks, SGLang's
+tokenizer and detokenizer, and the client) a spinning delay would also starve those processes,
+a cost of the machine, not of the loop; the external CPU hog case measures contention apart.
 
 `PPSCOPE_LAB_FAULT_FILE=PATH` instead: every target is wrapped, and the fault is whatever line
 PATH holds (none when it is empty or absent), re-read at most every 50 ms, so one running
@@ -36,12 +39,6 @@ def parse(spec: str):
     if kind not in TARGETS or not rank.isdigit():
         raise ValueError(f"PPSCOPE_LAB_FAULT: expected one of {sorted(TARGETS)}=R:VALUE, got {spec!r}")
     return kind, int(rank), float(value)
-
-
-def _spin(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
 
 
 def _rank(obj):
@@ -89,12 +86,12 @@ def wrap(target: str, switch: _Switch, fn):
             return fn(self, *a, **k)
         kind, rank, value = f
         if kind == "host-delay":
-            _spin(value / 1e6)
+            time.sleep(value / 1e6)
             return fn(self, *a, **k)
         if kind == "slow-stage":
             t0 = time.perf_counter()
             out = fn(self, *a, **k)
-            _spin((value - 1.0) * (time.perf_counter() - t0))
+            time.sleep(max(0.0, (value - 1.0) * (time.perf_counter() - t0)))
             return out
         time.sleep(value / 1e6)            # hop-delay: the send is held
         return fn(self, *a, **k)

@@ -33,14 +33,31 @@ class SlotImbalance:
 
 
 @dataclass(frozen=True)
+class PrefillWave:
+    """One prefill line of a PP rank, in clock order (microbench/sglang/log.py `_waves`): how
+    many waiting requests that prefill admitted, i.e. how a burst of arrivals was split."""
+    t_s: float | None = None                   # log clock, seconds since the epoch (as UTC)
+    new_seq: int = ge(0, default=0)            # #new-seq: requests admitted
+    new_token: int = ge(0, default=0)
+    cached_token: int | None = ge(0, default=None)
+    running_req: int | None = ge(0, default=None)   # None: not logged (disaggregated prefill)
+    queue_req: int = ge(0, default=0)
+
+
+@dataclass(frozen=True)
 class LogRank:
     decode_lines: int = ge(0)
     prefill_lines: int = ge(0, default=0)
     running_req: Dist = field(default_factory=Dist)
     cuda_graph_frac: float | None = between(0, 1, default=None)
+    graph_device: str | None = None                # `{device} graph: B`'s label: cuda, cpu
     gen_throughput_tok_s: Dist = field(default_factory=Dist)
     queue_req: Dist = field(default_factory=Dist)
     prefill_new_tokens: int = ge(0, default=0)
+    prefill_new_seq_total: int = ge(0, default=0)  # requests admitted by prefills
+    prefill_cached_tokens: int = ge(0, default=0)
+    prefill_new_seq_hist: dict[str, int] = ge(0, default_factory=dict)  # #new-seq -> prefills
+    prefill_waves: tuple[PrefillWave, ...] = ()    # the first PREFILL_WAVES (64) prefill lines
     dp_ranks: tuple[Json, ...] = ()
     span_s: float | None = ge(0, default=None)
     slot_imbalance: SlotImbalance | None = None
@@ -48,6 +65,44 @@ class LogRank:
     # DP attention: each DP rank's own figures (the same shape, without dp_ranks / over_time /
     # by_dp); the rank's own figures above pool every DP rank's lines (microbench/sglang/log.py)
     by_dp: dict[str, LogRank] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LogServerArgs:
+    """The `server_args=` start-up line's settings (microbench/sglang/log.py `ServerArgs`);
+    None: not in the line (max_running_requests etc.: SGLang chose at start-up)."""
+    form: str = "dict"                             # "dict" (0.5.23) | "ServerArgs(...)"
+    pp_size: int | None = ge(1, default=None)
+    tp_size: int | None = ge(1, default=None)
+    device: str | None = None
+    attention_backend: str | None = None
+    disable_cuda_graph: bool | None = None
+    decode_graph_backend: str | None = None        # cuda_graph_config['decode']['backend']
+    cuda_graph_max_bs: int | None = ge(0, default=None)
+    enable_torch_compile: bool | None = None
+    pp_async_batch_depth: int | None = ge(0, default=None)
+    pp_max_micro_batch_size: int | None = ge(1, default=None)
+    max_running_requests: int | None = ge(1, default=None)
+    chunked_prefill_size: int | None = None        # -1 or 0: chunked prefill off
+    max_prefill_tokens: int | None = ge(1, default=None)
+
+
+@dataclass(frozen=True)
+class GraphSetting:
+    """Decode graphs off BY SETTING (True, with SGLang's reasons), left on (False: a decode
+    line off the graph path is a real fallback), or not said (None): log.py `graph_setting`."""
+    off_by_setting: bool | None = None
+    reasons: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ConfigOverride:
+    """A setting changed at run time (POST /set_internal_state): log.py `config_overrides`."""
+    t_s: float | None = None                       # log clock, seconds since the epoch (as UTC)
+    clock: str | None = None                       # as logged
+    ranks: tuple[int, ...] = ()                    # PP ranks whose scheduler logged it
+    overrides: dict[str, Json] = field(default_factory=dict)
+    text: str = ""                                 # the dict as logged
 
 
 @dataclass(frozen=True)
@@ -62,6 +117,9 @@ class LogSummary:
     server_settings: dict[str, int | float | str] = field(default_factory=dict)  # start-up line
     moe_kernel: dict[str, str] = field(default_factory=dict)   # start-up lines (log.py)
     attention_backend: dict[str, str] = field(default_factory=dict)   # start-up lines (log.py)
+    server_args: LogServerArgs | None = None       # the server_args= start-up line
+    graph_setting: GraphSetting = field(default_factory=GraphSetting)
+    config_overrides: tuple[ConfigOverride, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -192,6 +250,7 @@ class TraceRank:
 class Traces:
     dir: str
     ranks: dict[str, TraceRank] = field(default_factory=dict)
+    files_skipped: tuple[str, ...] = ()     # other TP ranks, prefill-stage files, merged traces
 
 
 @dataclass(frozen=True)
@@ -236,6 +295,7 @@ class LoopRank:
     device: str | None = None
     prefill_forwards: int = ge(0, default=0)
     send_us_mean: float | None = ge(0, default=None)          # hidden-state send, sender's CPU
+    process_us_mean: float | None = ge(0, default=None)       # process_batch_result (CPU view)
     wait_us_mean: dict[str, float | None] = field(default_factory=dict)   # blocked, by kind
     iterations_idle: int = ge(0, default=0)   # in passes SGLang marked idle (no request at all)
     slots: int | None = ge(1, default=None)   # pp_loop_size, from SGLang's idle-pass markers

@@ -1,0 +1,143 @@
+"""SGLang's CPU backend and SGLang's real trace conventions, on hand-made events.
+
+The rules checked here come from SGLang 0.5.23 (srt/managers/scheduler_pp_mixin.py
+`event_loop_pp`, srt/utils/profile_utils.py) and c10d: `gloo:send` ranges are asynchronous
+(open at isend, close at the next phase's wait) and never count as waiting; `gloo:recv` ranges
+are blocking; a pass over all slots that ran nothing ends with one `scheduler.idle` range;
+`step[DECODE bs=N]` gives the raw size on every rank; trace files are named
+`{id}-TP-{t}[-PP-{p}][-EXTEND|-DECODE].trace.json.gz`, `merged-{id}...` mixes every rank.
+Recorded SGLang traces (tests/fixtures/sglang_lab/) are checked in test_sglang_lab_fixtures.py.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from microbench.sglang import cpu_steps
+from microbench.sglang.trace import TraceError, select_rank_files
+from reports.model.pipeline_model import LoopConfig, simulate
+
+
+def _ev(ranges=(), steps=(), recvs=(), idle=()):
+    r = {k: [] for k in cpu_steps.RANGES}
+    for name, s, e in ranges:
+        r[name].append((s, e))
+    for v in r.values():
+        v.sort()
+    r["scheduler.idle"] = sorted(idle)
+    return {"ranges": r, "steps": sorted(steps), "recvs": sorted(recvs), "gpu_events": 0}
+
+
+def _iteration(t, fwd=None, bs=1, recv=(), gnb=100.0, proc=0.0, send=0.0, span=10_000.0):
+    """One loop iteration starting at t: recv_requests, get_next_batch_to_run, [run_batch
+    with its step span], [process_batch_result], [proxy send]."""
+    rg = [("recv_requests", t, t + 50), ("get_next_batch_to_run", t + 60, t + 60 + gnb)]
+    st = []
+    c = t + 60 + gnb
+    for a, b in recv:
+        c = max(c, b)
+    if fwd:
+        rg.append(("run_batch", c, c + fwd))
+        st.append((c + 10, c + fwd - 10, "DECODE", bs))
+        c += fwd
+    if proc:
+        rg.append(("process_batch_result", c, c + proc))
+        c += proc
+    if send:
+        rg.append(("send_proxy_dict_to_next_stage", c, c + send))
+    return rg, st, t + span
+
+
+def test_cpu_iteration_splits_into_forward_host_process_send_and_waits():
+    ranges, steps, recvs = [], [], []
+    t = 0.0
+    for k in range(6):
+        rcv = [(t + 200, t + 1200)]             # 1 ms blocked on the hidden states
+        rg, st, t2 = _iteration(t, fwd=5000, bs=4, recv=rcv, proc=700, send=300)
+        ranges += rg
+        steps += st
+        recvs += rcv
+        t = t2
+    ranges.append(("recv_requests", t, t + 50))
+    d = cpu_steps.summarize(_ev(ranges, steps, recvs), rank=1)
+    assert d["forwards"] == 6 and d["forward_count_by_batch"] == {"4": 6}
+    assert d["forward_us_by_batch"] == {"4": 5000}
+    assert d["process_us_mean"] == 700 and d["send_us_mean"] == 300
+    assert d["wait_us_mean"]["input"] == 1000
+    # 10 ms iteration - 5 ms forward - 1 ms blocked - 0.7 ms processing - 0.3 ms send = 3 ms
+    assert d["host_us_mean"] == pytest.approx(3000)
+    assert d["relay_wait_us_mean"] == 0.0      # waiting is never a cost
+
+
+def test_async_gloo_send_ranges_are_not_waiting():
+    # a gloo:send range covering the whole iteration (isend now, wait() next phase) changes
+    # nothing: only gloo:recv ranges are collected as blocked time
+    import gzip
+    import json
+    import tempfile
+    evs = [{"ph": "X", "cat": "user_annotation", "name": n, "ts": s, "dur": d}
+           for n, s, d in [("recv_requests", 0, 50), ("gloo:send", 60, 9000),
+                           ("get_next_batch_to_run", 100, 2000), ("recv_requests", 10_000, 50)]]
+    with tempfile.TemporaryDirectory() as tmp:
+        p = Path(tmp) / "t.json.gz"
+        with gzip.open(p, "wt") as f:
+            json.dump({"traceEvents": evs}, f)
+        ev = cpu_steps.collect(p)
+    assert ev["recvs"] == [] and ev["ranges"]["get_next_batch_to_run"] == [(100.0, 2100.0)]
+
+
+def test_idle_passes_give_the_slot_count_and_are_left_out():
+    # 3 slots; the server idles for 4 passes (a scheduler.idle after each), then runs
+    starts = [float(i * 1000) for i in range(30)]
+    idle = [(starts[3 * p + 2] + 500, starts[3 * p + 2] + 510) for p in range(4)]
+    slots, skip = cpu_steps.idle_passes(starts, idle)
+    assert slots == 3 and skip == set(range(12))
+    assert cpu_steps.idle_passes(starts, idle[:1]) == (None, set())
+
+
+def test_sglang_trace_file_names_one_file_per_pp_rank():
+    names = ["17.5-TP-0-PP-0.trace.json.gz", "17.5-TP-1-PP-0.trace.json.gz",
+             "17.5-TP-0-PP-1-EXTEND.trace.json.gz", "17.5-TP-0-PP-1-DECODE.trace.json.gz",
+             "merged-17.5.trace.json.gz", "p-17.5-TP-0-DP-1-PP-2-EP-3.trace.json.gz"]
+    keep, skipped = select_rank_files([Path(n) for n in names])
+    assert sorted(p.name for p in keep) == ["17.5-TP-0-PP-0.trace.json.gz",
+                                            "17.5-TP-0-PP-1-DECODE.trace.json.gz",
+                                            "p-17.5-TP-0-DP-1-PP-2-EP-3.trace.json.gz"]
+    assert len(skipped) == 3 and any("another TP rank" in s for s in skipped)
+    with pytest.raises(TraceError, match="merged"):
+        select_rank_files([Path("merged-17.5.trace.json.gz")])
+
+
+def test_forward_on_the_cpu_holds_the_rank_until_it_ends():
+    # PP2, one slot of 1 request, 5 ms forwards, 3 ms host per visit: on a GPU the CPU runs
+    # ahead (host overlaps the forward); on the CPU the rank is busy for host + forward
+    stage = ((0.0, 5000.0), (0.0, 5000.0))
+    hop = ((0.0, 0.0), (0.0, 0.0))
+    gpu = simulate(LoopConfig(stage, hop, 0, rank_host_us=(3000.0, 3000.0)), [1, 0])
+    cpu = simulate(LoopConfig(stage, hop, 0, rank_host_us=(3000.0, 3000.0), cpu_forward=True),
+                   [1, 0])
+    # one request: each round is host + forward on both ranks in turn, either way
+    assert cpu.tpot_ms == pytest.approx(16.0, rel=1e-6)
+    assert gpu.tpot_ms <= cpu.tpot_ms
+    # two slots: on the CPU both ranks are busy 2 x (3 + 5) ms per round
+    cpu2 = simulate(LoopConfig(stage, hop, 0, rank_host_us=(3000.0, 3000.0), cpu_forward=True),
+                    [1, 1])
+    assert cpu2.tpot_ms == pytest.approx(16.0, rel=1e-6)
+    # the hidden-state send's CPU time delays the next rank's input: one slot, +1 ms per round
+    send = simulate(LoopConfig(stage, hop, 0, rank_host_us=(3000.0, 3000.0), cpu_forward=True,
+                               send_us=(1000.0, 0.0)), [1, 0])
+    assert send.tpot_ms == pytest.approx(17.0, rel=1e-6)
+
+
+def test_lab_fault_grammar():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "faults", Path(__file__).parents[1] / "microbench/sglang_lab/boot/ppscope_lab_faults.py")
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    assert m.parse("host-delay=0:4000") == ("host-delay", 0, 4000.0)
+    assert m.parse("slow-stage=1:2") == ("slow-stage", 1, 2.0)
+    for bad in ("nap=0:1", "host-delay=x:1", "host-delay"):
+        with pytest.raises(ValueError):
+            m.parse(bad)
