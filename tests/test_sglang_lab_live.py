@@ -56,7 +56,8 @@ def test_the_slow_stage_is_named_first_with_its_size(lab):
     rows = {r["case"]: r for r in json.loads((lab / "summary.json").read_text())}
     slow = rows["slow-stage"]
     assert slow["first_cause"] == "slow_stage", slow
+    assert slow["moved_cause"] == "slow_stage", slow     # what grew most against clean
     assert slow["slowdown_pct"] and slow["slowdown_pct"] > 10
-    # the size the diagnosis gives against the slowdown bench_serving measured: within ±50%
-    # here (one repetition on a shared 2-core machine; the full lab's table is in BENCHMARKS)
-    assert 0.5 < slow["first_size_pct"] / slow["slowdown_pct"] < 1.5, slow
+    # its growth against the slowdown bench_serving measured: within a factor 1.6 here (one
+    # repetition on a shared 2-core CI machine; the full lab's table is in docs/BENCHMARKS.md)
+    assert 0.6 < slow["moved_pct"] / slow["slowdown_pct"] < 1.6, slow

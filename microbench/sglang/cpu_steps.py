@@ -133,7 +133,7 @@ def summarize(ev: dict, rank: int | None = None) -> dict:
     rb = rg["run_batch"]
     rb_starts = [s for s, _ in rb]
     fwds, host_b, host_e, waits = [], [], [], {"relay": [], "input": [], "output": []}
-    sends, procs = [], []
+    sends, procs, spans = [], [], []
     slots, idle = idle_passes(starts, rg["scheduler.idle"])
     for i in range(len(starts) - 1):
         if i in idle:
@@ -157,15 +157,18 @@ def summarize(ev: dict, rank: int | None = None) -> dict:
             continue
         k = bisect.bisect_left(step_starts, run[0])
         st = steps[k] if k < len(steps) and steps[k][0] < run[1] else None
-        # the input receive: blocked time before run_batch, outside recv_requests
+        # the input receive: blocked before run_batch, outside recv_requests and outside the
+        # output exchange (with async depth > 0 SGLang exchanges outputs before the forward)
         pre = merge(_inside(recvs, lo, run[0]))
-        pre_in = [(a, b) for a, b in pre
-                  if not overlap([(a, b)], merge(_inside(rg["recv_requests"], lo, hi)))]
+        other = merge(_inside(rg["recv_requests"], lo, hi)
+                      + _inside(rg["recv_res_dict_from_prev_stage"], lo, hi))
+        pre_in = [(a, b) for a, b in pre if not overlap([(a, b)], other)]
         fwds.append({"start": run[0], "end": run[1], "mode": st[2] if st else None,
                      "batch": st[3] if st else None, "input": pre_in[-1] if pre_in else None})
         if st and st[2] == "DECODE":
             host_b.append(host)
             procs.append(proc)
+            spans.append(span)
             waits["relay"].append(relay)
             waits["output"].append(output)
             waits["input"].append(sum(b - a for a, b in pre_in))
@@ -199,6 +202,9 @@ def summarize(ev: dict, rank: int | None = None) -> dict:
         "sync_wait_us_mean": 0.0, "send_wait_us_mean": 0.0, "foreign_queue_us_mean": 0.0,
         "send_us_mean": _mean(sends),
         "process_us_mean": _mean(procs),
+        # one loop iteration with a decode forward, start to start: x slots = the decode step
+        # the traced loop ran while every slot was busy (the model's steady state, observed)
+        "iteration_us_mean": _mean(spans),
         "wait_us_mean": {k: _mean(v) for k, v in waits.items()},
         "time_split": {"window_us": window, "compute_us": comp, "comm_transfer_us": send_all,
                        "comm_wait_us": wait, "comm_us": wait + send_all,

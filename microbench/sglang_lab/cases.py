@@ -38,14 +38,17 @@ class Group:
     cases: tuple[Case, ...] = field(default_factory=tuple)
 
 
-def default_plan(pp: int = 2, quick: bool = False) -> tuple[Group, ...]:
+def default_plan(pp: int = 2, quick: bool = False, depth: int = 0) -> tuple[Group, ...]:
     """Clean runs at C = 1, 8, 16; each fault at C = 8; herd against spread at C = 8.
-    `quick`: clean C = 8 and one fault (the CI tier)."""
+    `quick`: clean C = 8 and one fault (the CI tier). `depth`: the server's
+    `--pp-async-batch-depth` (SGLang's default 0)."""
+    extra = ("--pp-async-batch-depth", str(depth)) if depth else ()
+    name = f"depth{depth}"
     last = pp - 1
     c8 = 8
     clean8 = Case("clean-c8", c8, reps=3, stacks=True, live=True, baseline="")
     if quick:
-        return (Group("depth0", pp, (), (Case("clean-c8", c8, reps=2, baseline=""),
+        return (Group(name, pp, extra, (Case("clean-c8", c8, reps=2, baseline=""),
                       Case("slow-stage", c8, fault=f"slow-stage={last}:2", expect="slow_stage"))),)
     cases = (
         clean8,
@@ -57,5 +60,7 @@ def default_plan(pp: int = 2, quick: bool = False) -> tuple[Group, ...]:
         Case("cpu-hog", c8, hog_core=last, expect="slow_stage"),
         Case("spread-mmb", c8, mmb=max(1, c8 // pp), baseline="clean-c8"),
         Case("staggered", c8, request_rate=16.0, baseline="clean-c8"),
+        # the clean run again at the end: slowdowns are against both (the machine drifts)
+        Case("clean-c8-end", c8, reps=2, baseline=""),
     )
-    return (Group("depth0", pp, (), cases),)
+    return (Group(name, pp, extra, cases),)

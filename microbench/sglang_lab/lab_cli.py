@@ -31,8 +31,12 @@ def register(subparsers) -> None:
     p.add_argument("--lab-dir", default=os.environ.get("PPSCOPE_LAB_DIR", ".lab"),
                    help="the lab venv, model and logs (default .lab; never your environment)")
     p.add_argument("--pp", type=int, default=2, help="pipeline size (default 2)")
+    p.add_argument("--async-depth", type=int, default=0, metavar="N",
+                   help="the server's --pp-async-batch-depth (default 0, SGLang's default)")
     p.add_argument("--cases", default="", metavar="NAME,...",
                    help="only these cases (default: the whole plan; --list shows it)")
+    p.add_argument("--reps", type=int, default=None, metavar="N",
+                   help="bench_serving repetitions of every case (default: the plan's, 1-3)")
     p.add_argument("--quick", action="store_true",
                    help="clean C=8 and one fault only (the CI tier)")
     p.add_argument("--list", action="store_true", help="print the plan and exit")
@@ -53,7 +57,15 @@ def _plan(args):
     if not 2 <= args.pp <= max(2, os.cpu_count() or 2):
         raise CliError(f"--pp must be between 2 and the number of cores "
                        f"({os.cpu_count()}), got {args.pp}")
-    plan = default_plan(args.pp, quick=args.quick)
+    if not 0 <= args.async_depth <= 64:
+        raise CliError(f"--async-depth must be between 0 and 64, got {args.async_depth}")
+    plan = default_plan(args.pp, quick=args.quick, depth=args.async_depth)
+    if args.reps is not None:
+        if not 1 <= args.reps <= 20:
+            raise CliError(f"--reps must be between 1 and 20, got {args.reps}")
+        from dataclasses import replace
+        plan = tuple(replace(g, cases=tuple(replace(c, reps=args.reps) for c in g.cases))
+                     for g in plan)
     names = [c.name for g in plan for c in g.cases]
     only = tuple(x.strip() for x in args.cases.split(",") if x.strip())
     bad = [x for x in only if x not in names]

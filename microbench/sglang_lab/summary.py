@@ -37,7 +37,8 @@ def summarise(out: Path) -> list[dict]:
     for d in dirs:
         case = json.loads((d / "case.json").read_text())["case"]
         t = tok[d.name]
-        base = tok.get(case.get("baseline") or "", [])
+        # the baseline measured at the start of the plan and again at its end (drift check)
+        base = tok.get(case.get("baseline") or "", []) + tok.get(f"{case.get('baseline')}-end", [])
         rep = _report(d)
         dg = rep.get("diagnosis") or {}
         first = next((r for r in dg.get("rows", []) if r.get("cause") in (dg.get("named") or [])),
@@ -49,6 +50,8 @@ def summarise(out: Path) -> list[dict]:
             if named:
                 moved = max(named, key=lambda r: r["growth_ms"])
         rows.append({
+            "modelled_step_ms": dg.get("modelled_step_ms"),
+            "observed_step_ms": dg.get("observed_step_ms"),
             "case": d.name, "concurrency": case["concurrency"], "fault": case.get("fault") or
             (f"cpu hog on core {case['hog_core']}" if case.get("hog_core") is not None else ""),
             "tok_per_s": mean(t) if t else None, "runs": len(t),

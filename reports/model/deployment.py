@@ -16,6 +16,12 @@ When `results/sglang.json` holds a loop profile (per-rank traces read by `ppscop
 | graph share | forwards launched through `cudaGraphLaunch` | - |
 | tok/s | bench_serving / live probe / `--observed` | - |
 
+SGLang's CPU backend (traces without GPU events, microbench/sglang/cpu_steps.py): the forward is
+each `run_batch` range, sized by its `step[DECODE bs=N]` span; host work is the iteration minus
+the forward, the blocked gloo receives, `process_batch_result` (modelled after the forward, as
+SGLang runs it) and the hidden-state send (part of the hop); waiting is never an input (the
+model reproduces it); the slot count comes from SGLang's idle-pass markers.
+
 Means, not medians, feed the model: throughput is total time over count, so a heavy tail
 (contention, a starved CPU) counts in full. Sizes the trace never ran (needed when the herd is spread out) are the nearest observed size
 scaled by the roofline's MoE-layer bytes ratio (labelled `estimated`). Nothing is fitted to the

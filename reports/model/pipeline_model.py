@@ -38,6 +38,10 @@ holds `slot_sizes[k]` requests throughout, requests never move):
 So a rank's host work overlaps its upstream's GPU forward, and the CPU of every rank is held
 one forward behind its GPU by the per-iteration sync.
 
+SGLang's CPU backend (`cpu_forward=True`): the forward runs on the rank's own CPU, so its clock
+stays at the forward's end (nothing overlaps it), and `send_us` (the CPU time of posting the
+hidden states, `send_proxy_dict_to_next_stage`) passes before they leave.
+
 `token_return=False` is the idealised loop the attribution starts from: the last rank sends a
 slot's tokens to rank 0 as soon as its forward ends (not held, not queued behind other
 receives), only rank 0 waits for them (before that slot's next forward, then processes them),

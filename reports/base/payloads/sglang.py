@@ -296,6 +296,7 @@ class LoopRank:
     prefill_forwards: int = ge(0, default=0)
     send_us_mean: float | None = ge(0, default=None)          # hidden-state send, sender's CPU
     process_us_mean: float | None = ge(0, default=None)       # process_batch_result (CPU view)
+    iteration_us_mean: float | None = ge(0, default=None)     # an iteration with a decode forward
     wait_us_mean: dict[str, float | None] = field(default_factory=dict)   # blocked, by kind
     iterations_idle: int = ge(0, default=0)   # in passes SGLang marked idle (no request at all)
     slots: int | None = ge(1, default=None)   # pp_loop_size, from SGLang's idle-pass markers
