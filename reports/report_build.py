@@ -369,7 +369,7 @@ def answer(rep: dict[str, Any]) -> list[str]:
     if cmp_.get("status") == "ok":   # the user changed one thing: what it did comes first
         lead.insert(0, cmp_["answer"][0].upper() + cmp_["answer"][1:] + ".")
     out = lead
-    if by_cause:
+    if by_cause and not differs:   # the scenario is another deployment: its sections say so
         parts = [f"{lab.split(' (')[0]} at {' and '.join(f'C={C}' for C, _ in cs)} "
                  f"({', '.join(_pct(sh) for _, sh in cs)} of the gap)"
                  for lab, cs in by_cause.items()]

@@ -73,15 +73,18 @@ def details(dep: Deployment) -> dict[str, str]:
     relay_r = max(range(dep.pp), key=lambda r: dep.relay_us[r])
     eager = None if dep.graph_share is None else 1 - dep.graph_share
     gap = [at_size(f, b_typ) - at_size(g, b_typ) for f, g in zip(dep.forward, dep.forward_busy)]
+    cpu = dep.device == "cpu"
+    proc = (f" + {dep.process_us[host_r]:.0f} us processing results after it"
+            if cpu and dep.process_us else "")
     return {
-        "slow_stage": (f"rank {slow} forward (kernels + GPU queueing) {fw[slow]:.0f} us at "
+        "slow_stage": (f"rank {slow} forward ({'run_batch on the CPU' if cpu else 'kernels + GPU queueing'}) {fw[slow]:.0f} us at "
                        f"b={b_typ} vs median rank "
                        f"{med:.0f} us ({fw[slow] / med:.2f}x)" + ("; " + "; ".join(waits)
                                                                  if waits else "")),
         "host": (f"rank {host_r}: {dep.host_us[host_r]:.0f} us of host per visit on the critical "
-                 f"path against a {fw[host_r]:.0f} us forward"
+                 f"path against a {fw[host_r]:.0f} us forward{proc}"
                  + ("" if dep.host_us[host_r] <= fw[host_r] else " (host-bound: CPU longer "
-                    "than GPU per visit)")),
+                    "than " + ("the forward" if cpu else "GPU") + " per visit)")),
         "relay": (f"rank {relay_r} blocked {dep.relay_us[relay_r]:.0f} us per visit handing the "
                   f"request list to rank {(relay_r + 1) % dep.pp} (that rank's CPU is late)"),
         "herd": (f"{dep.occupied} occupied slot(s) per cycle of {dep.slots} (pp = {dep.pp}), "
@@ -91,6 +94,8 @@ def details(dep: Deployment) -> dict[str, str]:
                         + f"; {max(gap):.0f} us of launch gaps per forward (largest rank)"),
         "hop": ", ".join(f"hop {r}->{(r + 1) % dep.pp} {h:.0f} us" for r, h in
                          enumerate(dep.hop_us))
+               + "".join(f"; rank {r} spends {w:.0f} us per visit sending its hidden states"
+                         for r, w in enumerate(dep.send_us) if w >= 50)
                + "".join(f"; rank {r} waits {w:.0f} us per visit for data queued behind "
                          f"communication" for r, w in enumerate(dep.sync_wait_us) if w >= 50)
                + "".join(f"; rank {r}'s next forward waits {w:.0f} us for its own send"
