@@ -178,7 +178,7 @@ def diagnosis_summary(sg: SglangData, inp: Inputs,
         return None
     obs = dict(inp.observed)
     C = loop.concurrency
-    c_src = "given (ppscope sglang --concurrency)"
+    c_src = loop.concurrency_from or "given (ppscope sglang --concurrency)"
     if C is None and len(obs) == 1:
         C, c_src = next(iter(obs)), "the one observed concurrency"
     try:
@@ -199,6 +199,7 @@ def diagnosis_summary(sg: SglangData, inp: Inputs,
     return {"status": "ok", "concurrency": C, "concurrency_source": c_src,
             "observed_source": inp.src("observed_tok_per_s")[1] if obs.get(C) else None,
             "deployment": {"pp": dep.pp, "slots": dep.slots, "sizes": list(dep.sizes),
+                           "device": dep.device,
                            "host_us": list(dep.host_us), "relay_us": list(dep.relay_us),
                            "sync_wait_us": list(dep.sync_wait_us),
                            "send_wait_us": list(dep.send_wait_us), "hop_us": list(dep.hop_us),

@@ -58,6 +58,7 @@ def test_every_lab_case_is_diagnosed_as_the_server_it_is(case, tmp_path):
     c = json.loads((LAB / case / "case.json").read_text())["case"]["concurrency"]
     assert rep["diagnosis"]["status"] == "ok", rep["diagnosis"]
     assert rep["diagnosis"]["concurrency"] == c
+    assert rep["diagnosis"]["concurrency_source"].startswith("bench_serving's --max-concurrency")
     head = md.splitlines()[0]
     assert head.startswith("# ppscope report: your server (PP2, on cpu") and f"C={c}" in head
     obs = rep["observed_deployment"]

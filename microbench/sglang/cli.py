@@ -150,7 +150,6 @@ def collect(args: argparse.Namespace) -> dict:
         data["traces"] = sglang_trace.read_traces(
             args.sglang_traces, link_gbps=args.link_gbps,
             hta_compatible=getattr(args, "hta_compatible", False))
-        data["loop"] = _loop(args, data)
     if args.sglang_metrics:
         data["metrics"] = sglang_metrics.read_metrics(args.sglang_metrics)
     if args.bench:
@@ -158,6 +157,8 @@ def collect(args: argparse.Namespace) -> dict:
         data["bench"] = b["runs"]
         data["bench_source"] = {"file": b["file"], "format": b["source"],
                                 "lines_unrecognised": b["lines_unrecognised"]}
+    if args.sglang_traces:      # after --bench: its --max-concurrency is C when not given
+        data["loop"] = _loop(args, data)
     if args.url:
         from microbench.sglang import live as sglang_live
         if not 1 <= args.live_concurrency <= 4096 or not 1 <= args.live_tokens <= 1 << 20:
@@ -198,9 +199,14 @@ def _loop(args: argparse.Namespace, data: dict) -> dict:
     paths = {int(r): by_name[d["file"]] for r, d in data["traces"]["ranks"].items()
              if d.get("file") in by_name and str(r).isdigit()}
     loop = steps.read_loop(paths, hidden=_hidden(args, data), link_gbps=args.link_gbps)
-    c = args.concurrency or (args.live_concurrency if args.url and args.profile else None)
+    c, c_from = args.concurrency, "given (ppscope sglang --concurrency)"
+    if c is None and args.url and args.profile:
+        c, c_from = args.live_concurrency, "the live probe's --live-concurrency"
+    caps = {b.get("max_concurrency") for b in data.get("bench") or []} - {None}
+    if c is None and len(caps) == 1:
+        c, c_from = caps.pop(), "bench_serving's --max-concurrency (--bench)"
     loop.update(concurrency=c, model=getattr(args, "model", None),
-                link_gbps=args.link_gbps)
+                link_gbps=args.link_gbps, concurrency_from=c_from if c else None)
     return loop
 
 

@@ -421,7 +421,8 @@ def observed_loop_line(dg: dict[str, Any]) -> str:
     obs = dg["observed_tok_per_s"]
     return (f"Observed loop (C = {dg['concurrency']}, {dg['concurrency_source']}): PP{d['pp']}, "
             f"{d['slots']} slots, micro-batches {','.join(str(n) for n in d['sizes'] if n)}, "
-            f"CUDA-graph share {_pct(d['graph_share'])}; observed "
+            + ("forwards on the CPU (SGLang's CPU backend: no graphs)" if d.get("device") == "cpu"
+               else f"CUDA-graph share {_pct(d['graph_share'])}") + "; observed "
             f"{_f(obs)} tok/s" + (f" ({dg['observed_source']})" if dg.get("observed_source")
                                   else "") +
             f", the model of this loop {_f(dg['modelled_tok_per_s'])} tok/s, with every cause at "

@@ -329,6 +329,7 @@ class LoopProfile:
     model: str | None = None
     link_gbps: float | None = ge(0, default=None)
     device: str | None = None       # "cpu": SGLang's CPU backend traced (no GPU events)
+    concurrency_from: str | None = None   # where `concurrency` came from (flag, bench, live)
 
 
 @dataclass(frozen=True)
