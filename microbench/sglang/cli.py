@@ -198,7 +198,10 @@ def _loop(args: argparse.Namespace, data: dict) -> dict:
     by_name = {p.name: p for p in sglang_trace.find_traces(args.sglang_traces)}
     paths = {int(r): by_name[d["file"]] for r, d in data["traces"]["ranks"].items()
              if d.get("file") in by_name and str(r).isdigit()}
-    loop = steps.read_loop(paths, hidden=_hidden(args, data), link_gbps=args.link_gbps)
+    tr = data["traces"]["ranks"]
+    loop = steps.read_loop(paths, hidden=_hidden(args, data), link_gbps=args.link_gbps,
+                           no_gpu_events=bool(tr) and all(not d.get("gpu_events")
+                                                          for d in tr.values()))
     c, c_from = args.concurrency, "given (ppscope sglang --concurrency)"
     if c is None and args.url and args.profile:
         c, c_from = args.live_concurrency, "the live probe's --live-concurrency"

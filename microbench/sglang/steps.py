@@ -337,11 +337,13 @@ def loop_profile(ranks: dict[int, dict]) -> dict:
 
 
 def read_loop(paths: dict[int, str | Path], *, hidden: int | None = None,
-              link_gbps: float | None = None) -> dict:
+              link_gbps: float | None = None, no_gpu_events: bool = False) -> dict:
     """read_steps for every rank, then loop_profile; traces of SGLang's CPU backend (no GPU
-    event, `run_batch` ranges) go through microbench/sglang/cpu_steps.py instead."""
-    ranks = {r: read_steps(p, hidden=hidden, link_gbps=link_gbps, rank=r)
-             for r, p in sorted(paths.items())}
+    event, `run_batch` ranges) go through microbench/sglang/cpu_steps.py instead.
+    `no_gpu_events`: the caller already knows (trace.py's pass): the GPU reader is skipped."""
+    ranks = ({r: {"reason": NO_KERNELS} for r in paths} if no_gpu_events else
+             {r: read_steps(p, hidden=hidden, link_gbps=link_gbps, rank=r)
+              for r, p in sorted(paths.items())})
     if ranks and all(d.get("reason") == NO_KERNELS for d in ranks.values()):
         from microbench.sglang import cpu_steps      # (imports nothing of this module)
         evs = {r: cpu_steps.collect(p) for r, p in sorted(paths.items())}
@@ -350,4 +352,7 @@ def read_loop(paths: dict[int, str | Path], *, hidden: int | None = None,
                                               for r, e in evs.items()})
             out["device"] = "cpu"
             return out
+        if no_gpu_events:      # no GPU event and no run_batch: what the GPU reader says
+            ranks = {r: read_steps(p, hidden=hidden, link_gbps=link_gbps, rank=r)
+                     for r, p in sorted(paths.items())}
     return loop_profile(ranks)
