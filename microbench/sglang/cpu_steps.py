@@ -114,8 +114,29 @@ def is_cpu_trace(ev: dict) -> bool:
     return not ev["gpu_events"] and bool(ev["ranges"]["run_batch"])
 
 
-def _inside(ivs, lo, hi):
-    return [(max(a, lo), min(b, hi)) for a, b in ivs if b > lo and a < hi]
+class _Sorted:
+    """Intervals sorted by start, clipped to a window without scanning them all: bisect on the
+    starts, then walk back while the running maximum of the ends still reaches the window
+    (right for nested or overlapping intervals too). Each loop iteration asks for its own window,
+    so a linear scan per iteration would make a long trace quadratic."""
+
+    def __init__(self, ivs):
+        self.ivs = sorted(ivs)
+        self.starts = [a for a, _ in self.ivs]
+        self.maxend, m = [], -math.inf
+        for _, b in self.ivs:
+            m = max(m, b)
+            self.maxend.append(m)
+
+    def clip(self, lo: float, hi: float) -> list[tuple[float, float]]:
+        out = []
+        k = bisect.bisect_left(self.starts, hi) - 1
+        while k >= 0 and self.maxend[k] > lo:
+            a, b = self.ivs[k]
+            if b > lo:
+                out.append((max(a, lo), min(b, hi)))
+            k -= 1
+        return out[::-1]
 
 
 def summarize(ev: dict, rank: int | None = None) -> dict:
@@ -128,6 +149,8 @@ def summarize(ev: dict, rank: int | None = None) -> dict:
         out["reason"] = "fewer than two loop iterations (recv_requests ranges) in this trace"
         return out
     recvs = ev["recvs"]
+    R = {k: _Sorted(v) for k, v in rg.items()}
+    RECV = _Sorted(recvs)
     steps = ev["steps"]
     step_starts = [s[0] for s in steps]
     rb = rg["run_batch"]
@@ -140,13 +163,13 @@ def summarize(ev: dict, rank: int | None = None) -> dict:
             continue
         lo, hi = starts[i], starts[i + 1]
         span = hi - lo
-        blocked = _inside(recvs, lo, hi)
+        blocked = RECV.clip(lo, hi)
         b_total = length(merge(blocked))
-        relay = overlap(merge(blocked), merge(_inside(rg["recv_requests"], lo, hi)))
-        output = overlap(merge(blocked), merge(_inside(rg["recv_res_dict_from_prev_stage"], lo, hi)))
-        send = length(merge(_inside(rg["send_proxy_dict_to_next_stage"], lo, hi)))
-        proc = length(merge(_inside(rg["process_batch_result"], lo, hi))) - overlap(
-            merge(blocked), merge(_inside(rg["process_batch_result"], lo, hi)))
+        relay = overlap(merge(blocked), merge(R["recv_requests"].clip(lo, hi)))
+        output = overlap(merge(blocked), merge(R["recv_res_dict_from_prev_stage"].clip(lo, hi)))
+        send = length(merge(R["send_proxy_dict_to_next_stage"].clip(lo, hi)))
+        proc_iv = merge(R["process_batch_result"].clip(lo, hi))
+        proc = length(proc_iv) - overlap(merge(blocked), proc_iv)
         j = bisect.bisect_left(rb_starts, lo)
         run = rb[j] if j < len(rb) and rb[j][0] < hi else None
         fwd_len = (min(run[1], hi) - run[0]) if run else 0.0
@@ -159,9 +182,9 @@ def summarize(ev: dict, rank: int | None = None) -> dict:
         st = steps[k] if k < len(steps) and steps[k][0] < run[1] else None
         # the input receive: blocked before run_batch, outside recv_requests and outside the
         # output exchange (with async depth > 0 SGLang exchanges outputs before the forward)
-        pre = merge(_inside(recvs, lo, run[0]))
-        other = merge(_inside(rg["recv_requests"], lo, hi)
-                      + _inside(rg["recv_res_dict_from_prev_stage"], lo, hi))
+        pre = merge(RECV.clip(lo, run[0]))
+        other = merge(R["recv_requests"].clip(lo, hi)
+                      + R["recv_res_dict_from_prev_stage"].clip(lo, hi))
         pre_in = [(a, b) for a, b in pre if not overlap([(a, b)], other)]
         fwds.append({"start": run[0], "end": run[1], "mode": st[2] if st else None,
                      "batch": st[3] if st else None, "input": pre_in[-1] if pre_in else None})
@@ -180,8 +203,8 @@ def summarize(ev: dict, rank: int | None = None) -> dict:
     curve = {str(b): _mean(v) for b, v in sorted(by_b.items())}
     window = starts[-1] - starts[0]
     comp = length(merge([(f["start"], f["end"]) for f in fwds]))
-    wait = length(merge(_inside(recvs, starts[0], starts[-1])))
-    send_all = length(merge(_inside(rg["send_proxy_dict_to_next_stage"], starts[0], starts[-1])))
+    wait = length(merge(RECV.clip(starts[0], starts[-1])))
+    send_all = length(merge(R["send_proxy_dict_to_next_stage"].clip(starts[0], starts[-1])))
     out.update({
         "forwards": len(dec), "graph_forwards": 0, "batch_source": "step spans",
         "prefill_forwards": sum(1 for f in fwds if f["mode"] == "EXTEND"),
@@ -244,9 +267,9 @@ def cpu_loop_profile(ranks: dict[int, dict]) -> dict:
                         vals.append(h)
         elif len(order) > 1:
             ends = sorted(e for _, e in u.get("_sends", {}).get("output", []))
-            recvs = d.get("_recvs", [])
+            recvs = _Sorted(d.get("_recvs", []))
             for lo, hi in d.get("_out_recv", []):
-                inner = [iv for iv in recvs if iv[1] > lo and iv[0] < hi]
+                inner = recvs.clip(lo, hi)
                 if inner:
                     h = _hop((inner[0][0], inner[-1][1]), ends)
                     if h is not None:

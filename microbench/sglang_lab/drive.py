@@ -79,7 +79,9 @@ def start_bench(b: BenchSpec, log: Path, **kw) -> subprocess.Popen:
         f.close()
 
 
-def _http(url: str, method: str, path: str, body: dict | None, timeout_s: float) -> bytes:
+def http_call(url: str, method: str, path: str, body: dict | None, timeout_s: float) -> bytes:
+    """The reply's bytes of a 200 answer (deadline and size cap: microbench/sglang/http.py);
+    anything else is a LabError."""
     from reports.base.errors import CliError
     try:
         status, reply = http_request(url, method, path, body, timeout=timeout_s)
@@ -91,7 +93,7 @@ def _http(url: str, method: str, path: str, body: dict | None, timeout_s: float)
 
 
 def post(url: str, path: str, body: dict | None = None, timeout_s: float = 120.0):
-    reply = _http(url, "POST", path, body, timeout_s)
+    reply = http_call(url, "POST", path, body, timeout_s)
     try:
         return json.loads(reply)
     except ValueError:
@@ -108,7 +110,7 @@ def set_mmb(url: str, n: int) -> None:
 
 
 def scrape_metrics(url: str, dest: Path) -> None:
-    dest.write_bytes(_http(url, "GET", "/metrics", None, 30.0))
+    dest.write_bytes(http_call(url, "GET", "/metrics", None, 30.0))
 
 
 def wait_decoding(server, since: int, lines: int, timeout_s: float = 120.0) -> None:
@@ -122,17 +124,19 @@ def wait_decoding(server, since: int, lines: int, timeout_s: float = 120.0) -> N
 
 
 def wait_idle(server, timeout_s: float = 60.0) -> None:
-    """Until no request runs on any rank (`sglang:num_running_reqs` 0 in /metrics)."""
-    import re
+    """Until no request runs on any rank (`sglang:num_running_reqs` 0 in /metrics, read by
+    microbench/sglang/metrics.py)."""
+    from microbench.sglang.metrics import parse_metrics
+    from reports.base.errors import CliError
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            text = _http(server.url, "GET", "/metrics", None, 10.0).decode("utf-8", "replace")
-        except LabError:
+            ranks = parse_metrics(http_call(server.url, "GET", "/metrics", None, 10.0)
+                                  .decode("utf-8", "replace"))["ranks"]
+        except (LabError, CliError):
             return
-        vals = [float(v) for v in re.findall(r"^sglang:num_running_reqs\{[^}]*\} (\S+)$",
-                                              text, re.M)]
-        if vals and all(v == 0 for v in vals):
+        running = [r.get("num_running_reqs") for r in ranks.values()]
+        if running and all(v == 0 for v in running):
             return
         time.sleep(0.5)
     raise LabError(f"requests still running {timeout_s:.0f} s after the client stopped")

@@ -141,7 +141,7 @@ def _default_mmb(server: LabServer) -> int | None:
     """SGLang's own default cap, to restore after a case that set one: what
     `/get_server_info` reports, else max_running_requests // pp."""
     try:
-        info = json.loads(drive._http(server.url, "GET", "/get_server_info", None, 30.0))
+        info = json.loads(drive.http_call(server.url, "GET", "/get_server_info", None, 30.0))
     except (LabError, ValueError):
         return None
     states = info.get("internal_states") or [{}]

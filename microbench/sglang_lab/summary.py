@@ -8,17 +8,13 @@ from statistics import mean
 
 
 def _bench(case_dir: Path) -> list[float]:
-    out = []
+    """Output tok/s of each bench_serving run of the case (reports/base/bench_serving.py)."""
+    from reports.base.bench_serving import read_bench
     p = case_dir / "bench.jsonl"
-    if p.exists():
-        for ln in p.read_text().splitlines():
-            try:
-                v = json.loads(ln).get("output_throughput")
-            except ValueError:
-                continue
-            if isinstance(v, (int, float)):
-                out.append(float(v))
-    return out
+    if not p.exists():
+        return []
+    return [float(r["output_throughput"]) for r in read_bench(str(p))["runs"]
+            if r.get("output_throughput") is not None]
 
 
 def _report(case_dir: Path) -> dict:
