@@ -55,6 +55,8 @@ def build_report(inp: Inputs, records: dict[str, Record],
             "predicted_tpot_ms": sim.tpot_ms, "busy_frac": list(sim.busy_frac),
             "slot_sizes": list(sim.slot_sizes),
         })
+    from reports.model.arrival import alternatives
+    arrival = alternatives(inp, obs)
     wis = what_ifs(inp, transport_points(
         records["topology"].payload if "topology" in records else None))
     rec = recommendation(wis)
@@ -68,6 +70,7 @@ def build_report(inp: Inputs, records: dict[str, Record],
                        "async_depth": inp.async_depth, "max_micro_batch": inp.max_micro_batch,
                        "cuda_graphs": inp.graphs, "graph_max_bs": inp.graph_max_bs,
                        "arrival": inp.arrival, "context_len": inp.context_len},
+        "arrival": arrival,
         "params": to_jsonable(list(inp.params)),
         "assumptions": {**dict(inp.assumptions), **setting_dependencies(inp)},
         "observed_source": inp.src("observed_tok_per_s")[1] if obs else None,
@@ -337,6 +340,38 @@ def _whatif_text(w: dict[str, Any]) -> str:
     return f"{w['knob']} = {w['setting']} ({_effects_text(w)})"
 
 
+def _where(at: list[dict[str, Any]], verdict: str) -> str:
+    return ", ".join(f"C={a['concurrency']}" + (f" ({a['share']:.0%} of the gap)"
+                                                 if a.get("share") is not None and
+                                                 verdict in ("holds", "minor") else "")
+                     for a in at if a["verdict"] == verdict)
+
+
+def hypotheses_sentence(verdicts: list[dict[str, Any]]) -> str:
+    """The user's hypotheses in their order, each with the concurrencies where it holds."""
+    from reports.model.causes import HYPOTHESES
+    order = {h: k for k, h in enumerate(("thundering herd / uneven split",
+                                         "bandwidth is not the limit", "CUDA-graph fallback",
+                                         "cross-socket NUMA", "MoE routing imbalance",
+                                         "stage imbalance"))}
+    parts = []
+    for v in sorted(verdicts, key=lambda v: order.get(v["hypothesis"], len(order))):
+        at = [a for a in v.get("at") or [] if a["concurrency"]]
+        kinds = list(dict.fromkeys(a["verdict"] for a in at))
+        if len(kinds) > 1:
+            rank = ("holds", "minor", "does not hold", "not enough evidence")
+            text = "; ".join(f"{k} at {_where(at, k)}" for k in sorted(kinds, key=rank.index))
+        elif at and v["verdict"] in ("holds", "minor") and len(at) > 1 and \
+                v["hypothesis"] != "bandwidth is not the limit":
+            text = f"{v['verdict']} at every C ({_where(at, v['verdict'])})"
+        else:
+            text = v["verdict"] + (f" ({v['number'].split(';')[0]})"
+                                   if v["verdict"] in ("holds", "minor") else "")
+        cause = v.get("cause") or HYPOTHESES.get(v["hypothesis"])
+        parts.append(f"{v['hypothesis']}: {text}" + (f" [row {cause}]" if cause else ""))
+    return "Your hypotheses, judged at every concurrency: " + "; ".join(parts) + "."
+
+
 def answer(rep: dict[str, Any]) -> list[str]:
     """3-5 plain sentences from the report's own numbers (nothing here is typed by hand)."""
     obs_c = [c["concurrency"] for c in rep["concurrency"] if c["observed"]]
@@ -369,7 +404,7 @@ def answer(rep: dict[str, Any]) -> list[str]:
     cmp_ = rep.get("baseline_comparison") or {}
     if cmp_.get("status") == "ok":   # the user changed one thing: what it did comes first
         lead.insert(0, cmp_["answer"][0].upper() + cmp_["answer"][1:] + ".")
-    out = lead
+    out, n_lead = lead, len(lead)
     if by_cause and not differs:   # the scenario is another deployment: its sections say so
         parts = [f"{lab.split(' (')[0]} at {' and '.join(f'C={C}' for C, _ in cs)} "
                  f"({', '.join(_pct(sh) for _, sh in cs)} of the gap)"
@@ -381,16 +416,11 @@ def answer(rep: dict[str, Any]) -> list[str]:
                    f"iggest cause of the gap between ideal and modelled throughput: "
                    f"{'; '.join(parts)}. At C={top_c} the model gives "
                    f"{cm['predicted']:.1f} tok/s of an ideal {cm['ideal_tok_per_s']:.1f}.")
-    held = [v for v in rep["verdicts"] if v["verdict"] == "holds"]
-    rejected = [v["hypothesis"] for v in rep["verdicts"] if v["verdict"] == "does not hold"]
-    if held:
-        s = "Holds: " + "; ".join(f"{v['hypothesis']} ({v['number'].split(';')[0]})"
-                                  for v in held) + "."
-    else:
-        s = "None of the hypotheses holds on this evidence."
-    if rejected:
-        s += f" Does not hold: {', '.join(rejected)}."
-    out.append(s)
+    out.insert(n_lead, hypotheses_sentence(rep["verdicts"]))
+    from reports.model.arrival import sentence
+    arr = sentence(rep["arrival"]) if rep.get("arrival") and not differs else None
+    if arr:
+        out.append(arr)
     best = rep.get("recommendation")
     tp = next((w for w in rep["what_ifs"] if w["knob"] == TP_KNOB), None)
     if differs:   # the scenario's what-ifs are not advice for the traced server
@@ -436,6 +466,8 @@ def answer(rep: dict[str, Any]) -> list[str]:
         out.append("No observed throughput given (--observed or --bench), so the unexplained "
                    "gap is not known.")
     if rep["all_estimated"]:
-        out.append("Every figure except the observed tok/s is estimated; run the probes on the "
+        tr = any(p.get("source") == "transferred" for p in rep.get("params") or [])
+        out.append(f"Every figure except the observed tok/s is estimated"
+                   f"{' or transferred from another GPU' if tr else ''}; run the probes on the "
                    "GPUs (make all) to replace the estimates with measurements.")
     return out

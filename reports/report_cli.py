@@ -204,7 +204,9 @@ def terminal_summary(rep: dict[str, Any], width: int = 100, results_label: str =
         out.append(f"every model input is estimated (no probe records in "
                    f"{results_label.rstrip('/')}/); observed: sglang.json")
     elif rep["all_estimated"]:
-        out.append(f"every figure is estimated (no records in {results_label.rstrip('/')}/)")
+        tr = any(p.get("source") == "transferred" for p in rep.get("params") or [])
+        out.append(f"every figure is estimated{' or transferred' if tr else ''} (no records in "
+                   f"{results_label.rstrip('/')}/)")
     out.append("The answer:")
     for s in rep.get("answer", []):
         out += textwrap.wrap(s, width, initial_indent="  - ", subsequent_indent="    ")

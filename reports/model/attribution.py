@@ -17,26 +17,25 @@ from math import factorial
 from typing import Callable, Hashable, Sequence
 
 from reports.model import loop_builder as lb
+from reports.model.causes import label
 from reports.model.scenario import Inputs
 
-LABELS = {
-    "stage_imbalance": "stage imbalance (layer split, embedding/lm_head extras)",
-    "kernel_efficiency": "kernel efficiency (below the roofline)",
-    "launch_overhead": "launch overhead / CUDA-graph padding or fallback",
-    "p2p_hops": "P2P hops (hidden states between stages)",
-    "host_dispatch": "host dispatch + rank chaining",
-    "token_return": "SGLang's token return (held outputs, per-rank sync)",
-    "slot_imbalance": "slot imbalance (herd)",
-    "too_few_microbatches": "too few micro-batches in flight",
-    "routing_skew": "expert-routing skew",
-}
-# which model input each switch draws on (for evidence + measured/estimated)
+# which model input each cause draws on (for evidence + measured/estimated)
 INPUT_OF = {
-    "stage_imbalance": "kernel_efficiency", "kernel_efficiency": "kernel_efficiency",
-    "launch_overhead": "eager_us_per_layer", "p2p_hops": "hop_us",
-    "host_dispatch": "host_us", "token_return": "async_depth",
-    "slot_imbalance": "max_micro_batch",
-    "too_few_microbatches": "max_micro_batch", "routing_skew": "zipf_s",
+    "slow_stage": "kernel_efficiency", "kernel_efficiency": "kernel_efficiency",
+    "launch_gaps": "eager_us_per_layer", "hop": "hop_us", "host": "host_us",
+    "relay": "chain_us", "token_return": "async_depth", "herd": "max_micro_batch",
+    "routing_skew": "zipf_s",
+}
+
+
+# Causes whose size is SGLang's own loop mechanics run on the inputs, not an input's value:
+# labelled `modelled`, with the mechanism and the input it runs on as evidence.
+MODELLED = {
+    "token_return": "SGLang 0.5.23's PP loop (managers/scheduler_pp_mixin.py, event_loop_pp: "
+                    "outputs held async-depth iterations) at the scenario's async depth",
+    "herd": "SGLang 0.5.23's admission (reports/base/slots.py, after schedule_policy.py "
+            "PrefillAdder) on the scenario's arrival",
 }
 
 
@@ -96,7 +95,9 @@ def attribute(inp: Inputs, C: int, players: Sequence[str] = lb.SWITCHES) -> Attr
     rows = []
     for p in players:
         src, ev = inp.src(INPUT_OF[p])
-        rows.append(Row(p, LABELS[p], tpot[p], tput[p],
+        if p in MODELLED:
+            src, ev = "modelled", f"{MODELLED[p]} ({inp.src(INPUT_OF[p])[1]})"
+        rows.append(Row(p, label(p), tpot[p], tput[p],
                         tpot[p] / gap if abs(gap) > 1e-12 else None, ev, src))
     obs = dict(inp.observed).get(C)
     if obs:

@@ -33,6 +33,7 @@ import math
 from dataclasses import dataclass, field
 from statistics import median_low
 
+from reports.model.causes import CAUSES as CAUSES_BY_NAME, OBSERVED
 from reports.base.payloads.sglang import LoopProfile
 from reports.base.schema import to_json
 from reports.model.pipeline_model import LoopConfig, SimResult, simulate
@@ -210,15 +211,8 @@ def from_evidence(loop: LoopProfile | None, *, concurrency: int | None, observed
 
 # ------------------------------------------------------------------ switches and the model
 
-CAUSES = ("slow_stage", "host", "relay", "herd", "launch_gaps", "hop")
-LABELS = {
-    "slow_stage": "slow stage (a rank's forward above the others')",
-    "host": "host work on the critical path (no forward runs while the CPU works)",
-    "relay": "rank chaining (blocked relaying the request list to the next rank's CPU)",
-    "herd": "micro-batch split (herd: occupied slots vs pp)",
-    "launch_gaps": "launch gaps (eager forwards / CUDA-graph fallback)",
-    "hop": "hops between stages (transfer, NCCL latency, delays)",
-}
+CAUSES = OBSERVED          # reports/model/causes.py: one vocabulary with the scenario model
+LABELS = {c: CAUSES_BY_NAME[c].label for c in CAUSES}
 REFERENCE = {
     "slow_stage": "every rank at the lower median rank's forward time",
     "host": "no host work on the critical path",

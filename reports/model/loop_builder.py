@@ -4,15 +4,17 @@ Each switch turns one named effect on (as measured/estimated) or off (ideal):
 
 | switch | off (ideal) | on |
 |---|---|---|
-| stage_imbalance | every stage costs the mean stage | the real layer split + extras |
+| slow_stage | every stage costs the mean stage | the real layer split + extras |
 | kernel_efficiency | the roofline floor | floor / efficiency |
-| launch_overhead | no graph padding, no eager launches | padding to the captured size; eager above graph max bs |
-| p2p_hops | hops cost nothing | hop cost by batch |
-| host_dispatch | no CPU time, no gloo latency | CPU per slot visit (schedule, launch, result) + gloo messages |
+| launch_gaps | no graph padding, no eager launches | padding to the captured size; eager above graph max bs |
+| hop | hops cost nothing | hop cost by batch |
+| host | no CPU time per slot visit | CPU per slot visit (schedule, launch, result, empty visit) |
+| relay | no gloo latency | one gloo message per relay between neighbouring ranks |
 | token_return | tokens straight back to rank 0 | SGLang's return: held `depth` iterations on the last rank, queued on the schedule stream, every rank synced on the next slot's outputs |
-| slot_imbalance | occupied slots evenly filled | the admission rule's sizes |
-| too_few_microbatches | at least min(C, pp) micro-batches | as admitted |
+| herd | C requests in min(C, pp) equal micro-batches, evenly spaced | the admission rule's sizes |
 | routing_skew | uniform routing | Zipf skew from the scenario |
+
+The names are the causes of reports/model/causes.py, shared with the observed diagnosis.
 
 All off = `ideal`; all on = `modelled`. Slot sizes come from SGLang's admission rule
 (reports/base/slots.py: per-slot cap, request rows, prefill token budget) for a burst of C
@@ -31,12 +33,12 @@ from reports.base.partition import pp_partition
 from reports.model.pipeline_model import LoopConfig, SimResult, simulate
 from reports.base.roofline import stage_floor
 from reports.base.interp import interp_log
+from reports.model.causes import SCENARIO
 from reports.model.scenario import Inputs
-from reports.base.slots import SlotConfig, burst_sizes, closed_loop, even_slots
+from reports.base.slots import (SlotConfig, burst_sizes, closed_loop, even_slots,
+                                initial_assignment, slot_sizes_of)
 
-SWITCHES = ("stage_imbalance", "kernel_efficiency", "launch_overhead", "p2p_hops",
-            "host_dispatch", "token_return", "slot_imbalance", "too_few_microbatches",
-            "routing_skew")
+SWITCHES = SCENARIO
 ALL_ON = frozenset(SWITCHES)
 # Drift: the closed-loop benchmark is followed for DRIFT_ROUNDS rounds (the second half kept)
 # and the loop is run for DRIFT_SNAPSHOTS slot-size snapshots evenly spaced in that window.
@@ -49,8 +51,7 @@ def _floor(model, stage, b, gpu, ctx, zipf) -> float:
     return stage_floor(model, stage, b, gpu, context_len=ctx, zipf_s=zipf).floor_us
 
 
-STAGE_SWITCHES = frozenset({"stage_imbalance", "kernel_efficiency", "launch_overhead",
-                            "routing_skew"})
+STAGE_SWITCHES = frozenset({"slow_stage", "kernel_efficiency", "launch_gaps", "routing_skew"})
 _STAGE: dict = {}
 
 
@@ -70,7 +71,7 @@ def _stage_cost_us(inp: Inputs, on: frozenset, b: int, partition: str | None,
     stages = pp_partition(inp.model.num_layers, inp.pp,
                           partition if partition is not None else inp.layer_partition)
     max_bs = graph_max_bs or inp.graph_max_bs
-    launch = "launch_overhead" in on
+    launch = "launch_gaps" in on
     pad = padded(b, max_bs, mrr or inp.max_running_requests) if inp.graphs else None
     b_run = pad if (launch and pad is not None) else b
     eager = launch and pad is None
@@ -84,7 +85,7 @@ def _stage_cost_us(inp: Inputs, on: frozenset, b: int, partition: str | None,
         if eager:
             floor += st.num_layers * interp_log(inp.eager_curve, b)
         out.append(floor)
-    if "stage_imbalance" not in on:
+    if "slow_stage" not in on:
         out = [sum(out) / len(out)] * len(out)
     return out
 
@@ -110,7 +111,10 @@ def slot_config(inp: Inputs, cap: int | None = None, depth: int | None = None,
 
 
 def _policy(inp: Inputs, arrival: str | None) -> str:
-    return "even" if (arrival or inp.arrival) == "even" else "sglang"
+    """`even`: ppscope's even split (a what-if); `trickle`: SGLang's admission with one request
+    reaching the scheduler per slot visit; else SGLang's admission of a burst."""
+    a = arrival or inp.arrival
+    return a if a in ("even", "trickle") else "sglang"
 
 
 def occupancy(inp: Inputs, C: int, cap: int | None = None, depth: int | None = None,
@@ -120,6 +124,8 @@ def occupancy(inp: Inputs, C: int, cap: int | None = None, depth: int | None = N
     closed-loop drift's snapshots evenly spaced in time (equal weights)."""
     cfg = slot_config(inp, cap, depth, mrr, chunk)
     policy = _policy(inp, arrival)
+    if policy == "trickle":
+        return [(_trickle(cfg, C, inp.prompt_len), 1.0)]
     if inp.range_ratio >= 1 or policy == "even":
         return [(_burst(cfg, C, inp.prompt_len, policy), 1.0)]
     snaps = [s for s in _drift(cfg, C, inp.prompt_len, inp.output_len, inp.range_ratio)
@@ -131,6 +137,16 @@ def occupancy(inp: Inputs, C: int, cap: int | None = None, depth: int | None = N
 @lru_cache(maxsize=4096)
 def _burst(cfg: SlotConfig, C: int, prompt_len: int, policy: str) -> tuple[int, ...]:
     return tuple(burst_sizes(C, cfg, prompt_len, policy))
+
+
+@lru_cache(maxsize=4096)
+def _trickle(cfg: SlotConfig, C: int, prompt_len: int) -> tuple[int, ...]:
+    """The C requests reach the scheduler one per slot visit (a client that opens its streams
+    one after another, or a tokenizer handing a burst over one by one): SGLang's admission then
+    puts them in consecutive slots."""
+    visits = [float(v) for v in range(cfg.slots * (C + 2) + 2 * C)]
+    return tuple(slot_sizes_of(initial_assignment([float(i) for i in range(C)], cfg, "sglang",
+                                                  visits, prompt_lens=prompt_len), cfg))
 
 
 @lru_cache(maxsize=256)
@@ -148,15 +164,6 @@ def admitted_sizes(inp: Inputs, C: int, cap: int | None = None, depth: int | Non
     return list(occupancy(inp, C, cap, depth, arrival, mrr, chunk)[0][0])
 
 
-def _split_largest(sizes: list[int], m: int) -> list[int]:
-    out = sorted((s for s in sizes if s > 0), reverse=True)
-    while len(out) < m and out and out[0] > 1:
-        big = out.pop(0)
-        out += [-(-big // 2), big // 2]
-        out.sort(reverse=True)
-    return out
-
-
 def _place(sizes: list[int], n_slots: int, pp: int, depth: int) -> list[int]:
     """Put micro-batches in evenly spaced slots of the round-robin."""
     cfg = SlotConfig(pp, depth, max(1, max(sizes) if sizes else 1))
@@ -168,19 +175,15 @@ def _place(sizes: list[int], n_slots: int, pp: int, depth: int) -> list[int]:
 
 
 def switched_sizes(inp: Inputs, actual: list[int], on: frozenset, depth: int) -> list[int]:
-    """Slot sizes under the slot switches: as admitted, or evenly filled / more micro-batches."""
-    if "slot_imbalance" in on and "too_few_microbatches" in on:
+    """Slot sizes under the herd switch: as admitted, or (off) the same requests in at least
+    min(C, pp) equal micro-batches, evenly spaced over the slots."""
+    if "herd" in on:
         return list(actual)
     n_slots = inp.pp + depth
     occupied = [s for s in actual if s > 0]
     total = sum(occupied)
-    m = len(occupied)
-    if "too_few_microbatches" not in on:
-        m = min(max(m, min(total, inp.pp)), n_slots)
-    if "slot_imbalance" in on:
-        sizes = _split_largest(occupied, m)
-    else:
-        sizes = [total // m + (1 if k < total % m else 0) for k in range(m)]
+    m = min(max(len(occupied), min(total, inp.pp)), n_slots)
+    sizes = [total // m + (1 if k < total % m else 0) for k in range(m)]
     return _place(sizes, n_slots, inp.pp, depth)
 
 
@@ -197,16 +200,16 @@ def loop_config(inp: Inputs, on: frozenset, bmax: int, *, depth: int | None = No
     table = [[0.0] * inp.pp] + [stage_cost_us(inp, on, b, partition, graph_max_bs, mrr)
                                 for b in range(1, bmax + 1)]
     stage = tuple(tuple(row[i] for row in table) for i in range(inp.pp))
-    if "p2p_hops" in on:
+    if "hop" in on:
         hop_row = tuple([0.0] + [hop_us(inp, b) for b in range(1, bmax + 1)])
         ret_row = tuple([0.0] + [hop_us(inp, 1)] * bmax)  # sampled token ids: tiny
     else:
         hop_row = ret_row = tuple([0.0] * (bmax + 1))
-    host = "host_dispatch" in on
+    host, relay = "host" in on, "relay" in on
     return LoopConfig(stage_us=stage, hop_us=tuple([hop_row] * (inp.pp - 1) + [ret_row]),
                       async_depth=depth, host_us=inp.host_us if host else 0.0,
                       empty_us=inp.empty_us if host else 0.0,
-                      chain_us=inp.chain_us if host else 0.0,
+                      chain_us=inp.chain_us if relay else 0.0,
                       launch_us=inp.launch_us if host else 0.0,
                       process_us=inp.process_us if host else 0.0,
                       token_return="token_return" in on)

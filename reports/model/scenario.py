@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from reports.base.bench_serving import observed_points
+from reports.model.arrival import arrival_from_log
 from reports.base.errors import CliError
 from reports.base.gpu_specs import GpuSpec, load_gpu, match_gpu
 from reports.base.model_config import ModelConfig, load_model
@@ -104,7 +105,8 @@ class Inputs:
     @property
     def all_estimated(self) -> bool:
         """No measured model input (sglang.json is observed evidence, not a model input)."""
-        return not any(r != "sglang.json" for r in self.records)
+        return not any(r != "sglang.json" and not r.startswith("configs/")
+                       for r in self.records)
 
     def src(self, key: str) -> tuple[str, str]:
         """(measured|transferred|estimated|observed|given, evidence) for a model input key."""
@@ -162,6 +164,16 @@ def load_records(results: Path) -> tuple[dict[str, Record], list[str]]:
     return recs, warn
 
 
+def _shipped_record(name: str, sc_file: str) -> tuple[Record | None, str | None]:
+    """A measured record shipped in configs/records/ that the scenario transfers from."""
+    path = CONFIGS / "records" / name
+    try:
+        rec = read_record(path)
+    except (RecordError, OSError) as e:
+        raise CliError(f"{sc_file}: kernel_record {name!r}: {str(e).splitlines()[0]}") from None
+    return (rec, f"configs/records/{name}") if rec.status == "ok" else (None, None)
+
+
 def _gpu_note(rec: Record, gpu: GpuSpec) -> str | None:
     names = {g for g in rec.provenance.gpus}
     specs = {getattr(match_gpu(n), "name", n) for n in names}
@@ -193,14 +205,19 @@ def build_inputs(scenario: dict[str, Any], records: dict[str, Record],
     def note(key: str, default: str) -> str:
         return str(assumed.get(key, default))
 
+    arrival = str(sc.get("arrival", "burst"))
+    arrival_src = (label("arrival"), sc_file, note("arrival", "how the clients start their "
+                                                               "streams"))
+    seen = arrival_from_log(records["sglang"].payload) if "sglang" in records else None
+    if seen is not None:   # the server's own prefills say how its requests arrived
+        arrival, arrival_src = seen[0], ("observed", "sglang.json (log)", seen[1])
     params: list[Param] = [
         Param("pp", pp, label("pp"), sc_file, note("pp", "deployment setting")),
         Param("async_depth", depth, label("async_depth"), sc_file,
               note("async_depth", "--pp-async-batch-depth")),
         Param("cuda_graphs", bool(sc.get("cuda_graphs", True)), label("cuda_graphs"), sc_file,
               note("cuda_graphs", "deployment setting")),
-        Param("arrival", str(sc.get("arrival", "burst")), label("arrival"), sc_file,
-              note("arrival", "how the clients start their streams")),
+        Param("arrival", arrival, *arrival_src),
     ]
     if sc.get("layer_partition"):
         params.append(Param("layer_partition", sc["layer_partition"], label("layer_partition"),
@@ -288,26 +305,33 @@ def build_inputs(scenario: dict[str, Any], records: dict[str, Record],
                              est.get("efficiency_by_batch", {"1": 1.0}).items()))
     stage_eff: tuple = ()
     eff_src = ("estimated", sc_file)
-    sc_rec = records.get("stage_cost")
+    eff_note = "fraction of the roofline floor reached (by batch)"
+    sc_rec, shipped = records.get("stage_cost"), None
+    if sc_rec is None and sc.get("kernel_record"):
+        sc_rec, shipped = _shipped_record(str(sc["kernel_record"]), sc_file)
     if sc_rec is not None:
         d = sc_rec.payload
         per = [tuple(sorted((int(b), v.floor_us / v.measured_us)
                             for b, v in st.by_batch.items() if v.measured_us and v.floor_us))
                for st in d.stages]
         note = _gpu_note(sc_rec, gpu)
+        rec_name = shipped or "stage_cost.json"
+        if shipped:   # never the user's machine: a transfer even onto the same GPU kind
+            note = (f"{note or 'measured on ' + ', '.join(sorted(set(sc_rec.provenance.gpus)))}"
+                    f", shipped with ppscope as {shipped}")
         if (d.pp == pp and d.model in (model.name, sc["model"])
                 and len(per) == pp and all(per)):
             stage_eff = tuple(per)
-            eff_src = ("measured", "stage_cost.json")
-            used.append("stage_cost.json")
+            eff_src = ("measured", rec_name)
+            used.append(rec_name)
         else:
             pts = [(int(b), v.floor_us / v.measured_us)
                    for b, v in d.layers.get("moe", {}).items() if v.measured_us and v.floor_us]
             if pts:
                 eff_curve = tuple(sorted(pts))
-                eff_src = ("measured", "stage_cost.json")
-                used.append("stage_cost.json")
-                warn.append(f"stage_cost.json: pp={d.pp} model={d.model} differs "
+                eff_src = ("measured", rec_name)
+                used.append(rec_name)
+                warn.append(f"{rec_name}: pp={d.pp} model={d.model} differs "
                             f"from the scenario; only its MoE-layer efficiency is used")
             else:
                 warn.append("stage_cost.json: no measured stage for this pp/model; skipped")
@@ -315,11 +339,16 @@ def build_inputs(scenario: dict[str, Any], records: dict[str, Record],
             # another GPU: the fraction of the floor reached at the same micro-batch (the same
             # arithmetic intensity) is carried over, and the floor is the scenario GPU's own
             # (its memory bandwidth): a transfer, never a measurement of this GPU
-            eff_src = ("transferred", "stage_cost.json")
-            warn.append(f"stage_cost.json: {note}; kernel efficiency transferred (same fraction "
-                        "of the floor at the same micro-batch size, the scenario GPU's floor)")
+            eff_src = ("transferred", rec_name)
+            if not shipped:
+                warn.append(f"stage_cost.json: {note}; kernel efficiency transferred (same "
+                            "fraction of the floor at the same micro-batch size, the scenario "
+                            "GPU's floor)")
+            eff_note = (f"{note}: the fraction of the roofline floor reached at each micro-batch "
+                        "size there, carried over onto this GPU's own floor (its memory "
+                        "bandwidth); nothing fitted to the observed tok/s")
     params.append(Param("kernel_efficiency", [list(x) for x in (stage_eff or (eff_curve,))[0]],
-                        *eff_src, "fraction of the roofline floor reached (by batch)"))
+                        *eff_src, eff_note))
 
     hop_curve = None
     hop_src = ("estimated", sc_file)
@@ -420,7 +449,7 @@ def build_inputs(scenario: dict[str, Any], records: dict[str, Record],
         name=sc["name"], model=model, gpu=gpu, pp=pp, async_depth=depth,
         max_micro_batch=int(cap), layer_partition=sc.get("layer_partition"),
         graphs=bool(sc.get("cuda_graphs", True)), graph_max_bs=max_bs,
-        arrival=str(sc.get("arrival", "burst")), context_len=int(sc.get("context_len", 2048)),
+        arrival=arrival, context_len=int(sc.get("context_len", 2048)),
         concurrency=tuple(conc), observed=tuple(sorted(obs.items())),
         eff_curve=eff_curve, stage_eff=stage_eff, eager_curve=eager, hop_curve=hop_curve,
         hop_fixed_us=hop_fixed, host_us=host, empty_us=empty, chain_us=chain, zipf_s=zipf,

@@ -15,11 +15,12 @@ fed into the model.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from reports.base.partition import imbalance
 from reports.model import loop_builder as lb
 from reports.model.attribution import Attribution
+from reports.model.causes import BANDWIDTH, HYPOTHESES
 from reports.base.payloads.sglang import SglangData
 from reports.base.records import Record
 from reports.model.scenario import Inputs
@@ -29,11 +30,22 @@ HOLDS, MINOR, NOT, UNKNOWN = "holds", "minor", "does not hold", "not enough evid
 
 
 @dataclass(frozen=True)
+class VerdictAt:
+    """The verdict at one concurrency, from the share of its cause's row there."""
+    concurrency: int
+    verdict: str
+    share: float | None    # the cause row's share of the ideal -> modelled gap (None: no row)
+    number: str
+
+
+@dataclass(frozen=True)
 class Verdict:
     hypothesis: str
-    verdict: str
+    verdict: str           # over every concurrency judged (`combine`)
     number: str
     evidence: str
+    cause: str | None = None          # the cause (reports/model/causes.py) that settles it
+    at: tuple[VerdictAt, ...] = ()    # per concurrency, lowest C first
 
 
 def _share(att: Attribution, *causes: str) -> float:
@@ -177,7 +189,7 @@ def routing_verdict(inp: Inputs, att: Attribution, records: dict[str, Record],
            + ("; skew makes the pipeline faster, so it cannot explain the gap (if the router is "
               "this skewed, the uniform-routing model understates tok/s)" if effect > 0.005
               else ""))
-    return Verdict("MoE routing imbalance", _by_share(share), num, label)
+    return _with_share(Verdict("MoE routing imbalance", _by_share(share), num, label), share)
 
 
 def machine_of(rec: Record) -> str:
@@ -284,7 +296,12 @@ def observed_verdicts(diag: dict) -> dict[str, Verdict]:
         r = rows[cause]
         return f"slows the observed server by {r['size_pct'] or 0:.0f}%: {r['detail']}"
     hop = rows["hop"]
-    return {
+    C = int(diag["concurrency"])
+
+    def at(x: Verdict) -> Verdict:   # decided at the traced concurrency only
+        return replace(x, cause=HYPOTHESES.get(x.hypothesis),
+                       at=(VerdictAt(C, x.verdict, None, x.number),))
+    return {k: at(x) for k, x in {
         "thundering herd / uneven split": Verdict("thundering herd / uneven split", v("herd"),
                                                   num("herd"), ev),
         "CUDA-graph fallback": Verdict("CUDA-graph fallback", v("launch_gaps"),
@@ -294,7 +311,7 @@ def observed_verdicts(diag: dict) -> dict[str, Verdict]:
             "bandwidth is not the limit", {HOLDS: NOT, NOT: HOLDS}.get(v("hop"), MINOR),
             f"hops and waits on communication slow the observed server by "
             f"{hop['size_pct'] or 0:.0f}%: {hop['detail']}", ev),
-    }
+    }.items()}
 
 
 def verdicts(inp: Inputs, atts: list[Attribution], records: dict[str, Record],
@@ -310,13 +327,61 @@ def verdicts(inp: Inputs, atts: list[Attribution], records: dict[str, Record],
     return [obs.get(x.hypothesis, x) for x in base]
 
 
+# Strength of a verdict on a harmful cause (the herd, graphs, ...): over the concurrencies it
+# takes the strongest, since a cause that holds at one measured C is a cause the user has.
+# "bandwidth is not the limit" is the other way round: it holds only where it holds at every C.
+_RANK = {HOLDS: 3, MINOR: 2, NOT: 1, UNKNOWN: 0}
+
+
+def combine(per_c: list[Verdict], concurrencies: list[int]) -> Verdict:
+    """One hypothesis judged at each concurrency (`per_c[i]` at `concurrencies[i]`)."""
+    first = per_c[0]
+    cause = HYPOTHESES.get(first.hypothesis)
+    at = tuple(VerdictAt(C, v.verdict, v.at[0].share if v.at else None, v.number)
+               for C, v in sorted(zip(concurrencies, per_c), key=lambda x: x[0]))
+    decided = [a for a in at if a.verdict != UNKNOWN]
+    if not decided:
+        pick = at[-1]
+    elif first.hypothesis == BANDWIDTH:
+        pick = min(decided, key=lambda a: (-{HOLDS: 1, MINOR: 2, NOT: 3}[a.verdict],
+                                           -a.concurrency))
+    else:
+        pick = max(decided, key=lambda a: (_RANK[a.verdict], a.share or 0.0, a.concurrency))
+    src = dict(zip(concurrencies, per_c))[pick.concurrency]
+    rows = ", ".join(f"C={a.concurrency} {a.share:.0%}" for a in at if a.share is not None)
+    if first.hypothesis == BANDWIDTH:   # judged by the link's utilisation, not a share
+        number = pick.number.split("; ")[0] + (f" (at C={pick.concurrency}); hop row {rows} "
+                                               "of the gap" if rows else "")
+    elif len(at) > 1 and len({a.verdict for a in at}) > 1:
+        where = "; ".join(
+            f"{v} at " + ", ".join(f"C={a.concurrency}" + (f" ({a.share:.0%})" if a.share
+                                                            is not None else "")
+                                   for a in at if a.verdict == v)
+            for v in sorted({a.verdict for a in at}, key=lambda v: -_RANK[v]))
+        number = f"{where} of the gap (row {cause}); at C={pick.concurrency}: {pick.number}"
+    else:
+        number = pick.number
+    return Verdict(first.hypothesis, pick.verdict, number, src.evidence, cause, at)
+
+
 def model_verdicts(inp: Inputs, atts: list[Attribution], records: dict[str, Record]
                    ) -> list[Verdict]:
-    att = max(atts, key=lambda a: a.concurrency)
+    """Every hypothesis judged at every concurrency modelled (`combine`)."""
+    per = [_verdicts_at(inp, att, records) for att in atts]
+    Cs = [a.concurrency for a in atts]
+    return [combine([p[i] for p in per], Cs) for i in range(len(per[0]))]
+
+
+def _with_share(v: Verdict, share: float | None) -> Verdict:
+    return replace(v, cause=HYPOTHESES.get(v.hypothesis),
+                   at=(VerdictAt(0, v.verdict, share, v.number),))
+
+
+def _verdicts_at(inp: Inputs, att: Attribution, records: dict[str, Record]) -> list[Verdict]:
     C = att.concurrency
     out = []
     # 1. bandwidth is not the limit: link bytes/s vs link bandwidth, and the hop row
-    hop_share = _share(att, "p2p_hops")
+    hop_share = _share(att, "hop")
     tok = att.modelled_tok_per_s
     gbps = tok * 4 * inp.model.hidden / 1e9  # hidden + residual per token per hop, bf16
     bw = inp.gpu.link_gbps  # the link the PP hop actually uses
@@ -330,7 +395,7 @@ def model_verdicts(inp: Inputs, atts: list[Attribution], records: dict[str, Reco
                        f"hop latency (not bandwidth) = {hop_share:.0%} of the gap at C={C}",
                        f"{ev} ({src})"))
     # 2. herd / uneven split
-    herd = _share(att, "slot_imbalance", "too_few_microbatches")
+    herd = _share(att, "herd")
     sizes = [s for s in lb.admitted_sizes(inp, C) if s]
     sg = records.get("sglang")
     obs = observed_slots(sg.payload) if sg is not None else None
@@ -349,7 +414,7 @@ def model_verdicts(inp: Inputs, atts: list[Attribution], records: dict[str, Reco
     out.append(Verdict("thundering herd / uneven split", v, num, ev))
     # 3. CUDA-graph fallback
     gr = records.get("graphs")
-    launch = _share(att, "launch_overhead")
+    launch = _share(att, "launch_gaps")
     gv = graph_evidence(sg.payload) if sg is not None else None
     if gv is not None:
         out.append(Verdict("CUDA-graph fallback", gv[0], gv[1], gv[2]))
@@ -368,9 +433,11 @@ def model_verdicts(inp: Inputs, atts: list[Attribution], records: dict[str, Reco
     out.append(routing_verdict(inp, att, records, sizes))
     # 6. stage imbalance
     costs = lb.stage_cost_us(inp, lb.ALL_ON, max(sizes))
-    imb = _share(att, "stage_imbalance")
+    imb = _share(att, "slow_stage")
     src, ev = inp.src("kernel_efficiency")
     out.append(Verdict("stage imbalance", _by_share(imb),
                        f"{imb:.0%} of the gap; slowest stage {imbalance(costs):.2f}x "
                        f"the mean at b={max(sizes)}", f"{ev} ({src})"))
-    return out
+    shares = {"hop": hop_share, "herd": herd, "launch_gaps": launch, "slow_stage": imb}
+    return [v if v.at else _with_share(v, shares.get(HYPOTHESES.get(v.hypothesis)))
+            for v in out]

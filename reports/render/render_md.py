@@ -100,8 +100,12 @@ def header_lines(rep: dict[str, Any]) -> list[str]:
 def banner(rep: dict[str, Any]) -> str:
     obs = " and everything under \"Your server\" (sglang.json)" if rep.get("server") else ""
     if rep["all_estimated"]:
-        return ("Every figure below is estimated (no probe records: roofline, datasheet and the "
-                f"scenario's stated assumptions), except the observed tok/s{obs}.")
+        tr = [p for p in rep.get("params") or [] if p.get("source") == "transferred"]
+        return ("Every figure below is estimated" + (" or transferred" if tr else "")
+                + " (no probe records from this machine: roofline, datasheet and the scenario's "
+                "stated assumptions" + "".join(f"; {p['name']} transferred from {p['evidence']}"
+                                                for p in tr)
+                + f"), except the observed tok/s{obs}.")
     measured = [r for r in rep["records_used"] if r != "sglang.json"]
     return (f"Measured inputs from {', '.join(measured)}; the rest is estimated"
             + (f"; observed: the tok/s{obs}." if obs else "."))
@@ -126,9 +130,21 @@ def observed_line(rep: dict[str, Any]) -> str:
 
 
 def verdict_table(rep: dict[str, Any]) -> Table:
-    return Table(("hypothesis", "verdict", "deciding number", "evidence"),
-                 tuple((v["hypothesis"], v["verdict"], v["number"], v["evidence"])
-                       for v in rep["verdicts"]), (False,) * 4)
+    """One row per hypothesis: its verdict over every concurrency, then at each C (with the
+    share of the gap its cause's row has there), the row it comes from and the numbers."""
+    cs = sorted({a["concurrency"] for v in rep["verdicts"] for a in v.get("at") or []
+                 if a["concurrency"]})
+
+    def at(v: dict[str, Any], C: int) -> str:
+        a = next((a for a in v.get("at") or [] if a["concurrency"] == C), None)
+        if a is None:
+            return "-"
+        return a["verdict"] + ("" if a.get("share") is None else f" ({a['share']:.0%})")
+    return Table(("hypothesis", "verdict", *(f"at C={C}" for C in cs), "row",
+                  "deciding number", "evidence"),
+                 tuple((v["hypothesis"], v["verdict"], *(at(v, C) for C in cs),
+                        v.get("cause") or "-", v["number"], v["evidence"])
+                       for v in rep["verdicts"]), (False,) * (5 + len(cs)))
 
 
 def attribution_title(a: dict[str, Any]) -> str:
