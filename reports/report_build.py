@@ -29,8 +29,8 @@ from reports.model.server_log import (DP_RULES, attention_lines, dp_count, log_f
                                       moe_kernel_lines)
 from reports.model.validate_dispatch import micro_batch_choices, validate
 from reports.model.verdicts import verdicts
-from reports.model.whatif import (OBJECTIVE, TP_KNOB, measured_concurrency, recommendation,
-                                  transport_points, what_ifs)
+from reports.model.whatif import (OBJECTIVE, TP_KNOB, best_pair, measured_concurrency,
+                                  recommendation, setting_of, transport_points, what_ifs)
 from reports.base.slots import burst_sizes
 
 REPORT_SCHEMA = "ppscope-report/1"
@@ -60,6 +60,9 @@ def build_report(inp: Inputs, records: dict[str, Record],
     wis = what_ifs(inp, transport_points(
         records["topology"].payload if "topology" in records else None))
     rec = recommendation(wis)
+    if rec is not None:   # the recommended row first (a tie may have put another above it)
+        wis = [rec] + [w for w in wis if w is not rec]
+    pair = best_pair(inp, wis, setting_of(inp))
     rep: dict[str, Any] = {
         "schema": REPORT_SCHEMA,
         "scenario": inp.name,
@@ -83,6 +86,7 @@ def build_report(inp: Inputs, records: dict[str, Record],
         "objective": OBJECTIVE,
         "measured_concurrency": list(measured_concurrency(inp)),
         "recommendation": to_jsonable(rec) if rec is not None else None,
+        "best_pair": to_jsonable(pair) if pair is not None else None,
         "model_differs": list(MODEL_DIFFERS),
         "stage_cost": [{"batch": b, "modelled_us": lb.stage_cost_us(inp, lb.ALL_ON, b),
                         "floor_us": lb.stage_cost_us(inp, frozenset({"stage_imbalance"}), b)}
@@ -336,6 +340,20 @@ def _effects_text(w: dict[str, Any]) -> str:
                      f"{e['predicted_tok_per_s']:.1f} ({e['gain']:+.0%})" for e in w["effects"])
 
 
+def range_text(w: dict[str, Any]) -> str:
+    """Where a setting holds (no loss over 2%) over the concurrencies checked."""
+    top = w.get("checked_up_to")
+    if top is None:
+        return "its range not checked"
+    lost = w.get("loses_at")
+    if lost is None:
+        return f"it loses nowhere up to C={top}"
+    if w.get("holds_up_to") is None:
+        return f"it loses already at C={lost['concurrency']} ({lost['gain']:+.0%})"
+    return (f"it holds up to C={w['holds_up_to']} and loses beyond "
+            f"(C={lost['concurrency']}: {lost['gain']:+.0%})")
+
+
 def _whatif_text(w: dict[str, Any]) -> str:
     return f"{w['knob']} = {w['setting']} ({_effects_text(w)})"
 
@@ -429,8 +447,14 @@ def answer(rep: dict[str, Any]) -> list[str]:
                    "traced server (pass --scenario with your deployment for its what-ifs).")
     elif best:
         s = (f"Best single server setting (geometric mean of tok/s over the measured "
-             f"concurrencies, none worse by over 2%): {best['knob']} = {best['setting']}, "
-             f"{best['gain']:+.0%} on that mean: {_effects_text(best)}")
+             f"concurrencies, none worse by over 2%, the mixed load included): "
+             f"{best['knob']} = {best['setting']}, {best['gain']:+.0%} on that mean: "
+             f"{_effects_text(best)}; {range_text(best)}")
+        pair = rep.get("best_pair")
+        if pair and pair["gain"] > best["gain"] + 0.005:
+            s += (f". Best two settings together: {pair['knob']} = {pair['setting']}, "
+                  f"{pair['gain']:+.0%} on that mean: {_effects_text(pair)}; "
+                  f"{range_text(pair)}")
     else:
         s = ("No single server setting raises the geometric mean of modelled tok/s by more "
              "than 0.5% without losing over 2% at a measured concurrency")

@@ -43,8 +43,7 @@ def test_seed_herd_at_c8(seed):
     # burst + cap 64//8 = 8: all 8 requests in one slot -> one micro-batch for 8 stages
     assert [s for s in lb.admitted_sizes(seed, 8) if s] == [8]
     rows = {r.cause: r for r in attribute(seed, 8).rows}
-    assert rows["too_few_microbatches"].share > 0.3
-    assert rows["slot_imbalance"].ms_per_step == pytest.approx(0.0)
+    assert rows["herd"].share > 0.3     # one cause: too few and uneven micro-batches
     assert rows["routing_skew"].ms_per_step == pytest.approx(0.0)  # zipf_s = 0 in the seed
 
 

@@ -94,7 +94,7 @@ def test_diagnosis_rows_add_up_and_name_the_largest():
                                                                g.reference_step_ms)
     assert g.unexplained_ms == pytest.approx(8 / 3000 * 1e3 - g.modelled_step_ms)
     assert g.rows[0].cause == "herd" and g.named[0] == "herd"
-    assert g.answer.startswith("micro-batch split")
+    assert g.answer.startswith("thundering herd")
     # a balanced, graph-captured, even loop with no host names nothing
     calm = _dep(sizes=(4, 0, 4, 0), host_us=(0.0, 0.0), hop_us=(0.0, 0.0))
     assert diagnose(calm).answer.startswith("nothing big") and NAME_PCT == 10.0

@@ -24,7 +24,7 @@ from reports.model.scenario import Inputs
 INPUT_OF = {
     "slow_stage": "kernel_efficiency", "kernel_efficiency": "kernel_efficiency",
     "launch_gaps": "eager_us_per_layer", "hop": "hop_us", "host": "host_us",
-    "relay": "chain_us", "token_return": "async_depth", "herd": "max_micro_batch",
+    "token_return": "async_depth", "herd": "max_micro_batch",
     "routing_skew": "zipf_s",
 }
 
@@ -87,9 +87,21 @@ class Attribution:
     rows: tuple[Row, ...]          # the causes, then `unexplained` when observed exists
 
 
+def _switches_nothing(inp: Inputs, C: int, p: str, players: Sequence[str]) -> bool:
+    """A switch that builds the same loop with it on or off, from nothing and from everything
+    else on: a null player (Shapley value 0), left out of the 2^n subsets. The switches act on
+    separate parts of the loop (stage costs, hops, CPU, slot sizes), so the two ends decide."""
+    full = frozenset(players)
+    return all(lb.build(inp, C, s | {p}) == lb.build(inp, C, s - {p})
+               for s in (frozenset(), full))
+
+
 def attribute(inp: Inputs, C: int, players: Sequence[str] = lb.SWITCHES) -> Attribution:
-    tpot = shapley(players, lambda s: lb.run(inp, C, s).tpot_ms)
-    tput = shapley(players, lambda s: lb.run(inp, C, s).tok_per_s)
+    live = [p for p in players if not _switches_nothing(inp, C, p, players)]
+    tpot = {p: 0.0 for p in players}
+    tput = dict(tpot)
+    tpot.update(shapley(live, lambda s: lb.run(inp, C, s).tpot_ms))
+    tput.update(shapley(live, lambda s: lb.run(inp, C, s).tok_per_s))
     ideal, full = lb.run(inp, C, frozenset()), lb.run(inp, C, frozenset(players))
     gap = full.tpot_ms - ideal.tpot_ms
     rows = []

@@ -55,8 +55,10 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
           "uniform expert routing",
           "an MoE router sending more tokens to some experts than others"),
 )}
-SCENARIO = ("slow_stage", "kernel_efficiency", "launch_gaps", "hop", "host", "relay",
-            "token_return", "herd", "routing_skew")
+# The scenario model times the relay's gloo messages inside `host` (one CPU estimate per
+# message: no trace tells them apart there); `relay` is its own row where traces time it.
+SCENARIO = ("slow_stage", "kernel_efficiency", "launch_gaps", "hop", "host", "token_return",
+            "herd", "routing_skew")
 OBSERVED = ("slow_stage", "host", "relay", "herd", "launch_gaps", "hop")
 
 # The user's hypotheses and the cause that settles each (bandwidth is judged by the hop row and

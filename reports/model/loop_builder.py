@@ -8,8 +8,7 @@ Each switch turns one named effect on (as measured/estimated) or off (ideal):
 | kernel_efficiency | the roofline floor | floor / efficiency |
 | launch_gaps | no graph padding, no eager launches | padding to the captured size; eager above graph max bs |
 | hop | hops cost nothing | hop cost by batch |
-| host | no CPU time per slot visit | CPU per slot visit (schedule, launch, result, empty visit) |
-| relay | no gloo latency | one gloo message per relay between neighbouring ranks |
+| host | no CPU time, no gloo latency | CPU per slot visit (schedule, launch, result, empty visit) + the relay's gloo messages |
 | token_return | tokens straight back to rank 0 | SGLang's return: held `depth` iterations on the last rank, queued on the schedule stream, every rank synced on the next slot's outputs |
 | herd | C requests in min(C, pp) equal micro-batches, evenly spaced | the admission rule's sizes |
 | routing_skew | uniform routing | Zipf skew from the scenario |
@@ -205,11 +204,11 @@ def loop_config(inp: Inputs, on: frozenset, bmax: int, *, depth: int | None = No
         ret_row = tuple([0.0] + [hop_us(inp, 1)] * bmax)  # sampled token ids: tiny
     else:
         hop_row = ret_row = tuple([0.0] * (bmax + 1))
-    host, relay = "host" in on, "relay" in on
+    host = "host" in on
     return LoopConfig(stage_us=stage, hop_us=tuple([hop_row] * (inp.pp - 1) + [ret_row]),
                       async_depth=depth, host_us=inp.host_us if host else 0.0,
                       empty_us=inp.empty_us if host else 0.0,
-                      chain_us=inp.chain_us if relay else 0.0,
+                      chain_us=inp.chain_us if host else 0.0,
                       launch_us=inp.launch_us if host else 0.0,
                       process_us=inp.process_us if host else 0.0,
                       token_return="token_return" in on)

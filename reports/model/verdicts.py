@@ -358,7 +358,7 @@ def combine(per_c: list[Verdict], concurrencies: list[int]) -> Verdict:
                                                             is not None else "")
                                    for a in at if a.verdict == v)
             for v in sorted({a.verdict for a in at}, key=lambda v: -_RANK[v]))
-        number = f"{where} of the gap (row {cause}); at C={pick.concurrency}: {pick.number}"
+        number = f"{pick.number}; by concurrency: {where} of the gap (row {cause})"
     else:
         number = pick.number
     return Verdict(first.hypothesis, pick.verdict, number, src.evidence, cause, at)

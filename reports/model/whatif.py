@@ -74,6 +74,12 @@ class WhatIf:
     worst_gain: float           # the lowest gain at any measured concurrency
     eligible: bool              # loses <= MAX_LOSS everywhere and is a server setting
     note: str = ""
+    # the concurrency range where it holds (`holds_range`): None until checked; `holds_up_to`
+    # the largest C of RANGE_CS (up to the largest checked) with no loss over MAX_LOSS at or
+    # below it, `loses_at` the first checked C beyond that, with its effect
+    holds_up_to: int | None = None
+    loses_at: Effect | None = None
+    checked_up_to: int | None = None
 
 
 def _effect(C: int, base: float, pred: float) -> Effect:
@@ -179,8 +185,17 @@ def what_ifs(inp: Inputs, transport: Sequence[tuple[float, float]] | None = None
         notes.append(f"C={C}: 2 ring all-reduces per layer, {ar_us:.0f} us each ({how})")
     out.append(_row(TP_KNOB, f"tp={inp.pp}", tuple(eff), None,
                     "one batch of C; " + "; ".join(notes), server=False))
-    return sorted(out, key=lambda w: (not w.eligible, -round(w.gain, 9), _rank(w.knob),
-                                      w.setting))
+    out = sorted(out, key=lambda w: (not w.eligible, -round(w.gain, 9), _rank(w.knob),
+                                     w.setting))
+    settings = setting_of(inp)
+    top = [w for w in out if w.eligible][:TOP_CHECKED]
+    checked = {id(w): holds_range(inp, w, settings[(w.knob, w.setting)]) for w in top}
+    return [checked.get(id(w), w) for w in out]
+
+
+def setting_of(inp: Inputs) -> dict[tuple[str, str], lb.Setting]:
+    """(knob, setting shown) -> the model's overrides, for every candidate."""
+    return {(k, shown): st for k, shown, st, _ in candidates(inp)}
 
 
 # Tie-break between settings with the same predicted effect: the most direct flag first.
@@ -197,14 +212,82 @@ def _row(knob, shown, eff, mixed, note, server: bool) -> WhatIf:
     geo = math.exp(sum(math.log(max(e.predicted_tok_per_s, 1e-12) /
                                 max(e.baseline_tok_per_s, 1e-12)) for e in eff) / len(eff))
     worst = min(e.gain for e in eff)
-    return WhatIf(knob, shown, eff, mixed, geo - 1, worst, server and worst >= -MAX_LOSS,
-                  note)
+    mixed_ok = mixed is None or mixed.gain >= -MAX_LOSS   # the mixed load is inside the rule
+    return WhatIf(knob, shown, eff, mixed, geo - 1, worst,
+                  server and worst >= -MAX_LOSS and mixed_ok, note)
+
+
+# The range a setting is checked over: powers of two up to RANGE_FACTOR x the largest measured
+# concurrency (a cap that splits C=32 well can cap the server below a heavier load).
+RANGE_FACTOR = 4
+TIE = 0.005       # objective gains within this are a tie, broken by `_tie_key`
+TOP_CHECKED = 6   # eligible rows whose range is checked (the recommendation is among them)
+
+
+def range_cs(inp: Inputs) -> list[int]:
+    top = RANGE_FACTOR * max(measured_concurrency(inp))
+    return sorted({2 ** k for k in range(0, top.bit_length()) if 2 ** k <= top}
+                  | set(measured_concurrency(inp)))
+
+
+def holds_range(inp: Inputs, w: WhatIf, setting: lb.Setting) -> WhatIf:
+    """`w` with the concurrency range where it loses no more than MAX_LOSS (`range_cs`)."""
+    ov = setting.overrides()
+    Cs = range_cs(inp)
+    up_to, lost = None, None
+    for C in Cs:
+        e = _effect(C, lb.run(inp, C).tok_per_s, lb.run(inp, C, **ov).tok_per_s)
+        if e.gain < -MAX_LOSS:
+            lost = e
+            break
+        up_to = C
+    return replace(w, holds_up_to=up_to, loses_at=lost, checked_up_to=Cs[-1])
+
+
+def _tie_key(w: WhatIf) -> tuple:
+    """Between settings within TIE of the best objective: the one that holds over the widest
+    range of load first (never one that caps the server below its load), then the better
+    mixed load, then the most direct flag."""
+    reach = float("inf") if w.loses_at is None else (w.holds_up_to or 0)
+    return (-reach, -(w.mixed.gain if w.mixed else 0.0), _rank(w.knob), w.setting)
 
 
 def recommendation(rows: Sequence[WhatIf]) -> WhatIf | None:
-    """The eligible server setting with the highest objective gain, if it gains at all."""
+    """The eligible server setting with the highest objective gain, if it gains at all; a tie
+    (within TIE) broken by `_tie_key`."""
     ok = [w for w in rows if w.eligible and w.gain > 0.005]
-    return min(ok, key=lambda w: (-round(w.gain, 9), _rank(w.knob))) if ok else None
+    if not ok:
+        return None
+    best = max(w.gain for w in ok)
+    return min((w for w in ok if w.gain >= best - TIE), key=_tie_key)
+
+
+def best_pair(inp: Inputs, rows: Sequence[WhatIf], settings: dict[tuple[str, str], lb.Setting]
+              ) -> WhatIf | None:
+    """The best two server settings of different knobs applied together, among each server
+    knob's two best rows; judged by the same objective and rule as one setting."""
+    Cs = measured_concurrency(inp)
+    base = {C: lb.run(inp, C).tok_per_s for C in Cs}
+    mixed_inp = replace(inp, range_ratio=MIXED_RANGE_RATIO)
+    base_mixed = lb.run(mixed_inp, max(Cs)).tok_per_s
+    per_knob: dict[str, list[WhatIf]] = {}
+    for w in rows:
+        if w.knob not in (TP_KNOB, PACING) and w.gain > 0 and len(per_knob.get(w.knob, [])) < 2:
+            per_knob.setdefault(w.knob, []).append(w)
+    cands = [w for ws in per_knob.values() for w in ws]
+    out: list[WhatIf] = []
+    for i, a in enumerate(cands):
+        for b in cands[i + 1:]:
+            if a.knob == b.knob:
+                continue
+            ov = {**settings[(a.knob, a.setting)].overrides(),
+                  **settings[(b.knob, b.setting)].overrides()}
+            eff = tuple(_effect(C, base[C], lb.run(inp, C, **ov).tok_per_s) for C in Cs)
+            mixed = _effect(max(Cs), base_mixed, lb.run(mixed_inp, max(Cs), **ov).tok_per_s)
+            w = _row(f"{a.knob} + {b.knob}", f"{a.setting} + {b.setting}", eff, mixed,
+                     "two settings together", server=True)
+            out.append(holds_range(inp, w, lb.Setting(**ov)) if w.eligible else w)
+    return recommendation(out)
 
 
 def transport_points(topology: TopologyData | None) -> list[tuple[float, float]]:

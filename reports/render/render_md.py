@@ -184,12 +184,22 @@ def whatif_table(rep: dict[str, Any], rows: list[dict[str, Any]] | None = None) 
                    + ("-" if not w.get("mixed") else
                       f"{w['mixed']['predicted_tok_per_s']:.1f} ({w['mixed']['gain']:+.0%})",
                       f"{w['gain']:+.1%}", f"{w['worst_gain']:+.0%}",
-                      "yes" if w["eligible"] else "no", w.get("note") or ""))
+                      "yes" if w["eligible"] else "no", _holds(w), w.get("note") or ""))
     return Table(("knob", "setting") + tuple(f"C={C} tok/s (gain)" for C in cs)
                  + (f"mixed load C={mixed_c} tok/s (gain)" if mixed_c else "mixed load",
                     "objective: geo-mean gain", "worst gain", "server setting, <= 2% loss",
-                    "note"),
-                 tuple(out), (False, False) + (True,) * (len(cs) + 3) + (False, False))
+                    "holds (no loss > 2%)", "note"),
+                 tuple(out), (False, False) + (True,) * (len(cs) + 3) + (False,) * 3)
+
+
+def _holds(w: dict[str, Any]) -> str:
+    if w.get("checked_up_to") is None:
+        return "-"
+    if w.get("loses_at") is None:
+        return f"every C up to {w['checked_up_to']}"
+    lost = w["loses_at"]
+    return (f"up to C={w['holds_up_to']}; C={lost['concurrency']} {lost['gain']:+.0%}"
+            if w.get("holds_up_to") else f"loses at C={lost['concurrency']} {lost['gain']:+.0%}")
 
 
 def whatif_lines(rep: dict[str, Any]) -> list[str]:
@@ -204,7 +214,15 @@ def whatif_lines(rep: dict[str, Any]) -> list[str]:
     if rec:
         eff = ", ".join(f"C={e['concurrency']} {e['gain']:+.0%}" for e in rec["effects"])
         out.append(f"Recommended: {rec['knob']} = {rec['setting']} ({rec['gain']:+.1%} on the "
-                   f"objective; {eff}).")
+                   f"objective; {eff}; {_holds(rec)}). Ties (objective within 0.5%) go to the "
+                   "setting that holds over the widest range of load (checked at powers of two "
+                   "up to 4x the largest measured C: never a setting that caps the server below "
+                   "its load), then to the better mixed load.")
+        pair = rep.get("best_pair")
+        if pair:
+            peff = ", ".join(f"C={e['concurrency']} {e['gain']:+.0%}" for e in pair["effects"])
+            out.append(f"Best two settings together: {pair['knob']} = {pair['setting']} "
+                       f"({pair['gain']:+.1%} on the objective; {peff}; {_holds(pair)}).")
     else:
         out.append("No server setting improves the objective by more than 0.5% within the 2% "
                    "bound.")
