@@ -72,7 +72,8 @@ def build_report(inp: Inputs, records: dict[str, Record],
         "deployment": {"model": inp.model.name, "gpu": inp.gpu.name, "pp": inp.pp,
                        "async_depth": inp.async_depth, "max_micro_batch": inp.max_micro_batch,
                        "cuda_graphs": inp.graphs, "graph_max_bs": inp.graph_max_bs,
-                       "arrival": inp.arrival, "context_len": inp.context_len},
+                       "arrival": inp.arrival, "context_len": inp.context_len,
+                       "memory": _memory_kind(inp.gpu.source)},
         "arrival": arrival,
         "params": to_jsonable(list(inp.params)),
         "assumptions": {**dict(inp.assumptions), **setting_dependencies(inp)},
@@ -121,6 +122,13 @@ def build_report(inp: Inputs, records: dict[str, Record],
         model=inp.model.name, mla=inp.model.attention == "mla"))
     rep["answer"] = answer(rep)
     return rep
+
+
+def _memory_kind(source: str) -> str | None:
+    """HBM3e, GDDR7, ...: the memory the GPU's datasheet line names."""
+    import re
+    m = re.search(r"\b(HBM\w*|GDDR\w*)", source or "")
+    return m.group(1) if m else None
 
 
 # Where the model is still simpler than SGLang 0.5.23 (rendered as its own list in the report).

@@ -17,6 +17,7 @@ concurrency, the verdicts and (with dispatch.json) the model's worst miss agains
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import textwrap
 import time
@@ -71,9 +72,10 @@ def handle(args: argparse.Namespace) -> int:
     for what, d in (("--results", results), ("--out", out)):
         if d.exists() and not d.is_dir():
             raise CliError(f"{what} {d}: not a directory")
-    if args.results and not results.is_dir():  # a typo must not pass for "no records yet"
-        print(f"note: {results} does not exist: no probe records, every input is estimated",
-              file=sys.stderr)
+    named = args.results or os.environ.get("PPSCOPE_RESULTS", "results") != "results"
+    if named and not results.exists():  # a typo must not pass for "no records yet"
+        raise CliError(f"--results {results}: no such folder (an empty folder means no "
+                       "records; leave --results out for the default results/)")
     records, warns = load_records(results)
     if args.validate_dispatch:
         try:
@@ -120,6 +122,10 @@ def handle(args: argparse.Namespace) -> int:
         print(f"warning: {w}", file=sys.stderr)
     print(terminal_summary(rep, results_label=str(results)))
     print(f"\nwrote {out}/report.{{json,md,html,trace.json}} in {time.monotonic() - t0:.1f} s")
+    n = sum(len(st["commands"]) for st in rep.get("measure_your_server") or [])
+    if n:
+        print(f"Measure your server: {n} commands to paste, in {out}/report.md and report.html "
+              "(section \"Measure your server\")")
     return 0
 
 
@@ -233,16 +239,30 @@ def terminal_summary(rep: dict[str, Any], width: int = 100, results_label: str =
                  "gain at " + "/".join(f"C={C}" for C in rep.get("measured_concurrency") or []),
                  "geo-mean", "server, <=2% loss"]))
     out.append("")
-    a = max(rep["attribution"], key=lambda x: x["concurrency"])
-    out.append(tabulate(
-        [[r["cause"], f(r["ms_per_step"], 2), f(r["tok_per_s"]),
-          "-" if r["share"] is None else f"{r['share']:.0%}", r["source"]]
-         for r in a["rows"] if abs(r["ms_per_step"]) > 1e-9],
-        headers=[f"cause (C={a['concurrency']})", "ms/step", "tok/s", "share", "source"]))
+    atts = sorted(rep["attribution"], key=lambda x: x["concurrency"])
+    live = {r["cause"] for a in atts for r in a["rows"] if abs(r["ms_per_step"]) > 1e-9}
+    causes = [c for c in dict.fromkeys(r["cause"] for a in atts for r in a["rows"]
+                                       if r["cause"] != "unexplained") if c in live]
+    causes += ["unexplained"] if "unexplained" in live else []
+
+    def cell(a, c):
+        r = next((r for r in a["rows"] if r["cause"] == c), None)
+        if r is None:
+            return "-"
+        return (f"{r['ms_per_step']:+.1f} ms" if r["share"] is None
+                else f"{r['share']:.0%} ({r['ms_per_step']:.1f} ms)")
+    src = {r["cause"]: r["source"] for a in atts for r in a["rows"]}
+    out.append(tabulate([[c, *(cell(a, c) for a in atts), src[c]] for c in causes],
+                        headers=["cause: share of gap", *(f"C={a['concurrency']}" for a in atts),
+                                 "source"]))
     out.append("")
     by: dict[str, list[str]] = {}
     for v in rep["verdicts"]:
-        by.setdefault(v["verdict"], []).append(v["hypothesis"])
+        held = [a["concurrency"] for a in v.get("at") or [] if a["verdict"] == v["verdict"]
+                and a["concurrency"]]
+        where = (f" (C={', '.join(map(str, held))})" if held and len(held) < len(v["at"])
+                 else "")
+        by.setdefault(v["verdict"], []).append(v["hypothesis"] + where)
     text = "; ".join(f"{k}: {', '.join(hs)}" for k, hs in by.items())
     out += textwrap.wrap(f"verdicts -- {text}", width, subsequent_indent="  ")
     dv = rep.get("dispatch_validation") or []

@@ -1,15 +1,23 @@
 """"Measure your server": the next commands for the user's deployment, chosen by which evidence
 the report is missing. Each step says what it adds and is written for the deployment the report
-describes (its pipeline size, the concurrencies the user measured). SGLang flags and endpoints
-as in SGLang 0.5.x (`python/sglang/srt/server_args.py`: `--enable-metrics`,
-`--pp-max-micro-batch-size`; `python/sglang/srt/entrypoints/http_server.py`: `/start_profile`,
-`/stop_profile`, `/metrics`, `/set_internal_state`; the profiler writes one Kineto trace per
-rank under `SGLANG_TORCH_PROFILER_DIR`); `python -m sglang.bench_serving --output-file`
-appends one JSON line per run.
+describes (its pipeline size, the concurrencies the user measured, the concurrency where the
+herd is modelled), with every value filled in and ppscope called the way it runs here
+(reports/base/invocation.py), so that each command runs as pasted or stops with one line
+naming what is missing (a GPU, a server, SGLang). SGLang flags and endpoints as in SGLang 0.5.x
+(`srt/server_args.py`: `--enable-metrics`, `--pp-max-micro-batch-size`;
+`srt/entrypoints/http_server.py`: `/start_profile`, `/stop_profile`, `/metrics`,
+`/set_internal_state`; the profiler writes one Kineto trace per rank under
+`SGLANG_TORCH_PROFILER_DIR`); `python3 -m sglang.bench_serving --output-file` appends one JSON
+line per run.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from reports.base.invocation import ppscope_command, python_command
+
+URL = "http://127.0.0.1:30000"
+TRACES = '"$PWD/sglang_traces"'   # the server and ppscope run from the same folder
 
 
 @dataclass(frozen=True)
@@ -18,66 +26,98 @@ class Step:
     commands: tuple[str, ...]
 
 
+def herd_concurrency(rep: dict, concurrencies: list[int]) -> int:
+    """The concurrency where the herd verdict is strongest (its largest share), else the
+    largest measured one."""
+    herd = next((v for v in rep.get("verdicts") or [] if v.get("cause") == "herd"), None)
+    at = [a for a in (herd or {}).get("at") or [] if a.get("concurrency")
+          and a["concurrency"] in concurrencies and a.get("share") is not None]
+    if at:
+        return max(at, key=lambda a: a["share"])["concurrency"]
+    return max(concurrencies or [8])
+
+
+def _lengths(rep: dict) -> tuple[int, int, float]:
+    """The request lengths the report models (prompt, output, range ratio), for bench_serving."""
+    p = {x.get("name"): x.get("value") for x in rep.get("params") or []}
+    ratio = p.get("range_ratio")
+    return (int(p.get("prompt_len") or 1000), int(p.get("output_len") or 256),
+            1.0 if ratio is None else float(ratio))
+
+
+def bench_command(c: int, prompt: int = 1000, output: int = 256, ratio: float = 1.0) -> str:
+    return (f"python3 -m sglang.bench_serving --backend sglang --base-url {URL} "
+            f"--dataset-name random --random-input-len {prompt} --random-output-len {output} "
+            f"--random-range-ratio {ratio:g} --num-prompts {4 * c} --max-concurrency {c} "
+            "--output-file bench.jsonl")
+
+
 def next_steps(rep: dict, concurrencies: list[int], pp: int, model: str = "kimi-k2",
                mla: bool = True) -> list[Step]:
     """The steps still worth taking, first the ones that change the most of the report.
     `model`: the preset (or config path) the commands name; `mla`: it has MLA attention."""
+    ppscope, py = ppscope_command(), python_command()
     srv = rep.get("server") or {}
     ranks = srv.get("ranks") or []
     has_log = any(r.get("decode_lines") for r in ranks)
     has_traces = any(r.get("trace_span_ms") for r in ranks)
-    has_bench = bool(srv.get("bench")) or bool(rep.get("observed_source"))
     dg = rep.get("diagnosis") or {}
     diagnosed = dg.get("status") == "ok"
-    cs = ",".join(str(c) for c in concurrencies) or "1,8,32"
-    c_hi = max(concurrencies or [8])
+    cs = list(concurrencies) or [1, 8, 32]
+    c_herd = herd_concurrency(rep, cs)
     out: list[Step] = []
     if not (has_log and has_traces):
         out.append(Step(
             "Start the server with metrics and a profiler directory, and log every decode step: "
             "the traces and logs are what the diagnosis reads (per-rank forward, host and "
-            "communication time; slot sizes; CUDA-graph share).",
-            ("export SGLANG_TORCH_PROFILER_DIR=/srv/sglang_traces",
-             f"python -m sglang.launch_server ... --pp-size {pp} --enable-metrics "
+            "communication time; slot sizes; CUDA-graph share; the prefill waves that say how "
+            "requests arrived). Set MODEL_PATH to your model first.",
+            (f"export SGLANG_TORCH_PROFILER_DIR={TRACES}",
+             'python3 -m sglang.launch_server --model-path "${MODEL_PATH:?set MODEL_PATH to '
+             f'your model}}" --pp-size {pp} --host 127.0.0.1 --port 30000 --enable-metrics '
              "--decode-log-interval 1 2>&1 | tee server.log")))
-    if not has_bench:
-        out.append(Step(
-            "Measure throughput at each concurrency you care about; the report takes the "
-            "observed tok/s from this file (never fits the model to it).",
-            tuple(f"python -m sglang.bench_serving --backend sglang --dataset-name random "
-                  f"--random-input-len 1000 --random-output-len 256 --num-prompts {4 * c} "
-                  f"--max-concurrency {c} --output-file bench.jsonl" for c in
-                  (concurrencies or [1, 8, 32]))))
+    out.append(Step(
+        "Measure throughput at each concurrency you care about (one bench_serving run per C, "
+        "appended to bench.jsonl); the report takes the observed tok/s from this file (never "
+        "fits the model to it).",
+        tuple(bench_command(c, *_lengths(rep)) for c in cs)))
     if not diagnosed:
         out.append(Step(
-            f"Profile the server under load at C={c_hi} and read its traces: this is what "
-            "turns the report from the scenario's estimate into a diagnosis of your server.",
-            (f"ppscope sglang --url http://127.0.0.1:30000 --live-concurrency {c_hi} --profile "
-             f"--trace-dir /srv/sglang_traces --model {model} --watch 60",
-             "ppscope sglang --log server.log --traces /srv/sglang_traces/<profile id> "
-             f"--bench bench.jsonl --model {model} --concurrency {c_hi}")))
+            f"Profile the server under load at C={c_herd}, where the herd is modelled, and read "
+            "its per-rank traces in the same run (--profile records them into the profiler "
+            "directory and reads them); then add the server log and the bench runs: each "
+            "`ppscope sglang` run adds its own part to results/sglang.json, the others stay.",
+            (f"{ppscope} sglang --url {URL} --live-concurrency {c_herd} --profile "
+             f"--trace-dir {TRACES} --model {model}",
+             f"{ppscope} sglang --log server.log --bench bench.jsonl --model {model} "
+             f"--concurrency {c_herd}")))
     eff = next((p for p in rep.get("params") or [] if p.get("name") == "kernel_efficiency"), {})
     if eff and eff.get("source") != "measured":
         what = ("the per-stage decode cost of this model in its served format on that GPU, "
                 "with SGLang's own fused MoE kernel timed beside ppscope's")
-        cmds = [f"ppscope stage-cost --model {model} --pp {pp} --moe-backends triton,sglang"]
+        cmds = [f"{ppscope} stage-cost --model {model} --pp {pp} --moe-backends triton,sglang"]
         if mla:
             what += (", and the MLA decode attention SGLang runs by default off Hopper and "
                      "SM100 (its Triton backend) beside ppscope's")
-            cmds.append(f"python3 -m microbench.sglang_anchor --model {model}")
+            cmds.append(f"{py} -m microbench.sglang_anchor --model {model}")
         out.append(Step(
             f"Measure the kernels on one of your server's GPUs: the kernel efficiency here is "
             f"{eff.get('source')}, not measured there. This times {what}; the report then "
             "uses the stage cost in place of the estimate.",
-            (*cmds, "ppscope report --results results")))
+            (*cmds, f"{ppscope} report --results results")))
+    caps = [w for w in rep.get("what_ifs") or []
+            if w.get("knob") == "--pp-max-micro-batch-size" and str(w.get("setting")).isdigit()]
+    cap = int(caps[0]["setting"]) if caps else max(1, c_herd // pp)   # the best cap modelled
+    sweep = sorted({max(1, -(-c_herd // m)) for m in (1, 2, 4, pp)} | {cap})
     out.append(Step(
         "Try the micro-batch cap live, without a restart, and see which setting holds up at "
-        "every concurrency (the what-ifs predict it; this measures it).",
-        (f"ppscope sglang --url http://127.0.0.1:30000 --mmb-sweep "
-         f"{','.join(str(x) for x in sorted({max(1, c_hi // pp), max(1, c_hi // (2 * pp)), c_hi}))} "
-         f"--live-concurrency {c_hi}",
-         "curl -s -X POST http://127.0.0.1:30000/set_internal_state -H 'Content-Type: "
-         "application/json' -d '{\"server_args\": {\"pp_max_micro_batch_size\": N}}'")))
-    out.append(Step("Then read everything again in one report.",
-                    (f"ppscope report --bench bench.jsonl   # observed at C = {cs}",)))
+        f"every concurrency (the what-ifs predict it; this measures it); the second command "
+        f"sets it by hand to {cap}, the best cap the what-ifs model.",
+        (f"{ppscope} sglang --url {URL} --mmb-sweep {','.join(map(str, sweep))} "
+         f"--live-concurrency {c_herd}",
+         f"curl -s -X POST {URL}/set_internal_state -H 'Content-Type: application/json' "
+         f"-d '{{\"server_args\": {{\"pp_max_micro_batch_size\": {cap}}}}}'")))
+    out.append(Step("Then read everything again in one report (results/sglang.json holds the "
+                    "bench runs, the log and the traces).",
+                    (f"{ppscope} report --results results",)))
     return out

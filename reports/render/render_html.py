@@ -27,7 +27,9 @@ from reports.render.render_md import (DISPATCH_NOTE, MEASURED_NOTE, Table, attri
                                observed_line, server_bench_table, server_dp_table,
                                server_gpu_table, server_lines, server_log_table,
                                throughput_table, topology_lines, topology_table, verdict_table,
-                               whatif_lines, whatif_table)
+                               whatif_lines, whatif_table, ATTRIBUTION_TITLE, GLOSSARY_TITLE,
+                               IMPLIED_LEAD, MEASURE_LEAD, MEASURE_TITLE, MEASURED_TITLE,
+                               STAGE_NOTE, STAGE_TITLE, glossary, stage_cost_table)
 
 CSS = """
 :root{--fg:#1f2328;--mute:#59636e;--line:#d1d9e0;--bg2:#f6f8fa;--acc:#0969da}
@@ -36,6 +38,7 @@ body{font:14px/1.5 -apple-system,"Segoe UI",Helvetica,Arial,sans-serif;color:var
  max-width:1180px;margin:0 auto;padding:24px 28px 60px}
 h1{font-size:24px;margin:0 0 4px}h2{font-size:18px;margin:34px 0 10px;padding-bottom:4px;
  border-bottom:1px solid var(--line)}h3{font-size:14px;margin:18px 0 6px;color:var(--mute)}
+pre{background:var(--bg2);padding:8px 10px;overflow-x:auto;font-size:12px}
 .meta{color:var(--mute);margin:2px 0}
 nav{margin:12px 0 0;font-size:13px}nav a{color:var(--acc);text-decoration:none;margin-right:14px}
 .banner{background:#fff8c5;border:1px solid #d4a72c;border-radius:6px;padding:10px 14px;
@@ -321,6 +324,9 @@ def render_html(rep: dict[str, Any], spans: tuple[Span, ...] = (), measured=()) 
     if rep.get("topology"):
         toc.append(("links", "Links"))
     toc.append(("inputs", "Inputs"))
+    if rep.get("measure_your_server"):
+        toc.append(("measure", MEASURE_TITLE))
+    toc.append(("glossary", GLOSSARY_TITLE))
     o = [f"<h1>{_e(report_title(rep))}</h1>"]
     o += [f'<p class="meta">{_e(line)}</p>' for line in header_lines(rep)]
     if rep["all_estimated"]:
@@ -347,6 +353,10 @@ def render_html(rep: dict[str, Any], spans: tuple[Span, ...] = (), measured=()) 
              "</div>")
     if rep.get("observed_source"):
         o.append(f'<p class="meta">{_e(observed_line(rep))}</p>')
+    if rep.get("implied_efficiency"):
+        o.append(f'<p class="meta">{_e(IMPLIED_LEAD)}</p><ul>'
+                 + "".join(f"<li>{_e(x['text'])}</li>" for x in rep["implied_efficiency"])
+                 + "</ul>")
 
     o.append('<h2 id="verdicts">Verdicts on the hypotheses</h2>')
     o.append(table_html(verdict_table(rep)))
@@ -355,7 +365,7 @@ def render_html(rep: dict[str, Any], spans: tuple[Span, ...] = (), measured=()) 
     if rep.get("watch"):
         o += watch_html(rep["watch"])
 
-    o.append('<h2 id="attribution">Where the time goes</h2><p class="meta">Ideal -> modelled '
+    o.append(f'<h2 id="attribution">{_e(ATTRIBUTION_TITLE)}</h2><p class="meta">Ideal -> modelled '
              "split over named causes by exact Shapley values (rows add up to the total); "
              "modelled -> observed is the unexplained row. tok/s columns are the change each "
              "cause makes.</p>")
@@ -381,7 +391,8 @@ def render_html(rep: dict[str, Any], spans: tuple[Span, ...] = (), measured=()) 
         o.append("<h2>Micro-batch count (dispatch probe's configuration)</h2>")
         o.append(table_html(micro_batch_table(rep)))
 
-    o.append('<h2 id="plots">Per-stage cost and the simulated pipeline</h2>')
+    o.append(f'<h2 id="plots">{_e(STAGE_TITLE)}</h2><p class="meta">{_e(STAGE_NOTE)}</p>')
+    o.append(table_html(stage_cost_table(rep)))
     sc = rep["stage_cost"][-1]
     o.append(_fig(plot_stage_cost(rep), f"per-stage forward time vs roofline floor, micro-batch "
                                         f"of {sc['batch']}"))
@@ -393,7 +404,7 @@ def render_html(rep: dict[str, Any], spans: tuple[Span, ...] = (), measured=()) 
                       "steps): one bar per forward, colour = slot; full trace in "
                       "report.trace.json (open in Perfetto)"))
     if measured:
-        o.append("<h3>Measured pipeline (dispatch probe)</h3>")
+        o.append(f"<h2>{_e(MEASURED_TITLE)}</h2>")
         o.append(_fig(plot_measured(measured),
                       "measured PP loop (dispatch.trace.json): GPU forwards per stage, colour = "
                       "slot, number = requests in the micro-batch"))
@@ -422,7 +433,16 @@ def render_html(rep: dict[str, Any], spans: tuple[Span, ...] = (), measured=()) 
         o.append("<h2>Scenario assumptions</h2><ul class=\"assume\">"
                  + "".join(f"<li><b>{_e(k)}</b>: {_e(v)}</li>"
                            for k, v in rep["assumptions"].items()) + "</ul>")
-    title = f"ppscope report: {rep['scenario']} ({d['model']}, PP{d['pp']}, {d['gpu']})"
+    steps = rep.get("measure_your_server") or []
+    if steps:
+        o.append(f'<h2 id="measure">{_e(MEASURE_TITLE)}</h2><p>{_e(MEASURE_LEAD)}</p><ol>'
+                 + "".join(f"<li><p>{_e(st['why'])}</p><pre><code>"
+                           + "\n".join(_e(c) for c in st["commands"]) + "</code></pre></li>"
+                           for st in steps) + "</ol>")
+    o.append(f'<h2 id="glossary">{_e(GLOSSARY_TITLE)}</h2><ul class="assume">'
+             + "".join(f"<li><b>{_e(k)}</b>: {_e(v)}</li>" for k, v in glossary(rep))
+             + "</ul>")
+    title = report_title(rep)
     return ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
             f"<title>{_e(title)}</title><style>{CSS}</style></head><body>\n"

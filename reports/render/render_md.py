@@ -59,7 +59,11 @@ def report_title(rep: dict[str, Any]) -> str:
     """The server the evidence comes from when there is one; else the scenario."""
     from reports.model.observed_server import headline
     head = headline(rep.get("observed_deployment"))
-    return f"ppscope report: your server ({head})" if head else f"ppscope report: {rep['scenario']}"
+    if head:
+        return f"ppscope report: your server ({head})"
+    d = rep["deployment"]
+    return (f"ppscope report: {d['model']} on {d['pp']}x {d['gpu']}, PP{d['pp']} (scenario "
+            f"{rep['scenario']})")
 
 
 def observed_lines(rep: dict[str, Any]) -> list[str]:
@@ -79,9 +83,11 @@ def header_lines(rep: dict[str, Any]) -> list[str]:
     """Deployment, then where the numbers come from (plain text, no Markdown)."""
     d = rep["deployment"]
     dep = (("Scenario model: " if rep.get("observed_deployment") else "") +
-           f"{d['model']} on {d['pp']}x {d['gpu']}: PP{d['pp']}, async depth {d['async_depth']}, "
-           f"pp_max_micro_batch_size {d['max_micro_batch']}, CUDA graphs "
-           f"{'on' if d['cuda_graphs'] else 'off'} (max bs {d['graph_max_bs']}), "
+           f"{d['model']} on {d['pp']}x {d['gpu']}" + (f" ({d['memory']})" if d.get("memory")
+                                                        else "") +
+           f": --pp-size {d['pp']}, --pp-async-batch-depth {d['async_depth']}, "
+           f"--pp-max-micro-batch-size {d['max_micro_batch']}, CUDA graphs "
+           f"{'on' if d['cuda_graphs'] else 'off'} (--cuda-graph-max-bs {d['graph_max_bs']}), "
            f"{d['arrival']} arrivals, mean context {d['context_len']} tokens.")
     by: dict[str, list[str]] = {}
     for p in rep["params"]:
@@ -491,9 +497,7 @@ def measure_lines(rep: dict[str, Any]) -> list[str]:
     steps = rep.get("measure_your_server") or []
     if not steps:
         return []
-    out = ["## Measure your server", "",
-           "Can we profile? Yes: these commands, in order, give the report the evidence it is "
-           "missing for your deployment.", ""]
+    out = [f"## {MEASURE_TITLE}", "", MEASURE_LEAD, ""]
     for i, st in enumerate(steps, 1):
         out += [f"{i}. {st['why']}", "", "   ```bash"] + [f"   {c}" for c in st["commands"]] + \
             ["   ```", ""]
@@ -512,6 +516,35 @@ def md_table(t: Table) -> str:
                     colalign=["right" if n else "left" for n in t.numeric])
 
 
+# Section titles and fixed paragraphs, shared with reports/render/render_html.py so that both
+# hold the same sections.
+ATTRIBUTION_TITLE = ("Where the time goes (ideal -> modelled by Shapley value; modelled -> "
+                     "observed is unexplained)")
+STAGE_TITLE = "Per-stage cost and the simulated pipeline"
+STAGE_NOTE = ("Modelled forward time per stage (us) at each micro-batch size the model runs, "
+              "beside its roofline floor; the simulated pipeline timeline is report.trace.json "
+              "(open it in ui.perfetto.dev).")
+MEASURED_TITLE = "Measured pipeline timeline (dispatch probe)"
+IMPLIED_LEAD = ("Kernel efficiency the observed points imply (estimated: the one factor on "
+                "every stage's efficiency curve at which the model meets the observation; other "
+                "inputs could explain part of the gap):")
+MEASURE_TITLE = "Measure your server"
+MEASURE_LEAD = ("Can we profile? Yes: these commands, in order, give the report the evidence it "
+                "is missing for your deployment. Each runs as pasted here, or stops with one "
+                "line naming what is missing (a GPU, a server, SGLang).")
+GLOSSARY_TITLE = "How to read this"
+
+
+def stage_cost_table(rep: dict[str, Any]) -> Table:
+    rows = []
+    for sc in rep.get("stage_cost") or []:
+        rows.append((str(sc["batch"]), *(f"{m:.0f} / {f:.0f}" for m, f in
+                                         zip(sc["modelled_us"], sc["floor_us"]))))
+    n = max((len(sc["modelled_us"]) for sc in rep.get("stage_cost") or []), default=0)
+    return Table(("micro-batch", *(f"stage {i} us (floor)" for i in range(n))), tuple(rows),
+                 (True,) * (n + 1))
+
+
 def render_md(rep: dict[str, Any]) -> str:
     out = [f"# {report_title(rep)}", ""]
     out += [f"**{banner(rep)}**" if rep["all_estimated"] else banner(rep), ""]
@@ -525,9 +558,7 @@ def render_md(rep: dict[str, Any]) -> str:
     if rep.get("observed_source"):
         out += [observed_line(rep), ""]
     if rep.get("implied_efficiency"):
-        out += ["Kernel efficiency the observed points imply (estimated: the one factor on every "
-                "stage's efficiency curve at which the model meets the observation; other "
-                "inputs could explain part of the gap):", ""]
+        out += [IMPLIED_LEAD, ""]
         out += [f"- {x['text']}" for x in rep["implied_efficiency"]] + [""]
     out += ["## Verdicts on the hypotheses", "", md_table(verdict_table(rep)), ""]
     if rep.get("server"):
@@ -547,8 +578,7 @@ def render_md(rep: dict[str, Any]) -> str:
     if rep.get("watch"):  # GPU watch section: reports/render/watch_plot.py
         from reports.render.watch_plot import watch_md
         out += watch_md(rep["watch"])
-    out += ["## Where the time goes (ideal -> modelled by Shapley value; modelled -> observed "
-            "is unexplained)", ""]
+    out += [f"## {ATTRIBUTION_TITLE}", ""]
     for a in rep["attribution"]:
         out += [f"### {attribution_title(a)}", "", md_table(attribution_table(a)), ""]
     out += ["## What-ifs (one server setting at every concurrency; best first)", ""]
@@ -560,8 +590,9 @@ def render_md(rep: dict[str, Any]) -> str:
     if rep.get("dispatch_micro_batches"):
         out += ["## Micro-batch count (dispatch probe's configuration)", "",
                 md_table(micro_batch_table(rep)), ""]
+    out += [f"## {STAGE_TITLE}", "", STAGE_NOTE, "", md_table(stage_cost_table(rep)), ""]
     if rep.get("measured_timeline"):
-        out += ["## Measured pipeline timeline (dispatch probe)", "",
+        out += [f"## {MEASURED_TITLE}", "",
                 md_table(measured_timeline_table(rep)), "", MEASURED_NOTE, ""]
     if rep.get("topology"):
         out += [f"## Links between GPUs (topology.json, {rep['topology'].get('source')})", ""]
@@ -580,27 +611,68 @@ def render_md(rep: dict[str, Any]) -> str:
                                                   for k, v in rep["assumptions"].items()]
         out += [""]
     out += measure_lines(rep)
-    out += ["## How to read this", ""] + [f"- **{k}**: {v}" for k, v in GLOSSARY]
+    out += [f"## {GLOSSARY_TITLE}", ""] + [f"- **{k}**: {v}" for k, v in glossary(rep)]
     return "\n".join(out) + "\n"
 
 
-GLOSSARY = (
-    ("TPOT", "time per output token of one request; with C requests in flight, one decode step "
-             "of the whole pipeline (every running request advances one token)."),
-    ("slot", "one of SGLang's pp + async-depth micro-batch places, visited round-robin; a "
-             "request stays in the slot that admitted it. Occupied slots per cycle against pp "
-             "is the herd."),
-    ("roofline", "the time a perfect kernel needs: bytes that must move over memory bandwidth "
-                 "or FLOPs over peak, whichever is larger."),
-    ("ideal", "the scenario model with every cause off: roofline kernels, balanced stages, one "
-              "micro-batch per stage, free hops and host."),
-    ("Shapley value", "a cause's average effect over every order of switching the causes on; "
-                      "the rows add up to the gap and do not depend on an order."),
-    ("unexplained", "observed - modelled: what the model does not account for (never fitted)."),
-    ("observed / measured / transferred / estimated / given", "from your server's own evidence / "
-     "a probe run on this machine / measured on another GPU and carried over at the same "
-     "fraction of the floor / a datasheet, roofline or stated assumption / a setting or a pasted "
-     "`nvidia-smi topo -m` table you gave."),
-    ("report.trace.json", "the modelled pipeline timeline, one track per stage: open it in "
-                          "ui.perfetto.dev (the dispatch probe writes a measured one too)."),
-)
+def glossary(rep: dict[str, Any]) -> list[tuple[str, str]]:
+    """Every term the report uses, with the deployment's own GPU memory named."""
+    from reports.model.causes import CAUSES
+    d = rep["deployment"]
+    mem = d.get("memory") or "memory"
+    out = [
+        ("TPOT", "time per output token of one request; with C requests in flight, one decode "
+                 "step of the whole pipeline (every running request advances one token)."),
+        ("C", "concurrency: requests in flight at once (bench_serving's --max-concurrency)."),
+        ("micro-batch / slot", "under PP, SGLang keeps pp + async-depth micro-batch places "
+                               "(slots), visited round-robin; a request stays in the slot that "
+                               "admitted it, and each slot's requests run as one micro-batch."),
+        ("async depth", "--pp-async-batch-depth: extra slots beyond pp, so the next "
+                        "micro-batches can start while earlier outputs are still held."),
+        ("held outputs", "the last rank keeps each micro-batch's sampled tokens for async-depth "
+                         "iterations before returning them (SGLang's token return)."),
+        ("rank chaining", "each rank > 0 receives the request list from the rank before it over "
+                          "gloo before it can schedule, so the ranks' host work runs in a chain."),
+        ("gloo", "PyTorch's CPU communication backend; SGLang sends its Python objects (request "
+                 "lists, metadata) between ranks with it."),
+        ("NCCL", "NVIDIA's GPU communication library; it carries the hidden states between stages."),
+        ("CUDA graph / eager", "a decode step replayed from a captured CUDA graph launches in one "
+                               "call; eager runs launch every kernel from Python (slower for "
+                               "small batches); SGLang captures sizes up to --cuda-graph-max-bs."),
+        ("roofline floor", f"the time a perfect kernel needs: the bytes it must move over the "
+                           f"GPU's {mem} bandwidth or its FLOPs over peak, whichever is larger."),
+        ("kernel efficiency", "roofline floor / kernel time (1.0 = at the floor)."),
+        ("W4A16", "weights stored as 4-bit integers (INT4, in groups with a scale), activations "
+                  "in 16-bit: how Kimi K2's routed experts are served."),
+        ("KV pool", "the GPU memory SGLang sets aside for the attention cache; its size bounds "
+                    "max_running_requests."),
+        ("ideal", "the scenario model with every cause off: roofline kernels, balanced stages, "
+                  "min(C, pp) micro-batches evenly spaced, free hops and host."),
+        ("Shapley value", "a cause's average effect over every order of switching the causes on; "
+                          "the rows add up to the gap and do not depend on an order."),
+        ("share of gap", "a cause's Shapley value / (modelled - ideal). A negative share is a "
+                         "cause that, given the others, makes the pipeline faster (e.g. fewer "
+                         "micro-batches that each carry more requests), so the others' shares "
+                         "add up to more than 100%."),
+        ("unexplained", "observed - modelled: what the model does not account for (never "
+                        "fitted)."),
+        ("burst / trickle", "how requests reach the scheduler: all before its next visit (they "
+                            "land in one slot) or one per slot visit (consecutive slots)."),
+        ("mixed load", "the largest measured C with request lengths drawn as bench_serving's "
+                       "default (--random-range-ratio 0), so slot occupancy drifts."),
+        ("objective", "the geometric mean of predicted tok/s over the measured concurrencies."),
+        ("verdicts", "holds: the cause's row is at least 15% of the gap at that C; minor: 5-15%; "
+                     "does not hold: under 5%; not enough evidence: no record measures it. "
+                     "\"bandwidth is not the limit\" holds when the link carries under 10% of "
+                     "its bandwidth."),
+        ("observed / measured / transferred / modelled / estimated / given",
+         "from your server's own evidence / a probe run on this machine / measured on another "
+         "GPU and carried over at the same fraction of the floor / SGLang's own mechanics run on "
+         "the inputs / a datasheet, roofline or stated assumption / a setting or a pasted "
+         "`nvidia-smi topo -m` table you gave."),
+        ("report.trace.json", "the modelled pipeline timeline, one track per stage: open it in "
+                              "ui.perfetto.dev (the dispatch probe writes a measured one too)."),
+    ]
+    out += [(f"cause `{c.name}`", f"{c.label}: {c.term}; off: {c.reference}.")
+            for c in CAUSES.values()]
+    return out
