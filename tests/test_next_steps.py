@@ -1,7 +1,17 @@
 """reports/model/next_steps.py: the "measure your server" commands follow the evidence."""
 from __future__ import annotations
 
+import pytest
+
+from reports.model import next_steps as ns
 from reports.model.next_steps import next_steps
+
+
+@pytest.fixture(autouse=True)
+def _plain_invocation(monkeypatch):
+    """The commands as a user with ppscope on PATH sees them (reports/base/invocation.py)."""
+    monkeypatch.setattr(ns, "ppscope_command", lambda: "ppscope")
+    monkeypatch.setattr(ns, "python_command", lambda: "python3")
 
 
 def _rep(eff_source: str | None) -> dict:
@@ -45,3 +55,41 @@ def test_profile_commands_name_the_report_model():
     prof = [c for s in steps for c in s.commands if c.startswith("ppscope sglang")]
     assert prof and all("--model qwen3-moe" in c for c in prof if "--model" in c)
     assert not any("kimi-k2" in c for s in steps for c in s.commands)
+
+
+def test_commands_call_ppscope_the_way_it_runs_here(monkeypatch):
+    monkeypatch.setattr(ns, "ppscope_command", lambda: ".venv/bin/ppscope")
+    monkeypatch.setattr(ns, "python_command", lambda: ".venv/bin/python")
+    steps = next_steps(_rep("estimated"), [1, 8], 8, model="kimi-k2")
+    cmds = [c for s in steps for c in s.commands]
+    assert all(not c.startswith("ppscope ") for c in cmds)
+    assert ".venv/bin/python -m microbench.sglang_anchor --model kimi-k2" in cmds
+    # every value filled in: no placeholder a shell would take literally
+    assert not any(" N" in c.split("'")[0] or "<" in c or "..." in c for c in cmds)
+    bench = [c for c in cmds if "sglang.bench_serving" in c]
+    assert [c.split("--max-concurrency ")[1].split()[0] for c in bench] == ["1", "8"]
+    assert all("--output-file bench.jsonl" in c for c in bench)
+
+
+def test_profile_at_the_concurrency_where_the_herd_is():
+    rep = {**_rep("measured"), "verdicts": [{"cause": "herd", "at": [
+        {"concurrency": 1, "share": 0.0}, {"concurrency": 8, "share": 0.54},
+        {"concurrency": 32, "share": 0.23}]}]}
+    steps = next_steps(rep, [1, 8, 32], 8)
+    prof = next(c for s in steps for c in s.commands if "--profile" in c)
+    assert "--live-concurrency 8 " in prof and "--watch" not in prof
+
+
+def test_invocation_names_the_running_environment(tmp_path, monkeypatch):
+    from reports.base import invocation as inv
+    scripts = tmp_path / "env" / "bin"
+    scripts.mkdir(parents=True)
+    monkeypatch.setattr(inv.sysconfig, "get_path", lambda name: str(scripts))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert inv.ppscope_command().endswith("-m reports.cli")     # no script: the module
+    (scripts / "ppscope").write_text("#!/bin/sh\n")
+    (scripts / "ppscope").chmod(0o755)
+    assert inv.ppscope_command() == "env/bin/ppscope"            # not on PATH: its own path
+    monkeypatch.setenv("PATH", str(scripts))
+    assert inv.ppscope_command() == "ppscope"                    # on PATH and this env's

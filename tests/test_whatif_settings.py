@@ -60,16 +60,20 @@ def test_every_setting_at_every_measured_concurrency_none_current(seed, rows):
         geo = math.prod(e.predicted_tok_per_s / e.baseline_tok_per_s for e in w.effects)
         assert w.gain == pytest.approx(geo ** (1 / len(cs)) - 1, rel=1e-9)
         assert w.eligible == (w.knob not in (wi.TP_KNOB, wi.PACING)
-                              and min(e.gain for e in w.effects) >= -wi.MAX_LOSS)
+                              and min(e.gain for e in w.effects) >= -wi.MAX_LOSS
+                              and (w.mixed is None or w.mixed.gain >= -wi.MAX_LOSS))
 
 
 def test_recommendation_is_the_best_eligible_setting(rows):
     rec = wi.recommendation(rows)
     assert rec is not None and rec.eligible
-    assert rec.gain == max(w.gain for w in rows if w.eligible)
-    # the per-concurrency optimum is not the single setting: cap 2 wins at C=8 alone but
-    # loses at C=32, so it is not eligible
+    best = max(w.gain for w in rows if w.eligible)
+    assert rec.gain >= best - wi.TIE
+    # a tie goes to the setting that holds over the widest range of load: the cap of 2 ties
+    # with a 2048-token prefill budget at the measured C, but caps a slot at 2 requests and
+    # loses once C outgrows 2 per slot; the prefill budget only splits arrivals
     cap2 = next(w for w in rows if w.knob == "--pp-max-micro-batch-size" and w.setting == "2")
-    assert cap2.effects[1].gain > rec.effects[1].gain and not cap2.eligible
-    assert (rec.knob, rec.setting) == ("--pp-max-micro-batch-size", "4")
-    assert [round(e.gain, 2) for e in rec.effects] == [0.0, 0.27, 0.05]
+    assert cap2.eligible and abs(cap2.gain - rec.gain) <= wi.TIE
+    assert cap2.loses_at is not None and rec.loses_at is None
+    assert (rec.knob, rec.setting) == ("--chunked-prefill-size", "2048")
+    assert [round(e.gain, 2) for e in rec.effects] == [0.0, 0.76, 0.07]

@@ -58,7 +58,7 @@ tr.total td{font-weight:600;border-top:2px solid var(--mute)}
 .v-holds{background:#dafbe1;color:#116329}.v-not{background:#ffebe9;color:#a40e26}
 .v-minor{background:#fff8c5;color:#7d4e00}.v-unknown{background:#eaeef2;color:#59636e}
 .s-measured{background:#ddf4ff;color:#0550ae}.s-estimated{background:#fff8c5;color:#7d4e00}
-.s-observed{background:#fbefff;color:#6e40c9}.s-given{background:#dafbe1;color:#116329}.s-transferred{background:#fff8c5;color:#7d4e00}
+.s-observed{background:#fbefff;color:#6e40c9}.s-given{background:#dafbe1;color:#116329}.s-transferred{background:#fff8c5;color:#7d4e00}.s-modelled{background:#ddf4ff;color:#0550ae}
 .bar{display:inline-block;height:9px;background:#54aeff;border-radius:2px;margin-left:6px;
  vertical-align:middle}
 .gain-pos{color:#116329;font-weight:600}
@@ -72,7 +72,7 @@ ul.assume li{margin:3px 0}
 VERDICT_CLASS = {"holds": "v-holds", "does not hold": "v-not", "minor": "v-minor",
                  "not enough evidence": "v-unknown"}
 SOURCE_CLASS = {"measured": "s-measured", "estimated": "s-estimated", "observed": "s-observed",
-                "given": "s-given", "transferred": "s-transferred"}
+                "given": "s-given", "transferred": "s-transferred", "modelled": "s-modelled"}
 
 
 def _e(x: Any) -> str:
