@@ -552,7 +552,7 @@ def run(cfg: DispatchConfig) -> tuple[Record, str | None]:
     replaced by a failed run. The config is checked (loop_config) before anything is written."""
     argv = list(cfg.argv) or None
     lcfg = loop_config(cfg)  # raises ValueError on a bad config: nothing written
-    reason = available(cfg.device)
+    reason = available("cpu") if cfg.device == "cpu" else available()
     if reason:
         rec = make_record(PROBE, None, status="waived", reason=reason, argv=argv)
         return rec, save_record(rec, cfg.json_path)[1]

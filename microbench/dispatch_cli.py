@@ -269,7 +269,7 @@ def handle(args) -> int:
     from reports.base.records import waived, save_record
     cpu = getattr(args, "device", "cuda") == "cpu"
     n = visible_gpus() if not cpu else 2   # on the CPU --pp auto is 2 ranks
-    reason = available("cpu" if cpu else "cuda")
+    reason = available("cpu") if cpu else available()
     # arguments first: a bad flag is a one-line error and writes nothing
     cfg = config_from_args(args, n if not reason or str(args.pp) != "auto" else 2,
                            check_gpus=not reason and not cpu)
