@@ -24,7 +24,11 @@ burst; rank 0 answers an OpenAI-compatible endpoint with SGLang's control routes
 is one point (arrival `served`, concurrency = the peak of running requests) in
 `results/dispatch_serve.json`, so it never replaces the benchmark record the report reads.
 
-Pure functions here (summaries, trace) run on CPU and are tested there; only `run` launches GPUs.
+`--device cpu` runs the same loop without a GPU, as SGLang's `--device cpu` does (gloo between
+the ranks, the `busy` forward on the host; microbench/pp_device.py): its traces and logs are then
+checked against SGLang's own CPU recording (tests/test_pp_probe_vs_sglang.py).
+
+Pure functions here (summaries, trace) run on CPU and are tested there; only `run` launches ranks.
 """
 from __future__ import annotations
 
@@ -619,7 +623,8 @@ def _finish(cfg, lcfg, work: Path, p2p_off: bool, status, why, argv) -> tuple[Re
     if data is None or not data.runs:
         if status in ("ok", "partial"):
             status, why = "error", (why + "; " if why else "") + "no point finished"
-    notes = [i.get("note") for i in (data.ranks if data else {}).values() if i.get("note")]
+    notes = [n for i in (data.ranks if data else {}).values()
+             for n in (i.get("note"), i.get("loop_note")) if n]
     if status == "ok" and notes:
         why = "; ".join(sorted(set(notes)) + ([why] if why else []))
     rec = make_record(PROBE, data, status=status, reason=why, argv=argv)

@@ -6,22 +6,57 @@ the *dispatch latency* (input available on the GPU -> first forward kernel start
 the loop body, GPU forward time and send time, plus slot occupancy and decode tok/s.
 
 How (SGLang 0.5.23 managers/scheduler_pp_mixin.py, `event_loop_pp`): `pp + async_depth` slots
-visited round-robin; rank 0 admits arrivals with `reports.base.slots.visit` (policy `sglang` or
-`even`: per-slot cap, request rows, prefill token budget), a slot that admits runs that prefill
-in its visit. Every iteration, on every rank, in SGLang's order (the functions of
-microbench/pp_comm.py): rank r > 0 blocks on the pickled request list from rank r-1 (gloo)
-and sends it on at once (async), empty slots included; a slot with a batch receives its hidden states (metadata
-over gloo blocks the CPU, the tensor over NCCL makes the schedule stream wait); outputs are
-exchanged -- before the forward when async_depth > 0 -- even ranks sending first: the last rank
-sends the sampled tokens of the slot it ran `async_depth` iterations ago to rank 0, the other
-ranks pass on what they received (last -> 0 -> 1 -> ...); the forward runs on its own stream
-after the schedule stream; when slot s+1 holds a batch every rank blocks on the device-to-host
-copy of its outputs (a CPU sync) before processing them; then the hidden states go to rank r+1
-(metadata at once, the NCCL send after the forward's end event). Simplifications, on purpose:
-requests never finish (steady decode); token ids stand for the whole output dict.
+visited round-robin. Every iteration, on every rank, in SGLang's order (the functions of
+microbench/pp_comm.py):
+1. `recv_requests`: rank 0 takes the requests that have arrived (none: an empty list); rank
+   r > 0 blocks on the pickled list from rank r-1 (gloo, SGLang's `point_to_point_pyobj`); every
+   rank but the last sends it on at once (async, `send_reqs_to_next_stage`), empty lists
+   included, so each stage's loop is chained to the previous stage's. The list carries the raw
+   requests, before any scheduling (scheduler.py `recv_requests` / `ingest_requests`).
+2. `get_next_batch_to_run`, on every rank: its own admission of what it received, with
+   `reports.base.slots.visit` (policy `sglang` or `even`: per-slot cap, request rows, prefill
+   token budget, chunking; prefill first: a slot that admits runs that prefill in its visit).
+   The ranks reach the same batches because they schedule the same lists at the same
+   iterations; each pays its own scheduling time, as SGLang's ranks do.
+3. A slot with a batch receives its hidden states (no range, as `_pp_recv_proxy_tensors`): the
+   metadata over gloo blocks the CPU, then two tensors, `hidden_states` and `residual` (NCCL:
+   the schedule stream waits; gloo on the CPU: the CPU waits).
+4. Outputs are exchanged -- before the forward when async_depth > 0 -- even ranks sending first
+   (`send_res_dict_to_next_stage`, `recv_res_dict_from_prev_stage`): the last rank sends the
+   sampled tokens of the slot it ran `async_depth` iterations ago to rank 0, the other ranks
+   pass on what they received (last -> 0 -> 1 -> ...).
+5. `run_batch`: the forward on its own stream after the schedule stream, inside a
+   `step[DECODE bs=N]` / `step[EXTEND bs=N toks=T]` span (srt/utils/profile_utils.py).
+6. When slot s+1 holds a batch every rank blocks on the device-to-host copy of its outputs (a
+   CPU sync, no range) and runs `process_batch_result` for it, where its log line is written.
+7. The hidden states go to rank r+1 (`send_proxy_dict_to_next_stage`: metadata at once, the
+   tensors after the forward's end event), padded to the captured size where the forward
+   replayed a graph (SGLang's graph runner returns the padded rows).
+SGLang's nested `scheduler.*` ranges (observability/scheduler_stage_metrics.py) are recorded
+too, and `scheduler.idle` after a pass over all slots that ran nothing (`on_idle`).
+Messages per hop as SGLang's: request list 2 (an empty one 1), hidden states 4, outputs 3.
+
+Kept different from SGLang, on purpose:
+- requests never finish in the benchmark (steady decode); the list also carries the run's own
+  controls (`measure` when steady decode starts, `stop` after the window), as SGLang's carries
+  its control requests; token ids stand for the whole output dict; the stage work does not
+  read the residual it is sent (it only travels);
+- each message kind has its own gloo tag (SGLang: tag 0, tensor dicts sorted by
+  `__msg_type__` on arrival); same messages, same order per channel;
+- serve mode (below): rank 0 schedules the HTTP requests (their finishes, the controls) and
+  relays its decision (always two messages); ranks > 0 do not schedule there;
+- log lines: `#token` is prompt + one per request, `token usage` 0 (no KV pool); times carry
+  milliseconds (SGLANG_LOG_MS=1);
+- `--device cpu`: no CUDA graphs (as the lab's `--disable-cuda-graph`), the hidden-state
+  send's end is not timed, an injected hop delay holds the sender (one thread).
+`KEPT_DIFFERENCES` says this in one line in every record.
+
+Device (microbench/pp_device.py): `cuda` (NCCL for tensors, CUDA streams and events) or `cpu`
+(SGLang's `--device cpu`: gloo for everything, the forward on the loop's thread, streams and
+events replaced by host stand-ins; the same code path). Only the CUDA path has run on GPUs.
 
 Stage work (microbench/pp_stage.py): `busy` (a `torch.cuda._sleep` kernel whose length follows
-a cost-vs-batch curve, calibrated at start) or `moe` (real Kimi-K2-dims MoE layers in bf16: microbench.kernels.layers' MoE,
+a cost-vs-batch curve, calibrated at start; on the CPU a spin of that length) or `moe` (real Kimi-K2-dims MoE layers in bf16: microbench.kernels.layers' MoE,
 the layer stage-cost times, checked against its float32 per-expert reference first). MoE
 backend as stage-cost picks it (`--moe-variant auto`, `moe_candidates`): the fused Triton
 decode kernel (microbench/kernels/moe_triton.py; fixed-size index tensors, no host syncs, so it is
@@ -74,6 +109,10 @@ from microbench.pp_comm import (TAG_REQS, commit, drain_last_to_first, exchange_
                                 recv_proxy, send_proxy, sync_outputs)
 from microbench.pp_device import device_api, is_host, spin_us
 from microbench.pp_stage import build_work, calibrate_injection, capture_graphs
+
+
+KEPT_DIFFERENCES = ("differs from SGLang on purpose: requests never finish, one gloo tag per "
+                    "message kind, serve mode relays rank 0's admission (microbench/pp_loop.py)")
 
 
 def parse_cost_curve(text: str) -> list[tuple[int, float]]:
@@ -636,6 +675,7 @@ def _run_rank(torch, dist, cfg: dict, out_dir: Path, rank: int, state) -> int:
     info["gloo_one_way_us"] = gloo_one_way_us(torch, dist, rank, pp, gloo)
 
     name = "cpu" if is_host(api) else torch.cuda.get_device_name(dev)
+    info["loop_note"] = KEPT_DIFFERENCES
     result = {"rank": rank, "pp": pp, "device": name,
               "torch": torch.__version__, "info": info, "capture_sizes": ctx["capture_sizes"],
               "points": []}

@@ -161,6 +161,13 @@ def test_probe_log_lines_parse_like_sglangs(probe):
         assert ts == sorted(ts) and len(ts) > 10
 
 
+def test_probe_record_names_what_it_keeps_different(probe):
+    from microbench.pp_loop import KEPT_DIFFERENCES
+    rec = json.loads((probe / "dispatch.json").read_text())
+    assert rec["status"] == "ok" and KEPT_DIFFERENCES in rec["reason"]
+    assert rec["data"]["devices"] == {"0": "cpu", "1": "cpu"}
+
+
 def test_probe_traces_read_by_sglangs_reader(probe, tmp_path):
     from reports import cli
     out = tmp_path / "sglang.json"
