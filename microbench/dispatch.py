@@ -24,7 +24,11 @@ burst; rank 0 answers an OpenAI-compatible endpoint with SGLang's control routes
 is one point (arrival `served`, concurrency = the peak of running requests) in
 `results/dispatch_serve.json`, so it never replaces the benchmark record the report reads.
 
-Pure functions here (summaries, trace) run on CPU and are tested there; only `run` launches GPUs.
+`--device cpu` runs the same loop without a GPU, as SGLang's `--device cpu` does (gloo between
+the ranks, the `busy` forward on the host; microbench/pp_device.py): its traces and logs are then
+checked against SGLang's own CPU recording (tests/test_pp_probe_vs_sglang.py).
+
+Pure functions here (summaries, trace) run on CPU and are tested there; only `run` launches ranks.
 """
 from __future__ import annotations
 
@@ -48,6 +52,7 @@ from reports.base.slots import SlotConfig, default_max_micro_batch
 PROBE = "dispatch"
 ARRIVALS = ("burst", "staggered", "poisson")
 WORKS = ("busy", "moe")
+DEVICES = ("cuda", "cpu")   # cpu: as SGLang's --device cpu (microbench/pp_device.py)
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,7 @@ class DispatchConfig:
     inject: tuple[str, ...] = ()            # fault switches, reports.base.inject specs
     serve: str | None = None                # "[HOST:]PORT": serve mode (microbench/serve.py)
     serve_seconds: float | None = None      # serve mode: stop after this long (None: on a signal)
+    device: str = "cuda"                    # "cpu": gloo only, the forward on the host (DEVICES)
     argv: tuple[str, ...] = field(default=(), compare=False)
 
     @property
@@ -102,7 +108,7 @@ class DispatchConfig:
                           self.chunked_prefill_size, self.max_prefill_tokens)
 
 
-def available() -> str | None:
+def available(device: str = "cuda") -> str | None:
     """None if the probe can run here, else the reason."""
     try:
         import torch  # noqa: F401
@@ -111,6 +117,8 @@ def available() -> str | None:
         return "torch is not installed"
     if not dist.is_available():
         return "this torch build has no torch.distributed"
+    if device == "cpu":
+        return None if dist.is_gloo_available() else "this torch build has no gloo backend"
     n = visible_gpus()
     if n < 2:
         return f"needs at least 2 GPUs for a pipeline, {n} visible"
@@ -141,6 +149,10 @@ def loop_config(cfg: DispatchConfig) -> dict:
     m = load_model(cfg.model)
     if cfg.work == "moe" and not m.n_routed_experts:
         raise ValueError(f"--work moe needs a MoE model; {m.name} is dense")
+    if cfg.device not in DEVICES:
+        raise ValueError(f"--device must be one of {', '.join(DEVICES)}, got {cfg.device!r}")
+    if cfg.device == "cpu" and cfg.work != "busy":
+        raise ValueError("--device cpu runs --work busy only (the MoE stage needs a GPU)")
     from microbench.pp_loop import parse_cost_curve
     pts = parse_cost_curve(cfg.cost_us) if cfg.work == "busy" else []
     from reports.base.inject import parse_inject
@@ -169,7 +181,8 @@ def loop_config(cfg: DispatchConfig) -> dict:
             "layers_per_stage": cfg.layers_per_stage, "cost_points": pts,
             "model": m.name, "hidden": m.hidden, "moe_intermediate": m.moe_intermediate,
             "n_routed_experts": m.n_routed_experts, "top_k": m.top_k,
-            "n_shared_experts": m.n_shared_experts, "graphs": cfg.graphs,
+            "n_shared_experts": m.n_shared_experts, "device": cfg.device,
+            "graphs": cfg.graphs and cfg.device == "cuda",   # no CUDA graph on a CPU
             "concurrency": concurrency, "prompt_len": cfg.prompt_len,
             "stagger_ms": cfg.stagger_ms, "poisson_rate_per_s": cfg.poisson_rate_per_s,
             "seconds_per_point": cfg.seconds_per_point,
@@ -543,7 +556,7 @@ def run(cfg: DispatchConfig) -> tuple[Record, str | None]:
     replaced by a failed run. The config is checked (loop_config) before anything is written."""
     argv = list(cfg.argv) or None
     lcfg = loop_config(cfg)  # raises ValueError on a bad config: nothing written
-    reason = available()
+    reason = available("cpu") if cfg.device == "cpu" else available()
     if reason:
         rec = make_record(PROBE, None, status="waived", reason=reason, argv=argv)
         return rec, save_record(rec, cfg.json_path)[1]
@@ -610,7 +623,8 @@ def _finish(cfg, lcfg, work: Path, p2p_off: bool, status, why, argv) -> tuple[Re
     if data is None or not data.runs:
         if status in ("ok", "partial"):
             status, why = "error", (why + "; " if why else "") + "no point finished"
-    notes = [i.get("note") for i in (data.ranks if data else {}).values() if i.get("note")]
+    notes = [n for i in (data.ranks if data else {}).values()
+             for n in (i.get("note"), i.get("loop_note")) if n]
     if status == "ok" and notes:
         why = "; ".join(sorted(set(notes)) + ([why] if why else []))
     rec = make_record(PROBE, data, status=status, reason=why, argv=argv)

@@ -60,7 +60,7 @@ def _choices(allowed):
 
 
 def register(subparsers) -> None:
-    from microbench.dispatch import ARRIVALS, WORKS
+    from microbench.dispatch import ARRIVALS, DEVICES, WORKS
     p = subparsers.add_parser(
         "dispatch", help="SGLang's PP scheduler loop on real GPUs: dispatch latency, slot balance",
         description="Run SGLang's pipeline-parallel decode loop discipline (pp + async-depth "
@@ -137,6 +137,10 @@ def register(subparsers) -> None:
                         "control routes (host default 127.0.0.1) and the loop runs the requests "
                         "it gets until Ctrl-C / SIGTERM / --seconds; --concurrency and --arrival "
                         "do not apply; record: results/dispatch_serve.json")
+    p.add_argument("--device", choices=DEVICES, default="cuda",
+                   help="cuda (default: one GPU per rank, NCCL for tensors) or cpu (as SGLang's "
+                        "--device cpu: gloo for everything, the forward on the host; --work busy "
+                        "only, no CUDA graphs; runs on a machine without GPUs)")
     p.set_defaults(func=handle)
 
 
@@ -206,7 +210,7 @@ def config_from_args(args, n_gpus: int, check_gpus: bool = True):
         json_path=str(args.json or default_record_path("dispatch_serve" if serve else "dispatch")),
         serve=f"{host}:{port}" if serve else None, serve_seconds=seconds if serve else None,
         trace_path=args.trace, torchrun_args=tuple(args.torchrun_args.split()),
-        inject=tuple(args.inject),
+        inject=tuple(args.inject), device=getattr(args, "device", "cuda"),
         argv=tuple(getattr(args, "argv", ())))
 
 
@@ -263,11 +267,14 @@ def _f(x, nd: int = 0) -> str:
 def handle(args) -> int:
     from microbench.dispatch import available, run, trace_path_for, visible_gpus
     from reports.base.records import waived, save_record
-    n = visible_gpus()
-    reason = available()
+    cpu = getattr(args, "device", "cuda") == "cpu"
+    n = visible_gpus() if not cpu else 2   # on the CPU --pp auto is 2 ranks
+    reason = available("cpu") if cpu else available()
     # arguments first: a bad flag is a one-line error and writes nothing
     cfg = config_from_args(args, n if not reason or str(args.pp) != "auto" else 2,
-                           check_gpus=not reason)
+                           check_gpus=not reason and not cpu)
+    if cpu and cfg.work != "busy":
+        raise CliError("--device cpu runs --work busy only (the MoE stage needs a GPU)")
     if cfg.serve and not reason:
         _check_listen(cfg.serve)
     if reason:  # cannot run here: a waived record (beside a good one, never over it), exit 2

@@ -6,22 +6,57 @@ the *dispatch latency* (input available on the GPU -> first forward kernel start
 the loop body, GPU forward time and send time, plus slot occupancy and decode tok/s.
 
 How (SGLang 0.5.23 managers/scheduler_pp_mixin.py, `event_loop_pp`): `pp + async_depth` slots
-visited round-robin; rank 0 admits arrivals with `reports.base.slots.visit` (policy `sglang` or
-`even`: per-slot cap, request rows, prefill token budget), a slot that admits runs that prefill
-in its visit. Every iteration, on every rank, in SGLang's order (the functions of
-microbench/pp_comm.py): rank r > 0 blocks on the pickled request list from rank r-1 (gloo)
-and sends it on at once (async), empty slots included; a slot with a batch receives its hidden states (metadata
-over gloo blocks the CPU, the tensor over NCCL makes the schedule stream wait); outputs are
-exchanged -- before the forward when async_depth > 0 -- even ranks sending first: the last rank
-sends the sampled tokens of the slot it ran `async_depth` iterations ago to rank 0, the other
-ranks pass on what they received (last -> 0 -> 1 -> ...); the forward runs on its own stream
-after the schedule stream; when slot s+1 holds a batch every rank blocks on the device-to-host
-copy of its outputs (a CPU sync) before processing them; then the hidden states go to rank r+1
-(metadata at once, the NCCL send after the forward's end event). Simplifications, on purpose:
-requests never finish (steady decode); token ids stand for the whole output dict.
+visited round-robin. Every iteration, on every rank, in SGLang's order (the functions of
+microbench/pp_comm.py):
+1. `recv_requests`: rank 0 takes the requests that have arrived (none: an empty list); rank
+   r > 0 blocks on the pickled list from rank r-1 (gloo, SGLang's `point_to_point_pyobj`); every
+   rank but the last sends it on at once (async, `send_reqs_to_next_stage`), empty lists
+   included, so each stage's loop is chained to the previous stage's. The list carries the raw
+   requests, before any scheduling (scheduler.py `recv_requests` / `ingest_requests`).
+2. `get_next_batch_to_run`, on every rank: its own admission of what it received, with
+   `reports.base.slots.visit` (policy `sglang` or `even`: per-slot cap, request rows, prefill
+   token budget, chunking; prefill first: a slot that admits runs that prefill in its visit).
+   The ranks reach the same batches because they schedule the same lists at the same
+   iterations; each pays its own scheduling time, as SGLang's ranks do.
+3. A slot with a batch receives its hidden states (no range, as `_pp_recv_proxy_tensors`): the
+   metadata over gloo blocks the CPU, then two tensors, `hidden_states` and `residual` (NCCL:
+   the schedule stream waits; gloo on the CPU: the CPU waits).
+4. Outputs are exchanged -- before the forward when async_depth > 0 -- even ranks sending first
+   (`send_res_dict_to_next_stage`, `recv_res_dict_from_prev_stage`): the last rank sends the
+   sampled tokens of the slot it ran `async_depth` iterations ago to rank 0, the other ranks
+   pass on what they received (last -> 0 -> 1 -> ...).
+5. `run_batch`: the forward on its own stream after the schedule stream, inside a
+   `step[DECODE bs=N]` / `step[EXTEND bs=N toks=T]` span (srt/utils/profile_utils.py).
+6. When slot s+1 holds a batch every rank blocks on the device-to-host copy of its outputs (a
+   CPU sync, no range) and runs `process_batch_result` for it, where its log line is written.
+7. The hidden states go to rank r+1 (`send_proxy_dict_to_next_stage`: metadata at once, the
+   tensors after the forward's end event), padded to the captured size where the forward
+   replayed a graph (SGLang's graph runner returns the padded rows).
+SGLang's nested `scheduler.*` ranges (observability/scheduler_stage_metrics.py) are recorded
+too, and `scheduler.idle` after a pass over all slots that ran nothing (`on_idle`).
+Messages per hop as SGLang's: request list 2 (an empty one 1), hidden states 4, outputs 3.
+
+Kept different from SGLang, on purpose:
+- requests never finish in the benchmark (steady decode); the list also carries the run's own
+  controls (`measure` when steady decode starts, `stop` after the window), as SGLang's carries
+  its control requests; token ids stand for the whole output dict; the stage work does not
+  read the residual it is sent (it only travels);
+- each message kind has its own gloo tag (SGLang: tag 0, tensor dicts sorted by
+  `__msg_type__` on arrival); same messages, same order per channel;
+- serve mode (below): rank 0 schedules the HTTP requests (their finishes, the controls) and
+  relays its decision (always two messages); ranks > 0 do not schedule there;
+- log lines: `#token` is prompt + one per request, `token usage` 0 (no KV pool); times carry
+  milliseconds (SGLANG_LOG_MS=1);
+- `--device cpu`: no CUDA graphs (as the lab's `--disable-cuda-graph`), the hidden-state
+  send's end is not timed, an injected hop delay holds the sender (one thread).
+`KEPT_DIFFERENCES` says this in one line in every record.
+
+Device (microbench/pp_device.py): `cuda` (NCCL for tensors, CUDA streams and events) or `cpu`
+(SGLang's `--device cpu`: gloo for everything, the forward on the loop's thread, streams and
+events replaced by host stand-ins; the same code path). Only the CUDA path has run on GPUs.
 
 Stage work (microbench/pp_stage.py): `busy` (a `torch.cuda._sleep` kernel whose length follows
-a cost-vs-batch curve, calibrated at start) or `moe` (real Kimi-K2-dims MoE layers in bf16: microbench.kernels.layers' MoE,
+a cost-vs-batch curve, calibrated at start; on the CPU a spin of that length) or `moe` (real Kimi-K2-dims MoE layers in bf16: microbench.kernels.layers' MoE,
 the layer stage-cost times, checked against its float32 per-expert reference first). MoE
 backend as stage-cost picks it (`--moe-variant auto`, `moe_candidates`): the fused Triton
 decode kernel (microbench/kernels/moe_triton.py; fixed-size index tensors, no host syncs, so it is
@@ -64,15 +99,20 @@ import time
 from pathlib import Path
 
 from reports.base.cuda_graphs import capture_sizes, padded  # SGLang's decode capture rule
-from microbench.kit.launch import recv_pyobj, start_rank
+from microbench.kit.launch import start_rank
 from reports.base.records import write_json_atomic
 from reports.base.sglang_defaults import MAX_PREFILL_TOKENS
 from reports.base.inject import parse_inject
 from reports.base.slots import AdmitState, SlotConfig, Visit, visit
 from microbench.pp_comm import (TAG_REQS, commit, drain_last_to_first, exchange_outputs,
-                                gloo_one_way_us, isend_pyobj, new_loop_state, recv_proxy,
-                                send_proxy, sync_outputs)
+                                gloo_one_way_us, isend_list, new_loop_state, recv_list,
+                                recv_proxy, send_proxy, sync_outputs)
+from microbench.pp_device import device_api, is_host, spin_us
 from microbench.pp_stage import build_work, calibrate_injection, capture_graphs
+
+
+KEPT_DIFFERENCES = ("differs from SGLang on purpose: requests never finish, one gloo tag per "
+                    "message kind, serve mode relays rank 0's admission (microbench/pp_loop.py)")
 
 
 def parse_cost_curve(text: str) -> list[tuple[int, float]]:
@@ -101,38 +141,43 @@ def parse_cost_curve(text: str) -> list[tuple[int, float]]:
 
 
 def sglang_log_lines(res: dict, prompt_len: int, graphs_on: bool, capture: list[int],
-                     clock_offset_s: float = 0.0) -> list[str]:
-    """One rank's point as SGLang 0.5.x scheduler log lines (one per slot visit with a batch):
+                     clock_offset_s: float = 0.0, device: str = "cuda") -> list[str]:
+    """One rank's point as SGLang 0.5.23's scheduler log lines, one per batch result processed
+    (`process_batch_result`, --decode-log-interval 1), stamped at that time (the loop's
+    perf_counter + `clock_offset_s`, the wall clock), in the layout of
+    managers/scheduler_components/metrics_reporter.py `report_decode_stats` /
+    `report_prefill_stats`:
     `[time PPr] Decode batch, #running-req: N, #token: N, token usage: X, cuda graph: B, gen
-    throughput (token/s): X, #queue-req: N, ` and `Prefill batch, #new-seq: N, #new-token: N,
-    #cached-token: 0, token usage: X, #running-req: N, #queue-req: N, ` (layout of SGLang
-    0.5.x `scheduler_metrics_mixin.py` log_decode_stats / log_prefill_stats, with
-    SGLANG_LOG_MS-style milliseconds; logged at every visit, i.e. --decode-log-interval 1, so
-    each line names the size of the slot just run). Throughput: decode tokens of this rank over
-    the last slot-loop turn. Times are the loop's perf_counter + `clock_offset_s` (wall clock)."""
-    c, rank, S = res["columns"], res["rank"], res["slots"]
-    out, hist = [], []
-    running = 0
-    for i in range(len(c["it"])):
-        n, kind, t = c["n"][i], c["kind"][i], c["t_end"][i]
+    throughput (token/s): X, #queue-req: N` and `[time PPr] Prefill batch, #new-seq: N,
+    #new-token: N, #cached-token: 0, token usage: X, #running-req: N, #queue-req: N,
+    #pending-token: 0, cuda graph: False, input throughput (token/s): X` (`cpu graph` on the
+    CPU). Times carry milliseconds, as SGLang writes them with SGLANG_LOG_MS=1. Under PP
+    `#running-req` of a decode line is the size of the slot's batch; throughputs are this
+    rank's tokens since its previous line of the same kind over the time since then (SGLang's
+    `num_generated_tokens / gap_latency`). `#token` counts prompt + one token per request
+    (the KV pool is not modelled; `token usage` is 0)."""
+    r, rank = res["results"], res["rank"]
+    label = "cpu graph" if device == "cpu" else "cuda graph"
+    out = []
+    last = {"decode": res["t_point_start"], "prefill": res["t_point_start"]}
+    for t, kind, n, rows, running, queue in zip(r["t"], r["kind"], r["n"], r["rows"],
+                                                r["running"], r["queue"]):
         if kind == "idle" or not n:
             continue
         ts = datetime.datetime.fromtimestamp(t + clock_offset_s).strftime(
             "%Y-%m-%d %H:%M:%S.%f")[:-3]
+        gap, last[kind] = t - last[kind], t
         if kind == "prefill":
-            out.append(f"[{ts} PP{rank}] Prefill batch, #new-seq: {n}, #new-token: "
-                       f"{c['rows'][i]}, #cached-token: 0, token usage: 0.00, "
-                       f"#running-req: {running}, #queue-req: 0, ")
-            running += n
+            out.append(f"[{ts} PP{rank}] Prefill batch, #new-seq: {n}, #new-token: {rows}, "
+                       f"#cached-token: 0, token usage: 0.00, #running-req: {running or 0}, "
+                       f"#queue-req: {queue}, #pending-token: 0, {label}: False, "
+                       f"input throughput (token/s): {rows / gap if gap > 0 else 0.0:.2f}")
             continue
-        hist.append((t, n))
-        hist = hist[-S:]
-        dt = hist[-1][0] - hist[0][0]
-        tput = sum(x for _, x in hist[1:]) / dt if dt > 0 else 0.0
         graph = graphs_on and bool(capture) and padded(n, capture[-1]) is not None
         out.append(f"[{ts} PP{rank}] Decode batch, #running-req: {n}, #token: "
-                   f"{n * (prompt_len + 1)}, token usage: 0.00, cuda graph: {graph}, "
-                   f"gen throughput (token/s): {tput:.2f}, #queue-req: 0, ")
+                   f"{n * (prompt_len + 1)}, token usage: 0.00, {label}: {graph}, "
+                   f"gen throughput (token/s): {n / gap if gap > 0 else 0.0:.2f}, "
+                   f"#queue-req: {queue}")
     return out
 
 
@@ -155,15 +200,28 @@ def arrival_times(arrival: str, n: int, stagger_ms: float, rate_per_s: float, se
 # ---------------------------------------------------------------------------------------------
 # The loop.
 
+def _request(rid: int, prompt_len: int) -> dict:
+    """One arrival as the request list carries it (SGLang relays its tokenized requests, the
+    prompt's token ids included, pickled)."""
+    return {"rid": str(rid), "input_ids": [1] * prompt_len}
+
+
+def step_name(kind: str, n: int, rows: int) -> str:
+    """SGLang's span per forward (srt/utils/profile_utils.py `build_step_span_name`): the raw
+    batch size, and the extend tokens of a prefill."""
+    return f"step[EXTEND bs={n} toks={rows}]" if kind == "prefill" else f"step[DECODE bs={n}]"
+
+
 def run_point(torch, dist, ctx: dict, point: dict) -> dict:
     """One (policy, arrival, concurrency) point; returns this rank's raw columns.
 
     Each iteration follows SGLang's order (see the mechanics above): recv_requests (+ send them
-    on at once), get_next_batch_to_run, proxy receive, output exchange (before the forward when
-    async_depth > 0, after it when 0), run_batch, sync on slot s+1's outputs and process them,
-    proxy send."""
+    on at once), get_next_batch_to_run (every rank), proxy receive, output exchange (before the
+    forward when async_depth > 0, after it when 0), run_batch, sync on slot s+1's outputs and
+    process them (its log line), proxy send."""
     cfg, rank, pp = ctx["cfg"], ctx["rank"], ctx["pp"]
     last, gloo, dev, H = pp - 1, ctx["gloo"], ctx["dev"], cfg["hidden"]
+    api = ctx.get("api") or torch.cuda
     scfg = SlotConfig(pp, cfg["async_depth"], cfg["max_micro_batch"],
                       cfg.get("max_running_requests"), cfg.get("chunked_prefill_size"),
                       cfg.get("max_prefill_tokens") or MAX_PREFILL_TOKENS)
@@ -173,15 +231,16 @@ def run_point(torch, dist, ctx: dict, point: dict) -> dict:
     def rf(name):   # SGLang's range names, while a profiler records (serve: it comes and goes)
         return torch.profiler.record_function(name) if ctx.get("profiler") is not None \
             else contextlib.nullcontext()
+    ctx["rf"] = rf
     graphs, sizes = ctx["graphs"], ctx["capture_sizes"]
     emb = ctx["emb"]  # rank 0's stand-in for the embedding output, [rows, H]
     C = point["concurrency"]
 
     # host-clock reference for GPU events
     dist.barrier(group=gloo)
-    torch.cuda.synchronize()
+    api.synchronize()
     t0 = time.perf_counter()
-    ref = torch.cuda.Event(enable_timing=True)
+    ref = api.Event(enable_timing=True)
     ref.record()
     ref.synchronize()
     t1 = time.perf_counter()
@@ -194,44 +253,94 @@ def run_point(torch, dist, ctx: dict, point: dict) -> dict:
                             "wait_us", "wait_req_us", "wait_proxy_us", "wait_out_us",
                             "wait_sync_us", "wait_commit_us", "sched_us", "launch_us",
                             "process_us", "ev")}
+    results = {k: [] for k in ("t", "slot", "kind", "n", "rows", "running", "queue")}
     occupancy = []  # rank 0: (t, sizes) after admission
-    adm = AdmitState.empty(scfg)
-    lp = new_loop_state(torch, cfg, pp, rank)
-    ctx["side"] = torch.cuda.Stream()
-    late = torch.cuda.Stream()
+    adm = AdmitState.empty(scfg)   # every rank's own admission state (SGLang: its scheduler)
+    waiting: list[int] = []        # prompt lengths of requests received, not yet admitted
+    lp = new_loop_state(torch, cfg, pp, rank, api)
+    ctx["side"] = api.Stream()
+    late = api.Stream()
     inj = ctx["inject"]
     slow = inj["slow_stage"].get(rank, 0.0)
     host_delay_s = inj["host_delay_us"].get(rank, 0.0) / 1e6
-    hop_delay_cyc = int(inj["hop_delay_us"] * ctx["cyc_per_us"]) if inj["hop_delay_us"] else 0
-    admitted, window = 0, None  # window: [first measured iteration, ...]
-    no_admit_rounds, it = 0, 0
+    hop_delay_us = inj["hop_delay_us"]
+    delay = ctx.get("delay") or (lambda us: torch.cuda._sleep(max(1, int(us * ctx["cyc_per_us"]))))
+    pulled = admitted = 0
+    window = None  # rank 0: (first measured iteration, its time)
+    measure = stop = False
+    no_admit_rounds, it, pass_idle = 0, 0, True
     max_iters = cfg["max_iters_per_point"]
     seconds = cfg["seconds_per_point"]
     lp["rows_tail"] = {}   # it -> rows of the last few iterations (drain_last_to_first)
     setup_deadline = start + max(5.0, 3 * seconds)
 
+    def pull() -> list:
+        """Rank 0's recv_requests: the streams that have arrived since the last pull, and the
+        run's own controls (SGLang relays control requests in the same list): `measure` once
+        steady decode is reached, then `stop` after the measured window."""
+        nonlocal pulled, window
+        now = time.perf_counter() - start
+        out = []
+        if window is None and not (it >= 4 * max_iters) and (
+                (admitted == C and not adm.chunk_left and no_admit_rounds >= 2)
+                or (no_admit_rounds >= 4 and all(a <= now for a in arrivals))
+                or time.perf_counter() > setup_deadline):
+            window = (it, now)  # steady decode from here on
+            out.append({"ctl": "measure"})
+        elif (window is not None and (now - window[1] >= seconds or it - window[0] >= max_iters)
+              ) or it >= 4 * max_iters:
+            out.append({"ctl": "stop"})
+        while pulled < C and arrivals[pulled] <= now:
+            out.append(_request(pulled, cfg["prompt_len"]))
+            pulled += 1
+        return out
+
     while True:
         s = it % S
+        if s == 0:
+            pass_idle = True
         t_start = time.perf_counter()
         ev = {}
         w_req = w_proxy = w_out = w_sync = w_commit = 0.0
-        # ---- 1. recv_requests: rank 0 admits; the others get the request list from rank-1
-        if rank == 0 and serve is not None:   # requests from HTTP clients (microbench/serve.py)
-            with rf("get_next_batch_to_run"):
-                meta = serve[0].visit(it, s)
-            stop, kind, n, rows, measure = (meta["stop"], meta["kind"], meta["n"],
-                                            meta["rows"], meta["measure"])
-            if window is None and measure:
-                window = (it, 0.0)
-        elif rank == 0:
-            now = time.perf_counter() - start
-            with rf("get_next_batch_to_run"):
-                stop = (window is not None and (now - window[1] >= seconds
-                                                or it - window[0] >= max_iters)) \
-                    or it >= 4 * max_iters
-                waiting = sum(1 for a in arrivals[admitted:] if a <= now)
-                vis = Visit() if stop else visit(adm, [cfg["prompt_len"]] * waiting, s, scfg,
-                                                 point["policy"], cfg.get("micro_batches"))
+        # ---- 1. recv_requests: rank 0 pulls arrivals; the others get rank r-1's list and
+        # send it on at once (empty lists included: every rank's loop is chained to the last)
+        with rf("recv_requests"):
+            with rf("scheduler.recv_requests"):
+                if rank == 0:
+                    reqs = serve[0].visit(it, s) if serve is not None else pull()
+                else:
+                    tw = time.perf_counter()
+                    reqs = recv_list(torch, dist, rank - 1, gloo, TAG_REQS)
+                    w_req = (time.perf_counter() - tw) * 1e6
+            with rf("scheduler.process_input_requests"):
+                if serve is not None:   # serve mode relays rank 0's decision (docstring)
+                    stop, kind, n, rows, measure = (reqs["stop"], reqs["kind"], reqs["n"],
+                                                    reqs["rows"], reqs["measure"])
+                    if window is None and measure:
+                        window = (it, 0.0)
+                for r in ([] if serve is not None else reqs):
+                    if "ctl" in r:
+                        stop = stop or r["ctl"] == "stop"
+                        measure = measure or r["ctl"] == "measure"
+                    else:
+                        waiting.append(len(r["input_ids"]))
+        if rank < last:
+            w_commit += commit(lp["req_work"])
+            with rf("send_reqs_to_next_stage"):
+                lp["req_work"] = isend_list(torch, dist, reqs, rank + 1, gloo, TAG_REQS)
+        if serve is not None:   # control commands: every rank, this same iteration
+            for c in reqs["ctl"]:
+                serve[1].apply(c, it)
+        if stop:   # the outputs the next rank still expects, then stop
+            exchange_outputs(torch, dist, ctx, lp, s, None, drain=True)
+            break
+        # ---- 2. get_next_batch_to_run: every rank runs its own admission on what it received
+        t_sched = time.perf_counter()
+        with rf("get_next_batch_to_run"), rf("scheduler.get_next_batch_to_run"):
+            running = sum(adm.sizes)
+            if serve is None:
+                vis = visit(adm, waiting, s, scfg, point["policy"], cfg.get("micro_batches"))
+                del waiting[:vis.taken]
                 admitted += vis.taken
                 if vis.batch:   # prefill first: this slot's visit runs the prefill
                     kind, n, rows, no_admit_rounds = "prefill", vis.batch, vis.tokens, 0
@@ -240,70 +349,41 @@ def run_point(torch, dist, ctx: dict, point: dict) -> dict:
                     kind, rows = ("decode", n) if n else ("idle", 0)
                     if s == S - 1:
                         no_admit_rounds += 1
-                if vis.batch or not occupancy:  # sizes change only on admission
+                if rank == 0 and (vis.batch or not occupancy):  # sizes change on admission
                     occupancy.append((time.perf_counter(), list(adm.sizes)))
-                if window is None and not stop and (
-                        (admitted == C and not adm.chunk_left and no_admit_rounds >= 2)
-                        or (no_admit_rounds >= 4 and all(a <= now for a in arrivals))
-                        or time.perf_counter() > setup_deadline):
-                    window = (it, now)  # steady decode from here on
-                measure = window is not None
-            meta = {"stop": stop, "it": it, "slot": s, "kind": kind, "n": n, "rows": rows,
-                    "measure": measure}
-        else:
-            tw = time.perf_counter()
-            with rf("recv_requests"):
-                meta = recv_pyobj(dist, rank - 1, gloo)
-            w_req = (time.perf_counter() - tw) * 1e6
-            stop, kind, n, rows, measure = (meta["stop"], meta["kind"], meta["n"],
-                                            meta["rows"], meta["measure"])
-            assert meta["it"] == it and meta["slot"] == s, "ranks out of step"
-        if rank < last:
-            with rf("send_reqs_to_next_stage"):
-                w_commit += commit(lp["req_work"])
-                lp["req_work"] = isend_pyobj(torch, dist, meta, rank + 1, gloo, TAG_REQS)
-        if serve is not None:   # control commands: every rank, this same iteration
-            for c in meta["ctl"]:
-                serve[1].apply(c, it)
-        if stop:   # the outputs the next rank still expects, then stop
-            exchange_outputs(torch, dist, ctx, lp, s, None, drain=True)
-            break
-        t_sched = time.perf_counter()
-        if host_delay_s and rows:  # --inject host-delay: more CPU work per visit with a batch
-            with rf("get_next_batch_to_run") if rank else contextlib.nullcontext():
+            if host_delay_s and rows:  # --inject host-delay: more CPU work per visit with a batch
                 t_spin = time.perf_counter() + host_delay_s
                 while time.perf_counter() < t_spin:
                     pass
-        lp["mbs"][s] = rows
-        lp["rows_tail"][it] = rows
-        lp["rows_tail"].pop(it - 2 * S - pp, None)
+            lp["mbs"][s] = rows
+            lp["ran"][s] = (kind, n, rows, running)
+            lp["rows_tail"][it] = rows
+            lp["rows_tail"].pop(it - 2 * S - pp, None)
         sched_us = (time.perf_counter() - t_sched) * 1e6
-        # ---- 2. inputs: hidden states from rank-1 (rank 0: its embedding stand-in)
+        # ---- 3. inputs: hidden states from rank-1 (rank 0: its embedding stand-in)
         use_graph = cfg["graphs"] and kind == "decode"
         pb = padded(rows, sizes[-1]) if rows and use_graph and sizes else None
         x = y = None
         if rows:
+            pass_idle = False
             if pb is not None:
                 g, gx, gy = graphs[pb]
             if rank == 0:
                 x = emb[:rows] if rows <= emb.shape[0] else \
                     torch.randn(rows, H, device=dev, dtype=torch.bfloat16)
-            else:  # a fresh buffer, as SGLang's recv_tensor_dict; copied into the graph later
-                x = torch.empty(rows, H, device=dev, dtype=torch.bfloat16)
-            if rank > 0:
-                with rf("recv_proxy"):
-                    w_proxy = recv_proxy(torch, dist, ctx, lp, x)
-                e = torch.cuda.Event(enable_timing=True)
+            else:  # fresh buffers, as SGLang's recv_tensor_dict; copied into the graph later
+                w_proxy, proxy = recv_proxy(torch, dist, ctx, lp)
+                x = proxy["hidden_states"][:rows]   # padded rows where rank-1 replayed a graph
+                e = api.Event(enable_timing=True)
                 e.record(lp["sched"])
                 ev["in"] = e
         got = None
         launch_us = 0.0
         for phase in (("exchange", "launch") if depth > 0 else ("launch", "exchange")):
             if phase == "exchange":
-                with rf("exchange_outputs"):
-                    w_out, got = exchange_outputs(torch, dist, ctx, lp, s, None)
+                w_out, got = exchange_outputs(torch, dist, ctx, lp, s, None)
                 if rank == 0 and got is not None:
-                    e = torch.cuda.Event(enable_timing=True)
+                    e = api.Event(enable_timing=True)
                     e.record(lp["sched"])
                     ev["in"] = e
                 continue
@@ -312,11 +392,11 @@ def run_point(torch, dist, ctx: dict, point: dict) -> dict:
             if not rows:
                 continue
             tl = time.perf_counter()
-            with rf("run_batch"):
+            with rf("run_batch"), rf("scheduler.run_batch"):
                 fwd = lp["fwd"]
                 fwd.wait_stream(lp["sched"])
-                with torch.cuda.stream(fwd):
-                    e = torch.cuda.Event(enable_timing=True)
+                with api.stream(fwd), rf(step_name(kind, n, rows)):
+                    e = api.Event(enable_timing=True)
                     e.record(fwd)
                     ev["fs"] = e
                     if pb is not None:
@@ -326,40 +406,49 @@ def run_point(torch, dist, ctx: dict, point: dict) -> dict:
                     else:
                         y = ctx["fwd"](x)
                     if slow:  # --inject slow-stage: the forward takes FACTOR times as long
-                        torch.cuda._sleep(max(1, int((slow - 1.0) * ctx["fwd_us"](pb or rows)
-                                                     * ctx["cyc_per_us"])))
-                    e = torch.cuda.Event(enable_timing=True)
+                        delay((slow - 1.0) * ctx["fwd_us"](pb or rows))
+                    e = api.Event(enable_timing=True)
                     e.record(fwd)
                     ev["fe"] = e
                     if rank == last:  # sampled token ids of the batch's requests, held
                         tok = y[:rows][-n:, :64].argmax(-1)
-                        done = torch.cuda.Event()
+                        done = api.Event()
                         done.record(fwd)          # SGLang's launch event: after sampling
                         lp["held"].append((done, tok))
             launch_us = (time.perf_counter() - tl) * 1e6
-        # ---- 3. process_batch_result of slot s+1, after a CPU sync on its outputs
+        # ---- 4. process_batch_result of slot s+1, after a CPU sync on its outputs (no range)
         process_us = None
         if got is not None:
-            with rf("process_batch_result"):
-                w_sync, _tokens = sync_outputs(got)
+            w_sync, _tokens = sync_outputs(got)
+            with rf("process_batch_result"), rf("scheduler.process_batch_result"):
                 tp0 = time.perf_counter()
                 lp["pp_out"] = got[2] if rank < last else None
+                nxt = (s + 1) % S
                 if rank == 0 and serve is not None:   # one token per request of slot s+1
-                    serve[0].outputs((s + 1) % S, tp0)
+                    serve[0].outputs(nxt, tp0)
+                for k, v in zip(("kind", "n", "rows", "running"), lp["ran"][nxt]):
+                    results[k].append(v)   # its log line, stamped now (result time)
+                results["t"].append(tp0)
+                results["slot"].append(nxt)
+                results["queue"].append(len(waiting))
                 process_us = (time.perf_counter() - tp0) * 1e6
         else:
             lp["pp_out"] = None
-        # ---- 4. proxy send to rank+1
+        # ---- 5. proxy send to rank+1: hidden states and residual (padded: the graph's rows)
         if rows and rank < last:
+            send = {"hidden_states": gy[:pb] if pb is not None else y,
+                    "residual": gx[:pb] if pb is not None else x}
             with rf("send_proxy_dict_to_next_stage"):
-                ev["se"] = send_proxy(torch, dist, ctx, lp, y, ev["fe"], rows, late,
-                                      hop_delay_cyc)
+                ev["se"] = send_proxy(torch, dist, ctx, lp, send, ev["fe"], late, hop_delay_us)
+        if s == S - 1 and pass_idle:   # SGLang's on_idle after a pass that ran nothing
+            with rf("scheduler.idle"):
+                pass
         it += 1
         if serve is not None and not (measure or rows):
             continue   # serve mode keeps no column for an idle pipeline's turn
         if serve is not None and len(cols["it"]) >= 2 * max_iters:
-            for v in cols.values():   # keep the latest max_iters iterations
-                del v[:len(v) - max_iters]
+            for v in list(cols.values()) + list(results.values()):
+                del v[:max(0, len(v) - max_iters)]   # keep the latest max_iters iterations
         cols["it"].append(it - 1)
         cols["slot"].append(s)
         cols["kind"].append(kind)
@@ -379,17 +468,17 @@ def run_point(torch, dist, ctx: dict, point: dict) -> dict:
         cols["process_us"].append(process_us)
         cols["ev"].append(ev)
     drain_last_to_first(torch, dist, ctx, lp, it, lp["rows_tail"])
-    torch.cuda.synchronize()
+    api.synchronize()
     # GPU events -> host clock (seconds)
     def at(e):
         return t_ref + ref.elapsed_time(e) / 1e3
     gpu = {k: [] for k in ("in", "fs", "fe", "se")}
     for ev in cols.pop("ev"):
         for k in gpu:
-            gpu[k].append(at(ev[k]) if k in ev else None)
+            gpu[k].append(at(ev[k]) if ev.get(k) is not None else None)
     cols.update({f"t_{k}": v for k, v in gpu.items()})
     out = {"point": point, "rank": rank, "slots": S, "ref_err_us": ref_err_us,
-           "t_point_start": start, "columns": cols, "complete": True}
+           "t_point_start": start, "columns": cols, "results": results, "complete": True}
     if rank == 0 and serve is not None:   # the session: sizes at the peak of running requests
         sc = serve[0]
         out["point"] = dict(point, concurrency=max(1, sc.peak))
@@ -509,8 +598,9 @@ def _profile_ctx(torch, cfg, rank, point):
     """torch.profiler around one point; trace named like SGLang's: {id}-TP-0-PP-{rank}."""
     if not cfg.get("profile_dir"):
         return None, None
-    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                              torch.profiler.ProfilerActivity.CUDA])
+    A = torch.profiler.ProfilerActivity
+    prof = torch.profiler.profile(activities=[A.CPU] if cfg.get("device") == "cpu"
+                                  else [A.CPU, A.CUDA])
     pid = f"dispatch-{point['policy']}-{point['arrival']}-c{point['concurrency']}"
     return prof, Path(cfg["profile_dir"]) / f"{pid}-TP-0-PP-{rank}.trace.json"
 
@@ -550,18 +640,24 @@ def _main(cfg: dict, out_dir: Path, rank: int) -> int:
 
 
 def _run_rank(torch, dist, cfg: dict, out_dir: Path, rank: int, state) -> int:
-    rc = start_rank(cfg["collective_timeout_s"], expect_world=cfg["pp"])
+    rc = start_rank(cfg["collective_timeout_s"], expect_world=cfg["pp"],
+                    device=cfg.get("device", "cuda"))
     pp, dev, gloo = rc.world, rc.device, rc.gloo
+    api = device_api(torch, dev)
     H = cfg["hidden"]
     fwd, info = build_work(torch, cfg, rank, dev)
     sizes = loop_capture_sizes(cfg)
-    graphs = capture_graphs(torch, fwd, sizes, H, dev) if cfg["graphs"] else {}
+    graphs = capture_graphs(torch, fwd, sizes, H, dev) if cfg["graphs"] and not is_host(api) \
+        else {}
     emb_rows = max(cfg["concurrency"]) * cfg["prompt_len"]
     ctx = {"cfg": cfg, "rank": rank, "pp": pp, "gloo": gloo, "dev": dev, "fwd": fwd,
-           "graphs": graphs, "capture_sizes": sizes if cfg["graphs"] else [],
+           "api": api, "graphs": graphs, "capture_sizes": sizes if graphs else [],
            "emb": torch.randn(emb_rows, H, device=dev, dtype=torch.bfloat16),
            "inject": parse_inject(cfg.get("inject"), pp)}
     ctx.update(calibrate_injection(torch, ctx, sizes, H, dev))
+    cyc = ctx["cyc_per_us"]
+    ctx["delay"] = spin_us if is_host(api) else \
+        (lambda us: torch.cuda._sleep(max(1, int(us * cyc))))
     if ctx.get("fwd_us_table"):
         info["inject_fwd_us_by_batch"] = ctx["fwd_us_table"]
     # warm up every NCCL pair the loop uses, in the loop's order (hidden r->r+1, tokens last->0)
@@ -575,10 +671,12 @@ def _run_rank(torch, dist, cfg: dict, out_dir: Path, rank: int, state) -> int:
         dist.send(t, dst=0)
     if rank == 0:
         dist.recv(t, src=pp - 1)
-    torch.cuda.synchronize()
+    api.synchronize()
     info["gloo_one_way_us"] = gloo_one_way_us(torch, dist, rank, pp, gloo)
 
-    result = {"rank": rank, "pp": pp, "device": torch.cuda.get_device_name(dev),
+    name = "cpu" if is_host(api) else torch.cuda.get_device_name(dev)
+    info["loop_note"] = KEPT_DIFFERENCES
+    result = {"rank": rank, "pp": pp, "device": name,
               "torch": torch.__version__, "info": info, "capture_sizes": ctx["capture_sizes"],
               "points": []}
     path = out_dir / f"rank{rank}.json"
@@ -606,8 +704,8 @@ def _run_rank(torch, dist, cfg: dict, out_dir: Path, rank: int, state) -> int:
             # SGLang-format scheduler log beside the trace: the whole evidence path of a server
             log_path = Path(str(trace_path).replace(".trace.json", ".log"))
             log_path.write_text("\n".join(sglang_log_lines(
-                res, cfg["prompt_len"], cfg["graphs"], ctx["capture_sizes"],
-                time.time() - time.perf_counter())) + "\n")
+                res, cfg["prompt_len"], bool(graphs), ctx["capture_sizes"],
+                time.time() - time.perf_counter(), dev.type)) + "\n")
         result["points"].append(res)
         write_json_atomic(path, result)  # write as you go: Ctrl-C keeps finished points
         if bar is not None:

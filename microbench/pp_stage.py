@@ -181,6 +181,16 @@ def build_moe_stage(torch, cfg: dict, rank: int, dev, model=None, free_bytes: in
 def build_work(torch, cfg: dict, rank: int, dev):
     """Returns (fwd(x) -> y, info). `fwd` enqueues the stage forward on the current stream."""
     H = cfg["hidden"]
+    if cfg["work"] == "busy" and torch.device(dev).type == "cpu":
+        # SGLang's CPU backend runs the forward on the scheduler's thread: the CPU is busy
+        # for the curve's time, then the loop goes on (no kernel queue to check)
+        from microbench.pp_device import spin_us
+        pts = [tuple(p) for p in cfg["cost_points"]]
+
+        def fwd_cpu(x):
+            spin_us(interp_cost(pts, x.shape[0]))
+            return x + 1.0
+        return fwd_cpu, {"busy_spin": "cpu", "layers_used": 0}
     if cfg["work"] == "busy":
         pts = [tuple(p) for p in cfg["cost_points"]]
         # calibrate cycles per microsecond of torch.cuda._sleep with the shared timer
@@ -214,6 +224,9 @@ def calibrate_injection(torch, ctx: dict, sizes: list[int], H: int, dev) -> dict
     inj = ctx["inject"]
     if not (inj["slow_stage"] or inj["hop_delay_us"]):
         return {"cyc_per_us": 0.0, "fwd_us": lambda b: 0.0}
+    if torch.device(dev).type == "cpu":   # busy work only: its forward time is the curve
+        pts = [tuple(p) for p in ctx["cfg"]["cost_points"]]
+        return {"cyc_per_us": 0.0, "fwd_us": lambda b: interp_cost(pts, b)}
     from microbench.kit.timing import do_bench
     cyc = 1_000_000
     cyc_per_us = cyc / do_bench(lambda: torch.cuda._sleep(cyc), warmup_ms=5, rep_ms=30).median_us

@@ -49,9 +49,13 @@ def fake_rank(rank: int, offset_s: float) -> dict:
         else:
             for k in ("t_in", "t_fs", "t_fe", "t_se"):
                 cols[k].append(None)
+    # slot 0's results are processed one iteration before its next visit (it 3, 7, 11)
+    res = {"t": [(it + 0.5) * MS for it in (3, 7, 11)], "slot": [0] * 3,
+           "kind": ["prefill", "decode", "decode"], "n": [8] * 3, "rows": [128, 8, 8],
+           "running": [0, 8, 8], "queue": [0] * 3}
     pt = {"point": {"policy": "sglang", "arrival": "burst", "concurrency": 8}, "rank": rank,
           "slots": 4, "ref_err_us": 3.0, "t_point_start": 0.0 + offset_s, "columns": cols,
-          "complete": True}
+          "results": res, "complete": True}
     if rank == 0:
         pt.update(admitted=8, occupancy=[(0.0, [8, 0, 0, 0])], arrivals_s=[0.0] * 8)
     return {"rank": rank, "pp": 2, "device": "X", "info": {"layers_used": 2}, "points": [pt]}
@@ -218,6 +222,10 @@ def test_sglang_log_lines_read_back_by_the_log_reader(tmp_path):
     assert lines[0].startswith("[") and " PP1] Prefill batch, #new-seq: 8, #new-token: 128" in lines[0]
     assert all(" PP1] Decode batch, #running-req: 8, " in ln for ln in lines[1:])
     assert "cuda graph: True" in lines[1]
+    assert not any(ln.endswith(", ") for ln in lines)   # 0.5.23 ends with the last field
+    # stamped when the result is processed: 4 ms between slot 0's results, gen throughput
+    # = its 8 tokens over that gap
+    assert "gen throughput (token/s): 2000.00" in lines[2]
     f = tmp_path / "x-PP-1.log"
     f.write_text("\n".join(lines) + "\n")
     s = sglang_log.read_logs([f], window=4)

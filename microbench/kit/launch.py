@@ -94,15 +94,17 @@ class RankContext:
     rank: int
     world: int
     local_rank: int
-    device: Any          # torch.device("cuda", local_rank)
+    device: Any          # torch.device("cuda", local_rank), or torch.device("cpu")
     gloo: Any            # a gloo group over every rank, for pickled objects and barriers
 
 
-def start_rank(timeout_s: float, expect_world: int | None = None) -> RankContext:
+def start_rank(timeout_s: float, expect_world: int | None = None,
+               device: str = "cuda") -> RankContext:
     """Start this torchrun rank: read RANK / WORLD_SIZE / LOCAL_RANK, bind the rank to its GPU,
     init NCCL with `timeout_s` on every collective (a hung peer then errors instead of hanging)
     and open a gloo group with the same timeout. With `expect_world`, a different WORLD_SIZE is a
-    RuntimeError before any process group is made. The caller destroys the process group."""
+    RuntimeError before any process group is made. `device="cpu"`: no GPU, the default group is
+    gloo as well (SGLang's `--device cpu`). The caller destroys the process group."""
     import datetime
 
     import torch
@@ -113,9 +115,14 @@ def start_rank(timeout_s: float, expect_world: int | None = None) -> RankContext
     local = int(os.environ.get("LOCAL_RANK", rank))
     if expect_world is not None and world != expect_world:
         raise RuntimeError(f"world size {world} != configured pp {expect_world}")
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if device == "cpu":
+        dist.init_process_group("gloo", timeout=timeout)
+        gloo = dist.new_group(backend="gloo", timeout=timeout)
+        return RankContext(rank=rank, world=world, local_rank=local,
+                           device=torch.device("cpu"), gloo=gloo)
     torch.cuda.set_device(local)
     device = torch.device("cuda", local)
-    timeout = datetime.timedelta(seconds=timeout_s)
     try:
         dist.init_process_group("nccl", timeout=timeout, device_id=device)
     except TypeError:  # torch without device_id

@@ -9,7 +9,7 @@ set -u
 OUT=${1:?usage: run_matrix.sh OUTDIR}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
-COMMON=(--pp 2 --work moe --layers-per-stage 2 --seconds 0.5 --profile)
+COMMON=(--device cuda --pp 2 --work moe --layers-per-stage 2 --seconds 0.5 --profile)
 run() {  # run CASE [extra dispatch flags...]
   local case=$1; shift
   mkdir -p "$OUT/$case"
@@ -24,7 +24,7 @@ run base --policies even,sglang --concurrency 8,32
 # diagnosis of the profiled traces against it shows the profiler's CPU overhead and the
 # report's CPU correction (diagnose_matrix.sh writes diag-*-noprof)
 echo "== base without the profiler" | tee -a "$OUT/matrix.log"
-timeout 240 $PY -m reports.cli dispatch --pp 2 --work moe --layers-per-stage 2 --seconds 0.5 \
+timeout 240 $PY -m reports.cli dispatch --device cuda --pp 2 --work moe --layers-per-stage 2 --seconds 0.5 \
   --policies even,sglang --concurrency 8,32 --json "$OUT/base/dispatch_noprof.json" \
   >>"$OUT/matrix.log" 2>&1
 run graphs-off --policies even --concurrency 8 --no-graphs

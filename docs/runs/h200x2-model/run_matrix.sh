@@ -9,7 +9,7 @@ set -u
 OUT=${1:?usage: run_matrix.sh OUTDIR}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
-COMMON=(--pp 2 --work moe --layers-per-stage 2 --concurrency 1,8,32,64 --policies sglang,even
+COMMON=(--device cuda --pp 2 --work moe --layers-per-stage 2 --concurrency 1,8,32,64 --policies sglang,even
         --prompt-len 1000 --chunked-prefill-size 8192 --seconds 1 --timeout 580)
 run() {  # run CASE [extra dispatch flags...]
   local case=$1; shift

@@ -9,7 +9,7 @@ set -u
 OUT=${1:?usage: run_watch.sh OUTDIR}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
-COMMON=(--pp 2 --work moe --layers-per-stage 2 --concurrency 32 --seconds 45 --timeout 170)
+COMMON=(--device cuda --pp 2 --work moe --layers-per-stage 2 --concurrency 32 --seconds 45 --timeout 170)
 case_run() {  # case_run CASE [dispatch flags...]
   local case=$1; shift
   mkdir -p "$OUT/$case"
