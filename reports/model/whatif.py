@@ -221,7 +221,7 @@ def _row(knob, shown, eff, mixed, note, server: bool) -> WhatIf:
 # concurrency (a cap that splits C=32 well can cap the server below a heavier load).
 RANGE_FACTOR = 4
 TIE = 0.005       # objective gains within this are a tie, broken by `_tie_key`
-TOP_CHECKED = 6   # eligible rows whose range is checked (the recommendation is among them)
+TOP_CHECKED = 4   # eligible rows whose range is checked (the recommendation is among them)
 
 
 def range_cs(inp: Inputs) -> list[int]:
@@ -265,14 +265,14 @@ def recommendation(rows: Sequence[WhatIf]) -> WhatIf | None:
 def best_pair(inp: Inputs, rows: Sequence[WhatIf], settings: dict[tuple[str, str], lb.Setting]
               ) -> WhatIf | None:
     """The best two server settings of different knobs applied together, among each server
-    knob's two best rows; judged by the same objective and rule as one setting."""
+    knob's best row; judged by the same objective and rule as one setting."""
     Cs = measured_concurrency(inp)
     base = {C: lb.run(inp, C).tok_per_s for C in Cs}
     mixed_inp = replace(inp, range_ratio=MIXED_RANGE_RATIO)
     base_mixed = lb.run(mixed_inp, max(Cs)).tok_per_s
     per_knob: dict[str, list[WhatIf]] = {}
     for w in rows:
-        if w.knob not in (TP_KNOB, PACING) and w.gain > 0 and len(per_knob.get(w.knob, [])) < 2:
+        if w.knob not in (TP_KNOB, PACING) and w.gain > 0 and w.knob not in per_knob:
             per_knob.setdefault(w.knob, []).append(w)
     cands = [w for ws in per_knob.values() for w in ws]
     out: list[WhatIf] = []
