@@ -350,8 +350,8 @@ def combine(per_c: list[Verdict], concurrencies: list[int]) -> Verdict:
     src = dict(zip(concurrencies, per_c))[pick.concurrency]
     rows = ", ".join(f"C={a.concurrency} {a.share:.0%}" for a in at if a.share is not None)
     if first.hypothesis == BANDWIDTH:   # judged by the link's utilisation, not a share
-        number = pick.number.split("; ")[0] + (f" (at C={pick.concurrency}); hop row {rows} "
-                                               "of the gap" if rows else "")
+        number = pick.number.split("; ")[0] + f" at C={pick.concurrency}" + (
+            f"; hop row {rows} of the gap" if rows else "")
     elif len(at) > 1 and len({a.verdict for a in at}) > 1:
         where = "; ".join(
             f"{v} at " + ", ".join(f"C={a.concurrency}" + (f" ({a.share:.0%})" if a.share
