@@ -34,6 +34,7 @@ def test_sglang_and_report_paths_give_same_observed_points(tmp_path, fixtures, c
          "observed point"]
 
     out = tmp_path / "out"
+    (tmp_path / "empty").mkdir()
     assert main(["report", "--results", str(tmp_path / "empty"), "--out", str(out),
                  "--bench", str(f)]) == 0
     rep = json.loads((out / "report.json").read_text())
@@ -84,6 +85,7 @@ def test_real_jsonl_keys_runs_by_the_cap_and_keeps_the_peak(fixtures, tmp_path):
     (b,) = read_record(rec_path).payload.bench
     assert (b.max_concurrency, b.peak_concurrency, b.peak_output_throughput) == (8, 16, 325.0)
     assert observed_from_sglang(read_record(rec_path)) == ({8: 276.94221137057286}, [])
+    (tmp_path / "empty").mkdir()
     assert main(["report", "--results", str(tmp_path / "empty"), "--out", str(tmp_path / "o"),
                  "--bench", str(f)]) == 0
     rep = json.loads((tmp_path / "o" / "report.json").read_text())
