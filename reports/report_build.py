@@ -56,7 +56,7 @@ def build_report(inp: Inputs, records: dict[str, Record],
             "slot_sizes": list(sim.slot_sizes),
         })
     from reports.model.arrival import alternatives
-    arrival = alternatives(inp, obs)
+    arrival = alternatives(inp, obs, lambda C, a: lb.run(inp, C, arrival=a))
     wis = what_ifs(inp, transport_points(
         records["topology"].payload if "topology" in records else None))
     rec = recommendation(wis)

@@ -41,14 +41,15 @@ def arrival_from_log(sg) -> tuple[str, str] | None:
                   f"({grouped:.0%} of the requests admitted in groups of two or more)")
 
 
-def alternatives(inp, observed: dict[int, float]) -> dict[str, Any]:
+def alternatives(inp, observed: dict[int, float], run) -> dict[str, Any]:
     """Modelled tok/s under each arrival at every concurrency; which one the observed tok/s
-    is nearer; the concurrencies where the arrival changes the answer."""
-    from reports.model import loop_builder as lb
+    is nearer; the concurrencies where the arrival changes the answer. `run(C, arrival)`: the
+    pipeline model's result (reports/model/loop_builder.py `run`)."""
     rows, differs = [], []
     for C in inp.concurrency:
-        tok = {a: lb.run(inp, C, arrival=a).tok_per_s for a in ARRIVALS}
-        sizes = {a: [s for s in lb.run(inp, C, arrival=a).slot_sizes if s] for a in ARRIVALS}
+        res = {a: run(C, a) for a in ARRIVALS}
+        tok = {a: r.tok_per_s for a, r in res.items()}
+        sizes = {a: [s for s in r.slot_sizes if s] for a, r in res.items()}
         obs = observed.get(C)
         fits = (min(ARRIVALS, key=lambda a: abs(tok[a] - obs)) if obs else None)
         rows.append({"concurrency": C, "tok_per_s": tok, "slot_sizes": sizes,
