@@ -21,9 +21,9 @@ from reports.base.errors import CliError
 # (module, attribute) of each area's register function, in the order `--help` lists them.
 SUBCOMMANDS = (
     "topology.topology_cli",
-    "microbench.stage_cost_cli",
-    "microbench.graphs_cli",
-    "microbench.dispatch_cli",
+    "microbench.stage_cost.cli",
+    "microbench.graphs.cli",
+    "microbench.dispatch.cli",
     "microbench.sglang.cli",
     "microbench.sglang_lab.lab_cli",
     "reports.report_cli",

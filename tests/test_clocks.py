@@ -73,7 +73,7 @@ def test_nvml_index_follows_cuda_visible_devices(monkeypatch):
 
 
 def test_stage_cost_note_names_the_lowest_clock_and_reasons():
-    from microbench.stage_cost import clock_note
+    from microbench.stage_cost.probe import clock_note
 
     capped = C.ClockSampler(0, nv=FakeNv([1500], reasons=0x4)).start().stop()
     low = C.ClockSampler(0, nv=FakeNv([1700])).start().stop()

@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from microbench import dispatch as D
+from microbench.dispatch import probe as D
 from reports.base.payloads.dispatch import DispatchData, PolicyRun, StageRun
 from reports.base.schema import from_json, to_json
-from microbench.pp_loop import arrival_times, parse_cost_curve
-from microbench.pp_stage import interp_cost
+from microbench.dispatch.pp_loop import arrival_times, parse_cost_curve
+from microbench.dispatch.pp_stage import interp_cost
 from reports.base.cuda_graphs import padded
 from reports.base.cuda_graphs import capture_sizes as sglang_capture_sizes
 from reports import cli
@@ -183,7 +183,7 @@ def test_loop_config_points_and_cap():
     assert len(lc["points"]) == 4
     cmd = D.torchrun_command(cfg, D.Path("c.json"), D.Path("o"))
     assert cmd[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "8",
-                       "-m", "microbench.pp_loop", "--config", "c.json", "--out-dir", "o"]
+                       "-m", "microbench.dispatch.pp_loop", "--config", "c.json", "--out-dir", "o"]
 
 
 def test_cli_pp_too_large_is_one_line_error(monkeypatch, tmp_path, capsys):
@@ -215,7 +215,7 @@ def test_parse_inject_forms_and_errors():
 
 
 def test_sglang_log_lines_read_back_by_the_log_reader(tmp_path):
-    from microbench.pp_loop import sglang_log_lines
+    from microbench.dispatch.pp_loop import sglang_log_lines
     from microbench.sglang import log as sglang_log
     pt = fake_rank(1, 0.0)["points"][0]
     lines = sglang_log_lines(pt, prompt_len=16, graphs_on=True, capture=[1, 2, 4, 8])

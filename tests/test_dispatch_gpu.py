@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from microbench import dispatch as D
+from microbench.dispatch import probe as D
 
 
 def _small():
@@ -21,7 +21,7 @@ def test_moe_stage_matches_reference_and_graph_replay_equals_eager(variant):
 
     from microbench.kernels import layers as L
     from microbench.kernels import moe_triton as MT
-    from microbench.pp_stage import build_moe_stage, capture_graphs
+    from microbench.dispatch.pp_stage import build_moe_stage, capture_graphs
     dev = torch.device("cuda")
     m = _small()
     if variant == "triton" and MT.available():
@@ -43,7 +43,7 @@ def test_moe_stage_matches_reference_and_graph_replay_equals_eager(variant):
     # the result by 0.1-0.2, which is what made this test fail 2 runs in 9 before.
     gen = torch.Generator(device=dev).manual_seed(1234)
     x = torch.randn(5, 256, device=dev, dtype=torch.bfloat16, generator=gen)
-    from microbench.pp_stage import stage_forward
+    from microbench.dispatch.pp_stage import stage_forward
     x_in, outs = x, []
     for w in fwd.weights:
         ids, tw = L.moe_route(w, x_in)

@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from microbench.kernels import layers as L  # noqa: E402
-from microbench.pp_stage import build_moe_stage  # noqa: E402
+from microbench.dispatch.pp_stage import build_moe_stage  # noqa: E402
 from reports.base.model_config import load_model  # noqa: E402
 
 CFG = {"model": "kimi-k2", "layers_per_stage": 2, "graphs": True, "moe_variant": "fast"}
@@ -59,7 +59,7 @@ def test_stage_keeps_what_fits_and_says_so():
 # ---------------------------------------------------------------- backend choice (as stage-cost)
 
 def test_moe_candidates_exact():
-    from microbench.pp_stage import moe_candidates
+    from microbench.dispatch.pp_stage import moe_candidates
 
     def c(req, cuda=True, triton=None, gmm=None):
         return moe_candidates(req, on_cuda=cuda, triton_reason=triton, grouped_mm_reason=gmm)
@@ -83,7 +83,7 @@ def test_moe_candidates_exact():
 
 def test_triton_check_batches_one_per_config_row(monkeypatch):
     from microbench.kernels import moe_triton as MT
-    from microbench.pp_stage import triton_check_batches
+    from microbench.dispatch.pp_stage import triton_check_batches
     monkeypatch.setattr(MT, "CONFIGS", ((4, None), (16, None), (64, None), (1 << 30, None)))
     assert triton_check_batches(1) == [1]
     assert triton_check_batches(4) == [1]
@@ -93,7 +93,7 @@ def test_triton_check_batches_one_per_config_row(monkeypatch):
 
 
 def test_loop_max_rows():
-    from microbench.pp_stage import loop_max_rows
+    from microbench.dispatch.pp_stage import loop_max_rows
     # prefill of all 32 streams x 16 tokens dominates the decode size (32)
     assert loop_max_rows({"concurrency": [1, 8, 32], "prompt_len": 16,
                           "max_micro_batch": 512}) == 512
@@ -138,7 +138,7 @@ def _reference_stage(m, x, layout: str, rank: int, n: int = 2):
 def test_forced_triton_stage_matches_float32_reference_in_interpreter():
     if not _triton_interpreted():
         pytest.skip("needs triton imported with TRITON_INTERPRET=1 (CPU)")
-    from microbench.pp_stage import triton_check_batches
+    from microbench.dispatch.pp_stage import triton_check_batches
     m = small()
     cfg = {**CFG, "moe_variant": "triton", "concurrency": [1], "prompt_len": 20,
            "max_micro_batch": 512}                    # largest forward: a 20-token prefill
@@ -155,7 +155,7 @@ def test_failed_check_falls_back_to_next_candidate_and_says_why(monkeypatch):
     if L.grouped_mm_available(torch.device("cpu")):
         pytest.skip("torch._grouped_mm does not run on this CPU build")
     from microbench.kernels import moe_triton as MT
-    from microbench import pp_stage as P
+    from microbench.dispatch import pp_stage as P
     monkeypatch.setattr(MT, "available", lambda: None)
     # a kernel that returns the wrong answer (half the right one) must not be timed
     monkeypatch.setattr(MT, "moe_experts", lambda w, x, ids, tw, cfg=None:
@@ -175,7 +175,7 @@ def test_failed_check_falls_back_to_next_candidate_and_says_why(monkeypatch):
 
 
 def test_loop_backend_cannot_be_graphed(monkeypatch):
-    from microbench import pp_stage as P
+    from microbench.dispatch import pp_stage as P
     monkeypatch.setattr(P, "moe_candidates", lambda req, **kw: ["loop"])
     with pytest.raises(RuntimeError, match="torch/loop syncs the host .* --no-graphs"):
         build_moe_stage(torch, {**CFG, "moe_variant": "auto"}, 0, torch.device("cpu"),
@@ -186,7 +186,7 @@ def test_loop_backend_cannot_be_graphed(monkeypatch):
 
 
 def test_record_names_the_backend_the_ranks_ran():
-    from microbench import dispatch as D
+    from microbench.dispatch import probe as D
     same = {"0": {"moe_backend": "triton/fast"}, "1": {"moe_backend": "triton/fast"}}
     assert D.moe_backend_of(same) == "triton/fast"
     mixed = {"0": {"moe_backend": "triton/fast"}, "1": {"moe_backend": "torch/fast"}}
@@ -197,8 +197,8 @@ def test_record_names_the_backend_the_ranks_ran():
 def test_cli_default_is_auto_and_reaches_the_ranks():
     import argparse
 
-    from microbench import dispatch as D
-    from microbench import dispatch_cli
+    from microbench.dispatch import probe as D
+    from microbench.dispatch import cli as dispatch_cli
     ap = argparse.ArgumentParser()
     dispatch_cli.register(ap.add_subparsers())
     cfg = dispatch_cli.config_from_args(ap.parse_args(["dispatch", "--pp", "2"]), 2)
@@ -209,7 +209,7 @@ def test_cli_default_is_auto_and_reaches_the_ranks():
 
 
 def test_loop_max_rows_within_the_prefill_budget():
-    from microbench.pp_stage import loop_max_rows
+    from microbench.dispatch.pp_stage import loop_max_rows
     # 64 prompts of 1000 tokens: one visit prefills at most the 8192-token chunk budget
     assert loop_max_rows({"concurrency": [64], "prompt_len": 1000, "max_micro_batch": 512,
                           "chunked_prefill_size": 8192}) == 8192

@@ -1,5 +1,5 @@
-"""`ppscope dispatch --serve` on CPU: the real HTTP front-end (microbench/serve_http.py) on
-loopback, in front of the real admission / control relay (microbench/serve.py) driven by the
+"""`ppscope dispatch --serve` on CPU: the real HTTP front-end (microbench/dispatch/serve_http.py) on
+loopback, in front of the real admission / control relay (microbench/dispatch/serve.py) driven by the
 single-process stand-in for the ranks; the live probe (`ppscope sglang --url`) and the metrics
 reader are the clients. What only runs on GPUs (the torchrun ranks) is in test_dispatch_gpu.py."""
 from __future__ import annotations
@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from microbench import serve as SV
-from microbench import serve_http as SH
+from microbench.dispatch import serve as SV
+from microbench.dispatch import serve_http as SH
 from microbench.sglang import live as sglang_live
 from microbench.sglang import metrics as sglang_metrics
 from reports import cli
@@ -409,7 +409,7 @@ def test_parse_address():
 
 
 def test_cli_serve_bad_address_and_port_taken(monkeypatch, tmp_path, capsys):
-    from microbench import dispatch as D
+    from microbench.dispatch import probe as D
     monkeypatch.setattr(D, "available", lambda: None)
     monkeypatch.setattr(D, "visible_gpus", lambda: 2)
     rc = cli.main(["dispatch", "--pp", "2", "--serve", "99999", "--json", str(tmp_path / "d.json")])
@@ -431,7 +431,7 @@ def test_cli_serve_bad_address_and_port_taken(monkeypatch, tmp_path, capsys):
 
 
 def test_loop_config_serve():
-    from microbench import dispatch as D
+    from microbench.dispatch import probe as D
     lc = D.loop_config(D.DispatchConfig(pp=2, max_running_requests=64, serve="127.0.0.1:30000",
                                         policies=("sglang",), work="busy"))
     assert lc["serve"] == {"host": "127.0.0.1", "port": 30000, "policy": "sglang",
@@ -463,7 +463,7 @@ def test_rank_profiler_writes_a_real_trace_the_reader_reads(tmp_path):
 
     import torch
 
-    from microbench.pp_loop import RankProfiler
+    from microbench.dispatch.pp_loop import RankProfiler
     from microbench.sglang import trace as sglang_trace
     ctx: dict = {}
     side = SV.RankSide(1, None, profiler=lambda acts: RankProfiler(torch, ctx, acts))
@@ -486,8 +486,8 @@ def test_rank_profiler_writes_a_real_trace_the_reader_reads(tmp_path):
 
 
 def test_start_serving_from_the_loop_config():
-    from microbench import dispatch as D
-    from microbench.pp_loop import start_serving
+    from microbench.dispatch import probe as D
+    from microbench.dispatch.pp_loop import start_serving
     lc = D.loop_config(D.DispatchConfig(pp=2, max_running_requests=64, max_micro_batch=24,
                                         serve="127.0.0.1:30000", policies=("even",), work="busy"))
     lc["serve"]["port"] = 0   # any free port
@@ -507,7 +507,7 @@ def test_start_serving_from_the_loop_config():
 def test_served_run_stopped_by_ctrl_c_is_an_ok_record_beside_nothing(monkeypatch, tmp_path):
     # the launcher side of serve mode: the ranks write their session, the user's Ctrl-C is the
     # normal end (ok, not partial); a failed session never replaces a good record
-    from microbench import dispatch as D
+    from microbench.dispatch import probe as D
     from reports.base.records import read_record
     from tests.test_dispatch import fake_rank
 

@@ -1,4 +1,4 @@
-from microbench.graphs import GraphsConfig, graph_path, run
+from microbench.graphs.probe import GraphsConfig, graph_path, run
 from reports.base.cuda_graphs import capture_sizes as sglang_capture_sizes, default_max_bs
 from reports.base.records import read_record
 

@@ -30,7 +30,7 @@ def test_estimated_kernels_ask_for_stage_cost_and_the_attention_anchor():
     (k,) = _kernel_step(steps)
     assert "estimated" in k.why
     assert k.commands[0] == "ppscope stage-cost --model deepseek-v3 --pp 8 --moe-backends triton,sglang"
-    assert "python3 -m microbench.sglang_anchor --model deepseek-v3" in k.commands
+    assert "python3 -m microbench.stage_cost.sglang_anchor --model deepseek-v3" in k.commands
     assert k.commands[-1] == "ppscope report --results results"
 
 
@@ -63,7 +63,7 @@ def test_commands_call_ppscope_the_way_it_runs_here(monkeypatch):
     steps = next_steps(_rep("estimated"), [1, 8], 8, model="kimi-k2")
     cmds = [c for s in steps for c in s.commands]
     assert all(not c.startswith("ppscope ") for c in cmds)
-    assert ".venv/bin/python -m microbench.sglang_anchor --model kimi-k2" in cmds
+    assert ".venv/bin/python -m microbench.stage_cost.sglang_anchor --model kimi-k2" in cmds
     # every value filled in: no placeholder a shell would take literally
     assert not any(" N" in c.split("'")[0] or "<" in c or "..." in c for c in cmds)
     bench = [c for c in cmds if "sglang.bench_serving" in c]

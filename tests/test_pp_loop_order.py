@@ -1,4 +1,4 @@
-"""The PP-loop probe's message protocol on the CPU: every rank of microbench/pp_loop.py's
+"""The PP-loop probe's message protocol on the CPU: every rank of microbench/dispatch/pp_loop.py's
 `run_point` in its own process, gloo for everything (NCCL's place too), CUDA streams and events
 replaced by no-ops. What it checks is the order of sends and receives (SGLang's loop order: held
 outputs, the ring of outputs, the stop/drain handshake): that no rank waits for a message that
@@ -85,7 +85,7 @@ def _worker(rank: int, world: int, port: int, cfg: dict, points: list, out_dir: 
     dist.init_process_group("gloo", rank=rank, world_size=world)
     gloo = dist.new_group(backend="gloo")
     torch.cuda = _fake_cuda()  # this process only (forked)
-    from microbench import pp_loop
+    from microbench.dispatch import pp_loop
     ctx = {"cfg": cfg, "rank": rank, "pp": world, "gloo": gloo, "dev": torch.device("cpu"),
            "fwd": lambda x: x + 1, "graphs": {}, "capture_sizes": [],
            "emb": torch.randn(max(cfg["concurrency"]) * cfg["prompt_len"], cfg["hidden"],

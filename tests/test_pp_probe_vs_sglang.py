@@ -1,4 +1,4 @@
-"""The PP-loop probe (microbench/pp_loop.py) held against SGLang 0.5.23's own PP2 server on the CPU.
+"""The PP-loop probe (microbench/dispatch/pp_loop.py) held against SGLang 0.5.23's own PP2 server on the CPU.
 
 The probe runs as `ppscope dispatch --device cpu` (two ranks under torchrun, gloo, the forward on
 the host, as SGLang's `--device cpu`); the reference is the lab's recording of SGLang itself
@@ -162,7 +162,7 @@ def test_probe_log_lines_parse_like_sglangs(probe):
 
 
 def test_probe_record_names_what_it_keeps_different(probe):
-    from microbench.pp_loop import KEPT_DIFFERENCES
+    from microbench.dispatch.pp_loop import KEPT_DIFFERENCES
     rec = json.loads((probe / "dispatch.json").read_text())
     assert rec["status"] == "ok" and KEPT_DIFFERENCES in rec["reason"]
     assert rec["data"]["devices"] == {"0": "cpu", "1": "cpu"}

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from microbench import graphs as gr
-from microbench import stage_cost as sc
+from microbench.graphs import probe as gr
+from microbench.stage_cost import probe as sc
 from microbench.kernels import layers as L
 from microbench.kit.run_writer import RunWriter
 from reports.base.records import make_record, read_record

@@ -46,8 +46,8 @@ def test_measured_label_needs_a_measured_zipf_run(seed):
 
 
 def test_stage_cost_plan_routing_block(tmp_path):
-    from microbench import stage_cost as sc
-    from microbench.stage_cost_cli import render_routing
+    from microbench.stage_cost import probe as sc
+    from microbench.stage_cost.cli import render_routing
 
     cfg = sc.StageCostConfig(plan=True, batches=(1, 8, 32), out=tmp_path / "sc.json")
     r = sc.run(cfg)[0].payload.routing

@@ -295,7 +295,7 @@ def test_report_names_the_servers_moe_kernel(tmp_path, fixtures, mk, want, absen
 @pytest.mark.parametrize("ab, want, absent", [
     ({"backend": "triton", "source": "default"},
      ["Attention backend [log]: triton (SGLang's default for this model and GPU).",
-      "SGLang's Triton MLA decode", "python3 -m microbench.sglang_anchor"], []),
+      "SGLang's Triton MLA decode", "python3 -m microbench.stage_cost.sglang_anchor"], []),
     ({"backend": "flashinfer", "source": "--attention-backend"},
      ["Attention backend [log]: flashinfer (from the server's arguments).",
       "not flashinfer's"], ["sglang_anchor"]),

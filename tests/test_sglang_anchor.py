@@ -1,4 +1,4 @@
-"""microbench/sglang_anchor.py without SGLang or a GPU: SGLang's split cap as integers, and the
+"""microbench/stage_cost/sglang_anchor.py without SGLang or a GPU: SGLang's split cap as integers, and the
 command's one-line errors (exit 2) where it cannot run."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from microbench import sglang_anchor as A
+from microbench.stage_cost import sglang_anchor as A
 
 
 @pytest.mark.parametrize("sms, ctx, want", [

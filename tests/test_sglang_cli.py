@@ -61,4 +61,4 @@ def test_log_names_the_attention_backend_end_to_end(fixtures, tmp_path, capsys):
     assert d["log"]["attention_backend"] == {"backend": "triton", "source": "default"}
     printed = capsys.readouterr().out
     assert "Attention backend [log]: triton (SGLang's default for this model and GPU)." in printed
-    assert "python3 -m microbench.sglang_anchor" in printed
+    assert "python3 -m microbench.stage_cost.sglang_anchor" in printed

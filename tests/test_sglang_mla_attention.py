@@ -1,4 +1,4 @@
-"""SGLang's own MLA decode attention computes, from what `microbench.sglang_anchor` hands it,
+"""SGLang's own MLA decode attention computes, from what `microbench.stage_cost.sglang_anchor` hands it,
 the same attention as ppscope's and as a float32 softmax.
 
 Tier `sglang` (pytest -m sglang): runs where SGLang's `decode_attention_fwd` imports
@@ -22,7 +22,7 @@ if "triton" not in sys.modules and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 triton = pytest.importorskip("triton")
 pytest.importorskip("sglang")
-from microbench import sglang_anchor as A  # noqa: E402
+from microbench.stage_cost import sglang_anchor as A  # noqa: E402
 
 SG = A.sglang_kernels()
 if isinstance(SG, str):

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from microbench import stage_cost as sc
+from microbench.stage_cost import probe as sc
 from reports.cli import main
 from reports.base.model_config import load_model
 from reports.base.payloads.stage_cost import LayerPoint

@@ -81,7 +81,7 @@ def test_broken_layer_fails_its_check(monkeypatch):
 
 @pytest.mark.gpu
 def test_gpu_stage_cost_small(tmp_path):
-    from microbench import stage_cost as sc
+    from microbench.stage_cost import probe as sc
     rec, _ = sc.run(sc.StageCostConfig(model="kimi-k2", pp=8, dtype="bf16", batches=(1, 4),
                                        prefill_chunk=256, experts_sample=16, context_len=256,
                                        out=tmp_path / "sc.json"))
@@ -98,7 +98,7 @@ def test_gpu_stage_cost_small(tmp_path):
 
 
 def test_pick_fastest_verified_backend():
-    from microbench import stage_cost as sc
+    from microbench.stage_cost import probe as sc
     from reports.base.payloads.stage_cost import LayerPoint as P
     layers = {"moe_triton": {"1": P(measured_us=300.0), "8": P(error="check failed")},
               "moe_plain": {"1": P(measured_us=400.0), "8": P(measured_us=1900.0)}}

@@ -56,7 +56,7 @@ class MlaConfig:
     fuse_norms: bool = True     # no norm launch where q_a @ W_qb runs gemv_mma (`fused_norms`)
 
 
-CONFIG = MlaConfig(16, 64, 32, 4)  # chosen on one H200 (microbench/tune_moe_quant.py)
+CONFIG = MlaConfig(16, 64, 32, 4)  # chosen on one H200 (microbench/stage_cost/tune_moe_quant.py)
 # Largest micro-batch at which each projection runs `gemv_mma` instead of cuBLAS: where it was
 # faster on one H200 (each alone, weights rotated past L2, and inside the layer;
 # docs/BENCHMARKS.md section 8).

@@ -37,7 +37,7 @@ BLOCK = 128          # weight block (both dims) and activation group
 FP8_MAX = 448.0      # largest e4m3 (fn) number
 AMAX_FLOOR = 1e-10   # an all-zero group gets this amax (scale > 0)
 
-# Upper micro-batch bound -> block sizes, from the sweep in microbench/tune_moe_quant.py on one
+# Upper micro-batch bound -> block sizes, from the sweep in microbench/stage_cost/tune_moe_quant.py on one
 # H200 at Kimi K2 dims; kernel-alone medians (us) gate_up / down: b=1 98 / 44, b=8 420 / 212,
 # b=32 1282 / 655, b=128 2423 / 1267 (runners-up within 1-3%).
 CONFIGS: tuple[tuple[int, MoeConfig], ...] = (

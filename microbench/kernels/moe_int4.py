@@ -29,7 +29,7 @@ How (one kernel source for both projections, graph-capturable):
   out = sum over slots (each entry written once: no atomics, deterministic).
 
 Check: `reference` = `layers.moe_reference` (float32) on the dequantised weights
-(dequantise then the bf16 path). Timing and tuning: `python -m microbench.tune_moe_quant`.
+(dequantise then the bf16 path). Timing and tuning: `python -m microbench.stage_cost.tune_moe_quant`.
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ from microbench.kernels.moe_triton import (KernelConfig, MoeConfig, available,  
                                            fit_block, pick_config)
 
 # Upper micro-batch bound -> block sizes (first row whose bound >= b), from the sweep in
-# microbench/tune_moe_quant.py on one H200 at Kimi K2 dims (see docs/BENCHMARKS.md).
+# microbench/stage_cost/tune_moe_quant.py on one H200 at Kimi K2 dims (see docs/BENCHMARKS.md).
 # Kernel-alone medians (us), gate_up / down, with the chosen configs: b=1 106 / 52,
 # b=8 530 / 276, b=32 1657 / 861, b=128 3148 / 1647 (the smallest tiles won at every size).
 CONFIGS: tuple[tuple[int, MoeConfig], ...] = (

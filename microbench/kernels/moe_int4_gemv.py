@@ -43,7 +43,7 @@ for BLOCK_MS tokens at a time on the tensor cores (`tl.dot`), writing a plain bf
 writes fp32 y [pairs, H] times the routing weight, each entry once.
 
 Check: `moe_int4.reference` (float32 on the dequantised weights), as the MMA path.
-Timing: `python -m microbench.tune_moe_quant` (column "int4 gemv").
+Timing: `python -m microbench.stage_cost.tune_moe_quant` (column "int4 gemv").
 """
 from __future__ import annotations
 

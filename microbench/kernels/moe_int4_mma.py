@@ -257,7 +257,7 @@ class MmaLayerConfig:
 
 
 # Upper micro-batch bound -> layer config, from the variant sweep on one H200 at Kimi K2 dims
-# (`python -m microbench.tune_moe_quant`, `mma_sweep`; docs/BENCHMARKS.md section 8): a
+# (`python -m microbench.stage_cost.tune_moe_quant`, `mma_sweep`; docs/BENCHMARKS.md section 8): a
 # register cap of 40 (12 CTAs of 128 threads per SM, a few spilled bytes) beat the uncapped
 # 90-124 registers at every b; at b <= 8 four warps per gate_up tile won.
 CONFIGS = ((8, MmaLayerConfig(MmaConfig(4, 1, 12), MmaConfig(1, 1, 12))),

@@ -25,7 +25,7 @@ Weights use the `fast` layout of microbench.kernels.layers: gate_up [G, 2I, H], 
 (row-major, K contiguous). Runs on the GPU; on the CPU through Triton's interpreter
 (TRITON_INTERPRET=1 semantics, used by the tests at tiny sizes).
 
-Run on a GPU: `PYTHONPATH=. python3 -m microbench.tune_moe_triton --out DIR` checks the layer
+Run on a GPU: `PYTHONPATH=. python3 -m microbench.stage_cost.tune_moe_triton --out DIR` checks the layer
 against the float32 reference (small and real Kimi K2 dims), sweeps block sizes, then prints
 the per-layer table triton vs plain vs fast under CUDA-graph replay, with each one's share
 of the HBM floor (spec sheet and measured copy bandwidth). `--help` lists the knobs.

@@ -33,7 +33,7 @@ Simplified on purpose: KV-cache token capacity is not a limit (the pool is assum
 enough), a slot's `batch_is_full` flag is recomputed every visit (SGLang keeps it until a
 request leaves that slot), pages are 1 token unless `page_size` says otherwise.
 
-Both the PP-loop probe (`microbench/pp_loop.py`, on real GPUs) and the report's pipeline model
+Both the PP-loop probe (`microbench/dispatch/pp_loop.py`, on real GPUs) and the report's pipeline model
 use these functions, so the probe and the model admit requests identically.
 """
 from __future__ import annotations

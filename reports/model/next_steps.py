@@ -99,7 +99,7 @@ def next_steps(rep: dict, concurrencies: list[int], pp: int, model: str = "kimi-
         if mla:
             what += (", and the MLA decode attention SGLang runs by default off Hopper and "
                      "SM100 (its Triton backend) beside ppscope's")
-            cmds.append(f"{py} -m microbench.sglang_anchor --model {model}")
+            cmds.append(f"{py} -m microbench.stage_cost.sglang_anchor --model {model}")
         out.append(Step(
             f"Measure the kernels on one of your server's GPUs: the kernel efficiency here is "
             f"{eff.get('source')}, not measured there. This times {what}; the report then "

@@ -135,7 +135,7 @@ def attention_lines(ab: dict[str, str] | None, mla: bool | None = None) -> list[
         out.append("For an MLA model (DeepSeek-V3, Kimi K2) that is SGLang's Triton MLA decode "
                    "(`decode_attention_fwd`), which ppscope's stage cost does not time: on an "
                    "H200 it ran 2.8-4.2x slower than ppscope's attention on the same cache "
-                   "(docs/BENCHMARKS.md section 13). `python3 -m microbench.sglang_anchor` "
+                   "(docs/BENCHMARKS.md section 13). `python3 -m microbench.stage_cost.sglang_anchor` "
                    "times both on the server's GPU.")
     elif be != "triton":
         out.append(f"ppscope's stage cost times its own attention kernels, not {be}'s; the "

@@ -157,7 +157,7 @@ def loop_for(pi: ProbeInputs, bmax: int) -> LoopConfig:
     stage = tuple(tuple([0.0] + [interp_log(list(c), b) for b in range(1, bmax + 1)])
                   for c in pi.curves)
     hop_row = tuple([0.0] + [pi.hop_us] * bmax)
-    # `--inject hop-delay=US` delays the hidden-state sends only (microbench/pp_loop.py
+    # `--inject hop-delay=US` delays the hidden-state sends only (microbench/dispatch/pp_loop.py
     # send_proxy): the token return (last -> 0) keeps the hop without it
     tok_row = tuple([0.0] + [max(0.0, pi.hop_us - pi.hop_delay_us)] * bmax)
     return LoopConfig(stage_us=stage, hop_us=tuple([hop_row] * (pi.pp - 1) + [tok_row]),

@@ -1,4 +1,4 @@
-"""`dispatch.json`: the PP-loop probe (`microbench/dispatch.py`) on real GPUs.
+"""`dispatch.json`: the PP-loop probe (`microbench/dispatch/probe.py`) on real GPUs.
 
 One `PolicyRun` per (policy, arrival, concurrency) point, with one `StageRun` per rank. Times in
 microseconds unless the name says otherwise; `busy_frac` is the GPU forward's share of the rank's

@@ -1,5 +1,5 @@
 """`graphs.json`: CUDA-graph replay vs eager launch per decoder layer, and SGLang's capture rule
-(`microbench/graphs.py`; `--plan` records hold the rule alone, every time null).
+(`microbench/graphs/probe.py`; `--plan` records hold the rule alone, every time null).
 
 `by_batch[i]` is one micro-batch size: GPU time per layer eager and from a graph, the kernels
 one eager layer launches, host time to enqueue it, and which path SGLang takes for that size

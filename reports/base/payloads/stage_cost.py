@@ -1,5 +1,5 @@
 """`stage_cost.json`: each pipeline stage's decode cost against its roofline floor
-(`microbench/stage_cost.py`; `--plan` records hold the floors only).
+(`microbench/stage_cost/probe.py`; `--plan` records hold the floors only).
 
 `stages[i].by_batch["8"]` is stage i's cost for a micro-batch of 8; `layers[kind]["8"]` one
 layer of that kind (`moe_<backend>` per MoE backend timed, `moe` the fastest that passed its

@@ -7,7 +7,7 @@ the loop body, GPU forward time and send time, plus slot occupancy and decode to
 
 How (SGLang 0.5.23 managers/scheduler_pp_mixin.py, `event_loop_pp`): `pp + async_depth` slots
 visited round-robin. Every iteration, on every rank, in SGLang's order (the functions of
-microbench/pp_comm.py):
+microbench/dispatch/pp_comm.py):
 1. `recv_requests`: rank 0 takes the requests that have arrived (none: an empty list); rank
    r > 0 blocks on the pickled list from rank r-1 (gloo, SGLang's `point_to_point_pyobj`); every
    rank but the last sends it on at once (async, `send_reqs_to_next_stage`), empty lists
@@ -51,11 +51,11 @@ Kept different from SGLang, on purpose:
   send's end is not timed, an injected hop delay holds the sender (one thread).
 `KEPT_DIFFERENCES` says this in one line in every record.
 
-Device (microbench/pp_device.py): `cuda` (NCCL for tensors, CUDA streams and events) or `cpu`
+Device (microbench/dispatch/pp_device.py): `cuda` (NCCL for tensors, CUDA streams and events) or `cpu`
 (SGLang's `--device cpu`: gloo for everything, the forward on the loop's thread, streams and
 events replaced by host stand-ins; the same code path). Only the CUDA path has run on GPUs.
 
-Stage work (microbench/pp_stage.py): `busy` (a `torch.cuda._sleep` kernel whose length follows
+Stage work (microbench/dispatch/pp_stage.py): `busy` (a `torch.cuda._sleep` kernel whose length follows
 a cost-vs-batch curve, calibrated at start; on the CPU a spin of that length) or `moe` (real Kimi-K2-dims MoE layers in bf16: microbench.kernels.layers' MoE,
 the layer stage-cost times, checked against its float32 per-expert reference first). MoE
 backend as stage-cost picks it (`--moe-variant auto`, `moe_candidates`): the fused Triton
@@ -73,13 +73,13 @@ per point (recorded then synchronized; error about +/- `ref_err_us`, written out
 
 Serve mode (config key `serve`): rank 0 binds the HTTP front-end before the stages are built,
 the session is one point whose admission comes from HTTP clients (`serve_point`,
-microbench/serve.py) and whose relayed request list also carries control commands, applied on
+microbench/dispatch/serve.py) and whose relayed request list also carries control commands, applied on
 every rank at the same iteration (profiler start/stop through `RankProfiler`, the micro-batch
 cap); requests finish after `max_tokens` and leave their slot. Only iterations with work are
 kept as columns (the latest `max_iters_per_point`).
 
-Run it through `ppscope dispatch` (microbench/dispatch.py writes the config file and merges the
-per-rank outputs). Directly: `torchrun --nproc-per-node 2 -m microbench.pp_loop --config CFG.json
+Run it through `ppscope dispatch` (microbench/dispatch/probe.py writes the config file and merges the
+per-rank outputs). Directly: `torchrun --nproc-per-node 2 -m microbench.dispatch.pp_loop --config CFG.json
 --out-dir DIR`; multi-node: the usual torchrun flags (`--nnodes`, `--node-rank`,
 `--rdzv-endpoint`) with the same config on every node (host clocks then differ between nodes).
 """
@@ -104,15 +104,15 @@ from reports.base.records import write_json_atomic
 from reports.base.sglang_defaults import MAX_PREFILL_TOKENS
 from reports.base.inject import parse_inject
 from reports.base.slots import AdmitState, SlotConfig, Visit, visit
-from microbench.pp_comm import (TAG_REQS, commit, drain_last_to_first, exchange_outputs,
+from microbench.dispatch.pp_comm import (TAG_REQS, commit, drain_last_to_first, exchange_outputs,
                                 gloo_one_way_us, isend_list, new_loop_state, recv_list,
                                 recv_proxy, send_proxy, sync_outputs)
-from microbench.pp_device import device_api, is_host, spin_us
-from microbench.pp_stage import build_work, calibrate_injection, capture_graphs
+from microbench.dispatch.pp_device import device_api, is_host, spin_us
+from microbench.dispatch.pp_stage import build_work, calibrate_injection, capture_graphs
 
 
 KEPT_DIFFERENCES = ("differs from SGLang on purpose: requests never finish, one gloo tag per "
-                    "message kind, serve mode relays rank 0's admission (microbench/pp_loop.py)")
+                    "message kind, serve mode relays rank 0's admission (microbench/dispatch/pp_loop.py)")
 
 
 def parse_cost_curve(text: str) -> list[tuple[int, float]]:
@@ -503,7 +503,7 @@ def export_trace(prof, path: Path) -> None:
 
 
 class RankProfiler:
-    """torch.profiler for serve mode's /start_profile (microbench/serve.py RankSide's
+    """torch.profiler for serve mode's /start_profile (microbench/dispatch/serve.py RankSide's
     `profiler`): CPU and/or GPU activities as asked; while it records, the loop marks SGLang's
     ranges (record_function). Neither stacks nor shapes are recorded (SGLang records both by
     default; they make traces much larger and the readers use neither)."""
@@ -537,8 +537,8 @@ def loop_capture_sizes(cfg: dict) -> list[int]:
 def start_serving(cfg: dict):
     """Rank 0 in serve mode: bind the HTTP front-end before the stages are built (GET /health
     answers 503 until the loop runs). Returns (ServeState, server)."""
-    from microbench import serve as SV
-    from microbench import serve_http as SH
+    from microbench.dispatch import serve as SV
+    from microbench.dispatch import serve_http as SH
     chunk = cfg.get("chunked_prefill_size")
     args = SV.ServerArgs(
         model_path=cfg["model"], pp_size=cfg["pp"],
@@ -570,8 +570,8 @@ def serve_signals(state) -> None:
 
 def serve_point(torch, dist, ctx: dict, state) -> dict:
     """The whole served session as one point (run_point with rank 0's admission taken from
-    HTTP clients and control commands applied on every rank; microbench/serve.py)."""
-    from microbench import serve as SV
+    HTTP clients and control commands applied on every rank; microbench/dispatch/serve.py)."""
+    from microbench.dispatch import serve as SV
     cfg, rank = ctx["cfg"], ctx["rank"]
     sched = None
     if rank == 0:
@@ -607,7 +607,7 @@ def _profile_ctx(torch, cfg, rank, point):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", required=True, help="JSON written by microbench.dispatch")
+    ap.add_argument("--config", required=True, help="JSON written by microbench.dispatch.probe")
     ap.add_argument("--out-dir", required=True, help="per-rank results go here")
     a = ap.parse_args(argv)
     cfg = json.loads(Path(a.config).read_text())

@@ -26,7 +26,7 @@ a served step does; figures per call. Floor: the cache bytes of the batch (b x c
 (kv_lora + rope) x 2) at the spec-sheet bandwidth; queries and outputs are left out (< 1%).
 
 Run where SGLang is installed (the user's server machine):
-    python3 -m microbench.sglang_anchor --batches 1,8,32,128 --json results/sglang_anchor.json
+    python3 -m microbench.stage_cost.sglang_anchor --batches 1,8,32,128 --json results/sglang_anchor.json
 The record is ppscope's (`reports/base/records.py`: probe `sglang_anchor`, provenance, status):
 a `partial` one after each batch size, `ok` at the end, a batch size that fails recorded with its
 error; without a GPU or SGLang a `waived` one and exit 2. Only an `ok` run replaces a good
@@ -41,7 +41,7 @@ import sys
 import time
 from pathlib import Path
 
-from microbench.stage_cost_cli import int_list
+from microbench.stage_cost.cli import int_list
 from reports.base.paths import default_record_path
 
 PROBE = "sglang_anchor"
@@ -139,11 +139,11 @@ def rel_err(out, ref) -> float:
 
 
 def _argv() -> list[str]:
-    return ["python3", "-m", "microbench.sglang_anchor", *sys.argv[1:]]
+    return ["python3", "-m", "microbench.stage_cost.sglang_anchor", *sys.argv[1:]]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python3 -m microbench.sglang_anchor", description=__doc__,
+    p = argparse.ArgumentParser(prog="python3 -m microbench.stage_cost.sglang_anchor", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="kimi-k2", help="preset name or HF config.json path "
                    "(an MLA model; default kimi-k2)")

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from microbench.kit.run_writer import RunWriter
-from microbench.stage_cost import available  # same need: torch with a CUDA GPU
+from microbench.stage_cost.probe import available  # same need: torch with a CUDA GPU
 from reports.base.cuda_graphs import capture_sizes, padded
 from reports.base.model_config import load_model
 from reports.base.partition import pp_partition

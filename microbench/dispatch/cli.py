@@ -1,4 +1,4 @@
-"""`ppscope dispatch`: argument parsing and the human-readable table for microbench/dispatch.py.
+"""`ppscope dispatch`: argument parsing and the human-readable table for microbench/dispatch/probe.py.
 No torch at import time."""
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def _choices(allowed):
 
 
 def register(subparsers) -> None:
-    from microbench.dispatch import ARRIVALS, DEVICES, WORKS
+    from microbench.dispatch.probe import ARRIVALS, DEVICES, WORKS
     p = subparsers.add_parser(
         "dispatch", help="SGLang's PP scheduler loop on real GPUs: dispatch latency, slot balance",
         description="Run SGLang's pipeline-parallel decode loop discipline (pp + async-depth "
@@ -147,8 +147,8 @@ def register(subparsers) -> None:
 def config_from_args(args, n_gpus: int, check_gpus: bool = True):
     """Check every argument (one-line CliError) and build the config. With check_gpus False
     (no GPU here: the record will be waived) --pp is checked for form only."""
-    from microbench.dispatch import DispatchConfig, resolve_pp
-    from microbench.pp_loop import parse_cost_curve
+    from microbench.dispatch.probe import DispatchConfig, resolve_pp
+    from microbench.dispatch.pp_loop import parse_cost_curve
     try:
         pp = resolve_pp(args.pp, n_gpus if check_gpus else max(n_gpus, 2 ** 16)) \
             if str(args.pp) != "auto" or check_gpus else 2
@@ -166,7 +166,7 @@ def config_from_args(args, n_gpus: int, check_gpus: bool = True):
     serve = getattr(args, "serve", None)
     policies = args.policies or (("sglang",) if serve else ("sglang", "even"))
     if serve:
-        from microbench.serve_http import parse_address
+        from microbench.dispatch.serve_http import parse_address
         try:
             host, port = parse_address(serve)
         except ValueError as e:
@@ -249,7 +249,7 @@ def _check_listen(addr: str) -> None:
     """Bind the serve address once before launching the ranks: a port in use (or a host not of
     this machine) is a one-line error now, not a failed rank later."""
     import socket
-    from microbench.serve_http import parse_address
+    from microbench.dispatch.serve_http import parse_address
     host, port = parse_address(addr)
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -265,7 +265,7 @@ def _f(x, nd: int = 0) -> str:
 
 
 def handle(args) -> int:
-    from microbench.dispatch import available, run, trace_path_for, visible_gpus
+    from microbench.dispatch.probe import available, run, trace_path_for, visible_gpus
     from reports.base.records import waived, save_record
     cpu = getattr(args, "device", "cuda") == "cpu"
     n = visible_gpus() if not cpu else 2   # on the CPU --pp auto is 2 ranks

@@ -1,6 +1,6 @@
 """Block-size sweep and per-layer table for the Triton MoE kernel (`microbench/kernels/moe_triton.py`).
 
-Run on a GPU: `PYTHONPATH=. python3 -m microbench.tune_moe_triton --out DIR` checks the layer
+Run on a GPU: `PYTHONPATH=. python3 -m microbench.stage_cost.tune_moe_triton --out DIR` checks the layer
 against the float32 reference (small and real Kimi K2 dims), sweeps block sizes, then prints the
 per-layer table triton vs plain vs fast under CUDA-graph replay, with each one's share of the HBM
 floor (spec sheet and measured copy bandwidth). The kernel module itself holds no tuning code.
@@ -71,7 +71,7 @@ def _main(argv=None) -> int:
     import sys
     from pathlib import Path
 
-    p = argparse.ArgumentParser(prog="python -m microbench.tune_moe_triton",
+    p = argparse.ArgumentParser(prog="python -m microbench.stage_cost.tune_moe_triton",
                                 description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="kimi-k2")
@@ -88,7 +88,7 @@ def _main(argv=None) -> int:
 
     from microbench.kernels import common
     from microbench.kernels import layers as L
-    from microbench import stage_cost as sc
+    from microbench.stage_cost import probe as sc
     from microbench.kit.timing import do_bench_graph
     from reports.base.model_config import load_model
 

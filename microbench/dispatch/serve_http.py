@@ -1,5 +1,5 @@
 """HTTP front-end of `ppscope dispatch --serve`: an OpenAI-compatible endpoint with SGLang's
-control routes, in front of the PP loop's `ServeState` (microbench/serve.py).
+control routes, in front of the PP loop's `ServeState` (microbench/dispatch/serve.py).
 
 Routes (shapes as SGLang 0.5.23's entrypoints/http_server.py and entrypoints/openai/, only what
 the live probe and a user need):
@@ -35,7 +35,7 @@ import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from microbench.serve import (DEFAULT_MAX_TOKENS, MAX_TOKENS_LIMIT, QueueFull, ServeClosed,
+from microbench.dispatch.serve import (DEFAULT_MAX_TOKENS, MAX_TOKENS_LIMIT, QueueFull, ServeClosed,
                               ServeState, prompt_tokens_of_text, token_text)
 
 MAX_BODY = 1 << 20          # 1 MiB: a prompt of ~260k tokens at 4 bytes per token

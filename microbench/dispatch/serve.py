@@ -1,8 +1,8 @@
 """Serve mode of the PP-loop probe: the loop's requests come from HTTP clients, not a script.
 
 What it is for: `ppscope dispatch --serve [HOST:]PORT` runs the same PP loop as the benchmark
-(microbench/pp_loop.py, one process per GPU under torchrun) while rank 0 answers an
-OpenAI-compatible endpoint with SGLang's control routes (microbench/serve_http.py). The live path
+(microbench/dispatch/pp_loop.py, one process per GPU under torchrun) while rank 0 answers an
+OpenAI-compatible endpoint with SGLang's control routes (microbench/dispatch/serve_http.py). The live path
 a user takes against a real server -- `ppscope sglang --url ... --profile`, a
 `pp_max_micro_batch_size` sweep through `/set_internal_state`, `/metrics` -- then runs end to end
 against a loop whose every cost is known.

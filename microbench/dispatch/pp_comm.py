@@ -1,7 +1,7 @@
 """Loop-order mechanics of SGLang's PP decode loop (SGLang 0.5.23 managers/scheduler_pp_mixin.py,
 `event_loop_pp`): how a rank exchanges requests, hidden states and sampled tokens, on which
 stream, in which order, in how many messages. Kept apart from the loop body
-(microbench/pp_loop.py `run_point`) so that what the loop measures stays easy to read.
+(microbench/dispatch/pp_loop.py `run_point`) so that what the loop measures stays easy to read.
 
 Messages per hop, as SGLang sends them (utils/common.py `point_to_point_pyobj`,
 distributed/parallel_state.py `send_object` / `send_tensor_dict`):
@@ -16,7 +16,7 @@ a CPU tensor over its CPU group). Kept on purpose: each message kind has its own
 SGLang sends all on tag 0 and sorts tensor dicts by their `__msg_type__` on arrival
 (`_pp_recv_typed_dict`); the number and order of messages per channel are the same.
 
-`api` is `torch.cuda` on a GPU, microbench/pp_device.py's host stand-ins on the CPU."""
+`api` is `torch.cuda` on a GPU, microbench/dispatch/pp_device.py's host stand-ins on the CPU."""
 from __future__ import annotations
 
 import contextlib
@@ -24,7 +24,7 @@ import pickle
 import time
 
 from microbench.kit.launch import recv_pyobj, send_pyobj
-from microbench.pp_device import is_host, spin_us
+from microbench.dispatch.pp_device import is_host, spin_us
 
 TAG_REQS, TAG_PROXY, TAG_OUT = 0, 1, 2  # gloo tags: one channel per message kind
 

@@ -3,7 +3,7 @@
 What is measured and why: the user's hypothesis is that SGLang's PP scheduler "dispatches in a
 way that wastes batching potential" (a burst of requests lands in one or two of the
 `pp + async_depth` slots and stays there). This probe runs that loop discipline
-(microbench/pp_loop.py, one process per GPU under torchrun, gloo for the pickled request list,
+(microbench/dispatch/pp_loop.py, one process per GPU under torchrun, gloo for the pickled request list,
 NCCL for hidden states and returned tokens) with admission policy `sglang` and `even`, and
 records per stage: time blocked waiting for input, dispatch latency (input available on the GPU
 -> first forward kernel starts), host time per iteration, GPU forward time by micro-batch size,
@@ -20,12 +20,12 @@ a large `dispatch_latency_us` means the host, not the GPU, paces the loop.
 
 Serve mode (`--serve [HOST:]PORT`): the same loop, fed by HTTP clients instead of a scripted
 burst; rank 0 answers an OpenAI-compatible endpoint with SGLang's control routes
-(microbench/serve.py, microbench/serve_http.py) until Ctrl-C / SIGTERM / `--seconds`. The session
+(microbench/dispatch/serve.py, microbench/dispatch/serve_http.py) until Ctrl-C / SIGTERM / `--seconds`. The session
 is one point (arrival `served`, concurrency = the peak of running requests) in
 `results/dispatch_serve.json`, so it never replaces the benchmark record the report reads.
 
 `--device cpu` runs the same loop without a GPU, as SGLang's `--device cpu` does (gloo between
-the ranks, the `busy` forward on the host; microbench/pp_device.py): its traces and logs are then
+the ranks, the `busy` forward on the host; microbench/dispatch/pp_device.py): its traces and logs are then
 checked against SGLang's own CPU recording (tests/test_pp_probe_vs_sglang.py).
 
 Pure functions here (summaries, trace) run on CPU and are tested there; only `run` launches ranks.
@@ -52,7 +52,7 @@ from reports.base.slots import SlotConfig, default_max_micro_batch
 PROBE = "dispatch"
 ARRIVALS = ("burst", "staggered", "poisson")
 WORKS = ("busy", "moe")
-DEVICES = ("cuda", "cpu")   # cpu: as SGLang's --device cpu (microbench/pp_device.py)
+DEVICES = ("cuda", "cpu")   # cpu: as SGLang's --device cpu (microbench/dispatch/pp_device.py)
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ class DispatchConfig:
     trace_ms_per_point: float = 300.0
     torchrun_args: tuple[str, ...] = ()
     inject: tuple[str, ...] = ()            # fault switches, reports.base.inject specs
-    serve: str | None = None                # "[HOST:]PORT": serve mode (microbench/serve.py)
+    serve: str | None = None                # "[HOST:]PORT": serve mode (microbench/dispatch/serve.py)
     serve_seconds: float | None = None      # serve mode: stop after this long (None: on a signal)
     device: str = "cuda"                    # "cpu": gloo only, the forward on the host (DEVICES)
     argv: tuple[str, ...] = field(default=(), compare=False)
@@ -153,7 +153,7 @@ def loop_config(cfg: DispatchConfig) -> dict:
         raise ValueError(f"--device must be one of {', '.join(DEVICES)}, got {cfg.device!r}")
     if cfg.device == "cpu" and cfg.work != "busy":
         raise ValueError("--device cpu runs --work busy only (the MoE stage needs a GPU)")
-    from microbench.pp_loop import parse_cost_curve
+    from microbench.dispatch.pp_loop import parse_cost_curve
     pts = parse_cost_curve(cfg.cost_us) if cfg.work == "busy" else []
     from reports.base.inject import parse_inject
     parse_inject(cfg.inject, cfg.pp)  # one-line ValueError before anything runs
@@ -162,7 +162,7 @@ def loop_config(cfg: DispatchConfig) -> dict:
     serve = None
     concurrency = list(cfg.concurrency)
     if cfg.serve:
-        from microbench.serve_http import parse_address
+        from microbench.dispatch.serve_http import parse_address
         host, port = parse_address(cfg.serve)
         if len(cfg.policies) != 1:
             raise ValueError("--serve runs one admission policy; give one with --policies")
@@ -216,7 +216,7 @@ def stage_summary(pt: dict) -> StageRun:
         (host_busy if c["rows"][i] else host_empty).append(host[-1])
         if "wait_commit_us" in c:
             commit_wait.append(c["wait_commit_us"][i])
-        for k in phase:   # a probe with SGLang's phase split (microbench/pp_loop.py)
+        for k in phase:   # a probe with SGLang's phase split (microbench/dispatch/pp_loop.py)
             v = (c.get(k) or [None] * len(c["it"]))[i]
             if v is not None and (c["rows"][i] or k == "process_us"):
                 phase[k].append(v)
@@ -544,7 +544,7 @@ def trace_path_for(cfg: DispatchConfig) -> Path:
 
 
 def torchrun_command(cfg: DispatchConfig, config_path: Path, out_dir: Path) -> list[str]:
-    return launch.torchrun_command(cfg.pp, "microbench.pp_loop",
+    return launch.torchrun_command(cfg.pp, "microbench.dispatch.pp_loop",
                                    ["--config", str(config_path), "--out-dir", str(out_dir)],
                                    cfg.torchrun_args or ("--standalone",))
 

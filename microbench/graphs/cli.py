@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from microbench.stage_cost_cli import check_number, int_list
+from microbench.stage_cost.cli import check_number, int_list
 from reports.base.cuda_graphs import default_max_bs
 from reports.base.errors import CliError
 from reports.base.paths import default_record_path
@@ -12,7 +12,7 @@ from reports.base.payloads.graphs import GraphsData
 
 
 def register(sub) -> None:
-    from microbench import graphs as gr
+    from microbench.graphs import probe as gr
 
     p = sub.add_parser("graphs", help="CUDA-graph vs eager per layer; SGLang capture sizes",
                        description=gr.__doc__,
@@ -40,7 +40,7 @@ def register(sub) -> None:
 
 def config_from_args(args):
     """Check every argument (one-line CliError) and build the config; nothing is written."""
-    from microbench import graphs as gr
+    from microbench.graphs import probe as gr
     from reports.base.model_config import ConfigError, load_model
     from reports.base.partition import pp_partition
 
@@ -68,7 +68,7 @@ def config_from_args(args):
 
 
 def main(args) -> int:
-    from microbench import graphs as gr
+    from microbench.graphs import probe as gr
 
     cfg = config_from_args(args)
     if not args.plan and (reason := gr.available()):

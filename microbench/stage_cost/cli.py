@@ -21,7 +21,7 @@ def int_list(s: str) -> tuple[int, ...]:
 
 
 def name_list(s: str) -> tuple[str, ...]:
-    from microbench.stage_cost import MOE_BACKENDS
+    from microbench.stage_cost.probe import MOE_BACKENDS
 
     v = tuple(x.strip() for x in s.split(",") if x.strip())
     bad = [x for x in v if x not in MOE_BACKENDS]
@@ -31,7 +31,7 @@ def name_list(s: str) -> tuple[str, ...]:
 
 
 def register(sub) -> None:
-    from microbench import stage_cost as sc
+    from microbench.stage_cost import probe as sc
 
     p = sub.add_parser("stage-cost", help="per-stage decode cost vs roofline (one GPU; --plan "
                        "anywhere)", description=sc.__doc__,
@@ -75,7 +75,7 @@ def check_number(flag: str, v: float | None, *, lo: float = 0.0, strict: bool = 
 
 def config_from_args(args):
     """Check every argument (one-line CliError) and build the config; nothing is written."""
-    from microbench import stage_cost as sc
+    from microbench.stage_cost import probe as sc
     from reports.base.model_config import ConfigError
     from reports.base.partition import pp_partition
 
@@ -103,7 +103,7 @@ def config_from_args(args):
 
 
 def main(args) -> int:
-    from microbench import stage_cost as sc
+    from microbench.stage_cost import probe as sc
 
     cfg, mm = config_from_args(args)
     out = cfg.out

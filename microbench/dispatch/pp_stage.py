@@ -1,4 +1,4 @@
-"""The work one rank of the PP-loop probe runs per forward (microbench/pp_loop.py): real
+"""The work one rank of the PP-loop probe runs per forward (microbench/dispatch/pp_loop.py): real
 Kimi-K2-dims MoE layers (`build_moe_stage`, the backend chosen as stage-cost chooses it and
 checked first) or a calibrated sleep kernel following a cost curve (`build_work`), the fault
 switches' calibration and the CUDA graphs per SGLang capture size. Everything here imports
@@ -184,7 +184,7 @@ def build_work(torch, cfg: dict, rank: int, dev):
     if cfg["work"] == "busy" and torch.device(dev).type == "cpu":
         # SGLang's CPU backend runs the forward on the scheduler's thread: the CPU is busy
         # for the curve's time, then the loop goes on (no kernel queue to check)
-        from microbench.pp_device import spin_us
+        from microbench.dispatch.pp_device import spin_us
         pts = [tuple(p) for p in cfg["cost_points"]]
 
         def fwd_cpu(x):

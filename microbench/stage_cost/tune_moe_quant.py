@@ -1,6 +1,6 @@
 """Check, tune and time the quantised MoE kernels and the MLA decode on one GPU.
 
-Run: `PYTHONPATH=. python3 -m microbench.tune_moe_quant --out DIR` (one CUDA GPU, ~60 GB free
+Run: `PYTHONPATH=. python3 -m microbench.stage_cost.tune_moe_quant --out DIR` (one CUDA GPU, ~60 GB free
 for Kimi K2 dims: bf16, INT4 and FP8 copies of all 384 experts).
 1. Checks (relative error, float32 references on dequantised weights, fresh random inputs):
    INT4 and FP8 layers at small and real dims (shared expert bf16 and in-format), at b = 128
@@ -158,7 +158,7 @@ def _main(argv=None) -> int:
     import sys
     from pathlib import Path
 
-    p = argparse.ArgumentParser(prog="python -m microbench.tune_moe_quant", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m microbench.stage_cost.tune_moe_quant", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="kimi-k2")
     p.add_argument("--batches", default="1,2,4,8,16,32,64,128")
@@ -174,7 +174,7 @@ def _main(argv=None) -> int:
     import torch
     from tabulate import tabulate
 
-    from microbench import stage_cost as sc
+    from microbench.stage_cost import probe as sc
     from microbench.kernels import common, moe_fp8, moe_int4, moe_int4_gemv, moe_quant
     from microbench.kernels import layers as L
     from microbench.kernels import moe_route as R

@@ -1,0 +1,2 @@
+"""`ppscope graphs`: CUDA-graph replay against eager launch and SGLang's capture sizes (measure:
+`probe.py`; CLI: `cli.py`)."""
