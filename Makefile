@@ -7,6 +7,7 @@
 #
 #   make report            the bottleneck attribution report (works with no GPU and no results)
 #   make test              the CPU test suite (GPU tests run too where a GPU is present)
+#   make lint              pyflakes' checks (ruff --select F): unused imports, undefined names
 #   make topology | stage-cost | graphs | dispatch    one probe each (GPU machine)
 #   make sglang ARGS="--log server.log --traces DIR --bench bench.jsonl"   your server's evidence
 #   make sglang-lab        SGLang's own PP server (its own venv in .lab/, CPU) with injected
@@ -154,7 +155,8 @@ PIP = mkdir -p $(STAMPS) && $(VPY) -c "$$_PPSCOPE_PINS" $(PIN_WHAT) > $(STAMPS)/
 # `$(call MISSING,deps)`: the shell variable $$missing gets the requirements not importable.
 MISSING = missing=$$($(VPY) -c "$$_PPSCOPE_MISSING" $(1))
 
-.PHONY: help env report test topology stage-cost graphs dispatch sglang sglang-lab sglang-lab-test all clean
+
+.PHONY: help env report test lint topology stage-cost graphs dispatch sglang sglang-lab sglang-lab-test all clean
 help:
 	@sed -n '/^#/!q;p' Makefile
 	@echo
@@ -251,6 +253,13 @@ sglang: $(CORE_STAMP)
 # .lab/venv (never this environment), runs the plan, reads every case.
 sglang-lab: $(CORE_STAMP)
 	$(PPSCOPE) sglang-lab --out $(RESULTS)/lab $(ARGS)
+
+# The linter: pyflakes' checks through ruff (unused imports and variables, undefined names), on
+# every package and the tests; ruff is installed into the test environment when missing.
+LINT := ruff>=0.4
+lint: $(TEST_STAMP)
+	@$(VPY) -m ruff --version >/dev/null 2>&1 || $(PIP) "$(LINT)"
+	$(VPY) -m ruff check --select F microbench reports topology tests
 
 sglang-lab-test: $(TEST_STAMP)
 	PPSCOPE_LAB=1 $(VPY) -m pytest -q -m sglang_lab tests/test_sglang_lab_live.py

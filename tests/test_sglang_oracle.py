@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import inspect
-import textwrap
 import types
 from pathlib import Path
 

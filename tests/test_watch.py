@@ -411,7 +411,6 @@ def test_one_busy_exact():
 
 
 def test_all_low_exact():
-    n = 10
     util = [[0.0] * 6 + [80.0] * 4, [5.0] * 6 + [10.0] * 4]
     s = S.summarize(_data(util))
     h = {x.name: x for x in s.hints}["all_low"]

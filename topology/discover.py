@@ -12,7 +12,6 @@ so CUDA ordinals match them.
 from __future__ import annotations
 
 import glob
-import os
 import shutil
 import subprocess
 from dataclasses import dataclass, field

@@ -103,7 +103,7 @@ from microbench.kit.launch import start_rank
 from reports.base.records import write_json_atomic
 from reports.base.sglang_defaults import MAX_PREFILL_TOKENS
 from reports.base.inject import parse_inject
-from reports.base.slots import AdmitState, SlotConfig, Visit, visit
+from reports.base.slots import AdmitState, SlotConfig, visit
 from microbench.dispatch.pp_comm import (TAG_REQS, commit, drain_last_to_first, exchange_outputs,
                                 gloo_one_way_us, isend_list, new_loop_state, recv_list,
                                 recv_proxy, send_proxy, sync_outputs)

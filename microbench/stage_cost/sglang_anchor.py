@@ -286,7 +286,7 @@ def _run(a, m, decode_fwd, n_splits_fn, pdl: bool, sg_ver: str) -> int:
                 r[f"{key}_pct_floor"] = 100 * r["floor_us"] / t.median_us
         if r.get("ppscope_us") and r.get("sglang_us"):
             r["sglang_over_ppscope"] = r["sglang_us"] / r["ppscope_us"]
-        del caches
+        caches = None   # freed (the timed lambdas held it)
         return r
 
     writer = RunWriter(out)

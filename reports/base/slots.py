@@ -41,7 +41,7 @@ from __future__ import annotations
 import heapq
 import random
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 from reports.base.sglang_defaults import MAX_PREFILL_TOKENS

@@ -308,7 +308,6 @@ def diagnosis_html(rep: dict[str, Any]) -> list[str]:
 
 def render_html(rep: dict[str, Any], spans: tuple[Span, ...] = (), measured=()) -> str:
     """`measured`: MeasuredTimeline tuple from reports.render.measured_timeline (may be empty)."""
-    d = rep["deployment"]
     toc = [("answer", "The answer")]
     if rep.get("diagnosis"):
         toc.append(("diagnosis", "Diagnosis"))

@@ -8,7 +8,7 @@ It is re-written here in plain torch, following SGLang's Triton kernel `assign_r
 `req_to_token[req_pool_indices[i], start[i]:end[i]]`. Every other name raises when called, so a
 code path that would need a real kernel fails loudly instead of computing something else.
 """
-import torch
+import torch  # noqa: F401  (imported first, as the real sgl_kernel does, before its ops)
 
 __version__ = "0.0.0+ppscope-lab-standin"
 
