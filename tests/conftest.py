@@ -45,3 +45,104 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def fixtures() -> Path:
     return FIXTURES
+
+
+# ---- shared fakes and checks: fixtures here, so that no test module imports another ----------
+
+def _gpu(i, numa):
+    from topology.discover import GpuInfo
+    return GpuInfo(index=i, name="NVIDIA RTX PRO 6000 Blackwell Server Edition", uuid=f"GPU-{i}",
+                   pci_bus_id=f"0000:{0x10 + i:02x}:00.0", memory_bytes=97_887_000_000,
+                   pcie_gen_current=5, pcie_gen_max=5, pcie_width_current=16,
+                   pcie_width_max=16, numa_node=numa, cpu_affinity="0-31" if numa == 0 else "32-63")
+
+
+@pytest.fixture
+def fake_discovery():
+    """Three RTX PRO 6000s on two sockets (GPUs 0 and 1 under one switch on socket 0, GPU 2 on
+    socket 1); GPUs 1 and 2 have no P2P read."""
+    from topology.discover import Discovery
+    return Discovery(gpus=(_gpu(0, 0), _gpu(1, 0), _gpu(2, 1)),
+                     links={"0-1": "PIX", "0-2": "SYS", "1-2": "SYS"},
+                     p2p_support={"0-1": {"read": "OK", "write": "OK"},
+                                  "0-2": {"read": "OK", "write": "OK"},
+                                  "1-2": {"read": "chipset not supported", "write": "OK"}},
+                     sockets=2, numa_nodes=2, links_source="nvidia-smi", driver="580.65.06")
+
+
+class FakeBench:
+    """Stands in for topology.p2p.Bench: fixed numbers so the orchestration is checked. Like
+    the real one, a host-staged copy is timed without the spin blocker (`spin_blocked`)."""
+
+    def __init__(self, devices, cfg):
+        self.cfg = cfg
+
+    def unidirectional(self, i, j, read=False, staged=False):
+        return {"bytes": 100, "bandwidth_gbps": 50.0 + i + (0.5 if read else 0.0),
+                "spin_blocked": not staged}
+
+    def latency(self, i, j, staged=False):  # a staged latency is marked by +100 us
+        return {"bytes": 16, "latency_us": 2.0 + j + (100.0 if staged else 0.0)}
+
+    def bidirectional(self, i, j, staged=False):
+        return {"bytes": 200, "bandwidth_gbps": 90.0, "spin_blocked": not staged}
+
+    def host(self, d):
+        return [{"gpu": d, "direction": x, "status": "ok", "bandwidth_gbps": 25.0}
+                for x in ("h2d", "d2h")]
+
+    def ring(self, pairs):
+        return [{"src": s, "dst": d, "bytes": 100, "time_us": 4.0, "bandwidth_gbps": 25.0}
+                for s, d in pairs]
+
+
+@pytest.fixture
+def fake_machine(monkeypatch, fake_discovery):
+    """The fake discovery's three GPUs with FakeBench copies; GPUs 1 and 2 have no P2P."""
+    import contextlib
+
+    import topology.discover as disc_mod
+    import topology.p2p as p2p_mod
+    monkeypatch.setattr(disc_mod, "discover", lambda: fake_discovery)
+    monkeypatch.setattr(p2p_mod, "Bench", FakeBench)
+    monkeypatch.setattr(p2p_mod, "device_count", lambda: 3)
+    monkeypatch.setattr(p2p_mod, "device_bus_ids",
+                        lambda n: [g.pci_bus_id for g in fake_discovery.gpus][:n])
+    monkeypatch.setattr(p2p_mod, "can_access_peer", lambda i, j: {i, j} != {1, 2})
+    monkeypatch.setattr(p2p_mod, "peer_access", lambda pairs, on: contextlib.nullcontext())
+    return p2p_mod
+
+
+_TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None),
+          "integer": int, "number": (int, float)}
+
+
+def validate_schema(obj, schema, where="$"):
+    """Tiny JSON-Schema subset: type, required, properties, items, enum."""
+    t = schema.get("type")
+    if t:
+        ts = t if isinstance(t, list) else [t]
+        ok = any(isinstance(obj, _TYPES[x]) and not (x in ("integer", "number")
+                 and isinstance(obj, bool)) for x in ts)
+        assert ok, f"{where}: {obj!r} is not {t}"
+    if "enum" in schema:
+        assert obj in schema["enum"], f"{where}: {obj!r} not in {schema['enum']}"
+    for k in schema.get("required", []):
+        assert k in obj, f"{where}: missing {k}"
+    for k, sub in schema.get("properties", {}).items():
+        if isinstance(obj, dict) and k in obj:
+            validate_schema(obj[k], sub, f"{where}.{k}")
+    if "items" in schema and isinstance(obj, list):
+        for i, x in enumerate(obj):
+            validate_schema(x, schema["items"], f"{where}[{i}]")
+
+
+@pytest.fixture
+def check_report_schema():
+    """A report dict checked against configs/schemas/report.schema.json (AssertionError names
+    the path that fails)."""
+    import json
+
+    from reports.base.paths import CONFIGS
+    schema = json.loads((CONFIGS / "schemas" / "report.schema.json").read_text())
+    return lambda rep: validate_schema(rep, schema)

@@ -13,7 +13,6 @@ from microbench.kernels import layers as L
 from microbench.kit.run_writer import RunWriter
 from reports.base.records import make_record, read_record
 from reports.cli import main
-from tests.test_topology_probe import FakeBench, fake_machine  # noqa: F401 - fixture
 
 # a dense model keeps the stage-cost run off the MoE memory check (which needs a GPU)
 DENSE = ["--model", "llama-3-70b", "--pp", "2", "--batches", "1,8", "--prefill-chunk", "0",
@@ -172,14 +171,14 @@ def test_topology_without_gpu_leaves_waived_beside_ok(fixtures, tmp_path, capsys
     (KeyboardInterrupt(), 130, "partial", "interrupted (Ctrl-C)"),
 ])
 def test_topology_failed_or_interrupted_run_keeps_ok_record(
-        fixtures, tmp_path, monkeypatch, fake_machine, exc, rc, status, words):  # noqa: F811
+        fixtures, tmp_path, monkeypatch, fake_machine, exc, rc, status, words):
     out = tmp_path / "topology.json"
     good = _ok_topology(fixtures, out)
     monkeypatch.setattr("microbench.kit.gpus.nvml_gpu_count", lambda: 3)
 
     def broken(self, i, j, staged=False):
         raise exc
-    monkeypatch.setattr(FakeBench, "bidirectional", broken)  # fails after host + first copies
+    monkeypatch.setattr(fake_machine.Bench, "bidirectional", broken)  # fails after host + first copies
     assert main(["topology", "--json", str(out), "--no-hop", "--quick", "--no-png"]) == rc
     assert out.read_text() == good
     assert _names(tmp_path) == sorted(["topology.json", f"topology.{status}.json"])
@@ -189,7 +188,7 @@ def test_topology_failed_or_interrupted_run_keeps_ok_record(
 
 
 def test_topology_finished_run_replaces_ok_and_clears_beside(fixtures, tmp_path, monkeypatch,
-                                                              fake_machine):  # noqa: F811
+                                                              fake_machine):
     out = tmp_path / "topology.json"
     _ok_topology(fixtures, out)
     (tmp_path / "topology.error.json").write_text("{}")   # left by an earlier failed run

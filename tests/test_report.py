@@ -5,40 +5,14 @@ import re
 import pytest
 
 from reports.cli import main
-from reports.base.paths import CONFIGS
 from reports.base.records import make_record, write_record
 
-SCHEMA = json.loads((CONFIGS / "schemas" / "report.schema.json").read_text())
-TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None),
-         "integer": int, "number": (int, float)}
-
-
-def validate(obj, schema, where="$"):
-    """Tiny JSON-Schema subset: type, required, properties, items, enum."""
-    t = schema.get("type")
-    if t:
-        ts = t if isinstance(t, list) else [t]
-        ok = any(isinstance(obj, TYPES[x]) and not (x in ("integer", "number")
-                 and isinstance(obj, bool)) for x in ts)
-        assert ok, f"{where}: {obj!r} is not {t}"
-    if "enum" in schema:
-        assert obj in schema["enum"], f"{where}: {obj!r} not in {schema['enum']}"
-    for k in schema.get("required", []):
-        assert k in obj, f"{where}: missing {k}"
-    for k, sub in schema.get("properties", {}).items():
-        if isinstance(obj, dict) and k in obj:
-            validate(obj[k], sub, f"{where}.{k}")
-    if "items" in schema and isinstance(obj, list):
-        for i, x in enumerate(obj):
-            validate(x, schema["items"], f"{where}[{i}]")
-
-
-def test_validator_rejects():
+def test_validator_rejects(check_report_schema):
     with pytest.raises(AssertionError):
-        validate({"schema": "x"}, SCHEMA)
+        check_report_schema({"schema": "x"})
 
 
-def test_seed_report_end_to_end(tmp_path, capsys):
+def test_seed_report_end_to_end(tmp_path, capsys, check_report_schema):
     # (its wall time is a benchmark figure, docs/BENCHMARKS.md, not a timed assertion)
     (tmp_path / "none").mkdir()
     rc = main(["report", "--results", str(tmp_path / "none"), "--out", str(tmp_path)])
@@ -46,7 +20,7 @@ def test_seed_report_end_to_end(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.startswith("every figure is estimated or transferred")
     rep = json.loads((tmp_path / "report.json").read_text())
-    validate(rep, SCHEMA)
+    check_report_schema(rep)
     assert rep["all_estimated"] is True
     assert [c["observed"] for c in rep["concurrency"]] == [34.0, 81.7, 248.1]
     assert [c["slot_sizes"][:4] for c in rep["concurrency"]] == [[1, 0, 0, 0], [8, 0, 0, 0],

@@ -20,17 +20,22 @@ from reports.base.payloads.topology import HopCost
 from reports.base.records import make_record
 from reports.model.scenario import build_inputs, load_scenario
 from reports.report_cli import server_line
-from tests.test_report import SCHEMA, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _report(res: Path, *extra) -> tuple[dict, str, str]:
+def _report(check, res: Path, *extra) -> tuple[dict, str, str]:
     out = res / "out"
     assert main(["report", "--results", str(res), "--out", str(out), *extra]) == 0
     rep = json.loads((out / "report.json").read_text())
-    validate(rep, SCHEMA)
+    check(rep)
     return rep, (out / "report.md").read_text(), (out / "report.html").read_text()
+
+
+@pytest.fixture
+def report_of(check_report_schema):
+    """`_report` with the report checked against its schema."""
+    return lambda *a, **k: _report(check_report_schema, *a, **k)
 
 
 def _verdict(rep: dict, name: str) -> dict:
@@ -44,10 +49,10 @@ def _section(md: str, title: str) -> str:
 # -- DP attention ------------------------------------------------------------------------------
 
 @pytest.fixture
-def dp_report(tmp_path, fixtures):
+def dp_report(tmp_path, fixtures, report_of):
     log = fixtures / "sglang" / "dp_attention_pp2_tp4_dp4.log"
     assert main(["sglang", "--log", str(log), "--json", str(tmp_path / "sglang.json")]) == 0
-    return _report(tmp_path)
+    return report_of(tmp_path)
 
 
 def test_dp_attention_report_json_counts_every_dp_rank(dp_report):
@@ -108,8 +113,8 @@ def _pasted(tmp_path, fixtures, name: str) -> Path:
     return tmp_path
 
 
-def test_pasted_unknown_link_leaves_numa_undecided_and_is_given(tmp_path, fixtures):
-    rep, md, html = _report(_pasted(tmp_path, fixtures, "issue_paste_asymmetric_cell_4gpu"))
+def test_pasted_unknown_link_leaves_numa_undecided_and_is_given(tmp_path, fixtures, report_of):
+    rep, md, html = report_of(_pasted(tmp_path, fixtures, "issue_paste_asymmetric_cell_4gpu"))
     v = _verdict(rep, "cross-socket NUMA")
     assert v["verdict"] == "not enough evidence"
     assert v["number"].startswith("undecided: link GPU1\u2013GPU2 unknown in the pasted table")
@@ -131,10 +136,10 @@ def test_pasted_unknown_link_leaves_numa_undecided_and_is_given(tmp_path, fixtur
     assert "labelled given" in md.splitlines()[6]
 
 
-def test_pasted_crossing_is_given_never_measured(tmp_path, fixtures):
+def test_pasted_crossing_is_given_never_measured(tmp_path, fixtures, report_of):
     # every link readable: the 3->4 and 7->0 hops are SYS. Before, a pasted record (no timed
     # hops) gave "no PP hop crosses a socket" labelled measured
-    rep, md, _ = _report(_pasted(tmp_path, fixtures, "readme_trimmed_numa_notes_shifted_row"))
+    rep, md, _ = report_of(_pasted(tmp_path, fixtures, "readme_trimmed_numa_notes_shifted_row"))
     v = _verdict(rep, "cross-socket NUMA")
     assert v["number"].startswith("2 PP hop(s) cross a socket (GPU3->GPU4 SYS, GPU7->GPU0 SYS, "
                                   "link levels given)")
@@ -154,13 +159,13 @@ def test_pasted_record_with_hops_labels_hop_cost_given(fixtures):
     assert inp.src("hop_us") == ("given", "topology.json")
 
 
-def test_probed_topology_stays_measured(tmp_path):
+def test_probed_topology_stays_measured(tmp_path, report_of):
     # the 2x H200 record the topology probe wrote, under a 2x H200 scenario
     shutil.copy(ROOT / "docs" / "runs" / "h200x2" / "topology.json", tmp_path / "topology.json")
     sc = json.loads((ROOT / "configs" / "scenarios" / "seed-pp8.json").read_text())
     sc.update(name="h200-pp2", gpu="h200", pp=2)
     (tmp_path / "sc.json").write_text(json.dumps(sc))
-    rep, md, _ = _report(tmp_path, "--scenario", str(tmp_path / "sc.json"))
+    rep, md, _ = report_of(tmp_path, "--scenario", str(tmp_path / "sc.json"))
     assert rep["topology"]["source"] == "measured" and rep["topology"]["pasted"] is False
     v = _verdict(rep, "cross-socket NUMA")
     assert (v["verdict"], v["number"], v["evidence"]) == (
@@ -170,7 +175,7 @@ def test_probed_topology_stays_measured(tmp_path):
     assert "## Links between GPUs (topology.json, measured)" in md
 
 
-def test_pasted_table_parsed_on_a_gpu_machine_still_decides(tmp_path, fixtures):
+def test_pasted_table_parsed_on_a_gpu_machine_still_decides(tmp_path, fixtures, report_of):
     # parsed where a GPU is present, the record's provenance names that machine's GPU (here one
     # H200); the pasted table describes the user's server, so that must not make the report
     # call it "another machine" (this failed on a 1x H200 before the fix)
@@ -179,7 +184,7 @@ def test_pasted_table_parsed_on_a_gpu_machine_still_decides(tmp_path, fixtures):
     rec = json.loads(path.read_text())
     rec["provenance"]["gpus"] = ["NVIDIA H200"]
     path.write_text(json.dumps(rec))
-    rep, _, _ = _report(res)
+    rep, _, _ = report_of(res)
     v = _verdict(rep, "cross-socket NUMA")
     assert v["number"].startswith("2 PP hop(s) cross a socket (GPU3->GPU4 SYS, GPU7->GPU0 SYS, "
                                   "link levels given)")

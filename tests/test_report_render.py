@@ -12,7 +12,6 @@ from reports.base.records import make_record, write_record
 from reports.model.scenario import build_inputs, load_scenario
 from reports.model.whatif import (RING_STEP_LATENCY_US, _tp_tok_s, allreduce_us, transport_points,
                             transport_us)
-from tests.test_report import SCHEMA, validate
 
 
 @pytest.fixture(scope="module")
@@ -81,11 +80,11 @@ def test_tp_allreduce_pcie_estimate(seed):
     assert _tp_tok_s(seed, 1)[0] > lb.run(seed, 1).tok_per_s
 
 
-def test_html_is_self_contained_and_ordered(tmp_path):
+def test_html_is_self_contained_and_ordered(tmp_path, check_report_schema):
     _topology(tmp_path)
     assert main(["report", "--results", str(tmp_path), "--out", str(tmp_path)]) == 0
     rep = json.loads((tmp_path / "report.json").read_text())
-    validate(rep, SCHEMA)
+    check_report_schema(rep)
     assert rep["topology"]["hops"] == [
         {"src": 0, "dst": 1, "batch": 1, "hop_us": 301.0, "link": "NV18", "hop_class": "nvlink"},
         {"src": 1, "dst": 0, "batch": 1, "hop_us": 450.0, "link": "NV18", "hop_class": "nvlink"}]

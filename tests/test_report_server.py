@@ -18,7 +18,6 @@ from reports.base.records import read_record, write_record
 from reports.report_cli import server_line
 from reports.model.scenario import observed_from_sglang
 from reports.model.verdicts import EVEN_CV, graph_evidence, observed_slots
-from tests.test_report import SCHEMA, validate
 
 
 @pytest.fixture
@@ -38,12 +37,18 @@ def _results(tmp_path, fixtures, *names, edit=None):
     return res
 
 
-def _report(tmp_path, res, *extra):
+def _report(check, tmp_path, res, *extra):
     out = tmp_path / "out"
     assert main(["report", "--results", str(res), "--out", str(out), *extra]) == 0
     rep = json.loads((out / "report.json").read_text())
-    validate(rep, SCHEMA)
+    check(rep)
     return rep, out
+
+
+@pytest.fixture
+def report_of(check_report_schema):
+    """`_report` with the report checked against its schema."""
+    return lambda *a, **k: _report(check_report_schema, *a, **k)
 
 
 def _c32_is_300(d):
@@ -61,9 +66,9 @@ def test_observed_from_sglang_bench_runs(sglang_rec):
     assert observed_from_sglang(None) == ({}, [])
 
 
-def test_report_takes_observed_from_sglang_json(tmp_path, fixtures, capsys):
+def test_report_takes_observed_from_sglang_json(tmp_path, fixtures, capsys, report_of):
     res = _results(tmp_path, fixtures, "sglang.json", edit=_c32_is_300)
-    rep, out = _report(tmp_path, res)
+    rep, out = report_of(tmp_path, res)
     assert [(c["concurrency"], c["observed"]) for c in rep["concurrency"]] == \
         [(1, 34.0), (8, 81.7), (32, 300.0)]
     assert rep["observed_source"] == "sglang.json (bench_serving)"
@@ -77,23 +82,23 @@ def test_report_takes_observed_from_sglang_json(tmp_path, fixtures, capsys):
     assert "Observed tok/s from sglang.json (bench_serving) (observed" in md
 
 
-def test_observed_and_bench_flags_override_sglang_json(tmp_path, fixtures):
+def test_observed_and_bench_flags_override_sglang_json(tmp_path, fixtures, report_of):
     res = _results(tmp_path, fixtures, "sglang.json", edit=_c32_is_300)
-    rep, _ = _report(tmp_path, res, "--observed", "8:90")
+    rep, _ = report_of(tmp_path, res, "--observed", "8:90")
     assert {c["concurrency"]: c["observed"] for c in rep["concurrency"]} == \
         {1: None, 8: 90.0, 32: None}
     assert rep["observed_source"] == "--observed"
     bench = tmp_path / "b.jsonl"
     bench.write_text('{"max_concurrency": 32, "output_throughput": 250.5}\n')
-    rep, _ = _report(tmp_path / "x", res, "--bench", str(bench))
+    rep, _ = report_of(tmp_path / "x", res, "--bench", str(bench))
     assert {c["concurrency"]: c["observed"] for c in rep["concurrency"]}[32] == 250.5
     assert rep["observed_source"] == "b.jsonl"
 
 
 # -- 2. verdicts -------------------------------------------------------------------------------
 
-def test_herd_verdict_cites_the_logged_slot_sizes(tmp_path, fixtures):
-    rep, _ = _report(tmp_path, _results(tmp_path, fixtures, "sglang.json"))
+def test_herd_verdict_cites_the_logged_slot_sizes(tmp_path, fixtures, report_of):
+    rep, _ = report_of(tmp_path, _results(tmp_path, fixtures, "sglang.json"))
     v = next(v for v in rep["verdicts"] if v["hypothesis"].startswith("thundering herd"))
     # judged at every concurrency: at C=8 the burst puts all 8 requests in one slot (over 15%
     # of the gap: holds); the verdict cites the row at each C and the logged slot sizes
@@ -109,13 +114,13 @@ def test_herd_verdict_cites_the_logged_slot_sizes(tmp_path, fixtures):
     assert v["evidence"].startswith("sglang.json (observed slots, log) + ")
 
 
-def test_even_observed_slots_overrule_the_modelled_burst(tmp_path, fixtures):
+def test_even_observed_slots_overrule_the_modelled_burst(tmp_path, fixtures, report_of):
     def even(d):
         for r in d["ranks"].values():
             r["decode_lines"], r["running_req"] = 16, {"min": 4, "median": 4.0, "max": 4}
         d["slot_imbalance"] = {"rank": 1, "window": 16, "windows": 1,
                                "max_over_mean_median": 1.0, "cv": 0.0}
-    rep, _ = _report(tmp_path, _results(tmp_path, fixtures, "sglang.json", edit=even))
+    rep, _ = report_of(tmp_path, _results(tmp_path, fixtures, "sglang.json", edit=even))
     v = next(v for v in rep["verdicts"] if v["hypothesis"].startswith("thundering herd"))
     assert v["verdict"] == "does not hold"
     assert "(log, PP rank 1, 16 decode lines): slot size median 4, max 4; slot-imbalance " \
@@ -159,8 +164,8 @@ def test_graph_verdict_from_log_and_traces(sglang_rec):
 
 # -- 3. "Your server" ----------------------------------------------------------------------------
 
-def test_server_section_numbers(tmp_path, fixtures):
-    rep, out = _report(tmp_path, _results(tmp_path, fixtures, "sglang.json"))
+def test_server_section_numbers(tmp_path, fixtures, report_of):
+    rep, out = report_of(tmp_path, _results(tmp_path, fixtures, "sglang.json"))
     s = rep["server"]
     assert (s["evidence"], s["source"]) == ("sglang.json", "observed")
     assert s["sources"] == {"log": "tests/fixtures/sglang/pp2_mixed.log",
@@ -237,9 +242,9 @@ def test_measured_timeline_bad_files(tmp_path):
     assert read_dispatch_trace(p) == ()
 
 
-def test_report_with_measured_timeline_and_server_html(tmp_path, fixtures):
+def test_report_with_measured_timeline_and_server_html(tmp_path, fixtures, report_of):
     res = _results(tmp_path, fixtures, "sglang.json", "dispatch.trace.json")
-    rep, out = _report(tmp_path, res)   # its wall time: docs/BENCHMARKS.md, not asserted
+    rep, out = report_of(tmp_path, res)   # its wall time: docs/BENCHMARKS.md, not asserted
     mt = rep["measured_timeline"]
     assert [(m["point"], m["rounds"], m["first_it"], m["forwards"]) for m in mt] == \
         [("sglang burst C=32", 4, 5, 4), ("even burst C=32", 4, 7, 6)]
@@ -257,10 +262,10 @@ def test_report_with_measured_timeline_and_server_html(tmp_path, fixtures):
     assert page.index("simulated PP loop at C=32") < page.index("measured PP loop")
 
 
-def test_unreadable_trace_is_a_warning(tmp_path, fixtures, capsys):
+def test_unreadable_trace_is_a_warning(tmp_path, fixtures, capsys, report_of):
     res = _results(tmp_path, fixtures)
     (res / "dispatch.trace.json").write_text("not json")
-    rep, out = _report(tmp_path, res)
+    rep, out = report_of(tmp_path, res)
     assert "measured_timeline" not in rep
     assert any(w.startswith("dispatch.trace.json: not a readable Chrome trace") for w in rep["warnings"])
     assert "warning: dispatch.trace.json: not a readable" in capsys.readouterr().err
@@ -280,10 +285,10 @@ def test_unreadable_trace_is_a_warning(tmp_path, fixtures, capsys):
       "/c/E=384,N=256,device_name=X.json not found"], ["Marlin"]),
     ({}, [], ["MoE kernel [log]"]),
 ])
-def test_report_names_the_servers_moe_kernel(tmp_path, fixtures, mk, want, absent):
+def test_report_names_the_servers_moe_kernel(tmp_path, fixtures, mk, want, absent, report_of):
     def edit(d):
         d["log"]["moe_kernel"] = mk
-    rep, out = _report(tmp_path, _results(tmp_path, fixtures, "sglang.json", edit=edit))
+    rep, out = report_of(tmp_path, _results(tmp_path, fixtures, "sglang.json", edit=edit))
     assert rep["server"]["moe_kernel"] == mk
     md = (out / "report.md").read_text()
     for w in want:
@@ -301,10 +306,10 @@ def test_report_names_the_servers_moe_kernel(tmp_path, fixtures, mk, want, absen
       "not flashinfer's"], ["sglang_anchor"]),
     ({}, [], ["Attention backend [log]"]),
 ])
-def test_report_names_the_servers_attention_backend(tmp_path, fixtures, ab, want, absent):
+def test_report_names_the_servers_attention_backend(tmp_path, fixtures, ab, want, absent, report_of):
     def edit(d):
         d["log"]["attention_backend"] = ab
-    rep, out = _report(tmp_path, _results(tmp_path, fixtures, "sglang.json", edit=edit))
+    rep, out = report_of(tmp_path, _results(tmp_path, fixtures, "sglang.json", edit=edit))
     assert rep["server"]["attention_backend"] == ab
     md = (out / "report.md").read_text()
     lines = " ".join(rep["server"]["attention_lines"])

@@ -7,7 +7,7 @@ from reports.base.payloads.topology import HopCost, P2PCopy, TopoGpu
 from reports.base.records import make_record, read_record, save_record
 from reports.cli import main
 from topology import probe
-from topology.discover import Discovery, GpuInfo, mask_to_cpulist, sysfs_bus_id
+from topology.discover import mask_to_cpulist, sysfs_bus_id
 from topology.links import hop_class, pipeline_pairs
 from topology.render import render_text
 
@@ -38,30 +38,15 @@ def test_discovery_helpers():
     assert mask_to_cpulist([0]) is None
 
 
-def _gpu(i, numa):
-    return GpuInfo(index=i, name="NVIDIA RTX PRO 6000 Blackwell Server Edition", uuid=f"GPU-{i}",
-                   pci_bus_id=f"0000:{0x10 + i:02x}:00.0", memory_bytes=97_887_000_000,
-                   pcie_gen_current=5, pcie_gen_max=5, pcie_width_current=16,
-                   pcie_width_max=16, numa_node=numa, cpu_affinity="0-31" if numa == 0 else "32-63")
-
-
-DISC = Discovery(gpus=(_gpu(0, 0), _gpu(1, 0), _gpu(2, 1)),
-                 links={"0-1": "PIX", "0-2": "SYS", "1-2": "SYS"},
-                 p2p_support={"0-1": {"read": "OK", "write": "OK"},
-                              "0-2": {"read": "OK", "write": "OK"},
-                              "1-2": {"read": "chipset not supported", "write": "OK"}},
-                 sockets=2, numa_nodes=2, links_source="nvidia-smi", driver="580.65.06")
-
-
 def _hop(src, dst, b, us):
     return HopCost(src=src, dst=dst, batch=b, bytes=2 * b * 7168 * 2, tensors=2,
                    nccl_us=us / 2, sendrecv_us=us, gloo_meta_us=40.0, hop_us=us)
 
 
-def test_build_data_from_canned_discovery():
+def test_build_data_from_canned_discovery(fake_discovery):
     hops = [_hop(0, 1, 1, 60.0), _hop(1, 2, 1, 90.0), _hop(2, 0, 1, 95.0),
             _hop(0, 1, 8, 70.0)]  # b=8 lacks the 1->2 hop: no per-step total for it
-    d = probe.build_data(DISC, [0, 1, 2], hops=hops, hidden=7168, tensors=2, mode="default")
+    d = probe.build_data(fake_discovery, [0, 1, 2], hops=hops, hidden=7168, tensors=2, mode="default")
     assert [(h.src, h.dst, h.link, h.hop_class, h.carries)
             for h in d.pipeline_hops] == [(0, 1, "PIX", "same-switch", "hidden_states"),
                                           (1, 2, "SYS", "cross-socket", "hidden_states"),
@@ -69,14 +54,14 @@ def test_build_data_from_canned_discovery():
     assert d.hops[1].hop_class == "cross-socket" and d.hops[0].link == "PIX"
     assert d.decode_step_hop_us == {"1": 150.0}
     assert d.gpus[2].numa_node == 1 and d.sockets == 2
-    assert d.links == DISC.links
+    assert d.links == fake_discovery.links
 
 
-def test_record_renders_and_round_trips(tmp_path):
+def test_record_renders_and_round_trips(tmp_path, fake_discovery):
     p2p = [P2PCopy(src=0, dst=1, op="write", direction="uni", p2p=True, bandwidth_gbps=53.5),
            P2PCopy(src=1, dst=2, op="write", direction="uni", p2p=True, status="waived",
                    reason="no P2P")]
-    d = probe.build_data(DISC, [0, 1, 2], p2p=p2p, hops=[_hop(0, 1, 1, 60.0)], hidden=7168,
+    d = probe.build_data(fake_discovery, [0, 1, 2], p2p=p2p, hops=[_hop(0, 1, 1, 60.0)], hidden=7168,
                          tensors=2, mode="quick")
     rec = make_record("topology", d, argv=["ppscope", "topology"])
     save_record(rec, tmp_path / "t.json")
@@ -146,49 +131,6 @@ def test_hidden_size_from_model_or_flag():
     assert hidden_size("kimi-k2", None) == 7168
 
 
-class FakeBench:
-    """Stands in for topology.p2p.Bench: fixed numbers so the orchestration is checked. Like
-    the real one, a host-staged copy is timed without the spin blocker (`spin_blocked`)."""
-
-    def __init__(self, devices, cfg):
-        self.cfg = cfg
-
-    def unidirectional(self, i, j, read=False, staged=False):
-        return {"bytes": 100, "bandwidth_gbps": 50.0 + i + (0.5 if read else 0.0),
-                "spin_blocked": not staged}
-
-    def latency(self, i, j, staged=False):  # a staged latency is marked by +100 us
-        return {"bytes": 16, "latency_us": 2.0 + j + (100.0 if staged else 0.0)}
-
-    def bidirectional(self, i, j, staged=False):
-        return {"bytes": 200, "bandwidth_gbps": 90.0, "spin_blocked": not staged}
-
-    def host(self, d):
-        return [{"gpu": d, "direction": x, "status": "ok", "bandwidth_gbps": 25.0}
-                for x in ("h2d", "d2h")]
-
-    def ring(self, pairs):
-        return [{"src": s, "dst": d, "bytes": 100, "time_us": 4.0, "bandwidth_gbps": 25.0}
-                for s, d in pairs]
-
-
-@pytest.fixture
-def fake_machine(monkeypatch):
-    """DISC's three GPUs with FakeBench copies; GPUs 1 and 2 have no P2P."""
-    import contextlib
-
-    import topology.discover as disc_mod
-    import topology.p2p as p2p_mod
-    monkeypatch.setattr(disc_mod, "discover", lambda: DISC)
-    monkeypatch.setattr(p2p_mod, "Bench", FakeBench)
-    monkeypatch.setattr(p2p_mod, "device_count", lambda: 3)
-    monkeypatch.setattr(p2p_mod, "device_bus_ids",
-                        lambda n: [g.pci_bus_id for g in DISC.gpus][:n])
-    monkeypatch.setattr(p2p_mod, "can_access_peer", lambda i, j: {i, j} != {1, 2})
-    monkeypatch.setattr(p2p_mod, "peer_access", lambda pairs, on: contextlib.nullcontext())
-    return p2p_mod
-
-
 def test_run_orchestration_with_fake_bench(tmp_path, fake_machine):
     cfg = probe.TopologyConfig(json_path=tmp_path / "t.json", hop=False, mode="quick")
     rec, note = probe.run(cfg)
@@ -236,9 +178,9 @@ def test_staged_copies_skip_the_spin_and_take_more_samples():
     assert list(e.time_samples_us) == [800.0, 1000.0, 1200.0] and e.spin_blocked is False
 
 
-def test_run_refuses_more_stages_than_gpus(tmp_path, monkeypatch):
+def test_run_refuses_more_stages_than_gpus(tmp_path, monkeypatch, fake_discovery):
     import topology.discover as disc_mod
-    monkeypatch.setattr(disc_mod, "discover", lambda: DISC)   # 3 GPUs
+    monkeypatch.setattr(disc_mod, "discover", lambda: fake_discovery)   # 3 GPUs
     cfg = probe.TopologyConfig(json_path=tmp_path / "t.json", hop=False, mode="quick", pp=8)
     with pytest.raises(ValueError, match="--pp 8 but this machine has 3 GPU"):
         probe.run(cfg)
