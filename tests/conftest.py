@@ -146,3 +146,54 @@ def check_report_schema():
     from reports.base.paths import CONFIGS
     schema = json.loads((CONFIGS / "schemas" / "report.schema.json").read_text())
     return lambda rep: validate_schema(rep, schema)
+
+
+@pytest.fixture
+def fake_rank():
+    """rank -> one dispatch-probe rank file (microbench/dispatch/probe.py reads them): PP2,
+    4 slots, burst C=8 under `sglang`."""
+    MS = 1e-3
+
+    def fake_rank(rank: int, offset_s: float) -> dict:
+        """PP2, 4 slots, burst C=8 under `sglang`: slot 0 prefills at it 0, decodes at 4, 8, 12.
+        Iterations every 1 ms; measured from it 4. Rank 1 gets its input 40 us after rank 0's
+        forward ends (the hop)."""
+        cols = {k: [] for k in ("it", "slot", "kind", "n", "rows", "measure", "t_start", "t_end",
+                                "wait_us", "t_in", "t_fs", "t_fe", "t_se")}
+        for it in range(13):
+            s, ts = it % 4, it * MS
+            busy = s == 0
+            kind = "prefill" if it == 0 else ("decode" if busy else "idle")
+            cols["it"].append(it)
+            cols["slot"].append(s)
+            cols["kind"].append(kind)
+            cols["n"].append(8 if busy else 0)
+            cols["rows"].append((128 if it == 0 else 8) if busy else 0)
+            cols["measure"].append(it >= 4)
+            cols["t_start"].append(ts)
+            cols["t_end"].append(ts + 0.3 * MS)
+            cols["wait_us"].append(50.0 if busy and it else 0.0)
+            if busy:
+                fe0 = ts + 0.7 * MS  # rank 0: in at +0.1, fs at +0.2, fe at +0.7
+                t_in = ts + 0.1 * MS if rank == 0 else fe0 + 0.04 * MS
+                fs = t_in + (0.1 * MS if rank == 0 else 0.01 * MS)
+                fe = fs + 0.5 * MS
+                cols["t_in"].append(None if rank == 0 and it == 0 else t_in)
+                cols["t_fs"].append(fs)
+                cols["t_fe"].append(fe)
+                cols["t_se"].append(fe + 0.03 * MS)
+            else:
+                for k in ("t_in", "t_fs", "t_fe", "t_se"):
+                    cols[k].append(None)
+        # slot 0's results are processed one iteration before its next visit (it 3, 7, 11)
+        res = {"t": [(it + 0.5) * MS for it in (3, 7, 11)], "slot": [0] * 3,
+               "kind": ["prefill", "decode", "decode"], "n": [8] * 3, "rows": [128, 8, 8],
+               "running": [0, 8, 8], "queue": [0] * 3}
+        pt = {"point": {"policy": "sglang", "arrival": "burst", "concurrency": 8}, "rank": rank,
+              "slots": 4, "ref_err_us": 3.0, "t_point_start": 0.0 + offset_s, "columns": cols,
+              "results": res, "complete": True}
+        if rank == 0:
+            pt.update(admitted=8, occupancy=[(0.0, [8, 0, 0, 0])], arrivals_s=[0.0] * 8)
+        return {"rank": rank, "pp": 2, "device": "X", "info": {"layers_used": 2}, "points": [pt]}
+
+    return fake_rank

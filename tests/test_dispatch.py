@@ -18,50 +18,7 @@ from reports.base.records import read_record
 MS = 1e-3
 
 
-def fake_rank(rank: int, offset_s: float) -> dict:
-    """PP2, 4 slots, burst C=8 under `sglang`: slot 0 prefills at it 0, decodes at 4, 8, 12.
-    Iterations every 1 ms; measured from it 4. Rank 1 gets its input 40 us after rank 0's
-    forward ends (the hop)."""
-    cols = {k: [] for k in ("it", "slot", "kind", "n", "rows", "measure", "t_start", "t_end",
-                            "wait_us", "t_in", "t_fs", "t_fe", "t_se")}
-    for it in range(13):
-        s, ts = it % 4, it * MS
-        busy = s == 0
-        kind = "prefill" if it == 0 else ("decode" if busy else "idle")
-        cols["it"].append(it)
-        cols["slot"].append(s)
-        cols["kind"].append(kind)
-        cols["n"].append(8 if busy else 0)
-        cols["rows"].append((128 if it == 0 else 8) if busy else 0)
-        cols["measure"].append(it >= 4)
-        cols["t_start"].append(ts)
-        cols["t_end"].append(ts + 0.3 * MS)
-        cols["wait_us"].append(50.0 if busy and it else 0.0)
-        if busy:
-            fe0 = ts + 0.7 * MS  # rank 0: in at +0.1, fs at +0.2, fe at +0.7
-            t_in = ts + 0.1 * MS if rank == 0 else fe0 + 0.04 * MS
-            fs = t_in + (0.1 * MS if rank == 0 else 0.01 * MS)
-            fe = fs + 0.5 * MS
-            cols["t_in"].append(None if rank == 0 and it == 0 else t_in)
-            cols["t_fs"].append(fs)
-            cols["t_fe"].append(fe)
-            cols["t_se"].append(fe + 0.03 * MS)
-        else:
-            for k in ("t_in", "t_fs", "t_fe", "t_se"):
-                cols[k].append(None)
-    # slot 0's results are processed one iteration before its next visit (it 3, 7, 11)
-    res = {"t": [(it + 0.5) * MS for it in (3, 7, 11)], "slot": [0] * 3,
-           "kind": ["prefill", "decode", "decode"], "n": [8] * 3, "rows": [128, 8, 8],
-           "running": [0, 8, 8], "queue": [0] * 3}
-    pt = {"point": {"policy": "sglang", "arrival": "burst", "concurrency": 8}, "rank": rank,
-          "slots": 4, "ref_err_us": 3.0, "t_point_start": 0.0 + offset_s, "columns": cols,
-          "results": res, "complete": True}
-    if rank == 0:
-        pt.update(admitted=8, occupancy=[(0.0, [8, 0, 0, 0])], arrivals_s=[0.0] * 8)
-    return {"rank": rank, "pp": 2, "device": "X", "info": {"layers_used": 2}, "points": [pt]}
-
-
-def test_run_summary_throughput_and_tpot():
+def test_run_summary_throughput_and_tpot(fake_rank):
     ranks = [fake_rank(0, 0.0), fake_rank(1, 0.0)]
     run = D.run_summary([r["points"][0] for r in ranks])
     # window it 4..12 = 8 ms; decodes at it 4 and 8 (it 12 closes the window): 16 tokens
@@ -72,7 +29,7 @@ def test_run_summary_throughput_and_tpot():
     assert run.slot_sizes == (8, 0, 0, 0)
 
 
-def test_stage_summary_numbers():
+def test_stage_summary_numbers(fake_rank):
     st = D.stage_summary(fake_rank(0, 0.0)["points"][0])
     assert st.dispatch_latency_us.p50 == pytest.approx(100.0)
     assert st.dispatch_latency_us.n == 3
@@ -84,7 +41,7 @@ def test_stage_summary_numbers():
     assert len(st.busy_frac_series) == 20
 
 
-def test_hop_in_loop_is_sender_end_to_receiver_input():
+def test_hop_in_loop_is_sender_end_to_receiver_input(fake_rank):
     h = D.hop_in_loop([fake_rank(0, 0.0)["points"][0], fake_rank(1, 0.0)["points"][0]])
     assert h.by_hop["0->1"].n == 4
     assert h.p50_us == pytest.approx(40.0)
@@ -115,7 +72,7 @@ def test_even_vs_sglang_gain_has_no_excuse():
     assert "cannot be split" in D.compare_policies(one, pp=2)[0].why_not
 
 
-def test_summarize_matches_the_interface():
+def test_summarize_matches_the_interface(fake_rank):
     ranks = [fake_rank(0, 0.0), fake_rank(1, 0.0)]
     lcfg = {"pp": 2, "async_depth": 2, "max_micro_batch": 512, "micro_batches": None,
             "work": "moe", "layers_per_stage": 2, "model": "kimi-k2", "graphs": True,
@@ -128,7 +85,7 @@ def test_summarize_matches_the_interface():
     assert back == d  # the record's JSON reads back to the same payload
 
 
-def test_trace_has_stage_and_slot_tracks():
+def test_trace_has_stage_and_slot_tracks(fake_rank):
     tr = D.build_trace([fake_rank(0, 0.0), fake_rank(1, 0.0)])
     ev = tr["traceEvents"]
     names = {e["args"]["name"] for e in ev if e["ph"] == "M"}
@@ -214,7 +171,7 @@ def test_parse_inject_forms_and_errors():
             parse_inject([bad], pp=2)
 
 
-def test_sglang_log_lines_read_back_by_the_log_reader(tmp_path):
+def test_sglang_log_lines_read_back_by_the_log_reader(tmp_path, fake_rank):
     from microbench.dispatch.pp_loop import sglang_log_lines
     from microbench.sglang import log as sglang_log
     pt = fake_rank(1, 0.0)["points"][0]

@@ -504,12 +504,12 @@ def test_start_serving_from_the_loop_config():
         server.server_close()
 
 
-def test_served_run_stopped_by_ctrl_c_is_an_ok_record_beside_nothing(monkeypatch, tmp_path):
+def test_served_run_stopped_by_ctrl_c_is_an_ok_record_beside_nothing(monkeypatch, tmp_path,
+                                                                    fake_rank):
     # the launcher side of serve mode: the ranks write their session, the user's Ctrl-C is the
     # normal end (ok, not partial); a failed session never replaces a good record
     from microbench.dispatch import probe as D
     from reports.base.records import read_record
-    from tests.test_dispatch import fake_rank
 
     def ranks_then_ctrl_c(cmd, env, timeout_s, grace_s=20.0):
         assert timeout_s is None   # serve mode: no whole-run limit unless given
