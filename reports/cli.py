@@ -17,17 +17,11 @@ import sys
 import traceback
 
 from reports.base.errors import CliError
+from reports.base.probes import cli_modules
 
-# (module, attribute) of each area's register function, in the order `--help` lists them.
-SUBCOMMANDS = (
-    "topology.topology_cli",
-    "microbench.stage_cost.cli",
-    "microbench.graphs.cli",
-    "microbench.dispatch.cli",
-    "microbench.sglang.cli",
-    "microbench.sglang_lab.lab_cli",
-    "reports.report_cli",
-)
+# The modules that register a sub-command, in the order `--help` lists them (the probe list,
+# reports/base/probes.py, then the lab and the report).
+SUBCOMMANDS = cli_modules()
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,5 +1,5 @@
 """A stand-in for nvidia-ml-py (`pynvml`) that answers from recorded samples, for the watch's CPU
-tests. Only what microbench/sglang/watch.py calls, with NVML's own error codes and shapes:
+tests. Only what microbench/watch/sampler.py calls, with NVML's own error codes and shapes:
 `nvmlDeviceGetSamples` returns (value type, samples newer than the timestamp given) or raises
 NOT_FOUND when there is none; a lost GPU raises its error code from `lost_at` on.
 

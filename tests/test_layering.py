@@ -73,3 +73,44 @@ def test_no_private_name_crosses_modules():
             if mod.split(".")[0] in PKGS and mod != name:
                 bad += [f"{name}: from {mod} import {n}" for n in names if n.startswith("_")]
     assert not bad, bad
+
+
+# The probe side (microbench/, topology/) measures and reads; the model and the renderers are
+# the analysis side. A probe reaches them only from its command module (where it prints a card
+# or a table), and the benchmarks that print figures (microbench/bench/).
+ANALYSIS = ("reports.model", "reports.render", "reports.report_build", "reports.report_cli")
+
+
+def _command_module(name: str) -> bool:
+    from reports.base.probes import cli_modules
+    leaf = name.rsplit(".", 1)[-1]
+    return (name in cli_modules() or leaf == "cli" or leaf.endswith("_cli")
+            or name.startswith("microbench.bench."))
+
+
+def test_probe_side_reaches_the_analysis_only_from_its_command_module():
+    bad = []
+    for name, f in _modules().items():
+        if name.split(".")[0] not in ("microbench", "topology") or _command_module(name):
+            continue
+        for mod, names in _imports(f):
+            for cand in [mod] + [f"{mod}.{n}" for n in names]:
+                if cand.startswith(ANALYSIS):
+                    bad.append(f"{name} imports {cand}")
+    assert not bad, bad
+
+
+def test_every_registered_command_is_a_module_that_obeys_the_layering():
+    """reports/cli.py loads its sub-commands by name (reports/base/probes.py): each name is a
+    module of this tree, and the one-way rule holds for it like for any import."""
+    from reports.base.probes import cli_modules
+    mods = _modules()
+    for name in cli_modules():
+        assert name in mods, f"{name}: registered but not a module"
+        top = name.split(".")[0]
+        for banned in FORBIDDEN.get(top, ()):
+            assert not any(m == banned or m.startswith(banned + ".")
+                           for m, _ in _imports(mods[name])), f"{name} imports {banned}"
+    # and the console script imports nothing of the probe side by itself: only by these names
+    assert not [m for m, _ in _imports(mods["reports.cli"])
+                if m.split(".")[0] in ("microbench", "topology")]

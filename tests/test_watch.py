@@ -12,7 +12,8 @@ import pytest
 
 from fake_nvml import FakeClock, FakeGpu, FakeNvml, driver_samples, sglang_args, two_gpus
 from microbench.sglang import cli as sglang_cli
-from microbench.sglang import watch as W
+from microbench.watch import cli as WC
+from microbench.watch import sampler as W
 from reports.base.errors import CliError
 from reports.base.payloads.watch import GpuSeries, WatchData
 from reports.base.records import RecordError, read_record
@@ -213,7 +214,7 @@ def _small_record(tmp_path):
     w.read_pcie(w.gpus[0])
     _drive(w, clock, 5)
     d = w.data()
-    dest, note = W.save(d, tmp_path / "watch.json", argv=["ppscope", "sglang", "--watch", "1"])
+    dest, note = WC.save(d, tmp_path / "watch.json", argv=["ppscope", "sglang", "--watch", "1"])
     return d, dest
 
 

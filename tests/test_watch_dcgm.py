@@ -1,4 +1,4 @@
-"""The GPU watch's DCGM source (microbench/sglang/dcgm.py) against a fake `dcgmi`: a script the
+"""The GPU watch's DCGM source (microbench/watch/dcgm.py) against a fake `dcgmi`: a script the
 test writes into tmp_path and puts first on PATH, printing `dcgmi dmon` output in the layout of
 DCGM's dcgmi/DeviceMonitor.cpp (header `#Entity` + short names, a units line `ID`, rows
 `GPU <id>` with 3-decimal ratios and integer bytes, `N/A` cells, the header again every 14
@@ -16,8 +16,8 @@ import pytest
 
 from fake_nvml import FakeClock, FakeGpu, FakeNvml, driver_samples, sglang_args, two_gpus
 from microbench.sglang import cli as sglang_cli
-from microbench.sglang import dcgm as D
-from microbench.sglang import watch as W
+from microbench.watch import dcgm as D
+from microbench.watch import sampler as W
 from reports.base.payloads.watch import DCGM_SERIES, WatchData, WatchSource
 from reports.base.records import read_record
 from reports.base.schema import from_json, to_json

@@ -4,7 +4,7 @@ or talks to the server over HTTP.
 
 Readers (CPU only): `--log`, `--traces`, `--metrics`, `--bench`; live probe: `--url` (with
 `--profile --trace-dir DIR` to record and read per-rank traces in one command). Prints tables.
-`--watch [SECONDS]` samples every GPU through NVML beside the load (microbench/sglang/watch.py).
+`--watch [SECONDS]` samples every GPU through NVML beside the load (microbench/watch/sampler.py).
 See each reader module's docstring (microbench/sglang/*.py) for what the numbers mean.
 """
 from __future__ import annotations
@@ -81,7 +81,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--profile-stacks", action="store_true",
                    help="--profile with SGLang's own defaults (with_stack, record_shapes: the "
                    "Python tracer inflates host times); default: both off")
-    g = p.add_argument_group("GPU watch (microbench/sglang/watch.py)")
+    g = p.add_argument_group("GPU watch (microbench/watch/sampler.py)")
     g.add_argument("--watch", type=float, nargs="?", const=0.0, default=None, metavar="SECONDS",
                    help="sample every GPU through NVML (and DCGM's dcgmi dmon, where it runs) "
                    "for SECONDS into results/watch.json and watch.trace.json; with --url it "
@@ -331,8 +331,8 @@ def _render_traces(ranks: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    if getattr(args, "watch", None) is not None:  # --watch: microbench/sglang/watch.py
-        from microbench.sglang.watch import run_watch
+    if getattr(args, "watch", None) is not None:  # --watch: microbench/watch/sampler.py
+        from microbench.watch.cli import run_watch
         return run_watch(args, evidence=run_evidence if wants(args) else None)
     return run_evidence(args)
 

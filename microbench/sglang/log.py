@@ -69,7 +69,7 @@ A block is read with whole-block operations (split, regular expressions over all
 lines at once, fixed-width numpy decoding of the standard `[date time tags]` prefix); lines
 those do not fit (another layout, a custom prefix, a cut line) are read one by one, in their
 place. Large plain files are split into byte ranges read by worker processes when the machine
-has cores to spare. See microbench/sglang/bench_log_reader.py and docs/BENCHMARKS.md for MB/s
+has cores to spare. See microbench/bench/log_reader.py and docs/BENCHMARKS.md for MB/s
 and peak memory.
 
 Slot-imbalance index (our definition): the log samples one decode step every

@@ -47,7 +47,7 @@ Rules, chosen on purpose and written into each rank's record (`rules`, RULES_DEF
 Why streaming: a few seconds of a busy server give traces of hundreds of MB. We never load the
 document: the gzip (or plain) text is read in chunks, the `traceEvents` array is walked with the
 stdlib C JSON decoder one event at a time (`raw_decode`), and only numbers we need are kept, in
-compact arrays. `python -m microbench.sglang.bench_trace_reader FILE` compares wall time and peak memory
+compact arrays. `python -m microbench.bench.trace_reader FILE` compares wall time and peak memory
 with HTA.
 
 How to run: `ppscope sglang --traces DIR [--hta-compatible]` (files `*.trace.json[.gz]`,

@@ -39,6 +39,7 @@ from reports.base.errors import CliError
 from reports.base.gpu_specs import GpuSpec, load_gpu, match_gpu
 from reports.base.model_config import ModelConfig, load_model
 from reports.base.paths import CONFIGS
+from reports.base.probes import NAMES
 from reports.base.records import (SCHEMA_VERSION, Record, RecordError, payload_class,
                                   read_record)
 from reports.base.sglang_defaults import (MAX_PREFILL_TOKENS, SGLANG_VERSION,
@@ -51,7 +52,7 @@ from reports.base.slots import default_max_micro_batch
 DEFAULT_PROMPT_LEN = 1024
 DEFAULT_OUTPUT_LEN = 1024
 
-PROBES = ("topology", "stage_cost", "graphs", "dispatch", "sglang", "watch")
+PROBES = NAMES   # the records read from results/ (reports/base/probes.py)
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,9 @@ from reports.base.payloads.sglang import SglangData
 from reports.base.payloads.stage_cost import StageCostData
 from reports.base.payloads.topology import TopologyData
 from reports.base.payloads.watch import WatchData
+from reports.base.probes import NAMES
 
-PAYLOADS: dict[str, type] = {
-    "topology": TopologyData,
-    "stage_cost": StageCostData,
-    "graphs": GraphsData,
-    "dispatch": DispatchData,
-    "watch": WatchData,
-    "sglang": SglangData,
-}
+_CLASSES = {"topology": TopologyData, "stage_cost": StageCostData, "graphs": GraphsData,
+            "dispatch": DispatchData, "watch": WatchData, "sglang": SglangData}
+# one class per probe of reports/base/probes.py, in its order
+PAYLOADS: dict[str, type] = {name: _CLASSES[name] for name in NAMES}

@@ -1,6 +1,6 @@
 """`watch.json`: every visible GPU sampled through NVML, and through DCGM's profiling fields where
 `dcgmi` runs, while the user's load runs (`ppscope sglang --watch SECONDS`,
-microbench/sglang/watch.py).
+microbench/watch/sampler.py).
 
 Self-contained so it can sit on its own in `results/watch.json` or inside another record.
 One `GpuSeries` per GPU, its series as parallel tuples: entry i of every tuple is the sampler's

@@ -1,6 +1,6 @@
 """Benchmark ppscope's streaming trace reader against Holistic Trace Analysis on large traces.
 
-`python -m microbench.sglang.bench_trace_reader FILE [FILE ...] [--repeat N] [--keep]`: builds
+`python -m microbench.bench.trace_reader FILE [FILE ...] [--repeat N] [--keep]`: builds
 one large trace per FILE (one rank each) by repeating its `traceEvents` N times, each copy
 shifted past the previous one in time and with correlation ids offset (a long, valid trace),
 writes them gzipped to a temporary directory, then times in separate interpreters:
@@ -21,15 +21,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-from microbench.sglang.bench_common import run_child
+from microbench.bench.common import run_child
 
 _OURS = ("import sys, json; from microbench.sglang import trace as t; "
-         "from microbench.sglang.bench_common import measured; "
+         "from microbench.bench.common import measured; "
          "print(json.dumps(measured(lambda: t.read_traces(sys.argv[1], workers=int(sys.argv[2])"
          " or None), sample_s=float(sys.argv[3]) or None)))")
 _HTA = ("import logging, sys, json; logging.disable(logging.WARNING);"
         "from hta.trace_analysis import TraceAnalysis;"
-        "from microbench.sglang.bench_common import measured; "
+        "from microbench.bench.common import measured; "
         "print(json.dumps(measured(lambda: TraceAnalysis(trace_dir=sys.argv[1])"
         ".get_temporal_breakdown(visualize=False), sample_s=float(sys.argv[2]) or None)))")
 

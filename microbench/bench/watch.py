@@ -1,11 +1,11 @@
 """The GPU watch's own cost and rate, on a GPU machine: sample every visible GPU for N seconds
-with the real sampler (microbench/sglang/watch.py) and print the ticks achieved per second, the
+with the real sampler (microbench/watch/sampler.py) and print the ticks achieved per second, the
 sampler's CPU time in % of one core (sampling, PCIe thread, record writes), the mean wall time
 of each NVML call, and each GPU's utilization source and driver sample period.
 
-    python -m microbench.sglang.bench_watch --seconds 20              # idle GPUs
-    python -m microbench.sglang.bench_watch --seconds 20 --load wave  # known wave: lag = --slot-s
-    python -m microbench.sglang.bench_watch --seconds 10 --load h2d   # PCIe RX under copies
+    python -m microbench.bench.watch --seconds 20              # idle GPUs
+    python -m microbench.bench.watch --seconds 20 --load wave  # known wave: lag = --slot-s
+    python -m microbench.bench.watch --seconds 10 --load h2d   # PCIe RX under copies
 
 `--load wave` runs bf16 matmuls on one GPU at a time, GPU i during [i, i+1) x slot of every
 n x slot, so the summary must find GPU i following GPU i-1 by `--slot-s` and one GPU busy at a
@@ -56,7 +56,8 @@ def _h2d(dev: int, stop: threading.Event, moved: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from microbench.sglang import watch as W
+    from microbench.watch import cli as WC
+    from microbench.watch import sampler as W
     from reports.base.schema import to_json
     from reports.model.watch_summary import summarize
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     if d.dcgm_note:
         print(d.dcgm_note)
     print()
-    print(W.render(d))
+    print(WC.render(d))
     s = summarize(d)
     if a.load == "wave" and s.lags:
         print(f"\nwave check: expected lag {a.slot_s:g} s per neighbour; got " + ", ".join(
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"{moved[g.index][0] / moved[g.index][1] / 1e9:.2f}"
                           for g in s.gpus if g.index in moved and g.pcie_rx_gbps.n))
     if a.out:
-        dest, note = W.save(d, Path(a.out) / "watch.json", argv=["bench_watch", *sys.argv[1:]])
+        dest, note = WC.save(d, Path(a.out) / "watch.json", argv=["bench_watch", *sys.argv[1:]])
         print(f"\n{note or f'wrote {dest}'}", file=sys.stderr)
     return 0
 

@@ -1,6 +1,6 @@
 """Benchmark ppscope's SGLang server-log reader on a large generated log: MB/s and peak memory.
 
-`python -m microbench.sglang.bench_log_reader [--mb 500] [--keep] [--file LOG]`: writes a log of
+`python -m microbench.bench.log_reader [--mb 500] [--keep] [--file LOG]`: writes a log of
 about `--mb` MB to a temporary directory (or reads `--file`), then runs `read_logs` on it in a
 separate interpreter, once in one process and once with 2 worker processes, and
 prints wall seconds and MB/s, the CPU seconds spent, and (from a second run of each, sampling
@@ -24,9 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from microbench.sglang.bench_common import measured, run_child
+from microbench.bench.common import measured, run_child
 
-_OURS = ("import sys; from microbench.sglang.bench_log_reader import _child; "
+_OURS = ("import sys; from microbench.bench.log_reader import _child; "
          "_child(sys.argv[3:], int(sys.argv[1]) or None, sys.argv[2] == 'memory')")
 
 

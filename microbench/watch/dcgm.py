@@ -3,7 +3,7 @@ SM active, SM occupancy, DRAM active, PCIe and NVLink bytes per second, per GPU.
 
     dcgmi dmon -e 1002,1003,1005,1009,1010,1011,1012 -d 100 [-i 0,1] [-c N]
 
-runs as a subprocess beside the NVML sampler (microbench/sglang/watch.py); its text output is
+runs as a subprocess beside the NVML sampler (microbench/watch/sampler.py); its text output is
 read line by line in a thread and each data row is stamped with the host clock when it arrives.
 What the numbers mean is in reports/base/payloads/watch.py.
 
