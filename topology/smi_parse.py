@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reports.base.errors import CliError
+from reports.base.paths import open_input
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _LEVEL = r"(?:X|SYS|SOC|NODE|PHB|PXB|PIX|NV\d+|C2C)"
@@ -90,11 +91,11 @@ def read_smi_file(path: str | Path) -> str:
     """The text of a saved `nvidia-smi topo -m`, at most MAX_TEXT_BYTES (a device file such as
     /dev/zero or a huge paste is refused, not read forever). Raises TopoParseError (one line)."""
     p = Path(path)
-    try:
-        with open(p, "rb") as f:
+    with open_input(path, "`nvidia-smi topo -m` output", TopoParseError) as f:
+        try:
             raw = f.read(MAX_TEXT_BYTES + 1)
-    except OSError as e:
-        raise TopoParseError(f"cannot read {p}: {e.strerror or e}") from None
+        except OSError as e:
+            raise TopoParseError(f"cannot read {p}: {e.strerror or e}") from None
     if len(raw) > MAX_TEXT_BYTES:
         raise TopoParseError(f"{p} is larger than {MAX_TEXT_BYTES >> 20} MB; a `nvidia-smi topo "
                              "-m` output is a few kB (is it the right file?)")

@@ -98,6 +98,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from reports.base.errors import CliError
+from reports.base.paths import open_input
 
 CHUNK_BYTES = 8 << 20
 MAX_LINE_BYTES = 1 << 20     # no SGLang line comes near this; /dev/zero has no newline at all
@@ -220,7 +221,12 @@ _NO_TAGS = (None, None, None, None)
 def _prefix(pre: bytes) -> tuple:
     """(t_s | None | False, tags) from the text before `Decode/Prefill batch`; t_s is False for
     a time that cannot be (a corrupted clock field), None when there is no clock."""
-    m = _STAMP_RE.search(pre)
+    # SGLang's own bracket is the last `[` before the batch words; a container runtime's prefix
+    # (docker / k8s: `2026-11-30T10:00:00.123456789Z stdout F `) puts another clock before it
+    k = pre.rfind(b"[")
+    m = _STAMP_RE.match(pre, k + 1) if k >= 0 else None
+    if m is None:
+        m = _STAMP_RE.search(pre)
     if m is None:
         return None, _NO_TAGS
     y, mo, d, h, mi, s, frac, tags = m.groups()
@@ -252,10 +258,7 @@ def parse_line(line: str, source: int = 0) -> BatchLine | None | str:
 
 def _open_blocks(path: Path) -> Iterator[bytes]:
     """The file's bytes in blocks (gzip or plain; a pipe is read once, never reopened)."""
-    try:
-        f = open(path, "rb")
-    except OSError as e:
-        raise CliError(f"{path}: cannot read log ({e.strerror or e})") from None
+    f = open_input(path, "server log")
     with f:
         try:
             magic = f.peek(2)[:2]
@@ -625,17 +628,22 @@ class _Lines:
         self.n = 0
 
 
+def _clean(block: bytes) -> bytes:
+    """NUL bytes dropped (a log copied out of some containers, or cut by logrotate's
+    copytruncate, holds runs of them) and CRLF line ends made LF."""
+    if b"\x00" in block:
+        block = block.replace(b"\x00", b"")
+    if b"\r" in block:
+        block = block.replace(b"\r\n", b"\n")
+    return block
+
+
 def _texts(path: Path, count: _Lines) -> Iterator[bytes]:
     """The file as blocks of whole lines, with the caps that keep a wrong file from being read
     forever: binary data, or a line over MAX_LINE_BYTES (/dev/zero), is a one-line CliError."""
     carry = b""
-    first = True
     try:
         for block in _open_blocks(path):
-            if first:
-                first = False
-                if b"\x00" in block[:65536]:
-                    raise CliError(f"{path}: binary data, not a text log")
             cut = block.rfind(b"\n")
             if cut < 0:
                 carry += block
@@ -649,10 +657,10 @@ def _texts(path: Path, count: _Lines) -> Iterator[bytes]:
             if len(carry) > MAX_LINE_BYTES:
                 raise CliError(f"{path}: line {count.n + 1} is longer than "
                                f"{MAX_LINE_BYTES >> 20} MB: not a text log")
-            yield text
+            yield _clean(text)
         if carry:
             count.n += 1
-            yield carry
+            yield _clean(carry)
     except (EOFError, zlib.error, gzip.BadGzipFile) as e:
         raise CliError(f"{path}: truncated or corrupt gzip after {count.n} lines ({e})") from None
     except OSError as e:
@@ -702,13 +710,13 @@ def _range_job(path: Path, start: int, end: int, source: int) -> tuple[dict, int
         if text and not text.endswith(b"\n"):   # finish the last line, however far it goes
             text += to_newline(f)
     lines = text.count(b"\n") + (1 if text and not text.endswith(b"\n") else 0)
-    parts, good, bad, _, events = _block_job(text, source)
+    parts, good, bad, _, events = _block_job(_clean(text), source)
     return parts, good, bad, lines, events
 
 
 def _plain_size(path: Path) -> int:
     """Size of a regular, uncompressed, text file worth splitting into byte ranges; else 0 (the
-    blocks are then read by _texts, with its checks). Binary data is refused here."""
+    blocks are then read by _texts, with its checks)."""
     try:
         if not path.is_file():
             return 0
@@ -719,8 +727,6 @@ def _plain_size(path: Path) -> int:
         raise CliError(f"{path}: cannot read log ({e.strerror or e})") from None
     if head[:2] == b"\x1f\x8b" or size <= CHUNK_BYTES:
         return 0
-    if b"\x00" in head:
-        raise CliError(f"{path}: binary data, not a text log")
     return size
 
 
@@ -1059,11 +1065,11 @@ def _startup_blocks(path: Path) -> Iterator[bytes]:
                 block, tail = tail + block[:cut + 1], block[cut + 1:]
                 if len(tail) > MAX_LINE_BYTES:
                     tail = b""
-                yield block
+                yield _clean(block)
             if seen >= SETTINGS_BYTES:
                 return
         if tail:
-            yield tail
+            yield _clean(tail)
     except (EOFError, OSError, zlib.error):  # the scan already said what is wrong with it
         return
 

@@ -71,6 +71,7 @@ from typing import Iterator
 
 from microbench.sglang.intervals import length, merge
 from reports.base.errors import CliError
+from reports.base.paths import open_input
 
 CHUNK_CHARS = 1 << 21
 MAX_EVENT_CHARS = 64 << 20
@@ -101,14 +102,17 @@ class TraceError(CliError):
 
 
 def _open_text(path: Path) -> io.TextIOBase:
+    f = open_input(path, "Kineto trace", TraceError)
     try:
-        with open(path, "rb") as f:
-            magic = f.read(2)
+        magic = f.peek(2)[:2]
     except OSError as e:
+        f.close()
         raise TraceError(f"{path}: cannot read trace ({e.strerror or e})") from None
     if magic == b"\x1f\x8b":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", errors="replace")
-    return open(path, encoding="utf-8", errors="replace")
+        g = gzip.GzipFile(fileobj=f, mode="rb")
+        g.myfileobj = f   # closed with it, as gzip.open(path) does
+        return io.TextIOWrapper(g, encoding="utf-8", errors="replace")
+    return io.TextIOWrapper(f, encoding="utf-8", errors="replace")
 
 
 def _meta_value(text: str, key: str):
