@@ -591,6 +591,9 @@ def find_traces(src) -> list[Path]:
                            if p.is_file() and re.search(r"\.json(\.gz)?$", p.name))
             if not files:
                 raise TraceError(f"{d}: no *.json / *.json.gz traces in it")
+        elif os.path.lexists(d):   # a FIFO, a device, a symbolic-link loop: said as such
+            open_input(d, "Kineto trace", TraceError).close()
+            raise TraceError(f"{d}: not a trace directory or file")
         else:
             raise TraceError(f"{d}: no such trace directory or file")
         out += [f for f in files if f not in out]

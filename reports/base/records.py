@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from reports.base.paths import parse_input_json, read_input
 from reports.base.schema import SchemaError, from_json, to_json, validate
 
 SCHEMA_VERSION = 1  # envelope default; each payload class states its own (`SCHEMA_VERSION`)
@@ -48,6 +49,11 @@ RELEVANT_ENV_PREFIXES = ("NCCL_", "CUDA_", "SGLANG_", "TORCH_", "PYTORCH_", "NVS
 
 class RecordError(Exception):
     """A record file that cannot be used; the message is one line and names the file."""
+
+
+class PayloadError(RecordError):
+    """A readable record whose payload does not fit its probe's schema (another probe's data,
+    another ppscope's fields): a reader of results/ skips it with a warning."""
 
 
 @dataclass(frozen=True)
@@ -284,8 +290,8 @@ def check_payload(rec: Record, source: str) -> Record:
     if rec.status in GOOD or rec.data:
         try:
             _typed(cls, rec)
-        except SchemaError as e:
-            raise RecordError(f"{source}: {e}") from None
+        except (SchemaError, RecursionError) as e:
+            raise PayloadError(f"{source}: {str(e).splitlines()[0][:200]}") from None
     return rec
 
 
@@ -295,20 +301,10 @@ MAX_RECORD_BYTES = 512 * 2**20  # records are a few MB; this bounds what a wrong
 def read_record(path: str | os.PathLike) -> Record:
     """Read a record; raises RecordError with a one-line message naming the file."""
     path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_RECORD_BYTES + 1)
-        if len(raw) > MAX_RECORD_BYTES:
-            raise RecordError(f"{path}: larger than {MAX_RECORD_BYTES // 2**20} MB; not a record")
-        d = json.loads(raw)
-    except FileNotFoundError:
-        raise RecordError(f"{path}: no such record") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RecordError(f"{path}: corrupt record (invalid JSON: {e})") from None
-    except IsADirectoryError:
-        raise RecordError(f"{path}: is a directory, not a record") from None
-    except OSError as e:
-        raise RecordError(f"{path}: cannot read ({e.strerror})") from None
+    if not os.path.lexists(path):
+        raise RecordError(f"{path}: no such record")
+    raw = read_input(path, "ppscope record", MAX_RECORD_BYTES, RecordError)
+    d = parse_input_json(raw, path, "ppscope record (corrupt)", RecordError)
     if not isinstance(d, dict):
         raise RecordError(f"{path}: corrupt record (top level is not an object)")
     return check_payload(record_from_dict(d, str(path)), str(path))
