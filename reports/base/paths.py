@@ -101,8 +101,8 @@ def parse_input_json(raw: bytes | str, path: str | os.PathLike, what: str,
     except UnicodeDecodeError:
         raise err(f"{path}: {what} is not UTF-8 text") from None
     except ValueError as e:   # JSONDecodeError and NaN / Infinity
-        raise err(f"{path}: not a valid {what} (invalid JSON: {str(e).splitlines()[0][:120]})") \
-            from None
+        raise err(f"{path}: not valid JSON for a {what} (invalid JSON: "
+                  f"{str(e).splitlines()[0][:120]})") from None
     if json_depth(obj) > max_depth:
         raise err(f"{path}: {what} nested too deeply (limit {max_depth} levels)")
     return obj

@@ -304,7 +304,7 @@ def read_record(path: str | os.PathLike) -> Record:
     if not os.path.lexists(path):
         raise RecordError(f"{path}: no such record")
     raw = read_input(path, "ppscope record", MAX_RECORD_BYTES, RecordError)
-    d = parse_input_json(raw, path, "ppscope record (corrupt)", RecordError)
+    d = parse_input_json(raw, path, "ppscope record", RecordError)
     if not isinstance(d, dict):
         raise RecordError(f"{path}: corrupt record (top level is not an object)")
     return check_payload(record_from_dict(d, str(path)), str(path))
