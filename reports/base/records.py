@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import errno
 import json
 import os
 import platform
@@ -196,20 +197,44 @@ def write_atomic(path: str | os.PathLike, content: str | bytes) -> Path:
     """Write a file via temp file + rename (mode 0644 like a plain open()), so a crash or Ctrl-C
     never leaves half a file and a reader never sees one. Used for JSON, md, html and png."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    if path.is_dir():
+        raise OSError(errno.EISDIR, "a directory, not a file to write (give a file path)",
+                      str(path))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:   # named by the path given, never by the temp file
+        raise _write_error(path, e) from None
     try:
         os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb" if isinstance(content, bytes) else "w") as f:
             f.write(content)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(e, OSError):
+            raise _write_error(path, e) from None
         raise
     return path
+
+
+def _write_error(path: Path, e: OSError) -> OSError:
+    """An OSError of writing `path` that names `path` (not a temp file) and says why in words."""
+    parent = path.parent
+    if e.errno == errno.ELOOP or (parent.is_symlink() and not parent.exists()):
+        why = f"{parent} is a symbolic-link loop or points nowhere"
+    elif isinstance(e, FileExistsError) or e.errno == errno.ENOTDIR:
+        why = f"{parent} is not a directory"
+    elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        why = f"cannot write into {parent} ({e.strerror})"
+    elif e.errno == errno.EISDIR:
+        why = "a directory, not a file to write (give a file path)"
+    else:
+        why = f"cannot write ({e.strerror or type(e).__name__})"
+    return OSError(e.errno, why, str(path))
 
 
 def _umask() -> int:

@@ -543,21 +543,27 @@ MAX_CONCURRENCY = 4096  # the model simulates every request's slot: bound its wo
 
 
 def parse_observed(text: str) -> dict[int, float]:
-    """`"1:34,8:81.7,32:248.1"` -> {1: 34.0, 8: 81.7, 32: 248.1}."""
+    """`"1:34,8:81.7,32:248.1"` -> {1: 34.0, 8: 81.7, 32: 248.1}. Errors quote the pair at
+    fault (a long argument is never echoed whole); a concurrency given twice is an error."""
     out: dict[int, float] = {}
     for part in text.split(","):
         part = part.strip()
         if not part:
             continue
+        shown = repr(part if len(part) <= 40 else part[:37] + "...")
         try:
             c, v = part.split(":")
-            out[int(c)] = float(v)
+            c, v = int(c), float(v)
         except ValueError:
-            raise CliError(f"--observed {text!r}: expected CONCURRENCY:TOK_PER_S pairs like "
-                           "1:34,8:81.7") from None
-        if not (int(c) >= 1 and 0 < float(v) < 1e9):  # also NaN and inf
-            raise CliError(f"--observed {text!r}: concurrency and tok/s must be positive")
-        if int(c) > MAX_CONCURRENCY:
-            raise CliError(f"--observed {text!r}: concurrency {int(c)} is above the "
+            raise CliError(f"--observed: {shown} is not a CONCURRENCY:TOK_PER_S pair (like "
+                           "1:34,8:81.7)") from None
+        if not (c >= 1 and 0 < v < 1e9):  # also NaN and inf
+            raise CliError(f"--observed: {shown}: concurrency and tok/s must be positive")
+        if c > MAX_CONCURRENCY:
+            raise CliError(f"--observed: {shown}: concurrency {c} is above the "
                            f"{MAX_CONCURRENCY} the model runs at")
+        if c in out:
+            raise CliError(f"--observed: concurrency {c} given twice ({out[c]:g} and {v:g} "
+                           "tok/s); give one value per concurrency")
+        out[c] = v
     return out
