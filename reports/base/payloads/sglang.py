@@ -243,6 +243,9 @@ class TraceRank:
     gpu_events_without_launch_dropped: int = ge(0, default=0)
     events_without_dur: int = ge(0, default=0)
     events_bad_time: int = ge(0, default=0)
+    events_duplicate: int = ge(0, default=0)        # the same event twice: counted once
+    events_malformed: int = ge(0, default=0)        # not objects, stream/correlation not an int
+    nccl_recv_size_unknown: int = ge(0, default=0)  # receives kept with 0 bytes
     warnings: tuple[str, ...] = ()
 
 
