@@ -347,3 +347,6 @@ class SglangData:
     log: LogSummary | None = None
     metrics: Json = None            # /metrics summary (microbench/sglang/metrics.py), display only
     live: Json = None               # live probe runs (microbench/sglang/live.py), display only
+    # part (log, traces, metrics, bench, live) -> when it was read (UTC): successive `ppscope
+    # sglang` runs accumulate, each replacing only the parts of the sources it read
+    sources: dict[str, str] = field(default_factory=dict)
