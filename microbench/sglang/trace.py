@@ -178,6 +178,9 @@ def iter_events(path: str | Path, meta: dict | None = None) -> Iterator[dict]:
                     break
                 try:
                     ev, end = raw(buf, pos)
+                except RecursionError:
+                    raise TraceError(f"{path}: corrupt trace (event {n + 1} nests deeper than "
+                                     "any trace event)") from None
                 except (json.JSONDecodeError, StopIteration):
                     if eof:
                         raise TraceError(f"{path}: truncated or corrupt trace "
