@@ -152,7 +152,7 @@ def test_slurm_empty_cpu_affinity_pasted_with_spaces(fixtures):
     tabs = load(fixtures, "slurm_empty_cpu_affinity_tabs")
     t = load(fixtures, "slurm_empty_cpu_affinity_spaces")
     assert t.links == tabs.links and t.gpus == tabs.gpus
-    assert len(t.notes) == 4 and "values taken right-aligned" in t.notes[0]
+    assert len(t.notes) == 4 and "each value placed in the column it fits" in t.notes[0]
     assert t.notes[0].startswith("line 8: row GPU4 has no CPU Affinity value")
 
 
@@ -198,12 +198,12 @@ def test_markdown_table_and_unrecoverable_pairs():
 
 
 def test_read_smi_file_caps_and_binary(tmp_path):
-    with pytest.raises(TopoParseError, match="larger than 1 MB"):
+    with pytest.raises(TopoParseError, match="/dev/zero: a character device"):
         read_smi_file("/dev/zero")
     (tmp_path / "b.txt").write_bytes(b"\tGPU0\x00\x01\xff")
     with pytest.raises(TopoParseError, match="binary data"):
         read_smi_file(tmp_path / "b.txt")
-    with pytest.raises(TopoParseError, match="cannot read"):
+    with pytest.raises(TopoParseError, match="a directory"):
         read_smi_file(tmp_path)
 
 

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reports.base.errors import CliError
+from reports.base.paths import open_input
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _LEVEL = r"(?:X|SYS|SOC|NODE|PHB|PXB|PIX|NV\d+|C2C)"
@@ -90,11 +91,11 @@ def read_smi_file(path: str | Path) -> str:
     """The text of a saved `nvidia-smi topo -m`, at most MAX_TEXT_BYTES (a device file such as
     /dev/zero or a huge paste is refused, not read forever). Raises TopoParseError (one line)."""
     p = Path(path)
-    try:
-        with open(p, "rb") as f:
+    with open_input(path, "`nvidia-smi topo -m` output", TopoParseError) as f:
+        try:
             raw = f.read(MAX_TEXT_BYTES + 1)
-    except OSError as e:
-        raise TopoParseError(f"cannot read {p}: {e.strerror or e}") from None
+        except OSError as e:
+            raise TopoParseError(f"cannot read {p}: {e.strerror or e}") from None
     if len(raw) > MAX_TEXT_BYTES:
         raise TopoParseError(f"{p} is larger than {MAX_TEXT_BYTES >> 20} MB; a `nvidia-smi topo "
                              "-m` output is a few kB (is it the right file?)")
@@ -191,7 +192,13 @@ def _affinity(vals: dict[str, str], lineno: int, label: str, notes: list[str]) -
 def _fits(col: str, v: str) -> bool:
     if v.upper() == "N/A":
         return True
-    return bool(_CPU_LIST.match(v) if col == "CPU Affinity" else _NUMA_VAL.match(v))
+    if col == "CPU Affinity":
+        return bool(_CPU_LIST.match(v))
+    # a NUMA node list is a node or a few ("0", "0-1"); "0-31,64-95" is a CPU list, never one
+    if not _NUMA_VAL.match(v):
+        return False
+    spans = [[int(x) for x in part.split("-")] for part in v.split(",")]
+    return all(n < 64 for sp in spans for n in sp) and all(sp[-1] - sp[0] < 8 for sp in spans)
 
 
 def _trailing_values(rest: list[str], exact: bool, trailing: list[str], lineno: int,
@@ -220,13 +227,18 @@ def _trailing_values(rest: list[str], exact: bool, trailing: list[str], lineno: 
             notes.append(f"line {lineno}: {label} has an empty {' and '.join(empty)} (as printed "
                          "inside a Slurm/cgroup allocation); left unknown")
     elif len(rest) < len(trailing) and rest and not exact:
-        cols = trailing[len(trailing) - len(rest):]
-        if all(_fits(c, v) for c, v in zip(cols, rest)):
+        # which columns lost their value: right-aligned first (an empty CPU Affinity), else the
+        # first placement in which every value fits its column (`N/A` fits any)
+        import itertools
+        places = [[trailing[i] for i in c] for c in
+                  reversed(list(itertools.combinations(range(len(trailing)), len(rest))))]
+        cols = next((c for c in places if all(_fits(k, v) for k, v in zip(c, rest))), None)
+        if cols is not None:
             vals = dict(zip(cols, rest))
-            missing = trailing[:len(trailing) - len(rest)]
+            missing = [c for c in trailing if c not in cols]
             notes.append(f"line {lineno}: {label} has no {' / '.join(missing)} value (empty inside "
-                         "a Slurm/cgroup allocation; the tabs became spaces); values taken "
-                         "right-aligned, the missing ones unknown")
+                         "a Slurm/cgroup allocation; the tabs became spaces); each value placed "
+                         "in the column it fits, the missing ones unknown")
         else:
             notes.append(f"line {lineno}: {label} has {len(rest)} values after the links for "
                          f"{len(trailing)} columns ({', '.join(trailing)}); affinity unknown")

@@ -103,6 +103,9 @@ def _check_args(args) -> None:
     """Every argument, before anything is written (one-line CliError)."""
     if args.pp is not None and args.pp < 1:
         raise CliError(f"--pp must be at least 1, got {args.pp}")
+    if args.hidden is not None and not 0 < args.hidden <= 1 << 18:   # also with --from-nvidia-smi
+        raise CliError(f"--hidden must be a positive hidden size (at most {1 << 18}), "
+                       f"got {args.hidden}")
     if args.tensors < 1:
         raise CliError(f"--tensors must be at least 1, got {args.tensors}")
     if not 0 < args.hop_timeout < 1e7:  # also rejects NaN and inf

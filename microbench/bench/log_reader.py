@@ -1,8 +1,9 @@
 """Benchmark ppscope's SGLang server-log reader on a large generated log: MB/s and peak memory.
 
-`python -m microbench.bench.log_reader [--mb 500] [--keep] [--file LOG]`: writes a log of
-about `--mb` MB to a temporary directory (or reads `--file`), then runs `read_logs` on it in a
-separate interpreter, once in one process and once with 2 worker processes, and
+`python -m microbench.bench.log_reader [--mb 500] [--keep] [--file LOG] [--workers 1,default]`:
+writes a log of about `--mb` MB to a temporary directory (or reads `--file`), then runs
+`read_logs` on it in a separate interpreter, once per `--workers` entry (a number of worker
+processes, 1 = this process alone, `default` = read_logs' own choice for this machine), and
 prints wall seconds and MB/s, the CPU seconds spent, and (from a second run of each, sampling
 /proc) the peak memory of the reader and its worker processes together (a figure that, unlike wall time, does not
 depend on what else the machine is running); see bench_common.py for how they are measured.
@@ -103,7 +104,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--file", nargs="+", help="read these logs instead of generating one")
     p.add_argument("--keep", action="store_true", help="keep the generated log in the current "
                    "directory and print its path")
+    p.add_argument("--workers", default="1,default", help="comma-separated worker counts to run "
+                   "(`default`: read_logs' own choice on this machine); default 1,default")
     a = p.parse_args(argv)
+    try:
+        counts = [0 if w.strip() == "default" else int(w) for w in a.workers.split(",")]
+    except ValueError:
+        raise SystemExit(f"--workers: numbers or `default`, got {a.workers!r}") from None
+    if any(n < 0 for n in counts):
+        raise SystemExit(f"--workers: numbers or `default`, got {a.workers!r}")
     if not 0 < a.mb <= 100_000:
         raise SystemExit(f"--mb must be in (0, 100000], got {a.mb}")
     with tempfile.TemporaryDirectory() as d:
@@ -116,7 +125,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"generated {big.stat().st_size / 1e6:.0f} MB in {time.perf_counter() - t0:.0f} s")
             files = [str(big)]
         size = sum(os.path.getsize(f) for f in files)
-        for workers, name in ((1, "one process"), (2, "2 worker processes")):
+        from microbench.sglang.log import _worker_count
+        for workers in counts:
+            n = _worker_count([Path(f) for f in files], workers or None)
+            name = (f"default ({n} worker process{'es' if n > 1 else ''} here)" if not workers
+                    else "one process" if workers == 1 else f"{workers} worker processes")
             load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
             m = run_child(_OURS, [str(workers), "time", *files])
             m["peak_mb"] = run_child(_OURS, [str(workers), "memory", *files])["peak_mb"]

@@ -38,6 +38,9 @@ def register(sub) -> None:
     p.set_defaults(func=main)
 
 
+MAX_BS = 1 << 16
+
+
 def config_from_args(args):
     """Check every argument (one-line CliError) and build the config; nothing is written."""
     from microbench.graphs import probe as gr
@@ -45,7 +48,9 @@ def config_from_args(args):
     from reports.base.partition import pp_partition
 
     check_number("--pp", args.pp, lo=1)
-    check_number("--max-bs", args.max_bs, lo=1)
+    # SGLang captures one graph per size up to max_bs (every 32 past 512): 65536 is 2000+ graphs,
+    # far past any server; a billion would build a 30-million-entry list before failing
+    check_number("--max-bs", args.max_bs, lo=1, hi=MAX_BS)
     check_number("--context", args.context)
     check_number("--experts-sample", args.experts_sample, lo=1)
     try:

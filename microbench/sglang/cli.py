@@ -337,12 +337,59 @@ def run(args: argparse.Namespace) -> int:
     return run_evidence(args)
 
 
+# The parts of sglang.json each source writes. Successive runs accumulate: a run replaces only
+# the parts of the sources it read and keeps the others from the record already there, so
+# `--log --traces` after `--url` keeps the live probe's ITL and lockstep figures.
+PARTS = {"log": ("sglang_log", ("ranks", "slot_imbalance", "log")),
+         "traces": ("sglang_traces", ("traces", "loop")),
+         "metrics": ("sglang_metrics", ("metrics",)),
+         "bench": ("bench", ("bench", "bench_source")),
+         "live": ("url", ("live",))}
+
+
+def merge_earlier(data: dict, args: argparse.Namespace, path: Path, utc: str) -> list[str]:
+    """Fill `data`'s parts this run did not read from the good sglang.json at `path`, and
+    `data["sources"]` (part -> when it was read); returns the parts kept. An earlier record
+    that is not a good sglang record of this schema is left alone (save_record's rule)."""
+    from reports.base.records import GOOD, RecordError, read_record
+    old = None
+    if path.exists():
+        try:
+            old = read_record(path)
+        except RecordError:
+            old = None
+    if old is not None and (old.probe != "sglang" or old.status not in GOOD
+                            or old.payload is None):
+        old = None
+    old_sources = dict((old.data.get("sources") or {}) if old is not None else {})
+    sources, kept = {}, []
+    for part, (dest, keys) in PARTS.items():
+        if getattr(args, dest, None):
+            sources[part] = utc
+        elif old is not None and any(old.data.get(k) for k in keys):
+            for k in keys:
+                if k in old.data:
+                    data[k] = old.data[k]
+            sources[part] = old_sources.get(part, old.provenance.utc)
+            kept.append(part)
+    data["sources"] = sources
+    return kept
+
+
 def run_evidence(args: argparse.Namespace) -> int:
+    import datetime as dt
     from reports.base.paths import default_record_path
     from reports.base.records import make_record, save_record
     data = collect(args)
+    path = Path(getattr(args, "json", None) or default_record_path("sglang"))
+    shown = dict(data)   # the tables show what this run read
+    kept = merge_earlier(data, args, path,
+                         dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
     rec = make_record("sglang", data, argv=getattr(args, "argv", None))
-    path, note = save_record(rec, Path(getattr(args, "json", None) or default_record_path("sglang")))
-    print(render(data))
+    path, note = save_record(rec, path)
+    print(render(shown))
+    if kept:
+        print(f"kept from the earlier {path.name}: " + ", ".join(
+            f"{p} ({data['sources'][p]})" for p in kept), file=sys.stderr)
     print(f"\n{note or f'wrote {path}'}", file=sys.stderr)
     return 0

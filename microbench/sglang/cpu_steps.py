@@ -104,9 +104,10 @@ def collect(path) -> dict:
             m = STEP_RE.match(name)
             if m:
                 steps.append((ts, ts + dur, m.group(1), int(m.group(2))))
-    for v in ranges.values():
-        v.sort()
-    return {"ranges": ranges, "steps": sorted(steps), "recvs": merge(recvs), "gpu_events": gpu}
+    for k, v in ranges.items():   # an event written twice is one event
+        ranges[k] = sorted(set(v))
+    return {"ranges": ranges, "steps": sorted(set(steps)), "recvs": merge(recvs),
+            "gpu_events": gpu}
 
 
 def is_cpu_trace(ev: dict) -> bool:

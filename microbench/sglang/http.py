@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import time
 import urllib.parse
 
@@ -18,11 +19,23 @@ MAX_REPLY_BYTES = 16 << 20     # an OpenAI-style JSON reply or a /metrics page i
 CHUNK = 64 << 10
 
 
+_HOST = re.compile(r"^[A-Za-z0-9._\-:\[\]%]+$")   # a name, IPv4, or [IPv6]; no space or control
+
+
+def shown(url: str) -> str:
+    """A URL as an error message quotes it: one line, at most 80 characters."""
+    r = repr(url) if not url.isprintable() or " " in url else url
+    return r if len(r) <= 80 else r[:77] + "..."
+
+
 def split_url(url: str) -> tuple[str, int, str, bool]:
     """(host, port, base path, tls) of an http(s) URL; a bare host:port means http."""
+    if not url or not url.isprintable() or any(c.isspace() for c in url):
+        raise CliError(f"{shown(url)}: not an http(s) URL (it has spaces or control characters)")
     u = urllib.parse.urlparse(url if "://" in url else "http://" + url)
-    if u.scheme not in ("http", "https") or not u.hostname:
-        raise CliError(f"{url}: not an http(s) URL")
+    if u.scheme not in ("http", "https") or not u.hostname or not _HOST.match(u.netloc.rsplit(
+            "@", 1)[-1]):
+        raise CliError(f"{shown(url)}: not an http(s) URL")
     try:
         port = u.port or (443 if u.scheme == "https" else 80)
     except ValueError:
@@ -74,6 +87,19 @@ def request(url: str, method: str, path: str, body: dict | None = None, *,
                            f"{r.getheader('Location')!r}); ppscope does not follow redirects")
         return r.status, read_body(r, c, deadline, max_bytes, what)
     except (OSError, http.client.HTTPException) as e:
-        raise CliError(f"{url}: cannot reach server ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+        raise CliError(f"{url}: {reach_error(e)}") from None
     finally:
         c.close()
+
+
+def reach_error(e: Exception) -> str:
+    """What went wrong talking to a server, in words: a reply that is not HTTP is said to be
+    one (its bytes are never echoed), a refused or timed-out connection is `cannot reach`."""
+    if isinstance(e, http.client.RemoteDisconnected):
+        return "the server closed the connection without a reply"
+    if isinstance(e, (http.client.BadStatusLine, http.client.LineTooLong,
+                      http.client.IncompleteRead)) or (
+            isinstance(e, http.client.HTTPException) and not isinstance(e, OSError)):
+        return "the reply is not HTTP (is it an HTTP server on that port?)"
+    msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return f"cannot reach server ({msg[:120]})"

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from microbench.sglang.http import connect as http_connect
+from microbench.sglang.http import reach_error
 from microbench.sglang.http import request as http_request
 from reports.base.errors import CliError
 
@@ -63,27 +64,93 @@ def _conn(url: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:
     return http_connect(url, timeout)
 
 
+class BadReply(ValueError):
+    """A reply that cannot be believed (not UTF-8, not JSON, NaN / Infinity in it, a field of
+    the wrong type): the message is one line and never holds the reply's bytes."""
+
+
+def _no_constant(c: str):
+    raise BadReply(f"{c} in a JSON reply (JSON has no such number)")
+
+
+def parse_reply(raw: bytes, what: str):
+    """A JSON reply, checked: UTF-8, JSON, finite numbers only. BadReply otherwise."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadReply(f"{what}: the reply is not UTF-8 text") from None
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise BadReply(f"{what}: the reply nests too deeply") from None
+    except json.JSONDecodeError:
+        raise BadReply(f"{what}: the reply is not JSON") from None
+
+
 def request_json(url: str, method: str, path: str, body: dict | None = None,
                  timeout: float = 30.0) -> tuple[int, dict | str]:
-    """One bounded request (microbench/sglang/http.py): JSON when the reply is JSON."""
+    """One bounded request (microbench/sglang/http.py): JSON when the reply is JSON (checked by
+    parse_reply), else its text (for an error message: at most one line of it is shown)."""
     st, raw = http_request(url, method, path, body, timeout=timeout)
-    text = raw.decode("utf-8", errors="replace")
     try:
-        return st, json.loads(text)
-    except json.JSONDecodeError:
-        return st, text
+        return st, parse_reply(raw, f"{url}{path}")
+    except BadReply:
+        return st, raw.decode("utf-8", errors="replace")
 
 
 def _model(cfg: LiveConfig) -> str:
     if cfg.model:
         return cfg.model
     st, d = request_json(cfg.url, "GET", "/v1/models", timeout=min(10.0, cfg.timeout_s))
-    if st == 200 and isinstance(d, dict) and d.get("data"):
-        return d["data"][0].get("id", "default")
+    if st == 200 and isinstance(d, dict) and isinstance(d.get("data"), list) and d["data"] \
+            and isinstance(d["data"][0], dict):
+        m = d["data"][0].get("id", "default")
+        if isinstance(m, str) and m.isprintable() and 0 < len(m) <= 512:
+            return m
+        raise CliError(f"{cfg.url}/v1/models: the model id is not a name; give --model-name")
     return "default"
 
 
-def _stream_one(cfg: LiveConfig, model: str, t0: float, out: list, errors: list) -> None:
+def _chunk_text(payload: bytes, path: str) -> str | None:
+    """The text of one streamed chunk (`data: {...}`), checked: BadReply when it is not an
+    OpenAI-style chunk (not UTF-8 / JSON, NaN or Infinity in it, `choices` not a list of
+    objects, text that is not a string). A chunk without choices (usage) gives None."""
+    d = parse_reply(payload, path)
+    if not isinstance(d, dict):
+        raise BadReply(f"{path}: a streamed chunk is not a JSON object")
+    if "error" in d and "choices" not in d:
+        msg = d["error"].get("message") if isinstance(d["error"], dict) else d["error"]
+        raise BadReply(f"{path}: the server sent an error in the stream: {str(msg)[:120]}")
+    choices = d.get("choices")
+    if choices is None or choices == []:
+        return None
+    if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+        raise BadReply(f"{path}: a streamed chunk's choices are not objects (null choice?)")
+    ch = choices[0]
+    text = ch.get("text") if "text" in ch else (ch.get("delta") or {}).get("content") \
+        if isinstance(ch.get("delta") or {}, dict) else None
+    if text is not None and not isinstance(text, str):
+        raise BadReply(f"{path}: a streamed chunk's text is not a string")
+    return text
+
+
+def _stream_one(cfg: LiveConfig, model: str, t0: float, out: list, errors: list,
+                bad: list) -> None:
+    """One stream, run in a worker thread: its arrivals onto `out`; what went wrong onto
+    `errors` (the server could not be reached, HTTP errors) or `bad` (a reply that cannot be
+    believed), one line each, for the main thread to report. Never raises."""
+    c = None
+    try:
+        _stream(cfg, model, t0, out, errors)
+    except BadReply as e:
+        bad.append(str(e))
+    except (OSError, http.client.HTTPException) as e:
+        errors.append(reach_error(e))
+    except Exception as e:  # noqa: BLE001 - a worker thread's error reaches the user as a line
+        bad.append(f"unexpected {type(e).__name__} reading the stream: {str(e)[:120]}")
+
+
+def _stream(cfg: LiveConfig, model: str, t0: float, out: list, errors: list) -> None:
     path = "/v1/chat/completions" if cfg.chat else "/v1/completions"
     body = {"model": model, "max_tokens": cfg.max_tokens, "stream": True, "temperature": 0.0,
             "ignore_eos": True}
@@ -91,20 +158,26 @@ def _stream_one(cfg: LiveConfig, model: str, t0: float, out: list, errors: list)
         body["messages"] = [{"role": "user", "content": cfg.prompt}]
     else:
         body["prompt"] = cfg.prompt
+    c, base = _conn(cfg.url, cfg.timeout_s)
     try:
-        c, base = _conn(cfg.url, cfg.timeout_s)
         start = time.perf_counter() - t0
         c.request("POST", base + path, body=json.dumps(body).encode(),
                   headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
         r = c.getresponse()
         if r.status != 200:
             msg = r.read(300).decode("utf-8", errors="replace").splitlines()
-            errors.append(f"HTTP {r.status} from {path}: {msg[0] if msg else ''}")
+            line = "".join(ch for ch in (msg[0] if msg else "") if ch.isprintable())[:120]
+            errors.append(f"HTTP {r.status} from {path}: {line}")
             return
+        ctype = (r.getheader("Content-Type") or "").split(";")[0].strip().lower()
+        if ctype != "text/event-stream":   # an HTML page, a JSON error: not a token stream
+            shown_type = "".join(ch for ch in ctype if ch.isprintable())[:60] or "none"
+            raise BadReply(f"{path}: the reply is not a token stream (Content-Type "
+                           f"{shown_type}, not text/event-stream)")
         arrivals = []
         deadline = t0 + cfg.timeout_s
         while True:
-            line = r.readline()
+            line = r.readline(1 << 20)
             if not line:
                 break
             line = line.strip()
@@ -113,20 +186,12 @@ def _stream_one(cfg: LiveConfig, model: str, t0: float, out: list, errors: list)
             payload = line[5:].strip()
             if payload == b"[DONE]":
                 break
-            try:
-                d = json.loads(payload)
-                ch = (d.get("choices") or [{}])[0]
-                text = ch.get("text") if "text" in ch else (ch.get("delta") or {}).get("content")
-            except (json.JSONDecodeError, AttributeError, IndexError):
-                text = None
-            if text:
+            if _chunk_text(payload, path):
                 arrivals.append(time.perf_counter() - t0)
             if time.perf_counter() > deadline:
                 errors.append(f"stream exceeded {cfg.timeout_s:g} s")
                 break
         out.append({"start_s": start, "arrivals_s": arrivals})
-    except (OSError, http.client.HTTPException) as e:
-        errors.append(f"cannot reach server ({e})")
     finally:
         try:
             c.close()
@@ -173,20 +238,29 @@ def run_load(cfg: LiveConfig, arrival: str, model: str) -> dict:
     """One run: C streams with the given arrival pattern."""
     out: list = []
     errors: list = []
+    bad: list = []
     t0 = time.perf_counter()
     threads = []
     for i in range(cfg.concurrency):
         if arrival == "staggered" and i:
             time.sleep(cfg.stagger_s)
-        th = threading.Thread(target=_stream_one, args=(cfg, model, t0, out, errors), daemon=True)
+        th = threading.Thread(target=_stream_one, args=(cfg, model, t0, out, errors, bad),
+                              daemon=True)
         th.start()
         threads.append(th)
     for th in threads:
         th.join(max(0.1, t0 + cfg.timeout_s + 5 - time.perf_counter()))
+    # a reply that cannot be believed fails the run: its numbers would be the server's noise
+    if bad:
+        more = f" (and {len(bad) - 1} more stream(s))" if len(bad) > 1 else ""
+        raise CliError(f"{cfg.url}: {bad[0]}{more}")
     if errors and not out:
         raise CliError(f"{cfg.url}: {errors[0]}")
     streams = [sorted(s["arrivals_s"]) for s in out]
     chunks = sum(len(s) for s in streams)
+    if not chunks:
+        raise CliError(f"{cfg.url}: {len(out)} stream(s) answered but none streamed a token "
+                       f"({arrival} run); is it an OpenAI-compatible completions server?")
     end = max((s[-1] for s in streams if s), default=0.0)
     itl_ms = [(b - a) * 1e3 for s in streams for a, b in zip(s, s[1:])]
     ttft_ms = [(s["arrivals_s"][0] - s["start_s"]) * 1e3 for s in out if s["arrivals_s"]]

@@ -98,8 +98,13 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from reports.base.errors import CliError
+from reports.base.paths import open_input
 
 CHUNK_BYTES = 8 << 20
+# a worker's byte range of a plain file: smaller than a block read in-process, so that the
+# workers' transient lines and match lists, summed, stay small (4 workers on a 300 MB log:
+# 8 MB ranges peaked at 319 MB, 2 MB at 180 MB, as fast; docs/BENCHMARKS.md section 10)
+RANGE_BYTES = 2 << 20
 MAX_LINE_BYTES = 1 << 20     # no SGLang line comes near this; /dev/zero has no newline at all
 PARALLEL_MIN_BYTES = 32 << 20   # below this, starting worker processes costs more than it saves
 MAX_WORKERS = 4
@@ -125,8 +130,6 @@ _PRE_FAST = re.compile(
     rb"Prefill batch(?: \[\d+\])?[.,] #new-seq: (\d{1,9}), #new-token: (\d{1,9}), "
     rb"(?:#cached-token: (\d{1,9}), )?(?:(?!#running-req|#queue-req)[^,\n]+, )*"
     rb"(?:#running-req: (\d{1,9}), )?(?:(?!#queue-req)[^,\n]+, )*#queue-req: (\d{1,9})")
-_DEC_WORD = re.compile(rb"Decode batch").search
-_PRE_WORD = re.compile(rb"Prefill batch").search
 # `{label}: B`, the label by device (SGLang 0.5.23 metrics_reporter.py `_graph_backend_label`:
 # cpu -> "cpu graph", npu -> "npu graph", musa -> "musa graph", anything else "cuda graph")
 _GRAPH_KEYS = ("cuda graph", "cpu graph", "npu graph", "musa graph", "hpu graph", "xpu graph")
@@ -220,7 +223,12 @@ _NO_TAGS = (None, None, None, None)
 def _prefix(pre: bytes) -> tuple:
     """(t_s | None | False, tags) from the text before `Decode/Prefill batch`; t_s is False for
     a time that cannot be (a corrupted clock field), None when there is no clock."""
-    m = _STAMP_RE.search(pre)
+    # SGLang's own bracket is the last `[` before the batch words; a container runtime's prefix
+    # (docker / k8s: `2026-11-30T10:00:00.123456789Z stdout F `) puts another clock before it
+    k = pre.rfind(b"[")
+    m = _STAMP_RE.match(pre, k + 1) if k >= 0 else None
+    if m is None:
+        m = _STAMP_RE.search(pre)
     if m is None:
         return None, _NO_TAGS
     y, mo, d, h, mi, s, frac, tags = m.groups()
@@ -252,10 +260,7 @@ def parse_line(line: str, source: int = 0) -> BatchLine | None | str:
 
 def _open_blocks(path: Path) -> Iterator[bytes]:
     """The file's bytes in blocks (gzip or plain; a pipe is read once, never reopened)."""
-    try:
-        f = open(path, "rb")
-    except OSError as e:
-        raise CliError(f"{path}: cannot read log ({e.strerror or e})") from None
+    f = open_input(path, "log")
     with f:
         try:
             magic = f.peek(2)[:2]
@@ -414,16 +419,21 @@ def _fast_prefix(lines: list[bytes]) -> tuple[np.ndarray, np.ndarray, list, np.n
     # the rank tags run from the end of the clock to the first "]"
     close = np.argmax(m == 93, axis=1)
     ok &= (m[np.arange(n), close] == 93) & (close >= end)
-    cols = np.arange(_PREFIX_W)
-    region = np.where((cols >= end[:, None]) & (cols < close[:, None]), m, np.uint8(0))
+    # only the columns where tags can be (from the clock's end to the last "]"), padded to whole
+    # 8-byte words for the hash below
+    lo = 20
+    hi = lo + -(-(max(int(close.max()), lo + 1) - lo) // 8) * 8
+    cols = np.arange(lo, hi)
+    sub = m[:, lo:hi] if hi <= _PREFIX_W else np.pad(m[:, lo:], ((0, 0), (0, hi - _PREFIX_W)))
+    region = np.where((cols >= end[:, None]) & (cols < close[:, None]), sub, np.uint8(0))
     # group equal tag regions: a hash of each row, checked byte for byte afterwards
     words = np.ascontiguousarray(region).view(np.uint64)
     h = (words * np.arange(1, words.shape[1] * 2, 2, dtype=np.uint64)[None, :]).sum(axis=1)
     uh, first, inv = np.unique(h, return_index=True, return_inverse=True)
     inv = inv.ravel()
     if not (region == region[first][inv]).all():   # a hash collision: group by the bytes
-        _, first, inv = np.unique(region.view(f"S{_PREFIX_W}").ravel(), return_index=True,
-                                  return_inverse=True)
+        _, first, inv = np.unique(np.ascontiguousarray(region).view(f"S{hi - lo}").ravel(),
+                                  return_index=True, return_inverse=True)
         inv = inv.ravel()
     keys = []
     for i in first:
@@ -608,8 +618,14 @@ def _scan_block(text: bytes, source: int, groups: dict, events: list) -> tuple[i
     """Batch lines of whole lines `text` into `groups`, override lines onto `events`: (read,
     unreadable) batch lines."""
     lines = text.split(b"\n")
-    dec = list(filter(_DEC_WORD, lines))
-    pre = [ln for ln in filter(_PRE_WORD, lines) if b"Decode batch" not in ln]
+    dec: list[bytes] = []
+    pre: list[bytes] = []
+    to_dec, to_pre = dec.append, pre.append
+    for ln in lines:   # one pass; `in` is a plain byte search, cheaper than a regex call
+        if b"Decode batch" in ln:
+            to_dec(ln)
+        elif b"Prefill batch" in ln:
+            to_pre(ln)
     g1, b1 = _read_lines(groups, source, dec, "Decode")
     g2, b2 = _read_lines(groups, source, pre, "Prefill")
     if _OVERRIDE_WORD in text:
@@ -625,16 +641,36 @@ class _Lines:
         self.n = 0
 
 
+def _clean(block: bytes) -> bytes:
+    """NUL bytes dropped (a log copied out of some containers, or cut by logrotate's
+    copytruncate, holds runs of them) and CRLF line ends made LF."""
+    if b"\x00" in block:
+        block = block.replace(b"\x00", b"")
+    if b"\r" in block:
+        block = block.replace(b"\r\n", b"\n")
+    return block
+
+
+# control bytes no text log holds (NUL, tab, newlines, CR and ESC of ANSI colours excepted)
+_CONTROL = bytes([*range(1, 9), *range(14, 27), *range(28, 32)])
+
+
+def _binary(head: bytes) -> bool:
+    """More than 1% control bytes in the first block: binary data, not a log (NUL bytes, which
+    some copied logs hold in runs, are not counted)."""
+    return len(head) - len(head.translate(None, _CONTROL)) > len(head) // 100
+
+
 def _texts(path: Path, count: _Lines) -> Iterator[bytes]:
     """The file as blocks of whole lines, with the caps that keep a wrong file from being read
-    forever: binary data, or a line over MAX_LINE_BYTES (/dev/zero), is a one-line CliError."""
+    forever: binary data, or a line over MAX_LINE_BYTES, is a one-line CliError."""
     carry = b""
     first = True
     try:
         for block in _open_blocks(path):
             if first:
                 first = False
-                if b"\x00" in block[:65536]:
+                if _binary(block[:65536]):
                     raise CliError(f"{path}: binary data, not a text log")
             cut = block.rfind(b"\n")
             if cut < 0:
@@ -649,10 +685,10 @@ def _texts(path: Path, count: _Lines) -> Iterator[bytes]:
             if len(carry) > MAX_LINE_BYTES:
                 raise CliError(f"{path}: line {count.n + 1} is longer than "
                                f"{MAX_LINE_BYTES >> 20} MB: not a text log")
-            yield text
+            yield _clean(text)
         if carry:
             count.n += 1
-            yield carry
+            yield _clean(carry)
     except (EOFError, zlib.error, gzip.BadGzipFile) as e:
         raise CliError(f"{path}: truncated or corrupt gzip after {count.n} lines ({e})") from None
     except OSError as e:
@@ -702,13 +738,13 @@ def _range_job(path: Path, start: int, end: int, source: int) -> tuple[dict, int
         if text and not text.endswith(b"\n"):   # finish the last line, however far it goes
             text += to_newline(f)
     lines = text.count(b"\n") + (1 if text and not text.endswith(b"\n") else 0)
-    parts, good, bad, _, events = _block_job(text, source)
+    parts, good, bad, _, events = _block_job(_clean(text), source)
     return parts, good, bad, lines, events
 
 
 def _plain_size(path: Path) -> int:
     """Size of a regular, uncompressed, text file worth splitting into byte ranges; else 0 (the
-    blocks are then read by _texts, with its checks). Binary data is refused here."""
+    blocks are then read by _texts, with its checks)."""
     try:
         if not path.is_file():
             return 0
@@ -719,7 +755,7 @@ def _plain_size(path: Path) -> int:
         raise CliError(f"{path}: cannot read log ({e.strerror or e})") from None
     if head[:2] == b"\x1f\x8b" or size <= CHUNK_BYTES:
         return 0
-    if b"\x00" in head:
+    if _binary(head):
         raise CliError(f"{path}: binary data, not a text log")
     return size
 
@@ -811,8 +847,8 @@ def _scan_logs(paths: list[Path], workers: int | None) -> LogScan:
                 size = _plain_size(p)
                 # a plain file: workers read their own byte ranges; else (gzip, a pipe) this
                 # process reads and sends the blocks
-                jobs = ((_block_job_nogc, p, s, min(s + CHUNK_BYTES, size), i)
-                        for s in range(0, size, CHUNK_BYTES)) if size else \
+                jobs = ((_block_job_nogc, p, s, min(s + RANGE_BYTES, size), i)
+                        for s in range(0, size, RANGE_BYTES)) if size else \
                     ((_block_job_nogc, text, i) for text in _texts(p, count))
                 for job in jobs:
                     pending.append(pool.submit(*job))
@@ -1059,11 +1095,11 @@ def _startup_blocks(path: Path) -> Iterator[bytes]:
                 block, tail = tail + block[:cut + 1], block[cut + 1:]
                 if len(tail) > MAX_LINE_BYTES:
                     tail = b""
-                yield block
+                yield _clean(block)
             if seen >= SETTINGS_BYTES:
                 return
         if tail:
-            yield tail
+            yield _clean(tail)
     except (EOFError, OSError, zlib.error):  # the scan already said what is wrong with it
         return
 

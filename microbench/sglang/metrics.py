@@ -19,6 +19,7 @@ import math
 import re
 
 from reports.base.errors import CliError
+from reports.base.paths import read_input
 
 MAX_BYTES = 64 << 20   # a /metrics page of a large deployment is well under 1 MB
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\d+)?\s*$")
@@ -39,13 +40,7 @@ def fetch_text(src: str, timeout_s: float = 10.0) -> str:
         if st != 200:
             raise CliError(f"{url}: HTTP {st}, not a /metrics page")
         return raw.decode("utf-8", errors="replace")
-    try:
-        with open(src, "rb") as f:
-            raw = f.read(MAX_BYTES + 1)
-    except OSError as e:
-        raise CliError(f"{src}: cannot read metrics file ({e.strerror or e})") from None
-    if len(raw) > MAX_BYTES:
-        raise CliError(f"{src}: larger than {MAX_BYTES >> 20} MB; not a /metrics page")
+    raw = read_input(src, "/metrics page", MAX_BYTES)
     if b"\x00" in raw:
         raise CliError(f"{src}: binary data, not a /metrics page")
     return raw.decode("utf-8", errors="replace")
@@ -114,10 +109,13 @@ def parse_metrics(text: str) -> dict:
             key = f"{name}{{{extra}}}" if extra else name
             r[key] = r.get(key, 0.0) + v if key in r and name.endswith("_total") else v
     for (rank, name), h in hist.items():
+        # no observation (`_count` 0 or absent): no mean and no percentiles, whatever the
+        # buckets say (a scrape taken between a bucket's and the count's update)
+        seen = h["count"] > 0
         ranks.setdefault(rank, {})[name] = {
-            "count": h["count"], "mean": h["sum"] / h["count"] if h["count"] else None,
-            "p50": _quantile(list(h["buckets"].items()), 0.5),
-            "p99": _quantile(list(h["buckets"].items()), 0.99)}
+            "count": h["count"], "mean": h["sum"] / h["count"] if seen else None,
+            "p50": _quantile(list(h["buckets"].items()), 0.5) if seen else None,
+            "p99": _quantile(list(h["buckets"].items()), 0.99) if seen else None}
     if not ranks:
         raise CliError("no sglang: metrics found (is the server started with --enable-metrics?)")
     return {"ranks": ranks, "lines_other": other + bad_le}

@@ -90,10 +90,14 @@ def read_steps(path: str | Path, *, hidden: int | None = None, link_gbps: float 
                 compute = not NOT_COMPUTE_RE.match(name)
                 is_recv = comm and bool(RECV_RE.search(name)) and \
                     args.get("Collective name", "recv") == "recv"
-                kernels.append((ts, ts + dur, int(args.get("correlation", -1)), compute, comm,
-                                is_recv))
+                corr = args.get("correlation", -1)
+                if type(corr) is not int or type(args.get("stream", -1)) is not int:
+                    continue   # malformed: skipped, as the trace reader does (and counts)
+                kernels.append((ts, ts + dur, corr, compute, comm, is_recv))
                 if is_recv:
-                    nel = int(args.get("In msg nelems") or args.get("Out msg nelems") or 0)
+                    nel = args.get("In msg nelems") or args.get("Out msg nelems") or 0
+                    if type(nel) is not int or nel < 0:
+                        nel = 0   # size unreadable: the kernel is kept (the trace reader says)
                     dt = args.get("dtype")
                     # an integer receive is sampled token ids (the output ring), not hidden
                     # states: with async depth > 0 it is the last receive before a forward
@@ -118,6 +122,10 @@ def read_steps(path: str | Path, *, hidden: int | None = None, link_gbps: float 
                     step_spans.append((ts, ts + dur, m.group(1), int(m.group(2))))
         except (KeyError, TypeError, ValueError):
             continue
+    # an event written twice is one event (the trace reader counts them: events_duplicate)
+    kernels, recvs, syncs, relay, step_spans = (list(dict.fromkeys(x)) for x in (
+        kernels, recvs, syncs, relay, step_spans))
+    ranges = {k: list(dict.fromkeys(v)) for k, v in ranges.items()}
     return summarize_steps(kernels, recvs, rt, syncs, ranges, hidden=hidden,
                            link_gbps=link_gbps, rank=rank, no_dur=no_dur, relay=relay,
                            steps=step_spans)

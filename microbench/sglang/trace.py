@@ -71,6 +71,7 @@ from typing import Iterator
 
 from microbench.sglang.intervals import length, merge
 from reports.base.errors import CliError
+from reports.base.paths import open_input
 
 CHUNK_CHARS = 1 << 21
 MAX_EVENT_CHARS = 64 << 20
@@ -101,14 +102,17 @@ class TraceError(CliError):
 
 
 def _open_text(path: Path) -> io.TextIOBase:
+    f = open_input(path, "Kineto trace", TraceError)
     try:
-        with open(path, "rb") as f:
-            magic = f.read(2)
+        magic = f.peek(2)[:2]
     except OSError as e:
+        f.close()
         raise TraceError(f"{path}: cannot read trace ({e.strerror or e})") from None
     if magic == b"\x1f\x8b":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", errors="replace")
-    return open(path, encoding="utf-8", errors="replace")
+        g = gzip.GzipFile(fileobj=f, mode="rb")
+        g.myfileobj = f   # closed with it, as gzip.open(path) does
+        return io.TextIOWrapper(g, encoding="utf-8", errors="replace")
+    return io.TextIOWrapper(f, encoding="utf-8", errors="replace")
 
 
 def _meta_value(text: str, key: str):
@@ -174,6 +178,9 @@ def iter_events(path: str | Path, meta: dict | None = None) -> Iterator[dict]:
                     break
                 try:
                     ev, end = raw(buf, pos)
+                except RecursionError:
+                    raise TraceError(f"{path}: corrupt trace (event {n + 1} nests deeper than "
+                                     "any trace event)") from None
                 except (json.JSONDecodeError, StopIteration):
                     if eof:
                         raise TraceError(f"{path}: truncated or corrupt trace "
@@ -221,6 +228,11 @@ class _Acc:
         self.unrecognised = 0
         self.no_dur = 0         # duration events without "dur": skipped, counted
         self.bad_time = 0       # NaN / inf / negative / over-a-day durations, absurd timestamps
+        self.not_objects = 0    # array entries that are not JSON objects
+        self.bad_args = 0       # GPU events whose `stream` / `correlation` is not an integer
+        self.nccl_bad = 0       # NCCL receives whose message size cannot be read (kept, 0 bytes)
+        self.duplicates = 0     # events seen twice (a trace merged or copied twice): one kept
+        self.range_seen: set[int] = set()
 
 
 _KIND_CACHE: dict[str, int] = {}
@@ -259,13 +271,62 @@ def _scan(path: Path, meta: dict) -> _Acc:
     a = _Acc()
     for ev in iter_events(path, meta):
         a.events += 1
+        if not isinstance(ev, dict):
+            a.not_objects += 1
+            a.unrecognised += 1
+            continue
         try:
             _take(a, ev)
         except _Skip:
             pass
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
-            a.unrecognised += 1   # not an object, or a duration event without numeric ts/dur
+            a.unrecognised += 1   # a duration event without numeric ts/dur, say
+    _dedupe(a)
     return a
+
+
+def _int_arg(args: dict, key: str, default: int) -> int:
+    """An integer field of an event's args (`stream`, `correlation`); a string, float or bool
+    there is a malformed event (_BadArg), never read as a number."""
+    v = args.get(key, default)
+    if type(v) is not int:
+        raise _BadArg
+    return v
+
+
+class _BadArg(Exception):
+    pass
+
+
+def _dedupe(a: _Acc) -> None:
+    """Drop GPU events that are exact repeats (same start, end, stream, correlation and class):
+    a trace merged twice or an exporter that wrote an event twice would otherwise count the
+    same kernel twice (busy time, NCCL receive time). Counted in `a.duplicates`."""
+    import numpy as np
+    n = len(a.ts)
+    if n < 2:
+        return
+    cols = [np.frombuffer(x, dtype=d) for x, d in ((a.ts, np.float64), (a.end, np.float64),
+                                                    (a.stream, np.int64), (a.corr, np.int64),
+                                                    (a.kind, np.int8))]
+    order = np.lexsort(cols[::-1])
+    same = np.ones(n - 1, dtype=bool)
+    for c in cols:
+        sc = c[order]
+        same &= sc[1:] == sc[:-1]
+    if not same.any():
+        return
+    drop = np.zeros(n, dtype=bool)
+    drop[order[1:][same]] = True
+    keep = np.flatnonzero(~drop)
+    a.duplicates += int(drop.sum())
+    new_index = np.full(n, -1, dtype=np.int64)
+    new_index[keep] = np.arange(len(keep))
+    for name in ("ts", "end", "stream", "corr", "kind", "in_idle", "sync"):
+        old = getattr(a, name)
+        setattr(a, name, array(old.typecode,
+                               np.frombuffer(old, dtype=old.typecode)[keep].tobytes()))
+    a.recv = [(int(new_index[i]), b) for i, b in a.recv if not drop[i]]
 
 
 def _take(a: _Acc, ev: dict) -> None:
@@ -276,15 +337,24 @@ def _take(a: _Acc, ev: dict) -> None:
     cat = ev.get("cat")
     args = ev.get("args") or {}
     name = ev.get("name", "")
+    if not isinstance(args, dict):
+        raise TypeError("args is not an object")
     if cat in GPU_CATS or (cat != "gpu_user_annotation" and "stream" in args
                             and cat not in ("cuda_runtime", "cuda_driver")):
         ts, dur = _interval(a, ev)
-        stream, corr = int(args.get("stream", -1)), int(args.get("correlation", -1))
+        try:
+            stream, corr = _int_arg(args, "stream", -1), _int_arg(args, "correlation", -1)
+        except _BadArg:
+            a.bad_args += 1
+            raise _Skip from None
         k = _kind(name)
         recv = None
         if k == 1 and (RECV_RE.search(name) and args.get("Collective name", "recv") == "recv"):
             nel = args.get("In msg nelems") or args.get("Out msg nelems") or 0
-            recv = max(0, int(nel)) * DTYPE_BYTES.get(args.get("dtype"), 2)
+            if type(nel) is not int or nel < 0:   # the kernel ran: kept, its size unknown
+                a.nccl_bad += 1
+                nel = 0
+            recv = nel * DTYPE_BYTES.get(args.get("dtype"), 2)
         a.ts.append(ts); a.end.append(ts + dur)
         a.stream.append(stream); a.corr.append(corr)
         a.kind.append(k); a.in_idle.append(cat in _IDLE_CATS)
@@ -306,6 +376,11 @@ def _take(a: _Acc, ev: dict) -> None:
                 a.graph_corr.add(c)
     elif cat == "user_annotation" or name.startswith("ProfilerStep#"):
         ts, dur = _interval(a, ev)
+        key = hash((name, ts, dur, ev.get("tid")))
+        if key in a.range_seen:   # the same range twice: counted once
+            a.duplicates += 1
+            return
+        a.range_seen.add(key)
         if name.startswith("ProfilerStep#"):
             a.steps.append(ts)
         r = a.ranges.setdefault(name, [0, 0.0])
@@ -410,8 +485,20 @@ def _warnings(a: _Acc) -> list[str]:
     if a.bad_time:
         out.append(f"{a.bad_time} event(s) with a NaN, infinite, negative or over-a-day "
                    "duration or an impossible timestamp skipped")
-    if a.unrecognised:
-        out.append(f"{a.unrecognised} event(s) not readable as trace events skipped")
+    if a.unrecognised - a.not_objects:
+        out.append(f"{a.unrecognised - a.not_objects} event(s) not readable as trace events "
+                   "skipped")
+    if a.not_objects:
+        out.append(f"{a.not_objects} traceEvents entries that are not JSON objects skipped")
+    if a.bad_args:
+        out.append(f"{a.bad_args} GPU event(s) whose stream or correlation is not an integer "
+                   "skipped")
+    if a.nccl_bad:
+        out.append(f"{a.nccl_bad} NCCL receive(s) whose message size (In msg nelems) cannot be "
+                   "read kept as busy time with 0 bytes: their receive wait is an upper bound")
+    if a.duplicates:
+        out.append(f"{a.duplicates} duplicated GPU event(s) or range(s) (the same event twice) "
+                   "counted once")
     return out
 
 
@@ -430,6 +517,9 @@ def analyze_rank(a: _Acc, link_gbps: float | None = None, kernel_wait_us: float 
         "gpu_events_without_launch_dropped": a.launchless_dropped,
         "events_without_dur": a.no_dur,
         "events_bad_time": a.bad_time,
+        "events_duplicate": a.duplicates,
+        "events_malformed": a.not_objects + a.bad_args,
+        "nccl_recv_size_unknown": a.nccl_bad,
         "warnings": _warnings(a),
     }
     if n == 0:
@@ -565,12 +655,19 @@ def read_trace(path: str | Path, **kw) -> tuple[int | None, dict]:
         m = rx.search(path.name)
         if m:
             rank = int(m.group(1))
-    if rank is None and isinstance(di, dict) and isinstance(di.get("rank"), int):
+    if rank is None and isinstance(di, dict) and type(di.get("rank")) is int:
         rank = di["rank"]
+        if not 0 <= rank < 1 << 16:
+            raise TraceError(f"{path}: distributedInfo.rank is {rank}; a rank is 0 or more")
     if rank is None:
         m = _RANK_RES[1].search(path.name)
         rank = int(m.group(1)) if m else None
     out = analyze_rank(a, **kw)
+    bad = a.not_objects + a.bad_args
+    if not out["gpu_events"] and bad:   # never an `ok` record of nothing from a broken file
+        raise TraceError(f"{path}: no usable GPU event: {bad} of its {a.events} events are "
+                         "malformed (not JSON objects, or a stream / correlation that is not "
+                         "an integer)")
     out["file"] = path.name
     return rank, out
 
@@ -587,6 +684,9 @@ def find_traces(src) -> list[Path]:
                            if p.is_file() and re.search(r"\.json(\.gz)?$", p.name))
             if not files:
                 raise TraceError(f"{d}: no *.json / *.json.gz traces in it")
+        elif os.path.lexists(d):   # a FIFO, a device, a symbolic-link loop: said as such
+            open_input(d, "Kineto trace", TraceError).close()
+            raise TraceError(f"{d}: not a trace directory or file")
         else:
             raise TraceError(f"{d}: no such trace directory or file")
         out += [f for f in files if f not in out]

@@ -63,14 +63,18 @@ def register(sub) -> None:
     p.set_defaults(func=main)
 
 
-def check_number(flag: str, v: float | None, *, lo: float = 0.0, strict: bool = False) -> None:
-    """A numeric flag must be finite and >= lo (> lo when strict); one-line CliError."""
+def check_number(flag: str, v: float | None, *, lo: float = 0.0, strict: bool = False,
+                 hi: float | None = None) -> None:
+    """A numeric flag must be finite and >= lo (> lo when strict) and <= hi when given;
+    one-line CliError."""
     if v is None:
         return
     ok = math.isfinite(v) and (v > lo if strict else v >= lo)
     if not ok:
         raise CliError(f"{flag} must be a finite number {'>' if strict else '>='} {lo:g}, "
                        f"got {v}")
+    if hi is not None and v > hi:
+        raise CliError(f"{flag} must be at most {hi:g}, got {v}")
 
 
 def config_from_args(args):

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from reports.base.errors import CliError
+from reports.base.paths import open_input
 from reports.base.payloads.sglang import BenchServerInfo
 
 # printed label -> JSON key (labels as sglang/bench_serving.py prints them)
@@ -217,7 +218,7 @@ def _read_text(path: Path) -> str:
     """The file's text, at most MAX_BYTES (after gunzip): /dev/zero or a gzip bomb is refused,
     not read forever; binary data is refused."""
     try:
-        with open(path, "rb") as f:
+        with open_input(path, "bench_serving output") as f:
             raw = f.read(MAX_BYTES + 1)
             if raw[:2] == b"\x1f\x8b":
                 f.seek(0)

@@ -23,11 +23,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reports.base.paths import CONFIGS
+from reports.base.paths import CONFIGS, read_input_json
 
 DEFAULT_MODEL = "kimi-k2"
 FORMATS = ("bf16", "fp8", "int4")
@@ -113,6 +114,9 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in (CONFIGS / "models").glob("*.json"))
 
 
+MAX_CONFIG_BYTES = 16 << 20   # a HF config.json is a few kB; /dev/zero is refused, not read
+
+
 def load_model(name_or_path: str | Path = DEFAULT_MODEL) -> ModelConfig:
     """A preset name (`configs/models/<name>.json`) or a path to a HF `config.json`."""
     s = str(name_or_path)
@@ -122,12 +126,9 @@ def load_model(name_or_path: str | Path = DEFAULT_MODEL) -> ModelConfig:
         if not p.exists():
             raise ConfigError(f"unknown model {s!r}: presets are {', '.join(preset_names())}, "
                               "or give the path of a HF config.json")
-    try:
-        raw = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{p}: no such model config file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{p.name}: not valid JSON ({e})") from None
+    if not os.path.lexists(p):
+        raise ConfigError(f"{p}: no such model config file")
+    raw = read_input_json(p, "model config", MAX_CONFIG_BYTES, ConfigError)
     if not isinstance(raw, dict):
         raise ConfigError(f"{p.name}: top level must be a JSON object")
     name = raw.get("ppscope_name") or (p.stem if p.parent == CONFIGS / "models" else
@@ -143,8 +144,23 @@ def _get(d: dict, key: str, source: str, typ=int, default: Any = ...) -> Any:
     v = d[key]
     if typ is int:
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ConfigError(f"{source}: field '{key}' must be a non-negative integer, got {v!r}")
+            raise ConfigError(f"{source}: field '{key}' must be a non-negative integer, got "
+                              f"{repr(v)[:40]}")
+        hi = _BOUNDS.get(key, _MAX_FIELD)
+        if v > hi:   # no model is this big: a typo or not a model config; floors would be absurd
+            raise ConfigError(f"{source}: field '{key}' is {v}, above the {hi} any model has; "
+                              "is it the right config.json?")
     return v
+
+
+# Upper bounds on a config's sizes, well above any released model (vocabularies reach ~262k,
+# hidden sizes ~16k, layers ~128, routed experts ~384): beyond them the roofline floors are
+# absurd (a vocabulary of 1e20 gives stage floors of 1e27 us).
+_MAX_FIELD = 1 << 30
+_BOUNDS = {"vocab_size": 1 << 24, "hidden_size": 1 << 18, "num_hidden_layers": 1 << 14,
+           "num_attention_heads": 1 << 14, "num_key_value_heads": 1 << 14,
+           "intermediate_size": 1 << 22, "moe_intermediate_size": 1 << 22,
+           "n_routed_experts": 1 << 16, "num_experts": 1 << 16, "head_dim": 1 << 14}
 
 
 def _formats_from_quant(d: dict, top: dict, source: str, moe: bool) -> WeightFormats:

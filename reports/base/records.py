@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import errno
 import json
 import os
 import platform
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from reports.base.paths import parse_input_json, read_input
 from reports.base.schema import SchemaError, from_json, to_json, validate
 
 SCHEMA_VERSION = 1  # envelope default; each payload class states its own (`SCHEMA_VERSION`)
@@ -48,6 +50,11 @@ RELEVANT_ENV_PREFIXES = ("NCCL_", "CUDA_", "SGLANG_", "TORCH_", "PYTORCH_", "NVS
 
 class RecordError(Exception):
     """A record file that cannot be used; the message is one line and names the file."""
+
+
+class PayloadError(RecordError):
+    """A readable record whose payload does not fit its probe's schema (another probe's data,
+    another ppscope's fields): a reader of results/ skips it with a warning."""
 
 
 @dataclass(frozen=True)
@@ -190,20 +197,44 @@ def write_atomic(path: str | os.PathLike, content: str | bytes) -> Path:
     """Write a file via temp file + rename (mode 0644 like a plain open()), so a crash or Ctrl-C
     never leaves half a file and a reader never sees one. Used for JSON, md, html and png."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    if path.is_dir():
+        raise OSError(errno.EISDIR, "a directory, not a file to write (give a file path)",
+                      str(path))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:   # named by the path given, never by the temp file
+        raise _write_error(path, e) from None
     try:
         os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb" if isinstance(content, bytes) else "w") as f:
             f.write(content)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(e, OSError):
+            raise _write_error(path, e) from None
         raise
     return path
+
+
+def _write_error(path: Path, e: OSError) -> OSError:
+    """An OSError of writing `path` that names `path` (not a temp file) and says why in words."""
+    parent = path.parent
+    if e.errno == errno.ELOOP or (parent.is_symlink() and not parent.exists()):
+        why = f"{parent} is a symbolic-link loop or points nowhere"
+    elif isinstance(e, FileExistsError) or e.errno == errno.ENOTDIR:
+        why = f"{parent} is not a directory"
+    elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        why = f"cannot write into {parent} ({e.strerror})"
+    elif e.errno == errno.EISDIR:
+        why = "a directory, not a file to write (give a file path)"
+    else:
+        why = f"cannot write ({e.strerror or type(e).__name__})"
+    return OSError(e.errno, why, str(path))
 
 
 def _umask() -> int:
@@ -284,8 +315,8 @@ def check_payload(rec: Record, source: str) -> Record:
     if rec.status in GOOD or rec.data:
         try:
             _typed(cls, rec)
-        except SchemaError as e:
-            raise RecordError(f"{source}: {e}") from None
+        except (SchemaError, RecursionError) as e:
+            raise PayloadError(f"{source}: {str(e).splitlines()[0][:200]}") from None
     return rec
 
 
@@ -295,20 +326,10 @@ MAX_RECORD_BYTES = 512 * 2**20  # records are a few MB; this bounds what a wrong
 def read_record(path: str | os.PathLike) -> Record:
     """Read a record; raises RecordError with a one-line message naming the file."""
     path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_RECORD_BYTES + 1)
-        if len(raw) > MAX_RECORD_BYTES:
-            raise RecordError(f"{path}: larger than {MAX_RECORD_BYTES // 2**20} MB; not a record")
-        d = json.loads(raw)
-    except FileNotFoundError:
-        raise RecordError(f"{path}: no such record") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RecordError(f"{path}: corrupt record (invalid JSON: {e})") from None
-    except IsADirectoryError:
-        raise RecordError(f"{path}: is a directory, not a record") from None
-    except OSError as e:
-        raise RecordError(f"{path}: cannot read ({e.strerror})") from None
+    if not os.path.lexists(path):
+        raise RecordError(f"{path}: no such record")
+    raw = read_input(path, "ppscope record", MAX_RECORD_BYTES, RecordError)
+    d = parse_input_json(raw, path, "ppscope record", RecordError)
     if not isinstance(d, dict):
         raise RecordError(f"{path}: corrupt record (top level is not an object)")
     return check_payload(record_from_dict(d, str(path)), str(path))

@@ -22,13 +22,16 @@ Records in `results/` replace estimates where they exist:
 | host dispatch per slot | dispatch.json `stages[].host_us_p50` | scenario estimate |
 | eager (graph fallback) cost | graphs.json `eager_us - graph_us` | scenario estimate |
 
-A record that is not `ok`, has another schema version, or was made for another pp/model is
-skipped or used with a warning (`Inputs.warnings`); a corrupt record is a one-line CliError.
+A record that is not `ok`, has another schema version, is another probe's record or holds
+data its probe's schema does not have, or was made for another pp/model is skipped or used
+with a warning (`Inputs.warnings`); a corrupt record (not JSON) is a one-line CliError.
 Nothing here is fitted to the observed numbers.
 """
 from __future__ import annotations
 
 import json
+import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,10 +41,10 @@ from reports.model.arrival import arrival_from_log
 from reports.base.errors import CliError
 from reports.base.gpu_specs import GpuSpec, load_gpu, match_gpu
 from reports.base.model_config import ModelConfig, load_model
-from reports.base.paths import CONFIGS
+from reports.base.paths import CONFIGS, read_input_json
 from reports.base.probes import NAMES
-from reports.base.records import (SCHEMA_VERSION, Record, RecordError, payload_class,
-                                  read_record)
+from reports.base.records import (SCHEMA_VERSION, PayloadError, Record, RecordError,
+                                  payload_class, read_record)
 from reports.base.sglang_defaults import (MAX_PREFILL_TOKENS, SGLANG_VERSION,
                                           default_chunked_prefill_size, default_decode_max_bs,
                                           estimate_kv, gpu_mem_mib)
@@ -124,21 +127,103 @@ def scenario_path(name_or_path: str) -> Path:
     return CONFIGS / "scenarios" / f"{name_or_path}.json"
 
 
+MAX_SCENARIO_BYTES = 4 << 20   # a scenario is a few kB
+
+
 def load_scenario(name_or_path: str) -> dict[str, Any]:
+    """A scenario, every field checked (`check_scenario`); errors name the file as given."""
     p = scenario_path(name_or_path)
-    try:
-        with open(p) as f:
-            d = json.load(f)
-    except FileNotFoundError:
+    if not os.path.lexists(p):
         names = sorted(x.stem for x in (CONFIGS / "scenarios").glob("*.json"))
-        raise CliError(f"no scenario {name_or_path!r} (shipped: {', '.join(names)})") from None
-    except json.JSONDecodeError as e:
-        raise CliError(f"{p}: invalid scenario JSON ({e})") from None
+        raise CliError(f"no scenario {name_or_path!r} (shipped: {', '.join(names)})")
+    d = read_input_json(p, "scenario", MAX_SCENARIO_BYTES)
+    if not isinstance(d, dict):
+        raise CliError(f"{p}: a scenario is a JSON object, got {type(d).__name__}")
+    check_scenario(d, str(p))
+    d.setdefault("name", p.stem)
+    d[SOURCE_KEY] = str(p)
+    return d
+
+
+SOURCE_KEY = "_scenario_file"   # the path the scenario was read from, for error messages
+_POS_INT = 1 << 40              # bound on counts (tokens, requests): beyond any deployment
+_SETTINGS = {  # optional integer settings: (lowest, highest)
+    "tp": (1, 4096), "graph_max_bs": (1, 1 << 16), "max_micro_batch": (1, 1 << 16),
+    "max_running_requests": (1, 1 << 24), "chunked_prefill_size": (-1, _POS_INT),
+    "max_prefill_tokens": (1, _POS_INT), "context_len": (1, _POS_INT),
+    "context_length": (1, _POS_INT), "prompt_len": (1, _POS_INT), "output_len": (1, _POS_INT)}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def check_scenario(d: dict[str, Any], where: str) -> None:
+    """Every field the model reads, type and range, before any is used: a one-line CliError
+    naming the file and the field (`pp`, `concurrency[2]`, `estimates.host_us`)."""
+    def bad(field: str, want: str) -> CliError:
+        v = repr(d.get(field.split(".")[0].split("[")[0]))
+        return CliError(f"{where}: field {field!r} must be {want}, got "
+                        f"{v if len(v) <= 40 else v[:37] + '...'}")
     for key in ("model", "gpu", "pp", "async_depth", "concurrency"):
         if key not in d:
-            raise CliError(f"{p}: scenario lacks {key!r}")
-    d.setdefault("name", p.stem)
-    return d
+            raise CliError(f"{where}: scenario lacks {key!r}")
+    for key in ("model", "gpu"):
+        if not isinstance(d[key], str) or not d[key].strip():
+            raise bad(key, "a preset name or a config path (a string)")
+    if "name" in d and not isinstance(d["name"], str):
+        raise bad("name", "a string")
+    if not _is_int(d["pp"]) or not 1 <= d["pp"] <= 1024:
+        raise bad("pp", "an integer from 1 to 1024")
+    if not _is_int(d["async_depth"]) or not 0 <= d["async_depth"] <= 1024:
+        raise bad("async_depth", "an integer from 0 to 1024")
+    conc = d["concurrency"]
+    if not isinstance(conc, list) or not conc:
+        raise bad("concurrency", "a non-empty list of concurrencies like [1, 8, 32]")
+    for i, c in enumerate(conc):
+        if not _is_int(c) or not 1 <= c <= MAX_CONCURRENCY:
+            raise CliError(f"{where}: field 'concurrency[{i}]' must be an integer from 1 to "
+                           f"{MAX_CONCURRENCY}, got {repr(c)[:40]}")
+    for key, (lo, hi) in _SETTINGS.items():
+        v = d.get(key)
+        if v is not None and (not _is_int(v) or not lo <= v <= hi):
+            raise bad(key, f"an integer from {lo} to {hi}")
+    if d.get("range_ratio") is not None and not (_is_num(d["range_ratio"])
+                                                 and 0 <= d["range_ratio"] <= 1):
+        raise bad("range_ratio", "a number from 0 to 1")
+    for key in ("cuda_graphs",):
+        if key in d and not isinstance(d[key], bool):
+            raise bad(key, "true or false")
+    if d.get("arrival") is not None and not isinstance(d["arrival"], str):
+        raise bad("arrival", "a string (burst, staggered, even)")
+    if d.get("layer_partition") is not None and not isinstance(d["layer_partition"], str):
+        raise bad("layer_partition", "a string like \"8,8,8,...\" (SGLANG_PP_LAYER_PARTITION)")
+    for key in ("assumptions", "estimates", "observed_tok_per_s"):
+        if d.get(key) is not None and not isinstance(d[key], dict):
+            raise bad(key, "an object")
+    for c, v in (d.get("observed_tok_per_s") or {}).items():
+        if not (str(c).isdigit() and 1 <= int(c) <= 1 << 20) or not (_is_num(v) and 0 < v < 1e9):
+            raise CliError(f"{where}: field 'observed_tok_per_s.{str(c)[:20]}' must map a "
+                           f"concurrency to a positive tok/s, got {str(v)[:40]!r}")
+    est = d.get("estimates") or {}
+    for k, v in est.items():
+        if k == "efficiency_by_batch":
+            if not isinstance(v, dict) or not v:
+                raise CliError(f"{where}: field 'estimates.efficiency_by_batch' must be an "
+                               "object like {\"1\": 0.46, \"8\": 0.65}")
+            for b, e in v.items():
+                if not (str(b).isdigit() and 1 <= int(b) <= 1 << 20) or not (
+                        _is_num(e) and 0 < e <= 1):
+                    raise CliError(f"{where}: field 'estimates.efficiency_by_batch.{str(b)[:20]}'"
+                                   f" must map a batch size to a fraction in (0, 1], got "
+                                   f"{str(e)[:40]!r}")
+        elif not (_is_num(v) and 0 <= v < 1e9):
+            raise CliError(f"{where}: field 'estimates.{str(k)[:40]}' must be a number from 0 "
+                           f"to 1e9, got {str(v)[:40]!r}")
 
 
 def load_records(results: Path) -> tuple[dict[str, Record], list[str]]:
@@ -151,8 +236,14 @@ def load_records(results: Path) -> tuple[dict[str, Record], list[str]]:
             continue
         try:
             rec = read_record(path)
+        except PayloadError as e:   # readable, but not this probe's data: never a wrong number
+            warn.append(f"{e}; skipped (not a {probe} record this ppscope reads)")
+            continue
         except RecordError as e:
             raise CliError(str(e)) from None
+        if rec.probe != probe:
+            warn.append(f"{path.name}: a {str(rec.probe)[:40]!r} record, not {probe}; skipped")
+            continue
         want = getattr(payload_class(probe), "SCHEMA_VERSION", SCHEMA_VERSION)
         if rec.schema_version != want:
             warn.append(f"{path.name}: schema version {rec.schema_version}, this ppscope reads "
@@ -195,8 +286,8 @@ def build_inputs(scenario: dict[str, Any], records: dict[str, Record],
     try:
         model = load_model(sc["model"])
         gpu = load_gpu(sc["gpu"])
-    except (ValueError, OSError) as e:
-        raise CliError(f"{sc_file}: {str(e).splitlines()[0]}") from None
+    except (ValueError, OSError) as e:   # named by the file the user gave, not its `name`
+        raise CliError(f"{sc.get(SOURCE_KEY, sc_file)}: {str(e).splitlines()[0]}") from None
     pp, depth = int(sc["pp"]), int(sc["async_depth"])
     assumed = dict(sc.get("assumptions") or {})
 
@@ -315,11 +406,11 @@ def build_inputs(scenario: dict[str, Any], records: dict[str, Record],
         per = [tuple(sorted((int(b), v.floor_us / v.measured_us)
                             for b, v in st.by_batch.items() if v.measured_us and v.floor_us))
                for st in d.stages]
-        note = _gpu_note(sc_rec, gpu)
+        gpu_note = _gpu_note(sc_rec, gpu)
         rec_name = shipped or "stage_cost.json"
         if shipped:   # never the user's machine: a transfer even onto the same GPU kind
-            note = (f"{note or 'measured on ' + ', '.join(sorted(set(sc_rec.provenance.gpus)))}"
-                    f", shipped with ppscope as {shipped}")
+            gpu_note = (f"{gpu_note or 'measured on ' + ', '.join(sorted(set(sc_rec.provenance.gpus)))}"
+                        f", shipped with ppscope as {shipped}")
         if (d.pp == pp and d.model in (model.name, sc["model"])
                 and len(per) == pp and all(per)):
             stage_eff = tuple(per)
@@ -336,18 +427,18 @@ def build_inputs(scenario: dict[str, Any], records: dict[str, Record],
                             f"from the scenario; only its MoE-layer efficiency is used")
             else:
                 warn.append("stage_cost.json: no measured stage for this pp/model; skipped")
-        if note and eff_src[0] == "measured":
+        if gpu_note and eff_src[0] == "measured":
             # another GPU: the fraction of the floor reached at the same micro-batch (the same
             # arithmetic intensity) is carried over, and the floor is the scenario GPU's own
             # (its memory bandwidth): a transfer, never a measurement of this GPU
             eff_src = ("transferred", rec_name)
             if not shipped:
-                warn.append(f"stage_cost.json: {note}; kernel efficiency transferred (same "
+                warn.append(f"stage_cost.json: {gpu_note}; kernel efficiency transferred (same "
                             "fraction of the floor at the same micro-batch size, the scenario "
                             "GPU's floor)")
-            eff_note = (f"{note}: the fraction of the roofline floor reached at each micro-batch "
-                        "size there, carried over onto this GPU's own floor (its memory "
-                        "bandwidth); nothing fitted to the observed tok/s")
+            eff_note = (f"{gpu_note}: the fraction of the roofline floor reached at each "
+                        "micro-batch size there, carried over onto this GPU's own floor (its "
+                        "memory bandwidth); nothing fitted to the observed tok/s")
     params.append(Param("kernel_efficiency", [list(x) for x in (stage_eff or (eff_curve,))[0]],
                         *eff_src, eff_note))
 
@@ -395,9 +486,9 @@ def build_inputs(scenario: dict[str, Any], records: dict[str, Record],
         if total is not None:
             host_src = ("measured", "dispatch.json")
             used.append("dispatch.json")
-            note = _gpu_note(disp, gpu)
-            if note:
-                warn.append(f"dispatch.json: host time per slot visit {note}")
+            gpu_note = _gpu_note(disp, gpu)
+            if gpu_note:
+                warn.append(f"dispatch.json: host time per slot visit {gpu_note}")
     params.append(Param("host_us", host, *host_src,
                         "CPU per non-empty slot visit: get_next_batch_to_run"))
     params.append(Param("launch_us", launch, *host_src, "CPU per forward: run_batch"))
@@ -482,21 +573,27 @@ MAX_CONCURRENCY = 4096  # the model simulates every request's slot: bound its wo
 
 
 def parse_observed(text: str) -> dict[int, float]:
-    """`"1:34,8:81.7,32:248.1"` -> {1: 34.0, 8: 81.7, 32: 248.1}."""
+    """`"1:34,8:81.7,32:248.1"` -> {1: 34.0, 8: 81.7, 32: 248.1}. Errors quote the pair at
+    fault (a long argument is never echoed whole); a concurrency given twice is an error."""
     out: dict[int, float] = {}
     for part in text.split(","):
         part = part.strip()
         if not part:
             continue
+        shown = repr(part if len(part) <= 40 else part[:37] + "...")
         try:
             c, v = part.split(":")
-            out[int(c)] = float(v)
+            c, v = int(c), float(v)
         except ValueError:
-            raise CliError(f"--observed {text!r}: expected CONCURRENCY:TOK_PER_S pairs like "
-                           "1:34,8:81.7") from None
-        if not (int(c) >= 1 and 0 < float(v) < 1e9):  # also NaN and inf
-            raise CliError(f"--observed {text!r}: concurrency and tok/s must be positive")
-        if int(c) > MAX_CONCURRENCY:
-            raise CliError(f"--observed {text!r}: concurrency {int(c)} is above the "
+            raise CliError(f"--observed: {shown} is not a CONCURRENCY:TOK_PER_S pair (like "
+                           "1:34,8:81.7)") from None
+        if not (c >= 1 and 0 < v < 1e9):  # also NaN and inf
+            raise CliError(f"--observed: {shown}: concurrency and tok/s must be positive")
+        if c > MAX_CONCURRENCY:
+            raise CliError(f"--observed: {shown}: concurrency {c} is above the "
                            f"{MAX_CONCURRENCY} the model runs at")
+        if c in out:
+            raise CliError(f"--observed: concurrency {c} given twice ({out[c]:g} and {v:g} "
+                           "tok/s); give one value per concurrency")
+        out[c] = v
     return out

@@ -243,6 +243,9 @@ class TraceRank:
     gpu_events_without_launch_dropped: int = ge(0, default=0)
     events_without_dur: int = ge(0, default=0)
     events_bad_time: int = ge(0, default=0)
+    events_duplicate: int = ge(0, default=0)        # the same event twice: counted once
+    events_malformed: int = ge(0, default=0)        # not objects, stream/correlation not an int
+    nccl_recv_size_unknown: int = ge(0, default=0)  # receives kept with 0 bytes
     warnings: tuple[str, ...] = ()
 
 
@@ -344,3 +347,6 @@ class SglangData:
     log: LogSummary | None = None
     metrics: Json = None            # /metrics summary (microbench/sglang/metrics.py), display only
     live: Json = None               # live probe runs (microbench/sglang/live.py), display only
+    # part (log, traces, metrics, bench, live) -> when it was read (UTC): successive `ppscope
+    # sglang` runs accumulate, each replacing only the parts of the sources it read
+    sources: dict[str, str] = field(default_factory=dict)
