@@ -219,278 +219,375 @@ def run_point(torch, dist, ctx: dict, point: dict) -> dict:
     on at once), get_next_batch_to_run (every rank), proxy receive, output exchange (before the
     forward when async_depth > 0, after it when 0), run_batch, sync on slot s+1's outputs and
     process them (its log line), proxy send."""
-    cfg, rank, pp = ctx["cfg"], ctx["rank"], ctx["pp"]
-    last, gloo, dev, H = pp - 1, ctx["gloo"], ctx["dev"], cfg["hidden"]
-    api = ctx.get("api") or torch.cuda
-    scfg = SlotConfig(pp, cfg["async_depth"], cfg["max_micro_batch"],
-                      cfg.get("max_running_requests"), cfg.get("chunked_prefill_size"),
-                      cfg.get("max_prefill_tokens") or MAX_PREFILL_TOKENS)
-    S, depth = scfg.slots, cfg["async_depth"]
-    serve = ctx.get("serve")   # serve mode: (rank 0's ServeScheduler or None, RankSide)
+    loop = PointLoop(torch, dist, ctx, point)
+    while loop.iteration():
+        pass
+    return loop.finish()
 
-    def rf(name):   # SGLang's range names, while a profiler records (serve: it comes and goes)
-        return torch.profiler.record_function(name) if ctx.get("profiler") is not None \
-            else contextlib.nullcontext()
-    ctx["rf"] = rf
-    graphs, sizes = ctx["graphs"], ctx["capture_sizes"]
-    emb = ctx["emb"]  # rank 0's stand-in for the embedding output, [rows, H]
-    C = point["concurrency"]
 
-    # host-clock reference for GPU events
-    dist.barrier(group=gloo)
-    api.synchronize()
-    t0 = time.perf_counter()
-    ref = api.Event(enable_timing=True)
-    ref.record()
-    ref.synchronize()
-    t1 = time.perf_counter()
-    t_ref, ref_err_us = (t0 + t1) / 2, (t1 - t0) / 2 * 1e6
-    start = t1
-    arrivals = arrival_times(point["arrival"], C, cfg["stagger_ms"], cfg["poisson_rate_per_s"],
-                             cfg["seed"]) if rank == 0 and serve is None else []
+COLUMNS = ("it", "slot", "kind", "n", "rows", "measure", "t_start", "t_end", "wait_us",
+           "wait_req_us", "wait_proxy_us", "wait_out_us", "wait_sync_us", "wait_commit_us",
+           "sched_us", "launch_us", "process_us", "ev")
+RESULTS = ("t", "slot", "kind", "n", "rows", "running", "queue")
 
-    cols = {k: [] for k in ("it", "slot", "kind", "n", "rows", "measure", "t_start", "t_end",
-                            "wait_us", "wait_req_us", "wait_proxy_us", "wait_out_us",
-                            "wait_sync_us", "wait_commit_us", "sched_us", "launch_us",
-                            "process_us", "ev")}
-    results = {k: [] for k in ("t", "slot", "kind", "n", "rows", "running", "queue")}
-    occupancy = []  # rank 0: (t, sizes) after admission
-    adm = AdmitState.empty(scfg)   # every rank's own admission state (SGLang: its scheduler)
-    waiting: list[int] = []        # prompt lengths of requests received, not yet admitted
-    lp = new_loop_state(torch, cfg, pp, rank, api)
-    ctx["side"] = api.Stream()
-    late = api.Stream()
-    inj = ctx["inject"]
-    slow = inj["slow_stage"].get(rank, 0.0)
-    host_delay_s = inj["host_delay_us"].get(rank, 0.0) / 1e6
-    hop_delay_us = inj["hop_delay_us"]
-    delay = ctx.get("delay") or (lambda us: torch.cuda._sleep(max(1, int(us * ctx["cyc_per_us"]))))
-    pulled = admitted = 0
-    window = None  # rank 0: (first measured iteration, its time)
-    measure = stop = False
-    no_admit_rounds, it, pass_idle = 0, 0, True
-    max_iters = cfg["max_iters_per_point"]
-    seconds = cfg["seconds_per_point"]
-    lp["rows_tail"] = {}   # it -> rows of the last few iterations (drain_last_to_first)
-    setup_deadline = start + max(5.0, 3 * seconds)
 
-    def pull() -> list:
+class _Step:
+    """What one iteration carries from one of its steps to the next: its slot, the time waited
+    in each blocking call, the batch it runs, its inputs and outputs, its GPU events."""
+
+    def __init__(self, it: int, s: int) -> None:
+        self.it, self.s = it, s
+        self.t_start = time.perf_counter()
+        self.ev: dict = {}
+        self.w_req = self.w_proxy = self.w_out = self.w_sync = self.w_commit = 0.0
+        self.kind, self.n, self.rows = "idle", 0, 0
+        self.sched_us = self.launch_us = 0.0
+        self.process_us: float | None = None
+        self.pb: int | None = None     # the captured size the batch pads to (graph replay)
+        self.g = self.gx = self.gy = None   # that graph and its static input/output buffers
+        self.x = self.y = None
+        self.got = None                # the outputs of slot s+1, once exchanged
+
+
+class PointLoop:
+    """One point of the loop on this rank (`run_point`): the state SGLang's scheduler keeps
+    between iterations (its admission, the waiting queue, the slots' last batches, the measured
+    window, the run's controls) and one method per step of `event_loop_pp`'s iteration, called
+    in its order by `iteration`; `finish` turns the columns into this rank's result."""
+
+    def __init__(self, torch, dist, ctx: dict, point: dict) -> None:
+        self.torch, self.dist, self.ctx, self.point = torch, dist, ctx, point
+        cfg, rank, pp = ctx["cfg"], ctx["rank"], ctx["pp"]
+        self.cfg, self.rank, self.pp = cfg, rank, pp
+        self.last, self.gloo, self.dev, self.H = pp - 1, ctx["gloo"], ctx["dev"], cfg["hidden"]
+        self.api = api = ctx.get("api") or torch.cuda
+        self.scfg = SlotConfig(pp, cfg["async_depth"], cfg["max_micro_batch"],
+                               cfg.get("max_running_requests"), cfg.get("chunked_prefill_size"),
+                               cfg.get("max_prefill_tokens") or MAX_PREFILL_TOKENS)
+        self.S, self.depth = self.scfg.slots, cfg["async_depth"]
+        # serve mode: (rank 0's ServeScheduler or None, RankSide)
+        self.serve = serve = ctx.get("serve")
+
+        def rf(name):   # SGLang's range names, while a profiler records (serve: it comes and goes)
+            return torch.profiler.record_function(name) if ctx.get("profiler") is not None \
+                else contextlib.nullcontext()
+        self.rf = ctx["rf"] = rf
+        self.graphs, self.sizes = ctx["graphs"], ctx["capture_sizes"]
+        self.emb = ctx["emb"]  # rank 0's stand-in for the embedding output, [rows, H]
+        self.C = C = point["concurrency"]
+
+        # host-clock reference for GPU events
+        dist.barrier(group=self.gloo)
+        api.synchronize()
+        t0 = time.perf_counter()
+        self.ref = ref = api.Event(enable_timing=True)
+        ref.record()
+        ref.synchronize()
+        t1 = time.perf_counter()
+        self.t_ref, self.ref_err_us = (t0 + t1) / 2, (t1 - t0) / 2 * 1e6
+        self.start = t1
+        self.arrivals = arrival_times(point["arrival"], C, cfg["stagger_ms"],
+                                      cfg["poisson_rate_per_s"], cfg["seed"]) \
+            if rank == 0 and serve is None else []
+
+        self.cols: dict[str, list] = {k: [] for k in COLUMNS}
+        self.results: dict[str, list] = {k: [] for k in RESULTS}
+        self.occupancy: list = []  # rank 0: (t, sizes) after admission
+        # every rank's own admission state (SGLang: its scheduler)
+        self.adm = AdmitState.empty(self.scfg)
+        self.waiting: list[int] = []   # prompt lengths of requests received, not yet admitted
+        self.lp = lp = new_loop_state(torch, cfg, pp, rank, api)
+        ctx["side"] = api.Stream()
+        self.late = api.Stream()
+        inj = ctx["inject"]
+        self.slow = inj["slow_stage"].get(rank, 0.0)
+        self.host_delay_s = inj["host_delay_us"].get(rank, 0.0) / 1e6
+        self.hop_delay_us = inj["hop_delay_us"]
+        self.delay = ctx.get("delay") or \
+            (lambda us: torch.cuda._sleep(max(1, int(us * ctx["cyc_per_us"]))))
+        self.pulled = self.admitted = 0
+        self.window = None  # rank 0: (first measured iteration, its time)
+        self.measure = self.stop = False
+        self.no_admit_rounds, self.it, self.pass_idle = 0, 0, True
+        self.max_iters = cfg["max_iters_per_point"]
+        self.seconds = cfg["seconds_per_point"]
+        lp["rows_tail"] = {}   # it -> rows of the last few iterations (drain_last_to_first)
+        self.setup_deadline = self.start + max(5.0, 3 * self.seconds)
+
+    def pull(self) -> list:
         """Rank 0's recv_requests: the streams that have arrived since the last pull, and the
         run's own controls (SGLang relays control requests in the same list): `measure` once
         steady decode is reached, then `stop` after the measured window."""
-        nonlocal pulled, window
-        now = time.perf_counter() - start
+        it, max_iters, C = self.it, self.max_iters, self.C
+        now = time.perf_counter() - self.start
         out = []
-        if window is None and not (it >= 4 * max_iters) and (
-                (admitted == C and not adm.chunk_left and no_admit_rounds >= 2)
-                or (no_admit_rounds >= 4 and all(a <= now for a in arrivals))
-                or time.perf_counter() > setup_deadline):
-            window = (it, now)  # steady decode from here on
+        if self.window is None and not (it >= 4 * max_iters) and (
+                (self.admitted == C and not self.adm.chunk_left and self.no_admit_rounds >= 2)
+                or (self.no_admit_rounds >= 4 and all(a <= now for a in self.arrivals))
+                or time.perf_counter() > self.setup_deadline):
+            self.window = (it, now)  # steady decode from here on
             out.append({"ctl": "measure"})
-        elif (window is not None and (now - window[1] >= seconds or it - window[0] >= max_iters)
+        elif (self.window is not None and (now - self.window[1] >= self.seconds
+                                           or it - self.window[0] >= max_iters)
               ) or it >= 4 * max_iters:
             out.append({"ctl": "stop"})
-        while pulled < C and arrivals[pulled] <= now:
-            out.append(_request(pulled, cfg["prompt_len"]))
-            pulled += 1
+        while self.pulled < C and self.arrivals[self.pulled] <= now:
+            out.append(_request(self.pulled, self.cfg["prompt_len"]))
+            self.pulled += 1
         return out
 
-    while True:
-        s = it % S
+    def iteration(self) -> bool:
+        """One visit of slot it % S, SGLang's steps in order; False once the run stopped."""
+        s = self.it % self.S
         if s == 0:
-            pass_idle = True
-        t_start = time.perf_counter()
-        ev = {}
-        w_req = w_proxy = w_out = w_sync = w_commit = 0.0
-        # ---- 1. recv_requests: rank 0 pulls arrivals; the others get rank r-1's list and
-        # send it on at once (empty lists included: every rank's loop is chained to the last)
+            self.pass_idle = True
+        st = _Step(self.it, s)
+        reqs = self.recv_requests(st)
+        self.send_requests(st, reqs)
+        if self.serve is not None:   # control commands: every rank, this same iteration
+            for c in reqs["ctl"]:
+                self.serve[1].apply(c, st.it)
+        if self.stop:   # the outputs the next rank still expects, then stop
+            exchange_outputs(self.torch, self.dist, self.ctx, self.lp, s, None, drain=True)
+            return False
+        self.get_next_batch(st)
+        self.inputs(st)
+        for phase in (("exchange", "launch") if self.depth > 0 else ("launch", "exchange")):
+            if phase == "exchange":
+                self.exchange(st)
+            else:
+                self.launch(st)
+        self.process_result(st)
+        self.send_hidden(st)
+        if s == self.S - 1 and self.pass_idle:   # SGLang's on_idle after a pass that ran nothing
+            with self.rf("scheduler.idle"):
+                pass
+        self.it += 1
+        self.record(st)
+        return True
+
+    # ---- 1. recv_requests: rank 0 pulls arrivals; the others get rank r-1's list and send it
+    # on at once (empty lists included: every rank's loop is chained to the last)
+    def recv_requests(self, st: _Step):
+        rf, serve = self.rf, self.serve
         with rf("recv_requests"):
             with rf("scheduler.recv_requests"):
-                if rank == 0:
-                    reqs = serve[0].visit(it, s) if serve is not None else pull()
+                if self.rank == 0:
+                    reqs = serve[0].visit(st.it, st.s) if serve is not None else self.pull()
                 else:
                     tw = time.perf_counter()
-                    reqs = recv_list(torch, dist, rank - 1, gloo, TAG_REQS)
-                    w_req = (time.perf_counter() - tw) * 1e6
+                    reqs = recv_list(self.torch, self.dist, self.rank - 1, self.gloo, TAG_REQS)
+                    st.w_req = (time.perf_counter() - tw) * 1e6
             with rf("scheduler.process_input_requests"):
                 if serve is not None:   # serve mode relays rank 0's decision (docstring)
-                    stop, kind, n, rows, measure = (reqs["stop"], reqs["kind"], reqs["n"],
-                                                    reqs["rows"], reqs["measure"])
-                    if window is None and measure:
-                        window = (it, 0.0)
+                    self.stop, st.kind, st.n, st.rows, self.measure = (
+                        reqs["stop"], reqs["kind"], reqs["n"], reqs["rows"], reqs["measure"])
+                    if self.window is None and self.measure:
+                        self.window = (st.it, 0.0)
                 for r in ([] if serve is not None else reqs):
                     if "ctl" in r:
-                        stop = stop or r["ctl"] == "stop"
-                        measure = measure or r["ctl"] == "measure"
+                        self.stop = self.stop or r["ctl"] == "stop"
+                        self.measure = self.measure or r["ctl"] == "measure"
                     else:
-                        waiting.append(len(r["input_ids"]))
-        if rank < last:
-            w_commit += commit(lp["req_work"])
-            with rf("send_reqs_to_next_stage"):
-                lp["req_work"] = isend_list(torch, dist, reqs, rank + 1, gloo, TAG_REQS)
-        if serve is not None:   # control commands: every rank, this same iteration
-            for c in reqs["ctl"]:
-                serve[1].apply(c, it)
-        if stop:   # the outputs the next rank still expects, then stop
-            exchange_outputs(torch, dist, ctx, lp, s, None, drain=True)
-            break
-        # ---- 2. get_next_batch_to_run: every rank runs its own admission on what it received
+                        self.waiting.append(len(r["input_ids"]))
+        return reqs
+
+    def send_requests(self, st: _Step, reqs) -> None:
+        """`send_reqs_to_next_stage`, after the previous send to rank r+1 was committed."""
+        if self.rank < self.last:
+            st.w_commit += commit(self.lp["req_work"])
+            with self.rf("send_reqs_to_next_stage"):
+                self.lp["req_work"] = isend_list(self.torch, self.dist, reqs, self.rank + 1,
+                                                 self.gloo, TAG_REQS)
+
+    # ---- 2. get_next_batch_to_run: every rank runs its own admission on what it received
+    def get_next_batch(self, st: _Step) -> None:
+        s, adm, lp = st.s, self.adm, self.lp
         t_sched = time.perf_counter()
-        with rf("get_next_batch_to_run"), rf("scheduler.get_next_batch_to_run"):
+        with self.rf("get_next_batch_to_run"), self.rf("scheduler.get_next_batch_to_run"):
             running = sum(adm.sizes)
-            if serve is None:
-                vis = visit(adm, waiting, s, scfg, point["policy"], cfg.get("micro_batches"))
-                del waiting[:vis.taken]
-                admitted += vis.taken
+            if self.serve is None:
+                vis = visit(adm, self.waiting, s, self.scfg, self.point["policy"],
+                            self.cfg.get("micro_batches"))
+                del self.waiting[:vis.taken]
+                self.admitted += vis.taken
                 if vis.batch:   # prefill first: this slot's visit runs the prefill
-                    kind, n, rows, no_admit_rounds = "prefill", vis.batch, vis.tokens, 0
+                    st.kind, st.n, st.rows, self.no_admit_rounds = "prefill", vis.batch, \
+                        vis.tokens, 0
                 else:
-                    n = adm.sizes[s]
-                    kind, rows = ("decode", n) if n else ("idle", 0)
-                    if s == S - 1:
-                        no_admit_rounds += 1
-                if rank == 0 and (vis.batch or not occupancy):  # sizes change on admission
-                    occupancy.append((time.perf_counter(), list(adm.sizes)))
-            if host_delay_s and rows:  # --inject host-delay: more CPU work per visit with a batch
-                t_spin = time.perf_counter() + host_delay_s
+                    st.n = adm.sizes[s]
+                    st.kind, st.rows = ("decode", st.n) if st.n else ("idle", 0)
+                    if s == self.S - 1:
+                        self.no_admit_rounds += 1
+                # sizes change on admission
+                if self.rank == 0 and (vis.batch or not self.occupancy):
+                    self.occupancy.append((time.perf_counter(), list(adm.sizes)))
+            # --inject host-delay: more CPU work per visit with a batch
+            if self.host_delay_s and st.rows:
+                t_spin = time.perf_counter() + self.host_delay_s
                 while time.perf_counter() < t_spin:
                     pass
-            lp["mbs"][s] = rows
-            lp["ran"][s] = (kind, n, rows, running)
-            lp["rows_tail"][it] = rows
-            lp["rows_tail"].pop(it - 2 * S - pp, None)
-        sched_us = (time.perf_counter() - t_sched) * 1e6
-        # ---- 3. inputs: hidden states from rank-1 (rank 0: its embedding stand-in)
-        use_graph = cfg["graphs"] and kind == "decode"
-        pb = padded(rows, sizes[-1]) if rows and use_graph and sizes else None
-        x = y = None
-        if rows:
-            pass_idle = False
-            if pb is not None:
-                g, gx, gy = graphs[pb]
-            if rank == 0:
-                x = emb[:rows] if rows <= emb.shape[0] else \
-                    torch.randn(rows, H, device=dev, dtype=torch.bfloat16)
-            else:  # fresh buffers, as SGLang's recv_tensor_dict; copied into the graph later
-                w_proxy, proxy = recv_proxy(torch, dist, ctx, lp)
-                x = proxy["hidden_states"][:rows]   # padded rows where rank-1 replayed a graph
+            lp["mbs"][s] = st.rows
+            lp["ran"][s] = (st.kind, st.n, st.rows, running)
+            lp["rows_tail"][st.it] = st.rows
+            lp["rows_tail"].pop(st.it - 2 * self.S - self.pp, None)
+        st.sched_us = (time.perf_counter() - t_sched) * 1e6
+
+    # ---- 3. inputs: hidden states from rank-1 (rank 0: its embedding stand-in)
+    def inputs(self, st: _Step) -> None:
+        rows, sizes = st.rows, self.sizes
+        use_graph = self.cfg["graphs"] and st.kind == "decode"
+        st.pb = padded(rows, sizes[-1]) if rows and use_graph and sizes else None
+        if not rows:
+            return
+        self.pass_idle = False
+        if st.pb is not None:
+            st.g, st.gx, st.gy = self.graphs[st.pb]
+        if self.rank == 0:
+            st.x = self.emb[:rows] if rows <= self.emb.shape[0] else \
+                self.torch.randn(rows, self.H, device=self.dev, dtype=self.torch.bfloat16)
+        else:  # fresh buffers, as SGLang's recv_tensor_dict; copied into the graph later
+            st.w_proxy, proxy = recv_proxy(self.torch, self.dist, self.ctx, self.lp)
+            st.x = proxy["hidden_states"][:rows]   # padded rows where rank-1 replayed a graph
+            e = self.api.Event(enable_timing=True)
+            e.record(self.lp["sched"])
+            st.ev["in"] = e
+
+    def exchange(self, st: _Step) -> None:
+        """The output exchange (last -> 0 -> 1 ...); rank 0's input event is its arrival."""
+        st.w_out, st.got = exchange_outputs(self.torch, self.dist, self.ctx, self.lp, st.s, None)
+        if self.rank == 0 and st.got is not None:
+            e = self.api.Event(enable_timing=True)
+            e.record(self.lp["sched"])
+            st.ev["in"] = e
+
+    def launch(self, st: _Step) -> None:
+        """`run_batch`: the forward on its stream (graph replay or eager) between two events;
+        the last rank holds the sampled token ids behind SGLang's launch event."""
+        api, lp, rf = self.api, self.lp, self.rf
+        # the next forward waits until NCCL read the last send
+        st.w_commit += commit(lp["proxy_work"])
+        if not st.rows:
+            return
+        rows, n, ev = st.rows, st.n, st.ev
+        tl = time.perf_counter()
+        with rf("run_batch"), rf("scheduler.run_batch"):
+            fwd = lp["fwd"]
+            fwd.wait_stream(lp["sched"])
+            with api.stream(fwd), rf(step_name(st.kind, n, rows)):
                 e = api.Event(enable_timing=True)
-                e.record(lp["sched"])
-                ev["in"] = e
-        got = None
-        launch_us = 0.0
-        for phase in (("exchange", "launch") if depth > 0 else ("launch", "exchange")):
-            if phase == "exchange":
-                w_out, got = exchange_outputs(torch, dist, ctx, lp, s, None)
-                if rank == 0 and got is not None:
-                    e = api.Event(enable_timing=True)
-                    e.record(lp["sched"])
-                    ev["in"] = e
-                continue
-            # the next forward waits until NCCL read the last send
-            w_commit += commit(lp["proxy_work"])
-            if not rows:
-                continue
-            tl = time.perf_counter()
-            with rf("run_batch"), rf("scheduler.run_batch"):
-                fwd = lp["fwd"]
-                fwd.wait_stream(lp["sched"])
-                with api.stream(fwd), rf(step_name(kind, n, rows)):
-                    e = api.Event(enable_timing=True)
-                    e.record(fwd)
-                    ev["fs"] = e
-                    if pb is not None:
-                        gx[:rows].copy_(x)     # inputs into the graph's static buffer
-                        g.replay()
-                        y = gy[:rows]
-                    else:
-                        y = ctx["fwd"](x)
-                    if slow:  # --inject slow-stage: the forward takes FACTOR times as long
-                        delay((slow - 1.0) * ctx["fwd_us"](pb or rows))
-                    e = api.Event(enable_timing=True)
-                    e.record(fwd)
-                    ev["fe"] = e
-                    if rank == last:  # sampled token ids of the batch's requests, held
-                        tok = y[:rows][-n:, :64].argmax(-1)
-                        done = api.Event()
-                        done.record(fwd)          # SGLang's launch event: after sampling
-                        lp["held"].append((done, tok))
-            launch_us = (time.perf_counter() - tl) * 1e6
-        # ---- 4. process_batch_result of slot s+1, after a CPU sync on its outputs (no range)
-        process_us = None
-        if got is not None:
-            w_sync, _tokens = sync_outputs(got)
-            with rf("process_batch_result"), rf("scheduler.process_batch_result"):
-                tp0 = time.perf_counter()
-                lp["pp_out"] = got[2] if rank < last else None
-                nxt = (s + 1) % S
-                if rank == 0 and serve is not None:   # one token per request of slot s+1
-                    serve[0].outputs(nxt, tp0)
-                for k, v in zip(("kind", "n", "rows", "running"), lp["ran"][nxt]):
-                    results[k].append(v)   # its log line, stamped now (result time)
-                results["t"].append(tp0)
-                results["slot"].append(nxt)
-                results["queue"].append(len(waiting))
-                process_us = (time.perf_counter() - tp0) * 1e6
-        else:
+                e.record(fwd)
+                ev["fs"] = e
+                if st.pb is not None:
+                    st.gx[:rows].copy_(st.x)     # inputs into the graph's static buffer
+                    st.g.replay()
+                    st.y = st.gy[:rows]
+                else:
+                    st.y = self.ctx["fwd"](st.x)
+                if self.slow:  # --inject slow-stage: the forward takes FACTOR times as long
+                    self.delay((self.slow - 1.0) * self.ctx["fwd_us"](st.pb or rows))
+                e = api.Event(enable_timing=True)
+                e.record(fwd)
+                ev["fe"] = e
+                if self.rank == self.last:  # sampled token ids of the batch's requests, held
+                    tok = st.y[:rows][-n:, :64].argmax(-1)
+                    done = api.Event()
+                    done.record(fwd)          # SGLang's launch event: after sampling
+                    lp["held"].append((done, tok))
+        st.launch_us = (time.perf_counter() - tl) * 1e6
+
+    # ---- 4. process_batch_result of slot s+1, after a CPU sync on its outputs (no range)
+    def process_result(self, st: _Step) -> None:
+        got, lp, results = st.got, self.lp, self.results
+        if got is None:
             lp["pp_out"] = None
-        # ---- 5. proxy send to rank+1: hidden states and residual (padded: the graph's rows)
-        if rows and rank < last:
-            send = {"hidden_states": gy[:pb] if pb is not None else y,
-                    "residual": gx[:pb] if pb is not None else x}
-            with rf("send_proxy_dict_to_next_stage"):
-                ev["se"] = send_proxy(torch, dist, ctx, lp, send, ev["fe"], late, hop_delay_us)
-        if s == S - 1 and pass_idle:   # SGLang's on_idle after a pass that ran nothing
-            with rf("scheduler.idle"):
-                pass
-        it += 1
-        if serve is not None and not (measure or rows):
-            continue   # serve mode keeps no column for an idle pipeline's turn
+            return
+        st.w_sync, _tokens = sync_outputs(got)
+        with self.rf("process_batch_result"), self.rf("scheduler.process_batch_result"):
+            tp0 = time.perf_counter()
+            lp["pp_out"] = got[2] if self.rank < self.last else None
+            nxt = (st.s + 1) % self.S
+            if self.rank == 0 and self.serve is not None:   # one token per request of slot s+1
+                self.serve[0].outputs(nxt, tp0)
+            for k, v in zip(("kind", "n", "rows", "running"), lp["ran"][nxt]):
+                results[k].append(v)   # its log line, stamped now (result time)
+            results["t"].append(tp0)
+            results["slot"].append(nxt)
+            results["queue"].append(len(self.waiting))
+            st.process_us = (time.perf_counter() - tp0) * 1e6
+
+    # ---- 5. proxy send to rank+1: hidden states and residual (padded: the graph's rows)
+    def send_hidden(self, st: _Step) -> None:
+        if st.rows and self.rank < self.last:
+            pb = st.pb
+            send = {"hidden_states": st.gy[:pb] if pb is not None else st.y,
+                    "residual": st.gx[:pb] if pb is not None else st.x}
+            with self.rf("send_proxy_dict_to_next_stage"):
+                st.ev["se"] = send_proxy(self.torch, self.dist, self.ctx, self.lp, send,
+                                         st.ev["fe"], self.late, self.hop_delay_us)
+
+    def record(self, st: _Step) -> None:
+        """The iteration's column (serve mode: only turns with work, the latest max_iters)."""
+        cols, serve, max_iters = self.cols, self.serve, self.max_iters
+        if serve is not None and not (self.measure or st.rows):
+            return   # serve mode keeps no column for an idle pipeline's turn
         if serve is not None and len(cols["it"]) >= 2 * max_iters:
-            for v in list(cols.values()) + list(results.values()):
+            for v in list(cols.values()) + list(self.results.values()):
                 del v[:max(0, len(v) - max_iters)]   # keep the latest max_iters iterations
-        cols["it"].append(it - 1)
-        cols["slot"].append(s)
-        cols["kind"].append(kind)
-        cols["n"].append(n)
-        cols["rows"].append(rows)
-        cols["measure"].append(bool(measure))
-        cols["t_start"].append(t_start)
+        cols["it"].append(st.it)
+        cols["slot"].append(st.s)
+        cols["kind"].append(st.kind)
+        cols["n"].append(st.n)
+        cols["rows"].append(st.rows)
+        cols["measure"].append(bool(self.measure))
+        cols["t_start"].append(st.t_start)
         cols["t_end"].append(time.perf_counter())
-        cols["wait_us"].append(w_req + w_proxy + w_out + w_sync + w_commit)
-        cols["wait_req_us"].append(w_req)
-        cols["wait_proxy_us"].append(w_proxy)
-        cols["wait_out_us"].append(w_out)
-        cols["wait_sync_us"].append(w_sync)
-        cols["wait_commit_us"].append(w_commit)
-        cols["sched_us"].append(sched_us)
-        cols["launch_us"].append(launch_us)
-        cols["process_us"].append(process_us)
-        cols["ev"].append(ev)
-    drain_last_to_first(torch, dist, ctx, lp, it, lp["rows_tail"])
-    api.synchronize()
-    # GPU events -> host clock (seconds)
-    def at(e):
-        return t_ref + ref.elapsed_time(e) / 1e3
-    gpu = {k: [] for k in ("in", "fs", "fe", "se")}
-    for ev in cols.pop("ev"):
-        for k in gpu:
-            gpu[k].append(at(ev[k]) if ev.get(k) is not None else None)
-    cols.update({f"t_{k}": v for k, v in gpu.items()})
-    out = {"point": point, "rank": rank, "slots": S, "ref_err_us": ref_err_us,
-           "t_point_start": start, "columns": cols, "results": results, "complete": True}
-    if rank == 0 and serve is not None:   # the session: sizes at the peak of running requests
-        sc = serve[0]
-        out["point"] = dict(point, concurrency=max(1, sc.peak))
-        out.update(arrivals_s=[], admitted=sc.admitted, occupancy=list(sc.occupancy),
-                   slot_sizes=list(sc.peak_sizes), window_start_it=window[0] if window else None)
-    elif rank == 0:
-        out["arrivals_s"] = arrivals
-        out["admitted"] = admitted
-        out["occupancy"] = occupancy
-        out["slot_sizes"] = list(adm.sizes)   # requests per slot (a chunked one where it ended)
-        out["window_start_it"] = window[0] if window else None
-    return out
+        cols["wait_us"].append(st.w_req + st.w_proxy + st.w_out + st.w_sync + st.w_commit)
+        cols["wait_req_us"].append(st.w_req)
+        cols["wait_proxy_us"].append(st.w_proxy)
+        cols["wait_out_us"].append(st.w_out)
+        cols["wait_sync_us"].append(st.w_sync)
+        cols["wait_commit_us"].append(st.w_commit)
+        cols["sched_us"].append(st.sched_us)
+        cols["launch_us"].append(st.launch_us)
+        cols["process_us"].append(st.process_us)
+        cols["ev"].append(st.ev)
+
+    def finish(self) -> dict:
+        """Drain what the first rank still expects, place the GPU events on the host clock, and
+        return this rank's result for the point."""
+        drain_last_to_first(self.torch, self.dist, self.ctx, self.lp, self.it,
+                            self.lp["rows_tail"])
+        self.api.synchronize()
+        t_ref, ref = self.t_ref, self.ref
+
+        def at(e):   # GPU events -> host clock (seconds)
+            return t_ref + ref.elapsed_time(e) / 1e3
+        cols = self.cols
+        gpu = {k: [] for k in ("in", "fs", "fe", "se")}
+        for ev in cols.pop("ev"):
+            for k in gpu:
+                gpu[k].append(at(ev[k]) if ev.get(k) is not None else None)
+        cols.update({f"t_{k}": v for k, v in gpu.items()})
+        window = self.window
+        out = {"point": self.point, "rank": self.rank, "slots": self.S,
+               "ref_err_us": self.ref_err_us, "t_point_start": self.start, "columns": cols,
+               "results": self.results, "complete": True}
+        # serve mode: the session, sizes at the peak of running requests
+        if self.rank == 0 and self.serve is not None:
+            sc = self.serve[0]
+            out["point"] = dict(self.point, concurrency=max(1, sc.peak))
+            out.update(arrivals_s=[], admitted=sc.admitted, occupancy=list(sc.occupancy),
+                       slot_sizes=list(sc.peak_sizes),
+                       window_start_it=window[0] if window else None)
+        elif self.rank == 0:
+            out["arrivals_s"] = self.arrivals
+            out["admitted"] = self.admitted
+            out["occupancy"] = self.occupancy
+            # requests per slot (a chunked one where it ended)
+            out["slot_sizes"] = list(self.adm.sizes)
+            out["window_start_it"] = window[0] if window else None
+        return out
 
 
 def export_trace(prof, path: Path) -> None:

@@ -10,7 +10,8 @@ against a loop whose every cost is known.
 This module is the part that touches no torch (so it runs and is tested on CPU):
 - `ServeState`: the thread-safe bridge between the HTTP threads and rank 0's loop. HTTP threads
   `submit` a request (and get a `Stream` of its tokens) or send a control command and wait for
-  its reply; the loop takes them at the top of an iteration. It also keeps SGLang's metrics.
+  its reply; the loop takes them at the top of an iteration. Its `ServeMetrics` keep
+  SGLang's metrics.
 - `ServeScheduler`: what rank 0 does at a slot visit in serve mode. Finished requests leave the
   slot, newly arrived ones wait FIFO and are admitted with `reports.base.slots.visit`, exactly as
   the benchmark admits (policy, per-slot cap, request rows, prefill token budget, chunking);
@@ -189,8 +190,93 @@ class Control:
     reply: tuple[int, Any] | None = None
 
 
+class ServeMetrics:
+    """SGLang's metrics of the served requests (observability/metrics_collector.py, 0.5.23):
+    the request counters and the TTFT / TPOT / E2E / ITL histograms of the tokenizer's
+    collector, and the tokens of the last second (the scheduler's `gen_throughput`). Holds no
+    lock: `ServeState` calls it under its own."""
+
+    def __init__(self, clock: Callable[[], float]):
+        self.clock = clock
+        self.recent: collections.deque = collections.deque()   # token times of the last second
+        self.counters: dict[str, float] = collections.defaultdict(float)
+        self.hist = {"ttft": {}, "tpot": {}, "e2e": {}, "itl": Hist(ITL_BUCKETS)}
+
+    def tput(self) -> float:
+        """`gen_throughput`: tokens produced in the last second (SGLang logs tokens over the
+        time since its last decode log line; a scrape has no such interval)."""
+        now = self.clock()
+        while self.recent and self.recent[0] < now - 1.0:
+            self.recent.popleft()
+        return float(len(self.recent))   # tokens in the last second
+
+    def token(self, req: Request, t: float) -> int:
+        """One token of `req` at loop time `t`: its TTFT or inter-token latency, the last
+        second's tokens; returns the token's index in the request."""
+        k = req.emitted
+        req.emitted += 1
+        s = "true" if req.streaming else "false"
+        if req.t_first is None:
+            req.t_first = t
+            self.hist["ttft"].setdefault(s, Hist(TTFT_BUCKETS)).observe(t - req.t_arrive)
+        else:
+            self.hist["itl"].observe(t - req.t_last)
+        req.t_last = t
+        self.recent.append(t)
+        while self.recent[0] < t - 1.0:   # bounded: the last second only
+            self.recent.popleft()
+        return k
+
+    def finished(self, req: Request, t: float) -> None:
+        """A request that produced its last token at `t`: the counters, E2E and TPOT."""
+        s = "true" if req.streaming else "false"
+        n = req.emitted
+        self.counters[f"prompt_{s}"] += req.prompt_tokens
+        self.counters[f"generation_{s}"] += n
+        self.counters[f"requests_{s}"] += 1
+        self.hist["e2e"].setdefault(s, Hist(E2E_BUCKETS)).observe(t - req.t_arrive)
+        if n > 1:
+            self.hist["tpot"].setdefault(s, Hist(ITL_BUCKETS)).observe(
+                (t - req.t_first) / (n - 1))
+
+    def text(self, model_name: str, running: int, queued: int) -> str:
+        """Prometheus text, SGLang's names: scheduler gauges labelled as the scheduler's
+        (pp_rank 0: rank 0 admits and counts for the pipeline), request counters and
+        histograms as the tokenizer's (no pp_rank)."""
+        name = model_name.replace("\\", "\\\\").replace('"', '\\"')
+        sched = f'engine_type="unified",model_name="{name}",moe_ep_rank="0",pp_rank="0",tp_rank="0"'
+        tok = f'engine_type="unified",model_name="{name}"'
+        out = []
+        for metric, v, doc in (
+                ("num_running_reqs", running, "The number of running requests."),
+                ("num_queue_reqs", queued, "The number of requests in the waiting queue."),
+                ("gen_throughput", self.tput(), "The generation throughput (token/s).")):
+            out += [f"# HELP sglang:{metric} {doc}", f"# TYPE sglang:{metric} gauge",
+                    f"sglang:{metric}{{{sched}}} {float(v)}"]
+        for metric, key in (("prompt_tokens_total", "prompt"),
+                            ("generation_tokens_total", "generation"),
+                            ("num_requests_total", "requests")):
+            out.append(f"# TYPE sglang:{metric} counter")
+            for s in ("false", "true"):
+                out.append(f'sglang:{metric}{{{tok},is_streaming="{s}"}} '
+                           f"{float(self.counters[f'{key}_{s}'])}")
+        out += ["# TYPE sglang:num_aborted_requests_total counter",
+                f"sglang:num_aborted_requests_total{{{tok}}} "
+                f"{float(self.counters['aborted'])}"]
+        for metric, key in (("time_to_first_token_seconds", "ttft"),
+                            ("request_time_per_output_token_seconds", "tpot"),
+                            ("e2e_request_latency_seconds", "e2e")):
+            out.append(f"# TYPE sglang:{metric} histogram")
+            for s, h in sorted(self.hist[key].items()):
+                out += h.lines(f"sglang:{metric}", f'{tok},is_streaming="{s}"')
+        out.append("# TYPE sglang:inter_token_latency_seconds histogram")
+        out += self.hist["itl"].lines("sglang:inter_token_latency_seconds", tok)
+        return "\n".join(out) + "\n"
+
+
 class ServeState:
-    """Thread-safe bridge: HTTP threads on one side, rank 0's loop on the other."""
+    """Thread-safe bridge: HTTP threads on one side, rank 0's loop on the other; its
+    `metrics` (`ServeMetrics`) are kept under the same lock."""
 
     def __init__(self, args: ServerArgs, clock: Callable[[], float] = time.perf_counter):
         self.args, self.clock = args, clock
@@ -205,10 +291,12 @@ class ServeState:
         self.mmb = args.pp_max_micro_batch_size
         self.profiling = False
         self.running = self.queued = 0
-        self._recent = collections.deque()          # token times of the last second
-        self.counters: dict[str, float] = collections.defaultdict(float)
-        self.hist = {"ttft": {}, "tpot": {}, "e2e": {}, "itl": Hist(ITL_BUCKETS)}
+        self.metrics = ServeMetrics(clock)
         self.started = time.time()
+
+    @property
+    def counters(self) -> dict[str, float]:
+        return self.metrics.counters
 
     # ---- HTTP side
     def submit(self, prompt_tokens: int, max_tokens: int, streaming: bool) -> Stream:
@@ -256,7 +344,7 @@ class ServeState:
         with self._cv:
             if not req.done:
                 req.done = True
-                self.counters["aborted"] += 1
+                self.metrics.counters["aborted"] += 1
             self._cv.notify_all()
 
     def healthy(self) -> bool:
@@ -266,53 +354,14 @@ class ServeState:
         """What SGLang returns per scheduler in `internal_states` (the settings as they are now)."""
         with self._cv:
             d = self.args.as_dict()
-            d.update(pp_max_micro_batch_size=self.mmb, last_gen_throughput=self._tput(),
+            d.update(pp_max_micro_batch_size=self.mmb, last_gen_throughput=self.metrics.tput(),
                      profiling=self.profiling)
             return d
 
     def metrics_text(self) -> str:
-        """Prometheus text, SGLang's names (observability/metrics_collector.py, 0.5.23):
-        scheduler gauges labelled as the scheduler's (pp_rank 0: rank 0 admits and counts for the
-        pipeline), request counters and histograms as the tokenizer's (no pp_rank)."""
-        name = self.args.served_model_name.replace("\\", "\\\\").replace('"', '\\"')
-        sched = f'engine_type="unified",model_name="{name}",moe_ep_rank="0",pp_rank="0",tp_rank="0"'
-        tok = f'engine_type="unified",model_name="{name}"'
-        out = []
+        """/metrics: Prometheus text in SGLang's names (`ServeMetrics.text`)."""
         with self._cv:
-            for metric, v, doc in (
-                    ("num_running_reqs", self.running, "The number of running requests."),
-                    ("num_queue_reqs", self.queued,
-                     "The number of requests in the waiting queue."),
-                    ("gen_throughput", self._tput(), "The generation throughput (token/s).")):
-                out += [f"# HELP sglang:{metric} {doc}", f"# TYPE sglang:{metric} gauge",
-                        f"sglang:{metric}{{{sched}}} {float(v)}"]
-            for metric, key in (("prompt_tokens_total", "prompt"),
-                                ("generation_tokens_total", "generation"),
-                                ("num_requests_total", "requests")):
-                out.append(f"# TYPE sglang:{metric} counter")
-                for s in ("false", "true"):
-                    out.append(f'sglang:{metric}{{{tok},is_streaming="{s}"}} '
-                               f"{float(self.counters[f'{key}_{s}'])}")
-            out += ["# TYPE sglang:num_aborted_requests_total counter",
-                    f"sglang:num_aborted_requests_total{{{tok}}} "
-                    f"{float(self.counters['aborted'])}"]
-            for metric, key in (("time_to_first_token_seconds", "ttft"),
-                                ("request_time_per_output_token_seconds", "tpot"),
-                                ("e2e_request_latency_seconds", "e2e")):
-                out.append(f"# TYPE sglang:{metric} histogram")
-                for s, h in sorted(self.hist[key].items()):
-                    out += h.lines(f"sglang:{metric}", f'{tok},is_streaming="{s}"')
-            out.append("# TYPE sglang:inter_token_latency_seconds histogram")
-            out += self.hist["itl"].lines("sglang:inter_token_latency_seconds", tok)
-        return "\n".join(out) + "\n"
-
-    def _tput(self) -> float:
-        """`gen_throughput`: tokens produced in the last second (SGLang logs tokens over the
-        time since its last decode log line; a scrape has no such interval)."""
-        now = self.clock()
-        while self._recent and self._recent[0] < now - 1.0:
-            self._recent.popleft()
-        return float(len(self._recent))   # tokens in the last second
+            return self.metrics.text(self.args.served_model_name, self.running, self.queued)
 
     # ---- loop side (rank 0)
     def request_stop(self, reason: str) -> None:
@@ -353,30 +402,12 @@ class ServeState:
         with self._cv:
             if req.done:
                 return
-            k = req.emitted
-            req.emitted += 1
-            s = "true" if req.streaming else "false"
-            if req.t_first is None:
-                req.t_first = t
-                self.hist["ttft"].setdefault(s, Hist(TTFT_BUCKETS)).observe(t - req.t_arrive)
-            else:
-                self.hist["itl"].observe(t - req.t_last)
-            req.t_last = t
-            self._recent.append(t)
-            while self._recent[0] < t - 1.0:   # bounded: the last second only
-                self._recent.popleft()
+            k = self.metrics.token(req, t)
             last = req.emitted >= req.max_tokens
             req.events.append(("token", k, last))
             if last:
                 req.done = True
-                n = req.emitted
-                self.counters[f"prompt_{s}"] += req.prompt_tokens
-                self.counters[f"generation_{s}"] += n
-                self.counters[f"requests_{s}"] += 1
-                self.hist["e2e"].setdefault(s, Hist(E2E_BUCKETS)).observe(t - req.t_arrive)
-                if n > 1:
-                    self.hist["tpot"].setdefault(s, Hist(ITL_BUCKETS)).observe(
-                        (t - req.t_first) / (n - 1))
+                self.metrics.finished(req, t)
                 req.events.append(("end", "length"))
             self._cv.notify_all()
 
@@ -385,7 +416,7 @@ class ServeState:
             for r in reqs:
                 if not r.done:
                     r.done = True
-                    self.counters["aborted"] += 1
+                    self.metrics.counters["aborted"] += 1
                     r.events.append(("end", reason))
                 elif not r.events or r.events[-1][0] != "end":
                     r.events.append(("end", reason))

@@ -294,17 +294,109 @@ def _fits(nbytes: int, what: str, m: ModelConfig, cfg: StageCostConfig) -> str |
     return msg
 
 
-def _measure(cfg, m, gpu, stages, notes, progress, writer) -> tuple[Record, str | None]:
-    import torch
+@dataclass
+class _Measurement:
+    """One measuring run's state, shared by its parts: what is timed (layer kinds, MoE backends,
+    formats), what has been measured so far (`layers`, `prefill`, `done` of `total` points),
+    and how it is saved (`save`: the record as it stands, `partial` until the end)."""
+    cfg: StageCostConfig
+    m: ModelConfig
+    m_meas: ModelConfig          # the formats that run (`measured_model`)
+    gpu: GpuSpec
+    stages: list[StageCost]
+    notes: list[str]
+    progress: Any
+    writer: RunWriter | None
+    att_backend: str
+    moe_names: list[str]
+    moe_kinds: list[str]
+    kinds: list[str]
+    layers: dict[str, dict[str, LayerPoint]]
+    prefill: dict[str, Any] | None
+    bw_meas: float | None
+    done: int = 0
+    chosen: dict[str, str] = dataclasses.field(default_factory=dict)
+    slowed: list = dataclasses.field(default_factory=list)  # clocks of points below full SM clock
 
-    from microbench.kernels import layers as L
-    from microbench.kit.clocks import ClockSampler
-    from microbench.kit.timing import do_bench, do_bench_graph, graph_copies, l2_bytes
+    @property
+    def total(self) -> int:
+        return len(self.kinds) * len(self.cfg.batches)
 
-    dev = torch.device("cuda")
-    clocks = ClockSampler(torch.cuda.current_device() if torch.cuda.is_available() else 0)
-    slowed: list = []         # clock summaries of points that ran below full SM clock
-    l2 = l2_bytes(dev)        # 0 without CUDA: every point then records the error below
+    def count(self) -> None:
+        self.done += 1
+        if self.progress:
+            self.progress.update(1)
+
+    def save(self, final: bool = False) -> tuple[Record, str | None]:
+        cfg, m_meas, layers, prefill = self.cfg, self.m_meas, self.layers, self.prefill
+        chosen = self.chosen
+        if self.moe_kinds:
+            chosen.clear()
+            chosen.update(pick_fastest(layers, self.moe_names))
+        st, imb = fill_stage_costs(m_meas, self.stages, layers)
+        names = sorted(set(chosen.values()))
+        data = replace(
+            _data(cfg, self.m, m_meas, self.gpu,
+                  with_measured_bw(st, m_meas, self.gpu, cfg, self.bw_meas),
+                  {k: dict(v) for k, v in layers.items()},
+                  Prefill(**{**prefill, "layers": dict(prefill["layers"])})
+                  if prefill is not None else None, self.notes, imb),
+            mem_bw_measured_gbps=self.bw_meas, moe_backend_by_batch=dict(chosen),
+            backend=",".join(names) if names else None,
+            kernel_by_layer={k: " | ".join(dict.fromkeys(e.kernel for e in d.values()
+                                                         if e.kernel)) or None
+                             for k, d in layers.items()})
+        errs = [f"{k}: {v.error}" for k, d in layers.items() if k != "moe"
+                for v in d.values() if v.error]
+        # a failed optional MoE backend is fine as long as another one measured every batch
+        moe_ok = not self.moe_kinds or all(b in chosen for b in map(str, cfg.batches))
+        hard = [x for x in errs if not x.startswith("moe_") or not moe_ok]
+        if final:
+            status = "ok" if not hard else "error"
+            reason = None if not errs else "; ".join(sorted(set(errs)))[:500]
+        else:  # what Ctrl-C or a crash leaves: the points measured so far
+            status, reason = "partial", (f"incomplete: {self.done} of {self.total} points "
+                                         "measured (interrupted, or still running)")
+        rec = make_record(PROBE, data, status=status, reason=reason, argv=list(cfg.argv))
+        return rec, self.writer.save(rec)[1] if self.writer else None
+
+
+@dataclass
+class _LayerKind:
+    """One layer kind being timed (`attention`, `moe_<backend>`, `dense_mlp`, `lm_head`), and
+    the MoE weights its builds share (built once, reused at every batch size)."""
+    kind: str
+    is_moe: bool
+    base: str                    # layers.build's kind: moe for every MoE backend
+    backend: str
+    variant: str | None
+    weights: Any = None
+
+    @classmethod
+    def of(cls, kind: str) -> "_LayerKind":
+        is_moe = kind.startswith("moe_")
+        backend, variant = MOE_BACKENDS[kind[4:]] if is_moe else ("torch", None)
+        return cls(kind, is_moe, "moe" if is_moe else kind, backend, variant)
+
+
+def _moe_names(cfg: StageCostConfig, fmt: str, notes: list[str]) -> list[str]:
+    """The MoE backends to time: those asked for that run the routed experts' format."""
+    unknown = [n for n in cfg.moe_backends if n not in MOE_BACKENDS]
+    if unknown:
+        raise ValueError(f"unknown MoE backend(s) {unknown}; known: {sorted(MOE_BACKENDS)}")
+    moe_names = list(cfg.moe_backends)
+    if fmt != "bf16":   # ppscope's Triton kernels and SGLang's own run int4 / fp8
+        skipped = [n for n in moe_names if n not in ("triton", "sglang")]
+        if skipped:
+            notes.append(f"MoE backend(s) {', '.join(skipped)} not timed: they run bf16 only "
+                         f"and the routed experts are {fmt}")
+        moe_names = [n for n in moe_names if n in ("triton", "sglang")] or ["triton"]
+    return moe_names
+
+
+def _plan_measurement(cfg, m, gpu, stages, notes, progress, writer) -> _Measurement:
+    """What this GPU will time (formats, backends, layer kinds), with the notes saying what
+    differs from the model as served; measures the HBM copy bandwidth."""
     m_meas = measured_model(m)
     fmt = m_meas.formats.routed_experts
     if m.formats != m_meas.formats:
@@ -320,170 +412,170 @@ def _measure(cfg, m, gpu, stages, notes, progress, writer) -> tuple[Record, str 
     if cfg.experts_sample:
         notes.append(f"MoE layers allocate {cfg.experts_sample} of {m.n_routed_experts} routed "
                      "experts (ids folded modulo that); floors use the distinct experts touched")
-    unknown = [n for n in cfg.moe_backends if n not in MOE_BACKENDS]
-    if unknown:
-        raise ValueError(f"unknown MoE backend(s) {unknown}; known: {sorted(MOE_BACKENDS)}")
-    moe_names = list(cfg.moe_backends)
-    if fmt != "bf16":   # ppscope's Triton kernels and SGLang's own run int4 / fp8
-        skipped = [n for n in moe_names if n not in ("triton", "sglang")]
-        if skipped:
-            notes.append(f"MoE backend(s) {', '.join(skipped)} not timed: they run bf16 only "
-                         f"and the routed experts are {fmt}")
-        moe_names = [n for n in moe_names if n in ("triton", "sglang")] or ["triton"]
+    moe_names = _moe_names(cfg, fmt, notes)
     moe_kinds = [f"moe_{n}" for n in moe_names] if m.is_moe else []
     kinds = ["attention"] + moe_kinds + (["dense_mlp"] if m.first_k_dense > 0 else []) + \
         ["lm_head"]
-    layers: dict[str, dict[str, LayerPoint]] = {k: {} for k in kinds}
-    prefill: dict[str, Any] = {"chunk_tokens": cfg.prefill_chunk, "timing": "eager",
-                               "layers": {}} if cfg.prefill_chunk else None
-    total = len(kinds) * len(cfg.batches)
-    done = [0]
-    bw = cfg.mem_bw_gbps
+    prefill: dict[str, Any] | None = {"chunk_tokens": cfg.prefill_chunk, "timing": "eager",
+                                      "layers": {}} if cfg.prefill_chunk else None
     try:
         bw_meas = measure_mem_bw()
     except Exception as e:  # noqa: BLE001 - out of memory etc.: efficiencies vs spec only
         bw_meas = None
         notes.append(f"HBM copy bandwidth not measured ({type(e).__name__})")
-    chosen: dict[str, str] = {}
+    return _Measurement(cfg, m, m_meas, gpu, stages, notes, progress, writer, att_backend,
+                        moe_names, moe_kinds, kinds, {k: {} for k in kinds}, prefill, bw_meas)
 
-    def save(final: bool = False) -> tuple[Record, str | None]:
-        if moe_kinds:
-            chosen.clear()
-            chosen.update(pick_fastest(layers, moe_names))
-        st, imb = fill_stage_costs(m_meas, stages, layers)
-        names = sorted(set(chosen.values()))
-        data = replace(
-            _data(cfg, m, m_meas, gpu, with_measured_bw(st, m_meas, gpu, cfg, bw_meas),
-                  {k: dict(v) for k, v in layers.items()},
-                  Prefill(**{**prefill, "layers": dict(prefill["layers"])})
-                  if prefill is not None else None, notes, imb),
-            mem_bw_measured_gbps=bw_meas, moe_backend_by_batch=dict(chosen),
-            backend=",".join(names) if names else None,
-            kernel_by_layer={k: " | ".join(dict.fromkeys(e.kernel for e in d.values()
-                                                         if e.kernel)) or None
-                             for k, d in layers.items()})
-        errs = [f"{k}: {v.error}" for k, d in layers.items() if k != "moe"
-                for v in d.values() if v.error]
-        # a failed optional MoE backend is fine as long as another one measured every batch
-        moe_ok = not moe_kinds or all(b in chosen for b in map(str, cfg.batches))
-        hard = [x for x in errs if not x.startswith("moe_") or not moe_ok]
-        if final:
-            status = "ok" if not hard else "error"
-            reason = None if not errs else "; ".join(sorted(set(errs)))[:500]
-        else:  # what Ctrl-C or a crash leaves: the points measured so far
-            status, reason = "partial", (f"incomplete: {done[0]} of {total} points measured "
-                                         "(interrupted, or still running)")
-        rec = make_record(PROBE, data, status=status, reason=reason, argv=list(cfg.argv))
-        return rec, writer.save(rec)[1] if writer else None
 
-    for kind in kinds:
-        is_moe = kind.startswith("moe_")
-        base = "moe" if is_moe else kind
-        backend, variant = MOE_BACKENDS[kind[4:]] if is_moe else ("torch", None)
-        weights = None
-        if is_moe:
-            nb = moe_weight_bytes(m_meas, fmt, cfg.experts_sample)
-            n_exp = cfg.experts_sample or m_meas.n_routed_experts
-            too_big = _fits(nb, f"moe layer ({n_exp} experts, {fmt})", m_meas, cfg)
-            if too_big:
-                for b in cfg.batches:
-                    layers[kind][str(b)] = LayerPoint(error=too_big)
-                done[0] += len(cfg.batches)
-                save()
-                continue
-        check_err = None
-        for i, b in enumerate(cfg.batches):
-            entry: dict[str, Any] = {}
-            try:
-                kw = dict(context_len=cfg.context_len, seed=0, attention_backend=att_backend)
-                if is_moe:
-                    kw.update(backend=backend, variant=variant, zipf_s=cfg.zipf_s,
-                              experts_sample=cfg.experts_sample, weights=weights, fmt=fmt)
-                built = L.build(base, m_meas, b, dev, **kw)
-                if is_moe:
-                    weights = built.info.pop("weights")
-                if i == 0:  # check once per layer implementation, on fresh inputs
-                    entry["check_rel_err"] = built.check()
-                if is_moe:
-                    d = built.info["distinct_experts"]
-                    floor = moe_floor_us(m_meas, d, gpu, bw)
-                    floor_m = moe_floor_us(m_meas, d, gpu, bw_meas) if bw_meas else None
-                    entry.update(distinct_experts=d, experts_allocated=built.info[
-                        "experts_allocated"])
-                else:
-                    floor = layer_floor(m_meas, base, b, gpu, context_len=cfg.context_len,
-                                        mem_bw_gbps=bw).floor_us
-                    floor_m = layer_floor(m_meas, base, b, gpu, context_len=cfg.context_len,
-                                          mem_bw_gbps=bw_meas).floor_us if bw_meas else None
-                copies = 1
-                clocks.start()
-                if built.graphable:   # the layer's bytes (its floor) against the L2 cache
-                    copies = graph_copies(int(floor * (bw or gpu.mem_bw_gbps) * 1e3), l2)
-                    t = do_bench_graph(built.fn, copies=copies)
-                else:
-                    t = do_bench(built.fn)
-                cs = clocks.stop()
-                entry.update(cs.as_record())
-                if cs.slowed():
-                    slowed.append(cs)
-                entry.update(measured_us=t.median_us, p20_us=t.p20_us, p80_us=t.p80_us,
-                             floor_us=floor, efficiency=floor / t.median_us,
-                             floor_measured_bw_us=floor_m,
-                             efficiency_measured_bw=floor_m and floor_m / t.median_us,
-                             backend=built.backend, kernel=built.info.get("kernel"),
-                             timing="cuda_graph_replay" if built.graphable else "eager",
-                             graph_copies=copies)
-                del built
-            except L.CheckFailed as e:
-                check_err = str(e)
-            except torch.cuda.OutOfMemoryError:
-                check_err = "out of memory: try --experts-sample N or fewer/lower batches"
-            except Exception as e:  # noqa: BLE001 - unsupported op/backend: record, go on
-                check_err = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
-            if check_err:
-                entry = {"error": check_err}
-            layers[kind][str(b)] = point = LayerPoint(**entry)
-            done[0] += 1
-            if progress:
-                progress.update(1)
-            save()
-            if check_err:  # a failed check or build fails every batch the same way
-                for b2 in cfg.batches[i + 1:]:
-                    layers[kind][str(b2)] = point
-                    done[0] += 1
-                    if progress:
-                        progress.update(1)
-                break
-        if prefill is not None and base in ("moe", "dense_mlp") and not check_err:
-            T = cfg.prefill_chunk
-            try:
-                kw = dict(seed=0)
-                if is_moe:
-                    kw.update(backend=backend, variant=variant,
-                              experts_sample=cfg.experts_sample, weights=weights, fmt=fmt)
-                built = L.build(base, m_meas, T, dev, **kw)
-                t = do_bench(built.fn)
-                floor = (moe_floor_us(m_meas, built.info["distinct_experts"], gpu, bw)
-                         if is_moe else layer_floor(m_meas, base, T, gpu,
-                                                    mem_bw_gbps=bw).floor_us)
-                if is_moe:  # prefill is compute-heavy: the floor takes FLOPs into account
-                    fl = layer_floor(m_meas, "moe", T, gpu, mem_bw_gbps=bw)
-                    floor = max(floor, fl.flops / (gpu.bf16_tflops * 1e12) * 1e6)
-                prefill["layers"][kind] = PrefillPoint(measured_us=t.median_us, floor_us=floor,
-                                                       efficiency=floor / t.median_us,
-                                                       backend=built.backend)
-                del built
-            except Exception as e:  # noqa: BLE001 - record it; decode figures still stand
-                prefill["layers"][kind] = PrefillPoint(error=f"{type(e).__name__}: "
-                                                       f"{(str(e).splitlines() or [''])[0][:200]}")
-        del weights
-        torch.cuda.empty_cache()
-    if prefill is not None:
-        prefill["note"] = "attention prefill not measured (decode kernel only); eager timing"
+def _measure(cfg, m, gpu, stages, notes, progress, writer) -> tuple[Record, str | None]:
+    """Every layer kind at every batch size (then its prefill chunk), saved after each point."""
+    import torch
+
+    from microbench.kit.clocks import ClockSampler
+    from microbench.kit.timing import l2_bytes
+
+    dev = torch.device("cuda")
+    clocks = ClockSampler(torch.cuda.current_device() if torch.cuda.is_available() else 0)
+    l2 = l2_bytes(dev)        # 0 without CUDA: every point then records the error below
+    run = _plan_measurement(cfg, m, gpu, stages, notes, progress, writer)
+    for kind in run.kinds:
+        _measure_kind(run, _LayerKind.of(kind), dev, clocks, l2)
+    if run.prefill is not None:
+        run.prefill["note"] = "attention prefill not measured (decode kernel only); eager timing"
     clocks.stop()
-    if slowed:
-        notes.append(clock_note(slowed, done[0]))
-    return save(final=True)
+    if run.slowed:
+        notes.append(clock_note(run.slowed, run.done))
+    return run.save(final=True)
+
+
+def _measure_kind(run: _Measurement, lk: _LayerKind, dev, clocks, l2: int) -> None:
+    """One layer kind: each batch size in turn (a failed check or build fails the rest the
+    same way), then its prefill chunk; MoE weights that cannot fit fail every point at once."""
+    import torch
+
+    cfg, layers, kind = run.cfg, run.layers, lk.kind
+    if lk.is_moe:
+        fmt = run.m_meas.formats.routed_experts
+        nb = moe_weight_bytes(run.m_meas, fmt, cfg.experts_sample)
+        n_exp = cfg.experts_sample or run.m_meas.n_routed_experts
+        too_big = _fits(nb, f"moe layer ({n_exp} experts, {fmt})", run.m_meas, cfg)
+        if too_big:
+            for b in cfg.batches:
+                layers[kind][str(b)] = LayerPoint(error=too_big)
+            run.done += len(cfg.batches)
+            run.save()
+            return
+    check_err = None
+    for i, b in enumerate(cfg.batches):
+        entry, check_err = _time_decode_point(run, lk, b, i == 0, dev, clocks, l2)
+        layers[kind][str(b)] = point = LayerPoint(**entry)
+        run.count()
+        run.save()
+        if check_err:  # a failed check or build fails every batch the same way
+            for b2 in cfg.batches[i + 1:]:
+                layers[kind][str(b2)] = point
+                run.count()
+            break
+    if run.prefill is not None and lk.base in ("moe", "dense_mlp") and not check_err:
+        run.prefill["layers"][kind] = _time_prefill(run, lk, dev)
+    lk.weights = None
+    torch.cuda.empty_cache()
+
+
+def _time_decode_point(run: _Measurement, lk: _LayerKind, b: int, first: bool, dev, clocks,
+                       l2: int) -> tuple[dict[str, Any], str | None]:
+    """One decode layer at micro-batch b: built, checked against its float32 reference (the
+    first batch size of each implementation, on fresh inputs), timed as a graph replay (eager
+    where it cannot be captured) with the SM clock sampled, beside its floors. Returns the
+    LayerPoint fields and the error that stopped it (then the fields are just that error)."""
+    import torch
+
+    from microbench.kernels import layers as L
+    from microbench.kit.timing import do_bench, do_bench_graph, graph_copies
+
+    cfg, m_meas, gpu, bw, bw_meas = run.cfg, run.m_meas, run.gpu, run.cfg.mem_bw_gbps, run.bw_meas
+    entry: dict[str, Any] = {}
+    check_err = None
+    try:
+        kw = dict(context_len=cfg.context_len, seed=0, attention_backend=run.att_backend)
+        if lk.is_moe:
+            kw.update(backend=lk.backend, variant=lk.variant, zipf_s=cfg.zipf_s,
+                      experts_sample=cfg.experts_sample, weights=lk.weights,
+                      fmt=m_meas.formats.routed_experts)
+        built = L.build(lk.base, m_meas, b, dev, **kw)
+        if lk.is_moe:
+            lk.weights = built.info.pop("weights")
+        if first:  # check once per layer implementation, on fresh inputs
+            entry["check_rel_err"] = built.check()
+        if lk.is_moe:
+            d = built.info["distinct_experts"]
+            floor = moe_floor_us(m_meas, d, gpu, bw)
+            floor_m = moe_floor_us(m_meas, d, gpu, bw_meas) if bw_meas else None
+            entry.update(distinct_experts=d, experts_allocated=built.info["experts_allocated"])
+        else:
+            floor = layer_floor(m_meas, lk.base, b, gpu, context_len=cfg.context_len,
+                                mem_bw_gbps=bw).floor_us
+            floor_m = layer_floor(m_meas, lk.base, b, gpu, context_len=cfg.context_len,
+                                  mem_bw_gbps=bw_meas).floor_us if bw_meas else None
+        copies = 1
+        clocks.start()
+        if built.graphable:   # the layer's bytes (its floor) against the L2 cache
+            copies = graph_copies(int(floor * (bw or gpu.mem_bw_gbps) * 1e3), l2)
+            t = do_bench_graph(built.fn, copies=copies)
+        else:
+            t = do_bench(built.fn)
+        cs = clocks.stop()
+        entry.update(cs.as_record())
+        if cs.slowed():
+            run.slowed.append(cs)
+        entry.update(measured_us=t.median_us, p20_us=t.p20_us, p80_us=t.p80_us,
+                     floor_us=floor, efficiency=floor / t.median_us,
+                     floor_measured_bw_us=floor_m,
+                     efficiency_measured_bw=floor_m and floor_m / t.median_us,
+                     backend=built.backend, kernel=built.info.get("kernel"),
+                     timing="cuda_graph_replay" if built.graphable else "eager",
+                     graph_copies=copies)
+        del built
+    except L.CheckFailed as e:
+        check_err = str(e)
+    except torch.cuda.OutOfMemoryError:
+        check_err = "out of memory: try --experts-sample N or fewer/lower batches"
+    except Exception as e:  # noqa: BLE001 - unsupported op/backend: record, go on
+        check_err = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+    if check_err:
+        entry = {"error": check_err}
+    return entry, check_err
+
+
+def _time_prefill(run: _Measurement, lk: _LayerKind, dev) -> PrefillPoint:
+    """One prefill chunk of an MoE or dense MLP layer, eager, against its floor (bytes, and for
+    the MoE FLOPs too: prefill is compute-heavy)."""
+    from microbench.kernels import layers as L
+    from microbench.kit.timing import do_bench
+
+    cfg, m_meas, gpu, bw = run.cfg, run.m_meas, run.gpu, run.cfg.mem_bw_gbps
+    T = cfg.prefill_chunk
+    try:
+        kw = dict(seed=0)
+        if lk.is_moe:
+            kw.update(backend=lk.backend, variant=lk.variant,
+                      experts_sample=cfg.experts_sample, weights=lk.weights,
+                      fmt=m_meas.formats.routed_experts)
+        built = L.build(lk.base, m_meas, T, dev, **kw)
+        t = do_bench(built.fn)
+        floor = (moe_floor_us(m_meas, built.info["distinct_experts"], gpu, bw)
+                 if lk.is_moe else layer_floor(m_meas, lk.base, T, gpu,
+                                               mem_bw_gbps=bw).floor_us)
+        if lk.is_moe:  # prefill is compute-heavy: the floor takes FLOPs into account
+            fl = layer_floor(m_meas, "moe", T, gpu, mem_bw_gbps=bw)
+            floor = max(floor, fl.flops / (gpu.bf16_tflops * 1e12) * 1e6)
+        point = PrefillPoint(measured_us=t.median_us, floor_us=floor,
+                             efficiency=floor / t.median_us, backend=built.backend)
+        del built
+        return point
+    except Exception as e:  # noqa: BLE001 - record it; decode figures still stand
+        return PrefillPoint(error=f"{type(e).__name__}: "
+                            f"{(str(e).splitlines() or [''])[0][:200]}")
 
 
 def clock_note(slowed: list, points: int) -> str:
