@@ -140,13 +140,11 @@ def read_baseline(path: str) -> tuple[str, dict[str, Any]]:
     p = Path(path)
     if p.is_dir():
         p = p / "report.json"
-    with open(p, "rb") as f:
-        raw = f.read(BASELINE_MAX_BYTES + 1)
-    if len(raw) > BASELINE_MAX_BYTES:
-        raise CliError(f"--baseline {p}: larger than {BASELINE_MAX_BYTES >> 20} MB; not a report")
+    from reports.base.paths import read_input
+    raw = read_input(p, "report.json", BASELINE_MAX_BYTES)   # regular files only, bounded
     try:
         rep = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise CliError(f"--baseline {p}: not JSON (give an earlier run's report.json)") from None
     if not isinstance(rep, dict) or rep.get("schema") != REPORT_SCHEMA:
         raise CliError(f"--baseline {p}: not a ppscope report.json ({REPORT_SCHEMA})")

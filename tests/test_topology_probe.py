@@ -98,8 +98,8 @@ def test_cli_pp_limits_the_pipeline(fixtures, tmp_path):
 @pytest.mark.parametrize("args,words", [
     (["--from-nvidia-smi", "MISSING"], "cannot read"),
     (["--from-nvidia-smi", "BAD"], "line 2: row GPU0 has unknown link 'QQQ'"),
-    (["--from-nvidia-smi", "/dev/zero"], "larger than 1 MB"),
-    (["--from-nvidia-smi", "DIR"], "cannot read"),
+    (["--from-nvidia-smi", "/dev/zero"], "a character device"),
+    (["--from-nvidia-smi", "DIR"], "a directory"),
     (["--from-nvidia-smi", "GOOD", "--pp", "9"], "--pp 9 but the file lists 2 GPUs"),
     (["--from-nvidia-smi", "GOOD", "--gpus", "0,x"], "comma-separated integers"),
     (["--from-nvidia-smi", "GOOD", "--gpus", "0,5"], "GPU 5 is not in the file"),

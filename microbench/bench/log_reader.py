@@ -125,9 +125,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"generated {big.stat().st_size / 1e6:.0f} MB in {time.perf_counter() - t0:.0f} s")
             files = [str(big)]
         size = sum(os.path.getsize(f) for f in files)
-        from microbench.sglang.log import _worker_count
+        from microbench.sglang.log import worker_count
         for workers in counts:
-            n = _worker_count([Path(f) for f in files], workers or None)
+            n = worker_count([Path(f) for f in files], workers or None)
             name = (f"default ({n} worker process{'es' if n > 1 else ''} here)" if not workers
                     else "one process" if workers == 1 else f"{workers} worker processes")
             load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")

@@ -760,7 +760,7 @@ def _plain_size(path: Path) -> int:
     return size
 
 
-def _worker_count(paths: list[Path], workers: int | None) -> int:
+def worker_count(paths: list[Path], workers: int | None) -> int:
     if workers is not None:
         return max(1, int(workers))
     try:
@@ -815,7 +815,7 @@ def _scan_logs(paths: list[Path], workers: int | None) -> LogScan:
     events: list = []
     total = good = bad = 0
     files, empty = [], []
-    n_workers = _worker_count(paths, workers)
+    n_workers = worker_count(paths, workers)
     pool = None
     if n_workers > 1:
         import concurrent.futures as cf

@@ -53,8 +53,9 @@ class RecordError(Exception):
 
 
 class PayloadError(RecordError):
-    """A readable record whose payload does not fit its probe's schema (another probe's data,
-    another ppscope's fields): a reader of results/ skips it with a warning."""
+    """A readable record whose payload has fields its probe's schema does not have, or lacks
+    some it needs (another probe's data, another ppscope's): a reader of results/ skips it
+    with a warning."""
 
 
 @dataclass(frozen=True)
@@ -316,7 +317,12 @@ def check_payload(rec: Record, source: str) -> Record:
         try:
             _typed(cls, rec)
         except (SchemaError, RecursionError) as e:
-            raise PayloadError(f"{source}: {str(e).splitlines()[0][:200]}") from None
+            msg = f"{source}: {str(e).splitlines()[0][:200]}"
+            # fields this schema does not have, or lacks: another probe's or version's data
+            # (skipped by a reader of results/); a field of the wrong type: a corrupt record
+            if "unknown field" in msg or msg.endswith(": missing"):
+                raise PayloadError(msg) from None
+            raise RecordError(msg) from None
     return rec
 
 
