@@ -139,7 +139,6 @@ def _stream_one(cfg: LiveConfig, model: str, t0: float, out: list, errors: list,
     """One stream, run in a worker thread: its arrivals onto `out`; what went wrong onto
     `errors` (the server could not be reached, HTTP errors) or `bad` (a reply that cannot be
     believed), one line each, for the main thread to report. Never raises."""
-    c = None
     try:
         _stream(cfg, model, t0, out, errors)
     except BadReply as e:

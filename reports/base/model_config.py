@@ -21,7 +21,6 @@ message naming the file and the field.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 from dataclasses import dataclass, field

@@ -29,7 +29,6 @@ Nothing here is fitted to the observed numbers.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass
