@@ -1,0 +1,207 @@
+"""The what-if plan's table: each setting's change predicted from the "before" case alone
+against the change bench_serving measured (cases.whatif_plan, reports/model/observed_whatif.py).
+
+Per after case (a setting changed against its before case `wi-base-c<C>`): the model runs
+bench_serving's run over the before case's observed loop with and without the change
+(`observed_whatif.predict`); measured = median tok/s after / median before - 1, with the range
+every pairing of their repetitions spans (min after / max before - 1 .. max / min - 1). A
+prediction meets the target when its sign is right and it is within 25% of the measured change
+or inside that range.
+
+Per profiled case (before cases, async depth 1 and pp): the model of the observed loop against
+bench_serving's tok/s, steady (every slot as traced) and over bench_serving's whole run, with
+the profiler's own cost taken off: the server log's decode lines give each visit's time (SGLang
+logs `gen throughput` = tokens / time since the previous decode line, metrics_reporter.py), so
+the median visit at each `#running-req` inside the profiled window against outside it is how
+much slower the traced loop ran than the benchmark's (`profiler_slowdown`).
+
+    python -m microbench.sglang_lab.whatifs results/lab-whatif [--json OUT.json]
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from statistics import median
+
+TARGET_REL = 0.25
+LOOP_TARGET_PCT = 10.0
+_DECODE = re.compile(r"PP(\d+)\] Decode batch, #running-req: (\d+),.*?gen throughput "
+                     r"\(token/s\): ([\d.]+)")
+_PROFILE = re.compile(r"PP(\d+)\] Profiling (starts|done)")
+
+
+def profiler_slowdown(log_text: str, min_lines: int = 5) -> float | None:
+    """Median decode-visit time inside the profiled window / outside it, at the same
+    `#running-req`, weighted by the window's lines and pooled over ranks; None without a
+    window or without matching lines outside it."""
+    inside: dict[str, bool] = {}
+    dt: dict[tuple[str, bool, int], list[float]] = {}
+    for ln in log_text.splitlines():
+        m = _PROFILE.search(ln)
+        if m:
+            inside[m.group(1)] = m.group(2) == "starts"
+            continue
+        m = _DECODE.search(ln)
+        if m is None:
+            continue
+        r, bs, thr = m.group(1), int(m.group(2)), float(m.group(3))
+        if thr > 0 and bs > 0:
+            dt.setdefault((r, inside.get(r, False), bs), []).append(bs / thr)
+    num = den = 0.0
+    for (r, ins, bs), v in dt.items():
+        out = dt.get((r, False, bs))
+        if ins and out and len(out) >= min_lines:
+            num += len(v) * median(v)
+            den += len(v) * median(out)
+    return num / den if den else None
+
+
+def _case(d: Path) -> dict:
+    return json.loads((d / "case.json").read_text())
+
+
+def _tok(d: Path) -> list[float]:
+    from reports.base.bench_serving import read_bench
+    p = d / "bench.jsonl"
+    if not p.exists():
+        return []
+    return [float(r["output_throughput"]) for r in read_bench(str(p))["runs"]
+            if r.get("output_throughput") is not None]
+
+
+def change_of(after: dict, before: dict) -> tuple[str, object] | None:
+    """(knob, value) the after case changed against its before case."""
+    a, b = after["case"], before["case"]
+    if a.get("mmb") and a["mmb"] != b.get("mmb"):
+        return "--pp-max-micro-batch-size", a["mmb"]
+    if a.get("request_rate") != b.get("request_rate"):
+        return "--request-rate", a.get("request_rate")
+    args = list(after.get("extra_args") or [])
+    for knob in ("--pp-async-batch-depth", "--max-running-requests", "--chunked-prefill-size"):
+        if knob in args and knob not in (before.get("extra_args") or []):
+            return knob, int(args[args.index(knob) + 1])
+    return None
+
+
+def _evidence(d: Path):
+    from reports.base.records import read_record
+    from reports.model import observed_whatif as ow
+    rec = read_record(d / "sglang.json")
+    return ow.from_sglang(rec.payload)
+
+
+def _spread(v: list[float]) -> float | None:
+    return 100 * (max(v) - min(v)) / median(v) if len(v) > 1 else None
+
+
+def loop_rows(out: Path) -> list[dict]:
+    """The model of the observed loop against bench_serving, per profiled case."""
+    from reports.model import observed_whatif as ow
+    rows = []
+    for d in sorted(p for p in out.iterdir() if (p / "sglang.json").exists()):
+        c = _case(d)
+        dep, server, load, _ = _evidence(d)
+        tok = _tok(d)
+        if not tok:
+            continue
+        meas = median(tok)
+        steady = ow.steady_tok_per_s(dep)
+        run = ow.bench_run(dep, server, load)
+        slow = profiler_slowdown((d / "server.log").read_text(errors="replace"))
+        corr = run.tok_per_s * slow if slow else None
+        rows.append({
+            "case": d.name, "depth": server.depth, "concurrency": load.concurrency,
+            "measured_tok_per_s": meas, "runs": len(tok), "spread_pct": _spread(tok),
+            "traced_sizes": list(dep.sizes),
+            "steady_tok_per_s": steady, "steady_diff_pct": 100 * (steady / meas - 1),
+            "run_tok_per_s": run.tok_per_s, "run_in_flight": run.mean_in_flight,
+            "profiler_slowdown": slow,
+            "modelled_tok_per_s": corr,
+            "diff_pct": 100 * (corr / meas - 1) if corr else None,
+            "extra_args": c.get("extra_args") or [],
+        })
+    return rows
+
+
+def whatif_rows(out: Path) -> list[dict]:
+    from reports.model import observed_whatif as ow
+    cases = {d.name: d for d in out.iterdir() if (d / "case.json").exists()}
+    rows = []
+    for name, d in sorted(cases.items()):
+        c = _case(d)
+        base = c["case"].get("baseline")
+        if not base or base not in cases or not (cases[base] / "sglang.json").exists():
+            continue
+        ch = change_of(c, _case(cases[base]))
+        if ch is None:
+            continue
+        knob, value = ch
+        a, b = _tok(d), _tok(cases[base])
+        if not a or not b:
+            continue
+        dep, server, load, _ = _evidence(cases[base])
+        pred = ow.predict(dep, server, load, knob, value)
+        meas = 100 * (median(a) / median(b) - 1)
+        lo, hi = 100 * (min(a) / max(b) - 1), 100 * (max(a) / min(b) - 1)
+        p = pred.change_pct
+        sign_ok = (p > 0) == (meas > 0) or lo <= p <= hi or abs(p) < 1 and lo <= 0 <= hi
+        size_ok = abs(p - meas) <= TARGET_REL * abs(meas) or lo <= p <= hi
+        rows.append({
+            "case": name, "before": base, "knob": knob, "value": value,
+            "concurrency": load.concurrency,
+            "before_tok_per_s": median(b), "after_tok_per_s": median(a),
+            "before_runs": len(b), "after_runs": len(a),
+            "measured_pct": meas, "measured_range_pct": [lo, hi],
+            "predicted_pct": p,
+            "sizes_before": list(pred.before.steady_sizes),
+            "sizes_after": list(pred.after.steady_sizes),
+            "ok": bool(sign_ok and size_ok),
+        })
+    return rows
+
+
+def render(wrows: list[dict], lrows: list[dict]) -> str:
+    from tabulate import tabulate
+    a = tabulate([[r["knob"] + " " + str(r["value"]), r["concurrency"],
+                   f"{r['before_tok_per_s']:.1f} -> {r['after_tok_per_s']:.1f}",
+                   f"{r['measured_pct']:+.1f}% ({r['measured_range_pct'][0]:+.1f} .. "
+                   f"{r['measured_range_pct'][1]:+.1f})", f"{r['predicted_pct']:+.1f}%",
+                   " ".join(map(str, [x for x in r["sizes_before"] if x])) + " -> "
+                   + " ".join(map(str, [x for x in r["sizes_after"] if x])),
+                   "yes" if r["ok"] else "no"] for r in wrows],
+                 headers=["setting", "C", "tok/s (median)", "measured (range)", "predicted",
+                          "modelled slots", "target"])
+    b = tabulate([[r["case"], r["depth"], r["concurrency"],
+                   f"{r['measured_tok_per_s']:.1f}" + (f" ({r['spread_pct']:.0f}%)"
+                                                       if r["spread_pct"] is not None else ""),
+                   f"{r['steady_tok_per_s']:.1f} ({r['steady_diff_pct']:+.1f}%)",
+                   f"{r['run_tok_per_s']:.1f}", f"{r['profiler_slowdown']:.3f}"
+                   if r["profiler_slowdown"] else "-",
+                   f"{r['modelled_tok_per_s']:.1f} ({r['diff_pct']:+.1f}%)"
+                   if r["modelled_tok_per_s"] else "-"] for r in lrows],
+                 headers=["case", "depth", "C", "bench tok/s (spread)", "steady model",
+                          "run model", "profiler slowdown", "run model / slowdown"])
+    return a + "\n\n" + b
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
+        return 2
+    out = Path(argv[0])
+    if not out.is_dir():
+        print(f"whatifs: {out} is not a lab results folder", file=sys.stderr)
+        return 2
+    w, lp = whatif_rows(out), loop_rows(out)
+    print(render(w, lp))
+    if "--json" in argv:
+        dest = Path(argv[argv.index("--json") + 1])
+        dest.write_text(json.dumps({"whatifs": w, "loop": lp}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
