@@ -125,7 +125,7 @@ def _log(inside_ms: float, outside_ms: float, n: int = 4) -> str:
 
 
 def test_profiler_slowdown_from_the_decode_lines():
-    from microbench.sglang_lab.whatifs import profiler_slowdown
+    from reports.model.observed_whatif import profiler_slowdown
     assert profiler_slowdown(_log(24.0, 20.0)) == pytest.approx(1.2, rel=1e-3)
     # no window, or no line outside it at the window's sizes: nothing to say
     assert profiler_slowdown(_log(24.0, 20.0).split("Profiling starts")[0]) is None

@@ -104,3 +104,20 @@ def whatif_plan(pp: int = 2, reps: int = WHATIF_REPS) -> tuple[Group, ...]:
                         tuple(Case(f"wi-chunk-c{C}", C, reps=reps, baseline=base(C),
                                    profile=False) for C in WHATIF_C)))
     return tuple(groups)
+
+
+def whatif_live_plan(pp: int = 2, reps: int = WHATIF_REPS) -> tuple[Group, ...]:
+    """The live settings (`--pp-max-micro-batch-size`, arrival pacing) on one default server,
+    their runs interleaved with the before runs (before, mmb, rate, before, ...: one
+    bench_serving run per case `wl-<setting>-c<C>.<k>`), so that a change of the machine's load
+    between runs falls on both sides alike. The first before run of each C is profiled."""
+    cases = []
+    for C in WHATIF_C:
+        for k in range(1, reps + 1):
+            cases.append(Case(f"wl-base-c{C}.{k}", C, baseline="", profile=k == 1))
+            if C // pp >= 1 and C // pp < C:
+                cases.append(Case(f"wl-mmb-c{C}.{k}", C, mmb=C // pp, baseline=f"wl-base-c{C}",
+                                  profile=False))
+            cases.append(Case(f"wl-rate-c{C}.{k}", C, request_rate=WHATIF_RATE,
+                              baseline=f"wl-base-c{C}", profile=False))
+    return (Group("wl-depth0", pp, (), tuple(cases)),)

@@ -43,6 +43,9 @@ def register(subparsers) -> None:
                    help="the what-if plan: SGLang's defaults and each setting the report can "
                    "recommend, before and after, at C = 1, 8, 16 (cases wi-*; "
                    "`ppscope sglang-lab-whatifs` reads them)")
+    p.add_argument("--whatif-live", action="store_true",
+                   help="the live what-ifs (micro-batch cap, pacing) interleaved with their "
+                   "before runs on one server (cases wl-*)")
     p.add_argument("--list", action="store_true", help="print the plan and exit")
     p.add_argument("--sglang-python", default=None, metavar="PATH",
                    help="an existing SGLang installation's python (no install step)")
@@ -57,14 +60,15 @@ def register(subparsers) -> None:
 
 
 def _plan(args):
-    from microbench.sglang_lab.cases import default_plan, whatif_plan
+    from microbench.sglang_lab.cases import default_plan, whatif_live_plan, whatif_plan
     if not 2 <= args.pp <= max(2, os.cpu_count() or 2):
         raise CliError(f"--pp must be between 2 and the number of cores "
                        f"({os.cpu_count()}), got {args.pp}")
     if not 0 <= args.async_depth <= 64:
         raise CliError(f"--async-depth must be between 0 and 64, got {args.async_depth}")
-    plan = (whatif_plan(args.pp) if args.whatif else
-            default_plan(args.pp, quick=args.quick, depth=args.async_depth))
+    plan = (whatif_plan(args.pp) if args.whatif else whatif_live_plan(args.pp)
+            if args.whatif_live else default_plan(args.pp, quick=args.quick,
+                                                  depth=args.async_depth))
     if args.reps is not None:
         if not 1 <= args.reps <= 20:
             raise CliError(f"--reps must be between 1 and 20, got {args.reps}")

@@ -13,49 +13,19 @@ bench_serving's tok/s, steady (every slot as traced) and over bench_serving's wh
 the profiler's own cost taken off: the server log's decode lines give each visit's time (SGLang
 logs `gen throughput` = tokens / time since the previous decode line, metrics_reporter.py), so
 the median visit at each `#running-req` inside the profiled window against outside it is how
-much slower the traced loop ran than the benchmark's (`profiler_slowdown`).
+much slower the traced loop ran than the benchmark's (`observed_whatif.profiler_slowdown`).
 
     python -m microbench.sglang_lab.whatifs results/lab-whatif [--json OUT.json]
 """
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 from statistics import median
 
 TARGET_REL = 0.25
 LOOP_TARGET_PCT = 10.0
-_DECODE = re.compile(r"PP(\d+)\] Decode batch, #running-req: (\d+),.*?gen throughput "
-                     r"\(token/s\): ([\d.]+)")
-_PROFILE = re.compile(r"PP(\d+)\] Profiling (starts|done)")
-
-
-def profiler_slowdown(log_text: str, min_lines: int = 5) -> float | None:
-    """Median decode-visit time inside the profiled window / outside it, at the same
-    `#running-req`, weighted by the window's lines and pooled over ranks; None without a
-    window or without matching lines outside it."""
-    inside: dict[str, bool] = {}
-    dt: dict[tuple[str, bool, int], list[float]] = {}
-    for ln in log_text.splitlines():
-        m = _PROFILE.search(ln)
-        if m:
-            inside[m.group(1)] = m.group(2) == "starts"
-            continue
-        m = _DECODE.search(ln)
-        if m is None:
-            continue
-        r, bs, thr = m.group(1), int(m.group(2)), float(m.group(3))
-        if thr > 0 and bs > 0:
-            dt.setdefault((r, inside.get(r, False), bs), []).append(bs / thr)
-    num = den = 0.0
-    for (r, ins, bs), v in dt.items():
-        out = dt.get((r, False, bs))
-        if ins and out and len(out) >= min_lines:
-            num += len(v) * median(v)
-            den += len(v) * median(out)
-    return num / den if den else None
 
 
 def _case(d: Path) -> dict:
@@ -85,31 +55,32 @@ def change_of(after: dict, before: dict) -> tuple[str, object] | None:
     return None
 
 
-def _evidence(d: Path):
+def _evidence(p: Path):
     from reports.base.records import read_record
     from reports.model import observed_whatif as ow
-    rec = read_record(d / "sglang.json")
-    return ow.from_sglang(rec.payload)
+    return ow.from_sglang(read_record(p).payload)
 
 
 def _spread(v: list[float]) -> float | None:
     return 100 * (max(v) - min(v)) / median(v) if len(v) > 1 else None
 
 
-def loop_rows(out: Path) -> list[dict]:
-    """The model of the observed loop against bench_serving, per profiled case."""
+def loop_rows(out: Path, records: Path | None = None) -> list[dict]:
+    """The model of the observed loop against bench_serving, per profiled case
+    (`records/<case>/sglang.json`, `ppscope sglang`'s record of it; default: in the case)."""
     from reports.model import observed_whatif as ow
+    rec = records or out
     rows = []
-    for d in sorted(p for p in out.iterdir() if (p / "sglang.json").exists()):
+    for d in sorted(p for p in out.iterdir() if (rec / p.name / "sglang.json").exists()):
         c = _case(d)
-        dep, server, load, _ = _evidence(d)
+        dep, server, load, _ = _evidence(rec / d.name / "sglang.json")
         tok = _tok(d)
         if not tok:
             continue
         meas = median(tok)
         steady = ow.steady_tok_per_s(dep)
         run = ow.bench_run(dep, server, load)
-        slow = profiler_slowdown((d / "server.log").read_text(errors="replace"))
+        slow = ow.profiler_slowdown((d / "server.log").read_text(errors="replace"))
         corr = run.tok_per_s * slow if slow else None
         rows.append({
             "case": d.name, "depth": server.depth, "concurrency": load.concurrency,
@@ -125,32 +96,49 @@ def loop_rows(out: Path) -> list[dict]:
     return rows
 
 
-def whatif_rows(out: Path) -> list[dict]:
+def groups(out: Path) -> dict[str, list[Path]]:
+    """Lab cases by name without the `.k` of interleaved runs (cases.whatif_live_plan)."""
+    by: dict[str, list[Path]] = {}
+    for d in sorted(out.iterdir()):
+        if (d / "case.json").exists():
+            by.setdefault(d.name.split(".")[0], []).append(d)
+    return by
+
+
+def whatif_rows(out: Path, records: Path | None = None) -> list[dict]:
+    """Predicted against measured change per after case (module docstring)."""
     from reports.model import observed_whatif as ow
-    cases = {d.name: d for d in out.iterdir() if (d / "case.json").exists()}
+    rec = records or out
+    by = groups(out)
+
+    def evidence(name: str) -> Path | None:
+        return next((rec / d.name / "sglang.json" for d in by.get(name, [])
+                     if (rec / d.name / "sglang.json").exists()), None)
     rows = []
-    for name, d in sorted(cases.items()):
-        c = _case(d)
+    for name, dirs in sorted(by.items()):
+        c = _case(dirs[0])
         base = c["case"].get("baseline")
-        if not base or base not in cases or not (cases[base] / "sglang.json").exists():
+        ev = evidence(base) if base else None
+        if ev is None:
             continue
-        ch = change_of(c, _case(cases[base]))
+        ch = change_of(c, _case(by[base][0]))
         if ch is None:
             continue
         knob, value = ch
-        a, b = _tok(d), _tok(cases[base])
+        a = [x for d in dirs for x in _tok(d)]
+        b = [x for d in by[base] for x in _tok(d)]
         if not a or not b:
             continue
-        dep, server, load, _ = _evidence(cases[base])
+        dep, server, load, _ = _evidence(ev)
         pred = ow.predict(dep, server, load, knob, value)
         meas = 100 * (median(a) / median(b) - 1)
         lo, hi = 100 * (min(a) / max(b) - 1), 100 * (max(a) / min(b) - 1)
         p = pred.change_pct
-        sign_ok = (p > 0) == (meas > 0) or lo <= p <= hi or abs(p) < 1 and lo <= 0 <= hi
+        sign_ok = (p > 0) == (meas > 0) or lo <= p <= hi
         size_ok = abs(p - meas) <= TARGET_REL * abs(meas) or lo <= p <= hi
         rows.append({
             "case": name, "before": base, "knob": knob, "value": value,
-            "concurrency": load.concurrency,
+            "concurrency": load.concurrency, "interleaved": len(dirs) > 1,
             "before_tok_per_s": median(b), "after_tok_per_s": median(a),
             "before_runs": len(b), "after_runs": len(a),
             "measured_pct": meas, "measured_range_pct": [lo, hi],

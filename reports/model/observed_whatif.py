@@ -31,12 +31,16 @@ prefill visit costs a decode visit; no KV-cache limit.
 """
 from __future__ import annotations
 
-from collections import deque
+import re
 from dataclasses import dataclass, replace
+from statistics import median
 
 from reports.model.deployment import CAUSES, Deployment, run
 
 ALL = frozenset(CAUSES)
+_DECODE = re.compile(r"PP(\d+)\] Decode batch, #running-req: (\d+),.*?gen throughput "
+                     r"\(token/s\): ([\d.]+)")
+_PROFILE = re.compile(r"PP(\d+)\] Profiling (starts|done)")
 KNOBS = ("--pp-max-micro-batch-size", "--pp-async-batch-depth", "--chunked-prefill-size",
          "--max-running-requests", "--request-rate")
 
@@ -256,3 +260,29 @@ def from_sglang(sg) -> tuple[Deployment, Server, Load, float | None]:
                 prompt_len=int(round(b.mean_input_len)) if b and b.mean_input_len else 0,
                 rate=rate)
     return dep, server, load, measured
+
+
+def profiler_slowdown(log_text: str, min_lines: int = 5) -> float | None:
+    """Median decode-visit time inside the profiled window / outside it, at the same
+    `#running-req`, weighted by the window's lines and pooled over ranks; None without a
+    window or without matching lines outside it."""
+    inside: dict[str, bool] = {}
+    dt: dict[tuple[str, bool, int], list[float]] = {}
+    for ln in log_text.splitlines():
+        m = _PROFILE.search(ln)
+        if m:
+            inside[m.group(1)] = m.group(2) == "starts"
+            continue
+        m = _DECODE.search(ln)
+        if m is None:
+            continue
+        r, bs, thr = m.group(1), int(m.group(2)), float(m.group(3))
+        if thr > 0 and bs > 0:
+            dt.setdefault((r, inside.get(r, False), bs), []).append(bs / thr)
+    num = den = 0.0
+    for (r, ins, bs), v in dt.items():
+        out = dt.get((r, False, bs))
+        if ins and out and len(out) >= min_lines:
+            num += len(v) * median(v)
+            den += len(v) * median(out)
+    return num / den if den else None
