@@ -20,8 +20,11 @@ The run (`bench_run`), SGLang 0.5.23 `event_loop_pp` (managers/scheduler_pp_mixi
   once (`--max-concurrency` is a semaphore), so it arrives for the next visit;
 - the first C prompts arrive as the observed micro-batches did (one group per observed slot,
   each just before that slot's visit): how a burst split into groups is the evidence's, the
-  rule above then applies the setting; with `--request-rate` R they arrive 1/R apart (the
-  Poisson mean) and land in whichever slot is visited next;
+  rule above then applies the setting; with another slot count (`--pp-async-batch-depth`) the
+  same share of the slots holds a group (SGLang's traces at depth 0 and 1 show every slot
+  occupied once C >= slots: a group's successors straggle over consecutive visits), C split
+  evenly over them; with `--request-rate` R they arrive 1/R apart (the Poisson mean), one
+  slot after another (Poisson arrivals land in each slot alike);
 - a round lasts what the model of the observed loop gives for its slot sizes
   (deployment.run with every cause as observed), a prefill visit as long as a decode visit.
 
@@ -129,6 +132,12 @@ def _first_arrivals(dep: Deployment, server: Server, load: Load) -> list[tuple[f
     obs = groups(dep)
     total = sum(n for _, n in obs)
     sizes = [max(1, round(n * C / total)) for _, n in obs]
+    if S != dep.slots:
+        # another slot count: the same share of slots occupied (straggling successors spread
+        # a group over consecutive visits, so every slot a group can reach holds one), C split
+        # evenly over them
+        m = max(1, min(C, round(len(obs) * S / dep.slots)))
+        sizes = [C // m + (1 if k < C % m else 0) for k in range(m)]
     while sum(sizes) > C:
         sizes[sizes.index(max(sizes))] -= 1
     while sum(sizes) < C:
