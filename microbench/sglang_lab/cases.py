@@ -121,3 +121,19 @@ def whatif_live_plan(pp: int = 2, reps: int = WHATIF_REPS) -> tuple[Group, ...]:
             cases.append(Case(f"wl-rate-c{C}.{k}", C, request_rate=WHATIF_RATE,
                               baseline=f"wl-base-c{C}", profile=False))
     return (Group("wl-depth0", pp, (), tuple(cases)),)
+
+
+def whatif_restart_plan(pp: int = 2, rounds: int = 2, depth: int = 1,
+                        cs: tuple[int, ...] = (1, 8)) -> tuple[Group, ...]:
+    """`--pp-async-batch-depth` (a restart) against the default, the servers alternating
+    (default, depth, default, depth, ...; one bench_serving run per C on each), so that a
+    change of the machine's load between servers falls on both sides alike. The before
+    evidence is the what-if plan's profiled `wi-base-c<C>`."""
+    out = []
+    for k in range(1, rounds + 1):
+        out.append(Group(f"wr-d0-{k}", pp, (), tuple(
+            Case(f"wr-base-c{C}.{k}", C, baseline="", profile=False) for C in cs)))
+        out.append(Group(f"wr-d{depth}-{k}", pp, ("--pp-async-batch-depth", str(depth)), tuple(
+            Case(f"wr-d{depth}-c{C}.{k}", C, baseline=f"wr-base-c{C}", profile=False)
+            for C in cs)))
+    return tuple(out)

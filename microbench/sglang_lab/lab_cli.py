@@ -46,6 +46,9 @@ def register(subparsers) -> None:
     p.add_argument("--whatif-live", action="store_true",
                    help="the live what-ifs (micro-batch cap, pacing) interleaved with their "
                    "before runs on one server (cases wl-*)")
+    p.add_argument("--whatif-restart", action="store_true",
+                   help="--pp-async-batch-depth 1 against the default, the servers alternating "
+                   "(cases wr-*)")
     p.add_argument("--list", action="store_true", help="print the plan and exit")
     p.add_argument("--sglang-python", default=None, metavar="PATH",
                    help="an existing SGLang installation's python (no install step)")
@@ -60,15 +63,21 @@ def register(subparsers) -> None:
 
 
 def _plan(args):
-    from microbench.sglang_lab.cases import default_plan, whatif_live_plan, whatif_plan
+    from microbench.sglang_lab.cases import (default_plan, whatif_live_plan, whatif_plan,
+                                             whatif_restart_plan)
     if not 2 <= args.pp <= max(2, os.cpu_count() or 2):
         raise CliError(f"--pp must be between 2 and the number of cores "
                        f"({os.cpu_count()}), got {args.pp}")
     if not 0 <= args.async_depth <= 64:
         raise CliError(f"--async-depth must be between 0 and 64, got {args.async_depth}")
-    plan = (whatif_plan(args.pp) if args.whatif else whatif_live_plan(args.pp)
-            if args.whatif_live else default_plan(args.pp, quick=args.quick,
-                                                  depth=args.async_depth))
+    if args.whatif:
+        plan = whatif_plan(args.pp)
+    elif args.whatif_live:
+        plan = whatif_live_plan(args.pp)
+    elif args.whatif_restart:
+        plan = whatif_restart_plan(args.pp)
+    else:
+        plan = default_plan(args.pp, quick=args.quick, depth=args.async_depth)
     if args.reps is not None:
         if not 1 <= args.reps <= 20:
             raise CliError(f"--reps must be between 1 and 20, got {args.reps}")
@@ -116,12 +125,26 @@ def run(args: argparse.Namespace) -> int:
         rows = summarise(out)
         write_json(out / "summary.json", rows)
         print(render(rows))
+        _whatif_table(args, out)
         return 0
     cfg = LabConfig(out=out, lab_dir=Path(args.lab_dir).resolve(), plan=plan,
                     sglang_python=Path(args.sglang_python) if args.sglang_python else None,
                     model=Path(args.model_path).resolve() if args.model_path else None,
                     device=args.device, only=only)
     try:
-        return run_lab(cfg)
+        rc = run_lab(cfg)
     except LabError as e:
         raise CliError(str(e)) from None
+    _whatif_table(args, out)
+    return rc
+
+
+def _whatif_table(args, out: Path) -> None:
+    """With a what-if plan: predicted against measured change (microbench/sglang_lab/whatifs.py)."""
+    if not (args.whatif or args.whatif_live or args.whatif_restart):
+        return
+    from microbench.sglang_lab.drive import write_json
+    from microbench.sglang_lab.whatifs import loop_rows, render, whatif_rows
+    w, lp = whatif_rows(out), loop_rows(out)
+    write_json(out / "whatifs.json", {"whatifs": w, "loop": lp})
+    print(render(w, lp))

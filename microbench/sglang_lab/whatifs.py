@@ -1,9 +1,11 @@
 """The what-if plan's table: each setting's change predicted from the "before" case alone
 against the change bench_serving measured (cases.whatif_plan, reports/model/observed_whatif.py).
 
-Per after case (a setting changed against its before case `wi-base-c<C>`): the model runs
-bench_serving's run over the before case's observed loop with and without the change
-(`observed_whatif.predict`); measured = median tok/s after / median before - 1, with the range
+Per after case (a setting changed against its before case, SGLang's defaults at the same C):
+the model runs bench_serving's run over the observed loop of the default server's profiled
+window at that C (of every before case's, the one with the lowest profiler slowdown: the
+window that ran closest to the benchmark's speed) with and without the change
+(`observed_whatif.predict`); cases `<name>.<k>` are one case's interleaved runs; measured = median tok/s after / median before - 1, with the range
 every pairing of their repetitions spans (min after / max before - 1 .. max / min - 1). A
 prediction meets the target when its sign is right and it is within 25% of the measured change
 or inside that range.
@@ -13,13 +15,14 @@ bench_serving's tok/s, steady (every slot as traced) and over bench_serving's wh
 the profiler's own cost taken off: the server log's decode lines give each visit's time (SGLang
 logs `gen throughput` = tokens / time since the previous decode line, metrics_reporter.py), so
 the median visit at each `#running-req` inside the profiled window against outside it is how
-much slower the traced loop ran than the benchmark's (`observed_whatif.profiler_slowdown`).
+much slower the traced loop ran than the benchmark's (microbench/sglang/profiler_cost.py).
 
     python -m microbench.sglang_lab.whatifs results/lab-whatif [--json OUT.json]
 """
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from statistics import median
@@ -61,6 +64,12 @@ def _evidence(p: Path):
     return ow.from_sglang(read_record(p).payload)
 
 
+def _slowdown(p: Path) -> float | None:
+    from reports.base.records import read_record
+    loop = read_record(p).payload.loop
+    return loop.profiler_slowdown if loop is not None else None
+
+
 def _spread(v: list[float]) -> float | None:
     return 100 * (max(v) - min(v)) / median(v) if len(v) > 1 else None
 
@@ -80,7 +89,7 @@ def loop_rows(out: Path, records: Path | None = None) -> list[dict]:
         meas = median(tok)
         steady = ow.steady_tok_per_s(dep)
         run = ow.bench_run(dep, server, load)
-        slow = ow.profiler_slowdown((d / "server.log").read_text(errors="replace"))
+        slow = _slowdown(rec / d.name / "sglang.json")
         corr = run.tok_per_s * slow if slow else None
         rows.append({
             "case": d.name, "depth": server.depth, "concurrency": load.concurrency,
@@ -111,14 +120,26 @@ def whatif_rows(out: Path, records: Path | None = None) -> list[dict]:
     rec = records or out
     by = groups(out)
 
-    def evidence(name: str) -> Path | None:
-        return next((rec / d.name / "sglang.json" for d in by.get(name, [])
-                     if (rec / d.name / "sglang.json").exists()), None)
+    slow: dict[str, float] = {}
+
+    def evidence(C: int) -> Path | None:
+        """The default server's profiled window at C that ran closest to the benchmark's
+        speed (the lowest profiler slowdown) among every before case at C."""
+        cands = []
+        for name, dirs in by.items():
+            if not re.fullmatch(rf"w[a-z]-base-c{C}", name):
+                continue
+            for d in dirs:
+                if (rec / d.name / "sglang.json").exists():
+                    if d.name not in slow:
+                        slow[d.name] = _slowdown(rec / d.name / "sglang.json") or float("inf")
+                    cands.append((slow[d.name], d.name))
+        return rec / min(cands)[1] / "sglang.json" if cands else None
     rows = []
     for name, dirs in sorted(by.items()):
         c = _case(dirs[0])
         base = c["case"].get("baseline")
-        ev = evidence(base) if base else None
+        ev = evidence(c["case"]["concurrency"]) if base in by else None
         if ev is None:
             continue
         ch = change_of(c, _case(by[base][0]))
@@ -142,7 +163,7 @@ def whatif_rows(out: Path, records: Path | None = None) -> list[dict]:
             "before_tok_per_s": median(b), "after_tok_per_s": median(a),
             "before_runs": len(b), "after_runs": len(a),
             "measured_pct": meas, "measured_range_pct": [lo, hi],
-            "predicted_pct": p,
+            "predicted_pct": p, "evidence": ev.parent.name,
             "sizes_before": list(pred.before.steady_sizes),
             "sizes_after": list(pred.after.steady_sizes),
             "ok": bool(sign_ok and size_ok),

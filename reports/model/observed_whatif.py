@@ -17,7 +17,9 @@ The run (`bench_run`), SGLang 0.5.23 `event_loop_pp` (managers/scheduler_pp_mixi
   prefill batch or the slot's running batch), so the slot's running requests skip that round;
 - a decode visit gives each of the slot's requests one token; a request is done after
   `output_len` tokens (the prefill gives the first), and bench_serving sends the next prompt at
-  once (`--max-concurrency` is a semaphore), so it arrives for the next visit;
+  once (`--max-concurrency` is a semaphore); the successors of requests that finished together
+  straggle in as the server's log saw prompts arrive: `cluster` of them per visit (the mean
+  `#new-seq` of its `Prefill batch` lines; all at once without a log);
 - the first C prompts arrive as the observed micro-batches did (one group per observed slot,
   each just before that slot's visit): how a burst split into groups is the evidence's, the
   rule above then applies the setting; with another slot count (`--pp-async-batch-depth`) the
@@ -34,16 +36,11 @@ prefill visit costs a decode visit; no KV-cache limit.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
-from statistics import median
 
 from reports.model.deployment import CAUSES, Deployment, run
 
 ALL = frozenset(CAUSES)
-_DECODE = re.compile(r"PP(\d+)\] Decode batch, #running-req: (\d+),.*?gen throughput "
-                     r"\(token/s\): ([\d.]+)")
-_PROFILE = re.compile(r"PP(\d+)\] Profiling (starts|done)")
 KNOBS = ("--pp-max-micro-batch-size", "--pp-async-batch-depth", "--chunked-prefill-size",
          "--max-running-requests", "--request-rate")
 
@@ -76,6 +73,7 @@ class Load:
     output_len: int
     prompt_len: int = 0
     rate: float | None = None       # --request-rate (None: all at once)
+    cluster: float | None = None    # prompts admitted per prefill (the log's #new-seq mean)
 
 
 @dataclass(frozen=True)
@@ -191,7 +189,7 @@ def bench_run(dep: Deployment, server: Server, load: Load, turnaround_us: float 
                 prefills += 1
                 continue                                # a prefill visit: the slot's decode waits
             end = tv + visit
-            left = []
+            left, finished = [], 0
             for req in slots[k]:
                 if req[0] > 1:
                     left.append([req[0] - 1, req[1]])
@@ -199,7 +197,11 @@ def bench_run(dep: Deployment, server: Server, load: Load, turnaround_us: float 
                 done += 1
                 latency += end - req[1]
                 if sent < load.prompts:     # the semaphore frees: the next prompt
-                    nxt = end + turnaround_us
+                    # successors straggle: `cluster` of them per visit, as the server's
+                    # Prefill lines admitted them
+                    nxt = end + turnaround_us + (finished // load.cluster) * visit \
+                        if load.cluster else end + turnaround_us
+                    finished += 1
                     if load.rate:
                         nxt = max(nxt, sent / load.rate * 1e6)
                     waiting.append([nxt, None])
@@ -264,34 +266,12 @@ def from_sglang(sg) -> tuple[Deployment, Server, Load, float | None]:
     b = runs[0] if runs else None
     rate = b.request_rate if b is not None else None
     rate = float(rate) if isinstance(rate, (int, float)) and rate != float("inf") else None
+    lg = sg.ranks.get("0") or next(iter(sg.ranks.values()), None)
+    cluster = (lg.prefill_new_seq_total / lg.prefill_lines
+               if lg is not None and lg.prefill_lines >= 3 and lg.prefill_new_seq_total else None)
     load = Load(concurrency=int(C), prompts=int(b.completed) if b and b.completed else 2 * C + 2,
                 output_len=int(round(b.mean_output_len)) if b and b.mean_output_len else 128,
                 prompt_len=int(round(b.mean_input_len)) if b and b.mean_input_len else 0,
-                rate=rate)
+                rate=rate, cluster=cluster)
     return dep, server, load, measured
 
-
-def profiler_slowdown(log_text: str, min_lines: int = 5) -> float | None:
-    """Median decode-visit time inside the profiled window / outside it, at the same
-    `#running-req`, weighted by the window's lines and pooled over ranks; None without a
-    window or without matching lines outside it."""
-    inside: dict[str, bool] = {}
-    dt: dict[tuple[str, bool, int], list[float]] = {}
-    for ln in log_text.splitlines():
-        m = _PROFILE.search(ln)
-        if m:
-            inside[m.group(1)] = m.group(2) == "starts"
-            continue
-        m = _DECODE.search(ln)
-        if m is None:
-            continue
-        r, bs, thr = m.group(1), int(m.group(2)), float(m.group(3))
-        if thr > 0 and bs > 0:
-            dt.setdefault((r, inside.get(r, False), bs), []).append(bs / thr)
-    num = den = 0.0
-    for (r, ins, bs), v in dt.items():
-        out = dt.get((r, False, bs))
-        if ins and out and len(out) >= min_lines:
-            num += len(v) * median(v)
-            den += len(v) * median(out)
-    return num / den if den else None

@@ -4,7 +4,8 @@ SGLang first (`validate_sglang`): a lab case of SGLang's real PP server (`ppscop
 its `ppscope sglang` record and its server log): the model of the observed loop built from the
 case's per-rank costs (reports/model/deployment.py) runs bench_serving's whole run
 (reports/model/observed_whatif.py `bench_run`), with the profiler's measured slowdown of the
-traced window taken off (`profiler_slowdown`, from the log's decode lines), against
+traced window taken off (`LoopProfile.profiler_slowdown`, from the log's decode lines,
+microbench/sglang/profiler_cost.py), against
 bench_serving's median tok/s. Nothing of the measured tok/s feeds the model.
 
 The probe second: rebuild the pipeline model for exactly the probe's configuration.
@@ -230,9 +231,9 @@ class SglangCheck:
     note: str = ""
 
 
-def validate_sglang(rec: Record, log_text: str | None, case: str = "") -> SglangCheck:
-    """One SGLang lab case (module docstring). `rec`: its sglang.json; `log_text`: its server
-    log (None: no profiler correction, said in the note)."""
+def validate_sglang(rec: Record, case: str = "") -> SglangCheck:
+    """One SGLang lab case (module docstring). `rec`: its sglang.json (read with its server
+    log: without one, no profiler correction, said in the note)."""
     from statistics import median as med
     from reports.model import observed_whatif as ow
     if rec.payload is None or rec.payload.loop is None:
@@ -245,7 +246,7 @@ def validate_sglang(rec: Record, log_text: str | None, case: str = "") -> Sglang
     meas = float(med(tok))
     steady = ow.steady_tok_per_s(dep)
     run = ow.bench_run(dep, server, load)
-    slow = ow.profiler_slowdown(log_text) if log_text else None
+    slow = rec.payload.loop.profiler_slowdown
     model = run.tok_per_s * (slow or 1.0)
     diff = 100.0 * (model / meas - 1.0)
     note = ""
@@ -261,12 +262,11 @@ def validate_sglang(rec: Record, log_text: str | None, case: str = "") -> Sglang
 
 
 def validate_sglang_case(path) -> SglangCheck:
+    """`validate_sglang` on a lab case folder's sglang.json."""
     from pathlib import Path
     from reports.base.records import read_record
     d = Path(path)
-    log = d / "server.log"
-    return validate_sglang(read_record(d / "sglang.json"),
-                           log.read_text(errors="replace") if log.exists() else None, d.name)
+    return validate_sglang(read_record(d / "sglang.json"), d.name)
 
 
 def micro_batch_choices(rec: Record) -> list[MicroBatchChoice]:
