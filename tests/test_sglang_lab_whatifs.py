@@ -65,3 +65,15 @@ def test_the_model_of_the_observed_loop_against_bench_serving(records):
         chk = validate_sglang_case(d)
         assert chk.profiler_slowdown is not None and chk.profiler_slowdown >= 1.0
         assert abs(chk.diff_pct) <= TARGET_PCT or chk.note, chk
+
+
+def test_validate_dispatch_checks_sglang_lab_cases_first(records, capsys):
+    import shutil
+    from reports.model.validate_dispatch import main as vmain
+    case = records / "wi-d2-c8"
+    shutil.copy(WI / "wi-d2-c8" / "case.json", case / "case.json")
+    rc = vmain([str(case)])
+    out = capsys.readouterr().out
+    assert "sglang" in out.splitlines()[2] and "of 1 points within 10%" in out
+    assert rc in (0, 1) and (rc == 0) == ("within 10%" in out.splitlines()[2])
+    assert vmain([str(records / "no-such-case")]) == 1

@@ -110,9 +110,11 @@ def whatif_live_plan(pp: int = 2, reps: int = WHATIF_REPS) -> tuple[Group, ...]:
     """The live settings (`--pp-max-micro-batch-size`, arrival pacing) on one default server,
     their runs interleaved with the before runs (before, mmb, rate, before, ...: one
     bench_serving run per case `wl-<setting>-c<C>.<k>`), so that a change of the machine's load
-    between runs falls on both sides alike. The first before run of each C is profiled."""
+    between runs falls on both sides alike. The first before run of each C is profiled. Not at
+    C = 1: one stream fills one slot under any cap, and a paced client with one stream sends
+    each prompt when the last one finished, as an unpaced one does."""
     cases = []
-    for C in WHATIF_C:
+    for C in (c for c in WHATIF_C if c > 1):   # at C = 1 neither setting can change anything
         for k in range(1, reps + 1):
             cases.append(Case(f"wl-base-c{C}.{k}", C, baseline="", profile=k == 1))
             if C // pp >= 1 and C // pp < C:

@@ -7,8 +7,10 @@ their real format and a short steady window of them:
   the stretch with the most forwards: SGLang's ranges, step spans, c10d's gloo ranges, CPU ops
   and, for the with-stacks window, the Python tracer's events as they are;
 - the server log: the start-up lines, then the case's lines up to `log_lines` batch lines, and
-  every batch line of the profiled window (between SGLang's `Profiling starts` and `Profiling
-  done` lines: the profiler's own slowdown is read from them, microbench/sglang_lab/whatifs.py);
+  the `BEFORE_WINDOW` batch lines before the profiled window and every one of it and after it
+  (between SGLang's `Profiling starts` and `Profiling done` lines: the profiler's own slowdown
+  is read from them against the same run's pace before, microbench/sglang/profiler_cost.py);
+- a case without a profiled window (a what-if's after case): bench.jsonl and case.json only;
 - bench.jsonl and case.json as they are (`--bench-info-once`: bench_serving's `server_info`
   kept in the first line only, where ppscope reads it); metrics.txt (130 kB) for the clean
   C = 8 case only.
@@ -71,16 +73,28 @@ def trim_trace(doc: dict, dst: Path, window: tuple[float, float] | None) -> int:
     return len(ev)
 
 
-def trim_log(src: Path, dst: Path, log_lines: int = LOG_LINES) -> None:
+BEFORE_WINDOW = 600
+
+
+def trim_log(src: Path, dst: Path, log_lines: int = LOG_LINES,
+             before_window: int = BEFORE_WINDOW) -> None:
+    lines = src.read_text(errors="replace").splitlines(keepends=True)
+    start = next((i for i, ln in enumerate(lines) if "] Profiling starts" in ln), None)
+    keep_from = len(lines)       # the batch lines just before the window: the same run's pace
+    if start is not None:
+        k, keep_from = 0, start
+        while keep_from > 0 and k < before_window:
+            keep_from -= 1
+            k += "Decode batch" in lines[keep_from] or "Prefill batch" in lines[keep_from]
     out, n, profiling = [], 0, set()
-    for ln in src.read_text(errors="replace").splitlines(keepends=True):
+    for i, ln in enumerate(lines):
         m = re.search(r" (PP\d+)\] Profiling (starts|done)", ln)
         if m:
             (profiling.add if m.group(2) == "starts" else profiling.discard)(m.group(1))
         if "Decode batch" in ln or "Prefill batch" in ln:
             n += 1
             tag = re.search(r" (PP\d+)\] ", ln)
-            if n > log_lines and not (tag and tag.group(1) in profiling):
+            if n > log_lines and not (tag and tag.group(1) in profiling) and i < keep_from:
                 continue
         out.append(ln)
     dst.write_text(scrub("".join(out)))
@@ -114,7 +128,8 @@ def make(case_dir: Path, dst: Path, iterations: int = ITERATIONS,
             win = (win[0] - 5e3, win[1] + 5e3)
         for p, doc in zip(files, docs):
             trim_trace(doc, dst / sub / p.name, win)
-    trim_log(case_dir / "server.log", dst / "server.log")
+    if (dst / "traces").is_dir():      # a case that was only measured needs its bench runs
+        trim_log(case_dir / "server.log", dst / "server.log")
     for name in ("bench.jsonl", "metrics.txt", "case.json"):
         if name == "metrics.txt" and case_dir.name != "clean-c8":
             continue

@@ -17,7 +17,11 @@ logs `gen throughput` = tokens / time since the previous decode line, metrics_re
 the median visit at each `#running-req` inside the profiled window against outside it is how
 much slower the traced loop ran than the benchmark's (microbench/sglang/profiler_cost.py).
 
-    python -m microbench.sglang_lab.whatifs results/lab-whatif [--json OUT.json]
+    python -m microbench.sglang_lab.whatifs results/lab-whatif [--records DIR] [--md]
+                                                              [--json OUT.json]
+
+`--records DIR`: each case's `ppscope sglang` record as DIR/<case>/sglang.json (default: in
+the case, where the lab's analysis writes it).
 """
 from __future__ import annotations
 
@@ -171,7 +175,7 @@ def whatif_rows(out: Path, records: Path | None = None) -> list[dict]:
     return rows
 
 
-def render(wrows: list[dict], lrows: list[dict]) -> str:
+def render(wrows: list[dict], lrows: list[dict], fmt: str = "simple") -> str:
     from tabulate import tabulate
     a = tabulate([[r["knob"] + " " + str(r["value"]), r["concurrency"],
                    f"{r['before_tok_per_s']:.1f} -> {r['after_tok_per_s']:.1f}",
@@ -181,7 +185,7 @@ def render(wrows: list[dict], lrows: list[dict]) -> str:
                    + " ".join(map(str, [x for x in r["sizes_after"] if x])),
                    "yes" if r["ok"] else "no"] for r in wrows],
                  headers=["setting", "C", "tok/s (median)", "measured (range)", "predicted",
-                          "modelled slots", "target"])
+                          "modelled slots", "target"], tablefmt=fmt)
     b = tabulate([[r["case"], r["depth"], r["concurrency"],
                    f"{r['measured_tok_per_s']:.1f}" + (f" ({r['spread_pct']:.0f}%)"
                                                        if r["spread_pct"] is not None else ""),
@@ -191,7 +195,8 @@ def render(wrows: list[dict], lrows: list[dict]) -> str:
                    f"{r['modelled_tok_per_s']:.1f} ({r['diff_pct']:+.1f}%)"
                    if r["modelled_tok_per_s"] else "-"] for r in lrows],
                  headers=["case", "depth", "C", "bench tok/s (spread)", "steady model",
-                          "run model", "profiler slowdown", "run model / slowdown"])
+                          "run model", "profiler slowdown", "run model / slowdown"],
+                 tablefmt=fmt)
     return a + "\n\n" + b
 
 
@@ -204,8 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     if not out.is_dir():
         print(f"whatifs: {out} is not a lab results folder", file=sys.stderr)
         return 2
-    w, lp = whatif_rows(out), loop_rows(out)
-    print(render(w, lp))
+    rec = Path(argv[argv.index("--records") + 1]) if "--records" in argv else None
+    w, lp = whatif_rows(out, rec), loop_rows(out, rec)
+    print(render(w, lp, "github" if "--md" in argv else "simple"))
     if "--json" in argv:
         dest = Path(argv[argv.index("--json") + 1])
         dest.write_text(json.dumps({"whatifs": w, "loop": lp}, indent=1))

@@ -256,7 +256,12 @@ def from_sglang(sg) -> tuple[Deployment, Server, Load, float | None]:
     C = C or (runs[0].max_concurrency if runs else None)
     tok = [b.output_throughput for b in runs if b.max_concurrency in (None, C)]
     measured = sum(tok) / len(tok) if tok else None
-    dep = from_evidence(sg.loop, concurrency=C, observed=measured)
+    depth = _setting(obs, "pp_async_batch_depth")
+    # the slot count is the server's setting (pp + depth) where it states one: a short traced
+    # window may hold no idle pass to count slots from
+    dep = from_evidence(sg.loop, concurrency=C, observed=measured,
+                        async_depth=int(depth) if depth is not None else None,
+                        depth_stated=depth is not None)
     pp = dep.pp
     rows = _setting(obs, "max_running_requests")
     cap = _setting(obs, "pp_max_micro_batch_size")
