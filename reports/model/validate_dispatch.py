@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     the target (the GPU matrix's pass/fail)."""
     from tabulate import tabulate
 
-    from reports.base.records import read_record
+    from reports.base.records import RecordError, read_record
     from pathlib import Path
     paths = list(sys.argv[1:] if argv is None else argv)
     if not paths:
@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     for p in cases:           # SGLang's own server first
         try:
             chk = validate_sglang_case(p)
-        except (CliError, OSError, ValueError) as e:
+        except (CliError, RecordError, OSError, ValueError) as e:
             print(f"{p}: not checked: {str(e).splitlines()[0]}")
             bad += 1
             continue
@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
             if rec.payload is None:
                 raise CliError(f"status {rec.status} ({rec.reason})")
             checks = validate(rec)
-        except (CliError, OSError, ValueError) as e:
+        except (CliError, RecordError, OSError, ValueError) as e:
             print(f"{p}: not checked: {str(e).splitlines()[0]}")
             bad += 1
             continue
