@@ -31,13 +31,12 @@ from pathlib import Path
 
 ITERATIONS = 60
 LOG_LINES = 400
-_ABS = re.compile(r"(/[A-Za-z0-9_.+-]+)+/(\.lab|site-packages|results/lab)/")
+_ABS = re.compile(r"(/[A-Za-z0-9_.+-]+)+/(\.lab|site-packages|results/lab[A-Za-z0-9_-]*)/")
 
 
 def scrub(text: str) -> str:
     """Absolute paths up to a known folder -> that folder's relative name."""
-    text = _ABS.sub(lambda m: {".lab": ".lab/", "site-packages": "site-packages/",
-                               "results/lab": "results/lab/"}[m.group(2)], text)
+    text = _ABS.sub(lambda m: m.group(2) + "/", text)
     return re.sub(r"(['\"])/(?:[A-Za-z0-9_.+-]+/)+(model-llama-\d+l)", r"\1\2", text)
 
 
