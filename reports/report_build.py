@@ -212,6 +212,7 @@ def diagnosis_summary(sg: SglangData, inp: Inputs,
         return {"status": "not diagnosed", "reason": str(e)}
     dg = diagnose(dep, shape)
     return {"status": "ok", "concurrency": C, "concurrency_source": c_src,
+            "bench_run": _bench_run(sg, dep, obs.get(C) if C else None),
             "observed_source": inp.src("observed_tok_per_s")[1] if obs.get(C) else None,
             "deployment": {"pp": dep.pp, "slots": dep.slots, "sizes": list(dep.sizes),
                            "device": dep.device,
@@ -224,6 +225,27 @@ def diagnosis_summary(sg: SglangData, inp: Inputs,
                            "shape": f"forward at unobserved sizes: {shape_src}"},
             "time_split": time_split_rows(dep),
             **to_jsonable(dg)}
+
+
+def _bench_run(sg: SglangData, dep, observed: float | None) -> dict[str, Any] | None:
+    """The observed loop over bench_serving's whole run (reports/model/observed_whatif.py:
+    its waves, the last one below C, prefill visits), the traced window's profiler slowdown
+    taken off (LoopProfile.profiler_slowdown): the modelled tok/s set against bench_serving's,
+    and what is left unexplained (% of the observed step, as `unexplained_pct`)."""
+    from reports.model import observed_whatif as ow
+    if not sg.bench or dep.device != "cpu":
+        return None
+    try:
+        _, server, load, _ = ow.from_sglang(sg)
+        run = ow.bench_run(dep, server, load)
+    except (ValueError, TypeError):
+        return None
+    slow = sg.loop.profiler_slowdown if sg.loop is not None else None
+    model = run.tok_per_s * (slow or 1.0)
+    return {"run_tok_per_s": run.tok_per_s, "mean_in_flight": run.mean_in_flight,
+            "prompts": load.prompts, "profiler_slowdown": slow, "modelled_tok_per_s": model,
+            "observed_tok_per_s": observed,
+            "unexplained_pct": 100.0 * (1.0 - observed / model) if observed else None}
 
 
 def _moe_curve(rec: Record | None) -> list[tuple[int, float]]:

@@ -141,3 +141,24 @@ def test_lab_fault_grammar():
     for bad in ("nap=0:1", "host-delay=x:1", "host-delay"):
         with pytest.raises(ValueError):
             m.parse(bad)
+
+
+def test_an_empty_visit_that_processes_the_next_slot_is_not_charged_twice():
+    # C = 1 on two slots: slot 0 runs a forward (slot 1 is empty: nothing to process), slot 1's
+    # empty visit processes slot 0's outputs (800 us). The processing is `process_us`, once
+    # per round where the next slot holds a batch; the empty visit's own cost leaves it out
+    ranges, steps = [], []
+    t = 0.0
+    for k in range(8):
+        if k % 2 == 0:
+            rg, st, t2 = _iteration(t, fwd=5000, bs=1, span=8000.0)
+        else:
+            rg, st, t2 = _iteration(t, proc=800, span=2000.0)
+        ranges += rg
+        steps += st
+        t = t2
+    ranges.append(("recv_requests", t, t + 50))
+    d = cpu_steps.summarize(_ev(ranges, steps), rank=0)
+    assert d["process_us_mean"] == pytest.approx(800)
+    assert d["host_us_empty_mean"] == pytest.approx(2000 - 800)
+    assert d["host_us_mean"] == pytest.approx(8000 - 5000)

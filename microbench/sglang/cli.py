@@ -159,6 +159,9 @@ def collect(args: argparse.Namespace) -> dict:
                                 "lines_unrecognised": b["lines_unrecognised"]}
     if args.sglang_traces:      # after --bench: its --max-concurrency is C when not given
         data["loop"] = _loop(args, data)
+        if args.sglang_log and data["loop"] is not None:
+            from microbench.sglang.profiler_cost import slowdown_of_logs
+            data["loop"]["profiler_slowdown"] = slowdown_of_logs(_log_files(args.sglang_log))
     if args.url:
         from microbench.sglang import live as sglang_live
         if not 1 <= args.live_concurrency <= 4096 or not 1 <= args.live_tokens <= 1 << 20:
@@ -177,6 +180,15 @@ def collect(args: argparse.Namespace) -> dict:
     elif args.profile:
         raise CliError("--profile needs --url")
     return data
+
+
+def _log_files(paths) -> list[Path]:
+    """The plain-text log files among --log's paths (folders: their *.log files)."""
+    out = []
+    for p in (paths if isinstance(paths, (list, tuple)) else [paths]):
+        p = Path(p)
+        out += sorted(p.glob("*.log")) if p.is_dir() else [p] if p.suffix != ".gz" else []
+    return out
 
 
 def _hidden(args: argparse.Namespace, data: dict) -> int | None:

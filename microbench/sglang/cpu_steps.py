@@ -17,7 +17,10 @@ next, SGLang's `event_loop_pp`) splits exactly into:
 - **hidden-state send**: the `send_proxy_dict_to_next_stage` range (serialising and posting the
   hidden states; a blocking or delayed send shows here) - the sender's part of the hop.
 - **result processing**: `process_batch_result` (the next slot's tokens), which SGLang runs
-  after the forward and before the hidden-state send: it delays the next rank's input.
+  after the forward and before the hidden-state send: it delays the next rank's input. It
+  runs only when the next slot holds a batch, in an empty slot's visit too: its mean is over
+  the visits that ran it, and an empty visit's own cost leaves it out (the model adds it
+  wherever the next slot holds a batch).
 - **host work**: the rest of the iteration (scheduling, the output exchange's own work,
   SGLang's unranged Python between ranges), before the forward.
 
@@ -176,7 +179,12 @@ def summarize(ev: dict, rank: int | None = None) -> dict:
         fwd_len = (min(run[1], hi) - run[0]) if run else 0.0
         host = max(0.0, span - fwd_len - b_total - send - proc)
         if run is None:
-            host_e.append(host + proc)
+            # an empty slot's visit still processes the next slot's outputs when that slot
+            # holds a batch (`process_batch_result` of `next_mb_id`): processing, not the
+            # empty visit's own cost, so the model adds it once, as SGLang runs it
+            host_e.append(host)
+            if proc_iv:
+                procs.append(proc)
             waits["relay"].append(relay)
             continue
         k = bisect.bisect_left(step_starts, run[0])
@@ -191,7 +199,8 @@ def summarize(ev: dict, rank: int | None = None) -> dict:
                      "batch": st[3] if st else None, "input": pre_in[-1] if pre_in else None})
         if st and st[2] == "DECODE":
             host_b.append(host)
-            procs.append(proc)
+            if proc_iv:      # the next slot held a batch (else SGLang processes nothing)
+                procs.append(proc)
             spans.append(span)
             waits["relay"].append(relay)
             waits["output"].append(output)

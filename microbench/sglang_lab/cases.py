@@ -24,6 +24,7 @@ class Case:
     live: bool = False              # also run ppscope's own live probe at this C
     baseline: str = "clean-c8"      # what its slowdown is measured against
     expect: str = ""                # the cause the diagnosis should name first ("" = none big)
+    profile: bool = True            # profile a window (the "before" evidence of a what-if)
 
     @property
     def faulted(self) -> bool:
@@ -64,3 +65,77 @@ def default_plan(pp: int = 2, quick: bool = False, depth: int = 0) -> tuple[Grou
         Case("clean-c8-end", c8, reps=2, baseline=""),
     )
     return (Group(name, pp, extra, cases),)
+
+
+# What-ifs checked on the server itself (reports/model/observed_whatif.py): every "before" case
+# (SGLang's defaults, `wi-base-c<C>`) is profiled; an "after" case changes one setting and is
+# only measured (its tok/s against the before case's, the model's prediction from the before
+# case's evidence alone). Settings chosen to change something on the lab's tiny server.
+WHATIF_C = (1, 8, 16)
+WHATIF_REPS = 3
+WHATIF_RATE = 16.0          # bench_serving --request-rate (Poisson), against a burst
+WHATIF_MRR = 4              # --max-running-requests below C = 8, 16
+WHATIF_CHUNK = 64           # --chunked-prefill-size: one 64-token prompt per prefill visit
+
+
+def whatif_plan(pp: int = 2, reps: int = WHATIF_REPS) -> tuple[Group, ...]:
+    """Before (defaults, profiled) and after (one setting changed) at C = 1, 8, 16.
+
+    Live on the default server: `--pp-max-micro-batch-size` C / pp (SGLang's
+    `/set_internal_state`) and arrival pacing (`--request-rate`). One server each: async depth
+    1 and pp (profiled too: the observed-loop check at every depth), `--max-running-requests`
+    below C, `--chunked-prefill-size` one prompt."""
+    def base(C):
+        return f"wi-base-c{C}"
+    g0 = [Case(base(C), C, reps=reps, baseline="") for C in WHATIF_C]
+    g0 += [Case(f"wi-mmb-c{C}", C, mmb=C // pp, reps=reps, baseline=base(C), profile=False)
+           for C in WHATIF_C if C // pp >= 1]
+    g0 += [Case(f"wi-rate-c{C}", C, request_rate=WHATIF_RATE, reps=reps, baseline=base(C),
+                profile=False) for C in WHATIF_C]
+    groups = [Group("wi-depth0", pp, (), tuple(g0))]
+    for d in (1, pp):
+        groups.append(Group(f"wi-depth{d}", pp, ("--pp-async-batch-depth", str(d)), tuple(
+            Case(f"wi-d{d}-c{C}", C, reps=reps, baseline=base(C)) for C in WHATIF_C)))
+    groups.append(Group(f"wi-mrr{WHATIF_MRR}", pp, ("--max-running-requests", str(WHATIF_MRR)),
+                        tuple(Case(f"wi-mrr-c{C}", C, reps=reps, baseline=base(C), profile=False)
+                              for C in WHATIF_C if C > WHATIF_MRR)))
+    groups.append(Group(f"wi-chunk{WHATIF_CHUNK}", pp,
+                        ("--chunked-prefill-size", str(WHATIF_CHUNK)),
+                        tuple(Case(f"wi-chunk-c{C}", C, reps=reps, baseline=base(C),
+                                   profile=False) for C in WHATIF_C)))
+    return tuple(groups)
+
+
+def whatif_live_plan(pp: int = 2, reps: int = WHATIF_REPS) -> tuple[Group, ...]:
+    """The live settings (`--pp-max-micro-batch-size`, arrival pacing) on one default server,
+    their runs interleaved with the before runs (before, mmb, rate, before, ...: one
+    bench_serving run per case `wl-<setting>-c<C>.<k>`), so that a change of the machine's load
+    between runs falls on both sides alike. The first before run of each C is profiled. Not at
+    C = 1: one stream fills one slot under any cap, and a paced client with one stream sends
+    each prompt when the last one finished, as an unpaced one does."""
+    cases = []
+    for C in (c for c in WHATIF_C if c > 1):   # at C = 1 neither setting can change anything
+        for k in range(1, reps + 1):
+            cases.append(Case(f"wl-base-c{C}.{k}", C, baseline="", profile=k == 1))
+            if C // pp >= 1 and C // pp < C:
+                cases.append(Case(f"wl-mmb-c{C}.{k}", C, mmb=C // pp, baseline=f"wl-base-c{C}",
+                                  profile=False))
+            cases.append(Case(f"wl-rate-c{C}.{k}", C, request_rate=WHATIF_RATE,
+                              baseline=f"wl-base-c{C}", profile=False))
+    return (Group("wl-depth0", pp, (), tuple(cases)),)
+
+
+def whatif_restart_plan(pp: int = 2, rounds: int = 2, depth: int = 1,
+                        cs: tuple[int, ...] = (1, 8)) -> tuple[Group, ...]:
+    """`--pp-async-batch-depth` (a restart) against the default, the servers alternating
+    (default, depth, default, depth, ...; one bench_serving run per C on each), so that a
+    change of the machine's load between servers falls on both sides alike. The before
+    evidence is the what-if plan's profiled `wi-base-c<C>`."""
+    out = []
+    for k in range(1, rounds + 1):
+        out.append(Group(f"wr-d0-{k}", pp, (), tuple(
+            Case(f"wr-base-c{C}.{k}", C, baseline="", profile=False) for C in cs)))
+        out.append(Group(f"wr-d{depth}-{k}", pp, ("--pp-async-batch-depth", str(depth)), tuple(
+            Case(f"wr-d{depth}-c{C}.{k}", C, baseline=f"wr-base-c{C}", profile=False)
+            for C in cs)))
+    return tuple(out)

@@ -6,12 +6,19 @@ their real format and a short steady window of them:
   starts inside `iterations` consecutive loop iterations (from one `recv_requests` to the next),
   the stretch with the most forwards: SGLang's ranges, step spans, c10d's gloo ranges, CPU ops
   and, for the with-stacks window, the Python tracer's events as they are;
-- the server log: the start-up lines, then the case's lines up to `log_lines` batch lines;
-- bench.jsonl and case.json as they are; metrics.txt (130 kB) for the clean C = 8 case only.
+- the server log: the start-up lines, then the case's lines up to `log_lines` batch lines, and
+  the `BEFORE_WINDOW` batch lines before the profiled window and every one of it and after it
+  (between SGLang's `Profiling starts` and `Profiling done` lines: the profiler's own slowdown
+  is read from them against the same run's pace before, microbench/sglang/profiler_cost.py);
+- a case without a profiled window (a what-if's after case): bench.jsonl and case.json only;
+- bench.jsonl and case.json as they are (`--bench-info-once`: bench_serving's `server_info`
+  kept in the first line only, where ppscope reads it); metrics.txt (130 kB) for the clean
+  C = 8 case only.
 Absolute paths of the machine the lab ran on become relative names (`.lab/...`, the model's
 folder name), so nothing of the recording machine is committed.
 
-    python -m microbench.sglang_lab.fixtures results/lab tests/fixtures/sglang_lab [CASE ...]
+    python -m microbench.sglang_lab.fixtures [--iterations N] [--bench-info-once] \
+        results/lab tests/fixtures/sglang_lab [CASE ...]
 """
 from __future__ import annotations
 
@@ -24,13 +31,12 @@ from pathlib import Path
 
 ITERATIONS = 60
 LOG_LINES = 400
-_ABS = re.compile(r"(/[A-Za-z0-9_.+-]+)+/(\.lab|site-packages|results/lab)/")
+_ABS = re.compile(r"(/[A-Za-z0-9_.+-]+)+/(\.lab|site-packages|results/lab[A-Za-z0-9_-]*)/")
 
 
 def scrub(text: str) -> str:
     """Absolute paths up to a known folder -> that folder's relative name."""
-    text = _ABS.sub(lambda m: {".lab": ".lab/", "site-packages": "site-packages/",
-                               "results/lab": "results/lab/"}[m.group(2)], text)
+    text = _ABS.sub(lambda m: m.group(2) + "/", text)
     return re.sub(r"(['\"])/(?:[A-Za-z0-9_.+-]+/)+(model-llama-\d+l)", r"\1\2", text)
 
 
@@ -66,18 +72,47 @@ def trim_trace(doc: dict, dst: Path, window: tuple[float, float] | None) -> int:
     return len(ev)
 
 
-def trim_log(src: Path, dst: Path, log_lines: int = LOG_LINES) -> None:
-    out, n = [], 0
-    for ln in src.read_text(errors="replace").splitlines(keepends=True):
+BEFORE_WINDOW = 600
+
+
+def trim_log(src: Path, dst: Path, log_lines: int = LOG_LINES,
+             before_window: int = BEFORE_WINDOW) -> None:
+    lines = src.read_text(errors="replace").splitlines(keepends=True)
+    start = next((i for i, ln in enumerate(lines) if "] Profiling starts" in ln), None)
+    keep_from = len(lines)       # the batch lines just before the window: the same run's pace
+    if start is not None:
+        k, keep_from = 0, start
+        while keep_from > 0 and k < before_window:
+            keep_from -= 1
+            k += "Decode batch" in lines[keep_from] or "Prefill batch" in lines[keep_from]
+    out, n, profiling = [], 0, set()
+    for i, ln in enumerate(lines):
+        m = re.search(r" (PP\d+)\] Profiling (starts|done)", ln)
+        if m:
+            (profiling.add if m.group(2) == "starts" else profiling.discard)(m.group(1))
         if "Decode batch" in ln or "Prefill batch" in ln:
             n += 1
-            if n > log_lines:
+            tag = re.search(r" (PP\d+)\] ", ln)
+            if n > log_lines and not (tag and tag.group(1) in profiling) and i < keep_from:
                 continue
         out.append(ln)
     dst.write_text(scrub("".join(out)))
 
 
-def make(case_dir: Path, dst: Path) -> None:
+def bench_info_once(text: str) -> str:
+    """bench.jsonl with `server_info` in its first line only (every line repeats it)."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    out = []
+    for k, ln in enumerate(lines):
+        row = json.loads(ln)
+        if k:
+            row.pop("server_info", None)
+        out.append(json.dumps(row))
+    return "\n".join(out) + "\n"
+
+
+def make(case_dir: Path, dst: Path, iterations: int = ITERATIONS,
+         info_once: bool = False) -> None:
     if dst.exists():
         shutil.rmtree(dst)
     dst.mkdir(parents=True)
@@ -87,21 +122,31 @@ def make(case_dir: Path, dst: Path) -> None:
         if not docs:
             continue
         # the window is chosen on rank 0's trace (the first by name) and cuts every rank
-        win = busy_window(docs[0], ITERATIONS if sub == "traces" else ITERATIONS // 3)
+        win = busy_window(docs[0], iterations if sub == "traces" else iterations // 3)
         if win is not None:   # a margin of a few ms: the other ranks' passes straddle its edges
             win = (win[0] - 5e3, win[1] + 5e3)
         for p, doc in zip(files, docs):
             trim_trace(doc, dst / sub / p.name, win)
-    trim_log(case_dir / "server.log", dst / "server.log")
+    if (dst / "traces").is_dir():      # a case that was only measured needs its bench runs
+        trim_log(case_dir / "server.log", dst / "server.log")
     for name in ("bench.jsonl", "metrics.txt", "case.json"):
         if name == "metrics.txt" and case_dir.name != "clean-c8":
             continue
         if (case_dir / name).exists():
-            (dst / name).write_text(scrub((case_dir / name).read_text()))
+            text = scrub((case_dir / name).read_text())
+            if name == "bench.jsonl" and info_once:
+                text = bench_info_once(text)
+            (dst / name).write_text(text)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    iterations, info_once = ITERATIONS, "--bench-info-once" in argv
+    argv = [a for a in argv if a != "--bench-info-once"]
+    if "--iterations" in argv:
+        i = argv.index("--iterations")
+        iterations = int(argv[i + 1])
+        del argv[i:i + 2]
     if len(argv) < 2:
         print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
         return 2
@@ -109,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = [d for d in sorted(src.iterdir()) if (d / "case.json").exists()
              and (not names or d.name in names)]
     for d in cases:
-        make(d, dst / d.name)
+        make(d, dst / d.name, iterations, info_once)
         print(f"{d.name}: {sum(p.stat().st_size for p in (dst / d.name).rglob('*') if p.is_file()) >> 10} KiB")
     return 0
 

@@ -88,7 +88,8 @@ def run_case(case: Case, server: LabServer, bench: drive.BenchSpec, fault_file: 
                 drive.run_bench(bench, blog, concurrency=case.concurrency,
                                 prompts=2 * case.concurrency + 2, seed=seed0 + k,
                                 out=tmp / "bench.jsonl", request_rate=case.request_rate)
-            windows = [("traces", False)] + ([("traces-stacks", True)] if case.stacks else [])
+            windows = ([("traces", False)] if case.profile else []) + (
+                [("traces-stacks", True)] if case.stacks else [])
             for sub, stacks in windows:
                 _say(f"{case.name}: profiling a window ({'SGLang defaults: stacks, shapes' if stacks else 'no stacks, no shapes'})")
                 since = server.log_size()
@@ -229,7 +230,7 @@ def run_lab(cfg: LabConfig) -> int:
                 done.append(run_case(case, server, bench, fault_file, mmb0, cfg.out, header))
         _say(f"server stopped (group {g.name})")
     if cfg.analyse:
-        for d in order_for_analysis(done):
+        for d in order_for_analysis([d for d in done if (d / "traces").is_dir()]):
             _say(f"{d.name}: ppscope sglang + ppscope report")
             drive.write_json(d / "analysis.json", analyse_case(d))
     from microbench.sglang_lab.summary import summarise, render

@@ -39,6 +39,16 @@ def register(subparsers) -> None:
                    help="bench_serving repetitions of every case (default: the plan's, 1-3)")
     p.add_argument("--quick", action="store_true",
                    help="clean C=8 and one fault only (the CI tier)")
+    p.add_argument("--whatif", action="store_true",
+                   help="the what-if plan: SGLang's defaults and each setting the report can "
+                   "recommend, before and after, at C = 1, 8, 16 (cases wi-*; "
+                   "`ppscope sglang-lab-whatifs` reads them)")
+    p.add_argument("--whatif-live", action="store_true",
+                   help="the live what-ifs (micro-batch cap, pacing) interleaved with their "
+                   "before runs on one server (cases wl-*)")
+    p.add_argument("--whatif-restart", action="store_true",
+                   help="--pp-async-batch-depth 1 against the default, the servers alternating "
+                   "(cases wr-*)")
     p.add_argument("--list", action="store_true", help="print the plan and exit")
     p.add_argument("--sglang-python", default=None, metavar="PATH",
                    help="an existing SGLang installation's python (no install step)")
@@ -53,13 +63,21 @@ def register(subparsers) -> None:
 
 
 def _plan(args):
-    from microbench.sglang_lab.cases import default_plan
+    from microbench.sglang_lab.cases import (default_plan, whatif_live_plan, whatif_plan,
+                                             whatif_restart_plan)
     if not 2 <= args.pp <= max(2, os.cpu_count() or 2):
         raise CliError(f"--pp must be between 2 and the number of cores "
                        f"({os.cpu_count()}), got {args.pp}")
     if not 0 <= args.async_depth <= 64:
         raise CliError(f"--async-depth must be between 0 and 64, got {args.async_depth}")
-    plan = default_plan(args.pp, quick=args.quick, depth=args.async_depth)
+    if args.whatif:
+        plan = whatif_plan(args.pp)
+    elif args.whatif_live:
+        plan = whatif_live_plan(args.pp)
+    elif args.whatif_restart:
+        plan = whatif_restart_plan(args.pp)
+    else:
+        plan = default_plan(args.pp, quick=args.quick, depth=args.async_depth)
     if args.reps is not None:
         if not 1 <= args.reps <= 20:
             raise CliError(f"--reps must be between 1 and 20, got {args.reps}")
@@ -85,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     if args.list:
         for g in plan:
             for c in g.cases:
-                print(f"{c.name:12s} pp={g.pp} C={c.concurrency:<3d} {c.fault or ''}"
+                print(f"{c.name:12s} pp={g.pp}{' ' + ' '.join(g.extra_args) if g.extra_args else ''} C={c.concurrency:<3d} {c.fault or ''}"
                       f"{' hog on core %d' % c.hog_core if c.hog_core is not None else ''}"
                       f"{' mmb=%d' % c.mmb if c.mmb else ''}"
                       f"{' rate=%g/s' % c.request_rate if c.request_rate else ''}")
@@ -98,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
             raise CliError(f"--{name.replace('_', '-')}: {v} does not exist")
     if args.analyse_only:
         dirs = sorted(d for d in out.glob("*") if (d / "case.json").exists()
-                      and (not only or d.name in only))
+                      and (d / "traces").is_dir() and (not only or d.name in only))
         if not dirs:
             raise CliError(f"--analyse-only: no lab cases in {out}")
         from microbench.sglang_lab.lab import order_for_analysis
@@ -107,12 +125,26 @@ def run(args: argparse.Namespace) -> int:
         rows = summarise(out)
         write_json(out / "summary.json", rows)
         print(render(rows))
+        _whatif_table(args, out)
         return 0
     cfg = LabConfig(out=out, lab_dir=Path(args.lab_dir).resolve(), plan=plan,
                     sglang_python=Path(args.sglang_python) if args.sglang_python else None,
                     model=Path(args.model_path).resolve() if args.model_path else None,
                     device=args.device, only=only)
     try:
-        return run_lab(cfg)
+        rc = run_lab(cfg)
     except LabError as e:
         raise CliError(str(e)) from None
+    _whatif_table(args, out)
+    return rc
+
+
+def _whatif_table(args, out: Path) -> None:
+    """With a what-if plan: predicted against measured change (microbench/sglang_lab/whatifs.py)."""
+    if not (args.whatif or args.whatif_live or args.whatif_restart):
+        return
+    from microbench.sglang_lab.drive import write_json
+    from microbench.sglang_lab.whatifs import loop_rows, render, whatif_rows
+    w, lp = whatif_rows(out), loop_rows(out)
+    write_json(out / "whatifs.json", {"whatifs": w, "loop": lp})
+    print(render(w, lp))

@@ -133,9 +133,12 @@ def _sizes(counts: dict[int, float], concurrency: int, slots: int) -> tuple[int,
 
 
 def from_evidence(loop: LoopProfile | None, *, concurrency: int | None, observed: float | None,
-                  async_depth: int | None = None, shape=None) -> Deployment:
+                  async_depth: int | None = None, shape=None,
+                  depth_stated: bool = False) -> Deployment:
     """Build the observed deployment from an sglang record's loop profile
-    (`SglangData.loop`). `concurrency`: the client's streams while it was traced."""
+    (`SglangData.loop`). `concurrency`: the client's streams while it was traced.
+    `depth_stated`: `async_depth` is the server's own setting (its start-up arguments), so
+    the slot count is pp + async_depth, not inferred from the traces."""
     ranks = loop.ranks if loop is not None else {}
     if len(ranks) < 2:
         raise NoLoopEvidence("no loop profile of two or more ranks in sglang.json "
@@ -162,7 +165,9 @@ def from_evidence(loop: LoopProfile | None, *, concurrency: int | None, observed
     # slots: occupied micro-batches m = C / mean size; slots = m x iterations per forward
     slots = None
     marked = [x.slots for x in rk if x.slots]
-    if marked:        # SGLang's own idle-pass markers: pp_loop_size iterations per pass
+    if depth_stated and async_depth is not None:
+        slots, src["slots"] = pp + async_depth, "observed (server setting)"
+    elif marked:        # SGLang's own idle-pass markers: pp_loop_size iterations per pass
         slots = max(pp, max(set(marked), key=marked.count))
         src["slots"] = "observed"
     elif rk[0].forwards and rk[0].iterations:

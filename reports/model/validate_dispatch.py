@@ -1,4 +1,14 @@
-"""Model vs the dispatch probe: rebuild the pipeline model for exactly the probe's configuration.
+"""Model vs SGLang's own server first, then vs the dispatch probe.
+
+SGLang first (`validate_sglang`): a lab case of SGLang's real PP server (`ppscope sglang-lab`,
+its `ppscope sglang` record and its server log): the model of the observed loop built from the
+case's per-rank costs (reports/model/deployment.py) runs bench_serving's whole run
+(reports/model/observed_whatif.py `bench_run`), with the profiler's measured slowdown of the
+traced window taken off (`LoopProfile.profiler_slowdown`, from the log's decode lines,
+microbench/sglang/profiler_cost.py), against
+bench_serving's median tok/s. Nothing of the measured tok/s feeds the model.
+
+The probe second: rebuild the pipeline model for exactly the probe's configuration.
 
 Inputs come only from dispatch.json, never from its tok/s: pp, async depth; per-rank forward
 time by micro-batch size (`stages[].gpu_us_p50`, pooled over runs, median); per-rank CPU per
@@ -23,9 +33,9 @@ difference and, outside the 10% target, the reason; `micro_batch_choices()` re-r
 inputs with the requests spread over 1, pp or all slots (the micro-batch-count what-if; batch
 sizes not measured in the record are interpolated, said so).
 
-`python -m reports.model.validate_dispatch RECORD.json [...]` prints the table for one or more
-records (the GPU matrix in docs/ writes one record per configuration) and exits 1 when a point
-is outside the target.
+`python -m reports.model.validate_dispatch [LAB_CASE_DIR ...] [RECORD.json ...]` prints the
+SGLang cases' table, then the probe records' (the GPU matrix in docs/ writes one record per
+configuration), and exits 1 when a point is outside the target.
 """
 from __future__ import annotations
 
@@ -204,6 +214,61 @@ def validate(rec: Record) -> list[Check]:
     return out
 
 
+@dataclass(frozen=True)
+class SglangCheck:
+    """The model of the observed loop against one SGLang lab case's bench_serving tok/s."""
+    case: str
+    pp: int
+    depth: int
+    concurrency: int
+    measured_tok_per_s: float          # bench_serving, median over the case's runs
+    runs: int
+    steady_tok_per_s: float            # the loop as traced, steady state
+    run_tok_per_s: float               # bench_serving's whole run over that loop
+    profiler_slowdown: float | None    # traced window / outside, from the log's decode lines
+    modelled_tok_per_s: float          # run / slowdown (the run as is where none was measured)
+    diff_pct: float
+    note: str = ""
+
+
+def validate_sglang(rec: Record, case: str = "") -> SglangCheck:
+    """One SGLang lab case (module docstring). `rec`: its sglang.json (read with its server
+    log: without one, no profiler correction, said in the note)."""
+    from statistics import median as med
+    from reports.model import observed_whatif as ow
+    if rec.payload is None or rec.payload.loop is None:
+        raise CliError(f"{case or 'sglang.json'}: no loop profile (read the traces with "
+                       "`ppscope sglang --traces DIR`)")
+    dep, server, load, _ = ow.from_sglang(rec.payload)
+    tok = [b.output_throughput for b in rec.payload.bench if b.output_throughput]
+    if not tok:
+        raise CliError(f"{case or 'sglang.json'}: no bench_serving run to compare with")
+    meas = float(med(tok))
+    steady = ow.steady_tok_per_s(dep)
+    run = ow.bench_run(dep, server, load)
+    slow = rec.payload.loop.profiler_slowdown
+    model = run.tok_per_s * (slow or 1.0)
+    diff = 100.0 * (model / meas - 1.0)
+    note = ""
+    if abs(diff) > TARGET_PCT:
+        why = "over-predicts" if diff > 0 else "under-predicts"
+        note = (f"model {why}: " + ("no profiled window in the log to take the profiler's cost "
+                                     "off" if slow is None else
+                                     "the traced window is not the benchmark's loop (the "
+                                     "machine's load changed between them), or a cost the "
+                                     "model lacks"))
+    return SglangCheck(case, dep.pp, server.depth, load.concurrency, meas, len(tok), steady,
+                       run.tok_per_s, slow, model, diff, note)
+
+
+def validate_sglang_case(path) -> SglangCheck:
+    """`validate_sglang` on a lab case folder's sglang.json."""
+    from pathlib import Path
+    from reports.base.records import read_record
+    d = Path(path)
+    return validate_sglang(read_record(d / "sglang.json"), d.name)
+
+
 def micro_batch_choices(rec: Record) -> list[MicroBatchChoice]:
     """For each C the record ran: the model's tok/s with the C requests spread evenly over
     m = 1, pp and all slots (the `--micro-batches` knob of `even`), next to a measured run
@@ -235,19 +300,33 @@ def main(argv: list[str] | None = None) -> int:
     the target (the GPU matrix's pass/fail)."""
     from tabulate import tabulate
 
-    from reports.base.records import read_record
+    from reports.base.records import RecordError, read_record
+    from pathlib import Path
     paths = list(sys.argv[1:] if argv is None else argv)
     if not paths:
-        print("usage: python -m reports.model.validate_dispatch DISPATCH.json [...]")
+        print("usage: python -m reports.model.validate_dispatch [LAB_CASE_DIR ...] "
+              "[DISPATCH.json ...]")
         return 2
     rows, bad = [], 0
-    for p in paths:
+    cases = [p for p in paths if Path(p).is_dir()]
+    for p in cases:           # SGLang's own server first
+        try:
+            chk = validate_sglang_case(p)
+        except (CliError, RecordError, OSError, ValueError) as e:
+            print(f"{p}: not checked: {str(e).splitlines()[0]}")
+            bad += 1
+            continue
+        bad += bool(chk.note)
+        rows.append([p, chk.pp, chk.depth, "sglang", "-", chk.concurrency, "-", "-",
+                     f"{chk.measured_tok_per_s:.1f}", f"{chk.modelled_tok_per_s:.1f}",
+                     f"{chk.diff_pct:+.1f}%", chk.note or "within 10%"])
+    for p in (p for p in paths if p not in cases):
         try:
             rec = read_record(p)
             if rec.payload is None:
                 raise CliError(f"status {rec.status} ({rec.reason})")
             checks = validate(rec)
-        except (CliError, OSError, ValueError) as e:
+        except (CliError, RecordError, OSError, ValueError) as e:
             print(f"{p}: not checked: {str(e).splitlines()[0]}")
             bad += 1
             continue

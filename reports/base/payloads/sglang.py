@@ -333,6 +333,9 @@ class LoopProfile:
     link_gbps: float | None = ge(0, default=None)
     device: str | None = None       # "cpu": SGLang's CPU backend traced (no GPU events)
     concurrency_from: str | None = None   # where `concurrency` came from (flag, bench, live)
+    # the traced window's visits against the rest of the logged run: how much slower the
+    # profiler made the loop it measured (microbench/sglang/profiler_cost.py); None: no log
+    profiler_slowdown: float | None = ge(0, default=None)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,63 @@
+"""How much slower the profiled window ran than the rest of the run, from SGLang's own log.
+
+A loop profile's costs come from the window `/start_profile` .. `/stop_profile` opened; the
+torch profiler records every op of SGLang's Python, so the traced loop runs slower than the
+benchmark around it (more so on a loaded host). SGLang's `Decode batch` lines say how long each
+visit took: with `--decode-log-interval 1` a line's `gen throughput` is the tokens generated
+since the rank's previous decode line over the time since it (managers/scheduler_components/
+metrics_reporter.py, `gap_latency`), so `#running-req / gen throughput` is one visit's time.
+The rank's `Profiling starts` / `Profiling done` lines bound the window.
+
+slowdown = sum over the window's lines of the median visit time at that line's `#running-req`
+inside the window / the same outside it (both on the same rank, sizes seen at least `MIN_LINES`
+times outside), over the same sum with the outside medians: 1.0 = the window ran at the
+benchmark's speed. None without a window or without matching lines outside it.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from statistics import median
+from typing import Iterable
+
+MIN_LINES = 5
+_DECODE = re.compile(r"PP(\d+)\] Decode batch, #running-req: (\d+),.*?gen throughput "
+                     r"\(token/s\): ([\d.]+)")
+_PROFILE = re.compile(r"PP(\d+)\] Profiling (starts|done)")
+
+
+def slowdown(lines: Iterable[str], min_lines: int = MIN_LINES) -> float | None:
+    """The profiled window's slowdown (module docstring) from a log's lines."""
+    inside: dict[str, bool] = {}
+    dt: dict[tuple[str, bool, int], list[float]] = {}
+    for ln in lines:
+        m = _PROFILE.search(ln)
+        if m:
+            inside[m.group(1)] = m.group(2) == "starts"
+            continue
+        m = _DECODE.search(ln)
+        if m is None:
+            continue
+        r, bs, thr = m.group(1), int(m.group(2)), float(m.group(3))
+        if thr > 0 and bs > 0:
+            dt.setdefault((r, inside.get(r, False), bs), []).append(bs / thr)
+    num = den = 0.0
+    for (r, ins, bs), v in dt.items():
+        out = dt.get((r, False, bs))
+        if ins and out and len(out) >= min_lines:
+            num += len(v) * median(v)
+            den += len(v) * median(out)
+    return num / den if den else None
+
+
+def slowdown_of_logs(paths: Iterable[str | Path]) -> float | None:
+    """`slowdown` over the given log files' lines, in order (plain text; others: None)."""
+    def lines():
+        for p in paths:
+            with open(p, "rb") as f:
+                for raw in f:
+                    yield raw.decode("utf-8", "replace")
+    try:
+        return slowdown(lines())
+    except OSError:
+        return None

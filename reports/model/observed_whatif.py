@@ -1,0 +1,282 @@
+"""What one setting change does to the observed server, predicted from its own evidence alone.
+
+The model of the observed loop (reports/model/deployment.py: per-rank forward by micro-batch
+size, host work, result processing, hops, slots, all from the server's traces) gives the time of
+one round of the slot loop for any slot sizes. A benchmark is more than a steady round: this
+module runs bench_serving's whole closed-loop run over that loop, round by round, with SGLang's
+admission rule deciding where each arriving request goes, and compares the run's tok/s before
+and after the change. Nothing is fitted to a measured tok/s.
+
+The run (`bench_run`), SGLang 0.5.23 `event_loop_pp` (managers/scheduler_pp_mixin.py) visiting
+`pp + async_depth` slots round-robin, one visit = one round / slots:
+- a visit admits the waiting requests that arrived before it (FCFS), while the slot holds fewer
+  than `pp_max_micro_batch_size` (`get_num_allocatable_reqs`: `pp_max_micro_batch_size -
+  running_bs`), the server fewer than `max_running_requests` rows, and the prompts fit the
+  visit's prefill budget (`chunked_prefill_size` tokens, at least one prompt; `PrefillAdder`);
+  a visit that admits runs their prefill instead of the slot's decode (SGLang runs either a
+  prefill batch or the slot's running batch), so the slot's running requests skip that round;
+- a decode visit gives each of the slot's requests one token; a request is done after
+  `output_len` tokens (the prefill gives the first), and bench_serving sends the next prompt at
+  once (`--max-concurrency` is a semaphore); the successors of requests that finished together
+  straggle in as the server's log saw prompts arrive: `cluster` of them per visit (the mean
+  `#new-seq` of its `Prefill batch` lines; all at once without a log);
+- the first C prompts arrive as the observed micro-batches did (one group per observed slot,
+  each just before that slot's visit): how a burst split into groups is the evidence's, the
+  rule above then applies the setting; with another slot count (`--pp-async-batch-depth`) the
+  same share of the slots holds a group (SGLang's traces at depth 0 and 1 show every slot
+  occupied once C >= slots: a group's successors straggle over consecutive visits), C split
+  evenly over them; with `--request-rate` R they arrive 1/R apart (the Poisson mean), one
+  slot after another (Poisson arrivals land in each slot alike);
+- a round lasts what the model of the observed loop gives for its slot sizes
+  (deployment.run with every cause as observed), a prefill visit as long as a decode visit.
+
+tok/s = prompts x output_len / (last token - first arrival), as bench_serving counts it. Stated
+simplifications: equal prompt and output lengths (the lab's `--random-range-ratio 1`); a
+prefill visit costs a decode visit; no KV-cache limit.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from reports.model.deployment import CAUSES, Deployment, run
+
+ALL = frozenset(CAUSES)
+KNOBS = ("--pp-max-micro-batch-size", "--pp-async-batch-depth", "--chunked-prefill-size",
+         "--max-running-requests", "--request-rate")
+
+
+@dataclass(frozen=True)
+class Server:
+    """The settings the server ran with (SGLang resolves `cap` to rows // pp when unset)."""
+    pp: int
+    depth: int = 0
+    cap: int | None = None          # pp_max_micro_batch_size
+    rows: int | None = None         # max_running_requests
+    chunk: int | None = None        # chunked_prefill_size (None / <= 0: no budget)
+    cap_given: bool = False         # set explicitly (else it follows rows // pp)
+
+    @property
+    def slots(self) -> int:
+        return self.pp + self.depth
+
+    def cap_now(self) -> int:
+        if self.cap and (self.cap_given or not self.rows):
+            return self.cap
+        return max(1, self.rows // self.pp) if self.rows else (self.cap or 1 << 30)
+
+
+@dataclass(frozen=True)
+class Load:
+    """bench_serving's run: C streams, N prompts, lengths in tokens, arrivals."""
+    concurrency: int
+    prompts: int
+    output_len: int
+    prompt_len: int = 0
+    rate: float | None = None       # --request-rate (None: all at once)
+    cluster: float | None = None    # prompts admitted per prefill (the log's #new-seq mean)
+
+
+@dataclass(frozen=True)
+class Run:
+    tok_per_s: float
+    seconds: float
+    mean_in_flight: float            # bench_serving's `concurrency`: latency total / duration
+    steady_sizes: tuple[int, ...]    # the slot sizes held longest
+    prefill_visits: int
+
+
+def apply(server: Server, load: Load, knob: str, value) -> tuple[Server, Load]:
+    """The server and load after one change (a KNOBS entry)."""
+    if knob == "--pp-max-micro-batch-size":
+        return replace(server, cap=int(value), cap_given=True), load
+    if knob == "--pp-async-batch-depth":
+        return replace(server, depth=int(value)), load
+    if knob == "--chunked-prefill-size":
+        return replace(server, chunk=int(value)), load
+    if knob == "--max-running-requests":
+        return replace(server, rows=int(value)), load
+    if knob == "--request-rate":
+        return server, replace(load, rate=float(value) if value else None)
+    raise ValueError(f"unknown setting {knob!r}; one of {', '.join(KNOBS)}")
+
+
+def groups(dep: Deployment) -> list[tuple[int, int]]:
+    """(slot, size) of each observed micro-batch: how the server's arrivals grouped."""
+    return [(k, n) for k, n in enumerate(dep.sizes) if n]
+
+
+class _Rounds:
+    """Round time by slot sizes: the model of the observed loop, memoised."""
+
+    def __init__(self, dep: Deployment, slots: int):
+        self.dep, self.slots, self.memo = dep, slots, {}
+
+    def __call__(self, sizes: tuple[int, ...]) -> float:
+        if sizes not in self.memo:
+            if not any(sizes):
+                self.memo[sizes] = 0.0
+            else:
+                d = replace(self.dep, sizes=sizes, slots=self.slots)
+                self.memo[sizes] = run(d, ALL).tpot_ms * 1e3
+        return self.memo[sizes]
+
+
+def _first_arrivals(dep: Deployment, server: Server, load: Load) -> list[tuple[float, int]]:
+    """(arrival time, slot it lands in) of each of the first C prompts (module docstring)."""
+    C, S = min(load.concurrency, load.prompts), server.slots
+    if load.rate:
+        # Poisson arrivals land in each slot alike: in expectation, round-robin
+        return [(i / load.rate * 1e6, i % S) for i in range(C)]
+    obs = groups(dep)
+    total = sum(n for _, n in obs)
+    sizes = [max(1, round(n * C / total)) for _, n in obs]
+    if S != dep.slots:
+        # another slot count: the same share of slots occupied (straggling successors spread
+        # a group over consecutive visits, so every slot a group can reach holds one), C split
+        # evenly over them
+        m = max(1, min(C, round(len(obs) * S / dep.slots)))
+        sizes = [C // m + (1 if k < C % m else 0) for k in range(m)]
+    while sum(sizes) > C:
+        sizes[sizes.index(max(sizes))] -= 1
+    while sum(sizes) < C:
+        sizes[sizes.index(min(sizes))] += 1
+    m = len(sizes)
+    # the observed groups, evenly spaced over this server's slot loop as they were on the
+    # observed one (deployment._sizes); more groups than slots share slots
+    pos = [(j * S) // m for j in range(m)] if m <= S else [j % S for j in range(m)]
+    return [(0.0, p) for p, n in zip(pos, sizes) for _ in range(n)]
+
+
+def bench_run(dep: Deployment, server: Server, load: Load, turnaround_us: float = 0.0,
+              max_rounds: int = 200000) -> Run:
+    """bench_serving's closed-loop run over the observed loop (module docstring)."""
+    S, L = server.slots, max(1, load.output_len)
+    rounds = _Rounds(dep, S)
+    cap, rows = server.cap_now(), server.rows or (1 << 30)
+    budget = server.chunk if server.chunk and server.chunk > 0 else None
+    # waiting prompts: [arrival time, slot it lands in (None: the next one visited)]
+    waiting = [list(a) for a in _first_arrivals(dep, server, load)]
+    sent = len(waiting)
+    slots: list[list[list[float]]] = [[] for _ in range(S)]   # [tokens left, arrival]
+    t, done, latency, prefills, n_round = 0.0, 0, 0.0, 0, 0
+    held: dict[tuple[int, ...], float] = {}
+    while done < load.prompts:
+        n_round += 1
+        if n_round > max_rounds:
+            raise ValueError("the modelled run did not finish (a setting admits nothing)")
+        if not any(slots) and waiting and min(w[0] for w in waiting) > t:
+            t = min(w[0] for w in waiting)   # the server idles until the next prompt
+        sizes = tuple(len(s) for s in slots)
+        dur = rounds(sizes) if any(sizes) else rounds(tuple([1] + [0] * (S - 1)))
+        held[sizes] = held.get(sizes, 0.0) + dur
+        visit = dur / S
+        for k in range(S):
+            tv = t + k * visit
+            room = min(cap - len(slots[k]), rows - sum(len(s) for s in slots))
+            tokens, took, keep = 0, 0, []
+            for w in sorted(waiting, key=lambda w: w[0]):
+                if w[0] > tv or w[1] not in (None, k):
+                    keep.append(w)
+                elif took < room and (budget is None or took == 0
+                                      or tokens + load.prompt_len <= budget):
+                    tokens += load.prompt_len
+                    took += 1
+                    slots[k].append([L - 1, w[0]])     # the prefill gives the first token
+                else:
+                    keep.append([w[0], None])          # no room here: the next slot with room
+            waiting = keep
+            if took:
+                prefills += 1
+                continue                                # a prefill visit: the slot's decode waits
+            end = tv + visit
+            left, finished = [], 0
+            for req in slots[k]:
+                if req[0] > 1:
+                    left.append([req[0] - 1, req[1]])
+                    continue
+                done += 1
+                latency += end - req[1]
+                if sent < load.prompts:     # the semaphore frees: the next prompt
+                    # successors straggle: `cluster` of them per visit, as the server's
+                    # Prefill lines admitted them
+                    nxt = end + turnaround_us + (finished // load.cluster) * visit \
+                        if load.cluster else end + turnaround_us
+                    finished += 1
+                    if load.rate:
+                        nxt = max(nxt, sent / load.rate * 1e6)
+                    waiting.append([nxt, None])
+                    sent += 1
+            slots[k] = left
+            if done >= load.prompts:
+                t = end
+                break
+        else:
+            t += dur
+    seconds = t / 1e6
+    steady = max(held, key=held.get) if held else ()
+    return Run(load.prompts * L / seconds, seconds, latency / 1e6 / seconds, steady, prefills)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    knob: str
+    value: str
+    before: Run
+    after: Run
+
+    @property
+    def change_pct(self) -> float:
+        return 100.0 * (self.after.tok_per_s / self.before.tok_per_s - 1.0)
+
+
+def predict(dep: Deployment, server: Server, load: Load, knob: str, value) -> Prediction:
+    """The run before and after one change, both from the before evidence (`dep`)."""
+    s2, l2 = apply(server, load, knob, value)
+    return Prediction(knob, str(value), bench_run(dep, server, load), bench_run(dep, s2, l2))
+
+
+def steady_tok_per_s(dep: Deployment) -> float:
+    """The model of the observed loop in its steady state (every slot as traced)."""
+    return run(dep, ALL).tok_per_s
+
+
+def _setting(obs: dict, key: str):
+    e = (obs or {}).get(key)
+    return e["value"] if e else None
+
+
+def from_sglang(sg) -> tuple[Deployment, Server, Load, float | None]:
+    """The observed loop, the settings and bench_serving's run of one `sglang.json` record
+    (SglangData), and bench_serving's mean tok/s over its runs (None without one)."""
+    from reports.model.deployment import from_evidence
+    from reports.model.observed_server import observed_server
+    obs = observed_server(sg) or {}
+    runs = [b for b in sg.bench if b.output_throughput]
+    C = sg.loop.concurrency if sg.loop is not None else None
+    C = C or (runs[0].max_concurrency if runs else None)
+    tok = [b.output_throughput for b in runs if b.max_concurrency in (None, C)]
+    measured = sum(tok) / len(tok) if tok else None
+    depth = _setting(obs, "pp_async_batch_depth")
+    # the slot count is the server's setting (pp + depth) where it states one: a short traced
+    # window may hold no idle pass to count slots from
+    dep = from_evidence(sg.loop, concurrency=C, observed=measured,
+                        async_depth=int(depth) if depth is not None else None,
+                        depth_stated=depth is not None)
+    pp = dep.pp
+    rows = _setting(obs, "max_running_requests")
+    cap = _setting(obs, "pp_max_micro_batch_size")
+    server = Server(pp=pp, depth=dep.slots - pp, cap=cap, rows=rows,
+                    chunk=_setting(obs, "chunked_prefill_size"),
+                    cap_given=bool(cap and rows and cap != max(1, rows // pp)))
+    b = runs[0] if runs else None
+    rate = b.request_rate if b is not None else None
+    rate = float(rate) if isinstance(rate, (int, float)) and rate != float("inf") else None
+    lg = sg.ranks.get("0") or next(iter(sg.ranks.values()), None)
+    cluster = (lg.prefill_new_seq_total / lg.prefill_lines
+               if lg is not None and lg.prefill_lines >= 3 and lg.prefill_new_seq_total else None)
+    load = Load(concurrency=int(C), prompts=int(b.completed) if b and b.completed else 2 * C + 2,
+                output_len=int(round(b.mean_output_len)) if b and b.mean_output_len else 128,
+                prompt_len=int(round(b.mean_input_len)) if b and b.mean_input_len else 0,
+                rate=rate, cluster=cluster)
+    return dep, server, load, measured
+

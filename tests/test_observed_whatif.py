@@ -1,0 +1,148 @@
+"""What-ifs of the model of the observed loop (reports/model/observed_whatif.py): bench_serving's
+closed-loop run over the observed loop, round by round, with SGLang's admission rule.
+
+Hand-made loops whose round time is known (each case works the number out), and the lab's
+helpers (microbench/sglang_lab/whatifs.py) on log lines in SGLang 0.5.23's own format."""
+from __future__ import annotations
+
+import pytest
+
+from reports.model import observed_whatif as ow
+from reports.model.deployment import Deployment
+
+
+def _dep(sizes=(6, 2), slots=2, fwd=None, **kw) -> Deployment:
+    fwd = fwd or {1: 1000.0, 8: 1000.0}
+    base = dict(pp=2, slots=slots, sizes=tuple(sizes), forward=(fwd, fwd), forward_busy=(fwd, fwd),
+                host_us=(0.0, 0.0), relay_us=(0.0, 0.0), sync_wait_us=(0.0, 0.0), empty_us=0.0,
+                empty_relay_us=0.0, hop_us=(0.0, 0.0), send_wait_us=(0.0, 0.0),
+                graph_share=None, concurrency=sum(sizes), observed_tok_per_s=None,
+                device="cpu", send_us=(0.0, 0.0), process_us=(0.0, 0.0))
+    base.update(kw)
+    return Deployment(**base)
+
+
+SERVER = ow.Server(pp=2, depth=0, cap=1024, rows=2048, chunk=4096)
+
+
+def test_one_stream_runs_one_token_per_round():
+    # C = 1: each request is admitted (a prefill visit), then decodes once per round; the
+    # round of one 1-request slot on two ranks with 1 ms forwards and nothing else is 2 ms
+    dep = _dep(sizes=(1, 0))
+    rounds = ow._Rounds(dep, 2)
+    assert rounds((1, 0)) == pytest.approx(2000.0)
+    r = ow.bench_run(dep, SERVER, ow.Load(1, 4, 128, 64))
+    # 4 requests x (127 decode rounds + the prefill visit), back to back
+    assert r.tok_per_s == pytest.approx(4 * 128 / (4 * 128 * 2000e-6), rel=0.02)
+    assert r.mean_in_flight == pytest.approx(1.0, abs=0.02)
+    assert r.prefill_visits == 4
+
+
+def test_the_last_wave_runs_below_C():
+    # 2C + 2 prompts at C = 8: waves of 8, 8 and 2, so fewer than C in flight on average
+    r = ow.bench_run(_dep(), SERVER, ow.Load(8, 18, 128, 64))
+    assert 5.5 < r.mean_in_flight < 7.0
+    steady = ow.steady_tok_per_s(_dep())
+    assert r.tok_per_s < 0.85 * steady
+
+
+def test_the_cap_splits_a_group_over_the_next_slot():
+    s2, _ = ow.apply(SERVER, ow.Load(8, 18, 128), "--pp-max-micro-batch-size", 4)
+    assert s2.cap_now() == 4
+    r = ow.bench_run(_dep(), s2, ow.Load(8, 18, 128, 64))
+    assert r.steady_sizes == (4, 4)
+    # before: the observed groups as they were
+    assert ow.bench_run(_dep(), SERVER, ow.Load(8, 18, 128, 64)).steady_sizes == (6, 2)
+
+
+def test_max_running_requests_moves_the_default_cap_and_queues_the_rest():
+    s2, _ = ow.apply(SERVER, ow.Load(8, 18, 128), "--max-running-requests", 4)
+    assert s2.cap_now() == 2          # SGLang: pp_max_micro_batch_size = rows // pp
+    r = ow.bench_run(_dep(), s2, ow.Load(8, 18, 128, 64))
+    assert r.steady_sizes == (2, 2)
+    before = ow.bench_run(_dep(), SERVER, ow.Load(8, 18, 128, 64))
+    # forwards cost the same at any size here: 4 running instead of 8 roughly halves tok/s
+    assert 0.4 < r.tok_per_s / before.tok_per_s < 0.65
+    # an explicit cap stays
+    s3, _ = ow.apply(ow.Server(2, cap=3, rows=2048, cap_given=True), ow.Load(8, 18, 128),
+                     "--max-running-requests", 4)
+    assert s3.cap_now() == 3
+
+
+def test_a_small_prefill_budget_admits_one_prompt_per_visit():
+    load = ow.Load(8, 18, 128, 64)
+    s2, _ = ow.apply(SERVER, load, "--chunked-prefill-size", 64)
+    r = ow.bench_run(_dep(), s2, load)
+    assert r.prefill_visits == 18     # one per prompt
+    base = ow.bench_run(_dep(), SERVER, load)
+    assert base.prefill_visits < 8    # groups share one
+    assert r.tok_per_s < base.tok_per_s   # every prefill visit holds its slot's decode
+
+
+def test_paced_arrivals_spread_over_the_slots():
+    load = ow.Load(8, 18, 128, 64)
+    _, l2 = ow.apply(SERVER, load, "--request-rate", 16.0)
+    # 10 ms forwards: a request lasts ~2.6 s, its successors' arrivals 62.5 ms apart do not
+    # outlast it (a fast loop would run them one by one)
+    slow = _dep(sizes=(8, 0), fwd={1: 10000.0, 8: 10000.0})
+    r = ow.bench_run(slow, SERVER, l2)
+    assert r.steady_sizes == (4, 4)
+    assert ow.bench_run(slow, SERVER, load).steady_sizes == (8, 0)
+
+
+def test_more_slots_hold_as_many_groups_as_before_per_slot():
+    s2, _ = ow.apply(SERVER, ow.Load(8, 18, 128), "--pp-async-batch-depth", 1)
+    assert s2.slots == 3
+    r = ow.bench_run(_dep(), s2, ow.Load(8, 18, 128, 64))
+    assert sorted(r.steady_sizes) == [2, 3, 3]   # every slot holds a group, as observed
+
+
+def test_unknown_setting_is_an_error():
+    with pytest.raises(ValueError, match="unknown setting"):
+        ow.apply(SERVER, ow.Load(1, 4, 128), "--tp-size", 2)
+
+
+# SGLang 0.5.23's own lines (tests/fixtures/sglang_lab/*/server.log), times changed
+_DEC = ("[2026-12-01 22:25:43 PP{r}] Decode batch, #running-req: {n}, #token: 189, token "
+        "usage: 0.01, cpu graph: False, gen throughput (token/s): {thr:.2f}, #queue-req: 0, ")
+
+
+def _log(inside_ms: float, outside_ms: float, n: int = 4) -> str:
+    out = []
+    for r in (0, 1):
+        out += [_DEC.format(r=r, n=n, thr=n / outside_ms * 1e3)] * 8
+    out.append("[2026-12-01 22:26:20 PP0] Profiling starts. Traces will be saved to: x "
+               "(with profile id: 1)")
+    out.append("[2026-12-01 22:26:20 PP1] Profiling starts. Traces will be saved to: x "
+               "(with profile id: 1)")
+    for r in (0, 1):
+        out += [_DEC.format(r=r, n=n, thr=n / inside_ms * 1e3)] * 6
+    out.append("[2026-12-01 22:26:25 PP0] Profiling done. Traces are saved to: x")
+    out.append("[2026-12-01 22:26:25 PP1] Profiling done. Traces are saved to: x")
+    for r in (0, 1):
+        out += [_DEC.format(r=r, n=n, thr=n / outside_ms * 1e3)] * 8
+    return "\n".join(out)
+
+
+def test_profiler_slowdown_from_the_decode_lines():
+    from microbench.sglang.profiler_cost import slowdown
+    assert slowdown(_log(24.0, 20.0).splitlines()) == pytest.approx(1.2, rel=1e-3)
+    # no window, or no line outside it at the window's sizes: nothing to say
+    assert slowdown(_log(24.0, 20.0).split("Profiling starts")[0].splitlines()) is None
+    only_other_sizes = [ln.replace("#running-req: 4", "#running-req: 3")
+                        if "22:25:43" in ln and "gen throughput (token/s): 200.00" in ln else ln
+                        for ln in _log(24.0, 20.0).splitlines()]
+    assert slowdown(only_other_sizes) is None
+
+
+def test_the_change_a_lab_case_made():
+    from microbench.sglang_lab.whatifs import change_of
+    base = {"case": {"mmb": None, "request_rate": None}, "extra_args": []}
+    assert change_of({"case": {"mmb": 4, "request_rate": None}, "extra_args": []}, base) == \
+        ("--pp-max-micro-batch-size", 4)
+    assert change_of({"case": {"mmb": None, "request_rate": 16.0}, "extra_args": []}, base) == \
+        ("--request-rate", 16.0)
+    assert change_of({"case": {"mmb": None, "request_rate": None},
+                      "extra_args": ["--pp-async-batch-depth", "1"]}, base) == \
+        ("--pp-async-batch-depth", 1)
+    assert change_of(base, base) is None

@@ -1,0 +1,92 @@
+"""The model against SGLang's own server: the what-if plan's recordings
+(tests/fixtures/sglang_lab/whatif/, `ppscope sglang-lab --whatif`, trimmed by
+microbench/sglang_lab/fixtures.py --iterations 30 --bench-info-once).
+
+SGLang 0.5.23's `launch_server --pp-size 2 --device cpu` with its defaults (`wi-base-c<C>`,
+profiled) and with one setting changed (`wi-<setting>-c<C>`: bench_serving only), C = 1, 8, 16,
+three bench_serving runs each; the live settings also interleaved with their before runs
+(`wl-<setting>-c<C>.<k>`). Four profiled windows kept only their bench runs (size). From each before case's evidence alone the model predicts the
+change (reports/model/observed_whatif.py); bench_serving measured it. docs/BENCHMARKS.md
+section 15 holds the table these fixtures reproduce.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from reports.cli import main
+
+WI = Path(__file__).parent / "fixtures" / "sglang_lab" / "whatif"
+CASES = sorted(d.name for d in WI.iterdir() if (d / "case.json").exists()) if WI.exists() else []
+PROFILED = [c for c in CASES if (WI / c / "traces").is_dir()]
+# where the prediction misses the target, and why (docs/BENCHMARKS.md section 15): each is a
+# first-pass after case run minutes after its before case, in which the server's own decode
+# lines show the loaded machine running every visit ~1.4-1.6x slower; two of them change
+# nothing SGLang does at C = 1. Interleaved (`wl-*`), the same settings are within target.
+KNOWN_MISSES = {
+    "wi-chunk-c1": "no-op at C = 1 (one 64-token prompt per prefill either way); drift",
+    "wi-rate-c1": "no-op at C = 1 (one stream: paced = unpaced); drift",
+    "wi-mmb-c8": "drift: rank 0's visits 37 ms against 17-25 ms in the before runs",
+    "wi-mrr-c8": "drift: rank 0's visits 36 ms; -39% predicted at the before runs' speed",
+}
+# the model of the observed loop outside 10% of bench_serving: the profiled window ran
+# faster than the runs around it (slowdown 0.93) on the loaded machine
+LOOP_MISSES = {"wl-base-c16.1"}
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory) -> Path:
+    """`ppscope sglang` on each profiled case, as the lab runs it."""
+    out = tmp_path_factory.mktemp("wi")
+    for case in PROFILED:
+        d = WI / case
+        c = json.loads((d / "case.json").read_text())["case"]["concurrency"]
+        (out / case).mkdir()
+        assert main(["sglang", "--log", str(d / "server.log"), "--traces", str(d / "traces"),
+                     "--bench", str(d / "bench.jsonl"), "--concurrency", str(c),
+                     "--json", str(out / case / "sglang.json")]) == 0
+    return out
+
+
+def test_the_whatif_recordings_are_there():
+    assert {"wi-base-c1", "wl-base-c8.1", "wl-base-c16.1"} <= set(PROFILED)
+    assert any(c.startswith("wi-mmb-") for c in CASES)
+    assert any(c.startswith("wi-d1-") for c in PROFILED)
+
+
+def test_each_setting_change_is_predicted_from_the_before_case_alone(records):
+    from microbench.sglang_lab.whatifs import whatif_rows
+    rows = whatif_rows(WI, records)
+    knobs = {r["knob"] for r in rows}
+    assert knobs == {"--pp-max-micro-batch-size", "--pp-async-batch-depth",
+                     "--chunked-prefill-size", "--max-running-requests", "--request-rate"}
+    assert len(rows) == 18
+    missed = {r["case"]: r for r in rows if not r["ok"]}
+    assert set(missed) == set(KNOWN_MISSES), {k: (v["predicted_pct"], v["measured_pct"],
+                                                 v["measured_range_pct"])
+                                             for k, v in missed.items()}
+
+
+def test_the_model_of_the_observed_loop_against_bench_serving(records):
+    from reports.model.validate_dispatch import TARGET_PCT, validate_sglang_case
+    checks = {case: validate_sglang_case(records / case) for case in PROFILED}
+    assert all(c.profiler_slowdown is not None for c in checks.values())
+    outside = {case for case, c in checks.items() if abs(c.diff_pct) > TARGET_PCT}
+    assert outside == LOOP_MISSES, {k: round(c.diff_pct, 1) for k, c in checks.items()}
+    # without the profiler's slowdown and bench_serving's run, the steady loop alone misses
+    # more points: both mechanics carry the check
+    steady = {case for case, c in checks.items()
+              if abs(100 * (c.steady_tok_per_s / c.measured_tok_per_s - 1)) > TARGET_PCT}
+    assert len(steady) > len(outside)
+
+
+def test_validate_dispatch_checks_sglang_lab_cases_first(records, capsys):
+    from reports.model.validate_dispatch import main as vmain
+    case = records / "wi-d2-c8"
+    rc = vmain([str(case)])
+    out = capsys.readouterr().out
+    assert "sglang" in out.splitlines()[2] and "of 1 points within 10%" in out
+    assert rc in (0, 1) and (rc == 0) == ("within 10%" in out.splitlines()[2])
+    assert vmain([str(records / "no-such-case")]) == 1
