@@ -77,7 +77,9 @@ def test_no_private_name_crosses_modules():
 
 # The probe side (microbench/, topology/) measures and reads; the model and the renderers are
 # the analysis side. A probe reaches them only from its command module (where it prints a card
-# or a table), and the benchmarks that print figures (microbench/bench/).
+# or a table), the benchmarks that print figures (microbench/bench/), and the lab
+# (microbench/sglang_lab/), which drives SGLang's server and ppscope's own commands end to end
+# and tables what they found.
 ANALYSIS = ("reports.model", "reports.render", "reports.report_build", "reports.report_cli")
 
 
@@ -85,7 +87,7 @@ def _command_module(name: str) -> bool:
     from reports.base.probes import cli_modules
     leaf = name.rsplit(".", 1)[-1]
     return (name in cli_modules() or leaf == "cli" or leaf.endswith("_cli")
-            or name.startswith("microbench.bench."))
+            or name.startswith(("microbench.bench.", "microbench.sglang_lab.")))
 
 
 def test_probe_side_reaches_the_analysis_only_from_its_command_module():
