@@ -115,7 +115,7 @@ def next_steps(rep: dict, concurrencies: list[int], pp: int, model: str = "kimi-
         f"sets it by hand to {cap}, the best cap the what-ifs model.",
         (f"{ppscope} sglang --url {URL} --mmb-sweep {','.join(map(str, sweep))} "
          f"--live-concurrency {c_herd}",
-         f"curl -s -X POST {URL}/set_internal_state -H 'Content-Type: application/json' "
+         f"curl -sS -X POST {URL}/set_internal_state -H 'Content-Type: application/json' "
          f"-d '{{\"server_args\": {{\"pp_max_micro_batch_size\": {cap}}}}}'")))
     out.append(Step("Then read everything again in one report (results/sglang.json holds the "
                     "bench runs, the log and the traces).",
