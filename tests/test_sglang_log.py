@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from microbench.sglang import log as sglang_log
+from microbench.sglang import log_scan, log_startup   # the reader's parts (patched below)
 from reports.base.errors import CliError
 
 
@@ -201,9 +202,9 @@ def _all_fixture_logs(fixtures):
 def test_fast_and_line_by_line_reads_agree(fixtures, monkeypatch):
     # the block-wide fast read and the field-by-field read of each line give the same record
     fast = [sglang_log.read_logs(f, window=2) for f in _all_fixture_logs(fixtures)]
-    monkeypatch.setattr(sglang_log, "_DEC_SIZE", re.compile(rb"(x)never"))
-    monkeypatch.setattr(sglang_log, "_PRE_FAST", re.compile(rb"(x)never"))
-    monkeypatch.setattr(sglang_log, "_fast_prefix", lambda lines: (   # every prefix per line
+    monkeypatch.setattr(log_scan, "_DEC_SIZE", re.compile(rb"(x)never"))
+    monkeypatch.setattr(log_scan, "_PRE_FAST", re.compile(rb"(x)never"))
+    monkeypatch.setattr(log_scan, "_fast_prefix", lambda lines: (   # every prefix per line
         np.full(len(lines), np.nan), np.zeros(len(lines), dtype=np.int64), [None],
         np.zeros(len(lines), dtype=bool)))
     slow = [sglang_log.read_logs(f, window=2) for f in _all_fixture_logs(fixtures)]
@@ -217,8 +218,8 @@ def test_small_blocks_and_worker_processes_give_the_same_answer(fixtures, monkey
             for f in ("pp2_mixed.log", "tp2_pp2.log", "dp_attention_tp8_dp8.log"):
                 out.write((fixtures / "sglang" / f).read_bytes())
     one = sglang_log.read_logs([big], workers=1)
-    monkeypatch.setattr(sglang_log, "CHUNK_BYTES", 4099)   # blocks cut mid-line, many of them
-    monkeypatch.setattr(sglang_log, "RANGE_BYTES", 4099)
+    monkeypatch.setattr(log_scan, "CHUNK_BYTES", 4099)   # blocks cut mid-line, many of them
+    monkeypatch.setattr(log_scan, "RANGE_BYTES", 4099)
     assert sglang_log.read_logs([big], workers=1) == one
     assert sglang_log.read_logs([big], workers=2) == one
 
@@ -275,8 +276,8 @@ def test_startup_lines_name_the_moe_kernel(tmp_path, lines, want):
 
 
 def test_moe_kernel_read_only_at_start_up_and_across_block_edges(tmp_path, monkeypatch):
-    monkeypatch.setattr(sglang_log, "CHUNK_BYTES", 64)
-    monkeypatch.setattr(sglang_log, "SETTINGS_BYTES", 4096)
+    monkeypatch.setattr(log_scan, "CHUNK_BYTES", 64)
+    monkeypatch.setattr(log_startup, "SETTINGS_BYTES", 4096)
     line = "[2026-11-30 11:00:00 TP0 PP0] Using CompressedTensorsWNA16MarlinMoEMethod\n"
     log = tmp_path / "server.log"
     log.write_text("x" * 50 + "\n" + line + _DECODE)       # the line spans two 64-byte blocks
@@ -380,7 +381,7 @@ def test_graph_label_of_any_device_counts_and_is_recorded(tmp_path, labels, frac
         for i, g in enumerate(labels)))
     r = sglang_log.read_logs([log])["ranks"]["0"]
     assert (r["cuda_graph_frac"], r["graph_device"]) == (frac, device)
-    monkeypatch.setattr(sglang_log, "_DEC_SIZE", re.compile(rb"(x)never"))   # line by line
+    monkeypatch.setattr(log_scan, "_DEC_SIZE", re.compile(rb"(x)never"))   # line by line
     assert sglang_log.read_logs([log])["ranks"]["0"] == r
 
 
@@ -448,7 +449,7 @@ def test_server_args_older_form():
              b"enable_torch_compile=False, max_running_requests=256, chunked_prefill_size=-1, "
              b"max_prefill_tokens=16384, attention_backend='fa3', pp_max_micro_batch_size=None)"
              b"\n")
-    sa = sglang_log._server_args_in(block)
+    sa = log_startup._server_args_in(block)
     assert sa == sglang_log.ServerArgs(
         form="ServerArgs(...)", pp_size=2, tp_size=8, device="cuda", attention_backend="fa3",
         disable_cuda_graph=False, cuda_graph_max_bs=160, enable_torch_compile=False,
@@ -500,7 +501,7 @@ def test_lab_log_in_blocks_and_worker_processes(fixtures, tmp_path, monkeypatch)
     assert [o["clock"] for o in whole["config_overrides"]] == [
         f"2026-12-01 20:{k:02d}:30" for k in range(20)]
     assert all(o["ranks"] == [0, 1] for o in whole["config_overrides"])
-    monkeypatch.setattr(sglang_log, "CHUNK_BYTES", 4099)   # blocks cut mid-line
+    monkeypatch.setattr(log_scan, "CHUNK_BYTES", 4099)   # blocks cut mid-line
     assert sglang_log.read_logs([big], workers=1) == whole
     assert sglang_log.read_logs([big], workers=2) == whole
 
