@@ -398,10 +398,7 @@ def _where(at: list[dict[str, Any]], verdict: str) -> str:
 def hypotheses_sentence(verdicts: list[dict[str, Any]]) -> str:
     """The user's hypotheses in their order, each with the concurrencies where it holds."""
     from reports.model.causes import HYPOTHESES
-    order = {h: k for k, h in enumerate(("thundering herd / uneven split",
-                                         "bandwidth is not the limit", "CUDA-graph fallback",
-                                         "cross-socket NUMA", "MoE routing imbalance",
-                                         "stage imbalance"))}
+    order = {h: k for k, h in enumerate(HYPOTHESES)}   # the user's order
     parts = []
     for v in sorted(verdicts, key=lambda v: order.get(v["hypothesis"], len(order))):
         at = [a for a in v.get("at") or [] if a["concurrency"]]

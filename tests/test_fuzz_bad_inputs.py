@@ -233,18 +233,23 @@ LIVE = ["--live-concurrency", "2", "--live-tokens", "4", "--live-arrival", "burs
         "--live-timeout", "10"]
 
 
+def _live_run(mode: str, record: Path, capsys):
+    """`ppscope sglang --url` against a fake server replying in `mode`, writing `record`."""
+    srv = _fake_server(mode)
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        return run(["sglang", "--url", url, *LIVE, "--json", record], capsys)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
 @pytest.mark.parametrize("mode, words", [
     ("not_json", "not JSON"), ("html", "Content-Type text/html"),
     ("infinity", "Infinity"), ("utf8", "not UTF-8"), ("null_choice", "null choice")])
 def test_live_probe_checks_every_reply(good_sglang, capsys, mode, words):
     before = digest(good_sglang)
-    srv = _fake_server(mode)
-    try:
-        url = f"http://127.0.0.1:{srv.server_address[1]}"
-        rc, _, err = run(["sglang", "--url", url, *LIVE, "--json", good_sglang], capsys)
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    rc, _, err = _live_run(mode, good_sglang, capsys)
     one_line_error(rc, err, words)
     assert digest(good_sglang) == before
 
@@ -268,13 +273,7 @@ def test_url_that_is_not_a_url(good_sglang, capsys):
 
 
 def test_sglang_runs_accumulate_each_source_its_own_part(good_sglang, capsys):
-    srv = _fake_server("good")
-    try:
-        url = f"http://127.0.0.1:{srv.server_address[1]}"
-        rc, _, err = run(["sglang", "--url", url, *LIVE, "--json", good_sglang], capsys)
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    rc, _, err = _live_run("good", good_sglang, capsys)
     assert rc == 0, err
     d = json.loads(good_sglang.read_text())["data"]
     assert d["live"]["runs"][0]["chunks"] == 8 and d["ranks"] and d["bench"]

@@ -20,7 +20,8 @@ from dataclasses import dataclass, replace
 from reports.base.partition import imbalance
 from reports.model import loop_builder as lb
 from reports.model.attribution import Attribution
-from reports.model.causes import BANDWIDTH, HYPOTHESES
+from reports.model.causes import (BANDWIDTH, GRAPHS, HERD, HYPOTHESES, NUMA, ROUTING,
+                                   STAGES)
 from reports.base.payloads.sglang import SglangData
 from reports.base.records import Record
 from reports.model.scenario import Inputs
@@ -189,7 +190,7 @@ def routing_verdict(inp: Inputs, att: Attribution, records: dict[str, Record],
            + ("; skew makes the pipeline faster, so it cannot explain the gap (if the router is "
               "this skewed, the uniform-routing model understates tok/s)" if effect > 0.005
               else ""))
-    return _with_share(Verdict("MoE routing imbalance", _by_share(share), num, label), share)
+    return _with_share(Verdict(ROUTING, _by_share(share), num, label), share)
 
 
 def machine_of(rec: Record) -> str:
@@ -231,7 +232,7 @@ def numa_verdict(inp: Inputs, topo: Record | None, hop_share: float, C: int) -> 
     timed hops, else the pipeline hops' link classes (a pasted `topo -m`: labelled `given`). A
     pipeline hop whose link is unknown leaves it undecided: an unreadable cell is never read as
     a socket crossing, a link class or a link speed."""
-    H = "cross-socket NUMA"
+    H = NUMA
     if topo is None:
         return Verdict(H, UNKNOWN, f"hops = {hop_share:.0%} of the gap with estimated hop cost; "
                        "no topology.json", "scenario (estimated)")
@@ -302,13 +303,13 @@ def observed_verdicts(diag: dict) -> dict[str, Verdict]:
         return replace(x, cause=HYPOTHESES.get(x.hypothesis),
                        at=(VerdictAt(C, x.verdict, None, x.number),))
     return {k: at(x) for k, x in {
-        "thundering herd / uneven split": Verdict("thundering herd / uneven split", v("herd"),
+        HERD: Verdict(HERD, v("herd"),
                                                   num("herd"), ev),
-        "CUDA-graph fallback": Verdict("CUDA-graph fallback", v("launch_gaps"),
+        GRAPHS: Verdict(GRAPHS, v("launch_gaps"),
                                        num("launch_gaps"), ev),
-        "stage imbalance": Verdict("stage imbalance", v("slow_stage"), num("slow_stage"), ev),
-        "bandwidth is not the limit": Verdict(
-            "bandwidth is not the limit", {HOLDS: NOT, NOT: HOLDS}.get(v("hop"), MINOR),
+        STAGES: Verdict(STAGES, v("slow_stage"), num("slow_stage"), ev),
+        BANDWIDTH: Verdict(
+            BANDWIDTH, {HOLDS: NOT, NOT: HOLDS}.get(v("hop"), MINOR),
             f"hops and waits on communication slow the observed server by "
             f"{hop['size_pct'] or 0:.0f}%: {hop['detail']}", ev),
     }.items()}
@@ -323,13 +324,13 @@ def verdicts(inp: Inputs, atts: list[Attribution], records: dict[str, Record],
     sg = records.get("sglang")
     gs = sg.payload.log.graph_setting if sg is not None and sg.payload.log is not None else None
     if gs is not None and gs.off_by_setting:   # graphs off on purpose: the setting is the answer
-        obs.pop("CUDA-graph fallback", None)
+        obs.pop(GRAPHS, None)
     return [obs.get(x.hypothesis, x) for x in base]
 
 
 # Strength of a verdict on a harmful cause (the herd, graphs, ...): over the concurrencies it
 # takes the strongest, since a cause that holds at one measured C is a cause the user has.
-# "bandwidth is not the limit" is the other way round: it holds only where it holds at every C.
+# BANDWIDTH is the other way round: it holds only where it holds at every C.
 _RANK = {HOLDS: 3, MINOR: 2, NOT: 1, UNKNOWN: 0}
 
 
@@ -389,7 +390,7 @@ def _verdicts_at(inp: Inputs, att: Attribution, records: dict[str, Record]) -> l
     # The hypothesis is about bandwidth: judge it by link utilisation. What a hop costs in
     # latency (gloo metadata, launch, sync) is reported beside it, since it is not bandwidth.
     util = gbps / bw if bw else 0.0
-    out.append(Verdict("bandwidth is not the limit",
+    out.append(Verdict(BANDWIDTH,
                        HOLDS if util < 0.10 else (MINOR if util < 0.5 else NOT),
                        f"link carries {gbps * 1e3:.1f} MB/s of {bw:.0f} GB/s ({util:.2%}); "
                        f"hop latency (not bandwidth) = {hop_share:.0%} of the gap at C={C}",
@@ -411,19 +412,19 @@ def _verdicts_at(inp: Inputs, att: Attribution, records: dict[str, Record]) -> l
         ev = f"sglang.json (observed slots, log) + {adm}"
     else:
         ev = adm
-    out.append(Verdict("thundering herd / uneven split", v, num, ev))
+    out.append(Verdict(HERD, v, num, ev))
     # 3. CUDA-graph fallback
     gr = records.get("graphs")
     launch = _share(att, "launch_gaps")
     gv = graph_evidence(sg.payload) if sg is not None else None
     if gv is not None:
-        out.append(Verdict("CUDA-graph fallback", gv[0], gv[1], gv[2]))
+        out.append(Verdict(GRAPHS, gv[0], gv[1], gv[2]))
     elif gr is not None:
-        out.append(Verdict("CUDA-graph fallback", _by_share(launch),
+        out.append(Verdict(GRAPHS, _by_share(launch),
                            f"launch/padding = {launch:.0%} of the gap; graph max bs "
                            f"{inp.graph_max_bs}, largest slot {max(sizes)}", "graphs.json (measured)"))
     else:
-        out.append(Verdict("CUDA-graph fallback", UNKNOWN,
+        out.append(Verdict(GRAPHS, UNKNOWN,
                            f"model predicts {launch:.0%} of the gap (largest slot {max(sizes)} <= "
                            f"graph max bs {inp.graph_max_bs}); no graphs.json or SGLang logs",
                            "scenario (estimated)"))
@@ -435,7 +436,7 @@ def _verdicts_at(inp: Inputs, att: Attribution, records: dict[str, Record]) -> l
     costs = lb.stage_cost_us(inp, lb.ALL_ON, max(sizes))
     imb = _share(att, "slow_stage")
     src, ev = inp.src("kernel_efficiency")
-    out.append(Verdict("stage imbalance", _by_share(imb),
+    out.append(Verdict(STAGES, _by_share(imb),
                        f"{imb:.0%} of the gap; slowest stage {imbalance(costs):.2f}x "
                        f"the mean at b={max(sizes)}", f"{ev} ({src})"))
     shares = {"hop": hop_share, "herd": herd, "launch_gaps": launch, "slow_stage": imb}
