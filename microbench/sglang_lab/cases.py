@@ -125,17 +125,27 @@ def whatif_live_plan(pp: int = 2, reps: int = WHATIF_REPS) -> tuple[Group, ...]:
     return (Group("wl-depth0", pp, (), tuple(cases)),)
 
 
-def whatif_restart_plan(pp: int = 2, rounds: int = 2, depth: int = 1,
-                        cs: tuple[int, ...] = (1, 8)) -> tuple[Group, ...]:
-    """`--pp-async-batch-depth` (a restart) against the default, the servers alternating
-    (default, depth, default, depth, ...; one bench_serving run per C on each), so that a
-    change of the machine's load between servers falls on both sides alike. The before
-    evidence is the what-if plan's profiled `wi-base-c<C>`."""
+def whatif_restart_plan(pp: int = 2, rounds: int = 2,
+                        cs: tuple[int, ...] = WHATIF_C) -> tuple[Group, ...]:
+    """The settings that need a restart (`--pp-async-batch-depth` 1 and pp,
+    `--chunked-prefill-size`, `--max-running-requests`) against the default, the servers
+    alternating (default, depth 1, depth pp, chunk, rows, default, ...; one bench_serving run per
+    C on each), so that a change of the machine's load between servers falls on all sides
+    alike. The first default server's runs are profiled: they are the before evidence, taken in
+    the same pass as the runs they predict; so are the first depth servers' (the model of the
+    observed loop checked at every depth)."""
+    settings = [(f"d{d}", ("--pp-async-batch-depth", str(d)), cs) for d in (1, pp)]
+    settings.append((f"chunk{WHATIF_CHUNK}", ("--chunked-prefill-size", str(WHATIF_CHUNK)),
+                     tuple(C for C in cs if C > 1)))
+    settings.append((f"mrr{WHATIF_MRR}", ("--max-running-requests", str(WHATIF_MRR)),
+                     tuple(C for C in cs if C > WHATIF_MRR)))
     out = []
     for k in range(1, rounds + 1):
         out.append(Group(f"wr-d0-{k}", pp, (), tuple(
-            Case(f"wr-base-c{C}.{k}", C, baseline="", profile=False) for C in cs)))
-        out.append(Group(f"wr-d{depth}-{k}", pp, ("--pp-async-batch-depth", str(depth)), tuple(
-            Case(f"wr-d{depth}-c{C}.{k}", C, baseline=f"wr-base-c{C}", profile=False)
-            for C in cs)))
+            Case(f"wr-base-c{C}.{k}", C, baseline="", profile=k == 1) for C in cs)))
+        for tag, extra, at in settings:
+            out.append(Group(f"wr-{tag}-{k}", pp, extra, tuple(
+                Case(f"wr-{tag}-c{C}.{k}", C, baseline=f"wr-base-c{C}",
+                     profile=k == 1 and tag.startswith("d"))
+                for C in at)))
     return tuple(out)

@@ -1,0 +1,122 @@
+"""What each setting the report can recommend does to the observed server, from its own loop.
+
+The scenario's what-ifs (reports/model/whatif.py) describe the scenario's deployment; for a
+server that was traced (`ppscope sglang` with its traces, log and bench_serving runs) this module
+tries the same settings on the model of that server's own loop: bench_serving's whole run over
+the observed loop, before and after one change, with SGLang's admission rule
+(reports/model/observed_whatif.py). The figures are the model's change of bench_serving's tok/s;
+docs/BENCHMARKS.md section 15 sets them beside SGLang's own server measured before and after.
+
+The candidates, each one change from the server's settings:
+- `--pp-async-batch-depth` 0, 1 and pp (one more slot per step: another micro-batch in flight,
+  and one more visit's host work per round on every rank);
+- `--pp-max-micro-batch-size` ceil(C / pp) where the cap lets a burst sit in fewer slots (SGLang
+  pins a burst to the slot visited first, up to the cap: `get_num_allocatable_reqs`);
+- `--max-running-requests` C where the server's rows are fewer than C (the rest queue);
+- `--chunked-prefill-size` the next power of two that holds C prompts, where the budget holds
+  fewer (a wave's prompts then share one prefill visit instead of one visit each);
+- arrival pacing: bench_serving `--request-rate` at the rate the server finished requests in
+  the modelled run before the change, where the run was a burst.
+
+Only where the run model was checked: on SGLang's own server on the CPU (the lab). On a GPU a
+prefill visit of long prompts costs far more than a decode visit, which the run charges alike
+(observed_whatif's stated simplification), so there the report says it did not model them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from reports.model import observed_whatif as ow
+
+NO_CHANGE_PCT = 2.0     # below this, the change is within what the model can tell apart
+
+
+@dataclass(frozen=True)
+class ServerWhatIf:
+    setting: str                 # the flag, e.g. "--pp-async-batch-depth"
+    value: str
+    why: str
+    before_tok_per_s: float
+    after_tok_per_s: float
+    change_pct: float
+    sizes_before: tuple[int, ...]   # the slot sizes the modelled run held longest
+    sizes_after: tuple[int, ...]
+
+    @property
+    def command(self) -> str:
+        if self.setting == "--request-rate":
+            return f"bench_serving --request-rate {self.value}"
+        return f"{self.setting} {self.value}"
+
+    def to_json(self) -> dict:
+        return {"setting": self.setting, "value": self.value, "command": self.command,
+                "why": self.why, "before_tok_per_s": self.before_tok_per_s,
+                "after_tok_per_s": self.after_tok_per_s, "change_pct": self.change_pct,
+                "sizes_before": list(self.sizes_before), "sizes_after": list(self.sizes_after)}
+
+
+def candidates(server: ow.Server, load: ow.Load, before: ow.Run) -> list[tuple[str, object, str]]:
+    """(setting, value, why) of each change worth trying on this server (module docstring)."""
+    C, pp = load.concurrency, server.pp
+    out: list[tuple[str, object, str]] = []
+    for d in sorted({0, 1, pp} - {server.depth}):
+        out.append(("--pp-async-batch-depth", d, f"{pp + d} slots instead of {server.slots}"))
+    spread = -(-C // pp)
+    if C > 1 and spread < min(C, server.cap_now()):
+        out.append(("--pp-max-micro-batch-size", spread,
+                    f"a burst of {C} split over {pp} slots instead of pinned to the first"))
+    if server.rows and server.rows < C:
+        out.append(("--max-running-requests", C,
+                    f"room for all {C} streams ({server.rows} rows: the rest queue)"))
+    if server.chunk and server.chunk > 0 and load.prompt_len and server.chunk < C * load.prompt_len:
+        fit = 1 << (C * load.prompt_len - 1).bit_length()
+        out.append(("--chunked-prefill-size", fit,
+                    f"{C} prompts of {load.prompt_len} tokens in one prefill visit "
+                    f"(the budget of {server.chunk} holds {max(1, server.chunk // load.prompt_len)})"))
+    if load.rate is None and C > 1 and before.seconds > 0:
+        rate = round(load.prompts / before.seconds, 1)
+        if rate > 0:
+            out.append(("--request-rate", rate,
+                        f"prompts paced at the rate the server finished them ({rate}/s) "
+                        "instead of a burst"))
+    return out
+
+
+def server_whatifs(sg) -> dict:
+    """The observed server's what-ifs as report.json holds them: `status` "ok" with `rows` best
+    first (and `concurrency`, `before_tok_per_s`), or "not modelled" with the reason."""
+    if sg is None or sg.loop is None or not sg.loop.ranks:
+        return {"status": "not modelled", "reason": "no loop profile in the server's evidence"}
+    if not [b for b in sg.bench if b.output_throughput]:
+        return {"status": "not modelled",
+                "reason": "no bench_serving run in the evidence (ppscope sglang --bench): the "
+                          "load the settings are tried under is bench_serving's"}
+    try:
+        dep, server, load, _ = ow.from_sglang(sg)
+    except (ValueError, TypeError) as e:
+        return {"status": "not modelled", "reason": str(e)}
+    if dep.device != "cpu":
+        return {"status": "not modelled",
+                "reason": f"the run model is checked on SGLang's own server on the CPU only; on "
+                          f"{dep.device} a prefill visit costs more than the decode visit it charges"}
+    try:
+        before = ow.bench_run(dep, server, load)
+        rows = []
+        for knob, value, why in candidates(server, load, before):
+            s2, l2 = ow.apply(server, load, knob, value)
+            after = ow.bench_run(dep, s2, l2)
+            rows.append(ServerWhatIf(knob, str(value), why, before.tok_per_s, after.tok_per_s,
+                                     100.0 * (after.tok_per_s / before.tok_per_s - 1.0),
+                                     before.steady_sizes, after.steady_sizes))
+    except ValueError as e:
+        return {"status": "not modelled", "reason": str(e)}
+    rows.sort(key=lambda r: -r.change_pct)
+    return {"status": "ok", "concurrency": load.concurrency, "prompts": load.prompts,
+            "before_tok_per_s": before.tok_per_s, "no_change_pct": NO_CHANGE_PCT,
+            "rows": [r.to_json() for r in rows]}
+
+
+def best(sw: dict) -> dict | None:
+    """The row worth recommending: the largest gain beyond NO_CHANGE_PCT, else None."""
+    rows = [r for r in (sw or {}).get("rows") or [] if r["change_pct"] > NO_CHANGE_PCT]
+    return rows[0] if rows else None
