@@ -5,6 +5,8 @@
 #   bash docs/runs/h200x2-faults/run_matrix.sh OUTDIR
 # Each case leaves OUTDIR/<case>/{dispatch.json, traces/*.trace.json.gz, traces/*.log}; the
 # diagnosis then reads only the traces, the logs and the run's tok/s (see diagnose_matrix.sh).
+# The recorded cases in docs/ predate the probe's SGLang-shaped loop (docs/runs/h200x2/README.md,
+# "Which probe"); this script runs today's probe.
 set -u
 OUT=${1:?usage: run_matrix.sh OUTDIR}
 mkdir -p "$OUT"

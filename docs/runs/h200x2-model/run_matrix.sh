@@ -5,6 +5,8 @@
 # switch. Every record is then checked against the pipeline model rebuilt from the record alone
 # (reports/model/validate_dispatch.py; target: within 10% at every point). From the repo root:
 #   bash docs/runs/h200x2-model/run_matrix.sh OUTDIR
+# The recorded cases in docs/ predate the probe's SGLang-shaped loop (docs/runs/h200x2/README.md,
+# "Which probe"); this script runs today's probe.
 set -u
 OUT=${1:?usage: run_matrix.sh OUTDIR}
 mkdir -p "$OUT"

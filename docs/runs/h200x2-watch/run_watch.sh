@@ -5,6 +5,8 @@
 # GPU 1 shared with another process's matmuls. Then `ppscope report` reads each watch record
 # alone (no traces, no logs). From the repo root on a 2-GPU machine:
 #   bash docs/runs/h200x2-watch/run_watch.sh OUTDIR
+# The recorded cases in docs/ predate the probe's SGLang-shaped loop (docs/runs/h200x2/README.md,
+# "Which probe"); this script runs today's probe.
 set -u
 OUT=${1:?usage: run_watch.sh OUTDIR}
 mkdir -p "$OUT"
