@@ -47,7 +47,8 @@ from reports.base.payloads.dispatch import (DispatchData, DispatchSettings, HopI
                                             PolicyComparison, PolicyRun, Quantiles, StageRun)
 from reports.base.records import Record, make_record, save_record, write_json_atomic
 from reports.base.sglang_defaults import MAX_PREFILL_TOKENS, MRR_MIN, default_decode_max_bs
-from reports.base.slots import SlotConfig, default_max_micro_batch
+from reports.base.server_settings import default_max_micro_batch
+from reports.base.slots import SlotConfig
 
 PROBE = "dispatch"
 ARRIVALS = ("burst", "staggered", "poisson")
