@@ -1,18 +1,19 @@
 """Scenario + records in results/ -> the pipeline model's inputs, each labelled with its source.
 
-A scenario (`configs/scenarios/<name>.json`) says what is deployed (model, GPU, pp, async depth,
-graphs, arrival, and any server setting the launch command gives: max running requests,
-pp_max_micro_batch_size, chunked prefill size, cuda-graph max bs, layer partition) and the
-workload (prompt and output length) plus stated estimates for what no probe has measured.
-Sources: a setting the user gave is `given` (a scenario key without an `assumptions` entry of
-the same name); one the scenario assumes (it has an `assumptions` entry) or that SGLang derives
-by its own rule from an estimate is `estimated`; numbers read from the user's server log are
-`observed`; probe records are `measured`.
+A scenario (`configs/scenarios/<name>.json`, read and checked by reports/model/scenario_file.py)
+says what is deployed (model, GPU, pp, async depth, graphs, arrival, and any server setting the
+launch command gives: max running requests, pp_max_micro_batch_size, chunked prefill size,
+cuda-graph max bs, layer partition) and the workload (prompt and output length) plus stated
+estimates for what no probe has measured. Sources: a setting the user gave is `given` (a
+scenario key without an `assumptions` entry of the same name); one the scenario assumes (it has
+an `assumptions` entry) or that SGLang derives by its own rule from an estimate is `estimated`;
+numbers read from the user's server log are `observed`; probe records are `measured`.
 
 Server settings not given take SGLang's defaults (reports/base/sglang_defaults.py): chunked
 prefill and graph max bs by GPU memory; `max_running_requests` from the server log's start-up
 line (sglang.json, `server_settings`) when it has one, else SGLang's KV-capacity rule on
-estimated weights and memory; the per-slot cap `max_running_requests // pp` from that.
+estimated weights and memory; the per-slot cap `max_running_requests // pp` from that
+(reports/base/server_settings.py, which `Inputs.server` is).
 Records in `results/` replace estimates where they exist:
 
 | input | measured from | else (estimated) |
