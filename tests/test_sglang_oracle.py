@@ -124,7 +124,7 @@ def test_default_max_running_requests(capacity, ctx, given):
 
 
 def test_default_cap_divides_by_pp():
-    from reports.base.slots import default_max_micro_batch
+    from reports.base.server_settings import default_max_micro_batch
     src = _src("srt/managers/scheduler.py").read_text()
     assert "max(\n                    self.max_running_requests // get_parallel().pp_size, 1\n" \
         in src, "SGLang's default pp_max_micro_batch_size rule moved"

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
+from reports.base.server_settings import default_max_micro_batch
 from reports.base.slots import (AdmitState, SlotConfig, Visit, admit, burst_sizes, closed_loop,
-                                default_max_micro_batch, even_micro_batches, even_slots,
-                                initial_assignment, output_lengths, slot_action, slot_sizes_of,
-                                visit)
+                                even_micro_batches, even_slots, initial_assignment,
+                                output_lengths, slot_action, slot_sizes_of, visit)
 
 
 def sizes(arrivals, cfg, policy, visits, m=None):

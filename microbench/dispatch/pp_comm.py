@@ -25,6 +25,8 @@ import time
 
 from microbench.kit.launch import recv_pyobj, send_pyobj
 from microbench.dispatch.pp_device import is_host, spin_us
+from microbench.dispatch.rank_config import RankConfig, rank_config
+from reports.base.server_settings import slot_count
 
 TAG_REQS, TAG_PROXY, TAG_OUT = 0, 1, 2  # gloo tags: one channel per message kind
 
@@ -90,13 +92,13 @@ def commit(works: list) -> float:
     return (time.perf_counter() - tw) * 1e6
 
 
-def new_loop_state(torch, cfg: dict, pp: int, rank: int, api=None) -> dict:
+def new_loop_state(torch, cfg: RankConfig | dict, pp: int, rank: int, api=None) -> dict:
     """Per-rank state of SGLang's PP loop: the schedule stream (current while the loop runs),
     the forward and copy streams, what each slot ran at this rank's last visit (`mbs`: rows,
     `ran`: (kind, requests, rows, running before)), the last rank's held outputs, the outputs
     received last iteration, the async sends in flight."""
     api = api or torch.cuda
-    S = pp + cfg["async_depth"]
+    S = slot_count(pp, rank_config(cfg).async_depth)
     return {"sched": api.current_stream(), "fwd": api.Stream(), "copy": api.Stream(),
             "mbs": [0] * S, "ran": [None] * S, "held": [], "pp_out": None,
             "req_work": [], "proxy_work": [], "out_work": []}

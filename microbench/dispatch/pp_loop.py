@@ -96,18 +96,19 @@ import random
 import shutil
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from reports.base.cuda_graphs import capture_sizes, padded  # SGLang's decode capture rule
 from microbench.kit.launch import start_rank
 from reports.base.records import write_json_atomic
-from reports.base.sglang_defaults import MAX_PREFILL_TOKENS
 from reports.base.inject import parse_inject
 from reports.base.slots import AdmitState, SlotConfig, visit
 from microbench.dispatch.pp_comm import (TAG_REQS, commit, drain_last_to_first, exchange_outputs,
                                 gloo_one_way_us, isend_list, new_loop_state, recv_list,
                                 recv_proxy, send_proxy, sync_outputs)
 from microbench.dispatch.pp_device import device_api, is_host, spin_us
+from microbench.dispatch.rank_config import RankConfig, rank_config
 from microbench.dispatch.pp_stage import build_work, calibrate_injection, capture_graphs
 
 
@@ -257,14 +258,12 @@ class PointLoop:
 
     def __init__(self, torch, dist, ctx: dict, point: dict) -> None:
         self.torch, self.dist, self.ctx, self.point = torch, dist, ctx, point
-        cfg, rank, pp = ctx["cfg"], ctx["rank"], ctx["pp"]
+        cfg, rank, pp = rank_config(ctx["cfg"]), ctx["rank"], ctx["pp"]
         self.cfg, self.rank, self.pp = cfg, rank, pp
-        self.last, self.gloo, self.dev, self.H = pp - 1, ctx["gloo"], ctx["dev"], cfg["hidden"]
+        self.last, self.gloo, self.dev, self.H = pp - 1, ctx["gloo"], ctx["dev"], cfg.hidden
         self.api = api = ctx.get("api") or torch.cuda
-        self.scfg = SlotConfig(pp, cfg["async_depth"], cfg["max_micro_batch"],
-                               cfg.get("max_running_requests"), cfg.get("chunked_prefill_size"),
-                               cfg.get("max_prefill_tokens") or MAX_PREFILL_TOKENS)
-        self.S, self.depth = self.scfg.slots, cfg["async_depth"]
+        self.scfg = SlotConfig.of(cfg.server)
+        self.S, self.depth = cfg.server.slots, cfg.async_depth
         # serve mode: (rank 0's ServeScheduler or None, RankSide)
         self.serve = serve = ctx.get("serve")
 
@@ -286,8 +285,8 @@ class PointLoop:
         t1 = time.perf_counter()
         self.t_ref, self.ref_err_us = (t0 + t1) / 2, (t1 - t0) / 2 * 1e6
         self.start = t1
-        self.arrivals = arrival_times(point["arrival"], C, cfg["stagger_ms"],
-                                      cfg["poisson_rate_per_s"], cfg["seed"]) \
+        self.arrivals = arrival_times(point["arrival"], C, cfg.stagger_ms,
+                                      cfg.poisson_rate_per_s, cfg.seed) \
             if rank == 0 and serve is None else []
 
         self.cols: dict[str, list] = {k: [] for k in COLUMNS}
@@ -309,8 +308,8 @@ class PointLoop:
         self.window = None  # rank 0: (first measured iteration, its time)
         self.measure = self.stop = False
         self.no_admit_rounds, self.it, self.pass_idle = 0, 0, True
-        self.max_iters = cfg["max_iters_per_point"]
-        self.seconds = cfg["seconds_per_point"]
+        self.max_iters = cfg.max_iters_per_point
+        self.seconds = cfg.seconds_per_point
         lp["rows_tail"] = {}   # it -> rows of the last few iterations (drain_last_to_first)
         self.setup_deadline = self.start + max(5.0, 3 * self.seconds)
 
@@ -332,7 +331,7 @@ class PointLoop:
               ) or it >= 4 * max_iters:
             out.append({"ctl": "stop"})
         while self.pulled < C and self.arrivals[self.pulled] <= now:
-            out.append(_request(self.pulled, self.cfg["prompt_len"]))
+            out.append(_request(self.pulled, self.cfg.prompt_len))
             self.pulled += 1
         return out
 
@@ -408,7 +407,7 @@ class PointLoop:
             running = sum(adm.sizes)
             if self.serve is None:
                 vis = visit(adm, self.waiting, s, self.scfg, self.point["policy"],
-                            self.cfg.get("micro_batches"))
+                            self.cfg.micro_batches)
                 del self.waiting[:vis.taken]
                 self.admitted += vis.taken
                 if vis.batch:   # prefill first: this slot's visit runs the prefill
@@ -436,7 +435,7 @@ class PointLoop:
     # ---- 3. inputs: hidden states from rank-1 (rank 0: its embedding stand-in)
     def inputs(self, st: _Step) -> None:
         rows, sizes = st.rows, self.sizes
-        use_graph = self.cfg["graphs"] and st.kind == "decode"
+        use_graph = self.cfg.graphs and st.kind == "decode"
         st.pb = padded(rows, sizes[-1]) if rows and use_graph and sizes else None
         if not rows:
             return
@@ -623,32 +622,29 @@ class RankProfiler:
         export_trace(self.prof, path)
 
 
-def loop_capture_sizes(cfg: dict) -> list[int]:
+def loop_capture_sizes(cfg: RankConfig) -> list[int]:
     """The decode batch sizes the loop captures: SGLang's sizes up to the one the largest
     micro-batch pads to."""
-    max_b = max(1, min(cfg["max_micro_batch"], max(cfg["concurrency"])))
+    max_b = max(1, min(cfg.max_micro_batch, max(cfg.concurrency)))
     full = capture_sizes(max(512, 2 * max_b))  # capture up to the size max_b pads to
     return capture_sizes(padded(max_b, full[-1]))
 
 
-def start_serving(cfg: dict):
+def start_serving(cfg: RankConfig | dict):
     """Rank 0 in serve mode: bind the HTTP front-end before the stages are built (GET /health
     answers 503 until the loop runs). Returns (ServeState, server)."""
     from microbench.dispatch import serve as SV
     from microbench.dispatch import serve_http as SH
-    chunk = cfg.get("chunked_prefill_size")
-    args = SV.ServerArgs(
-        model_path=cfg["model"], pp_size=cfg["pp"],
-        max_running_requests=cfg["max_running_requests"],
-        pp_max_micro_batch_size=cfg["max_micro_batch"], pp_async_batch_depth=cfg["async_depth"],
-        chunked_prefill_size=chunk if chunk and chunk > 0 else None,
-        max_prefill_tokens=cfg.get("max_prefill_tokens") or MAX_PREFILL_TOKENS,
-        cuda_graph_max_bs=loop_capture_sizes(cfg)[-1] if cfg["graphs"] else None,
-        disable_cuda_graph=not cfg["graphs"], policy=cfg["serve"]["policy"])
+    cfg = rank_config(cfg)
+    s = cfg.server
+    args = SV.ServerArgs.of(replace(
+        s, chunked_prefill_size=s.chunk_budget,
+        cuda_graph_max_bs=loop_capture_sizes(cfg)[-1] if s.graphs else None),
+        model_path=cfg.model, policy=cfg.serve.policy)
     state = SV.ServeState(args)
-    server = SH.make_server(state, cfg["serve"]["host"], cfg["serve"]["port"])
+    server = SH.make_server(state, cfg.serve.host, cfg.serve.port)
     SH.start(server)
-    print(f"rank 0: serving http://{cfg['serve']['host']}:{server.server_address[1]} "
+    print(f"rank 0: serving http://{cfg.serve.host}:{server.server_address[1]} "
           "(OpenAI-compatible, SGLang's control routes); building the stages", file=sys.stderr,
           flush=True)
     return state, server
@@ -669,37 +665,35 @@ def serve_point(torch, dist, ctx: dict, state) -> dict:
     """The whole served session as one point (run_point with rank 0's admission taken from
     HTTP clients and control commands applied on every rank; microbench/dispatch/serve.py)."""
     from microbench.dispatch import serve as SV
-    cfg, rank = ctx["cfg"], ctx["rank"]
+    cfg, rank = rank_config(ctx["cfg"]), ctx["rank"]
     sched = None
     if rank == 0:
-        scfg = SlotConfig(cfg["pp"], cfg["async_depth"], cfg["max_micro_batch"],
-                          cfg.get("max_running_requests"), cfg.get("chunked_prefill_size"),
-                          cfg.get("max_prefill_tokens") or MAX_PREFILL_TOKENS)
-        secs = cfg["serve"].get("seconds")
-        sched = SV.ServeScheduler(state, scfg, cfg["serve"]["policy"], cfg.get("micro_batches"),
+        secs = cfg.serve.seconds
+        sched = SV.ServeScheduler(state, SlotConfig.of(cfg.server), cfg.serve.policy,
+                                  cfg.micro_batches,
                                   stop_at=None if secs is None else time.perf_counter() + secs,
-                                  profile_dir=cfg.get("profile_dir") or ".")
+                                  profile_dir=cfg.profile_dir or ".")
     side = SV.RankSide(rank, sched, profiler=lambda acts: RankProfiler(torch, ctx, acts),
                        barrier=lambda: dist.barrier(group=ctx["gloo"]))
     ctx["serve"] = (sched, side)
     if state is not None:
         state.mark_ready()
     try:
-        return run_point(torch, dist, ctx, cfg["points"][0])
+        return run_point(torch, dist, ctx, cfg.points[0])
     finally:
         if sched is not None:
             sched.close(state.stop_requested or "the loop ended")
 
 
-def _profile_ctx(torch, cfg, rank, point):
+def _profile_ctx(torch, cfg: RankConfig, rank, point):
     """torch.profiler around one point; trace named like SGLang's: {id}-TP-0-PP-{rank}."""
-    if not cfg.get("profile_dir"):
+    if not cfg.profile_dir:
         return None, None
     A = torch.profiler.ProfilerActivity
-    prof = torch.profiler.profile(activities=[A.CPU] if cfg.get("device") == "cpu"
+    prof = torch.profiler.profile(activities=[A.CPU] if cfg.device == "cpu"
                                   else [A.CPU, A.CUDA])
     pid = f"dispatch-{point['policy']}-{point['arrival']}-c{point['concurrency']}"
-    return prof, Path(cfg["profile_dir"]) / f"{pid}-TP-0-PP-{rank}.trace.json"
+    return prof, Path(cfg.profile_dir) / f"{pid}-TP-0-PP-{rank}.trace.json"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -707,7 +701,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", required=True, help="JSON written by microbench.dispatch.probe")
     ap.add_argument("--out-dir", required=True, help="per-rank results go here")
     a = ap.parse_args(argv)
-    cfg = json.loads(Path(a.config).read_text())
+    cfg = RankConfig.from_wire(json.loads(Path(a.config).read_text()))
     out_dir = Path(a.out_dir)
     rank = int(os.environ.get("RANK", "0"))
     try:
@@ -718,12 +712,12 @@ def main(argv: list[str] | None = None) -> int:
         raise
 
 
-def _main(cfg: dict, out_dir: Path, rank: int) -> int:
+def _main(cfg: RankConfig, out_dir: Path, rank: int) -> int:
     import torch
     import torch.distributed as dist
 
     state = server = None
-    if cfg.get("serve"):
+    if cfg.serve is not None:
         if rank == 0:
             state, server = start_serving(cfg)
         serve_signals(state)
@@ -736,21 +730,20 @@ def _main(cfg: dict, out_dir: Path, rank: int) -> int:
             server.server_close()
 
 
-def _run_rank(torch, dist, cfg: dict, out_dir: Path, rank: int, state) -> int:
-    rc = start_rank(cfg["collective_timeout_s"], expect_world=cfg["pp"],
-                    device=cfg.get("device", "cuda"))
+def _run_rank(torch, dist, cfg: RankConfig, out_dir: Path, rank: int, state) -> int:
+    rc = start_rank(cfg.collective_timeout_s, expect_world=cfg.pp, device=cfg.device)
     pp, dev, gloo = rc.world, rc.device, rc.gloo
     api = device_api(torch, dev)
-    H = cfg["hidden"]
+    H = cfg.hidden
     fwd, info = build_work(torch, cfg, rank, dev)
     sizes = loop_capture_sizes(cfg)
-    graphs = capture_graphs(torch, fwd, sizes, H, dev) if cfg["graphs"] and not is_host(api) \
+    graphs = capture_graphs(torch, fwd, sizes, H, dev) if cfg.graphs and not is_host(api) \
         else {}
-    emb_rows = max(cfg["concurrency"]) * cfg["prompt_len"]
+    emb_rows = max(cfg.concurrency) * cfg.prompt_len
     ctx = {"cfg": cfg, "rank": rank, "pp": pp, "gloo": gloo, "dev": dev, "fwd": fwd,
            "api": api, "graphs": graphs, "capture_sizes": sizes if graphs else [],
            "emb": torch.randn(emb_rows, H, device=dev, dtype=torch.bfloat16),
-           "inject": parse_inject(cfg.get("inject"), pp)}
+           "inject": parse_inject(list(cfg.inject), pp)}
     ctx.update(calibrate_injection(torch, ctx, sizes, H, dev))
     cyc = ctx["cyc_per_us"]
     ctx["delay"] = spin_us if is_host(api) else \
@@ -779,16 +772,16 @@ def _run_rank(torch, dist, cfg: dict, out_dir: Path, rank: int, state) -> int:
     path = out_dir / f"rank{rank}.json"
     write_json_atomic(path, result)
     bar = None
-    if rank == 0 and not cfg.get("serve"):
+    if rank == 0 and cfg.serve is None:
         try:
             from tqdm import tqdm
-            bar = tqdm(total=len(cfg["points"]), desc="dispatch", unit="point", file=sys.stderr)
+            bar = tqdm(total=len(cfg.points), desc="dispatch", unit="point", file=sys.stderr)
         except ImportError:
             bar = None
-    if cfg.get("serve"):   # one point: the whole session
+    if cfg.serve is not None:   # one point: the whole session
         result["points"].append(serve_point(torch, dist, ctx, state))
         write_json_atomic(path, result)
-    for point in ([] if cfg.get("serve") else cfg["points"]):
+    for point in ([] if cfg.serve is not None else cfg.points):
         prof, trace_path = _profile_ctx(torch, cfg, rank, point)
         if bar is not None:
             bar.set_postfix_str(f"{point['policy']} {point['arrival']} C={point['concurrency']}")
@@ -801,7 +794,7 @@ def _run_rank(torch, dist, cfg: dict, out_dir: Path, rank: int, state) -> int:
             # SGLang-format scheduler log beside the trace: the whole evidence path of a server
             log_path = Path(str(trace_path).replace(".trace.json", ".log"))
             log_path.write_text("\n".join(sglang_log_lines(
-                res, cfg["prompt_len"], bool(graphs), ctx["capture_sizes"],
+                res, cfg.prompt_len, bool(graphs), ctx["capture_sizes"],
                 time.time() - time.perf_counter(), dev.type)) + "\n")
         result["points"].append(res)
         write_json_atomic(path, result)  # write as you go: Ctrl-C keeps finished points

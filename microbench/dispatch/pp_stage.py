@@ -8,7 +8,7 @@ from __future__ import annotations
 from microbench.kit.graph_capture import capture_graph
 from reports.base.cuda_graphs import capture_sizes, padded  # SGLang's decode capture rule
 from reports.base.interp import interp_linear
-from reports.base.sglang_defaults import MAX_PREFILL_TOKENS
+from microbench.dispatch.rank_config import RankConfig, rank_config
 
 def interp_cost(pts: list[tuple[int, float]], b: float) -> float:
     """Linear interpolation in batch size; constant below the first point, linear
@@ -59,17 +59,16 @@ def _backend_of(name: str) -> tuple[str, str]:
     return ("triton", "fast") if name == "triton" else ("torch", name)
 
 
-def loop_max_rows(cfg: dict) -> int:
+def loop_max_rows(cfg: RankConfig | dict) -> int:
     """Most rows one forward of the loop sees: a prefill of every stream at once within the
     prefill token budget of a visit (chunked prefill; without it max_prefill_tokens, or one
     whole prompt beyond it), or the largest decode micro-batch padded to its capture size."""
-    c = max(cfg.get("concurrency") or [1])
-    max_b = max(1, min(cfg.get("max_micro_batch") or c, c))
+    cfg = rank_config(cfg)
+    c = max(cfg.concurrency)
+    max_b = max(1, min(cfg.max_micro_batch or c, c))
     full = capture_sizes(max(512, 2 * max_b))
-    plen = cfg.get("prompt_len", 1)
-    chunk = cfg.get("chunked_prefill_size")
-    budget = chunk if chunk and chunk > 0 else max(cfg.get("max_prefill_tokens") or
-                                                   MAX_PREFILL_TOKENS, plen)
+    plen = cfg.prompt_len
+    budget = cfg.server.chunk_budget or max(cfg.server.max_prefill_tokens, plen)
     return max(min(c * plen, budget), padded(max_b, full[-1]) or max_b)
 
 
@@ -97,7 +96,7 @@ def _check_rows(L, w, experts, b: int, dev, seed: int) -> float:
                                                                        tw[:5]))
 
 
-def _first_layer(torch, L, m, name: str, cfg: dict, rank: int, dev) -> tuple:
+def _first_layer(torch, L, m, name: str, cfg: RankConfig, rank: int, dev) -> tuple:
     """Build layer 0 with backend `name` and check it before timing (fresh random input vs the
     float32 per-expert loop; for triton at every block-size row the loop reaches).
     Returns (weights, experts fn, backend string, max relative error, checked batches)."""
@@ -122,10 +121,11 @@ def _first_layer(torch, L, m, name: str, cfg: dict, rank: int, dev) -> tuple:
     return w, experts, built.backend, err, sorted(set(checked))
 
 
-def build_moe_stage(torch, cfg: dict, rank: int, dev, model=None, free_bytes: int | None = None):
+def build_moe_stage(torch, cfg: RankConfig | dict, rank: int, dev, model=None,
+                    free_bytes: int | None = None):
     """`layers_per_stage` MoE layers from microbench.kernels.layers, the layer stage-cost times (same
     weights layout and router), as many as fit in 85% of free memory (`free_bytes`, default:
-    what the GPU reports). Backend: `cfg["moe_variant"]` through `moe_candidates` (auto: triton
+    what the GPU reports). Backend: `cfg.moe_variant` through `moe_candidates` (auto: triton
     if it passes its check here, else torch fast, else loop); a candidate that fails to build
     or check is recorded in `moe_fallbacks` and the next one is tried. Returns
     (fwd(x) -> x + MoE(x) per layer, info). `model` overrides the preset (tests: small dims)."""
@@ -133,14 +133,15 @@ def build_moe_stage(torch, cfg: dict, rank: int, dev, model=None, free_bytes: in
     from microbench.kernels import moe_triton as MT
     from reports.base.model_config import load_model
 
-    m = (model or load_model(cfg["model"])).all_formats("bf16")  # INT4/FP8 not executed
+    cfg = rank_config(cfg)
+    m = (model or load_model(cfg.model)).all_formats("bf16")  # INT4/FP8 not executed
     per_layer = L.moe_weight_bytes(m)
     free = torch.cuda.mem_get_info(dev)[0] if free_bytes is None else free_bytes
-    n = min(cfg["layers_per_stage"], int(0.85 * free // per_layer))
+    n = min(cfg.layers_per_stage, int(0.85 * free // per_layer))
     if n < 1:
         raise RuntimeError(f"rank {rank}: one MoE layer needs {per_layer / 1e9:.1f} GB, "
                            f"{free / 1e9:.1f} GB free; use --work busy")
-    requested = cfg.get("moe_variant", "auto")
+    requested = cfg.moe_variant
     names = moe_candidates(requested, on_cuda=torch.device(dev).type == "cuda",
                            triton_reason=MT.available(),
                            grouped_mm_reason=L.grouped_mm_available(dev))
@@ -160,7 +161,7 @@ def build_moe_stage(torch, cfg: dict, rank: int, dev, model=None, free_bytes: in
             torch.cuda.empty_cache()
     w0, experts, backend, err, checked = first
     name = names[len(fallbacks)]
-    if cfg["graphs"] and name == "loop":
+    if cfg.graphs and name == "loop":
         raise RuntimeError(f"rank {rank}: MoE backend {backend} syncs the host and cannot be "
                            "captured in a CUDA graph; run with --no-graphs")
     weights = [w0]
@@ -170,29 +171,30 @@ def build_moe_stage(torch, cfg: dict, rank: int, dev, model=None, free_bytes: in
         weights.append(built.info.pop("weights"))
         del built
     fwd = stage_forward(L, weights, experts)
-    note = None if n == cfg["layers_per_stage"] else \
-        f"only {n} of {cfg['layers_per_stage']} layers fit in GPU memory"
+    note = None if n == cfg.layers_per_stage else \
+        f"only {n} of {cfg.layers_per_stage} layers fit in GPU memory"
     return fwd, {"layers_used": n, "moe_backend": backend, "moe_variant_requested": requested,
                  "moe_candidates": names, "moe_fallbacks": fallbacks,
                  "moe_check_rel_err": err, "moe_checked_batches": checked,
                  "layer_bytes": per_layer, "note": note}
 
 
-def build_work(torch, cfg: dict, rank: int, dev):
+def build_work(torch, cfg: RankConfig | dict, rank: int, dev):
     """Returns (fwd(x) -> y, info). `fwd` enqueues the stage forward on the current stream."""
-    H = cfg["hidden"]
-    if cfg["work"] == "busy" and torch.device(dev).type == "cpu":
+    cfg = rank_config(cfg)
+    H = cfg.hidden
+    if cfg.work == "busy" and torch.device(dev).type == "cpu":
         # SGLang's CPU backend runs the forward on the scheduler's thread: the CPU is busy
         # for the curve's time, then the loop goes on (no kernel queue to check)
         from microbench.dispatch.pp_device import spin_us
-        pts = [tuple(p) for p in cfg["cost_points"]]
+        pts = list(cfg.cost_points)
 
         def fwd_cpu(x):
             spin_us(interp_cost(pts, x.shape[0]))
             return x + 1.0
         return fwd_cpu, {"busy_spin": "cpu", "layers_used": 0}
-    if cfg["work"] == "busy":
-        pts = [tuple(p) for p in cfg["cost_points"]]
+    if cfg.work == "busy":
+        pts = list(cfg.cost_points)
         # calibrate cycles per microsecond of torch.cuda._sleep with the shared timer
         from microbench.kit.timing import do_bench
         cyc = 1_000_000
@@ -225,7 +227,7 @@ def calibrate_injection(torch, ctx: dict, sizes: list[int], H: int, dev) -> dict
     if not (inj["slow_stage"] or inj["hop_delay_us"]):
         return {"cyc_per_us": 0.0, "fwd_us": lambda b: 0.0}
     if torch.device(dev).type == "cpu":   # busy work only: its forward time is the curve
-        pts = [tuple(p) for p in ctx["cfg"]["cost_points"]]
+        pts = list(rank_config(ctx["cfg"]).cost_points)
         return {"cyc_per_us": 0.0, "fwd_us": lambda b: interp_cost(pts, b)}
     from microbench.kit.timing import do_bench
     cyc = 1_000_000

@@ -36,7 +36,7 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -46,8 +46,9 @@ from microbench.kit.gpus import visible_gpus
 from reports.base.payloads.dispatch import (DispatchData, DispatchSettings, HopInLoop, HopStat,
                                             PolicyComparison, PolicyRun, Quantiles, StageRun)
 from reports.base.records import Record, make_record, save_record, write_json_atomic
+from reports.base.server_settings import ServerSettings
 from reports.base.sglang_defaults import MAX_PREFILL_TOKENS, MRR_MIN, default_decode_max_bs
-from reports.base.slots import SlotConfig, default_max_micro_batch
+from microbench.dispatch.rank_config import RankConfig, ServeAt, rank_config
 
 PROBE = "dispatch"
 ARRIVALS = ("burst", "staggered", "poisson")
@@ -95,17 +96,17 @@ class DispatchConfig:
     argv: tuple[str, ...] = field(default=(), compare=False)
 
     @property
-    def depth(self) -> int:
-        return self.pp if self.async_depth is None else self.async_depth
-
-    @property
-    def cap(self) -> int:
-        return self.max_micro_batch or default_max_micro_batch(self.max_running_requests, self.pp)
-
-    @property
-    def slot_config(self) -> SlotConfig:
-        return SlotConfig(self.pp, self.depth, self.cap, self.max_running_requests,
-                          self.chunked_prefill_size, self.max_prefill_tokens)
+    def server(self) -> ServerSettings:
+        """The settings the loop runs with, as SGLang's (async depth None: = pp; the cap
+        resolved, SGLang's default where not given; no CUDA graph on a CPU)."""
+        s = ServerSettings(
+            pp_size=self.pp, pp_async_batch_depth=self.pp if self.async_depth is None
+            else self.async_depth, max_running_requests=self.max_running_requests,
+            pp_max_micro_batch_size=self.max_micro_batch or None,
+            chunked_prefill_size=self.chunked_prefill_size,
+            max_prefill_tokens=self.max_prefill_tokens,
+            disable_cuda_graph=not (self.graphs and self.device == "cuda"))
+        return replace(s, pp_max_micro_batch_size=s.max_micro_batch)
 
 
 def available(device: str = "cuda") -> str | None:
@@ -143,7 +144,13 @@ def resolve_pp(pp: str | int, n_gpus: int) -> int:
 
 
 def loop_config(cfg: DispatchConfig) -> dict:
-    """The JSON the ranks read: dimensions from the model preset, the points to run."""
+    """The JSON the ranks read (`RankConfig`'s wire form)."""
+    return rank_config_of(cfg).to_wire()
+
+
+def rank_config_of(cfg: DispatchConfig) -> RankConfig:
+    """What every rank runs: the settings, dimensions from the model preset, the points.
+    A bad config is a one-line ValueError before anything runs."""
     from reports.base.model_config import load_model
 
     m = load_model(cfg.model)
@@ -166,8 +173,7 @@ def loop_config(cfg: DispatchConfig) -> dict:
         host, port = parse_address(cfg.serve)
         if len(cfg.policies) != 1:
             raise ValueError("--serve runs one admission policy; give one with --policies")
-        serve = {"host": host, "port": port, "policy": cfg.policies[0],
-                 "seconds": cfg.serve_seconds}
+        serve = ServeAt(host, port, cfg.policies[0], cfg.serve_seconds)
         # one point: the whole session (its concurrency is set to the peak running requests);
         # buffers and capture sizes are sized for max_running_requests, the captured decode
         # sizes stop at SGLang's default cuda_graph_max_bs for this GPU's memory (larger
@@ -176,22 +182,18 @@ def loop_config(cfg: DispatchConfig) -> dict:
         points = [{"policy": cfg.policies[0], "arrival": "served", "concurrency": 1,
                    "inject": list(cfg.inject)}]
         concurrency = [min(cfg.max_running_requests, default_decode_max_bs(first_gpu_mem_mib()))]
-    return {"pp": cfg.pp, "async_depth": cfg.depth, "max_micro_batch": cfg.cap,
-            "micro_batches": cfg.micro_batches, "work": cfg.work, "moe_variant": cfg.moe_variant,
-            "layers_per_stage": cfg.layers_per_stage, "cost_points": pts,
-            "model": m.name, "hidden": m.hidden, "moe_intermediate": m.moe_intermediate,
-            "n_routed_experts": m.n_routed_experts, "top_k": m.top_k,
-            "n_shared_experts": m.n_shared_experts, "device": cfg.device,
-            "graphs": cfg.graphs and cfg.device == "cuda",   # no CUDA graph on a CPU
-            "concurrency": concurrency, "prompt_len": cfg.prompt_len,
-            "stagger_ms": cfg.stagger_ms, "poisson_rate_per_s": cfg.poisson_rate_per_s,
-            "seconds_per_point": cfg.seconds_per_point,
-            "max_iters_per_point": cfg.max_iters_per_point, "seed": cfg.seed,
-            "collective_timeout_s": cfg.collective_timeout_s, "profile_dir": cfg.profile_dir,
-            "inject": list(cfg.inject), "max_running_requests": cfg.max_running_requests,
-            "chunked_prefill_size": cfg.chunked_prefill_size,
-            "max_prefill_tokens": cfg.max_prefill_tokens,
-            "serve": serve, "points": points}
+    return RankConfig(
+        server=cfg.server, work=cfg.work, moe_variant=cfg.moe_variant,
+        layers_per_stage=cfg.layers_per_stage, cost_points=tuple(pts), model=m.name,
+        hidden=m.hidden, moe_intermediate=m.moe_intermediate,
+        n_routed_experts=m.n_routed_experts, top_k=m.top_k,
+        n_shared_experts=m.n_shared_experts, device=cfg.device,
+        micro_batches=cfg.micro_batches, concurrency=tuple(concurrency),
+        prompt_len=cfg.prompt_len, stagger_ms=cfg.stagger_ms,
+        poisson_rate_per_s=cfg.poisson_rate_per_s, seconds_per_point=cfg.seconds_per_point,
+        max_iters_per_point=cfg.max_iters_per_point, seed=cfg.seed,
+        collective_timeout_s=cfg.collective_timeout_s, profile_dir=cfg.profile_dir,
+        inject=tuple(cfg.inject), serve=serve, points=tuple(points))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -394,8 +396,11 @@ def moe_backend_of(info_by_rank: dict) -> str | None:
     return ",".join(names) if names else None
 
 
-def summarize(loop_cfg: dict, rank_results: list[dict], nccl_p2p_disabled: bool) -> DispatchData:
-    """Per-rank JSONs -> the dispatch.json data payload (finished points only)."""
+def summarize(loop_cfg: RankConfig | dict, rank_results: list[dict],
+              nccl_p2p_disabled: bool) -> DispatchData:
+    """Per-rank JSONs -> the dispatch.json data payload (finished points only). `loop_cfg`:
+    what the ranks ran (or its wire form)."""
+    loop_cfg = rank_config(loop_cfg)
     npts = min((len(r["points"]) for r in rank_results), default=0)
     runs, hops = [], []
     for k in range(npts):
@@ -409,37 +414,35 @@ def summarize(loop_cfg: dict, rank_results: list[dict], nccl_p2p_disabled: bool)
         config=settings_of(loop_cfg, nccl_p2p_disabled, info,
                            rank_results[0].get("capture_sizes") if rank_results else ()),
         runs=runs,
-        even_vs_sglang=compare_policies(runs, loop_cfg["pp"]),
+        even_vs_sglang=compare_policies(runs, loop_cfg.pp),
         hop_us_in_loop=float(np.median(allv)) if allv else None,
         hop_detail=tuple(hops),
         ranks=info,
         devices={str(r["rank"]): r.get("device") for r in rank_results},
-        profile_dir=loop_cfg.get("profile_dir"),
+        profile_dir=loop_cfg.profile_dir,
     )
 
 
-def settings_of(loop_cfg: dict, nccl_p2p_disabled: bool, info: dict | None = None,
+def settings_of(loop_cfg: RankConfig, nccl_p2p_disabled: bool, info: dict | None = None,
                 capture_sizes=()) -> DispatchSettings:
     """The loop's settings as run (the record's `config`)."""
     info = info or {}
     layers = [i.get("layers_used") for i in info.values() if i.get("layers_used") is not None]
-    moe = loop_cfg["work"] == "moe"
+    moe = loop_cfg.work == "moe"
+    s = loop_cfg.server
     return DispatchSettings(
-        pp=loop_cfg["pp"], async_depth=loop_cfg["async_depth"],
-        slots=SlotConfig(loop_cfg["pp"], loop_cfg["async_depth"], 1).slots,
-        max_micro_batch=loop_cfg["max_micro_batch"], micro_batches=loop_cfg["micro_batches"],
-        work=loop_cfg["work"],
+        pp=s.pp_size, async_depth=s.pp_async_batch_depth, slots=s.slots,
+        max_micro_batch=s.max_micro_batch, micro_batches=loop_cfg.micro_batches,
+        work=loop_cfg.work,
         # the layer actually run (microbench.kernels.layers backend/variant, as stage-cost);
         # ranks choose on their own: if they differ, all are named (per rank in `ranks`)
-        moe_variant=loop_cfg.get("moe_variant"), moe_backend=moe_backend_of(info),
-        layers_per_stage=(min(layers) if layers else loop_cfg["layers_per_stage"]) if moe else 0,
-        model=loop_cfg["model"], dtype="bf16", graphs=loop_cfg["graphs"],
-        nccl_p2p_disabled=nccl_p2p_disabled, prompt_len=loop_cfg["prompt_len"],
-        cost_points_us=tuple(tuple(x) for x in loop_cfg["cost_points"]),
-        capture_sizes=tuple(capture_sizes or ()),
-        inject=tuple(loop_cfg.get("inject") or ()),
-        max_running_requests=loop_cfg.get("max_running_requests"),
-        chunked_prefill_size=loop_cfg.get("chunked_prefill_size"))
+        moe_variant=loop_cfg.moe_variant, moe_backend=moe_backend_of(info),
+        layers_per_stage=(min(layers) if layers else loop_cfg.layers_per_stage) if moe else 0,
+        model=loop_cfg.model, dtype="bf16", graphs=s.graphs,
+        nccl_p2p_disabled=nccl_p2p_disabled, prompt_len=loop_cfg.prompt_len,
+        cost_points_us=loop_cfg.cost_points, capture_sizes=tuple(capture_sizes or ()),
+        inject=loop_cfg.inject, max_running_requests=s.max_running_requests,
+        chunked_prefill_size=s.chunked_prefill_size)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -555,7 +558,7 @@ def run(cfg: DispatchConfig) -> tuple[Record, str | None]:
     the writer's note; `save_record`'s status rule keeps an existing good record from being
     replaced by a failed run. The config is checked (loop_config) before anything is written."""
     argv = list(cfg.argv) or None
-    lcfg = loop_config(cfg)  # raises ValueError on a bad config: nothing written
+    lcfg = rank_config_of(cfg)  # raises ValueError on a bad config: nothing written
     reason = available("cpu") if cfg.device == "cpu" else available()
     if reason:
         rec = make_record(PROBE, None, status="waived", reason=reason, argv=argv)
@@ -563,7 +566,7 @@ def run(cfg: DispatchConfig) -> tuple[Record, str | None]:
     p2p_off = os.environ.get("NCCL_P2P_DISABLE", "0") not in ("0", "")
     work = Path(tempfile.mkdtemp(prefix="ppscope-dispatch-"))
     cfg_path = work / "config.json"
-    write_json_atomic(cfg_path, lcfg)
+    write_json_atomic(cfg_path, lcfg.to_wire())
     cmd = torchrun_command(cfg, cfg_path, work)
     status, why = "ok", None
     if cfg.serve:
@@ -585,7 +588,7 @@ def run(cfg: DispatchConfig) -> tuple[Record, str | None]:
     return out
 
 
-def _run_served(cfg: DispatchConfig, lcfg: dict, cmd: list[str], work: Path, p2p_off: bool,
+def _run_served(cfg: DispatchConfig, lcfg: RankConfig, cmd: list[str], work: Path, p2p_off: bool,
                 argv) -> tuple[Record, str | None]:
     """Serve mode: the ranks run until Ctrl-C / SIGTERM (or `--seconds`); rank 0 stops the
     loop at an iteration boundary, every rank writes its columns, and the record is written as

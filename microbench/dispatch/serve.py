@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from reports.base.server_settings import ServerSettings
 from reports.base.slots import AdmitState, SlotConfig, visit
 
 MAX_WAITING = 4096          # requests queued before admission; more is HTTP 503
@@ -91,38 +92,37 @@ class QueueFull(Exception):
     """More than MAX_WAITING requests wait for admission."""
 
 
-@dataclass(frozen=True)
-class ServerArgs:
-    """What `/get_server_info` reports, under SGLang's server_args.py names."""
+@dataclass(frozen=True, kw_only=True)
+class ServerArgs(ServerSettings):
+    """What `/get_server_info` reports, under SGLang's server_args.py names: the loop's
+    server settings (`max_running_requests` and the cap resolved, chunked prefill None when
+    off), the model path and the admission policy."""
     model_path: str
-    pp_size: int
-    max_running_requests: int
-    pp_max_micro_batch_size: int
-    pp_async_batch_depth: int
-    chunked_prefill_size: int | None
-    max_prefill_tokens: int
-    cuda_graph_max_bs: int | None
-    disable_cuda_graph: bool
     policy: str = "sglang"
-    tp_size: int = 1
-    page_size: int = 1
+
+    @classmethod
+    def of(cls, settings: ServerSettings, *, model_path: str,
+           policy: str = "sglang") -> "ServerArgs":
+        return cls(model_path=model_path, policy=policy,
+                   **{f.name: getattr(settings, f.name)
+                      for f in dataclasses.fields(ServerSettings)})
 
     @property
     def served_model_name(self) -> str:
         return self.model_path   # SGLang's default: the model path
 
-    @property
-    def max_micro_batch_upper(self) -> int:
-        """`/set_internal_state`'s upper bound: max_running_requests // pp_size."""
-        return self.max_running_requests // self.pp_size
-
     def as_dict(self) -> dict:
-        d = dataclasses.asdict(self)
+        d = {k: getattr(self, k) for k in _INFO_KEYS}
         d["served_model_name"] = self.served_model_name
         d["chunked_prefill_size"] = -1 if self.chunked_prefill_size is None \
             else self.chunked_prefill_size
         d["enable_metrics"] = True
         return d
+
+
+_INFO_KEYS = ("model_path", "pp_size", "max_running_requests", "pp_max_micro_batch_size",
+              "pp_async_batch_depth", "chunked_prefill_size", "max_prefill_tokens",
+              "cuda_graph_max_bs", "disable_cuda_graph", "policy", "tp_size", "page_size")
 
 
 @dataclass
@@ -472,7 +472,7 @@ class ServeScheduler:
         st = self.state
         if c.kind == "set_internal_state":
             a = c.args
-            upper = st.args.max_running_requests // st.args.pp_size
+            upper = st.args.max_micro_batch_upper
             if set(a) != {"pp_max_micro_batch_size"} or not 1 <= a[
                     "pp_max_micro_batch_size"] <= upper:
                 st.answer(c.cid, 200, [False])   # SGLang: updated=False, HTTP 200

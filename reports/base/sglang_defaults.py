@@ -9,7 +9,8 @@ What is derived and why it matters for a PP deployment:
   burst of 32 requests splits ~8 per slot under the 8192 default, whatever the per-slot cap).
 - decode CUDA-graph `max_bs` and the captured sizes (reports/base/cuda_graphs.py).
 - `mem_fraction_static` -> the KV pool in tokens -> `max_running_requests` -> the per-slot cap
-  `pp_max_micro_batch_size = max(max_running_requests // pp_size, 1)` (reports/base/slots.py).
+  `pp_max_micro_batch_size = max(max_running_requests // pp_size, 1)`
+  (reports/base/server_settings.py).
 
 GPU memory: SGLang buckets by `nvidia-smi`'s `memory.total` in MiB; the spec sheets' memory
 size is taken as GiB (`mem_gb * 1024` MiB): GPU memory sizes are binary (a 96 GB RTX PRO 6000

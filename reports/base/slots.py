@@ -6,7 +6,8 @@ managers/scheduler.py, `get_next_batch_to_run` / `_get_new_batch_prefill_raw` /
 - `pp_size + pp_async_batch_depth` micro-batch *slots*, visited round-robin;
 - a slot visit admits waiting requests (FIFO) while all of these hold:
   - the per-slot cap `pp_max_micro_batch_size` (default `max(max_running_requests // pp_size,
-    1)`: divided by the number of stages, not of slots) minus the requests running in the slot;
+    1)`: divided by the number of stages, not of slots; reports/base/server_settings.py)
+    minus the requests running in the slot;
   - free request rows: `max_running_requests` minus the requests running in every slot;
   - the prefill token budget of one visit: `chunked_prefill_size` (the default depends on GPU
     memory, reports/base/sglang_defaults.py) and `max_prefill_tokens` (16384). A prompt that
@@ -44,18 +45,10 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
+from reports.base.server_settings import ServerSettings, chunk_budget, slot_count
 from reports.base.sglang_defaults import MAX_PREFILL_TOKENS
 
 POLICIES = ("sglang", "even")
-
-
-def default_max_micro_batch(max_running_requests: int, pp_size: int) -> int:
-    """SGLang's default `pp_max_micro_batch_size`: `max(max_running_requests // pp_size, 1)`
-    (SGLang 0.5.23 managers/scheduler.py, `Scheduler.__init__`,
-    `scheduler.pp_max_micro_batch_size_default`)."""
-    if pp_size < 1:
-        raise ValueError(f"pp_size must be >= 1, got {pp_size}")
-    return max(int(max_running_requests) // int(pp_size), 1)
 
 
 @dataclass(frozen=True)
@@ -84,16 +77,26 @@ class SlotConfig:
         if self.max_prefill_tokens < 1 or self.page_size < 1:
             raise ValueError("max_prefill_tokens and page_size must be >= 1")
 
+    @classmethod
+    def of(cls, settings: ServerSettings) -> "SlotConfig":
+        """The admission settings of a server (its cap resolved: `ServerSettings.max_micro_batch`)."""
+        cap = settings.max_micro_batch
+        if cap is None:
+            raise ValueError("the per-slot cap needs pp_max_micro_batch_size or "
+                             "max_running_requests")
+        return cls(settings.pp_size, settings.pp_async_batch_depth, cap,
+                   settings.max_running_requests, settings.chunked_prefill_size,
+                   settings.max_prefill_tokens, settings.page_size)
+
     @property
     def slots(self) -> int:
-        """SGLang's `pp_loop_size`."""
-        return self.pp + self.async_depth
+        """SGLang's `pp_loop_size` (reports/base/server_settings.py `slot_count`)."""
+        return slot_count(self.pp, self.async_depth)
 
     @property
     def chunk_budget(self) -> int | None:
         """Token budget of one visit with chunked prefill on; None when it is off (-1/0)."""
-        c = self.chunked_prefill_size
-        return c if c is not None and c > 0 else None
+        return chunk_budget(self.chunked_prefill_size)
 
 
 @dataclass

@@ -37,6 +37,7 @@ from reports.model.causes import CAUSES as CAUSES_BY_NAME, OBSERVED
 from reports.base.payloads.sglang import LoopProfile
 from reports.base.schema import to_json
 from reports.model.pipeline_model import LoopConfig, SimResult, simulate
+from reports.base.server_settings import slot_count
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,7 @@ def from_evidence(loop: LoopProfile | None, *, concurrency: int | None, observed
     slots = None
     marked = [x.slots for x in rk if x.slots]
     if depth_stated and async_depth is not None:
-        slots, src["slots"] = pp + async_depth, "observed (server setting)"
+        slots, src["slots"] = slot_count(pp, async_depth), "observed (server setting)"
     elif marked:        # SGLang's own idle-pass markers: pp_loop_size iterations per pass
         slots = max(pp, max(set(marked), key=marked.count))
         src["slots"] = "observed"
@@ -175,13 +176,13 @@ def from_evidence(loop: LoopProfile | None, *, concurrency: int | None, observed
         slots = max(pp, round(m * rk[0].iterations / rk[0].forwards))
         src["slots"] = "observed"
     elif async_depth is not None:
-        slots, src["slots"] = pp + async_depth, "given"
+        slots, src["slots"] = slot_count(pp, async_depth), "given"
     if slots is None:
         raise NoLoopEvidence("cannot tell the slot count: no loop iterations in the traces "
                              "and no --async-depth")
-    if async_depth is not None and pp + async_depth != slots:
+    if async_depth is not None and slot_count(pp, async_depth) != slots:
         notes.append(f"the traces show {slots} slots; the given async depth {async_depth} "
-                     f"implies {pp + async_depth}: the traces are used")
+                     f"implies {slot_count(pp, async_depth)}: the traces are used")
     sizes = _sizes(counts, concurrency, slots)
     src["sizes"] = "observed"
 

@@ -24,7 +24,7 @@ Shapley's 2^9 subsets are cheap where switches change nothing.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from reports.base.cuda_graphs import padded
@@ -34,6 +34,7 @@ from reports.base.roofline import stage_floor
 from reports.base.interp import interp_log
 from reports.model.causes import SCENARIO
 from reports.model.scenario import Inputs
+from reports.base.server_settings import default_max_micro_batch, slot_count
 from reports.base.slots import (SlotConfig, burst_sizes, closed_loop, even_slots,
                                 initial_assignment, slot_sizes_of)
 
@@ -77,7 +78,7 @@ def _stage_cost_us(inp: Inputs, on: frozenset, b: int, partition: str | None,
     zipf = inp.zipf_s if "routing_skew" in on else 0.0
     out = []
     for st in stages:
-        floor = _floor(inp.model, st, b_run, inp.gpu, inp.context_len, zipf)
+        floor = _floor(inp.model, st, b_run, inp.gpu, inp.mean_context_tokens, zipf)
         if "kernel_efficiency" in on:
             curve = inp.stage_eff[st.index] if inp.stage_eff else inp.eff_curve
             floor /= max(1e-3, interp_log(curve, b_run))
@@ -100,13 +101,15 @@ def slot_config(inp: Inputs, cap: int | None = None, depth: int | None = None,
                 mrr: int | None = None, chunk: int | None = None) -> SlotConfig:
     """The admission rule's settings: the scenario's, with what-if overrides. A new
     `max_running_requests` without an explicit cap moves the default cap with it."""
-    mrr = mrr or inp.max_running_requests
+    s = inp.server
+    mrr = mrr or s.max_running_requests
     if cap is None:
-        cap = inp.max_micro_batch if mrr == inp.max_running_requests or mrr is None \
-            else max(mrr // inp.pp, 1)
-    return SlotConfig(inp.pp, inp.async_depth if depth is None else depth, cap, mrr,
-                      inp.chunked_prefill_size if chunk is None else chunk,
-                      inp.max_prefill_tokens)
+        cap = s.max_micro_batch if mrr == s.max_running_requests or mrr is None \
+            else default_max_micro_batch(mrr, s.pp_size)
+    return SlotConfig.of(replace(
+        s, pp_async_batch_depth=s.pp_async_batch_depth if depth is None else depth,
+        max_running_requests=mrr, pp_max_micro_batch_size=cap,
+        chunked_prefill_size=s.chunked_prefill_size if chunk is None else chunk))
 
 
 def _policy(inp: Inputs, arrival: str | None) -> str:
@@ -178,7 +181,7 @@ def switched_sizes(inp: Inputs, actual: list[int], on: frozenset, depth: int) ->
     min(C, pp) equal micro-batches, evenly spaced over the slots."""
     if "herd" in on:
         return list(actual)
-    n_slots = inp.pp + depth
+    n_slots = slot_count(inp.pp, depth)
     occupied = [s for s in actual if s > 0]
     total = sum(occupied)
     m = min(max(len(occupied), min(total, inp.pp)), n_slots)

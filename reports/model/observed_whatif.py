@@ -39,6 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from reports.model.deployment import CAUSES, Deployment, run
+from reports.base.server_settings import ServerSettings, default_max_micro_batch
 
 ALL = frozenset(CAUSES)
 KNOBS = ("--pp-max-micro-batch-size", "--pp-async-batch-depth", "--chunked-prefill-size",
@@ -56,13 +57,18 @@ class Server:
     cap_given: bool = False         # set explicitly (else it follows rows // pp)
 
     @property
+    def settings(self) -> ServerSettings:
+        """These settings under SGLang's names; an explicit cap only when it was set (or no
+        row count says what the default would be)."""
+        cap = self.cap if self.cap and (self.cap_given or not self.rows) else None
+        return ServerSettings(self.pp, self.depth, self.rows or None, cap, self.chunk)
+
+    @property
     def slots(self) -> int:
-        return self.pp + self.depth
+        return self.settings.slots
 
     def cap_now(self) -> int:
-        if self.cap and (self.cap_given or not self.rows):
-            return self.cap
-        return max(1, self.rows // self.pp) if self.rows else (self.cap or 1 << 30)
+        return self.settings.max_micro_batch or 1 << 30
 
 
 @dataclass(frozen=True)
@@ -267,7 +273,7 @@ def from_sglang(sg) -> tuple[Deployment, Server, Load, float | None]:
     cap = _setting(obs, "pp_max_micro_batch_size")
     server = Server(pp=pp, depth=dep.slots - pp, cap=cap, rows=rows,
                     chunk=_setting(obs, "chunked_prefill_size"),
-                    cap_given=bool(cap and rows and cap != max(1, rows // pp)))
+                    cap_given=bool(cap and rows and cap != default_max_micro_batch(rows, pp)))
     b = runs[0] if runs else None
     rate = b.request_rate if b is not None else None
     rate = float(rate) if isinstance(rate, (int, float)) and rate != float("inf") else None

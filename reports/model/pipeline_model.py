@@ -64,6 +64,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Sequence, Union
 
+from reports.base.server_settings import slot_count
+
 PerRank = Union[float, tuple]
 
 
@@ -104,7 +106,7 @@ class LoopConfig:
 
     @property
     def slots(self) -> int:
-        return self.pp + self.async_depth
+        return slot_count(self.pp, self.async_depth)
 
     def cpu(self, name: str, rank: int) -> float:
         if name == "launch_us" and self.rank_host_us:

@@ -1,18 +1,19 @@
 """Scenario + records in results/ -> the pipeline model's inputs, each labelled with its source.
 
-A scenario (`configs/scenarios/<name>.json`) says what is deployed (model, GPU, pp, async depth,
-graphs, arrival, and any server setting the launch command gives: max running requests,
-pp_max_micro_batch_size, chunked prefill size, cuda-graph max bs, layer partition) and the
-workload (prompt and output length) plus stated estimates for what no probe has measured.
-Sources: a setting the user gave is `given` (a scenario key without an `assumptions` entry of
-the same name); one the scenario assumes (it has an `assumptions` entry) or that SGLang derives
-by its own rule from an estimate is `estimated`; numbers read from the user's server log are
-`observed`; probe records are `measured`.
+A scenario (`configs/scenarios/<name>.json`, read and checked by reports/model/scenario_file.py)
+says what is deployed (model, GPU, pp, async depth, graphs, arrival, and any server setting the
+launch command gives: max running requests, pp_max_micro_batch_size, chunked prefill size,
+cuda-graph max bs, layer partition) and the workload (prompt and output length) plus stated
+estimates for what no probe has measured. Sources: a setting the user gave is `given` (a
+scenario key without an `assumptions` entry of the same name); one the scenario assumes (it has
+an `assumptions` entry) or that SGLang derives by its own rule from an estimate is `estimated`;
+numbers read from the user's server log are `observed`; probe records are `measured`.
 
 Server settings not given take SGLang's defaults (reports/base/sglang_defaults.py): chunked
 prefill and graph max bs by GPU memory; `max_running_requests` from the server log's start-up
 line (sglang.json, `server_settings`) when it has one, else SGLang's KV-capacity rule on
-estimated weights and memory; the per-slot cap `max_running_requests // pp` from that.
+estimated weights and memory; the per-slot cap `max_running_requests // pp` from that
+(reports/base/server_settings.py, which `Inputs.server` is).
 Records in `results/` replace estimates where they exist:
 
 | input | measured from | else (estimated) |
@@ -29,9 +30,8 @@ Nothing here is fitted to the observed numbers.
 """
 from __future__ import annotations
 
-import math
-import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,14 +40,16 @@ from reports.model.arrival import arrival_from_log
 from reports.base.errors import CliError
 from reports.base.gpu_specs import GpuSpec, load_gpu, match_gpu
 from reports.base.model_config import ModelConfig, load_model
-from reports.base.paths import CONFIGS, read_input_json
+from reports.base.paths import CONFIGS
 from reports.base.probes import NAMES
 from reports.base.records import (SCHEMA_VERSION, PayloadError, Record, RecordError,
                                   payload_class, read_record)
 from reports.base.sglang_defaults import (MAX_PREFILL_TOKENS, SGLANG_VERSION,
                                           default_chunked_prefill_size, default_decode_max_bs,
                                           estimate_kv, gpu_mem_mib)
-from reports.base.slots import default_max_micro_batch
+from reports.base.server_settings import ServerSettings
+from reports.model.scenario_file import (MAX_CONCURRENCY, Scenario, load_scenario,  # noqa: F401
+                                         read_scenario)   # load_scenario: the CLI's entry
 
 # Workload defaults when the scenario does not say: sglang.bench_serving's random dataset
 # (SGLang 0.5.23 benchmark/serving.py: --random-input-len 1024, --random-output-len 1024).
@@ -69,17 +71,15 @@ class Param:
 
 @dataclass(frozen=True)
 class Inputs:
+    """The pipeline model's inputs: the server's settings (`server`), the workload, the costs
+    per stage, hop and host, each with its source in `params`."""
     name: str
     model: ModelConfig
     gpu: GpuSpec
-    pp: int
-    async_depth: int
-    max_micro_batch: int
+    server: ServerSettings          # resolved: the cap and max_running_requests are known
     layer_partition: str | None
-    graphs: bool
-    graph_max_bs: int
     arrival: str
-    context_len: int
+    mean_context_tokens: int        # mean tokens in a decoding request's KV cache
     concurrency: tuple[int, ...]
     observed: tuple[tuple[int, float], ...]
     eff_curve: tuple[tuple[int, float], ...]          # (batch, efficiency), all stages
@@ -96,14 +96,56 @@ class Inputs:
     prompt_len: int = DEFAULT_PROMPT_LEN
     output_len: int = DEFAULT_OUTPUT_LEN
     range_ratio: float = 1.0
-    max_running_requests: int | None = None
-    chunked_prefill_size: int | None = None
-    max_prefill_tokens: int = MAX_PREFILL_TOKENS
-    tp: int = 1
     params: tuple[Param, ...] = ()
     warnings: tuple[str, ...] = ()
     records: tuple[str, ...] = ()                     # record files used
     assumptions: tuple[tuple[str, str], ...] = ()
+
+    # the server's settings under the names the model and the report read
+    @property
+    def pp(self) -> int:
+        return self.server.pp_size
+
+    @property
+    def async_depth(self) -> int:
+        return self.server.pp_async_batch_depth
+
+    @property
+    def slots(self) -> int:
+        return self.server.slots
+
+    @property
+    def max_micro_batch(self) -> int:
+        return int(self.server.max_micro_batch)
+
+    @property
+    def max_running_requests(self) -> int | None:
+        return self.server.max_running_requests
+
+    @property
+    def chunked_prefill_size(self) -> int | None:
+        return self.server.chunked_prefill_size
+
+    @property
+    def max_prefill_tokens(self) -> int:
+        return self.server.max_prefill_tokens
+
+    @property
+    def graphs(self) -> bool:
+        return self.server.graphs
+
+    @property
+    def graph_max_bs(self) -> int:
+        return int(self.server.cuda_graph_max_bs)
+
+    @property
+    def tp(self) -> int:
+        return self.server.tp_size
+
+    @property
+    def context_len(self) -> int:
+        """`mean_context_tokens` under the report's older name."""
+        return self.mean_context_tokens
 
     @property
     def all_estimated(self) -> bool:
@@ -117,112 +159,6 @@ class Inputs:
             if p.name == key:
                 return p.source, p.evidence
         return "estimated", "scenario"
-
-
-def scenario_path(name_or_path: str) -> Path:
-    p = Path(name_or_path)
-    if p.suffix == ".json" or p.exists():
-        return p
-    return CONFIGS / "scenarios" / f"{name_or_path}.json"
-
-
-MAX_SCENARIO_BYTES = 4 << 20   # a scenario is a few kB
-
-
-def load_scenario(name_or_path: str) -> dict[str, Any]:
-    """A scenario, every field checked (`check_scenario`); errors name the file as given."""
-    p = scenario_path(name_or_path)
-    if not os.path.lexists(p):
-        names = sorted(x.stem for x in (CONFIGS / "scenarios").glob("*.json"))
-        raise CliError(f"no scenario {name_or_path!r} (shipped: {', '.join(names)})")
-    d = read_input_json(p, "scenario", MAX_SCENARIO_BYTES)
-    if not isinstance(d, dict):
-        raise CliError(f"{p}: a scenario is a JSON object, got {type(d).__name__}")
-    check_scenario(d, str(p))
-    d.setdefault("name", p.stem)
-    d[SOURCE_KEY] = str(p)
-    return d
-
-
-SOURCE_KEY = "_scenario_file"   # the path the scenario was read from, for error messages
-_POS_INT = 1 << 40              # bound on counts (tokens, requests): beyond any deployment
-_SETTINGS = {  # optional integer settings: (lowest, highest)
-    "tp": (1, 4096), "graph_max_bs": (1, 1 << 16), "max_micro_batch": (1, 1 << 16),
-    "max_running_requests": (1, 1 << 24), "chunked_prefill_size": (-1, _POS_INT),
-    "max_prefill_tokens": (1, _POS_INT), "context_len": (1, _POS_INT),
-    "context_length": (1, _POS_INT), "prompt_len": (1, _POS_INT), "output_len": (1, _POS_INT)}
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def check_scenario(d: dict[str, Any], where: str) -> None:
-    """Every field the model reads, type and range, before any is used: a one-line CliError
-    naming the file and the field (`pp`, `concurrency[2]`, `estimates.host_us`)."""
-    def bad(field: str, want: str) -> CliError:
-        v = repr(d.get(field.split(".")[0].split("[")[0]))
-        return CliError(f"{where}: field {field!r} must be {want}, got "
-                        f"{v if len(v) <= 40 else v[:37] + '...'}")
-    for key in ("model", "gpu", "pp", "async_depth", "concurrency"):
-        if key not in d:
-            raise CliError(f"{where}: scenario lacks {key!r}")
-    for key in ("model", "gpu"):
-        if not isinstance(d[key], str) or not d[key].strip():
-            raise bad(key, "a preset name or a config path (a string)")
-    if "name" in d and not isinstance(d["name"], str):
-        raise bad("name", "a string")
-    if not _is_int(d["pp"]) or not 1 <= d["pp"] <= 1024:
-        raise bad("pp", "an integer from 1 to 1024")
-    if not _is_int(d["async_depth"]) or not 0 <= d["async_depth"] <= 1024:
-        raise bad("async_depth", "an integer from 0 to 1024")
-    conc = d["concurrency"]
-    if not isinstance(conc, list) or not conc:
-        raise bad("concurrency", "a non-empty list of concurrencies like [1, 8, 32]")
-    for i, c in enumerate(conc):
-        if not _is_int(c) or not 1 <= c <= MAX_CONCURRENCY:
-            raise CliError(f"{where}: field 'concurrency[{i}]' must be an integer from 1 to "
-                           f"{MAX_CONCURRENCY}, got {repr(c)[:40]}")
-    for key, (lo, hi) in _SETTINGS.items():
-        v = d.get(key)
-        if v is not None and (not _is_int(v) or not lo <= v <= hi):
-            raise bad(key, f"an integer from {lo} to {hi}")
-    if d.get("range_ratio") is not None and not (_is_num(d["range_ratio"])
-                                                 and 0 <= d["range_ratio"] <= 1):
-        raise bad("range_ratio", "a number from 0 to 1")
-    for key in ("cuda_graphs",):
-        if key in d and not isinstance(d[key], bool):
-            raise bad(key, "true or false")
-    if d.get("arrival") is not None and not isinstance(d["arrival"], str):
-        raise bad("arrival", "a string (burst, staggered, even)")
-    if d.get("layer_partition") is not None and not isinstance(d["layer_partition"], str):
-        raise bad("layer_partition", "a string like \"8,8,8,...\" (SGLANG_PP_LAYER_PARTITION)")
-    for key in ("assumptions", "estimates", "observed_tok_per_s"):
-        if d.get(key) is not None and not isinstance(d[key], dict):
-            raise bad(key, "an object")
-    for c, v in (d.get("observed_tok_per_s") or {}).items():
-        if not (str(c).isdigit() and 1 <= int(c) <= 1 << 20) or not (_is_num(v) and 0 < v < 1e9):
-            raise CliError(f"{where}: field 'observed_tok_per_s.{str(c)[:20]}' must map a "
-                           f"concurrency to a positive tok/s, got {str(v)[:40]!r}")
-    est = d.get("estimates") or {}
-    for k, v in est.items():
-        if k == "efficiency_by_batch":
-            if not isinstance(v, dict) or not v:
-                raise CliError(f"{where}: field 'estimates.efficiency_by_batch' must be an "
-                               "object like {\"1\": 0.46, \"8\": 0.65}")
-            for b, e in v.items():
-                if not (str(b).isdigit() and 1 <= int(b) <= 1 << 20) or not (
-                        _is_num(e) and 0 < e <= 1):
-                    raise CliError(f"{where}: field 'estimates.efficiency_by_batch.{str(b)[:20]}'"
-                                   f" must map a batch size to a fraction in (0, 1], got "
-                                   f"{str(e)[:40]!r}")
-        elif not (_is_num(v) and 0 <= v < 1e9):
-            raise CliError(f"{where}: field 'estimates.{str(k)[:40]}' must be a number from 0 "
-                           f"to 1e9, got {str(v)[:40]!r}")
 
 
 def load_records(results: Path) -> tuple[dict[str, Record], list[str]]:
@@ -273,30 +209,31 @@ def _gpu_note(rec: Record, gpu: GpuSpec) -> str | None:
     return None
 
 
-def build_inputs(scenario: dict[str, Any], records: dict[str, Record],
+def build_inputs(scenario: Scenario | Mapping[str, Any], records: dict[str, Record],
                  warnings: list[str] | None = None, observed: dict[int, float] | None = None,
                  observed_src: str | None = None, workload=None) -> Inputs:
     """Combine a scenario dict and ok records into model inputs (fallback chain per input).
     `workload`: the request lengths of the observed bench_serving runs
-    (reports/base/bench_serving.py `bench_workload`): they fill what the scenario does not say."""
-    sc, warn = scenario, list(warnings or [])
-    sc_file = f"configs/scenarios/{sc['name']}.json"
-    est = dict(sc.get("estimates", {}))
+    (reports/base/bench_serving.py `bench_workload`): they fill what the scenario does not say.
+    A mapping is read as a scenario file's form (`read_scenario`)."""
+    sc = scenario if isinstance(scenario, Scenario) else read_scenario(scenario)
+    warn = list(warnings or [])
+    sc_file = f"configs/scenarios/{sc.name}.json"
+    est = sc.estimates
     try:
-        model = load_model(sc["model"])
-        gpu = load_gpu(sc["gpu"])
+        model = load_model(sc.model)
+        gpu = load_gpu(sc.gpu)
     except (ValueError, OSError) as e:   # named by the file the user gave, not its `name`
-        raise CliError(f"{sc.get(SOURCE_KEY, sc_file)}: {str(e).splitlines()[0]}") from None
-    pp, depth = int(sc["pp"]), int(sc["async_depth"])
-    assumed = dict(sc.get("assumptions") or {})
+        raise CliError(f"{sc.source or sc_file}: {str(e).splitlines()[0]}") from None
+    pp, depth = sc.pp, sc.async_depth
 
     def label(key: str) -> str:  # a scenario setting: the user's, unless the scenario assumes it
-        return "estimated" if key in assumed else "given"
+        return "estimated" if sc.assumed(key) else "given"
 
     def note(key: str, default: str) -> str:
-        return str(assumed.get(key, default))
+        return sc.assumption(key, default)
 
-    arrival = str(sc.get("arrival", "burst"))
+    arrival = sc.arrival
     arrival_src = (label("arrival"), sc_file, note("arrival", "how the clients start their "
                                                                "streams"))
     seen = arrival_from_log(records["sglang"].payload) if "sglang" in records else None
@@ -306,29 +243,29 @@ def build_inputs(scenario: dict[str, Any], records: dict[str, Record],
         Param("pp", pp, label("pp"), sc_file, note("pp", "deployment setting")),
         Param("async_depth", depth, label("async_depth"), sc_file,
               note("async_depth", "--pp-async-batch-depth")),
-        Param("cuda_graphs", bool(sc.get("cuda_graphs", True)), label("cuda_graphs"), sc_file,
+        Param("cuda_graphs", sc.cuda_graphs, label("cuda_graphs"), sc_file,
               note("cuda_graphs", "deployment setting")),
         Param("arrival", arrival, *arrival_src),
     ]
-    if sc.get("layer_partition"):
-        params.append(Param("layer_partition", sc["layer_partition"], label("layer_partition"),
+    if sc.layer_partition:
+        params.append(Param("layer_partition", sc.layer_partition, label("layer_partition"),
                             sc_file, "SGLANG_PP_LAYER_PARTITION"))
-    tp = int(sc.get("tp", 1))
+    tp = sc.tp
     wl_src = observed_src or "bench_serving"
 
     def length(key: str, wl_value, default, cast, what: str) -> Any:
         """A request length: the scenario's when it states it (given), else the observed
         bench runs', else the scenario's assumption or the default (estimated)."""
-        stated = key in sc and sc[key] is not None
-        if stated and key not in assumed:
-            v = cast(sc[key])
+        stated = getattr(sc, key) is not None
+        if stated and not sc.assumed(key):
+            v = cast(getattr(sc, key))
             params.append(Param(key, v, label(key), sc_file, note(key, what)))
         elif wl_value is not None:
             v = cast(wl_value)
             params.append(Param(key, v, "observed", wl_src,
                                 getattr(workload, "note", None) or f"{what}, bench_serving"))
         elif stated:
-            v = cast(sc[key])
+            v = cast(getattr(sc, key))
             params.append(Param(key, v, "estimated", sc_file, note(key, what)))
         else:
             v = cast(default)
@@ -347,8 +284,8 @@ def build_inputs(scenario: dict[str, Any], records: dict[str, Record],
     mem_mib = gpu_mem_mib(gpu.mem_gb)
     rule = f"SGLang {SGLANG_VERSION} default for a {gpu.mem_gb:g} GB GPU"
     log_set = _server_settings(records)
-    if sc.get("chunked_prefill_size") is not None:
-        chunk = int(sc["chunked_prefill_size"])
+    if sc.chunked_prefill_size is not None:
+        chunk = sc.chunked_prefill_size
         chunk_p = (label("chunked_prefill_size"), sc_file, note("chunked_prefill_size",
                                                                 "--chunked-prefill-size"))
     elif log_set.get("chunked_prefill_size") is not None:
@@ -357,14 +294,14 @@ def build_inputs(scenario: dict[str, Any], records: dict[str, Record],
     else:
         chunk = default_chunked_prefill_size(mem_mib)
         chunk_p = ("estimated", sc_file, rule + " (arg_groups/memory_hook.py)")
-    max_prefill = int(sc.get("max_prefill_tokens") or log_set.get("max_prefill_tokens")
+    max_prefill = int(sc.max_prefill_tokens or log_set.get("max_prefill_tokens")
                       or MAX_PREFILL_TOKENS)
     params.append(Param("chunked_prefill_size", chunk, *chunk_p))
     params.append(Param("max_prefill_tokens", max_prefill,
-                        label("max_prefill_tokens") if sc.get("max_prefill_tokens") else
+                        label("max_prefill_tokens") if sc.max_prefill_tokens else
                         "estimated", sc_file, f"SGLang {SGLANG_VERSION} default "
                         f"{MAX_PREFILL_TOKENS} unless given"))
-    given_mrr = sc.get("max_running_requests")
+    given_mrr = sc.max_running_requests
     if given_mrr is not None:
         mrr = int(given_mrr)
         mrr_p = (label("max_running_requests"), sc_file,
@@ -373,9 +310,9 @@ def build_inputs(scenario: dict[str, Any], records: dict[str, Record],
         mrr = int(log_set["max_running_requests"])
         mrr_p = ("observed", "sglang.json", "server log start-up line")
     else:
-        kv = estimate_kv(model, gpu.mem_gb, pp, tp=tp, partition=sc.get("layer_partition"),
-                         chunked_prefill_size=chunk, context_len=sc.get("context_length"),
-                         decode_graphs=bool(sc.get("cuda_graphs", True)))
+        kv = estimate_kv(model, gpu.mem_gb, pp, tp=tp, partition=sc.layer_partition,
+                         chunked_prefill_size=chunk, context_len=sc.max_context_length,
+                         decode_graphs=sc.cuda_graphs)
         mrr = max(1, kv.max_running_requests)
         mrr_p = ("estimated", sc_file,
                  f"not given: SGLang {SGLANG_VERSION}'s rule (mem_cache/kv_cache_configurator.py"
@@ -383,23 +320,22 @@ def build_inputs(scenario: dict[str, Any], records: dict[str, Record],
                  f"(mem_fraction_static {kv.mem_fraction_static}, weights "
                  f"{max(kv.weights_gib):.1f} GiB on the fullest rank, context {kv.context_len})")
     params.append(Param("max_running_requests", mrr, *mrr_p))
-    if sc.get("max_micro_batch"):
-        cap = int(sc["max_micro_batch"])
+    settings = ServerSettings(pp, depth, mrr, sc.max_micro_batch, chunk, max_prefill,
+                              tp_size=tp)
+    if sc.max_micro_batch:
         cap_p = (label("max_micro_batch"), sc_file, "--pp-max-micro-batch-size")
     else:
-        cap = default_max_micro_batch(mrr, pp)
         cap_p = (mrr_p[0], mrr_p[1], f"pp_max_micro_batch_size default: "
                  f"max_running_requests // pp = {mrr} // {pp}")
-    params.append(Param("max_micro_batch", cap, *cap_p))
+    params.append(Param("max_micro_batch", settings.max_micro_batch, *cap_p))
     used: list[str] = []
-    eff_curve = tuple(sorted((int(b), float(v)) for b, v in
-                             est.get("efficiency_by_batch", {"1": 1.0}).items()))
+    eff_curve = est.efficiency_by_batch
     stage_eff: tuple = ()
     eff_src = ("estimated", sc_file)
     eff_note = "fraction of the roofline floor reached (by batch)"
     sc_rec, shipped = records.get("stage_cost"), None
-    if sc_rec is None and sc.get("kernel_record"):
-        sc_rec, shipped = _shipped_record(str(sc["kernel_record"]), sc_file)
+    if sc_rec is None and sc.kernel_record:
+        sc_rec, shipped = _shipped_record(sc.kernel_record, sc_file)
     if sc_rec is not None:
         d = sc_rec.payload
         per = [tuple(sorted((int(b), v.floor_us / v.measured_us)
@@ -410,7 +346,7 @@ def build_inputs(scenario: dict[str, Any], records: dict[str, Record],
         if shipped:   # never the user's machine: a transfer even onto the same GPU kind
             gpu_note = (f"{gpu_note or 'measured on ' + ', '.join(sorted(set(sc_rec.provenance.gpus)))}"
                         f", shipped with ppscope as {shipped}")
-        if (d.pp == pp and d.model in (model.name, sc["model"])
+        if (d.pp == pp and d.model in (model.name, sc.model)
                 and len(per) == pp and all(per)):
             stage_eff = tuple(per)
             eff_src = ("measured", rec_name)
@@ -460,13 +396,13 @@ def build_inputs(scenario: dict[str, Any], records: dict[str, Record],
                             "mean hop cost used for every hop")
         else:
             warn.append("topology.json: no `hops` entries; hop cost estimated")
-    hop_fixed = float(est.get("hop_fixed_us", 0.0))
+    hop_fixed = est.hop_fixed_us
     params.append(Param("hop_us", [list(x) for x in hop_curve] if hop_curve else
                         {"fixed_us": hop_fixed, "bytes_per_request": 4 * model.hidden},
                         *hop_src, "hidden states + residual (bf16) per micro-batch hop"))
 
-    host, empty, chain, launch, process = (float(est.get(k, 0.0)) for k in (
-        "host_us", "empty_us", "chain_us", "launch_us", "process_us"))
+    host, empty, chain, launch, process = (est.host_us, est.empty_us, est.chain_us,
+                                           est.launch_us, est.process_us)
     host_src = ("estimated", sc_file)
     disp = records.get("dispatch")
     if disp is not None:
@@ -497,11 +433,11 @@ def build_inputs(scenario: dict[str, Any], records: dict[str, Record],
     params.append(Param("chain_us", chain, "estimated", sc_file,
                         "one gloo message (request list, metadata) between ranks"))
 
-    eager = ((1, float(est.get("eager_us_per_layer", 0.0))),)
+    eager = ((1, est.eager_us_per_layer),)
     eager_src = ("estimated", sc_file)
     gr = records.get("graphs")
-    if sc.get("graph_max_bs"):
-        max_bs = int(sc["graph_max_bs"])
+    if sc.graph_max_bs:
+        max_bs = sc.graph_max_bs
         bs_p = (label("graph_max_bs"), sc_file, note("graph_max_bs", "--cuda-graph-max-bs"))
     else:
         max_bs = default_decode_max_bs(mem_mib, tp, int(given_mrr) if given_mrr else None)
@@ -520,13 +456,12 @@ def build_inputs(scenario: dict[str, Any], records: dict[str, Record],
     if gr is not None and gr.data.get("max_bs"):
         bs_p = ("measured", "graphs.json", "captured by the graphs probe")
     params.append(Param("graph_max_bs", max_bs, *bs_p))
-    zipf = float(est.get("zipf_s", 0.0))
+    zipf = est.zipf_s
     params.append(Param("zipf_s", zipf, "estimated", sc_file, "expert-routing skew"))
     if "sglang" in records:
         used.append("sglang.json")
 
-    obs = observed if observed is not None else {
-        int(k): float(v) for k, v in (sc.get("observed_tok_per_s") or {}).items()}
+    obs = observed if observed is not None else dict(sc.observed_tok_per_s)
     if obs:
         params.append(Param("observed_tok_per_s", {str(k): v for k, v in sorted(obs.items())},
                             "observed", observed_src or sc_file))
@@ -535,20 +470,18 @@ def build_inputs(scenario: dict[str, Any], records: dict[str, Record],
         warn.append(f"observed points at C = {', '.join(map(str, too_big))} are above the "
                     f"{MAX_CONCURRENCY} the model runs at; left out")
         obs = {c: v for c, v in obs.items() if c <= MAX_CONCURRENCY}
-    conc = sorted(set(int(c) for c in sc["concurrency"]) | set(obs))
+    conc = sorted(set(sc.concurrency) | set(obs))
+    server = replace(settings, disable_cuda_graph=not sc.cuda_graphs, cuda_graph_max_bs=max_bs)
     return Inputs(
-        name=sc["name"], model=model, gpu=gpu, pp=pp, async_depth=depth,
-        max_micro_batch=int(cap), layer_partition=sc.get("layer_partition"),
-        graphs=bool(sc.get("cuda_graphs", True)), graph_max_bs=max_bs,
-        arrival=arrival, context_len=int(sc.get("context_len", 2048)),
+        name=sc.name, model=model, gpu=gpu, server=server, layer_partition=sc.layer_partition,
+        arrival=arrival, mean_context_tokens=sc.mean_context_tokens,
         concurrency=tuple(conc), observed=tuple(sorted(obs.items())),
         eff_curve=eff_curve, stage_eff=stage_eff, eager_curve=eager, hop_curve=hop_curve,
         hop_fixed_us=hop_fixed, host_us=host, empty_us=empty, chain_us=chain, zipf_s=zipf,
         launch_us=launch, process_us=process, prompt_len=prompt_len, output_len=output_len,
-        range_ratio=range_ratio, max_running_requests=mrr, chunked_prefill_size=chunk,
-        max_prefill_tokens=max_prefill, tp=tp,
+        range_ratio=range_ratio,
         params=tuple(params), warnings=tuple(warn), records=tuple(dict.fromkeys(used)),
-        assumptions=tuple((str(k), str(v)) for k, v in (sc.get("assumptions") or {}).items()),
+        assumptions=sc.assumptions,
     )
 
 
@@ -566,9 +499,6 @@ def observed_from_sglang(rec: Record | None) -> tuple[dict[int, float], list[str
     if rec is None:
         return {}, []
     return observed_points(rec.payload.bench, "sglang.json")
-
-
-MAX_CONCURRENCY = 4096  # the model simulates every request's slot: bound its work
 
 
 def parse_observed(text: str) -> dict[int, float]:

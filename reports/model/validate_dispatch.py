@@ -48,6 +48,7 @@ from reports.base.inject import parse_inject
 from reports.model.pipeline_model import LoopConfig, simulate
 from reports.base.records import Record
 from reports.base.interp import interp_log
+from reports.base.server_settings import slot_count
 from reports.base.slots import SlotConfig, even_slots
 
 TARGET_PCT = 10.0
@@ -274,7 +275,7 @@ def micro_batch_choices(rec: Record) -> list[MicroBatchChoice]:
     m = 1, pp and all slots (the `--micro-batches` knob of `even`), next to a measured run
     with the same slot sizes where the record has one."""
     pi = probe_inputs(rec)
-    S = SlotConfig(pi.pp, pi.depth, 1).slots
+    S = slot_count(pi.pp, pi.depth)
     runs = [r for r in rec.payload.runs if r.tok_per_s is not None]
     measured = {r.slot_sizes: r.tok_per_s for r in runs}
     have = {b for c in pi.curves for b, _ in c}

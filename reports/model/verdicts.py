@@ -166,7 +166,7 @@ def routing_verdict(inp: Inputs, att: Attribution, records: dict[str, Record],
     if inp.model.is_moe:
         stages = lb.pp_partition(inp.model.num_layers, inp.pp, inp.layer_partition)
         sp = skew_spread(inp.model, stages, b, s, draws=200, seed=0,
-                         context_len=inp.context_len)[b]
+                         context_len=inp.mean_context_tokens)[b]
         spread, loss = sp.max_over_mean, sp.slowest_stage_loss
     else:
         spread, loss = None, 0.0

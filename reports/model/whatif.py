@@ -42,6 +42,7 @@ from reports.base.interp import interp_linear
 from reports.base.partition import layer_counts
 from reports.base.payloads.topology import HopCost, TopologyData, TransportPoint
 from reports.model.scenario import Inputs
+from reports.base.server_settings import default_max_micro_batch, slot_count
 
 # Stated estimate when no NCCL transport was measured: fixed cost of one ring step (one
 # NCCL send/recv of a small message between neighbours; ~6.7 us measured on H200 NVLink by
@@ -119,7 +120,7 @@ def candidates(inp: Inputs) -> list[tuple[str, str, lb.Setting, str]]:
     """(knob, setting shown, model overrides, note) for every setting tried, none equal to the
     current one."""
     Cs = measured_concurrency(inp)
-    S = inp.pp + inp.async_depth
+    S = inp.slots
     out: list[tuple[str, str, lb.Setting, str]] = []
     caps = sorted({max(1, -(-C // m)) for C in Cs for m in range(1, min(C, S) + 1)}
                   - {inp.max_micro_batch})
@@ -130,7 +131,7 @@ def candidates(inp: Inputs) -> list[tuple[str, str, lb.Setting, str]]:
                   - {inp.max_running_requests})
     for m in mrrs:
         out.append(("--max-running-requests", str(m), lb.Setting(mrr=m),
-                    f"{m} request rows; default cap {max(m // inp.pp, 1)} per slot"))
+                    f"{m} request rows; default cap {default_max_micro_batch(m, inp.pp)} per slot"))
     for ch in (2048, 4096, 8192, 16384):
         if ch != inp.chunked_prefill_size:
             out.append(("--chunked-prefill-size", str(ch), lb.Setting(chunk=ch),
@@ -138,7 +139,7 @@ def candidates(inp: Inputs) -> list[tuple[str, str, lb.Setting, str]]:
     for d in (0, 1, 2, 4, 8, 16):
         if d != inp.async_depth:
             out.append(("--pp-async-batch-depth", str(d), lb.Setting(depth=d),
-                        f"{inp.pp + d} slots" + ("; outputs exchanged after the forward"
+                        f"{slot_count(inp.pp, d)} slots" + ("; outputs exchanged after the forward"
                                                  if d == 0 else "")))
     sizes = [s for s in lb.admitted_sizes(inp, max(Cs)) if s]
     part = best_partition(inp, max(sizes))
