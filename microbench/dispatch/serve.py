@@ -111,11 +111,6 @@ class ServerArgs:
     def served_model_name(self) -> str:
         return self.model_path   # SGLang's default: the model path
 
-    @property
-    def max_micro_batch_upper(self) -> int:
-        """`/set_internal_state`'s upper bound: max_running_requests // pp_size."""
-        return self.max_running_requests // self.pp_size
-
     def as_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["served_model_name"] = self.served_model_name
@@ -437,9 +432,6 @@ class ServeState:
         for c in ctl:
             c.reply = (503, f"the loop stopped ({reason})")
             c.done.set()
-
-
-CONTROL_KINDS = ("set_internal_state", "start_profile", "stop_profile")
 
 
 class ServeScheduler:
