@@ -18,7 +18,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from reports.base.records import Record, Status, make_record, save_record, waived, write_json_atomic
 
@@ -56,6 +56,19 @@ class ToolWriter(RunWriter):
         data = json.loads(json.dumps(res, default=str))
         return self.save(make_record(self.probe, data, status=status, reason=reason,
                                      argv=self.argv))
+
+    def run(self, body: Callable[[dict[str, Any]], int]) -> int:
+        """`body(res)` fills the result dict `res`, saving it as it goes, and returns the exit
+        status; when it fails, an `error` record keeps what `res` holds and one line on stderr
+        says why (exit status 1)."""
+        res: dict[str, Any] = {}
+        try:
+            return body(res)
+        except Exception as e:  # noqa: BLE001 - what was measured stays, with the reason
+            why = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+            dest, _ = self.record(res, "error", why)
+            print(f"{self.probe}: {why}; error record: {dest}", file=sys.stderr)
+            return 1
 
     def waive(self, why: str) -> int:
         """Cannot run here: a waived record (beside a good one, never over it), the reason in one

@@ -28,6 +28,8 @@ import dataclasses
 import time
 from typing import Any
 
+PROBE = "tune_moe_quant"   # the record's probe (module docstring)
+
 # (BLOCK_N, BLOCK_K, warps, stages); fp8 steps 128 inputs at a time whatever BLOCK_K says
 SWEEP_INT4_GU = ((32, 256, 4, 3), (32, 512, 4, 3), (32, 128, 4, 4), (32, 256, 4, 4),
                  (32, 256, 4, 2), (64, 128, 4, 4), (16, 256, 4, 3), (32, 512, 4, 2))
@@ -269,9 +271,6 @@ def _open_session(a, res: dict, writer) -> _Session:
     return s
 
 
-PROBE = "tune_moe_quant"
-
-
 def _main(argv=None) -> int:
     """Parse, then check, sweep and time (module docstring), the record written as it goes."""
     import sys
@@ -288,14 +287,7 @@ def _main(argv=None) -> int:
 
     if not torch.cuda.is_available():
         return writer.waive("needs a CUDA GPU")
-    res: dict = {}
-    try:
-        return _run(a, res, writer)
-    except Exception as e:  # noqa: BLE001 - what was measured stays, with the reason
-        why = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
-        dest, _ = writer.record(res, "error", why)
-        print(f"{PROBE}: {why}; error record: {dest}", file=sys.stderr)
-        return 1
+    return writer.run(lambda res: _run(a, res, writer))
 
 
 def _run(a, res: dict, writer) -> int:

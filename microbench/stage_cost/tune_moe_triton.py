@@ -15,6 +15,8 @@ from dataclasses import asdict
 from microbench.kernels.moe_triton import (KernelConfig, MoeConfig, config_for, down, gate_up,
                                            moe_experts, plan_blocks)
 
+PROBE = "tune_moe_triton"   # the record's probe (module docstring)
+
 # ------------------------------------------------------------------ GPU script: check, sweep, table
 
 SWEEP_GATE_UP = tuple(KernelConfig(n, k, w, s) for n in (16, 32, 64, 128) for k in (128, 256)
@@ -67,9 +69,6 @@ def sweep(m, weights, batches, budget_s: float, progress=None) -> dict:
     return out
 
 
-PROBE = "tune_moe_triton"
-
-
 def _main(argv=None) -> int:
     """Parse, then check, sweep and time; the record (`ToolWriter`) is written as it goes:
     `partial` after each part, `ok` at the end, `error` with what was kept when a part fails,
@@ -101,14 +100,7 @@ def _main(argv=None) -> int:
 
     if not torch.cuda.is_available():
         return writer.waive("needs a CUDA GPU")
-    res: dict = {}
-    try:
-        return _run(a, res, writer)
-    except Exception as e:  # noqa: BLE001 - what was measured stays, with the reason
-        why = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
-        dest, _ = writer.record(res, "error", why)
-        print(f"{PROBE}: {why}; error record: {dest}", file=sys.stderr)
-        return 1
+    return writer.run(lambda res: _run(a, res, writer))
 
 
 def _run(a, res: dict, writer) -> int:
