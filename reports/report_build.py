@@ -384,10 +384,6 @@ def range_text(w: dict[str, Any]) -> str:
             f"(C={lost['concurrency']}: {lost['gain']:+.0%})")
 
 
-def _whatif_text(w: dict[str, Any]) -> str:
-    return f"{w['knob']} = {w['setting']} ({_effects_text(w)})"
-
-
 def _where(at: list[dict[str, Any]], verdict: str) -> str:
     return ", ".join(f"C={a['concurrency']}" + (f" ({a['share']:.0%} of the gap)"
                                                  if a.get("share") is not None and

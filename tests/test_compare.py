@@ -1,7 +1,8 @@
 """What changed between two diagnosed runs (reports/model/compare.py, `report --baseline`).
 
-Hand-made diagnoses give exact numbers; the fault matrix's committed evidence (docs/runs/
-h200x2-faults/cases: sglang.json of the PP-loop probe's own traces on 2x H200) checks that the
+Hand-made diagnoses give exact numbers; the fault matrix's recorded evidence (tests/fixtures/
+h200x2/fault_cases, copied from docs/runs/h200x2-faults/cases: sglang.json of the PP-loop probe's
+own traces on 2x H200) checks that the
 change a fault made is put on the fault, end to end through `ppscope report --baseline`."""
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from reports.cli import main
 from reports.model.compare import SAME_PCT, compare
 
-CASES = Path(__file__).parent.parent / "docs" / "runs" / "h200x2-faults" / "cases"
+CASES = Path(__file__).parent / "fixtures" / "h200x2" / "fault_cases"
 
 
 def _dg(step_obs, step_model, rows, C=8):

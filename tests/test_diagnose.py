@@ -21,7 +21,7 @@ from reports.model.diagnose import NAME_PCT, diagnose
 from reports.model.pipeline_model import simulate
 
 FAULTS = Path(__file__).parent / "fixtures" / "traces" / "faults"
-CASES = Path(__file__).parent.parent / "docs" / "runs" / "h200x2-faults" / "cases"
+CASES = Path(__file__).parent / "fixtures" / "h200x2" / "fault_cases"
 
 
 def _rank(kernels, recvs, rt, ranges, rank, syncs=(), relay=()):
@@ -167,7 +167,7 @@ def test_cpu_costs_scaled_to_an_unprofiled_tok_s():
     # a bench_serving run without the profiler would give: the CPU factor found makes the
     # model meet it, and the corrected split shrinks the CPU rows, never the GPU ones
     from reports.model.diagnose import cpu_scaled
-    root = CASES.parent.parent / "h200x2-sglang-order" / "base"
+    root = CASES.parent / "sglang_order"
     d = json.loads((root / "diag-even-c8-sglang.json").read_text())["data"]
     shape = moe_shape(load_model("kimi-k2"))
     loop = from_json(LoopProfile, d["loop"], "loop")

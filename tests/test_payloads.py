@@ -13,9 +13,11 @@ from reports.base.payloads.stage_cost import StageCostData
 from reports.base.records import RecordError, make_record, read_record
 from reports.base.schema import from_json, to_json
 
-RUNS = Path(__file__).parent.parent / "docs" / "runs"
-SHIPPED = sorted(p for p in RUNS.glob("**/*.json") if not p.name.endswith(".trace.json")
-                 and '"provenance"' in p.read_text())   # probe records, not tuning tables
+ROOT = Path(__file__).parent.parent
+RUNS = ROOT / "tests" / "fixtures"    # h200x2/: records of 2x H200, copied from docs/runs/
+SHIPPED = sorted(p for d in (ROOT / "tests" / "fixtures", ROOT / "configs" / "records")
+                 for p in d.glob("**/*.json") if not p.name.endswith(".trace.json")
+                 and '"provenance"' in p.read_text())   # probe records, not other inputs
 
 
 def test_shipped_records_are_found():

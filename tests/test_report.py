@@ -192,7 +192,7 @@ def test_stage_cost_from_another_gpu_is_transferred_not_measured(tmp_path):
     # the shipped H200 stage-cost record under the RTX PRO 6000 seed scenario
     import shutil
     from pathlib import Path
-    shutil.copy(Path(__file__).parent.parent / "docs" / "runs" / "h200x2" / "stage_cost.json",
+    shutil.copy(Path(__file__).parent / "fixtures" / "h200x2" / "stage_cost.json",
                 tmp_path / "stage_cost.json")
     assert main(["report", "--results", str(tmp_path)]) == 0
     rep = json.loads((tmp_path / "report.json").read_text())

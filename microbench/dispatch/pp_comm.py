@@ -135,7 +135,7 @@ def recv_proxy(torch, dist, ctx: dict, lp: dict) -> tuple[float, dict]:
     return (time.perf_counter() - tw) * 1e6, got
 
 
-def exchange_outputs(torch, dist, ctx: dict, lp: dict, s: int, tokens_of, drain: bool = False
+def exchange_outputs(torch, dist, ctx: dict, lp: dict, s: int, drain: bool = False
                      ) -> tuple[float, object]:
     """`_pp_commit_send_output_work_and_preprocess_output_tensors`: commit the last output send;
     then, even ranks sending first and odd ranks receiving first:

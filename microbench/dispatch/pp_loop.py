@@ -347,7 +347,7 @@ class PointLoop:
             for c in reqs["ctl"]:
                 self.serve[1].apply(c, st.it)
         if self.stop:   # the outputs the next rank still expects, then stop
-            exchange_outputs(self.torch, self.dist, self.ctx, self.lp, s, None, drain=True)
+            exchange_outputs(self.torch, self.dist, self.ctx, self.lp, s, drain=True)
             return False
         self.get_next_batch(st)
         self.inputs(st)
@@ -454,7 +454,7 @@ class PointLoop:
 
     def exchange(self, st: _Step) -> None:
         """The output exchange (last -> 0 -> 1 ...); rank 0's input event is its arrival."""
-        st.w_out, st.got = exchange_outputs(self.torch, self.dist, self.ctx, self.lp, st.s, None)
+        st.w_out, st.got = exchange_outputs(self.torch, self.dist, self.ctx, self.lp, st.s)
         if self.rank == 0 and st.got is not None:
             e = self.api.Event(enable_timing=True)
             e.record(self.lp["sched"])

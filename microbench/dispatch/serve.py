@@ -439,9 +439,6 @@ class ServeState:
             c.done.set()
 
 
-CONTROL_KINDS = ("set_internal_state", "start_profile", "stop_profile")
-
-
 class ServeScheduler:
     """Rank 0's admission and output processing in serve mode (see the module docstring)."""
 

@@ -91,7 +91,7 @@ from microbench.sglang.log_scan import (BatchLine, LogScan, parse_line, scan_log
                                         worker_count)
 from microbench.sglang.log_startup import (ServerArgs, Startup, graph_setting,  # noqa: F401
                                            startup, startup_attention_backend,
-                                           startup_moe_kernel, startup_settings)
+                                           startup_moe_kernel)
 from microbench.sglang.log_summary import (PREFILL_WAVES, config_overrides,  # noqa: F401
                                            slot_imbalance, summarize)
 

@@ -320,11 +320,6 @@ def _attn_in(block: bytes, out: dict[str, str]) -> None:
                 out["backend"], out["source"] = v.decode(), src
 
 
-def startup_settings(paths: Iterable[str | Path]) -> dict[str, int]:
-    """The values the server ran with, from its start-up line (`startup`)."""
-    return startup(paths).settings
-
-
 def startup_moe_kernel(paths: Iterable[str | Path]) -> dict[str, str]:
     """What the log says about the server's MoE kernel (the lines above), from at most
     SETTINGS_BYTES of each file: `scheme` (the quantisation scheme SGLang picked), `kernel`

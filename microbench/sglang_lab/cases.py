@@ -26,10 +26,6 @@ class Case:
     expect: str = ""                # the cause the diagnosis should name first ("" = none big)
     profile: bool = True            # profile a window (the "before" evidence of a what-if)
 
-    @property
-    def faulted(self) -> bool:
-        return bool(self.fault or self.hog_core is not None)
-
 
 @dataclass(frozen=True)
 class Group:

@@ -184,11 +184,8 @@ def main(argv=None) -> int:
     if isinstance(sg, str):
         why = sg
     if why:   # cannot run here: a waived record (beside a good one, never over it), exit 2
-        from reports.base.records import waived
-        from microbench.kit.run_writer import RunWriter
-        dest, _ = RunWriter(a.json).save(waived(PROBE, why, argv=_argv()))
-        print(f"{prog}: {why}; nothing timed (waived record: {dest})", file=sys.stderr)
-        return 2
+        from microbench.kit.run_writer import ToolWriter
+        return ToolWriter(a.json, PROBE, _argv()).waive(why)
     decode_fwd, n_splits_fn, pdl, sg_ver = sg
     return _run(a, m, decode_fwd, n_splits_fn, pdl, sg_ver)
 
@@ -203,8 +200,7 @@ def _run(a, m, decode_fwd, n_splits_fn, pdl: bool, sg_ver: str) -> int:
     from microbench.kit.clocks import ClockSampler
     from microbench.kit.timing import do_bench_graph, l2_bytes
     from reports.base.gpu_specs import match_gpu
-    from microbench.kit.run_writer import RunWriter
-    from reports.base.records import make_record
+    from microbench.kit.run_writer import ToolWriter
 
     dev = torch.device("cuda")
     h, kl, rope, nope = m.num_heads, m.kv_lora_rank, m.qk_rope_head_dim, m.qk_nope_head_dim
@@ -289,7 +285,7 @@ def _run(a, m, decode_fwd, n_splits_fn, pdl: bool, sg_ver: str) -> int:
         caches = None   # freed (the timed lambdas held it)
         return r
 
-    writer = RunWriter(out)
+    writer = ToolWriter(out, PROBE, _argv())
     for i, b in enumerate(tqdm(a.batches, desc="sglang anchor", unit="batch", file=sys.stderr)):
         try:
             r = one(b)
@@ -300,13 +296,11 @@ def _run(a, m, decode_fwd, n_splits_fn, pdl: bool, sg_ver: str) -> int:
         res["rows"].append(r)
         res["wall_s"] = time.perf_counter() - t0
         if i + 1 < len(a.batches):   # what is timed so far, kept if the run stops here
-            writer.save(make_record(PROBE, res, status="partial", argv=_argv(),
-                                    reason=f"{i + 1} of {len(a.batches)} batch sizes"))
+            writer.record(res, "partial", f"{i + 1} of {len(a.batches)} batch sizes")
     good = [r for r in res["rows"] if "error" not in r]
     failed = [f"b={r['b']}: {r['error']}" for r in res["rows"] if "error" in r]
-    rec = (make_record(PROBE, res, argv=_argv()) if good else
-           make_record(PROBE, res, status="error", argv=_argv(), reason="; ".join(failed)))
-    dest, note = writer.save(rec)
+    dest, note = (writer.record(res) if good else
+                  writer.record(res, "error", "; ".join(failed)))
     if not good:
         print(f"{PROBE}: nothing timed ({failed[0]}); error record: {dest}", file=sys.stderr)
         return 1

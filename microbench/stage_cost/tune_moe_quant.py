@@ -16,13 +16,19 @@ for Kimi K2 dims: bf16, INT4 and FP8 copies of all 384 experts).
    (`moe_int4_gemv`, its own config table, not swept), FP8; each next to its own format's floor
    (bytes of the distinct experts touched + shared expert + router, spec-sheet bandwidth,
    and the copy bandwidth measured here). MLA attention: torch ops vs `mla_decode`.
-Writes DIR/moe_quant.json as it goes; prints the table last.
+Writes DIR/moe_quant.json (`--only-mla`: DIR/mla.json; default DIR results/) as it goes and
+prints the table last. The file is a ppscope record (`reports/base/records.py`: probe
+`tune_moe_quant`, provenance, status): `partial` while the run goes, `ok` at the end, `error`
+with what was kept when a part fails; without a GPU (or, for `--only-mla`, without MLA) a
+`waived` one and exit 2.
 """
 from __future__ import annotations
 
 import dataclasses
 import time
 from typing import Any
+
+PROBE = "tune_moe_quant"   # the record's probe (module docstring)
 
 # (BLOCK_N, BLOCK_K, warps, stages); fp8 steps 128 inputs at a time whatever BLOCK_K says
 SWEEP_INT4_GU = ((32, 256, 4, 3), (32, 512, 4, 3), (32, 128, 4, 4), (32, 256, 4, 4),
@@ -156,6 +162,8 @@ def best_config(best: dict, b: int, default):
 def _parse_args(argv):
     import argparse
 
+    from reports.base.paths import results_dir
+
     p = argparse.ArgumentParser(prog="python -m microbench.stage_cost.tune_moe_quant", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="kimi-k2")
@@ -166,7 +174,8 @@ def _parse_args(argv):
     p.add_argument("--skip-mla", action="store_true")
     p.add_argument("--only-mla", action="store_true",
                    help="time only the MLA decode layer (its check, rows, stages, sweep): mla.json")
-    p.add_argument("--out", help="directory for moe_quant.json")
+    p.add_argument("--out", default=str(results_dir()),
+                   help="directory for the record moe_quant.json (default results/)")
     return p.parse_args(argv)
 
 
@@ -183,6 +192,7 @@ class _Session:
     m8: Any       # routed experts FP8
     gpu: Any
     res: dict
+    writer: Any = None   # microbench.kit.run_writer.ToolWriter
     bw: float = 0.0
     l2: int = 0
     clocks: Any = None
@@ -191,13 +201,10 @@ class _Session:
         print(f"[{time.perf_counter() - self.t_start:6.1f}s] {s}", flush=True)
 
     def save(self) -> None:
-        if self.a.out:  # atomic, like every record: Ctrl-C never leaves half a file
-            import json
-            from pathlib import Path
-
-            from reports.base.records import write_json_atomic
-            write_json_atomic(Path(self.a.out, "mla.json" if self.a.only_mla else "moe_quant.json"),
-                              json.loads(json.dumps(self.res, default=str)))
+        """The record so far, `partial` (atomic: Ctrl-C keeps what was measured)."""
+        r = self.res
+        self.writer.record(r, "partial", f"written as the run goes: {len(r['checks'])} checks, "
+                           f"{len(r['rows'])} layer rows, {len(r['mla_rows'])} MLA rows")
 
     def timed(self, fn, copies: int, row: dict, key: str):
         """do_bench_graph with the SM clock sampled while it runs (row[key_sm_clock_mhz] ...)"""
@@ -227,8 +234,9 @@ class _Session:
         return [int(x) for x in self.a.batches.split(",")]
 
 
-def _open_session(a) -> _Session:
-    """The models, the result dict's header, the copy bandwidth and L2 size measured here."""
+def _open_session(a, res: dict, writer) -> _Session:
+    """The models, the result dict's header (into `res`), the copy bandwidth and L2 size
+    measured here."""
     import torch
 
     from microbench.kit.clocks import ClockSampler
@@ -243,14 +251,14 @@ def _open_session(a) -> _Session:
     m4 = m16.with_formats(routed_experts="int4")           # shared expert bf16, as K2 serves it
     m8 = m16.with_formats(routed_experts="fp8")
     gpu = sc.resolve(sc.StageCostConfig(model=a.model, dtype="bf16"))[1]
-    res: dict = {"gpu": torch.cuda.get_device_name(), "spec": gpu.name, "model": native.name,
+    res.update({"gpu": torch.cuda.get_device_name(), "spec": gpu.name, "model": native.name,
                  "mem_bw_spec_gbps": gpu.mem_bw_gbps, "context_len": a.context_len,
                  "torch": torch.__version__, "triton": __import__("triton").__version__,
                  "checks": {}, "sweep": {}, "rows": [], "mla_rows": [],
                  "floor_counts": "bytes of the distinct routed experts touched (packed weights "
                                  "+ scales in their format) + shared expert (bf16) + router "
-                                 "(bf16); attention: bf16 projections + norms + KV cache"}
-    s = _Session(a, t_start, dev, m16, m4, m8, gpu, res)
+                                 "(bf16); attention: bf16 projections + norms + KV cache"})
+    s = _Session(a, t_start, dev, m16, m4, m8, gpu, res, writer)
     s.bw = sc.measure_mem_bw()
     res["mem_bw_measured_gbps"] = s.bw
     s.l2 = l2_bytes(dev)
@@ -264,20 +272,31 @@ def _open_session(a) -> _Session:
 
 
 def _main(argv=None) -> int:
+    """Parse, then check, sweep and time (module docstring), the record written as it goes."""
     import sys
+    from pathlib import Path
 
+    from microbench.kit.run_writer import ToolWriter
+
+    argv = sys.argv[1:] if argv is None else list(argv)
     a = _parse_args(argv)
+    writer = ToolWriter(Path(a.out, "mla.json" if a.only_mla else "moe_quant.json"), PROBE,
+                        ["python3", "-m", "microbench.stage_cost.tune_moe_quant", *argv])
 
     import torch
 
     if not torch.cuda.is_available():
-        print("needs a CUDA GPU", file=sys.stderr)
-        return 2
-    s = _open_session(a)
+        return writer.waive("needs a CUDA GPU")
+    return writer.run(lambda res: _run(a, res, writer))
+
+
+def _run(a, res: dict, writer) -> int:
+    import torch
+
+    s = _open_session(a, res, writer)
     if a.only_mla:
         if s.m16.attention != "mla":
-            print(f"{s.m16.name} has no MLA attention", file=sys.stderr)
-            return 2
+            return writer.waive(f"{s.m16.name} has no MLA attention")
         check_mla(s)
         time_mla(s)
         return _print_mla(s)
@@ -615,7 +634,8 @@ def _print_mla(s: _Session) -> int:
                          else "-"] for r in res["mla_rows"]],
                        headers=["b", "MLA torch ops µs", "mla_decode µs", "floor µs", "mla_decode %"]))
     res["wall_s"] = time.perf_counter() - s.t_start
-    s.save()
+    dest, note = s.writer.record(res)
+    print(f"record: {dest}" + (f" ({note})" if note else ""))
     return 0
 
 

@@ -4,6 +4,9 @@ Run on a GPU: `PYTHONPATH=. python3 -m microbench.stage_cost.tune_moe_triton --o
 against the float32 reference (small and real Kimi K2 dims), sweeps block sizes, then prints the
 per-layer table triton vs plain vs fast under CUDA-graph replay, with each one's share of the HBM
 floor (spec sheet and measured copy bandwidth). The kernel module itself holds no tuning code.
+DIR/moe_triton.json (default results/) is a ppscope record (`reports/base/records.py`: probe
+`tune_moe_triton`, provenance, status): `partial` after each part, `ok` at the end, `error` with
+what was kept when a part fails; without a GPU a `waived` one and exit 2.
 """
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ from dataclasses import asdict
 
 from microbench.kernels.moe_triton import (KernelConfig, MoeConfig, config_for, down, gate_up,
                                            moe_experts, plan_blocks)
+
+PROBE = "tune_moe_triton"   # the record's probe (module docstring)
 
 # ------------------------------------------------------------------ GPU script: check, sweep, table
 
@@ -65,11 +70,15 @@ def sweep(m, weights, batches, budget_s: float, progress=None) -> dict:
 
 
 def _main(argv=None) -> int:
+    """Parse, then check, sweep and time; the record (`ToolWriter`) is written as it goes:
+    `partial` after each part, `ok` at the end, `error` with what was kept when a part fails,
+    `waived` without a GPU."""
     import argparse
-    import dataclasses
-    import json
     import sys
     from pathlib import Path
+
+    from microbench.kit.run_writer import ToolWriter
+    from reports.base.paths import results_dir
 
     p = argparse.ArgumentParser(prog="python -m microbench.stage_cost.tune_moe_triton",
                                 description=__doc__,
@@ -80,8 +89,24 @@ def _main(argv=None) -> int:
     p.add_argument("--sweep-budget-s", type=float, default=60.0, help="0 skips the sweep")
     p.add_argument("--use-sweep", action="store_true",
                    help="time the layer with the sweep's best configs instead of CONFIGS")
-    p.add_argument("--out", help="directory for moe_triton.json")
+    p.add_argument("--out", default=str(results_dir()),
+                   help="directory for the record moe_triton.json (default results/)")
+    argv = sys.argv[1:] if argv is None else list(argv)
     a = p.parse_args(argv)
+    writer = ToolWriter(Path(a.out, "moe_triton.json"), PROBE,
+                        ["python3", "-m", "microbench.stage_cost.tune_moe_triton", *argv])
+
+    import torch
+
+    if not torch.cuda.is_available():
+        return writer.waive("needs a CUDA GPU")
+    return writer.run(lambda res: _run(a, res, writer))
+
+
+def _run(a, res: dict, writer) -> int:
+    """Check, sweep, then the per-layer table (module docstring), filling `res`."""
+    import dataclasses
+    import json
 
     import torch
     from tabulate import tabulate
@@ -92,19 +117,16 @@ def _main(argv=None) -> int:
     from microbench.kit.timing import do_bench_graph
     from reports.base.model_config import load_model
 
-    if not torch.cuda.is_available():
-        print("needs a CUDA GPU", file=sys.stderr)
-        return 2
     dev = torch.device("cuda")
     m = load_model(a.model).all_formats("bf16")
     gpu = sc.resolve(sc.StageCostConfig(model=a.model, dtype="bf16"))[1]
-    res: dict = {"gpu": torch.cuda.get_device_name(), "spec": gpu.name,
-                 "mem_bw_spec_gbps": gpu.mem_bw_gbps, "checks": {}, "rows": []}
+    res.update({"gpu": torch.cuda.get_device_name(), "spec": gpu.name,
+                "mem_bw_spec_gbps": gpu.mem_bw_gbps, "checks": {}, "rows": []})
+    batches = [int(x) for x in a.batches.split(",")]
 
     def save():
-        if a.out:  # atomic, like every record: Ctrl-C never leaves half a file
-            from reports.base.records import write_json_atomic
-            write_json_atomic(Path(a.out, "moe_triton.json"), json.loads(json.dumps(res, default=str)))
+        writer.record(res, "partial", f"written as the run goes: {len(res['rows'])} of "
+                      f"{len(batches)} layer rows")
 
     bw = sc.measure_mem_bw()
     res["mem_bw_measured_gbps"] = bw
@@ -148,7 +170,6 @@ def _main(argv=None) -> int:
         return MoeConfig(16, KernelConfig(**d["gate_up"][1]) if "gate_up" in d else base.gate_up,
                          KernelConfig(**d["down"][1]) if "down" in d else base.down)
     # 3. table: triton vs plain vs fast, same weights for triton/fast
-    batches = [int(x) for x in a.batches.split(",")]
     wp = L.make_moe_weights(m, "plain", dev)
     for b in batches:
         row = {"batch": b}
@@ -172,6 +193,8 @@ def _main(argv=None) -> int:
              f"{100 * r['floor_measured_bw_us'] / r['triton_us']:.0f}%",
              f"{r['triton_us'] / r['plain_us']:.2f}"] for r in res["rows"]]
     print(tabulate(rows, headers=hdr))
+    dest, note = writer.record(res)
+    print(f"record: {dest}" + (f" ({note})" if note else ""))
     return 0
 
 

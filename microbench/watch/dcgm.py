@@ -57,8 +57,6 @@ from typing import Callable
 
 from reports.base.payloads.watch import DCGM_FIELDS
 
-SHORT_NAMES = {1002: "SMACT", 1003: "SMOCC", 1005: "DRAMA", 1009: "PCITX", 1010: "PCIRX",
-               1011: "NVLTX", 1012: "NVLRX"}
 FIELD_IDS = tuple(DCGM_FIELDS)
 RATIO_FIELDS = (1002, 1003, 1005)
 LINE_CAP = 4096                 # bytes per line; a dmon row of 7 fields is ~150

@@ -570,7 +570,6 @@ class Watch:
     dmon = property(lambda self: self.dcgm.dmon, lambda self, v: setattr(self.dcgm, "dmon", v))
     dcgm_period_ms = property(lambda self: self.dcgm.period_ms,
                               lambda self, v: setattr(self.dcgm, "period_ms", v))
-    dcgm_why = property(lambda self: self.dcgm.why, lambda self, v: setattr(self.dcgm, "why", v))
 
     # --- setting up -------------------------------------------------------------------------
     def open(self) -> None:

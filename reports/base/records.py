@@ -60,6 +60,9 @@ class PayloadError(RecordError):
 
 @dataclass(frozen=True)
 class Provenance:
+    """Who, where and with what versions a record was produced. `origin`: how the record came
+    to be when the run of `argv` did not write it as it stands (a tool's earlier output converted
+    to a record: from what, of which date); None when it did."""
     argv: tuple[str, ...]
     host: str
     utc: str
@@ -70,6 +73,7 @@ class Provenance:
     nccl: str | None = None
     python: str = field(default_factory=platform.python_version)
     env: dict[str, str] = field(default_factory=dict)
+    origin: str | None = None
 
 
 @dataclass(frozen=True)

@@ -261,7 +261,7 @@ def loop_config(dep: Deployment, on: frozenset, shape=None) -> tuple[LoopConfig,
                      async_depth=dep.slots - dep.pp, host_us=0.0,
                      empty_us=(dep.empty_us if "host" in on else 0.0)
                      + (dep.empty_relay_us if "relay" in on else 0.0),
-                     rank_host_us=host, result_sync=True, cpu_forward=dep.device == "cpu",
+                     rank_host_us=host, cpu_forward=dep.device == "cpu",
                      send_us=tuple(v if "hop" in on else 0.0 for v in dep.send_us),
                      process_us=tuple(v if "host" in on else 0.0 for v in dep.process_us)
                      if dep.process_us else 0.0)

@@ -90,10 +90,9 @@ class LoopConfig:
     token_return: bool = True    # False: the idealised return (module docstring)
     # Observed host time on each rank's critical path per non-empty visit (a loop profile of
     # SGLang's own traces, reports/model/deployment.py): that rank's run_batch CPU, replacing
-    # `launch_us`. `result_sync` is accepted for that caller and changes nothing: in SGLang's
-    # order every rank syncs on the next slot's outputs (`token_return`).
+    # `launch_us`. In SGLang's order every rank syncs on the next slot's outputs
+    # (`token_return`).
     rank_host_us: tuple[float, ...] = ()
-    result_sync: bool = False
     # SGLang's CPU backend: the forward runs on the rank's CPU (no device to overlap with), so
     # the CPU clock stays at the forward's end; `send_us`: per rank, the CPU time of posting the
     # hidden-state send (`send_proxy_dict_to_next_stage`) before it leaves
