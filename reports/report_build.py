@@ -17,27 +17,30 @@ where the model is still simpler than SGLang.
 """
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import fields, replace
 
 from reports.model import loop_builder as lb
 from reports.model.attribution import attribute
 from reports.base.payloads.topology import HopCost, TopologyData
 from reports.base.payloads.sglang import SglangData
-from reports.base.records import Record, to_jsonable
+from reports.base.records import Record
+from reports.model.report_type import (REPORT_SCHEMA, AttributionAt, BenchRow, BenchRun,
+                                       Comparison,
+                                       BusyOverTime, Hop, Level, NotDiagnosed, ObservedLoop,
+                                       PipelineHop, Report, ScenarioDeployment, ServerDiagnosis,
+                                       ServerRank, ServerSlotImbalance, ServerSources,
+                                       ServerSummary, StageCost, TimeSplit, TopologySummary)
 from reports.model.scenario import Inputs
 from reports.model.server_log import (DP_RULES, attention_lines, dp_count, log_figures,
                                       moe_kernel_lines)
 from reports.model.validate_dispatch import micro_batch_choices, validate
-from reports.model.verdicts import verdicts
-from reports.model.whatif import (OBJECTIVE, TP_KNOB, best_pair, measured_concurrency,
+from reports.model.verdicts import Verdict, VerdictAt, verdicts
+from reports.model.whatif import (OBJECTIVE, TP_KNOB, WhatIf, best_pair, measured_concurrency,
                                   recommendation, setting_of, transport_points, what_ifs)
 from reports.base.slots import burst_sizes
 
-REPORT_SCHEMA = "ppscope-report/1"
-
-
 def build_report(inp: Inputs, records: dict[str, Record],
-                 baseline: tuple[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+                 baseline: tuple[str, Report] | None = None) -> Report:
     """`baseline`: (label, report.json of an earlier run) to say what changed since."""
     atts = [attribute(inp, C) for C in inp.concurrency]
     from reports.model.observed_server import differs_from, observed_server
@@ -49,12 +52,8 @@ def build_report(inp: Inputs, records: dict[str, Record],
     conc = []
     for C, a in zip(inp.concurrency, atts):
         sim = lb.run(inp, C)
-        conc.append({
-            "concurrency": C, "ideal_tok_per_s": a.ideal_tok_per_s,
-            "predicted": a.modelled_tok_per_s, "observed": obs.get(C),
-            "predicted_tpot_ms": sim.tpot_ms, "busy_frac": list(sim.busy_frac),
-            "slot_sizes": list(sim.slot_sizes),
-        })
+        conc.append(Level(C, a.ideal_tok_per_s, a.modelled_tok_per_s, obs.get(C), sim.tpot_ms,
+                          tuple(sim.busy_frac), tuple(sim.slot_sizes)))
     from reports.model.arrival import alternatives
     arrival = alternatives(inp, obs, lambda C, a: lb.run(inp, C, arrival=a))
     wis = what_ifs(inp, transport_points(
@@ -62,66 +61,54 @@ def build_report(inp: Inputs, records: dict[str, Record],
     rec = recommendation(wis)
     if rec is not None:   # the recommended row first (a tie may have put another above it)
         wis = [rec] + [w for w in wis if w is not rec]
-    pair = best_pair(inp, wis, setting_of(inp))
-    rep: dict[str, Any] = {
-        "schema": REPORT_SCHEMA,
-        "scenario": inp.name,
-        "all_estimated": inp.all_estimated,
-        "records_used": list(inp.records),
-        "warnings": list(inp.warnings),
-        "deployment": {"model": inp.model.name, "gpu": inp.gpu.name, "pp": inp.pp,
-                       "async_depth": inp.async_depth, "max_micro_batch": inp.max_micro_batch,
-                       "cuda_graphs": inp.graphs, "graph_max_bs": inp.graph_max_bs,
-                       "arrival": inp.arrival, "context_len": inp.context_len,
-                       "memory": _memory_kind(inp.gpu.source)},
-        "arrival": arrival,
-        "params": to_jsonable(list(inp.params)),
-        "assumptions": {**dict(inp.assumptions), **setting_dependencies(inp)},
-        "observed_source": inp.src("observed_tok_per_s")[1] if obs else None,
-        "concurrency": conc,
-        "attribution": [{"concurrency": a.concurrency, "ideal_tpot_ms": a.ideal_tpot_ms,
-                         "modelled_tpot_ms": a.modelled_tpot_ms,
-                         "rows": to_jsonable(list(a.rows))} for a in atts],
-        "verdicts": None,  # filled below, once the observed server's diagnosis exists
-        "what_ifs": to_jsonable(wis),
-        "objective": OBJECTIVE,
-        "measured_concurrency": list(measured_concurrency(inp)),
-        "recommendation": to_jsonable(rec) if rec is not None else None,
-        "best_pair": to_jsonable(pair) if pair is not None else None,
-        "model_differs": list(MODEL_DIFFERS),
-        "stage_cost": [{"batch": b, "modelled_us": lb.stage_cost_us(inp, lb.ALL_ON, b),
-                        "floor_us": lb.stage_cost_us(inp, frozenset({"stage_imbalance"}), b)}
-                       for b in sorted({max(c["slot_sizes"]) for c in conc})],
-    }
-    if "dispatch" in records:
-        rep["dispatch_validation"] = to_jsonable(validate(records["dispatch"]))
-        rep["dispatch_micro_batches"] = to_jsonable(micro_batch_choices(records["dispatch"]))
-    if "topology" in records:
-        rep["topology"] = topology_summary(records["topology"].payload)
-    if "sglang" in records:
-        rep["observed_deployment"] = observed_dep
-        rep["scenario_differs"] = differs
-        rep["server"] = server_summary(records["sglang"].payload, conc, inp.pp,
-                                       mla=inp.model.attention == "mla")
-        rep["diagnosis"] = diagnosis_summary(records["sglang"].payload, inp,
-                                             records.get("stage_cost"))
+    sg = records["sglang"].payload if "sglang" in records else None
+    rep = Report(
+        schema=REPORT_SCHEMA, scenario=inp.name, all_estimated=inp.all_estimated,
+        records_used=tuple(inp.records), warnings=tuple(inp.warnings),
+        deployment=ScenarioDeployment(
+            inp.model.name, inp.gpu.name, inp.pp, inp.async_depth, inp.max_micro_batch,
+            inp.graphs, inp.graph_max_bs, inp.arrival, inp.context_len,
+            _memory_kind(inp.gpu.source)),
+        arrival=arrival, params=tuple(inp.params),
+        assumptions={**dict(inp.assumptions), **setting_dependencies(inp)},
+        observed_source=inp.src("observed_tok_per_s")[1] if obs else None,
+        concurrency=tuple(conc),
+        attribution=tuple(AttributionAt(a.concurrency, a.ideal_tpot_ms, a.modelled_tpot_ms,
+                                        tuple(a.rows)) for a in atts),
+        what_ifs=tuple(wis), objective=OBJECTIVE,
+        measured_concurrency=tuple(measured_concurrency(inp)),
+        recommendation=rec, best_pair=best_pair(inp, wis, setting_of(inp)),
+        model_differs=MODEL_DIFFERS,
+        stage_cost=tuple(StageCost(b, lb.stage_cost_us(inp, lb.ALL_ON, b),
+                                   lb.stage_cost_us(inp, frozenset({"stage_imbalance"}), b))
+                         for b in sorted({max(c.slot_sizes) for c in conc})),
+        dispatch_validation=(tuple(validate(records["dispatch"])) if "dispatch" in records
+                             else None),
+        dispatch_micro_batches=(tuple(micro_batch_choices(records["dispatch"]))
+                                if "dispatch" in records else None),
+        topology=(topology_summary(records["topology"].payload) if "topology" in records
+                  else None),
+        observed_deployment=observed_dep, scenario_differs=differs,
+        server=(server_summary(sg, conc, inp.pp, mla=inp.model.attention == "mla")
+                if sg is not None else None),
+        diagnosis=(diagnosis_summary(sg, inp, records.get("stage_cost")) if sg is not None
+                   else None))
     if "watch" in records:  # GPU watch: observed (NVML) hints, reports/model/watch_summary.py
         from reports.model.watch_summary import watch_section
-        rep["watch"] = watch_section(records["watch"])
+        rep = replace(rep, watch=watch_section(records["watch"]))
     if baseline is not None:  # what one change did: reports/model/compare.py
         from reports.model.compare import compare
         label, old = baseline
-        rep["baseline_comparison"] = compare(rep.get("diagnosis"), old.get("diagnosis"), label)
+        rep = replace(rep, baseline_comparison=compare(rep.diagnosis, old.diagnosis, label))
     from reports.model.implied import implied_efficiency
     imp = [implied_efficiency(inp, C, o) for C, o in obs.items() if C in inp.concurrency]
-    rep["implied_efficiency"] = to_jsonable([x for x in imp if x is not None])
-    rep["verdicts"] = to_jsonable(verdicts(inp, atts, records, rep.get("diagnosis")))
+    rep = replace(rep, implied_efficiency=tuple(x for x in imp if x is not None),
+                  verdicts=tuple(verdicts(inp, atts, records, rep.diagnosis)))
     from reports.model.next_steps import next_steps
-    rep["measure_your_server"] = to_jsonable(next_steps(
+    rep = replace(rep, measure_your_server=tuple(next_steps(
         rep, [C for C, _ in inp.observed] or list(inp.concurrency), inp.pp,
-        model=inp.model.name, mla=inp.model.attention == "mla"))
-    rep["answer"] = answer(rep)
-    return rep
+        model=inp.model.name, mla=inp.model.attention == "mla")))
+    return replace(rep, answer=tuple(answer(rep)))
 
 
 def _memory_kind(source: str) -> str | None:
@@ -178,8 +165,8 @@ def setting_dependencies(inp: Inputs) -> dict[str, str]:
         "concurrencies it changes would move; the --max-running-requests what-if rows show how.")}
 
 
-def diagnosis_summary(sg: SglangData, inp: Inputs,
-                      stage_cost: Record | None = None) -> dict[str, Any] | None:
+def diagnosis_summary(sg: SglangData, inp: Inputs, stage_cost: Record | None = None
+                      ) -> ServerDiagnosis | NotDiagnosed | None:
     """The observed server diagnosed from its own evidence (reports/model/diagnose.py), or
     None with the reason when the evidence has no usable loop profile. Forward times at sizes
     the traces never ran follow the measured MoE-layer curve of stage_cost.json when there is
@@ -209,25 +196,24 @@ def diagnosis_summary(sg: SglangData, inp: Inputs,
         dep = from_evidence(loop, concurrency=C, observed=obs.get(C) if C else None,
                             async_depth=None, shape=shape)
     except (NoLoopEvidence, ValueError) as e:
-        return {"status": "not diagnosed", "reason": str(e)}
+        return NotDiagnosed("not diagnosed", str(e))
     dg = diagnose(dep, shape)
-    return {"status": "ok", "concurrency": C, "concurrency_source": c_src,
-            "bench_run": _bench_run(sg, dep, obs.get(C) if C else None),
-            "observed_source": inp.src("observed_tok_per_s")[1] if obs.get(C) else None,
-            "deployment": {"pp": dep.pp, "slots": dep.slots, "sizes": list(dep.sizes),
-                           "device": dep.device,
-                           "host_us": list(dep.host_us), "relay_us": list(dep.relay_us),
-                           "sync_wait_us": list(dep.sync_wait_us),
-                           "send_wait_us": list(dep.send_wait_us), "hop_us": list(dep.hop_us),
-                           "graph_share": dep.graph_share, "empty_us": dep.empty_us,
-                           "forward_us": [{str(b): v for b, v in c.items()} for c in dep.forward],
-                           "sources": dep.sources, "notes": list(dep.notes),
-                           "shape": f"forward at unobserved sizes: {shape_src}"},
-            "time_split": time_split_rows(dep),
-            **to_jsonable(dg)}
+    # dg's concurrency is dep's, which is C: the part's own `concurrency` field
+    return ServerDiagnosis(
+        status="ok", concurrency_source=c_src,
+        bench_run=_bench_run(sg, dep, obs.get(C) if C else None),
+        observed_source=inp.src("observed_tok_per_s")[1] if obs.get(C) else None,
+        deployment=ObservedLoop(
+            dep.pp, dep.slots, tuple(dep.sizes), dep.device, tuple(dep.host_us),
+            tuple(dep.relay_us), tuple(dep.sync_wait_us), tuple(dep.send_wait_us),
+            tuple(dep.hop_us), dep.graph_share, dep.empty_us,
+            tuple({str(b): v for b, v in c.items()} for c in dep.forward), dep.sources,
+            tuple(dep.notes), f"forward at unobserved sizes: {shape_src}"),
+        time_split=tuple(TimeSplit(**r) for r in time_split_rows(dep)),
+        **{f.name: getattr(dg, f.name) for f in fields(dg)})
 
 
-def _bench_run(sg: SglangData, dep, observed: float | None) -> dict[str, Any] | None:
+def _bench_run(sg: SglangData, dep, observed: float | None) -> BenchRun | None:
     """The observed loop over bench_serving's whole run (reports/model/observed_whatif.py:
     its waves, the last one below C, prefill visits), the traced window's profiler slowdown
     taken off (LoopProfile.profiler_slowdown): the modelled tok/s set against bench_serving's,
@@ -242,10 +228,8 @@ def _bench_run(sg: SglangData, dep, observed: float | None) -> dict[str, Any] | 
         return None
     slow = sg.loop.profiler_slowdown if sg.loop is not None else None
     model = run.tok_per_s * (slow or 1.0)
-    return {"run_tok_per_s": run.tok_per_s, "mean_in_flight": run.mean_in_flight,
-            "prompts": load.prompts, "profiler_slowdown": slow, "modelled_tok_per_s": model,
-            "observed_tok_per_s": observed,
-            "unexplained_pct": 100.0 * (1.0 - observed / model) if observed else None}
+    return BenchRun(run.tok_per_s, run.mean_in_flight, load.prompts, slow, model, observed,
+                    100.0 * (1.0 - observed / model) if observed else None)
 
 
 def _moe_curve(rec: Record | None) -> list[tuple[int, float]]:
@@ -264,42 +248,43 @@ def _pct100(num: float | None, den: float | None) -> float | None:
     return None if num is None or not den else 100.0 * num / den
 
 
-def server_summary(sg: SglangData, conc: list[dict[str, Any]], pp: int,
-                   mla: bool | None = None) -> dict[str, Any]:
+def server_summary(sg: SglangData, conc: list[Level], pp: int,
+                   mla: bool | None = None) -> ServerSummary:
     """The user's server as sglang.json saw it, per PP rank (log and traces joined by rank),
     with the model's busy fraction per stage at each concurrency beside it. Observed only:
     `sources` names the file each group of numbers came from."""
     log_r = sg.ranks
     tr_r = sg.traces.ranks if sg.traces else {}
     metrics_src = sg.metrics.get("source") if isinstance(sg.metrics, dict) else None
-    sources = {"log": ", ".join(sg.log.log_files) or None if sg.log else None,
-               "traces": sg.traces.dir if tr_r else None,
-               "bench": sg.bench_source.file if sg.bench and sg.bench_source else None,
-               "metrics": metrics_src}
+    sources = ServerSources(
+        log=", ".join(sg.log.log_files) or None if sg.log else None,
+        traces=sg.traces.dir if tr_r else None,
+        bench=sg.bench_source.file if sg.bench and sg.bench_source else None,
+        metrics=metrics_src)
     ranks = []
     for r in sorted(set(log_r) | set(tr_r), key=lambda x: int(x)):
         lg, t = log_r.get(r), tr_r.get(r)
         span = t.span_us if t is not None and t.gpu_events else None
         rec = t.nccl_recv if t is not None else None
-        ranks.append({
-            "rank": int(r),
+        ranks.append(ServerRank(
+            rank=int(r),
             # any kernel running (NCCL receives that wait included): never shown as "busy"
-            "kernel_active_pct": _pct100(t.busy_us if t else None, span),
-            "compute_pct": _pct100(t.compute_us if t else None, span),
-            "nccl_recv_pct": _pct100(rec.total_us if rec else None, span),
-            "recv_transfer_pct": _pct100(rec.transfer_us if rec else None, span),
-            "recv_wait_pct": _pct100(rec.wait_us if rec else None, span),
-            "idle_pct": _pct100(t.idle_us if t else None, span),
-            "dispatch_latency_p50_us": t.dispatch_latency_us.p50 if t else None,
-            "cpu_dispatch_latency_p50_us": t.cpu_dispatch_latency_us.p50 if t else None,
-            "graph_kernels": t.graph_kernels if span else None,
-            "eager_kernels": t.eager_kernels if span else None,
-            "trace_span_ms": None if span is None else span / 1e3,
+            kernel_active_pct=_pct100(t.busy_us if t else None, span),
+            compute_pct=_pct100(t.compute_us if t else None, span),
+            nccl_recv_pct=_pct100(rec.total_us if rec else None, span),
+            recv_transfer_pct=_pct100(rec.transfer_us if rec else None, span),
+            recv_wait_pct=_pct100(rec.wait_us if rec else None, span),
+            idle_pct=_pct100(t.idle_us if t else None, span),
+            dispatch_latency_p50_us=t.dispatch_latency_us.p50 if t else None,
+            cpu_dispatch_latency_p50_us=t.cpu_dispatch_latency_us.p50 if t else None,
+            graph_kernels=t.graph_kernels if span else None,
+            eager_kernels=t.eager_kernels if span else None,
+            trace_span_ms=None if span is None else span / 1e3,
             # the log's figures; with DP attention every DP rank's (reports/model/server_log.py)
             **log_figures(lg),
-            "modelled_busy_pct": {str(c["concurrency"]): 100.0 * c["busy_frac"][int(r)]
-                                  for c in conc if int(r) < len(c["busy_frac"])},
-        })
+            modelled_busy_pct={str(c.concurrency): 100.0 * c.busy_frac[int(r)]
+                               for c in conc if int(r) < len(c.busy_frac)},
+        ))
     notes = []
     if ranks and len(ranks) != pp:
         notes.append(f"the server's evidence covers {len(ranks)} PP rank(s), the scenario has "
@@ -307,36 +292,35 @@ def server_summary(sg: SglangData, conc: list[dict[str, Any]], pp: int,
     if tr_r and all(tr_r[r].nccl_recv.wait_us is None for r in tr_r):
         notes.append("NCCL receive time includes the transfer; read the traces with "
                      "--link-gbps to split waiting from transfer")
-    imb = to_jsonable(sg.slot_imbalance)
+    imb = sg.slot_imbalance
+    if imb is not None:
+        imb = ServerSlotImbalance(**{f.name: getattr(imb, f.name) for f in fields(imb)})
     n_dp = dp_count(sg)
-    if n_dp and imb and str(imb.get("rank")) in log_r:
+    if n_dp and imb and str(imb.rank) in log_r:
         # DP attention: the PP rank's index pools every DP rank's windows (not one DP rank's)
-        own = log_r[str(imb["rank"])]
+        own = log_r[str(imb.rank)]
         if own.slot_imbalance is not None:
-            imb = {**to_jsonable(own.slot_imbalance), "rank": imb["rank"], "dp": None,
-                   "dp_ranks": len(own.by_dp)}
-    return {
-        "evidence": "sglang.json", "source": "observed", "sources": sources,
-        "ranks": ranks,
-        "dp_ranks": n_dp,                     # DP ranks per PP rank in the log (0: none)
-        "dp_rules": DP_RULES if n_dp else None,
-        "slot_imbalance": imb,
-        "moe_kernel": dict(sg.log.moe_kernel) if sg.log else {},
-        "moe_kernel_lines": moe_kernel_lines(sg.log.moe_kernel if sg.log else None),
-        "attention_backend": dict(sg.log.attention_backend) if sg.log else {},
-        "attention_lines": attention_lines(sg.log.attention_backend if sg.log else None, mla),
-        "bench": [{"concurrency": b.max_concurrency, "mean_concurrency": b.mean_concurrency,
-                   "output_tok_per_s": b.output_throughput, "mean_tpot_ms": b.mean_tpot_ms,
-                   "median_itl_ms": b.median_itl_ms, "mean_ttft_ms": b.mean_ttft_ms}
-                  for b in sg.bench],
-        "busy_over_time": {r: {"bin_us": tr_r[r].bin_us,
-                               "busy_frac": list(tr_r[r].busy_frac_over_time)}
-                           for r in sorted(tr_r, key=int) if tr_r[r].busy_frac_over_time},
-        "notes": notes,
-    }
+            imb = ServerSlotImbalance(**{f.name: getattr(own.slot_imbalance, f.name)
+                                         for f in fields(own.slot_imbalance)}
+                                      | {"rank": imb.rank, "dp": None,
+                                         "dp_ranks": len(own.by_dp)})
+    return ServerSummary(
+        evidence="sglang.json", source="observed", sources=sources, ranks=tuple(ranks),
+        dp_ranks=n_dp, dp_rules=DP_RULES if n_dp else None, slot_imbalance=imb,
+        moe_kernel=dict(sg.log.moe_kernel) if sg.log else {},
+        moe_kernel_lines=tuple(moe_kernel_lines(sg.log.moe_kernel if sg.log else None)),
+        attention_backend=dict(sg.log.attention_backend) if sg.log else {},
+        attention_lines=tuple(attention_lines(sg.log.attention_backend if sg.log else None,
+                                              mla)),
+        bench=tuple(BenchRow(b.max_concurrency, b.mean_concurrency, b.output_throughput,
+                             b.mean_tpot_ms, b.median_itl_ms, b.mean_ttft_ms)
+                    for b in sg.bench),
+        busy_over_time={r: BusyOverTime(tr_r[r].bin_us, tuple(tr_r[r].busy_frac_over_time))
+                        for r in sorted(tr_r, key=int) if tr_r[r].busy_frac_over_time},
+        notes=tuple(notes))
 
 
-def topology_summary(d: TopologyData) -> dict[str, Any]:
+def topology_summary(d: TopologyData) -> TopologySummary:
     """GPUs, link type per pair, the pipeline's hops with their link level (None: unknown) and
     the measured PP hop per (src, dst) at the smallest batch; `source` labels every figure
     (`given` for a pasted `topo -m`, `measured` when probed), `links_unknown` and `notes` say
@@ -348,122 +332,120 @@ def topology_summary(d: TopologyData) -> dict[str, Any]:
         key = (h.src, h.dst)
         if key not in hops or h.batch < hops[key].batch:
             hops[key] = h
-    return {"gpus": [g.name for g in d.gpus],
-            "source": d.figure_label,
-            "pasted": d.source == "nvidia-smi",
-            "links": dict(d.links),
-            "links_unknown": list(d.links_unknown),
-            "pipeline_hops": [{"src": h.src, "dst": h.dst, "link": h.link,
-                               "hop_class": h.hop_class} for h in d.pipeline_hops],
-            "notes": list(d.notes),
-            "hops": [{"src": h.src, "dst": h.dst, "batch": h.batch, "hop_us": h.hop_us,
-                      "link": h.link, "hop_class": h.hop_class}
-                     for h in (hops[k] for k in sorted(hops))]}
+    return TopologySummary(
+        gpus=tuple(g.name for g in d.gpus), source=d.figure_label,
+        pasted=d.source == "nvidia-smi", links=dict(d.links),
+        links_unknown=tuple(d.links_unknown),
+        pipeline_hops=tuple(PipelineHop(h.src, h.dst, h.link, h.hop_class)
+                            for h in d.pipeline_hops),
+        notes=tuple(d.notes),
+        hops=tuple(Hop(h.src, h.dst, h.batch, h.hop_us, h.link, h.hop_class)
+                   for h in (hops[k] for k in sorted(hops))))
 
 
 def _pct(x: float) -> str:
     return f"{x:.0%}"
 
 
-def _effects_text(w: dict[str, Any]) -> str:
-    return ", ".join(f"C={e['concurrency']} {e['baseline_tok_per_s']:.1f} -> "
-                     f"{e['predicted_tok_per_s']:.1f} ({e['gain']:+.0%})" for e in w["effects"])
+def _effects_text(w: WhatIf) -> str:
+    return ", ".join(f"C={e.concurrency} {e.baseline_tok_per_s:.1f} -> "
+                     f"{e.predicted_tok_per_s:.1f} ({e.gain:+.0%})" for e in w.effects)
 
 
-def range_text(w: dict[str, Any]) -> str:
+def range_text(w: WhatIf) -> str:
     """Where a setting holds (no loss over 2%) over the concurrencies checked."""
-    top = w.get("checked_up_to")
+    top = w.checked_up_to
     if top is None:
         return "its range not checked"
-    lost = w.get("loses_at")
+    lost = w.loses_at
     if lost is None:
         return f"it loses nowhere up to C={top}"
-    if w.get("holds_up_to") is None:
-        return f"it loses already at C={lost['concurrency']} ({lost['gain']:+.0%})"
-    return (f"it holds up to C={w['holds_up_to']} and loses beyond "
-            f"(C={lost['concurrency']}: {lost['gain']:+.0%})")
+    if w.holds_up_to is None:
+        return f"it loses already at C={lost.concurrency} ({lost.gain:+.0%})"
+    return (f"it holds up to C={w.holds_up_to} and loses beyond "
+            f"(C={lost.concurrency}: {lost.gain:+.0%})")
 
 
-def _where(at: list[dict[str, Any]], verdict: str) -> str:
-    return ", ".join(f"C={a['concurrency']}" + (f" ({a['share']:.0%} of the gap)"
-                                                 if a.get("share") is not None and
-                                                 verdict in ("holds", "minor") else "")
-                     for a in at if a["verdict"] == verdict)
+def _where(at: tuple[VerdictAt, ...], verdict: str) -> str:
+    return ", ".join(f"C={a.concurrency}" + (f" ({a.share:.0%} of the gap)"
+                                              if a.share is not None and
+                                              verdict in ("holds", "minor") else "")
+                     for a in at if a.verdict == verdict)
 
 
-def hypotheses_sentence(verdicts: list[dict[str, Any]]) -> str:
+def hypotheses_sentence(verdicts: tuple[Verdict, ...]) -> str:
     """The user's hypotheses in their order, each with the concurrencies where it holds."""
     from reports.model.causes import HYPOTHESES
     order = {h: k for k, h in enumerate(HYPOTHESES)}   # the user's order
     parts = []
-    for v in sorted(verdicts, key=lambda v: order.get(v["hypothesis"], len(order))):
-        at = [a for a in v.get("at") or [] if a["concurrency"]]
-        kinds = list(dict.fromkeys(a["verdict"] for a in at))
+    for v in sorted(verdicts, key=lambda v: order.get(v.hypothesis, len(order))):
+        at = [a for a in v.at if a.concurrency]
+        kinds = list(dict.fromkeys(a.verdict for a in at))
         if len(kinds) > 1:
             rank = ("holds", "minor", "does not hold", "not enough evidence")
             text = "; ".join(f"{k} at {_where(at, k)}" for k in sorted(kinds, key=rank.index))
-        elif at and v["verdict"] in ("holds", "minor") and len(at) > 1 and \
-                v["hypothesis"] != "bandwidth is not the limit":
-            text = f"{v['verdict']} at every C ({_where(at, v['verdict'])})"
+        elif at and v.verdict in ("holds", "minor") and len(at) > 1 and \
+                v.hypothesis != "bandwidth is not the limit":
+            text = f"{v.verdict} at every C ({_where(at, v.verdict)})"
         else:
-            text = v["verdict"] + (f" ({v['number'].split(';')[0]})"
-                                   if v["verdict"] in ("holds", "minor") else "")
-        cause = v.get("cause") or HYPOTHESES.get(v["hypothesis"])
-        parts.append(f"{v['hypothesis']}: {text}" + (f" [row {cause}]" if cause else ""))
+            text = v.verdict + (f" ({v.number.split(';')[0]})"
+                                if v.verdict in ("holds", "minor") else "")
+        cause = v.cause or HYPOTHESES.get(v.hypothesis)
+        parts.append(f"{v.hypothesis}: {text}" + (f" [row {cause}]" if cause else ""))
     return "Your hypotheses, judged at every concurrency: " + "; ".join(parts) + "."
 
 
-def answer(rep: dict[str, Any]) -> list[str]:
+def answer(rep: Report) -> list[str]:
     """3-5 plain sentences from the report's own numbers (nothing here is typed by hand)."""
-    obs_c = [c["concurrency"] for c in rep["concurrency"] if c["observed"]]
-    user_c = obs_c or [c["concurrency"] for c in rep["concurrency"]]
-    atts = {a["concurrency"]: a for a in rep["attribution"]}
+    obs_c = [c.concurrency for c in rep.concurrency if c.observed]
+    user_c = obs_c or [c.concurrency for c in rep.concurrency]
+    atts = {a.concurrency: a for a in rep.attribution}
     by_cause: dict[str, list[tuple[int, float]]] = {}
-    dg = rep.get("diagnosis") or {}
+    dg = rep.diagnosis
     lead = []
     from reports.model.observed_server import headline
-    head = headline(rep.get("observed_deployment"))
-    differs = rep.get("scenario_differs")
-    if dg.get("status") == "ok":  # the observed server first: its evidence decides
-        un = dg["unexplained_pct"]
-        lead.append(f"Your server ({head or 'C=' + str(dg['concurrency'])}, from its own "
+    head = headline(rep.observed_deployment)
+    differs = rep.scenario_differs
+    if isinstance(dg, ServerDiagnosis):  # the observed server first: its evidence decides
+        un = dg.unexplained_pct
+        lead.append(f"Your server ({head or 'C=' + str(dg.concurrency)}, from its own "
                     "traces and logs): "
-                    f"{dg['answer']}." + ("" if un is None else
-                                          f" The model of the observed loop leaves "
-                                          f"{un:+.0f}% of the observed step unexplained."))
+                    f"{dg.answer}." + ("" if un is None else
+                                       f" The model of the observed loop leaves "
+                                       f"{un:+.0f}% of the observed step unexplained."))
     elif head:
-        why = dg.get("reason") or ("no loop profile: read its per-rank traces with "
-                                   "`ppscope sglang --traces DIR`")
+        why = (dg.reason if dg is not None else None) or (
+            "no loop profile: read its per-rank traces with `ppscope sglang --traces DIR`")
         lead.append(f"Your server ({head}): not diagnosed ({why}).")
     if differs:
         lead.append(differs[0].upper() + differs[1:] + ".")
     for C in user_c:
-        rows = [r for r in atts[C]["rows"] if r["cause"] != "unexplained"]
-        top = max(rows, key=lambda r: r["ms_per_step"])
-        if top["ms_per_step"] > 0:
-            by_cause.setdefault(top["label"], []).append((C, top["share"] or 0.0))
-    cmp_ = rep.get("baseline_comparison") or {}
-    if cmp_.get("status") == "ok":   # the user changed one thing: what it did comes first
-        lead.insert(0, cmp_["answer"][0].upper() + cmp_["answer"][1:] + ".")
+        rows = [r for r in atts[C].rows if r.cause != "unexplained"]
+        top = max(rows, key=lambda r: r.ms_per_step)
+        if top.ms_per_step > 0:
+            by_cause.setdefault(top.label, []).append((C, top.share or 0.0))
+    cmp_ = rep.baseline_comparison
+    if isinstance(cmp_, Comparison):   # the user changed one thing: what it did comes first
+        lead.insert(0, cmp_.answer[0].upper() + cmp_.answer[1:] + ".")
     out, n_lead = lead, len(lead)
     if by_cause and not differs:   # the scenario is another deployment: its sections say so
         parts = [f"{lab.split(' (')[0]} at {' and '.join(f'C={C}' for C, _ in cs)} "
                  f"({', '.join(_pct(sh) for _, sh in cs)} of the gap)"
                  for lab, cs in by_cause.items()]
         top_c = max(user_c)
-        cm = next(c for c in rep["concurrency"] if c["concurrency"] == top_c)
+        cm = next(c for c in rep.concurrency if c.concurrency == top_c)
         out.append(("In the scenario model (the deployment the scenario describes, estimates "
                     "where no evidence says): b" if lead else "B") +
                    f"iggest cause of the gap between ideal and modelled throughput: "
                    f"{'; '.join(parts)}. At C={top_c} the model gives "
-                   f"{cm['predicted']:.1f} tok/s of an ideal {cm['ideal_tok_per_s']:.1f}.")
-    out.insert(n_lead, hypotheses_sentence(rep["verdicts"]))
+                   f"{cm.predicted:.1f} tok/s of an ideal {cm.ideal_tok_per_s:.1f}.")
+    out.insert(n_lead, hypotheses_sentence(rep.verdicts))
     from reports.model.arrival import sentence
-    arr = sentence(rep["arrival"]) if rep.get("arrival") and not differs else None
+    arr = sentence(rep.arrival) if rep.arrival and not differs else None
     if arr:
         out.append(arr)
-    best = rep.get("recommendation")
-    tp = next((w for w in rep["what_ifs"] if w["knob"] == TP_KNOB), None)
+    best = rep.recommendation
+    tp = next((w for w in rep.what_ifs if w.knob == TP_KNOB), None)
     if differs:   # the scenario's what-ifs are not advice for the traced server
         best, tp = None, None
         out.append("No server setting is recommended from the scenario model: it is not the "
@@ -471,49 +453,48 @@ def answer(rep: dict[str, Any]) -> list[str]:
     elif best:
         s = (f"Best single server setting (geometric mean of tok/s over the measured "
              f"concurrencies, none worse by over 2%, the mixed load included): "
-             f"{best['knob']} = {best['setting']}, {best['gain']:+.0%} on that mean: "
+             f"{best.knob} = {best.setting}, {best.gain:+.0%} on that mean: "
              f"{_effects_text(best)}; {range_text(best)}")
-        pair = rep.get("best_pair")
-        if pair and pair["gain"] > best["gain"] + 0.005:
-            s += (f". Best two settings together: {pair['knob']} = {pair['setting']}, "
-                  f"{pair['gain']:+.0%} on that mean: {_effects_text(pair)}; "
+        pair = rep.best_pair
+        if pair and pair.gain > best.gain + 0.005:
+            s += (f". Best two settings together: {pair.knob} = {pair.setting}, "
+                  f"{pair.gain:+.0%} on that mean: {_effects_text(pair)}; "
                   f"{range_text(pair)}")
     else:
         s = ("No single server setting raises the geometric mean of modelled tok/s by more "
              "than 0.5% without losing over 2% at a measured concurrency")
-    if tp and tp["gain"] > 0.005:
+    if tp and tp.gain > 0.005:
         # TP is a rough estimate (ring all-reduce + 1/p of the weights), not a measured
         # configuration, and not a server setting: qualify it.
-        s += (f"; outside PP, a rough estimate, not a measurement, puts {tp['knob']} "
-              f"({tp['setting']}) at {tp['gain']:+.0%} on that mean: measure it before acting "
+        s += (f"; outside PP, a rough estimate, not a measurement, puts {tp.knob} "
+              f"({tp.setting}) at {tp.gain:+.0%} on that mean: measure it before acting "
               "on it")
     if not differs:
         out.append(s + ".")
-    un = [(C, r) for C in obs_c for r in atts[C]["rows"] if r["cause"] == "unexplained"]
+    un = [(C, r) for C in obs_c for r in atts[C].rows if r.cause == "unexplained"]
     if un:
         parts = []
         for C, r in un:
-            o = next(c["observed"] for c in rep["concurrency"] if c["concurrency"] == C)
-            word = "slower" if r["ms_per_step"] > 0 else "faster"
-            parts.append(f"C={C} observed {o:.1f} vs modelled {o - r['tok_per_s']:.1f} tok/s "
-                         f"({abs(r['ms_per_step']):.1f} ms/step {word})")
-        imp = rep.get("implied_efficiency") or []
+            o = next(c.observed for c in rep.concurrency if c.concurrency == C)
+            word = "slower" if r.ms_per_step > 0 else "faster"
+            parts.append(f"C={C} observed {o:.1f} vs modelled {o - r.tok_per_s:.1f} tok/s "
+                         f"({abs(r.ms_per_step):.1f} ms/step {word})")
+        imp = rep.implied_efficiency
         why = ""
         if imp:  # which input would have to change (an estimate: reports/model/implied.py)
-            worst = max(imp, key=lambda x: abs(x["observed_tok_per_s"] / x["modelled_tok_per_s"]
-                                                - 1))
-            C, i1 = worst["concurrency"], worst["implied_b1"]
+            worst = max(imp, key=lambda x: abs(x.observed_tok_per_s / x.modelled_tok_per_s - 1))
+            C, i1 = worst.concurrency, worst.implied_b1
             why = (f" Estimated: C={C} needs kernels at {i1:.0%} of the floor (b=1), not "
-                   f"{worst['efficiency_b1']:.0%}"
-                   + ("" if worst["possible"] else " (beyond the floor: not kernels alone)")
+                   f"{worst.efficiency_b1:.0%}"
+                   + ("" if worst.possible else " (beyond the floor: not kernels alone)")
                    + "." if i1 is not None else
                    f" Estimated: no kernel efficiency explains the C={C} miss.")
         out.append("Unexplained by the model: " + "; ".join(parts) + "." + why)
     elif not differs:
         out.append("No observed throughput given (--observed or --bench), so the unexplained "
                    "gap is not known.")
-    if rep["all_estimated"]:
-        tr = any(p.get("source") == "transferred" for p in rep.get("params") or [])
+    if rep.all_estimated:
+        tr = any(p.source == "transferred" for p in rep.params)
         out.append(f"Every figure except the observed tok/s is estimated"
                    f"{' or transferred from another GPU' if tr else ''}; run the probes on the "
                    "GPUs (make all) to replace the estimates with measurements.")

@@ -22,10 +22,14 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from reports.base.errors import CliError
 from reports.base.paths import results_dir
+
+if TYPE_CHECKING:   # the model's modules load only when a report is made (`ppscope --help`)
+    from reports.model.report_type import Report
 
 
 def register(subparsers) -> None:
@@ -104,25 +108,25 @@ def handle(args: argparse.Namespace) -> int:
             warns += notes
     baseline = read_baseline(args.baseline) if args.baseline else None
     inp = build_inputs(sc, records, warns, observed, osrc, workload=workload)
-    rep = build_report(inp, records, baseline)
-    measured = measured_timelines(results, max(inp.concurrency), rep)
+    rep, measured = measured_timelines(results, max(inp.concurrency),
+                                       build_report(inp, records, baseline))
     Cmax = max(inp.concurrency)
     spans = lb.run(inp, Cmax, keep_spans=True).spans
     md = render_md(rep)
-    write_json_atomic(out / "report.json", rep)
+    write_json_atomic(out / "report.json", rep.to_json())
     if args.json:
-        write_json_atomic(args.json, rep)
+        write_json_atomic(args.json, rep.to_json())
     write_atomic(out / "report.md", md)
     write_json_atomic(out / "report.trace.json",
                       chrome_trace({C: lb.run(inp, C, keep_spans=True).spans
                                     for C in inp.concurrency}))
     from reports.render.render_html import render_html
     write_atomic(out / "report.html", render_html(rep, spans, measured))
-    for w in rep["warnings"]:
+    for w in rep.warnings:
         print(f"warning: {w}", file=sys.stderr)
     print(terminal_summary(rep, results_label=str(results)))
     print(f"\nwrote {out}/report.{{json,md,html,trace.json}} in {time.monotonic() - t0:.1f} s")
-    n = sum(len(st["commands"]) for st in rep.get("measure_your_server") or [])
+    n = sum(len(st.commands) for st in rep.measure_your_server)
     if n:
         print(f"Measure your server: {n} commands to paste, in {out}/report.md and report.html "
               "(section \"Measure your server\")")
@@ -132,11 +136,13 @@ def handle(args: argparse.Namespace) -> int:
 BASELINE_MAX_BYTES = 64 << 20   # a report.json is a few hundred kB; refuse anything huge
 
 
-def read_baseline(path: str) -> tuple[str, dict[str, Any]]:
-    """(label, report dict) of an earlier `ppscope report`; one-line error otherwise."""
+def read_baseline(path: str) -> tuple[str, Report]:
+    """(label, report) of an earlier `ppscope report`, possibly an older version's (a part it
+    lacks is None, a key this version does not know is skipped); one-line error otherwise."""
     import json
 
-    from reports.report_build import REPORT_SCHEMA
+    from reports.base.schema import SchemaError
+    from reports.model.report_type import REPORT_SCHEMA, Report
     p = Path(path)
     if p.is_dir():
         p = p / "report.json"
@@ -148,54 +154,56 @@ def read_baseline(path: str) -> tuple[str, dict[str, Any]]:
         raise CliError(f"--baseline {p}: not JSON (give an earlier run's report.json)") from None
     if not isinstance(rep, dict) or rep.get("schema") != REPORT_SCHEMA:
         raise CliError(f"--baseline {p}: not a ppscope report.json ({REPORT_SCHEMA})")
-    return str(p), rep
+    try:
+        return str(p), Report.from_json(rep, f"--baseline {p}")
+    except SchemaError as e:
+        raise CliError(f"{e} (not a report.json this ppscope can read)") from None
 
 
-def measured_timelines(results: Path, max_c: int, rep: dict[str, Any]) -> tuple:
-    """A few decode rounds of results/dispatch.trace.json (the dispatch probe's measured loop),
-    summarised into rep["measured_timeline"]; an unreadable trace is a warning, not an error."""
+def measured_timelines(results: Path, max_c: int, rep: Report) -> tuple[Report, tuple]:
+    """A few decode rounds of results/dispatch.trace.json (the dispatch probe's measured loop):
+    the report with their summary as `measured_timeline`, and the timelines; an unreadable
+    trace is a warning, not an error."""
     from reports.render.measured_timeline import read_dispatch_trace
     path = results / "dispatch.trace.json"
     if not path.exists():
-        return ()
+        return rep, ()
     try:
         tls = read_dispatch_trace(path, max_c=max_c)
     except ValueError as e:
-        rep["warnings"].append(f"{e}")
-        return ()
+        return replace(rep, warnings=(*rep.warnings, f"{e}")), ()
     if tls:
-        rep["measured_timeline"] = [t.summary() for t in tls]
-    else:
-        rep["warnings"].append(f"{path.name}: no GPU forward events; measured timeline not shown")
-    return tls
+        return replace(rep, measured_timeline=tuple(t.summary() for t in tls)), tls
+    return replace(rep, warnings=(*rep.warnings, f"{path.name}: no GPU forward events; "
+                                  "measured timeline not shown")), tls
 
 
-def server_line(rep: dict[str, Any]) -> str | None:
+def server_line(rep: Report) -> str | None:
     """One line on the user's server (sglang.json), every number observed with its source."""
-    srv = rep.get("server")
-    if not srv or not srv["ranks"]:
+    srv = rep.server
+    if not srv or not srv.ranks:
         return None
-    rs = srv["ranks"]
+    rs = srv.ranks
     parts = []
-    if any(r["compute_pct"] is not None for r in rs):
+    if any(r.compute_pct is not None for r in rs):
         parts.append("GPU compute % per PP rank [traces] " + " ".join(
-            "-" if r["compute_pct"] is None else f"{r['compute_pct']:.0f}" for r in rs))
-    sz = [r["running_req"] for r in rs if r["running_req"] and r["running_req"]["max"] is not None]
+            "-" if r.compute_pct is None else f"{r.compute_pct:.0f}" for r in rs))
+    sz = [r.running_req for r in rs if r.running_req and r.running_req.max is not None]
     if sz:
         parts.append("slot size median/max [log] " + " ".join(
-            f"{x['median']:g}/{x['max']:g}" for x in sz))
-    cg = [r["cuda_graph_frac"] for r in rs if r["cuda_graph_frac"] is not None]
+            f"{x.median:g}/{x.max:g}" for x in sz))
+    cg = [r.cuda_graph_frac for r in rs if r.cuda_graph_frac is not None]
     if cg:
         parts.append("decode on CUDA graph [log] " + " ".join(f"{x:.0%}" for x in cg))
-    if srv.get("dp_ranks"):   # DP attention: the figures above count every DP rank's batches
-        parts.append(f"DP attention, {srv['dp_ranks']} DP ranks per PP rank, all counted; gen "
+    if srv.dp_ranks:   # DP attention: the figures above count every DP rank's batches
+        parts.append(f"DP attention, {srv.dp_ranks} DP ranks per PP rank, all counted; gen "
                      "tok/s summed over DP ranks [log] " + " ".join(
-                         "-" if r.get("gen_tok_per_s_dp_sum") is None
-                         else f"{r['gen_tok_per_s_dp_sum']:.0f}" for r in rs))
+                         "-" if r.gen_tok_per_s_dp_sum is None
+                         else f"{r.gen_tok_per_s_dp_sum:.0f}" for r in rs))
     return ("your server (sglang.json, observed): " + "; ".join(parts)) if parts else None
 
 
-def terminal_summary(rep: dict[str, Any], width: int = 100, results_label: str = "results") -> str:
+def terminal_summary(rep: Report, width: int = 100, results_label: str = "results") -> str:
     """The report in about 40 lines: answer, throughput, top 3 what-ifs (best row of each of
     the three best knobs), attribution at the highest C (zero rows left out), verdicts grouped."""
     from tabulate import tabulate
@@ -204,21 +212,21 @@ def terminal_summary(rep: dict[str, Any], width: int = 100, results_label: str =
         return "-" if x is None else f"{x:.{nd}f}"
 
     out = []
-    if rep["all_estimated"] and rep.get("server"):
+    if rep.all_estimated and rep.server:
         out.append(f"every model input is estimated (no probe records in "
                    f"{results_label.rstrip('/')}/); observed: sglang.json")
-    elif rep["all_estimated"]:
-        tr = any(p.get("source") == "transferred" for p in rep.get("params") or [])
+    elif rep.all_estimated:
+        tr = any(p.source == "transferred" for p in rep.params)
         out.append(f"every figure is estimated{' or transferred' if tr else ''} (no records in "
                    f"{results_label.rstrip('/')}/)")
     out.append("The answer:")
-    for s in rep.get("answer", []):
+    for s in rep.answer:
         out += textwrap.wrap(s, width, initial_indent="  - ", subsequent_indent="    ")
     out.append("")
     out.append(tabulate(
-        [[c["concurrency"], f(c["ideal_tok_per_s"]), f(c["predicted"]), f(c["observed"]),
-          f(c["predicted_tpot_ms"], 2), " ".join(str(s) for s in c["slot_sizes"] if s)]
-         for c in rep["concurrency"]],
+        [[c.concurrency, f(c.ideal_tok_per_s), f(c.predicted), f(c.observed),
+          f(c.predicted_tpot_ms, 2), " ".join(str(s) for s in c.slot_sizes if s)]
+         for c in rep.concurrency],
         headers=["C", "ideal tok/s", "modelled tok/s", "observed tok/s", "modelled TPOT ms",
                  "occupied slots"]))
     srv = server_line(rep)
@@ -226,46 +234,45 @@ def terminal_summary(rep: dict[str, Any], width: int = 100, results_label: str =
         out += textwrap.wrap(srv, width, subsequent_indent="  ")
     out.append("")
     top, seen = [], set()
-    for w in rep["what_ifs"]:  # best first; one row per knob so the three differ
-        if w["knob"] not in seen:
-            seen.add(w["knob"])
+    for w in rep.what_ifs:  # best first; one row per knob so the three differ
+        if w.knob not in seen:
+            seen.add(w.knob)
             top.append(w)
     out.append(tabulate(
-        [[w["knob"], w["setting"], " ".join(f"{e['gain']:+.0%}" for e in w["effects"]),
-          f"{w['gain']:+.1%}", "yes" if w["eligible"] else "no"] for w in top[:3]],
+        [[w.knob, w.setting, " ".join(f"{e.gain:+.0%}" for e in w.effects),
+          f"{w.gain:+.1%}", "yes" if w.eligible else "no"] for w in top[:3]],
         headers=["top what-if", "setting",
-                 "gain at " + "/".join(f"C={C}" for C in rep.get("measured_concurrency") or []),
+                 "gain at " + "/".join(f"C={C}" for C in rep.measured_concurrency),
                  "geo-mean", "server, <=2% loss"]))
     out.append("")
-    atts = sorted(rep["attribution"], key=lambda x: x["concurrency"])
-    live = {r["cause"] for a in atts for r in a["rows"] if abs(r["ms_per_step"]) > 1e-9}
-    causes = [c for c in dict.fromkeys(r["cause"] for a in atts for r in a["rows"]
-                                       if r["cause"] != "unexplained") if c in live]
+    atts = sorted(rep.attribution, key=lambda x: x.concurrency)
+    live = {r.cause for a in atts for r in a.rows if abs(r.ms_per_step) > 1e-9}
+    causes = [c for c in dict.fromkeys(r.cause for a in atts for r in a.rows
+                                       if r.cause != "unexplained") if c in live]
     causes += ["unexplained"] if "unexplained" in live else []
 
     def cell(a, c):
-        r = next((r for r in a["rows"] if r["cause"] == c), None)
+        r = next((r for r in a.rows if r.cause == c), None)
         if r is None:
             return "-"
-        return (f"{r['ms_per_step']:+.1f} ms" if r["share"] is None
-                else f"{r['share']:.0%} ({r['ms_per_step']:.1f} ms)")
-    src = {r["cause"]: r["source"] for a in atts for r in a["rows"]}
+        return (f"{r.ms_per_step:+.1f} ms" if r.share is None
+                else f"{r.share:.0%} ({r.ms_per_step:.1f} ms)")
+    src = {r.cause: r.source for a in atts for r in a.rows}
     out.append(tabulate([[c, *(cell(a, c) for a in atts), src[c]] for c in causes],
-                        headers=["cause: share of gap", *(f"C={a['concurrency']}" for a in atts),
+                        headers=["cause: share of gap", *(f"C={a.concurrency}" for a in atts),
                                  "source"]))
     out.append("")
     by: dict[str, list[str]] = {}
-    for v in rep["verdicts"]:
-        held = [a["concurrency"] for a in v.get("at") or [] if a["verdict"] == v["verdict"]
-                and a["concurrency"]]
-        where = (f" (C={', '.join(map(str, held))})" if held and len(held) < len(v["at"])
+    for v in rep.verdicts:
+        held = [a.concurrency for a in v.at if a.verdict == v.verdict and a.concurrency]
+        where = (f" (C={', '.join(map(str, held))})" if held and len(held) < len(v.at)
                  else "")
-        by.setdefault(v["verdict"], []).append(v["hypothesis"] + where)
+        by.setdefault(v.verdict, []).append(v.hypothesis + where)
     text = "; ".join(f"{k}: {', '.join(hs)}" for k, hs in by.items())
     out += textwrap.wrap(f"verdicts -- {text}", width, subsequent_indent="  ")
-    dv = rep.get("dispatch_validation") or []
+    dv = rep.dispatch_validation or ()
     if dv:
-        worst = max(dv, key=lambda c: abs(c["diff_pct"]))
-        out.append(f"\nmodel vs dispatch probe: {len(dv)} runs, worst {worst['diff_pct']:+.1f}% "
-                   f"({worst['policy']}, C={worst['concurrency']})")
+        worst = max(dv, key=lambda c: abs(c.diff_pct))
+        out.append(f"\nmodel vs dispatch probe: {len(dv)} runs, worst {worst.diff_pct:+.1f}% "
+                   f"({worst.policy}, C={worst.concurrency})")
     return "\n".join(out)

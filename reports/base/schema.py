@@ -9,7 +9,9 @@ What a field may hold comes from its annotation: `int`, `float` (an int is accep
 `bool`, `None`, unions with `None`, `Literal[...]`, `tuple[X, ...]`, `dict[str, X]`, a nested
 payload dataclass, or `Json` (free-form detail kept for display, never computed on). Ranges come
 from `field(metadata=...)`, built with `ge(0)`, `gt(0)`, `between(0, 1)`. Unknown keys are an
-error: the writer and the reader share the definition, so an unknown key means another version.
+error: the writer and the reader share the definition, so an unknown key means another version
+(a reader of files another version may have written, such as report.json, passes `lax=True`:
+unknown keys are skipped, at every depth).
 NaN and inf are not numbers here; JSON `null` stands for "not measured".
 """
 from __future__ import annotations
@@ -41,6 +43,17 @@ def gt(lo: float, **kw) -> Any:
 
 def between(lo: float, hi: float, **kw) -> Any:
     return field(metadata={"ge": lo, "le": hi}, **kw)
+
+
+def if_set(sibling: str | None = None) -> Any:
+    """A field (default None) that `to_json` leaves out while it is None, or, given `sibling`,
+    while that field is None: a part a file has only when its evidence exists."""
+    return field(default=None, metadata={"if_set": sibling or True})
+
+
+def _written(obj: Any, f: dataclasses.Field) -> bool:
+    m = f.metadata.get("if_set")
+    return m is None or getattr(obj, f.name if m is True else m) is not None
 
 
 @lru_cache(maxsize=None)
@@ -91,7 +104,7 @@ def _check_range(v: float, meta: dict, path: str) -> None:
         raise SchemaError(f"{path}: expected a number <= {meta['le']}, got {_short(v)}")
 
 
-def _load(tp: Any, v: Any, path: str, meta: dict) -> Any:
+def _load(tp: Any, v: Any, path: str, meta: dict, lax: bool = False) -> Any:
     if tp is Any:
         return v
     if tp is type(None):
@@ -105,10 +118,10 @@ def _load(tp: Any, v: Any, path: str, meta: dict) -> Any:
             return None
         rest = [a for a in args if a is not type(None)]
         if len(rest) == 1:
-            return _load(rest[0], v, path, meta)
+            return _load(rest[0], v, path, meta, lax)
         for a in rest:  # first alternative that fits
             try:
-                return _load(a, v, path, meta)
+                return _load(a, v, path, meta, lax)
             except SchemaError:
                 continue
         raise SchemaError(f"{path}: expected {' or '.join(_describe(a) for a in rest)}, "
@@ -142,28 +155,29 @@ def _load(tp: Any, v: Any, path: str, meta: dict) -> Any:
         if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):  # fixed tuple
             if len(v) != len(args):
                 raise SchemaError(f"{path}: expected {len(args)} items, got {len(v)}")
-            return tuple(_load(a, x, f"{path}[{i}]", meta) for i, (a, x) in
+            return tuple(_load(a, x, f"{path}[{i}]", meta, lax) for i, (a, x) in
                          enumerate(zip(args, v)))
         item = args[0] if args else Any
-        return tuple(_load(item, x, f"{path}[{i}]", meta) for i, x in enumerate(v))
+        return tuple(_load(item, x, f"{path}[{i}]", meta, lax) for i, x in enumerate(v))
     if origin is dict:
         if not isinstance(v, dict):
             raise SchemaError(f"{path}: expected an object, got {_short(v)}")
         _, val = typing.get_args(tp) or (str, Any)
-        return {str(k): _load(val, x, f"{path}.{k}", meta) for k, x in v.items()}
+        return {str(k): _load(val, x, f"{path}.{k}", meta, lax) for k, x in v.items()}
     if dataclasses.is_dataclass(tp):
-        return from_json(tp, v, path)
+        return from_json(tp, v, path, lax=lax)
     raise TypeError(f"schema: unsupported annotation {tp!r} at {path}")
 
 
-def from_json(cls: type, d: Any, path: str = "data") -> Any:
-    """Build the payload dataclass `cls` from parsed JSON, checking every field."""
+def from_json(cls: type, d: Any, path: str = "data", *, lax: bool = False) -> Any:
+    """Build the payload dataclass `cls` from parsed JSON, checking every field; `lax`: skip
+    keys `cls` does not define (a file another version wrote) instead of failing on them."""
     if not isinstance(d, dict):
         raise SchemaError(f"{path}: expected an object, got {_short(d)}")
     hints = _hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = [k for k in d if k not in fields]
-    if unknown:
+    if unknown and not lax:
         raise SchemaError(f"{path}.{unknown[0]}: unknown field (written by another ppscope "
                           "version?)")
     kw = {}
@@ -172,14 +186,16 @@ def from_json(cls: type, d: Any, path: str = "data") -> Any:
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise SchemaError(f"{path}.{name}: missing")
             continue
-        kw[name] = _load(hints[name], d[name], f"{path}.{name}", dict(f.metadata))
+        kw[name] = _load(hints[name], d[name], f"{path}.{name}", dict(f.metadata), lax)
     return cls(**kw)
 
 
 def to_json(obj: Any) -> Any:
-    """Dataclasses -> dicts, tuples -> lists, NaN/inf -> None, recursively (JSON-ready)."""
+    """Dataclasses -> dicts (an `if_set` field left out while unset), tuples -> lists, NaN/inf
+    -> None, recursively (JSON-ready)."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_json(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {f.name: to_json(getattr(obj, f.name)) for f in dataclasses.fields(obj)
+                if _written(obj, f)}
     if isinstance(obj, dict):
         return {str(k): to_json(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

@@ -12,7 +12,7 @@ waiting requests each prefill admitted (8 sent at once and admitted as 6 then 2:
 """
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 ARRIVALS = ("burst", "trickle")
 DIFFERS = 0.05        # burst and trickle differ at C when their tok/s differ by more than this
@@ -41,7 +41,28 @@ def arrival_from_log(sg) -> tuple[str, str] | None:
                   f"({grouped:.0%} of the requests admitted in groups of two or more)")
 
 
-def alternatives(inp, observed: dict[int, float], run) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ArrivalAt:
+    """Both arrivals at one concurrency: modelled tok/s and occupied slot sizes of each."""
+    concurrency: int
+    tok_per_s: dict[str, float]                # arrival -> modelled tok/s
+    slot_sizes: dict[str, tuple[int, ...]]     # arrival -> occupied slots' sizes
+    observed: float | None
+    observed_fits: str | None                  # the arrival the observed tok/s is nearer
+
+
+@dataclass(frozen=True)
+class Alternatives:
+    """report.json's `arrival`: the one assumed, where it came from, and both at every C."""
+    assumed: str
+    source: str
+    evidence: str
+    differs_at: tuple[int, ...]                # concurrencies where the arrival changes tok/s
+    decides: str
+    by_concurrency: tuple[ArrivalAt, ...]
+
+
+def alternatives(inp, observed: dict[int, float], run) -> Alternatives:
     """Modelled tok/s under each arrival at every concurrency; which one the observed tok/s
     is nearer; the concurrencies where the arrival changes the answer. `run(C, arrival)`: the
     pipeline model's result (reports/model/loop_builder.py `run`)."""
@@ -52,32 +73,30 @@ def alternatives(inp, observed: dict[int, float], run) -> dict[str, Any]:
         sizes = {a: [s for s in r.slot_sizes if s] for a, r in res.items()}
         obs = observed.get(C)
         fits = (min(ARRIVALS, key=lambda a: abs(tok[a] - obs)) if obs else None)
-        rows.append({"concurrency": C, "tok_per_s": tok, "slot_sizes": sizes,
-                     "observed": obs, "observed_fits": fits})
+        rows.append(ArrivalAt(C, tok, sizes, obs, fits))
         if abs(tok["trickle"] / tok["burst"] - 1) > DIFFERS:
             differs.append(C)
     src, ev = inp.src("arrival")
-    return {"assumed": inp.arrival, "source": src, "evidence": ev, "differs_at": differs,
-            "decides": DECIDES, "by_concurrency": rows}
+    return Alternatives(inp.arrival, src, ev, tuple(differs), DECIDES, tuple(rows))
 
 
-def sentence(arr: dict[str, Any]) -> str | None:
+def sentence(arr: Alternatives) -> str | None:
     """One line for the answer where the arrival changes it."""
-    rows = [r for r in arr["by_concurrency"] if r["concurrency"] in arr["differs_at"]]
+    rows = [r for r in arr.by_concurrency if r.concurrency in arr.differs_at]
     if not rows:
         return None
     parts = []
     for r in rows:
-        t = r["tok_per_s"]
-        fit = (f"; the observed {r['observed']:.1f} fits {r['observed_fits']}"
-               if r["observed_fits"] else "")
-        parts.append(f"C={r['concurrency']} {t['burst']:.1f} tok/s if the requests reach the "
-                     f"scheduler together (burst: slots {r['slot_sizes']['burst']}), "
+        t = r.tok_per_s
+        fit = (f"; the observed {r.observed:.1f} fits {r.observed_fits}"
+               if r.observed_fits else "")
+        parts.append(f"C={r.concurrency} {t['burst']:.1f} tok/s if the requests reach the "
+                     f"scheduler together (burst: slots {list(r.slot_sizes['burst'])}), "
                      f"{t['trickle']:.1f} if one per slot visit (trickle: "
-                     f"{len(r['slot_sizes']['trickle'])} slots){fit}")
-    if arr["source"] == "observed":
-        how = f"the model uses {arr['assumed']}, from {arr['evidence']}"
+                     f"{len(r.slot_sizes['trickle'])} slots){fit}")
+    if arr.source == "observed":
+        how = f"the model uses {arr.assumed}, from {arr.evidence}"
     else:
-        how = (f"the model assumes {arr['assumed']} ({arr['source']}); what decides it is "
+        how = (f"the model assumes {arr.assumed} ({arr.source}); what decides it is "
                f"{DECIDES}")
     return "The answer hangs on how requests arrive: " + "; ".join(parts) + f". {how[0].upper()}{how[1:]}."

@@ -1,7 +1,8 @@
 """What changed between two diagnosed runs of the same server: "change one setting, measure again".
 
-Input: the `diagnosis` of this report and of a baseline report (`ppscope report --baseline
-OLD/report.json`), each the Shapley split of its own observed loop (reports/model/diagnose.py).
+Input: the `diagnosis` part (reports/model/report_type.py) of this report and of a baseline
+report (`ppscope report --baseline OLD/report.json`), each the Shapley split of its own observed
+loop (reports/model/diagnose.py).
 Output: the slowdown against the baseline (observed decode step when both runs have an observed
 tok/s, else the modelled step, said so) and, per cause, its ms per decode step then and now.
 
@@ -14,65 +15,64 @@ a cause; the growth is what the change did.
 """
 from __future__ import annotations
 
-from typing import Any
+from reports.model.report_type import (ChangeRow, Comparison, NotCompared, NotDiagnosed,
+                                       ServerDiagnosis)
 
 SAME_PCT = 3.0   # a step change below this is "no clear change" (run-to-run noise on the probe)
 
 
-def _step(dg: dict[str, Any]) -> tuple[float, str]:
-    if dg.get("observed_step_ms"):
-        return float(dg["observed_step_ms"]), "observed"
-    return float(dg["modelled_step_ms"]), "modelled"
+def _step(dg: ServerDiagnosis) -> tuple[float, str]:
+    if dg.observed_step_ms:
+        return float(dg.observed_step_ms), "observed"
+    return float(dg.modelled_step_ms), "modelled"
 
 
-def compare(now: dict[str, Any] | None, base: dict[str, Any] | None, label: str
-            ) -> dict[str, Any]:
-    """Both `diagnosis` dicts of report.json; `label`: where the baseline came from."""
+def compare(now: ServerDiagnosis | NotDiagnosed | None,
+            base: ServerDiagnosis | NotDiagnosed | None, label: str
+            ) -> Comparison | NotCompared:
+    """Both `diagnosis` parts of report.json; `label`: where the baseline came from."""
     for name, dg in (("this run", now), ("the baseline", base)):
-        if not dg or dg.get("status") != "ok":
-            why = (dg or {}).get("reason") or "no loop profile (per-rank traces) in its results"
-            return {"status": "not compared", "baseline": label,
-                    "reason": f"{name} has no diagnosis: {why}"}
+        if not isinstance(dg, ServerDiagnosis):
+            why = (dg.reason if dg is not None else None) or ("no loop profile (per-rank "
+                                                               "traces) in its results")
+            return NotCompared("not compared", label, f"{name} has no diagnosis: {why}")
     s_now, k_now = _step(now)
     s_base, k_base = _step(base)
     kind = "observed" if k_now == k_base == "observed" else "modelled"
     if kind == "modelled":
-        s_now, s_base = float(now["modelled_step_ms"]), float(base["modelled_step_ms"])
+        s_now, s_base = float(now.modelled_step_ms), float(base.modelled_step_ms)
     notes = []
-    if now.get("concurrency") != base.get("concurrency"):
-        notes.append(f"concurrency differs (baseline C={base.get('concurrency')}, this run "
-                     f"C={now.get('concurrency')}): the step compares different loads")
+    if now.concurrency != base.concurrency:
+        notes.append(f"concurrency differs (baseline C={base.concurrency}, this run "
+                     f"C={now.concurrency}): the step compares different loads")
     if kind == "modelled":
         notes.append("no observed tok/s on one side: the change is the modelled step's")
     delta = s_now - s_base
-    then = {r["cause"]: r for r in base["rows"]}
+    then = {r.cause: r.ms_per_step for r in base.rows}
     rows = []
-    for r in now["rows"]:
-        b = then.get(r["cause"], {}).get("ms_per_step", 0.0)
-        g = r["ms_per_step"] - b
-        rows.append({"cause": r["cause"], "label": r["label"], "baseline_ms": b,
-                     "now_ms": r["ms_per_step"], "growth_ms": g,
-                     "share_of_change_pct": 100 * g / delta if abs(delta) > 1e-9 else None})
-    un_now, un_base = now.get("unexplained_ms"), base.get("unexplained_ms")
+    for r in now.rows:
+        b = then.get(r.cause, 0.0)
+        g = r.ms_per_step - b
+        rows.append(ChangeRow(r.cause, r.label, b, r.ms_per_step, g,
+                              100 * g / delta if abs(delta) > 1e-9 else None))
+    un_now, un_base = now.unexplained_ms, base.unexplained_ms
     if kind == "observed" and un_now is not None and un_base is not None:
         g = un_now - un_base
-        rows.append({"cause": "unexplained", "label": "not reproduced by the model",
-                     "baseline_ms": un_base, "now_ms": un_now, "growth_ms": g,
-                     "share_of_change_pct": 100 * g / delta if abs(delta) > 1e-9 else None})
-    rows.sort(key=lambda x: -abs(x["growth_ms"]))
+        rows.append(ChangeRow("unexplained", "not reproduced by the model", un_base, un_now, g,
+                              100 * g / delta if abs(delta) > 1e-9 else None))
+    rows.sort(key=lambda x: -abs(x.growth_ms))
     change = 100 * delta / s_base
-    named = [x for x in rows if x["cause"] != "unexplained"]
+    named = [x for x in rows if x.cause != "unexplained"]
     if abs(change) < SAME_PCT:
         answer = (f"against the baseline: no clear change ({change:+.1f}% on the {kind} decode "
                   f"step, {s_base:.2f} -> {s_now:.2f} ms; below {SAME_PCT:.0f}%)")
     else:
-        top = max(named, key=lambda x: x["growth_ms"] if delta > 0 else -x["growth_ms"])
+        top = max(named, key=lambda x: x.growth_ms if delta > 0 else -x.growth_ms)
         word = "slower" if delta > 0 else "faster"
-        sh = top["share_of_change_pct"]
+        sh = top.share_of_change_pct
         answer = (f"against the baseline: {abs(change):.0f}% {word} ({kind} decode step "
-                  f"{s_base:.2f} -> {s_now:.2f} ms); the largest change is {top['label']}: "
-                  f"{top['growth_ms']:+.2f} ms per step"
+                  f"{s_base:.2f} -> {s_now:.2f} ms); the largest change is {top.label}: "
+                  f"{top.growth_ms:+.2f} ms per step"
                   + (f" ({sh:.0f}% of the change)" if sh is not None else ""))
-    return {"status": "ok", "baseline": label, "kind": kind, "baseline_step_ms": s_base,
-            "step_ms": s_now, "change_pct": change, "rows": rows, "answer": answer,
-            "notes": notes}
+    return Comparison("ok", label, kind, s_base, s_now, change, tuple(rows), answer,
+                      tuple(notes))

@@ -12,34 +12,27 @@ line per run.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from reports.base.invocation import ppscope_command, python_command
+from reports.model.report_type import Report, ServerDiagnosis, Step
 
 URL = "http://127.0.0.1:30000"
 TRACES = '"$PWD/sglang_traces"'   # the server and ppscope run from the same folder
 
 
-@dataclass(frozen=True)
-class Step:
-    why: str          # what evidence it adds, and which part of the report it decides
-    commands: tuple[str, ...]
-
-
-def herd_concurrency(rep: dict, concurrencies: list[int]) -> int:
+def herd_concurrency(rep: Report, concurrencies: list[int]) -> int:
     """The concurrency where the herd verdict is strongest (its largest share), else the
     largest measured one."""
-    herd = next((v for v in rep.get("verdicts") or [] if v.get("cause") == "herd"), None)
-    at = [a for a in (herd or {}).get("at") or [] if a.get("concurrency")
-          and a["concurrency"] in concurrencies and a.get("share") is not None]
+    herd = next((v for v in rep.verdicts if v.cause == "herd"), None)
+    at = [a for a in (herd.at if herd else ()) if a.concurrency
+          and a.concurrency in concurrencies and a.share is not None]
     if at:
-        return max(at, key=lambda a: a["share"])["concurrency"]
+        return max(at, key=lambda a: a.share).concurrency
     return max(concurrencies or [8])
 
 
-def _lengths(rep: dict) -> tuple[int, int, float]:
+def _lengths(rep: Report) -> tuple[int, int, float]:
     """The request lengths the report models (prompt, output, range ratio), for bench_serving."""
-    p = {x.get("name"): x.get("value") for x in rep.get("params") or []}
+    p = {x.name: x.value for x in rep.params}
     ratio = p.get("range_ratio")
     return (int(p.get("prompt_len") or 1000), int(p.get("output_len") or 256),
             1.0 if ratio is None else float(ratio))
@@ -52,17 +45,15 @@ def bench_command(c: int, prompt: int = 1000, output: int = 256, ratio: float = 
             "--output-file bench.jsonl")
 
 
-def next_steps(rep: dict, concurrencies: list[int], pp: int, model: str = "kimi-k2",
+def next_steps(rep: Report, concurrencies: list[int], pp: int, model: str = "kimi-k2",
                mla: bool = True) -> list[Step]:
     """The steps still worth taking, first the ones that change the most of the report.
     `model`: the preset (or config path) the commands name; `mla`: it has MLA attention."""
     ppscope, py = ppscope_command(), python_command()
-    srv = rep.get("server") or {}
-    ranks = srv.get("ranks") or []
-    has_log = any(r.get("decode_lines") for r in ranks)
-    has_traces = any(r.get("trace_span_ms") for r in ranks)
-    dg = rep.get("diagnosis") or {}
-    diagnosed = dg.get("status") == "ok"
+    ranks = rep.server.ranks if rep.server else ()
+    has_log = any(r.decode_lines for r in ranks)
+    has_traces = any(r.trace_span_ms for r in ranks)
+    diagnosed = isinstance(rep.diagnosis, ServerDiagnosis)
     cs = list(concurrencies) or [1, 8, 32]
     c_herd = herd_concurrency(rep, cs)
     out: list[Step] = []
@@ -91,8 +82,8 @@ def next_steps(rep: dict, concurrencies: list[int], pp: int, model: str = "kimi-
              f"--trace-dir {TRACES} --model {model}",
              f"{ppscope} sglang --log server.log --bench bench.jsonl --model {model} "
              f"--concurrency {c_herd}")))
-    eff = next((p for p in rep.get("params") or [] if p.get("name") == "kernel_efficiency"), {})
-    if eff and eff.get("source") != "measured":
+    eff = next((p for p in rep.params if p.name == "kernel_efficiency"), None)
+    if eff and eff.source != "measured":
         what = ("the per-stage decode cost of this model in its served format on that GPU, "
                 "with SGLang's own fused MoE kernel timed beside ppscope's")
         cmds = [f"{ppscope} stage-cost --model {model} --pp {pp} --moe-backends triton,sglang"]
@@ -102,12 +93,12 @@ def next_steps(rep: dict, concurrencies: list[int], pp: int, model: str = "kimi-
             cmds.append(f"{py} -m microbench.stage_cost.sglang_anchor --model {model}")
         out.append(Step(
             f"Measure the kernels on one of your server's GPUs: the kernel efficiency here is "
-            f"{eff.get('source')}, not measured there. This times {what}; the report then "
+            f"{eff.source}, not measured there. This times {what}; the report then "
             "uses the stage cost in place of the estimate.",
             (*cmds, f"{ppscope} report --results results")))
-    caps = [w for w in rep.get("what_ifs") or []
-            if w.get("knob") == "--pp-max-micro-batch-size" and str(w.get("setting")).isdigit()]
-    cap = int(caps[0]["setting"]) if caps else max(1, c_herd // pp)   # the best cap modelled
+    caps = [w for w in rep.what_ifs
+            if w.knob == "--pp-max-micro-batch-size" and str(w.setting).isdigit()]
+    cap = int(caps[0].setting) if caps else max(1, c_herd // pp)   # the best cap modelled
     sweep = sorted({max(1, -(-c_herd // m)) for m in (1, 2, 4, pp)} | {cap})
     out.append(Step(
         "Try the micro-batch cap live, without a restart, and see which setting holds up at "

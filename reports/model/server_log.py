@@ -23,6 +23,7 @@ waves, for `ppscope sglang`'s printout and the report's CUDA-graph verdict.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from reports.base.payloads.sglang import Dist, LogRank, SglangData
@@ -36,15 +37,21 @@ DP_RULES = ("DP attention: every DP rank runs its own scheduler and logs its own
             "coefficients of variation.")
 
 
-def _dist(d: Dist) -> dict[str, Any]:
-    return {"min": d.min, "median": d.median, "max": d.max}
+@dataclass(frozen=True)
+class DpFigures:
+    """One DP rank's own log figures, as report.json's `server.ranks[].dp[]` has them."""
+    dp: int
+    decode_lines: int
+    prefill_lines: int
+    running_req: Dist
+    cuda_graph_frac: float | None
+    gen_tok_per_s_median: float | None
 
 
-def dp_rows(lg: LogRank) -> list[dict[str, Any]]:
+def dp_rows(lg: LogRank) -> list[DpFigures]:
     """One row per DP rank of a PP rank (empty without DP attention), DP order."""
-    return [{"dp": int(k), "decode_lines": d.decode_lines, "prefill_lines": d.prefill_lines,
-             "running_req": _dist(d.running_req), "cuda_graph_frac": d.cuda_graph_frac,
-             "gen_tok_per_s_median": d.gen_throughput_tok_s.median}
+    return [DpFigures(int(k), d.decode_lines, d.prefill_lines, d.running_req, d.cuda_graph_frac,
+                      d.gen_throughput_tok_s.median)
             for k, d in sorted(lg.by_dp.items(), key=lambda kv: int(kv[0]))]
 
 
@@ -55,9 +62,9 @@ def log_figures(lg: LogRank | None) -> dict[str, Any]:
                 "running_req": None, "gen_tok_per_s_median": None, "dp": [],
                 "gen_tok_per_s_dp_sum": None}
     dps = dp_rows(lg)
-    meds = [r["gen_tok_per_s_median"] for r in dps]
+    meds = [r.gen_tok_per_s_median for r in dps]
     return {"decode_lines": lg.decode_lines, "prefill_lines": lg.prefill_lines,
-            "cuda_graph_frac": lg.cuda_graph_frac, "running_req": _dist(lg.running_req),
+            "cuda_graph_frac": lg.cuda_graph_frac, "running_req": lg.running_req,
             "gen_tok_per_s_median": lg.gen_throughput_tok_s.median, "dp": dps,
             "gen_tok_per_s_dp_sum": (sum(meds) if dps and None not in meds else None)}
 

@@ -281,23 +281,24 @@ def numa_verdict(inp: Inputs, topo: Record | None, hop_share: float, C: int) -> 
                    f"the hop cost {src}, not timed on these links", f"{ev} + {hev} ({src})")
 
 
-def observed_verdicts(diag: dict) -> dict[str, Verdict]:
-    """Verdicts decided by the diagnosis of the observed server (reports/model/diagnose.py):
+def observed_verdicts(diag) -> dict[str, Verdict]:
+    """Verdicts decided by the diagnosis of the observed server (reports/model/diagnose.py;
+    `diag`: report.json's `diagnosis`, reports/model/report_type.py `ServerDiagnosis`):
     a cause holds when it slows the server by >= 10%, does not hold under 3%."""
-    if not diag or diag.get("status") != "ok":
+    if diag is None or diag.status != "ok":
         return {}
-    rows = {r["cause"]: r for r in diag["rows"]}
-    ev = f"sglang.json traces at C={diag['concurrency']} (observed)"
+    rows = {r.cause: r for r in diag.rows}
+    ev = f"sglang.json traces at C={diag.concurrency} (observed)"
 
     def v(cause: str) -> str:
-        size = rows[cause]["size_pct"] or 0.0
+        size = rows[cause].size_pct or 0.0
         return HOLDS if size >= 10 else (NOT if size < 3 else MINOR)
 
     def num(cause: str) -> str:
         r = rows[cause]
-        return f"slows the observed server by {r['size_pct'] or 0:.0f}%: {r['detail']}"
+        return f"slows the observed server by {r.size_pct or 0:.0f}%: {r.detail}"
     hop = rows["hop"]
-    C = int(diag["concurrency"])
+    C = int(diag.concurrency)
 
     def at(x: Verdict) -> Verdict:   # decided at the traced concurrency only
         return replace(x, cause=HYPOTHESES.get(x.hypothesis),
@@ -311,16 +312,16 @@ def observed_verdicts(diag: dict) -> dict[str, Verdict]:
         BANDWIDTH: Verdict(
             BANDWIDTH, {HOLDS: NOT, NOT: HOLDS}.get(v("hop"), MINOR),
             f"hops and waits on communication slow the observed server by "
-            f"{hop['size_pct'] or 0:.0f}%: {hop['detail']}", ev),
+            f"{hop.size_pct or 0:.0f}%: {hop.detail}", ev),
     }.items()}
 
 
 def verdicts(inp: Inputs, atts: list[Attribution], records: dict[str, Record],
-             diagnosis: dict | None = None) -> list[Verdict]:
+             diagnosis=None) -> list[Verdict]:
     """Model-based verdicts, replaced by the observed server's where its diagnosis decides
     them (`observed_verdicts`)."""
     base = model_verdicts(inp, atts, records)
-    obs = observed_verdicts(diagnosis or {})
+    obs = observed_verdicts(diagnosis)
     sg = records.get("sglang")
     gs = sg.payload.log.graph_setting if sg is not None and sg.payload.log is not None else None
     if gs is not None and gs.off_by_setting:   # graphs off on purpose: the setting is the answer

@@ -23,9 +23,9 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from reports.model.pipeline_model import Span
+from reports.model.report_type import TimelineSummary
 
 MAX_TRACE_BYTES = 64 << 20  # the probe's own traces are ~1-2 MB; a bigger file is not one
 _POINT_RE = re.compile(r"^(?P<policy>\S+) (?P<arrival>\S+) C=(?P<c>\d+)$")
@@ -50,17 +50,16 @@ class MeasuredTimeline:
             return 0.0
         return max(s.end_us for s in self.spans) / 1e3
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> TimelineSummary:
         ranks = sorted({s.rank for s in self.spans})
         busy = {}
         w = self.window_ms * 1e3
         for r in ranks:
             sp = [s for s in self.spans if s.rank == r]
             busy[str(r)] = sum(s.end_us - s.start_us for s in sp) / w if w > 0 else None
-        return {"file": self.file, "point": self.point, "concurrency": self.concurrency,
-                "slots": self.slots, "rounds": self.rounds, "first_it": self.first_it,
-                "forwards": len(self.spans), "window_ms": self.window_ms,
-                "busy_frac_in_window": busy, "points": list(self.points)}
+        return TimelineSummary(self.file, self.point, self.concurrency, self.slots,
+                               self.rounds, self.first_it, len(self.spans), self.window_ms,
+                               busy, tuple(self.points))
 
 
 def choose_point(points: list[str], max_c: int | None = None) -> str | None:

@@ -20,6 +20,8 @@ import math
 from typing import Any
 
 from reports.model.pipeline_model import Span
+from reports.model.report_type import (Comparison, Report, ServerDiagnosis, ServerSummary,
+                                       TopologySummary)
 from reports.render.render_md import (DISPATCH_NOTE, MEASURED_NOTE, Table, attribution_table,
                                attribution_title, baseline_table, diagnosis_table,
                                observed_loop_line, time_split_table, banner, dispatch_table, header_lines, report_title,
@@ -120,14 +122,14 @@ def _plt():
     return plt
 
 
-def plot_throughput(rep: dict[str, Any]) -> str:
+def plot_throughput(rep: Report) -> str:
     plt = _plt()
-    c = rep["concurrency"]
-    xs = [r["concurrency"] for r in c]
+    c = rep.concurrency
+    xs = [r.concurrency for r in c]
     fig, ax = plt.subplots(figsize=(4.4, 2.9))
-    ax.plot(xs, [r["ideal_tok_per_s"] for r in c], "o--", color="#8c959f", label="ideal")
-    ax.plot(xs, [r["predicted"] for r in c], "o-", color="#0969da", label="modelled")
-    ob = [(r["concurrency"], r["observed"]) for r in c if r["observed"]]
+    ax.plot(xs, [r.ideal_tok_per_s for r in c], "o--", color="#8c959f", label="ideal")
+    ax.plot(xs, [r.predicted for r in c], "o-", color="#0969da", label="modelled")
+    ob = [(r.concurrency, r.observed) for r in c if r.observed]
     if ob:
         ax.plot(*zip(*ob), "s", color="#cf222e", ms=7, label="observed")
     ax.set_xscale("log", base=2)
@@ -138,18 +140,18 @@ def plot_throughput(rep: dict[str, Any]) -> str:
     return _png(fig)
 
 
-def plot_stage_cost(rep: dict[str, Any]) -> str:
+def plot_stage_cost(rep: Report) -> str:
     plt = _plt()
-    sc = rep["stage_cost"][-1]
+    sc = rep.stage_cost[-1]
     fig, ax = plt.subplots(figsize=(6.5, 2.8))
-    x = range(len(sc["modelled_us"]))
-    ax.bar([i - 0.2 for i in x], [v / 1e3 for v in sc["floor_us"]], 0.4, color="#8c959f",
+    x = range(len(sc.modelled_us))
+    ax.bar([i - 0.2 for i in x], [v / 1e3 for v in sc.floor_us], 0.4, color="#8c959f",
            label="roofline floor")
-    ax.bar([i + 0.2 for i in x], [v / 1e3 for v in sc["modelled_us"]], 0.4, color="#0969da",
+    ax.bar([i + 0.2 for i in x], [v / 1e3 for v in sc.modelled_us], 0.4, color="#0969da",
            label="modelled")
     ax.set_xticks(list(x))
     ax.set_xlabel("PP stage")
-    ax.set_ylabel(f"ms per forward (b={sc['batch']})")
+    ax.set_ylabel(f"ms per forward (b={sc.batch})")
     ax.legend(frameon=False, ncol=2)
     return _png(fig)
 
@@ -197,17 +199,17 @@ def plot_measured(timelines) -> str:
     return _png(fig)
 
 
-def plot_server_busy(srv: dict[str, Any]) -> str | None:
+def plot_server_busy(srv: ServerSummary) -> str | None:
     """Observed share of time any kernel runs, per PP rank (sglang.json traces); NCCL receives
     that wait count here, so the diagnosis's compute / wait / idle split is the one to read."""
-    bot = srv.get("busy_over_time") or {}
+    bot = srv.busy_over_time
     if not bot:
         return None
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.5, 2.6))
     for r, d in bot.items():
-        w = (d.get("bin_us") or 0.0) / 1e3
-        ys = [100 * v for v in d["busy_frac"]]
+        w = (d.bin_us or 0.0) / 1e3
+        ys = [100 * v for v in d.busy_frac]
         ax.step([i * w for i in range(len(ys))], ys, where="post", label=f"rank {r}")
     ax.set_ylim(0, 105)
     ax.set_xlabel("ms into the trace")
@@ -216,24 +218,24 @@ def plot_server_busy(srv: dict[str, Any]) -> str | None:
     return _png(fig)
 
 
-def plot_links(topo: dict[str, Any]) -> str | None:
+def plot_links(topo: TopologySummary) -> str | None:
     """GPU x GPU grid: link type per pair (nvidia-smi topo), colour = measured PP hop us."""
-    n = len(topo.get("gpus") or [])
-    hops = topo.get("hops") or []
+    n = len(topo.gpus)
+    hops = topo.hops
     if hops:
-        n = max(n, 1 + max(max(h["src"], h["dst"]) for h in hops))
+        n = max(n, 1 + max(max(h.src, h.dst) for h in hops))
     if n < 2:
         return None
     plt = _plt()
     grid = [[math.nan] * n for _ in range(n)]  # NaN: no measured hop (blank cell in imshow)
     for h in hops:
-        grid[h["src"]][h["dst"]] = h["hop_us"]
+        grid[h.src][h.dst] = h.hop_us
     fig, ax = plt.subplots(figsize=(1.2 + 0.7 * n, 0.9 + 0.6 * n))
     im = ax.imshow(grid, cmap="viridis")
     ax.grid(False)
     for i in range(n):
         for j in range(n):
-            link = topo["links"].get(f"{min(i, j)}-{max(i, j)}", "?") if i != j else "X"
+            link = topo.links.get(f"{min(i, j)}-{max(i, j)}", "?") if i != j else "X"
             measured = not math.isnan(grid[i][j])
             txt = link + (f"\n{grid[i][j]:.0f} us" if measured else "")
             ax.text(j, i, txt, ha="center", va="center", fontsize=8,
@@ -251,11 +253,11 @@ def _fig(src: str, caption: str) -> str:
     return f'<figure><img alt="{_e(caption)}" src="{src}"><figcaption>{_e(caption)}</figcaption></figure>'
 
 
-def server_html(rep: dict[str, Any]) -> list[str]:
-    srv = rep["server"]
+def server_html(rep: Report) -> list[str]:
+    srv = rep.server
     o = ['<h2 id="server">Your server (observed, sglang.json)</h2>']
     o += [f'<p class="meta">{_e(line)}</p>' for line in server_lines(rep)]
-    if any(r["trace_span_ms"] for r in srv["ranks"]):
+    if any(r.trace_span_ms for r in srv.ranks):
         o.append("<h3>GPU time per PP rank (traces) next to the model</h3>")
         o.append(table_html(server_gpu_table(rep)))
         img = plot_server_busy(srv)
@@ -263,13 +265,13 @@ def server_html(rep: dict[str, Any]) -> list[str]:
             o.append(_fig(img, "observed: share of time any kernel runs (NCCL receives that wait "
                           "included, so this is not compute) over the traced window, per PP rank "
                                "(sglang.json traces)"))
-    if any(r["running_req"] is not None for r in srv["ranks"]):
+    if any(r.running_req is not None for r in srv.ranks):
         o.append("<h3>Scheduler log per PP rank</h3>")
         o.append(table_html(server_log_table(rep)))
-    if srv.get("dp_ranks"):
+    if srv.dp_ranks:
         o.append("<h3>Scheduler log per PP rank and DP rank (DP attention)</h3>")
         o.append(table_html(server_dp_table(rep)))
-    if srv["bench"]:
+    if srv.bench:
         o.append("<h3>bench_serving runs</h3>")
         o.append(table_html(server_bench_table(rep)))
     return o
@@ -288,61 +290,61 @@ def watch_html(sec: dict[str, Any]) -> list[str]:
     return o + [f'<p class="meta">{_e(line)}</p>' for line in watch_lines(sec["summary"])]
 
 
-def diagnosis_html(rep: dict[str, Any]) -> list[str]:
+def diagnosis_html(rep: Report) -> list[str]:
     """The observed server's diagnosis (reports/model/diagnose.py), as report.md shows it."""
-    dg = rep.get("diagnosis")
+    dg = rep.diagnosis
     if not dg:
         return []
     o = ['<h2 id="diagnosis">Your server: diagnosis from its own evidence</h2>']
-    if dg.get("status") != "ok":
-        return o + [f"<p>Not diagnosed: {_e(dg.get('reason'))}</p>"]
-    o += [f"<p><b>{_e(dg['answer'])}</b></p>", f'<p class="meta">{_e(observed_loop_line(dg))}</p>',
+    if not isinstance(dg, ServerDiagnosis):
+        return o + [f"<p>Not diagnosed: {_e(dg.reason)}</p>"]
+    o += [f"<p><b>{_e(dg.answer)}</b></p>", f'<p class="meta">{_e(observed_loop_line(dg))}</p>',
           table_html(diagnosis_table(rep)),
           '<p class="meta">Time per rank over the traced window (waiting inside an NCCL receive '
           "is communication wait, never busy):</p>", table_html(time_split_table(rep))]
-    notes = list(dg["deployment"]["notes"]) + [f"Caveat: {c}" for c in dg.get("caveats") or ()]
+    notes = list(dg.deployment.notes) + [f"Caveat: {c}" for c in dg.caveats]
     if notes:
         o.append("<ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
     return o
 
 
-def render_html(rep: dict[str, Any], spans: tuple[Span, ...] = (), measured=()) -> str:
+def render_html(rep: Report, spans: tuple[Span, ...] = (), measured=()) -> str:
     """`measured`: MeasuredTimeline tuple from reports.render.measured_timeline (may be empty)."""
     toc = [("answer", "The answer")]
-    if rep.get("diagnosis"):
+    if rep.diagnosis:
         toc.append(("diagnosis", "Diagnosis"))
     toc += [("throughput", "Throughput"), ("verdicts", "Verdicts")]
-    if rep.get("server"):
+    if rep.server:
         toc.append(("server", "Your server"))
-    if rep.get("watch"):
+    if rep.watch:
         toc.append(("watch", "GPU watch"))
     toc += [("attribution", "Where the time goes"), ("whatifs", "What-ifs")]
-    if rep.get("dispatch_validation"):
+    if rep.dispatch_validation:
         toc.append(("dispatch", "Model vs probe"))
     toc.append(("plots", "Stage cost & timeline"))
-    if rep.get("topology"):
+    if rep.topology:
         toc.append(("links", "Links"))
     toc.append(("inputs", "Inputs"))
-    if rep.get("measure_your_server"):
+    if rep.measure_your_server:
         toc.append(("measure", MEASURE_TITLE))
     toc.append(("glossary", GLOSSARY_TITLE))
     o = [f"<h1>{_e(report_title(rep))}</h1>"]
     o += [f'<p class="meta">{_e(line)}</p>' for line in header_lines(rep)]
-    if rep["all_estimated"]:
+    if rep.all_estimated:
         o.append(f'<div class="banner">{_e(banner(rep))}</div>')
     else:
         o.append(f'<p class="meta">{_e(banner(rep))}</p>')
-    o += [f'<div class="warn">warning: {_e(w)}</div>' for w in rep["warnings"]]
+    o += [f'<div class="warn">warning: {_e(w)}</div>' for w in rep.warnings]
     o.append("<nav>" + "".join(f'<a href="#{a}">{_e(t)}</a>' for a, t in toc) + "</nav>")
 
     o.append('<h2 id="answer">The answer</h2><div class="answer"><ol>'
-             + "".join(f"<li>{_e(s)}</li>" for s in rep.get("answer", [])) + "</ol></div>")
-    cmp_ = rep.get("baseline_comparison")
+             + "".join(f"<li>{_e(s)}</li>" for s in rep.answer) + "</ol></div>")
+    cmp_ = rep.baseline_comparison
     if cmp_:
         o.append(f'<h2 id="baseline">Against the baseline</h2><p class="meta">'
-                 f'Baseline: {_e(cmp_["baseline"])}</p>')
-        o.append(f"<p><b>{_e(cmp_['answer'])}</b></p>{table_html(baseline_table(cmp_))}"
-                 if cmp_["status"] == "ok" else f"<p>Not compared: {_e(cmp_['reason'])}</p>")
+                 f'Baseline: {_e(cmp_.baseline)}</p>')
+        o.append(f"<p><b>{_e(cmp_.answer)}</b></p>{table_html(baseline_table(cmp_))}"
+                 if isinstance(cmp_, Comparison) else f"<p>Not compared: {_e(cmp_.reason)}</p>")
 
     o += diagnosis_html(rep)
 
@@ -350,56 +352,56 @@ def render_html(rep: dict[str, Any], spans: tuple[Span, ...] = (), measured=()) 
     o.append(f'<div class="row"><div>{table_html(throughput_table(rep))}</div>'
              f'{_fig(plot_throughput(rep), "tok/s vs concurrency: ideal / modelled / observed")}'
              "</div>")
-    if rep.get("observed_source"):
+    if rep.observed_source:
         o.append(f'<p class="meta">{_e(observed_line(rep))}</p>')
-    if rep.get("implied_efficiency"):
+    if rep.implied_efficiency:
         o.append(f'<p class="meta">{_e(IMPLIED_LEAD)}</p><ul>'
-                 + "".join(f"<li>{_e(x['text'])}</li>" for x in rep["implied_efficiency"])
+                 + "".join(f"<li>{_e(x.text)}</li>" for x in rep.implied_efficiency)
                  + "</ul>")
 
     o.append('<h2 id="verdicts">Verdicts on the hypotheses</h2>')
     o.append(table_html(verdict_table(rep)))
-    if rep.get("server"):
+    if rep.server:
         o += server_html(rep)
-    if rep.get("watch"):
-        o += watch_html(rep["watch"])
+    if rep.watch:
+        o += watch_html(rep.watch)
 
     o.append(f'<h2 id="attribution">{_e(ATTRIBUTION_TITLE)}</h2><p class="meta">Ideal -> modelled '
              "split over named causes by exact Shapley values (rows add up to the total); "
              "modelled -> observed is the unexplained row. tok/s columns are the change each "
              "cause makes.</p>")
-    for a in rep["attribution"]:
+    for a in rep.attribution:
         o.append(f"<h3>{_e(attribution_title(a))}</h3>")
         o.append(table_html(attribution_table(a), total_label="total: ideal -> modelled"))
 
     o.append('<h2 id="whatifs">What-ifs (one server setting at every concurrency; best '
              'first)</h2>')
     o += [f'<p class="meta">{_e(line)}</p>' for line in whatif_lines(rep)]
-    gain = [w for w in rep["what_ifs"] if w["gain"] > 0.005]
-    rest = [w for w in rep["what_ifs"] if w["gain"] <= 0.005]
+    gain = [w for w in rep.what_ifs if w.gain > 0.005]
+    rest = [w for w in rep.what_ifs if w.gain <= 0.005]
     o.append(table_html(whatif_table(rep, gain)) if gain else
              "<p>No single setting raises the objective by more than 0.5%.</p>")
     if rest:
         o.append(f"<details><summary>{len(rest)} settings with no gain on the objective"
                  f"</summary>{table_html(whatif_table(rep, rest))}</details>")
 
-    if rep.get("dispatch_validation"):
+    if rep.dispatch_validation:
         o.append('<h2 id="dispatch">Model vs dispatch probe (same configuration)</h2>')
         o.append(table_html(dispatch_table(rep)) + f'<p class="meta">{_e(DISPATCH_NOTE)}</p>')
-    if rep.get("dispatch_micro_batches"):
+    if rep.dispatch_micro_batches:
         o.append("<h2>Micro-batch count (dispatch probe's configuration)</h2>")
         o.append(table_html(micro_batch_table(rep)))
 
     o.append(f'<h2 id="plots">{_e(STAGE_TITLE)}</h2><p class="meta">{_e(STAGE_NOTE)}</p>')
     o.append(table_html(stage_cost_table(rep)))
-    sc = rep["stage_cost"][-1]
+    sc = rep.stage_cost[-1]
     o.append(_fig(plot_stage_cost(rep), f"per-stage forward time vs roofline floor, micro-batch "
-                                        f"of {sc['batch']}"))
+                                        f"of {sc.batch}"))
     if spans:
-        top = max(rep["concurrency"], key=lambda c: c["concurrency"])
-        win = 4 * top["predicted_tpot_ms"]
+        top = max(rep.concurrency, key=lambda c: c.concurrency)
+        win = 4 * top.predicted_tpot_ms
         o.append(_fig(plot_timeline(spans, win),
-                      f"simulated PP loop at C={top['concurrency']}, first {win:.0f} ms (4 decode "
+                      f"simulated PP loop at C={top.concurrency}, first {win:.0f} ms (4 decode "
                       "steps): one bar per forward, colour = slot; full trace in "
                       "report.trace.json (open in Perfetto)"))
     if measured:
@@ -408,35 +410,35 @@ def render_html(rep: dict[str, Any], spans: tuple[Span, ...] = (), measured=()) 
                       "measured PP loop (dispatch.trace.json): GPU forwards per stage, colour = "
                       "slot, number = requests in the micro-batch"))
         o.append(table_html(measured_timeline_table(rep)) + f'<p class="meta">{_e(MEASURED_NOTE)}</p>')
-    if rep.get("topology"):
-        t = rep["topology"]
-        o.append(f'<h2 id="links">Links between GPUs (topology.json, {_e(t.get("source"))})</h2>')
+    if rep.topology:
+        t = rep.topology
+        o.append(f'<h2 id="links">Links between GPUs (topology.json, {_e(t.source)})</h2>')
         items = topology_lines(rep)
         o += [f'<p class="meta">{_e(x)}</p>' for x in items if not x.startswith("- ")]
         notes = [x[2:] for x in items if x.startswith("- ")]
         if notes:
             o.append("<ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
-        if t.get("pipeline_hops"):
+        if t.pipeline_hops:
             o.append(table_html(topology_table(rep)))
         img = plot_links(t)
         if img:
-            o.append(_fig(img, f"link type per GPU pair (nvidia-smi topo, {t.get('source')}; "
+            o.append(_fig(img, f"link type per GPU pair (nvidia-smi topo, {t.source}; "
                                "? = unknown) and measured PP hop cost at the smallest batch"))
 
-    if rep.get("model_differs"):
+    if rep.model_differs:
         o.append('<h2 id="differs">Where the model differs from SGLang</h2><ul>'
-                 + "".join(f"<li>{_e(d)}</li>" for d in rep["model_differs"]) + "</ul>")
+                 + "".join(f"<li>{_e(d)}</li>" for d in rep.model_differs) + "</ul>")
     o.append('<h2 id="inputs">Inputs</h2>')
     o.append(table_html(inputs_table(rep)))
-    if rep["assumptions"]:
+    if rep.assumptions:
         o.append("<h2>Scenario assumptions</h2><ul class=\"assume\">"
                  + "".join(f"<li><b>{_e(k)}</b>: {_e(v)}</li>"
-                           for k, v in rep["assumptions"].items()) + "</ul>")
-    steps = rep.get("measure_your_server") or []
+                           for k, v in rep.assumptions.items()) + "</ul>")
+    steps = rep.measure_your_server
     if steps:
         o.append(f'<h2 id="measure">{_e(MEASURE_TITLE)}</h2><p>{_e(MEASURE_LEAD)}</p><ol>'
-                 + "".join(f"<li><p>{_e(st['why'])}</p><pre><code>"
-                           + "\n".join(_e(c) for c in st["commands"]) + "</code></pre></li>"
+                 + "".join(f"<li><p>{_e(st.why)}</p><pre><code>"
+                           + "\n".join(_e(c) for c in st.commands) + "</code></pre></li>"
                            for st in steps) + "</ol>")
     o.append(f'<h2 id="glossary">{_e(GLOSSARY_TITLE)}</h2><ul class="assume">'
              + "".join(f"<li><b>{_e(k)}</b>: {_e(v)}</li>" for k, v in glossary(rep))

@@ -19,6 +19,11 @@ from typing import Any
 
 from tabulate import tabulate
 
+from reports.base.schema import to_json
+from reports.model.report_type import (AttributionAt, Comparison, Report, ServerDiagnosis,
+                                       ServerSummary)
+from reports.model.whatif import WhatIf
+
 
 @dataclass(frozen=True)
 class Table:
@@ -46,6 +51,7 @@ def fmt_value(v: Any, limit: int = 90) -> str:
         if isinstance(x, bool) or not isinstance(x, (int, float)):
             return str(x)
         return str(x) if isinstance(x, int) else f"{x:.4g}"
+    v = to_json(v)   # as report.json holds it: tuples are lists
     if isinstance(v, list) and v and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in v):
         s = ", ".join(f"{num(a)}: {num(b)}" for a, b in v)
     elif isinstance(v, dict):
@@ -55,47 +61,46 @@ def fmt_value(v: Any, limit: int = 90) -> str:
     return s if len(s) <= limit else s[:limit - 3] + "..."
 
 
-def report_title(rep: dict[str, Any]) -> str:
+def report_title(rep: Report) -> str:
     """The server the evidence comes from when there is one; else the scenario."""
     from reports.model.observed_server import headline
-    head = headline(rep.get("observed_deployment"))
+    head = headline(rep.observed_deployment)
     if head:
         return f"ppscope report: your server ({head})"
-    d = rep["deployment"]
-    return (f"ppscope report: {d['model']} on {d['pp']}x {d['gpu']}, PP{d['pp']} (scenario "
-            f"{rep['scenario']})")
+    d = rep.deployment
+    return (f"ppscope report: {d.model} on {d.pp}x {d.gpu}, PP{d.pp} (scenario "
+            f"{rep.scenario})")
 
 
-def observed_lines(rep: dict[str, Any]) -> list[str]:
+def observed_lines(rep: Report) -> list[str]:
     """Each setting of the observed server with where it was read (reports/model/observed_server.py)."""
-    obs = rep.get("observed_deployment") or {}
+    obs = rep.observed_deployment or {}
     if not obs:
         return []
     parts = [f"{k} {fmt_value(e['value'])} ({e['source'].removeprefix('observed: ')})"
              for k, e in obs.items() if isinstance(e, dict) and "value" in e]
     out = ["Your server, observed: " + "; ".join(parts) + "."]
-    if rep.get("scenario_differs"):
-        out.append(f"Scenario {rep['scenario']}: {rep['scenario_differs']}.")
+    if rep.scenario_differs:
+        out.append(f"Scenario {rep.scenario}: {rep.scenario_differs}.")
     return out
 
 
-def header_lines(rep: dict[str, Any]) -> list[str]:
+def header_lines(rep: Report) -> list[str]:
     """Deployment, then where the numbers come from (plain text, no Markdown)."""
-    d = rep["deployment"]
-    dep = (("Scenario model: " if rep.get("observed_deployment") else "") +
-           f"{d['model']} on {d['pp']}x {d['gpu']}" + (f" ({d['memory']})" if d.get("memory")
-                                                        else "") +
-           f": --pp-size {d['pp']}, --pp-async-batch-depth {d['async_depth']}, "
-           f"--pp-max-micro-batch-size {d['max_micro_batch']}, CUDA graphs "
-           f"{'on' if d['cuda_graphs'] else 'off'} (--cuda-graph-max-bs {d['graph_max_bs']}), "
-           f"{d['arrival']} arrivals, mean context {d['context_len']} tokens.")
+    d = rep.deployment
+    dep = (("Scenario model: " if rep.observed_deployment else "") +
+           f"{d.model} on {d.pp}x {d.gpu}" + (f" ({d.memory})" if d.memory else "") +
+           f": --pp-size {d.pp}, --pp-async-batch-depth {d.async_depth}, "
+           f"--pp-max-micro-batch-size {d.max_micro_batch}, CUDA graphs "
+           f"{'on' if d.cuda_graphs else 'off'} (--cuda-graph-max-bs {d.graph_max_bs}), "
+           f"{d.arrival} arrivals, mean context {d.context_len} tokens.")
     by: dict[str, list[str]] = {}
-    for p in rep["params"]:
-        by.setdefault(p["source"], []).append(p["name"])
+    for p in rep.params:
+        by.setdefault(p.source, []).append(p.name)
     src = "; ".join(f"{k}: {', '.join(v)}" for k, v in sorted(by.items()))
     out = observed_lines(rep) + [dep, f"Inputs by source -- {src}."]
-    if rep.get("topology") and rep["topology"].get("gpus"):
-        g = rep["topology"]["gpus"]
+    if rep.topology and rep.topology.gpus:
+        g = rep.topology.gpus
         names = sorted({str(x) for x in g if x})
         out.append(f"Probes ran on {len(g)}x {', '.join(names)}." if names else
                    f"The topology record lists {len(g)} GPUs (no names: a pasted `nvidia-smi "
@@ -103,94 +108,92 @@ def header_lines(rep: dict[str, Any]) -> list[str]:
     return out
 
 
-def banner(rep: dict[str, Any]) -> str:
-    obs = " and everything under \"Your server\" (sglang.json)" if rep.get("server") else ""
-    if rep["all_estimated"]:
-        tr = [p for p in rep.get("params") or [] if p.get("source") == "transferred"]
+def banner(rep: Report) -> str:
+    obs = " and everything under \"Your server\" (sglang.json)" if rep.server else ""
+    if rep.all_estimated:
+        tr = [p for p in rep.params if p.source == "transferred"]
         return ("Every figure below is estimated" + (" or transferred" if tr else "")
                 + " (no probe records from this machine: roofline, datasheet and the scenario's "
-                "stated assumptions" + "".join(f"; {p['name']} transferred from {p['evidence']}"
+                "stated assumptions" + "".join(f"; {p.name} transferred from {p.evidence}"
                                                 for p in tr)
                 + f"), except the observed tok/s{obs}.")
-    measured = [r for r in rep["records_used"] if r != "sglang.json"]
+    measured = [r for r in rep.records_used if r != "sglang.json"]
     return (f"Measured inputs from {', '.join(measured)}; the rest is estimated"
             + (f"; observed: the tok/s{obs}." if obs else "."))
 
 
-def throughput_table(rep: dict[str, Any]) -> Table:
+def throughput_table(rep: Report) -> Table:
     rows = []
-    for c in rep["concurrency"]:
-        ratio = c["observed"] / c["predicted"] if c["observed"] and c["predicted"] else None
-        rows.append((str(c["concurrency"]), _f(c["ideal_tok_per_s"]), _f(c["predicted"]),
-                     _f(c["observed"]), "-" if ratio is None else f"{ratio:.2f}",
-                     _f(c["predicted_tpot_ms"], 2),
-                     " ".join(f"{b:.0%}" for b in c["busy_frac"]),
-                     " ".join(str(s) for s in c["slot_sizes"] if s)))
+    for c in rep.concurrency:
+        ratio = c.observed / c.predicted if c.observed and c.predicted else None
+        rows.append((str(c.concurrency), _f(c.ideal_tok_per_s), _f(c.predicted),
+                     _f(c.observed), "-" if ratio is None else f"{ratio:.2f}",
+                     _f(c.predicted_tpot_ms, 2),
+                     " ".join(f"{b:.0%}" for b in c.busy_frac),
+                     " ".join(str(s) for s in c.slot_sizes if s)))
     return Table(("C", "ideal tok/s", "modelled tok/s", "observed tok/s", "observed / modelled",
                   "modelled TPOT ms", "GPU busy per stage", "occupied slots (requests)"),
                  tuple(rows), (True, True, True, True, True, True, False, False))
 
 
-def observed_line(rep: dict[str, Any]) -> str:
-    return f"Observed tok/s from {rep['observed_source']} (observed; not used by the model)."
+def observed_line(rep: Report) -> str:
+    return f"Observed tok/s from {rep.observed_source} (observed; not used by the model)."
 
 
-def verdict_table(rep: dict[str, Any]) -> Table:
+def verdict_table(rep: Report) -> Table:
     """One row per hypothesis: its verdict over every concurrency, then at each C (with the
     share of the gap its cause's row has there), the row it comes from and the numbers."""
-    cs = sorted({a["concurrency"] for v in rep["verdicts"] for a in v.get("at") or []
-                 if a["concurrency"]})
+    cs = sorted({a.concurrency for v in rep.verdicts for a in v.at if a.concurrency})
 
-    def at(v: dict[str, Any], C: int) -> str:
-        a = next((a for a in v.get("at") or [] if a["concurrency"] == C), None)
+    def at(v, C: int) -> str:
+        a = next((a for a in v.at if a.concurrency == C), None)
         if a is None:
             return "-"
-        return a["verdict"] + ("" if a.get("share") is None else f" ({a['share']:.0%})")
+        return a.verdict + ("" if a.share is None else f" ({a.share:.0%})")
     return Table(("hypothesis", "verdict", *(f"at C={C}" for C in cs), "row",
                   "deciding number", "evidence"),
-                 tuple((v["hypothesis"], v["verdict"], *(at(v, C) for C in cs),
-                        v.get("cause") or "-", v["number"], v["evidence"])
-                       for v in rep["verdicts"]), (False,) * (5 + len(cs)))
+                 tuple((v.hypothesis, v.verdict, *(at(v, C) for C in cs),
+                        v.cause or "-", v.number, v.evidence)
+                       for v in rep.verdicts), (False,) * (5 + len(cs)))
 
 
-def attribution_title(a: dict[str, Any]) -> str:
-    return (f"C = {a['concurrency']}: ideal {a['ideal_tpot_ms']:.2f} ms/step -> "
-            f"modelled {a['modelled_tpot_ms']:.2f} ms/step")
+def attribution_title(a: AttributionAt) -> str:
+    return (f"C = {a.concurrency}: ideal {a.ideal_tpot_ms:.2f} ms/step -> "
+            f"modelled {a.modelled_tpot_ms:.2f} ms/step")
 
 
-def attribution_table(a: dict[str, Any]) -> Table:
-    rows = [(r["label"], _f(r["ms_per_step"], 2), _signed(r["tok_per_s"]), _pct(r["share"]),
-             r["source"], r["evidence"]) for r in a["rows"] if r["cause"] != "unexplained"]
-    gap = a["modelled_tpot_ms"] - a["ideal_tpot_ms"]
-    tot = sum(r["tok_per_s"] for r in a["rows"] if r["cause"] != "unexplained")
+def attribution_table(a: AttributionAt) -> Table:
+    rows = [(r.label, _f(r.ms_per_step, 2), _signed(r.tok_per_s), _pct(r.share),
+             r.source, r.evidence) for r in a.rows if r.cause != "unexplained"]
+    gap = a.modelled_tpot_ms - a.ideal_tpot_ms
+    tot = sum(r.tok_per_s for r in a.rows if r.cause != "unexplained")
     rows.append(("total: ideal -> modelled", _f(gap, 2), _signed(tot), "100%", "", ""))
-    rows += [(r["label"], _f(r["ms_per_step"], 2), _signed(r["tok_per_s"]), "-", r["source"],
-              r["evidence"]) for r in a["rows"] if r["cause"] == "unexplained"]
+    rows += [(r.label, _f(r.ms_per_step, 2), _signed(r.tok_per_s), "-", r.source,
+              r.evidence) for r in a.rows if r.cause == "unexplained"]
     return Table(("cause", "ms per decode step", "tok/s", "share of gap", "source", "evidence"),
                  tuple(rows), (False, True, True, True, False, False))
 
 
-def whatif_table(rep: dict[str, Any], rows: list[dict[str, Any]] | None = None) -> Table:
+def whatif_table(rep: Report, rows: list[WhatIf] | None = None) -> Table:
     """One row per setting: its gain at each measured concurrency, at the mixed load, on the
     objective (geometric mean) and whether it keeps every concurrency within 2%."""
-    ws = rep["what_ifs"] if rows is None else rows
-    cs = rep.get("measured_concurrency") or sorted({e["concurrency"] for w in ws
-                                                   for e in w["effects"]})
-    mixed_c = next((w["mixed"]["concurrency"] for w in ws if w.get("mixed")), None)
-    rec = rep.get("recommendation") or {}
+    ws = rep.what_ifs if rows is None else rows
+    cs = rep.measured_concurrency or sorted({e.concurrency for w in ws for e in w.effects})
+    mixed_c = next((w.mixed.concurrency for w in ws if w.mixed), None)
+    rec = rep.recommendation
 
     def gain_at(w, C):
-        e = next((e for e in w["effects"] if e["concurrency"] == C), None)
-        return "-" if e is None else f"{e['predicted_tok_per_s']:.1f} ({e['gain']:+.0%})"
+        e = next((e for e in w.effects if e.concurrency == C), None)
+        return "-" if e is None else f"{e.predicted_tok_per_s:.1f} ({e.gain:+.0%})"
     out = []
     for w in ws:
-        mark = " (recommended)" if (w["knob"], w["setting"]) == (rec.get("knob"),
-                                                                 rec.get("setting")) else ""
-        out.append((w["knob"] + mark, w["setting"]) + tuple(gain_at(w, C) for C in cs)
-                   + ("-" if not w.get("mixed") else
-                      f"{w['mixed']['predicted_tok_per_s']:.1f} ({w['mixed']['gain']:+.0%})",
-                      f"{w['gain']:+.1%}", f"{w['worst_gain']:+.0%}",
-                      "yes" if w["eligible"] else "no", _holds(w), w.get("note") or ""))
+        mark = (" (recommended)" if rec and (w.knob, w.setting) == (rec.knob, rec.setting)
+                else "")
+        out.append((w.knob + mark, w.setting) + tuple(gain_at(w, C) for C in cs)
+                   + ("-" if not w.mixed else
+                      f"{w.mixed.predicted_tok_per_s:.1f} ({w.mixed.gain:+.0%})",
+                      f"{w.gain:+.1%}", f"{w.worst_gain:+.0%}",
+                      "yes" if w.eligible else "no", _holds(w), w.note or ""))
     return Table(("knob", "setting") + tuple(f"C={C} tok/s (gain)" for C in cs)
                  + (f"mixed load C={mixed_c} tok/s (gain)" if mixed_c else "mixed load",
                     "objective: geo-mean gain", "worst gain", "server setting, <= 2% loss",
@@ -198,50 +201,50 @@ def whatif_table(rep: dict[str, Any], rows: list[dict[str, Any]] | None = None) 
                  tuple(out), (False, False) + (True,) * (len(cs) + 3) + (False,) * 3)
 
 
-def _holds(w: dict[str, Any]) -> str:
-    if w.get("checked_up_to") is None:
+def _holds(w: WhatIf) -> str:
+    if w.checked_up_to is None:
         return "-"
-    if w.get("loses_at") is None:
-        return f"every C up to {w['checked_up_to']}"
-    lost = w["loses_at"]
-    return (f"up to C={w['holds_up_to']}; C={lost['concurrency']} {lost['gain']:+.0%}"
-            if w.get("holds_up_to") else f"loses at C={lost['concurrency']} {lost['gain']:+.0%}")
+    if w.loses_at is None:
+        return f"every C up to {w.checked_up_to}"
+    lost = w.loses_at
+    return (f"up to C={w.holds_up_to}; C={lost.concurrency} {lost.gain:+.0%}"
+            if w.holds_up_to else f"loses at C={lost.concurrency} {lost.gain:+.0%}")
 
 
-def whatif_lines(rep: dict[str, Any]) -> list[str]:
+def whatif_lines(rep: Report) -> list[str]:
     """What is compared, the objective and the recommended setting (plain text)."""
-    cs = ", ".join(f"C={C}" for C in rep.get("measured_concurrency") or [])
+    cs = ", ".join(f"C={C}" for C in rep.measured_concurrency)
     out = [f"Every setting is one server launch flag (or client pacing, or TP) applied to all "
            f"traffic, modelled at each concurrency you measured ({cs}) and at a mixed load (the "
            "largest of them with request lengths drawn as sglang.bench_serving does by default, "
            "--random-range-ratio 0, so slot occupancy drifts). Objective: "
-           f"{rep.get('objective', '')}."]
-    rec = rep.get("recommendation")
+           f"{rep.objective}."]
+    rec = rep.recommendation
     if rec:
-        eff = ", ".join(f"C={e['concurrency']} {e['gain']:+.0%}" for e in rec["effects"])
-        out.append(f"Recommended: {rec['knob']} = {rec['setting']} ({rec['gain']:+.1%} on the "
+        eff = ", ".join(f"C={e.concurrency} {e.gain:+.0%}" for e in rec.effects)
+        out.append(f"Recommended: {rec.knob} = {rec.setting} ({rec.gain:+.1%} on the "
                    f"objective; {eff}; {_holds(rec)}). Ties (objective within 0.5%) go to the "
                    "setting that holds over the widest range of load (checked at powers of two "
                    "up to 4x the largest measured C: never a setting that caps the server below "
                    "its load), then to the better mixed load.")
-        pair = rep.get("best_pair")
+        pair = rep.best_pair
         if pair:
-            peff = ", ".join(f"C={e['concurrency']} {e['gain']:+.0%}" for e in pair["effects"])
-            out.append(f"Best two settings together: {pair['knob']} = {pair['setting']} "
-                       f"({pair['gain']:+.1%} on the objective; {peff}; {_holds(pair)}).")
+            peff = ", ".join(f"C={e.concurrency} {e.gain:+.0%}" for e in pair.effects)
+            out.append(f"Best two settings together: {pair.knob} = {pair.setting} "
+                       f"({pair.gain:+.1%} on the objective; {peff}; {_holds(pair)}).")
     else:
         out.append("No server setting improves the objective by more than 0.5% within the 2% "
                    "bound.")
     return out
 
 
-def dispatch_table(rep: dict[str, Any]) -> Table:
+def dispatch_table(rep: Report) -> Table:
     return Table(("policy", "arrival", "C", "measured tok/s", "modelled tok/s", "diff",
                   "note"),
-                 tuple((c["policy"], c["arrival"], str(c["concurrency"]),
-                        _f(c["measured_tok_per_s"]), _f(c["modelled_tok_per_s"]),
-                        f"{c['diff_pct']:+.1f}%", c.get("note") or "within 10%")
-                       for c in rep.get("dispatch_validation") or []),
+                 tuple((c.policy, c.arrival, str(c.concurrency),
+                        _f(c.measured_tok_per_s), _f(c.modelled_tok_per_s),
+                        f"{c.diff_pct:+.1f}%", c.note or "within 10%")
+                       for c in rep.dispatch_validation or ()),
                  (False, False, True, True, True, True, False))
 
 
@@ -250,36 +253,37 @@ DISPATCH_NOTE = ("Model inputs from dispatch.json only (forward time per rank an
                  "its compute stream, so its host time sits between its forwards.")
 
 
-def micro_batch_table(rep: dict[str, Any]) -> Table:
+def micro_batch_table(rep: Report) -> Table:
     return Table(("C", "micro-batches", "slot sizes", "modelled tok/s", "measured tok/s",
                   "forward times"),
-                 tuple((str(c["concurrency"]), str(c["micro_batches"]),
-                        " ".join(map(str, c["slot_sizes"])), _f(c["modelled_tok_per_s"]),
-                        _f(c["measured_tok_per_s"]),
-                        "interpolated" if c["interpolated"] else "measured")
-                       for c in rep.get("dispatch_micro_batches") or []),
+                 tuple((str(c.concurrency), str(c.micro_batches),
+                        " ".join(map(str, c.slot_sizes)), _f(c.modelled_tok_per_s),
+                        _f(c.measured_tok_per_s),
+                        "interpolated" if c.interpolated else "measured")
+                       for c in rep.dispatch_micro_batches or ()),
                  (True, True, False, True, True, False))
 
 
-def _sizes(rr: dict[str, Any] | None) -> str:
-    if not rr or rr.get("median") is None:
+def _sizes(rr) -> str:
+    """A slot-size distribution (reports/base/payloads/sglang.py `Dist`) as min / median / max."""
+    if not rr or rr.median is None:
         return "-"
-    return f"{rr['min']:g} / {rr['median']:g} / {rr['max']:g}"
+    return f"{rr.min:g} / {rr.median:g} / {rr.max:g}"
 
 
-def server_gpu_table(rep: dict[str, Any]) -> Table:
+def server_gpu_table(rep: Report) -> Table:
     """Per PP rank: where the GPU's time went in the traces (compute / NCCL transfer / NCCL wait
     / idle: waiting inside a receive is never called busy), next to the model's compute share."""
-    srv = rep["server"]
-    cs = [str(c["concurrency"]) for c in rep["concurrency"]]
+    srv = rep.server
+    cs = [str(c.concurrency) for c in rep.concurrency]
     rows = []
-    for r in srv["ranks"]:
-        g, e = r["graph_kernels"], r["eager_kernels"]
-        rows.append((str(r["rank"]), _f(r["compute_pct"]), _f(r.get("recv_transfer_pct")),
-                     _f(r["recv_wait_pct"]) if r["recv_wait_pct"] is not None else
-                     f"{_f(r['nccl_recv_pct'])} (transfer + wait)", _f(r.get("idle_pct")))
-                    + tuple(_f(r["modelled_busy_pct"].get(c)) for c in cs)
-                    + (_f(r["dispatch_latency_p50_us"]), _f(r["cpu_dispatch_latency_p50_us"]),
+    for r in srv.ranks:
+        g, e = r.graph_kernels, r.eager_kernels
+        rows.append((str(r.rank), _f(r.compute_pct), _f(r.recv_transfer_pct),
+                     _f(r.recv_wait_pct) if r.recv_wait_pct is not None else
+                     f"{_f(r.nccl_recv_pct)} (transfer + wait)", _f(r.idle_pct))
+                    + tuple(_f(r.modelled_busy_pct.get(c)) for c in cs)
+                    + (_f(r.dispatch_latency_p50_us), _f(r.cpu_dispatch_latency_p50_us),
                        "-" if g is None else f"{g} / {e}"))
     return Table(("PP rank", "compute % [traces]", "NCCL transfer % [traces]",
                   "NCCL wait % [traces]", "idle % [traces]")
@@ -289,16 +293,16 @@ def server_gpu_table(rep: dict[str, Any]) -> Table:
                  tuple(rows), (True, True, True, False, True) + (True,) * (len(cs) + 2) + (False,))
 
 
-def server_log_table(rep: dict[str, Any]) -> Table:
+def server_log_table(rep: Report) -> Table:
     """Per PP rank; with DP attention each figure combines every DP rank's lines (DP_RULES) and
     the PP rank's throughput, the sum over its DP ranks, has its own column."""
-    dp = bool(rep["server"].get("dp_ranks"))
-    rows = tuple((str(r["rank"]),) + ((str(len(r.get("dp") or [])),) if dp else ())
-                 + (_f(r["decode_lines"], 0), _f(r["prefill_lines"], 0),
-                    _sizes(r["running_req"]), _pct(r["cuda_graph_frac"]),
-                    _f(r["gen_tok_per_s_median"]))
-                 + ((_f(r.get("gen_tok_per_s_dp_sum")),) if dp else ())
-                 for r in rep["server"]["ranks"] if r["running_req"] is not None)
+    dp = bool(rep.server.dp_ranks)
+    rows = tuple((str(r.rank),) + ((str(len(r.dp)),) if dp else ())
+                 + (_f(r.decode_lines, 0), _f(r.prefill_lines, 0),
+                    _sizes(r.running_req), _pct(r.cuda_graph_frac),
+                    _f(r.gen_tok_per_s_median))
+                 + ((_f(r.gen_tok_per_s_dp_sum),) if dp else ())
+                 for r in rep.server.ranks if r.running_req is not None)
     if not dp:
         return Table(("PP rank", "decode lines [log]", "prefill lines [log]",
                       "slot size min / median / max [log]", "decode on CUDA graph [log]",
@@ -312,96 +316,94 @@ def server_log_table(rep: dict[str, Any]) -> Table:
                  rows, (True, True, True, True, False, True, True, True))
 
 
-def server_dp_table(rep: dict[str, Any]) -> Table:
+def server_dp_table(rep: Report) -> Table:
     """DP attention: one row per (PP rank, DP rank), each DP rank's own scheduler log."""
-    rows = tuple((str(r["rank"]), str(d["dp"]), _f(d["decode_lines"], 0),
-                  _f(d["prefill_lines"], 0), _sizes(d["running_req"]),
-                  _pct(d["cuda_graph_frac"]), _f(d["gen_tok_per_s_median"]))
-                 for r in rep["server"]["ranks"] for d in r.get("dp") or [])
+    rows = tuple((str(r.rank), str(d.dp), _f(d.decode_lines, 0),
+                  _f(d.prefill_lines, 0), _sizes(d.running_req),
+                  _pct(d.cuda_graph_frac), _f(d.gen_tok_per_s_median))
+                 for r in rep.server.ranks for d in r.dp)
     return Table(("PP rank", "DP rank", "decode lines [log]", "prefill lines [log]",
                   "slot size min / median / max [log]", "decode on CUDA graph [log]",
                   "gen tok/s median [log]"), rows,
                  (True, True, True, True, False, True, True))
 
 
-def server_bench_table(rep: dict[str, Any]) -> Table:
+def server_bench_table(rep: Report) -> Table:
     return Table(("max concurrency [bench]", "mean concurrency [bench]", "output tok/s [bench]",
                   "mean TPOT ms [bench]", "median ITL ms [bench]", "mean TTFT ms [bench]"),
-                 tuple(("none" if b["concurrency"] is None else str(b["concurrency"]),
-                        _f(b["mean_concurrency"], 2), _f(b["output_tok_per_s"]),
-                        _f(b["mean_tpot_ms"]), _f(b["median_itl_ms"]), _f(b["mean_ttft_ms"]))
-                       for b in rep["server"]["bench"]), (True,) * 6)
+                 tuple(("none" if b.concurrency is None else str(b.concurrency),
+                        _f(b.mean_concurrency, 2), _f(b.output_tok_per_s),
+                        _f(b.mean_tpot_ms), _f(b.median_itl_ms), _f(b.mean_ttft_ms))
+                       for b in rep.server.bench), (True,) * 6)
 
 
-def server_lines(rep: dict[str, Any]) -> list[str]:
+def server_lines(rep: Report) -> list[str]:
     """Sources legend, slot-imbalance index and notes (plain text)."""
-    srv = rep["server"]
-    src = "; ".join(f"[{k}] = {v}" for k, v in srv["sources"].items() if v)
+    srv: ServerSummary = rep.server
+    src = "; ".join(f"[{k}] = {v}" for k, v in to_json(srv.sources).items() if v)
     out = [f"Every number in this section is observed on your server, read into sglang.json by "
            f"`ppscope sglang`: {src}. Modelled columns are the pipeline model "
            f"(scenario inputs), for comparison."]
-    imb = srv.get("slot_imbalance")
+    imb = srv.slot_imbalance
     if imb:
-        mom, cv = imb.get("max_over_mean_median"), imb.get("cv")
-        who = (f"PP rank {imb.get('rank')}, all {imb['dp_ranks']} DP ranks"
-               if imb.get("dp_ranks") else f"PP rank {imb.get('rank')}"
-               + (f" DP {imb['dp']}" if imb.get("dp") is not None else ""))
+        mom, cv = imb.max_over_mean_median, imb.cv
+        who = (f"PP rank {imb.rank}, all {imb.dp_ranks} DP ranks"
+               if imb.dp_ranks else f"PP rank {imb.rank}"
+               + (f" DP {imb.dp}" if imb.dp is not None else ""))
         out.append(f"Slot-imbalance index [log, {who}]: max/mean slot size per "
-                   f"window of {imb.get('window')} decode lines {_f(mom, 2)} (median over "
-                   f"{imb.get('windows')} windows; 1.0 = even), coefficient of variation "
+                   f"window of {imb.window} decode lines {_f(mom, 2)} (median over "
+                   f"{imb.windows} windows; 1.0 = even), coefficient of variation "
                    f"{_f(cv, 2)}. Under PP `#running-req` is the size of the one slot just "
                    "processed.")
-    if srv.get("dp_rules"):
-        out.append(f"{srv['dp_ranks']} DP ranks per PP rank in the log. {srv['dp_rules']}")
-    out += srv.get("moe_kernel_lines") or []
-    out += srv.get("attention_lines") or []
-    return out + [f"Note: {n}." for n in srv.get("notes") or []]
+    if srv.dp_rules:
+        out.append(f"{srv.dp_ranks} DP ranks per PP rank in the log. {srv.dp_rules}")
+    out += srv.moe_kernel_lines
+    out += srv.attention_lines
+    return out + [f"Note: {n}." for n in srv.notes]
 
 
-def topology_table(rep: dict[str, Any]) -> Table:
+def topology_table(rep: Report) -> Table:
     """The pipeline's hops with their link level as topology.json has it ("unknown" where the
     pasted table left it unreadable) and the label of that figure."""
-    t = rep["topology"]
-    lab = t.get("source", "measured")
+    t = rep.topology
     return Table(("PP hop", "link level", "link class", "source"),
-                 tuple((f"GPU{h['src']} -> GPU{h['dst']}", h["link"] or "unknown",
-                        h["hop_class"] or "unknown (no class, no speed taken from it)", lab)
-                       for h in t.get("pipeline_hops") or []), (False,) * 4)
+                 tuple((f"GPU{h.src} -> GPU{h.dst}", h.link or "unknown",
+                        h.hop_class or "unknown (no class, no speed taken from it)", t.source)
+                       for h in t.pipeline_hops), (False,) * 4)
 
 
-def topology_lines(rep: dict[str, Any]) -> list[str]:
+def topology_lines(rep: Report) -> list[str]:
     """Where the link map comes from, which pairs are unknown and what the parser skipped."""
-    t = rep["topology"]
-    lab = t.get("source", "measured")
+    t = rep.topology
     out = [("From a pasted `nvidia-smi topo -m` table (`ppscope topology --from-nvidia-smi`): "
             "every link level here is given, nothing on the server was probed."
-            if t.get("pasted") else "Probed by `ppscope topology` on this machine (measured).")]
-    unk = t.get("links_unknown") or []
+            if t.pasted else "Probed by `ppscope topology` on this machine (measured).")]
+    unk = t.links_unknown
     if unk:
         out.append(f"Unknown links ({len(unk)} GPU pair(s) the pasted table left unreadable; no "
                    "verdict, link class or link speed is taken from them): "
                    + ", ".join("GPU{}\u2013GPU{}".format(*p.split("-")) for p in unk) + ".")
-    if lab != "measured" and not t.get("hops"):
+    if t.source != "measured" and not t.hops:
         out.append("No PP hop was timed: hop costs in the model stay estimated.")
-    notes = t.get("notes") or []   # last: the list items close the section
+    notes = t.notes   # last: the list items close the section
     if notes:
         out.append(("What the parser skipped or could not read in the pasted table:"
-                    if t.get("pasted") else "Notes from reading the link map:"))
+                    if t.pasted else "Notes from reading the link map:"))
         out += [f"- {n}" for n in notes]
-    elif t.get("pasted"):
+    elif t.pasted:
         out.append("The parser skipped nothing in the pasted table.")
     return out
 
 
-def measured_timeline_table(rep: dict[str, Any]) -> Table:
-    tls = rep.get("measured_timeline") or []
-    ranks = sorted({r for t in tls for r in t["busy_frac_in_window"]}, key=int)
+def measured_timeline_table(rep: Report) -> Table:
+    tls = rep.measured_timeline or ()
+    ranks = sorted({r for t in tls for r in t.busy_frac_in_window}, key=int)
     return Table(("probe point", "decode rounds", "slots", "forwards", "window ms")
                  + tuple(f"rank {r} busy % in window" for r in ranks),
-                 tuple((t["point"], str(t["rounds"]), str(t["slots"]), str(t["forwards"]),
-                        _f(t["window_ms"]))
-                       + tuple(_f(None if t["busy_frac_in_window"].get(r) is None
-                                  else 100 * t["busy_frac_in_window"][r]) for r in ranks)
+                 tuple((t.point, str(t.rounds), str(t.slots), str(t.forwards),
+                        _f(t.window_ms))
+                       + tuple(_f(None if t.busy_frac_in_window.get(r) is None
+                                  else 100 * t.busy_frac_in_window[r]) for r in ranks)
                        for t in tls),
                  (False,) + (True,) * (4 + len(ranks)))
 
@@ -411,79 +413,78 @@ MEASURED_NOTE = ("Measured by the dispatch probe (dispatch.trace.json): GPU forw
                  "(steady decode); the full trace opens in ui.perfetto.dev.")
 
 
-def diagnosis_table(rep: dict[str, Any]) -> Table:
+def diagnosis_table(rep: Report) -> Table:
     """The observed server's causes (reports/model/diagnose.py), largest first, then the
     unexplained row."""
-    dg = rep["diagnosis"]
-    rows = [(r["label"], _f(r["ms_per_step"], 2), _f(r["size_pct"], 0) + "%",
-             r["reference"], r["detail"]) for r in dg["rows"]]
-    if dg.get("unexplained_ms") is not None:
-        rows.append(("unexplained (observed - modelled)", _f(dg["unexplained_ms"], 2),
-                     _f(dg["unexplained_pct"], 0) + "% of the step", "", ""))
+    dg = rep.diagnosed
+    rows = [(r.label, _f(r.ms_per_step, 2), _f(r.size_pct, 0) + "%",
+             r.reference, r.detail) for r in dg.rows]
+    if dg.unexplained_ms is not None:
+        rows.append(("unexplained (observed - modelled)", _f(dg.unexplained_ms, 2),
+                     _f(dg.unexplained_pct, 0) + "% of the step", "", ""))
     return Table(("cause", "ms per decode step", "slowdown it causes", "reference (cause off)",
                   "the numbers"), tuple(rows), (False, True, True, False, False))
 
 
-def time_split_table(rep: dict[str, Any]) -> Table:
-    rows = [(str(t["rank"]), _f(t["compute_pct"], 0), _f(t["transfer_pct"], 1),
-             _f(t["wait_pct"], 0), _f(t["comm_pct"], 0) if t["wait_pct"] is None else "",
-             _f(t["idle_pct"], 0)) for t in rep["diagnosis"]["time_split"]]
+def time_split_table(rep: Report) -> Table:
+    rows = [(str(t.rank), _f(t.compute_pct, 0), _f(t.transfer_pct, 1),
+             _f(t.wait_pct, 0), _f(t.comm_pct, 0) if t.wait_pct is None else "",
+             _f(t.idle_pct, 0)) for t in rep.diagnosed.time_split]
     return Table(("rank", "compute %", "comm transfer %", "comm wait %",
                   "comm (no link bw given) %", "idle %"), tuple(rows), (True,) * 6)
 
 
-def baseline_table(cmp_: dict[str, Any]) -> Table:
-    rows = [(r["label"], _f(r["baseline_ms"], 2), _f(r["now_ms"], 2), f"{r['growth_ms']:+.2f}",
-             "" if r["share_of_change_pct"] is None else f"{r['share_of_change_pct']:.0f}%")
-            for r in cmp_["rows"]]
+def baseline_table(cmp_: Comparison) -> Table:
+    rows = [(r.label, _f(r.baseline_ms, 2), _f(r.now_ms, 2), f"{r.growth_ms:+.2f}",
+             "" if r.share_of_change_pct is None else f"{r.share_of_change_pct:.0f}%")
+            for r in cmp_.rows]
     return Table(("cause", "baseline ms/step", "this run ms/step", "change ms",
                   "share of the step's change"), tuple(rows), (False, True, True, True, True))
 
 
-def baseline_lines(rep: dict[str, Any]) -> list[str]:
+def baseline_lines(rep: Report) -> list[str]:
     """What changed against an earlier run (reports/model/compare.py)."""
-    c = rep.get("baseline_comparison")
+    c = rep.baseline_comparison
     if not c:
         return []
-    out = ["## Against the baseline", "", f"Baseline: {c['baseline']}.", ""]
-    if c["status"] != "ok":
-        return out + [f"Not compared: {c['reason']}", ""]
-    out += [f"**{c['answer']}**", "", md_table(baseline_table(c)), "",
+    out = ["## Against the baseline", "", f"Baseline: {c.baseline}.", ""]
+    if not isinstance(c, Comparison):
+        return out + [f"Not compared: {c.reason}", ""]
+    out += [f"**{c.answer}**", "", md_table(baseline_table(c)), "",
             "Each cause in ms per decode step in both runs (each run's own Shapley split); the "
             "growths add up to the modelled step's change, `unexplained` takes the rest of the "
             "observed change.", ""]
-    return out + [f"- {n}" for n in c["notes"]] + ([""] if c["notes"] else [])
+    return out + [f"- {n}" for n in c.notes] + ([""] if c.notes else [])
 
 
-def observed_loop_line(dg: dict[str, Any]) -> str:
+def observed_loop_line(dg: ServerDiagnosis) -> str:
     """The observed deployment the diagnosis models, in one paragraph."""
-    d = dg["deployment"]
-    obs = dg["observed_tok_per_s"]
-    return (f"Observed loop (C = {dg['concurrency']}, {dg['concurrency_source']}): PP{d['pp']}, "
-            f"{d['slots']} slots, micro-batches {','.join(str(n) for n in d['sizes'] if n)}, "
-            + ("forwards on the CPU (SGLang's CPU backend: no graphs)" if d.get("device") == "cpu"
-               else f"CUDA-graph share {_pct(d['graph_share'])}") + "; observed "
-            f"{_f(obs)} tok/s" + (f" ({dg['observed_source']})" if dg.get("observed_source")
-                                  else "") +
-            f", the model of this loop {_f(dg['modelled_tok_per_s'])} tok/s, with every cause at "
-            f"its reference {_f(dg['reference_tok_per_s'])} tok/s. Every input is observed in "
-            "the traces (sizes the traces never ran: " + d["shape"] + ").")
+    d = dg.deployment
+    obs = dg.observed_tok_per_s
+    return (f"Observed loop (C = {dg.concurrency}, {dg.concurrency_source}): PP{d.pp}, "
+            f"{d.slots} slots, micro-batches {','.join(str(n) for n in d.sizes if n)}, "
+            + ("forwards on the CPU (SGLang's CPU backend: no graphs)" if d.device == "cpu"
+               else f"CUDA-graph share {_pct(d.graph_share)}") + "; observed "
+            f"{_f(obs)} tok/s" + (f" ({dg.observed_source})" if dg.observed_source else "") +
+            f", the model of this loop {_f(dg.modelled_tok_per_s)} tok/s, with every cause at "
+            f"its reference {_f(dg.reference_tok_per_s)} tok/s. Every input is observed in "
+            "the traces (sizes the traces never ran: " + d.shape + ").")
 
 
-def diagnosis_lines(rep: dict[str, Any]) -> list[str]:
-    dg = rep.get("diagnosis")
+def diagnosis_lines(rep: Report) -> list[str]:
+    dg = rep.diagnosis
     if not dg:
         return []
     out = ["", "## Your server: diagnosis from its own evidence", ""]
-    if dg.get("status") != "ok":
-        return out + [f"Not diagnosed: {dg.get('reason')}", ""]
-    out += [f"**{dg['answer']}**", "", observed_loop_line(dg), "",
+    if not isinstance(dg, ServerDiagnosis):
+        return out + [f"Not diagnosed: {dg.reason}", ""]
+    out += [f"**{dg.answer}**", "", observed_loop_line(dg), "",
             md_table(diagnosis_table(rep)), "",
             "Time per rank over the traced window (waiting inside an NCCL receive is "
             "communication wait, never busy):", "", md_table(time_split_table(rep)), ""]
-    out += [f"- {n}" for n in dg["deployment"]["notes"]]
-    out += [f"- Caveat: {c}." for c in dg.get("caveats") or ()]
-    w = rep.get("watch") or {}
+    out += [f"- {n}" for n in dg.deployment.notes]
+    out += [f"- Caveat: {c}." for c in dg.caveats]
+    w = rep.watch or {}
     hints = [h for h in (w.get("summary") or {}).get("hints", []) if h.get("holds")]
     if hints:  # corroboration only: NVML utilisation never overrules the traces
         out += ["", f"The GPU watch ({w.get('evidence')}, {w.get('source')}) agrees or not, "
@@ -492,22 +493,22 @@ def diagnosis_lines(rep: dict[str, Any]) -> list[str]:
     return out
 
 
-def measure_lines(rep: dict[str, Any]) -> list[str]:
+def measure_lines(rep: Report) -> list[str]:
     """The closing section: the next commands for this deployment (reports/model/next_steps.py)."""
-    steps = rep.get("measure_your_server") or []
+    steps = rep.measure_your_server
     if not steps:
         return []
     out = [f"## {MEASURE_TITLE}", "", MEASURE_LEAD, ""]
     for i, st in enumerate(steps, 1):
-        out += [f"{i}. {st['why']}", "", "   ```bash"] + [f"   {c}" for c in st["commands"]] + \
+        out += [f"{i}. {st.why}", "", "   ```bash"] + [f"   {c}" for c in st.commands] + \
             ["   ```", ""]
     return out
 
 
-def inputs_table(rep: dict[str, Any]) -> Table:
+def inputs_table(rep: Report) -> Table:
     return Table(("input", "value", "source", "evidence", "note"),
-                 tuple((p["name"], fmt_value(p["value"]), p["source"], p["evidence"],
-                        p.get("note") or "") for p in rep["params"]), (False,) * 5)
+                 tuple((p.name, fmt_value(p.value), p.source, p.evidence, p.note or "")
+                       for p in rep.params), (False,) * 5)
 
 
 def md_table(t: Table) -> str:
@@ -535,91 +536,90 @@ MEASURE_LEAD = ("Can we profile? Yes: these commands, in order, give the report 
 GLOSSARY_TITLE = "How to read this"
 
 
-def stage_cost_table(rep: dict[str, Any]) -> Table:
+def stage_cost_table(rep: Report) -> Table:
     rows = []
-    for sc in rep.get("stage_cost") or []:
-        rows.append((str(sc["batch"]), *(f"{m:.0f} / {f:.0f}" for m, f in
-                                         zip(sc["modelled_us"], sc["floor_us"]))))
-    n = max((len(sc["modelled_us"]) for sc in rep.get("stage_cost") or []), default=0)
+    for sc in rep.stage_cost:
+        rows.append((str(sc.batch), *(f"{m:.0f} / {f:.0f}" for m, f in
+                                      zip(sc.modelled_us, sc.floor_us))))
+    n = max((len(sc.modelled_us) for sc in rep.stage_cost), default=0)
     return Table(("micro-batch", *(f"stage {i} us (floor)" for i in range(n))), tuple(rows),
                  (True,) * (n + 1))
 
 
-def render_md(rep: dict[str, Any]) -> str:
+def render_md(rep: Report) -> str:
     out = [f"# {report_title(rep)}", ""]
-    out += [f"**{banner(rep)}**" if rep["all_estimated"] else banner(rep), ""]
+    out += [f"**{banner(rep)}**" if rep.all_estimated else banner(rep), ""]
     out += header_lines(rep) + [""]
-    out += [f"> warning: {w}  " for w in rep["warnings"]]
-    out += ["", "## The answer", ""] + [f"- {s}" for s in rep.get("answer", [])] + [""]
+    out += [f"> warning: {w}  " for w in rep.warnings]
+    out += ["", "## The answer", ""] + [f"- {s}" for s in rep.answer] + [""]
     out += baseline_lines(rep)
     out += diagnosis_lines(rep)
     out += ["## Throughput (decode tok/s per concurrency C)", "", md_table(throughput_table(rep)),
             ""]
-    if rep.get("observed_source"):
+    if rep.observed_source:
         out += [observed_line(rep), ""]
-    if rep.get("implied_efficiency"):
+    if rep.implied_efficiency:
         out += [IMPLIED_LEAD, ""]
-        out += [f"- {x['text']}" for x in rep["implied_efficiency"]] + [""]
+        out += [f"- {x.text}" for x in rep.implied_efficiency] + [""]
     out += ["## Verdicts on the hypotheses", "", md_table(verdict_table(rep)), ""]
-    if rep.get("server"):
+    if rep.server:
         out += ["## Your server (observed, sglang.json)", ""]
         for line in server_lines(rep):
             out += [line, ""]
-        if any(r["trace_span_ms"] for r in rep["server"]["ranks"]):
+        if any(r.trace_span_ms for r in rep.server.ranks):
             out += ["### GPU time per PP rank (traces) next to the model", "",
                     md_table(server_gpu_table(rep)), ""]
-        if any(r["running_req"] is not None for r in rep["server"]["ranks"]):
+        if any(r.running_req is not None for r in rep.server.ranks):
             out += ["### Scheduler log per PP rank", "", md_table(server_log_table(rep)), ""]
-        if rep["server"].get("dp_ranks"):
+        if rep.server.dp_ranks:
             out += ["### Scheduler log per PP rank and DP rank (DP attention)", "",
                     md_table(server_dp_table(rep)), ""]
-        if rep["server"]["bench"]:
+        if rep.server.bench:
             out += ["### bench_serving runs", "", md_table(server_bench_table(rep)), ""]
-    if rep.get("watch"):  # GPU watch section: reports/render/watch_plot.py
+    if rep.watch:  # GPU watch section: reports/render/watch_plot.py
         from reports.render.watch_plot import watch_md
-        out += watch_md(rep["watch"])
+        out += watch_md(rep.watch)
     out += [f"## {ATTRIBUTION_TITLE}", ""]
-    for a in rep["attribution"]:
+    for a in rep.attribution:
         out += [f"### {attribution_title(a)}", "", md_table(attribution_table(a)), ""]
     out += ["## What-ifs (one server setting at every concurrency; best first)", ""]
     out += [x for line in whatif_lines(rep) for x in (line, "")]
     out += [md_table(whatif_table(rep)), ""]
-    if rep.get("dispatch_validation"):
+    if rep.dispatch_validation:
         out += ["## Model vs dispatch probe (same configuration)", "",
                 md_table(dispatch_table(rep)), "", DISPATCH_NOTE, ""]
-    if rep.get("dispatch_micro_batches"):
+    if rep.dispatch_micro_batches:
         out += ["## Micro-batch count (dispatch probe's configuration)", "",
                 md_table(micro_batch_table(rep)), ""]
     out += [f"## {STAGE_TITLE}", "", STAGE_NOTE, "", md_table(stage_cost_table(rep)), ""]
-    if rep.get("measured_timeline"):
+    if rep.measured_timeline:
         out += [f"## {MEASURED_TITLE}", "",
                 md_table(measured_timeline_table(rep)), "", MEASURED_NOTE, ""]
-    if rep.get("topology"):
-        out += [f"## Links between GPUs (topology.json, {rep['topology'].get('source')})", ""]
+    if rep.topology:
+        out += [f"## Links between GPUs (topology.json, {rep.topology.source})", ""]
         lines = topology_lines(rep)   # paragraphs, then the parser's notes as a list
         out += [x for line in lines for x in ([line] if line.startswith("- ") else [line, ""])]
         if lines[-1].startswith("- "):
             out.append("")
-        if rep["topology"].get("pipeline_hops"):
+        if rep.topology.pipeline_hops:
             out += [md_table(topology_table(rep)), ""]
-    if rep.get("model_differs"):
+    if rep.model_differs:
         out += ["## Where the model differs from SGLang", ""]
-        out += [f"- {d}" for d in rep["model_differs"]] + [""]
+        out += [f"- {d}" for d in rep.model_differs] + [""]
     out += ["## Inputs", "", md_table(inputs_table(rep)), ""]
-    if rep["assumptions"]:
+    if rep.assumptions:
         out += ["## Scenario assumptions", ""] + [f"- **{k}**: {v}"
-                                                  for k, v in rep["assumptions"].items()]
+                                                  for k, v in rep.assumptions.items()]
         out += [""]
     out += measure_lines(rep)
     out += [f"## {GLOSSARY_TITLE}", ""] + [f"- **{k}**: {v}" for k, v in glossary(rep)]
     return "\n".join(out) + "\n"
 
 
-def glossary(rep: dict[str, Any]) -> list[tuple[str, str]]:
+def glossary(rep: Report) -> list[tuple[str, str]]:
     """Every term the report uses, with the deployment's own GPU memory named."""
     from reports.model.causes import CAUSES
-    d = rep["deployment"]
-    mem = d.get("memory") or "memory"
+    mem = rep.deployment.memory or "memory"
     out = [
         ("TPOT", "time per output token of one request; with C requests in flight, one decode "
                  "step of the whole pipeline (every running request advances one token)."),
