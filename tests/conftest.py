@@ -113,39 +113,25 @@ def fake_machine(monkeypatch, fake_discovery):
     return p2p_mod
 
 
-_TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None),
-          "integer": int, "number": (int, float)}
+def check_report(rep: dict) -> None:
+    """A report.json dict read back as the typed Report (reports/model/report_type.py): every
+    field of its type, no key it does not define, and written back to the same dict."""
+    import json
 
-
-def validate_schema(obj, schema, where="$"):
-    """Tiny JSON-Schema subset: type, required, properties, items, enum."""
-    t = schema.get("type")
-    if t:
-        ts = t if isinstance(t, list) else [t]
-        ok = any(isinstance(obj, _TYPES[x]) and not (x in ("integer", "number")
-                 and isinstance(obj, bool)) for x in ts)
-        assert ok, f"{where}: {obj!r} is not {t}"
-    if "enum" in schema:
-        assert obj in schema["enum"], f"{where}: {obj!r} not in {schema['enum']}"
-    for k in schema.get("required", []):
-        assert k in obj, f"{where}: missing {k}"
-    for k, sub in schema.get("properties", {}).items():
-        if isinstance(obj, dict) and k in obj:
-            validate_schema(obj[k], sub, f"{where}.{k}")
-    if "items" in schema and isinstance(obj, list):
-        for i, x in enumerate(obj):
-            validate_schema(x, schema["items"], f"{where}[{i}]")
+    from reports.base.schema import SchemaError
+    from reports.model.report_type import Report
+    try:
+        typed = Report.from_json(rep, strict=True)
+    except SchemaError as e:
+        raise AssertionError(str(e)) from None
+    assert json.dumps(typed.to_json()) == json.dumps(rep), "report.json does not round-trip"
 
 
 @pytest.fixture
 def check_report_schema():
-    """A report dict checked against configs/schemas/report.schema.json (AssertionError names
-    the path that fails)."""
-    import json
-
-    from reports.base.paths import CONFIGS
-    schema = json.loads((CONFIGS / "schemas" / "report.schema.json").read_text())
-    return lambda rep: validate_schema(rep, schema)
+    """A report dict checked against its type, `check_report` (AssertionError names the field
+    that fails)."""
+    return check_report
 
 
 @pytest.fixture

@@ -12,23 +12,36 @@ from pathlib import Path
 
 import pytest
 
+from reports.base.schema import to_json
 from reports.cli import main
 from reports.model.compare import SAME_PCT, compare
+from reports.model.diagnose import CauseRow
+from reports.model.report_type import NotDiagnosed, ServerDiagnosis
 
 CASES = Path(__file__).parent / "fixtures" / "h200x2" / "fault_cases"
 
 
 def _dg(step_obs, step_model, rows, C=8):
-    return {"status": "ok", "concurrency": C, "observed_step_ms": step_obs,
-            "modelled_step_ms": step_model,
-            "unexplained_ms": None if step_obs is None else step_obs - step_model,
-            "rows": [{"cause": c, "label": c.upper(), "ms_per_step": ms} for c, ms in rows]}
+    """A diagnosis with the fields compare reads; the rest left blank."""
+    return ServerDiagnosis(
+        status="ok", concurrency=C, concurrency_source="", bench_run=None, observed_source=None,
+        deployment=None, time_split=(), observed_tok_per_s=None, modelled_tok_per_s=0.0,
+        reference_tok_per_s=0.0, observed_step_ms=step_obs, modelled_step_ms=step_model,
+        reference_step_ms=0.0,
+        rows=tuple(CauseRow(c, c.upper(), ms, None, None, "", "") for c, ms in rows),
+        unexplained_ms=None if step_obs is None else step_obs - step_model,
+        unexplained_pct=None, answer="", named=())
+
+
+def _cmp(*a):
+    """compare's result as report.json holds it."""
+    return to_json(compare(*a))
 
 
 def test_growth_per_cause_and_the_unexplained_rest():
     base = _dg(4.0, 4.0, [("host", 1.0), ("slow_stage", 0.2)])
     now = _dg(5.0, 4.8, [("host", 0.9), ("slow_stage", 1.1)])
-    c = compare(now, base, "b.json")
+    c = _cmp(now, base, "b.json")
     assert c["status"] == "ok" and c["kind"] == "observed"
     assert c["change_pct"] == pytest.approx(25.0)
     g = {r["cause"]: r for r in c["rows"]}
@@ -44,15 +57,15 @@ def test_growth_per_cause_and_the_unexplained_rest():
 
 def test_faster_small_change_and_missing_sides():
     base = _dg(4.0, 4.0, [("herd", 2.0)])
-    faster = compare(_dg(3.0, 3.0, [("herd", 1.0)]), base, "b")
+    faster = _cmp(_dg(3.0, 3.0, [("herd", 1.0)]), base, "b")
     assert "25% faster" in faster["answer"] and "HERD: -1.00 ms" in faster["answer"]
-    same = compare(_dg(4.0 * (1 + SAME_PCT / 200), 4.0, [("herd", 2.0)]), base, "b")
+    same = _cmp(_dg(4.0 * (1 + SAME_PCT / 200), 4.0, [("herd", 2.0)]), base, "b")
     assert "no clear change" in same["answer"]
     # no observed tok/s on one side: the modelled steps are compared, and said so
-    m = compare(_dg(None, 5.0, [("herd", 3.0)]), base, "b")
+    m = _cmp(_dg(None, 5.0, [("herd", 3.0)]), base, "b")
     assert m["kind"] == "modelled" and m["change_pct"] == pytest.approx(25.0)
     assert all(r["cause"] != "unexplained" for r in m["rows"]) and m["notes"]
-    nc = compare({"status": "not diagnosed", "reason": "no traces"}, base, "b")
+    nc = _cmp(NotDiagnosed("not diagnosed", "no traces"), base, "b")
     assert nc["status"] == "not compared" and "no traces" in nc["reason"]
 
 

@@ -1,10 +1,16 @@
 """reports/model/next_steps.py: the "measure your server" commands follow the evidence."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from reports.model import next_steps as ns
 from reports.model.next_steps import next_steps
+from reports.model.report_type import REPORT_SCHEMA, Report
+from reports.model.causes import HERD
+from reports.model.scenario import Param
+from reports.model.verdicts import Verdict, VerdictAt
 
 
 @pytest.fixture(autouse=True)
@@ -14,11 +20,11 @@ def _plain_invocation(monkeypatch):
     monkeypatch.setattr(ns, "python_command", lambda: "python3")
 
 
-def _rep(eff_source: str | None) -> dict:
-    params = [{"name": "pp", "source": "given"}]
+def _rep(eff_source: str | None) -> Report:
+    params = [Param("pp", 8, "given", "")]
     if eff_source:
-        params.append({"name": "kernel_efficiency", "source": eff_source})
-    return {"params": params}
+        params.append(Param("kernel_efficiency", 0.5, eff_source, ""))
+    return Report(REPORT_SCHEMA, "test", params=tuple(params))
 
 
 def _kernel_step(steps):
@@ -72,9 +78,9 @@ def test_commands_call_ppscope_the_way_it_runs_here(monkeypatch):
 
 
 def test_profile_at_the_concurrency_where_the_herd_is():
-    rep = {**_rep("measured"), "verdicts": [{"cause": "herd", "at": [
-        {"concurrency": 1, "share": 0.0}, {"concurrency": 8, "share": 0.54},
-        {"concurrency": 32, "share": 0.23}]}]}
+    herd = Verdict(HERD, "holds", "", "", cause="herd", at=tuple(
+        VerdictAt(C, "holds", share, "") for C, share in ((1, 0.0), (8, 0.54), (32, 0.23))))
+    rep = replace(_rep("measured"), verdicts=(herd,))
     steps = next_steps(rep, [1, 8, 32], 8)
     prof = next(c for s in steps for c in s.commands if "--profile" in c)
     assert "--live-concurrency 8 " in prof and "--watch" not in prof

@@ -7,6 +7,7 @@ import re
 from reports.base.records import read_record
 from reports.cli import main
 from reports.model import loop_builder as lb
+from reports.base.schema import to_json
 from reports.model.arrival import alternatives, arrival_from_log, sentence
 from reports.model.scenario import build_inputs, load_scenario
 
@@ -47,10 +48,11 @@ def test_trickle_spreads_a_burst_over_consecutive_slots_and_the_answer_says_so()
     burst, trickle = lb.run(inp, 8, arrival="burst"), lb.run(inp, 8, arrival="trickle")
     assert [s for s in burst.slot_sizes if s] == [8]
     assert list(trickle.slot_sizes[:8]) == [1] * 8 and trickle.tok_per_s > 1.5 * burst.tok_per_s
-    arr = alternatives(inp, dict(inp.observed), lambda C, a: lb.run(inp, C, arrival=a))
+    alt = alternatives(inp, dict(inp.observed), lambda C, a: lb.run(inp, C, arrival=a))
+    arr = to_json(alt)   # as report.json holds it
     assert 8 in arr["differs_at"] and 1 not in arr["differs_at"]
     row8 = next(r for r in arr["by_concurrency"] if r["concurrency"] == 8)
     assert row8["observed_fits"] == "burst"          # 81.7 tok/s: one slot of 8
-    text = sentence(arr)
+    text = sentence(alt)
     assert text.startswith("The answer hangs on how requests arrive: C=8 ")
     assert "#new-seq" in text and "assumes burst (given)" in text

@@ -19,6 +19,7 @@ from reports.cli import main
 from reports.base.payloads.topology import HopCost
 from reports.base.records import make_record
 from reports.model.scenario import build_inputs, load_scenario
+from reports.model.report_type import Report
 from reports.report_cli import server_line
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,7 +85,7 @@ def test_dp_attention_verdicts_use_every_dp_rank(dp_report):
     h = _verdict(rep, "thundering herd / uneven split")
     assert "(log, PP rank 0, 12 decode lines of 4 DP ranks): slot size median 4, max 6" \
         in h["number"]
-    assert server_line(rep).endswith("DP attention, 4 DP ranks per PP rank, all counted; gen "
+    assert server_line(Report.from_json(rep)).endswith("DP attention, 4 DP ranks per PP rank, all counted; gen "
                                      "tok/s summed over DP ranks [log] 428 432")
 
 

@@ -15,6 +15,7 @@ import pytest
 from reports.cli import main
 from reports.render.measured_timeline import choose_point, read_dispatch_trace
 from reports.base.records import read_record, write_record
+from reports.model.report_type import Report
 from reports.report_cli import server_line
 from reports.model.scenario import observed_from_sglang
 from reports.model.verdicts import EVEN_CV, graph_evidence, observed_slots
@@ -199,7 +200,7 @@ def test_server_section_numbers(tmp_path, fixtures, report_of):
     row0 = next(ln for ln in md.splitlines() if ln.startswith("|         0 |"))
     assert row0.split("|")[2].strip() == "45.8"          # compute %, never "busy" with waits
     assert "0 / 0 / 8" in md and "[traces] = tests/fixtures/traces/recorded" in md
-    assert server_line(rep) == ("your server (sglang.json, observed): GPU compute % per PP rank "
+    assert server_line(Report.from_json(rep)) == ("your server (sglang.json, observed): GPU compute % per PP rank "
                                 "[traces] 46 34; slot size median/max [log] 0/8 0/8; decode on "
                                 "CUDA graph [log] 75% 100%")
 
@@ -223,7 +224,7 @@ def test_measured_timeline_window(fixtures):
     assert [(s.rank, s.slot, s.batch) for s in a.spans] == [(0, 0, 32), (1, 0, 32)] * 2
     assert [round(s.start_us, 3) for s in a.spans] == [0.0, 7518.258, 16214.874, 23742.639]
     assert a.window_ms == pytest.approx(31.26156)
-    assert a.summary()["busy_frac_in_window"]["0"] == pytest.approx(
+    assert a.summary().busy_frac_in_window["0"] == pytest.approx(
         (7500.221 + 7510.338) / 31261.56)
     # the same arrival and C under the other policy, for contrast: prefills at it 0 and 2
     assert (b.point, b.first_it, [s.slot for s in b.spans]) == \
