@@ -82,3 +82,15 @@ def test_a_not_diagnosed_part_keeps_its_shape():
     assert "diagnosis" not in d     # written only beside `server`, as the file has always had it
     assert Report.from_json({**d, "server": None, "diagnosis": {
         "status": "not diagnosed", "reason": "no traces"}}).diagnosis == rep.diagnosis
+
+
+def test_the_diagnosis_part_mirrors_diagnose_s_diagnosis():
+    import typing
+
+    from reports.model.diagnose import Diagnosis
+    from reports.model.report_type import ServerDiagnosis
+    own = [f.name for f in fields(ServerDiagnosis)]
+    theirs = [f.name for f in fields(Diagnosis)]
+    assert own[own.index("time_split") + 1:] == theirs[1:] and own[1] == theirs[0]
+    h_own, h_theirs = typing.get_type_hints(ServerDiagnosis), typing.get_type_hints(Diagnosis)
+    assert all(h_own[n] == h_theirs[n] for n in theirs)

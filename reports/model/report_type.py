@@ -231,7 +231,10 @@ class TimeSplit:
 @dataclass(frozen=True)
 class ServerDiagnosis:
     """The observed server diagnosed from its own evidence: the inputs it was read from, then
-    reports/model/diagnose.py's `Diagnosis`, field for field (`from_diagnosis`)."""
+    reports/model/diagnose.py's `Diagnosis` field for field (its `concurrency` second). The
+    fields are declared again rather than nested because the file has them flat, in this
+    order; report_build fills them from the `Diagnosis` by name, and a test holds the two
+    lists equal, so a field added there fails here instead of going missing."""
     status: Literal["ok"]
     concurrency: int
     concurrency_source: str
