@@ -1,4 +1,5 @@
-"""Assemble report.json (the truth the Markdown, HTML and terminal table render).
+"""Assemble the report (reports/model/report_type.py `Report`; its `to_json()` is report.json,
+the truth the Markdown, HTML and terminal table render).
 
 Levels per concurrency: `ideal` (every switch off), `predicted` (the model, every switch on),
 `observed` (the user's benchmark). Attribution rows, verdicts, what-ifs, parameters with their

@@ -155,9 +155,9 @@ def read_baseline(path: str) -> tuple[str, Report]:
     if not isinstance(rep, dict) or rep.get("schema") != REPORT_SCHEMA:
         raise CliError(f"--baseline {p}: not a ppscope report.json ({REPORT_SCHEMA})")
     try:
-        return str(p), Report.from_json(rep, f"--baseline {p}")
+        return str(p), Report.from_json(rep)
     except SchemaError as e:
-        raise CliError(f"{e} (not a report.json this ppscope can read)") from None
+        raise CliError(f"--baseline {p}: {e} (not a report.json this ppscope reads)") from None
 
 
 def measured_timelines(results: Path, max_c: int, rep: Report) -> tuple[Report, tuple]:

@@ -104,6 +104,15 @@ def _check_range(v: float, meta: dict, path: str) -> None:
         raise SchemaError(f"{path}: expected a number <= {meta['le']}, got {_short(v)}")
 
 
+def _tag_fits(tp: Any, v: Any) -> bool:
+    """False when a `Literal` field of payload `tp` (its tag, e.g. `status: Literal["ok"]`)
+    rules the object `v` out: a union of tagged payloads is read as the one its tag names."""
+    if not (dataclasses.is_dataclass(tp) and isinstance(v, dict)):
+        return True
+    return all(v[k] in typing.get_args(h) for k, h in _hints(tp).items()
+               if typing.get_origin(h) is Literal and k in v)
+
+
 def _load(tp: Any, v: Any, path: str, meta: dict, lax: bool = False) -> Any:
     if tp is Any:
         return v
@@ -117,8 +126,9 @@ def _load(tp: Any, v: Any, path: str, meta: dict, lax: bool = False) -> Any:
         if v is None and type(None) in args:
             return None
         rest = [a for a in args if a is not type(None)]
-        if len(rest) == 1:
-            return _load(rest[0], v, path, meta, lax)
+        tagged = [a for a in rest if _tag_fits(a, v)]
+        if len(rest) == 1 or len(tagged) == 1:  # one alternative: its own error names the field
+            return _load((tagged or rest)[0], v, path, meta, lax)
         for a in rest:  # first alternative that fits
             try:
                 return _load(a, v, path, meta, lax)
