@@ -93,7 +93,8 @@ def build_report(inp: Inputs, records: dict[str, Record],
         server=(server_summary(sg, conc, inp.pp, mla=inp.model.attention == "mla")
                 if sg is not None else None),
         diagnosis=(diagnosis_summary(sg, inp, records.get("stage_cost")) if sg is not None
-                   else None))
+                   else None),
+        server_whatifs=_server_whatifs(sg))
     if "watch" in records:  # GPU watch: observed (NVML) hints, reports/model/watch_summary.py
         from reports.model.watch_summary import watch_section
         rep = replace(rep, watch=watch_section(records["watch"]))
@@ -212,6 +213,15 @@ def diagnosis_summary(sg: SglangData, inp: Inputs, stage_cost: Record | None = N
             tuple(dep.notes), f"forward at unobserved sizes: {shape_src}"),
         time_split=tuple(TimeSplit(**r) for r in time_split_rows(dep)),
         **{f.name: getattr(dg, f.name) for f in fields(dg)})
+
+
+def _server_whatifs(sg: SglangData | None):
+    """The traced server's own what-ifs (reports/model/server_whatifs.py), where it has a
+    loop profile to try them on."""
+    if sg is None or sg.loop is None or not sg.loop.ranks:
+        return None
+    from reports.model.server_whatifs import server_whatifs
+    return server_whatifs(sg)
 
 
 def _bench_run(sg: SglangData, dep, observed: float | None) -> BenchRun | None:
@@ -396,6 +406,36 @@ def hypotheses_sentence(verdicts: tuple[Verdict, ...]) -> str:
     return "Your hypotheses, judged at every concurrency: " + "; ".join(parts) + "."
 
 
+def bench_run_sentence(br: BenchRun) -> str:
+    """The model of the observed loop over bench_serving's whole run against its tok/s."""
+    slow = (f", the traced window's profiler slowdown ({br.profiler_slowdown:.2f}x) taken off"
+            if br.profiler_slowdown else "")
+    return (f"Over bench_serving's whole run ({br.prompts} prompts: waves, the last below C, "
+            f"a prefill visit per prompt){slow}, the model of the observed loop gives "
+            f"{br.modelled_tok_per_s:.1f} tok/s against the observed "
+            f"{br.observed_tok_per_s:.1f}: {br.unexplained_pct:+.0f}% unexplained.")
+
+
+def server_whatifs_sentence(sw) -> str | None:
+    """The traced server's own what-ifs in one sentence (reports/model/server_whatifs.py)."""
+    if sw is None:
+        return None
+    if sw.status != "ok":
+        return f"Settings tried on your server's own loop: not modelled ({sw.reason})."
+    if not sw.rows:
+        return None
+    def one(r):
+        return f"{r.command} {r.change_pct:+.0f}%"
+    best = sw.best
+    rest = "; ".join(one(r) for r in sw.rows if r is not best)
+    head = (f"Settings tried on your server's own loop (bench_serving's run of "
+            f"{sw.prompts} prompts at C={sw.concurrency}, modelled): ")
+    if best is not None:
+        return head + (f"best {one(best)} ({best.why}); the others: {rest}." if rest
+                       else f"best {one(best)} ({best.why}).")
+    return head + (f"none gains more than {sw.no_change_pct:.0f}% ({rest}).")
+
+
 def answer(rep: Report) -> list[str]:
     """3-5 plain sentences from the report's own numbers (nothing here is typed by hand)."""
     obs_c = [c.concurrency for c in rep.concurrency if c.observed]
@@ -408,12 +448,13 @@ def answer(rep: Report) -> list[str]:
     head = headline(rep.observed_deployment)
     differs = rep.scenario_differs
     if isinstance(dg, ServerDiagnosis):  # the observed server first: its evidence decides
-        un = dg.unexplained_pct
+        un, br = dg.unexplained_pct, dg.bench_run
+        tail = "" if un is None else (f" The model of the observed loop leaves {un:+.0f}% of "
+                                      "the observed step unexplained.")
+        if br is not None and br.unexplained_pct is not None:
+            tail = " " + bench_run_sentence(br)
         lead.append(f"Your server ({head or 'C=' + str(dg.concurrency)}, from its own "
-                    "traces and logs): "
-                    f"{dg.answer}." + ("" if un is None else
-                                       f" The model of the observed loop leaves "
-                                       f"{un:+.0f}% of the observed step unexplained."))
+                    f"traces and logs): {dg.answer}.{tail}")
     elif head:
         why = (dg.reason if dg is not None else None) or (
             "no loop profile: read its per-rank traces with `ppscope sglang --traces DIR`")
@@ -449,7 +490,9 @@ def answer(rep: Report) -> list[str]:
     tp = next((w for w in rep.what_ifs if w.knob == TP_KNOB), None)
     if differs:   # the scenario's what-ifs are not advice for the traced server
         best, tp = None, None
-        out.append("No server setting is recommended from the scenario model: it is not the "
+        sw = server_whatifs_sentence(rep.server_whatifs)
+        out.append((sw + " " if sw else "") +
+                   "No server setting is recommended from the scenario model: it is not the "
                    "traced server (pass --scenario with your deployment for its what-ifs).")
     elif best:
         s = (f"Best single server setting (geometric mean of tok/s over the measured "

@@ -233,6 +233,14 @@ def terminal_summary(rep: Report, width: int = 100, results_label: str = "result
     if srv:
         out += textwrap.wrap(srv, width, subsequent_indent="  ")
     out.append("")
+    sw = rep.server_whatifs
+    if sw is not None and sw.status == "ok" and sw.rows:
+        out.append(tabulate(
+            [[r.command, f"{r.before_tok_per_s:.1f} -> {r.after_tok_per_s:.1f}",
+              f"{r.change_pct:+.1f}%"] for r in sw.rows],
+            headers=["what-if on your server's own loop", f"modelled tok/s (C={sw.concurrency})",
+                     "change"]))
+        out.append("")
     top, seen = [], set()
     for w in rep.what_ifs:  # best first; one row per knob so the three differ
         if w.knob not in seen:
@@ -241,7 +249,8 @@ def terminal_summary(rep: Report, width: int = 100, results_label: str = "result
     out.append(tabulate(
         [[w.knob, w.setting, " ".join(f"{e.gain:+.0%}" for e in w.effects),
           f"{w.gain:+.1%}", "yes" if w.eligible else "no"] for w in top[:3]],
-        headers=["top what-if", "setting",
+        headers=["top what-if" if not rep.scenario_differs else
+                 f"scenario what-if ({rep.scenario}, not your server)", "setting",
                  "gain at " + "/".join(f"C={C}" for C in rep.measured_concurrency),
                  "geo-mean", "server, <=2% loss"]))
     out.append("")

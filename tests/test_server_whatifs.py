@@ -68,20 +68,21 @@ def record(tmp_path_factory):
 
 def test_sglang_own_server_gets_its_own_whatifs(record):
     got = sw.server_whatifs(record)
-    assert got["status"] == "ok" and got["concurrency"] == 8 and got["prompts"] == 18
-    rows = {(r["setting"], r["value"]): r for r in got["rows"]}
+    assert got.status == "ok" and got.concurrency == 8 and got.prompts == 18
+    rows = {(r.setting, r.value): r for r in got.rows}
     assert set(rows) >= {("--pp-async-batch-depth", "1"), ("--pp-async-batch-depth", "2"),
                          ("--pp-max-micro-batch-size", "4")}
     # best first; each row's change is its own after / before
-    assert [r["change_pct"] for r in got["rows"]] == sorted(
-        (r["change_pct"] for r in got["rows"]), reverse=True)
-    for r in got["rows"]:
-        assert r["change_pct"] == pytest.approx(100 * (r["after_tok_per_s"] / r["before_tok_per_s"] - 1))
+    assert [r.change_pct for r in got.rows] == sorted((r.change_pct for r in got.rows),
+                                                      reverse=True)
+    for r in got.rows:
+        assert r.change_pct == pytest.approx(100 * (r.after_tok_per_s / r.before_tok_per_s - 1))
     # SGLang's own server lost 31% at depth 2 here (docs/BENCHMARKS.md section 15): the model
     # must say it loses, and more than depth 1 does
     d1, d2 = rows["--pp-async-batch-depth", "1"], rows["--pp-async-batch-depth", "2"]
-    assert d2["change_pct"] < d1["change_pct"] < 0
-    assert d2["sizes_after"] and len(d2["sizes_after"]) == 4
+    assert d2.change_pct < d1.change_pct < 0
+    assert len(d2.sizes_after) == 4
+    assert rows["--pp-max-micro-batch-size", "4"].command == "--pp-max-micro-batch-size 4"
 
 
 def test_where_the_run_model_was_not_checked_it_says_so(record):
@@ -89,15 +90,51 @@ def test_where_the_run_model_was_not_checked_it_says_so(record):
     ranks = {k: dataclasses.replace(r, device="cuda") for k, r in loop.ranks.items()}
     gpu = dataclasses.replace(record, loop=dataclasses.replace(loop, device="cuda", ranks=ranks))
     got = sw.server_whatifs(gpu)
-    assert got["status"] == "not modelled" and "gpu" in got["reason"]
+    assert got.status == "not modelled" and "gpu" in got.reason and not got.rows
     nobench = dataclasses.replace(record, bench=[])
     got = sw.server_whatifs(nobench)
-    assert got["status"] == "not modelled" and "bench_serving" in got["reason"]
-    assert sw.server_whatifs(None)["status"] == "not modelled"
+    assert got.status == "not modelled" and "bench_serving" in got.reason
+    assert sw.server_whatifs(None).status == "not modelled"
 
 
 def test_best_is_a_gain_beyond_the_models_resolution():
-    rows = [{"change_pct": 1.5}, {"change_pct": -4.0}]
-    assert sw.best({"rows": rows}) is None
-    assert sw.best({"rows": [{"change_pct": 12.0}] + rows}) == {"change_pct": 12.0}
-    assert sw.best({}) is None
+    def row(pct):
+        return sw.ServerWhatIf("--pp-async-batch-depth", "1", "--pp-async-batch-depth 1", "",
+                               100.0, 100.0 + pct, pct, (8,), (4, 4))
+    assert sw.ServerWhatIfs("ok", rows=(row(1.5), row(-4.0))).best is None
+    assert sw.ServerWhatIfs("ok", rows=(row(12.0), row(1.5))).best.change_pct == 12.0
+    assert sw.ServerWhatIfs("not modelled", reason="x").best is None
+
+
+def test_the_report_of_sglang_own_server_shows_its_own_whatifs(record, tmp_path, capsys):
+    # the same recording through `ppscope report`: report.json holds the rows, report.md,
+    # report.html and the terminal show them, and the file reads back as a Report
+    import json
+    from reports.model.report_type import Report
+    res = tmp_path / "res"
+    res.mkdir()
+    assert main(["sglang", "--log", str(CASE / "server.log"), "--traces", str(CASE / "traces"),
+                 "--bench", str(CASE / "bench.jsonl"), "--concurrency", "8",
+                 "--json", str(res / "sglang.json")]) == 0
+    capsys.readouterr()
+    assert main(["report", "--results", str(res), "--out", str(tmp_path / "out")]) == 0
+    term = capsys.readouterr().out
+    d = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert d["server_whatifs"]["status"] == "ok"
+    cmds = [r["command"] for r in d["server_whatifs"]["rows"]]
+    assert "--pp-async-batch-depth 2" in cmds
+    rep = Report.from_json(d, strict=True)
+    assert rep.server_whatifs.rows[0].command == cmds[0]
+    md = (tmp_path / "out" / "report.md").read_text()
+    html = (tmp_path / "out" / "report.html").read_text()
+    for text in (md, html, term):
+        assert "--pp-async-batch-depth 2" in text
+    assert "## What-ifs on your server (its own loop)" in md
+    assert 'id="server-whatifs"' in html
+    assert "what-if on your server's own loop" in term
+    assert "Settings tried on your server's own loop" in " ".join(d["answer"])
+    # the unexplained share over bench_serving's run, in the answer and in the diagnosis
+    br = d["diagnosis"]["bench_run"]
+    assert br["unexplained_pct"] == pytest.approx(
+        100 * (1 - br["observed_tok_per_s"] / br["modelled_tok_per_s"]))
+    assert f"{br['unexplained_pct']:+.0f}% unexplained" in md

@@ -28,6 +28,7 @@ from reports.model.diagnose import CauseRow
 from reports.model.implied import ImpliedEfficiency
 from reports.model.scenario import Param
 from reports.model.server_log import DpFigures
+from reports.model.server_whatifs import ServerWhatIfs
 from reports.model.validate_dispatch import Check, MicroBatchChoice
 from reports.model.verdicts import Verdict
 from reports.model.whatif import WhatIf
@@ -350,6 +351,7 @@ class Report:
     scenario_differs: str | None = if_set("observed_deployment")
     server: ServerSummary | None = if_set()
     diagnosis: ServerDiagnosis | NotDiagnosed | None = if_set("server")
+    server_whatifs: ServerWhatIfs | None = if_set()   # the settings tried on the traced loop
     watch: Json = if_set()
     baseline_comparison: Comparison | NotCompared | None = if_set()
     implied_efficiency: tuple[ImpliedEfficiency, ...] = ()

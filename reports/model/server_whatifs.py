@@ -35,6 +35,7 @@ NO_CHANGE_PCT = 2.0     # below this, the change is within what the model can te
 class ServerWhatIf:
     setting: str                 # the flag, e.g. "--pp-async-batch-depth"
     value: str
+    command: str                 # what to change: the flag and value, or bench_serving's
     why: str
     before_tok_per_s: float
     after_tok_per_s: float
@@ -42,17 +43,28 @@ class ServerWhatIf:
     sizes_before: tuple[int, ...]   # the slot sizes the modelled run held longest
     sizes_after: tuple[int, ...]
 
-    @property
-    def command(self) -> str:
-        if self.setting == "--request-rate":
-            return f"bench_serving --request-rate {self.value}"
-        return f"{self.setting} {self.value}"
 
-    def to_json(self) -> dict:
-        return {"setting": self.setting, "value": self.value, "command": self.command,
-                "why": self.why, "before_tok_per_s": self.before_tok_per_s,
-                "after_tok_per_s": self.after_tok_per_s, "change_pct": self.change_pct,
-                "sizes_before": list(self.sizes_before), "sizes_after": list(self.sizes_after)}
+@dataclass(frozen=True)
+class ServerWhatIfs:
+    """report.json's `server_whatifs`: `status` "ok" with `rows` best first, or "not modelled"
+    with the `reason`."""
+    status: str
+    reason: str | None = None
+    concurrency: int | None = None
+    prompts: int | None = None
+    before_tok_per_s: float | None = None
+    no_change_pct: float = NO_CHANGE_PCT
+    rows: tuple[ServerWhatIf, ...] = ()
+
+    @property
+    def best(self) -> ServerWhatIf | None:
+        """The row worth recommending: the largest gain beyond NO_CHANGE_PCT, else None."""
+        good = [r for r in self.rows if r.change_pct > self.no_change_pct]
+        return good[0] if good else None
+
+
+def _command(knob: str, value) -> str:
+    return f"bench_serving --request-rate {value}" if knob == "--request-rate" else f"{knob} {value}"
 
 
 def candidates(server: ow.Server, load: ow.Load, before: ow.Run) -> list[tuple[str, object, str]]:
@@ -82,41 +94,36 @@ def candidates(server: ow.Server, load: ow.Load, before: ow.Run) -> list[tuple[s
     return out
 
 
-def server_whatifs(sg) -> dict:
-    """The observed server's what-ifs as report.json holds them: `status` "ok" with `rows` best
-    first (and `concurrency`, `before_tok_per_s`), or "not modelled" with the reason."""
+def _not(reason: str) -> ServerWhatIfs:
+    return ServerWhatIfs("not modelled", reason=reason)
+
+
+def server_whatifs(sg) -> ServerWhatIfs:
+    """The observed server's what-ifs, each candidate tried on the model of its own loop."""
     if sg is None or sg.loop is None or not sg.loop.ranks:
-        return {"status": "not modelled", "reason": "no loop profile in the server's evidence"}
+        return _not("no loop profile in the server's evidence")
     if not [b for b in sg.bench if b.output_throughput]:
-        return {"status": "not modelled",
-                "reason": "no bench_serving run in the evidence (ppscope sglang --bench): the "
-                          "load the settings are tried under is bench_serving's"}
+        return _not("no bench_serving run in the evidence (ppscope sglang --bench): the load "
+                    "the settings are tried under is bench_serving's")
     try:
         dep, server, load, _ = ow.from_sglang(sg)
     except (ValueError, TypeError) as e:
-        return {"status": "not modelled", "reason": str(e)}
+        return _not(str(e))
     if dep.device != "cpu":
-        return {"status": "not modelled",
-                "reason": f"the run model is checked on SGLang's own server on the CPU only; on "
-                          f"{dep.device} a prefill visit costs more than the decode visit it charges"}
+        return _not(f"the run model is checked on SGLang's own server on the CPU only; on "
+                    f"{dep.device} a prefill visit costs more than the decode visit it charges")
     try:
         before = ow.bench_run(dep, server, load)
         rows = []
         for knob, value, why in candidates(server, load, before):
             s2, l2 = ow.apply(server, load, knob, value)
             after = ow.bench_run(dep, s2, l2)
-            rows.append(ServerWhatIf(knob, str(value), why, before.tok_per_s, after.tok_per_s,
+            rows.append(ServerWhatIf(knob, str(value), _command(knob, value), why,
+                                     before.tok_per_s, after.tok_per_s,
                                      100.0 * (after.tok_per_s / before.tok_per_s - 1.0),
-                                     before.steady_sizes, after.steady_sizes))
+                                     tuple(before.steady_sizes), tuple(after.steady_sizes)))
     except ValueError as e:
-        return {"status": "not modelled", "reason": str(e)}
+        return _not(str(e))
     rows.sort(key=lambda r: -r.change_pct)
-    return {"status": "ok", "concurrency": load.concurrency, "prompts": load.prompts,
-            "before_tok_per_s": before.tok_per_s, "no_change_pct": NO_CHANGE_PCT,
-            "rows": [r.to_json() for r in rows]}
-
-
-def best(sw: dict) -> dict | None:
-    """The row worth recommending: the largest gain beyond NO_CHANGE_PCT, else None."""
-    rows = [r for r in (sw or {}).get("rows") or [] if r["change_pct"] > NO_CHANGE_PCT]
-    return rows[0] if rows else None
+    return ServerWhatIfs("ok", concurrency=load.concurrency, prompts=load.prompts,
+                         before_tok_per_s=before.tok_per_s, rows=tuple(rows))

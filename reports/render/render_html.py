@@ -31,7 +31,9 @@ from reports.render.render_md import (DISPATCH_NOTE, MEASURED_NOTE, Table, attri
                                throughput_table, topology_lines, topology_table, verdict_table,
                                whatif_lines, whatif_table, ATTRIBUTION_TITLE, GLOSSARY_TITLE,
                                IMPLIED_LEAD, MEASURE_LEAD, MEASURE_TITLE, MEASURED_TITLE,
-                               STAGE_NOTE, STAGE_TITLE, glossary, stage_cost_table)
+                               STAGE_NOTE, STAGE_TITLE, SERVER_WHATIF_LEAD,
+                               SERVER_WHATIF_TITLE, bench_run_line, glossary,
+                               server_whatif_table, stage_cost_table)
 
 CSS = """
 :root{--fg:#1f2328;--mute:#59636e;--line:#d1d9e0;--bg2:#f6f8fa;--acc:#0969da}
@@ -298,8 +300,10 @@ def diagnosis_html(rep: Report) -> list[str]:
     o = ['<h2 id="diagnosis">Your server: diagnosis from its own evidence</h2>']
     if not isinstance(dg, ServerDiagnosis):
         return o + [f"<p>Not diagnosed: {_e(dg.reason)}</p>"]
-    o += [f"<p><b>{_e(dg.answer)}</b></p>", f'<p class="meta">{_e(observed_loop_line(dg))}</p>',
-          table_html(diagnosis_table(rep)),
+    br = bench_run_line(dg)
+    o += [f"<p><b>{_e(dg.answer)}</b></p>", f'<p class="meta">{_e(observed_loop_line(dg))}</p>']
+    o += [f'<p class="meta">{_e(br)}</p>'] if br else []
+    o += [table_html(diagnosis_table(rep)),
           '<p class="meta">Time per rank over the traced window (waiting inside an NCCL receive '
           "is communication wait, never busy):</p>", table_html(time_split_table(rep))]
     notes = list(dg.deployment.notes) + [f"Caveat: {c}" for c in dg.caveats]
@@ -308,11 +312,26 @@ def diagnosis_html(rep: Report) -> list[str]:
     return o
 
 
+def server_whatif_html(rep: Report) -> list[str]:
+    """The settings tried on the traced server's own loop, as report.md shows them."""
+    sw = rep.server_whatifs
+    if sw is None:
+        return []
+    o = [f'<h2 id="server-whatifs">{_e(SERVER_WHATIF_TITLE)}</h2>']
+    t = server_whatif_table(rep)
+    if t is None:
+        return o + [f"<p>Not modelled: {_e(sw.reason or 'no setting to try')}.</p>"]
+    return o + [f'<p class="meta">{_e(SERVER_WHATIF_LEAD.format(no_change=sw.no_change_pct))}</p>',
+                table_html(t)]
+
+
 def render_html(rep: Report, spans: tuple[Span, ...] = (), measured=()) -> str:
     """`measured`: MeasuredTimeline tuple from reports.render.measured_timeline (may be empty)."""
     toc = [("answer", "The answer")]
     if rep.diagnosis:
         toc.append(("diagnosis", "Diagnosis"))
+    if rep.server_whatifs:
+        toc.append(("server-whatifs", "What-ifs on your server"))
     toc += [("throughput", "Throughput"), ("verdicts", "Verdicts")]
     if rep.server:
         toc.append(("server", "Your server"))
@@ -347,6 +366,7 @@ def render_html(rep: Report, spans: tuple[Span, ...] = (), measured=()) -> str:
                  if isinstance(cmp_, Comparison) else f"<p>Not compared: {_e(cmp_.reason)}</p>")
 
     o += diagnosis_html(rep)
+    o += server_whatif_html(rep)
 
     o.append('<h2 id="throughput">Throughput (decode tok/s per concurrency C)</h2>')
     o.append(f'<div class="row"><div>{table_html(throughput_table(rep))}</div>'

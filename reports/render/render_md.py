@@ -1,7 +1,8 @@
 """report.json -> Markdown (results/report.md), plus the table builders the HTML page shares.
 
 Order (same in report.md and report.html): header (what is deployed, what is measured vs
-estimated, warnings), The answer, Throughput, Verdicts, Your server (sglang.json: observed, each
+estimated, warnings), The answer, Your server's diagnosis and What-ifs on your server (its own
+traced loop, sglang.json), Throughput, Verdicts, Your server (sglang.json: observed, each
 column tagged with its source), Where the time goes (one attribution table per concurrency),
 What-ifs (one server setting at every measured concurrency, best first), Model vs dispatch
 probe, Micro-batch count, Measured pipeline timeline (dispatch.trace.json; in HTML it sits with
@@ -478,7 +479,8 @@ def diagnosis_lines(rep: Report) -> list[str]:
     out = ["", "## Your server: diagnosis from its own evidence", ""]
     if not isinstance(dg, ServerDiagnosis):
         return out + [f"Not diagnosed: {dg.reason}", ""]
-    out += [f"**{dg.answer}**", "", observed_loop_line(dg), "",
+    br = bench_run_line(dg)
+    out += [f"**{dg.answer}**", "", observed_loop_line(dg), ""] + ([br, ""] if br else []) + [
             md_table(diagnosis_table(rep)), "",
             "Time per rank over the traced window (waiting inside an NCCL receive is "
             "communication wait, never busy):", "", md_table(time_split_table(rep)), ""]
@@ -491,6 +493,52 @@ def diagnosis_lines(rep: Report) -> list[str]:
                 "for what it can see: " + "; ".join(f"{h['name']}: {h['text']}" for h in hints)
                 + ". It never overrules the traces.", ""]
     return out
+
+
+SERVER_WHATIF_TITLE = "What-ifs on your server (its own loop)"
+SERVER_WHATIF_LEAD = ("Each setting tried on the model of the traced server's own loop: "
+                      "bench_serving's whole run (its prompts, its C, its arrivals) before and "
+                      "after one change, SGLang's admission deciding where each prompt goes "
+                      "(reports/model/server_whatifs.py). Modelled tok/s of the run; a change "
+                      "under {no_change:.0f}% is within what the model tells apart.")
+
+
+def server_whatif_table(rep: Report) -> Table | None:
+    sw = rep.server_whatifs
+    if sw is None or sw.status != "ok" or not sw.rows:
+        return None
+    def slots(t):
+        return " ".join(str(n) for n in t if n) or "-"
+    rows = [(r.command, r.why, f"{_f(r.before_tok_per_s)} -> {_f(r.after_tok_per_s)}",
+             f"{r.change_pct:+.1f}%", f"{slots(r.sizes_before)} -> {slots(r.sizes_after)}")
+            for r in sw.rows]
+    return Table(("setting", "what it changes", "modelled tok/s", "change",
+                  "slot sizes held longest"), tuple(rows), (False, False, True, True, False))
+
+
+def server_whatif_lines(rep: Report) -> list[str]:
+    sw = rep.server_whatifs
+    if sw is None:
+        return []
+    out = [f"## {SERVER_WHATIF_TITLE}", ""]
+    t = server_whatif_table(rep)
+    if t is None:
+        return out + [f"Not modelled: {sw.reason or 'no setting to try'}.", ""]
+    return out + [SERVER_WHATIF_LEAD.format(no_change=sw.no_change_pct), "", md_table(t), ""]
+
+
+def bench_run_line(dg: ServerDiagnosis) -> str | None:
+    """The observed loop over bench_serving's whole run against its tok/s, or None."""
+    br = dg.bench_run
+    if br is None or br.unexplained_pct is None:
+        return None
+    slow = (f"; the traced window ran {br.profiler_slowdown:.2f}x the benchmark's visit time "
+            "(the server's decode lines inside against outside it), taken off"
+            if br.profiler_slowdown else "")
+    return (f"Over bench_serving's whole run ({br.prompts} prompts, mean in flight "
+            f"{_f(br.mean_in_flight)}): the model of this loop {_f(br.run_tok_per_s)} tok/s"
+            f"{slow}: {_f(br.modelled_tok_per_s)} tok/s against the observed "
+            f"{_f(br.observed_tok_per_s)}, {br.unexplained_pct:+.0f}% unexplained.")
 
 
 def measure_lines(rep: Report) -> list[str]:
@@ -554,6 +602,7 @@ def render_md(rep: Report) -> str:
     out += ["", "## The answer", ""] + [f"- {s}" for s in rep.answer] + [""]
     out += baseline_lines(rep)
     out += diagnosis_lines(rep)
+    out += server_whatif_lines(rep)
     out += ["## Throughput (decode tok/s per concurrency C)", "", md_table(throughput_table(rep)),
             ""]
     if rep.observed_source:
