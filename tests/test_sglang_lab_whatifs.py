@@ -90,3 +90,28 @@ def test_validate_dispatch_checks_sglang_lab_cases_first(records, capsys):
     assert "sglang" in out.splitlines()[2] and "of 1 points within 10%" in out
     assert rc in (0, 1) and (rc == 0) == ("within 10%" in out.splitlines()[2])
     assert vmain([str(records / "no-such-case")]) == 1
+
+
+def test_the_restart_plan_alternates_the_servers_and_profiles_its_own_before_cases():
+    # each restart setting on its own server, the servers alternating round by round, so that a
+    # change of the machine's load falls on every side; the before evidence is this pass's own
+    from microbench.sglang_lab.cases import whatif_restart_plan
+    from microbench.sglang_lab.whatifs import change_of
+    plan = whatif_restart_plan(pp=2, rounds=2)
+    names = [g.name for g in plan]
+    assert names == ["wr-d0-1", "wr-d1-1", "wr-d2-1", "wr-chunk64-1", "wr-mrr4-1",
+                     "wr-d0-2", "wr-d1-2", "wr-d2-2", "wr-chunk64-2", "wr-mrr4-2"]
+    profiled = {c.name for g in plan for c in g.cases if c.profile}
+    assert profiled == {f"wr-{t}-c{C}.1" for t in ("base", "d1", "d2") for C in (1, 8, 16)}
+    by = {g.name: g for g in plan}
+    # chunked prefill is not tried at C = 1 (one prompt fits any budget), 4 rows only above 4
+    assert [c.concurrency for c in by["wr-chunk64-1"].cases] == [8, 16]
+    assert [c.concurrency for c in by["wr-mrr4-2"].cases] == [8, 16]
+    # every after case names its before case and changes exactly one setting against it
+    for g in plan[1:5]:
+        for c in g.cases:
+            after = {"case": {"baseline": c.baseline}, "extra_args": list(g.extra_args)}
+            before = {"case": {}, "extra_args": []}
+            knob, value = change_of(after, before)
+            assert c.baseline == f"wr-base-c{c.concurrency}"
+            assert knob in g.extra_args and str(value) in g.extra_args

@@ -41,14 +41,15 @@ def register(subparsers) -> None:
                    help="clean C=8 and one fault only (the CI tier)")
     p.add_argument("--whatif", action="store_true",
                    help="the what-if plan: SGLang's defaults and each setting the report can "
-                   "recommend, before and after, at C = 1, 8, 16 (cases wi-*; "
-                   "`ppscope sglang-lab-whatifs` reads them)")
+                   "recommend, before and after, at C = 1, 8, 16 (cases wi-*; the table at the end, "
+                   "again with `python -m microbench.sglang_lab.whatifs OUT`)")
     p.add_argument("--whatif-live", action="store_true",
                    help="the live what-ifs (micro-batch cap, pacing) interleaved with their "
                    "before runs on one server (cases wl-*)")
     p.add_argument("--whatif-restart", action="store_true",
-                   help="--pp-async-batch-depth 1 against the default, the servers alternating "
-                   "(cases wr-*)")
+                   help="the restart settings (--pp-async-batch-depth 1 and pp, "
+                   "--chunked-prefill-size, --max-running-requests) against the default, the "
+                   "servers alternating, the first default servers profiled (cases wr-*)")
     p.add_argument("--list", action="store_true", help="print the plan and exit")
     p.add_argument("--sglang-python", default=None, metavar="PATH",
                    help="an existing SGLang installation's python (no install step)")
