@@ -209,69 +209,114 @@ def _gpu_note(rec: Record, gpu: GpuSpec) -> str | None:
     return None
 
 
+class _Chain:
+    """What every input's fallback chain appends to: the params in report order, the
+    warnings, the records used; and how a scenario setting is labelled."""
+
+    def __init__(self, sc: Scenario, warnings: list[str] | None):
+        self.sc, self.file = sc, f"configs/scenarios/{sc.name}.json"
+        self.params: list[Param] = []
+        self.warn = list(warnings or [])
+        self.used: list[str] = []
+
+    def label(self, key: str) -> str:  # a scenario setting: the user's, unless it assumes it
+        return "estimated" if self.sc.assumed(key) else "given"
+
+    def note(self, key: str, default: str) -> str:
+        return self.sc.assumption(key, default)
+
+    def add(self, *a) -> None:
+        self.params.append(Param(*a))
+
+
 def build_inputs(scenario: Scenario | Mapping[str, Any], records: dict[str, Record],
                  warnings: list[str] | None = None, observed: dict[int, float] | None = None,
                  observed_src: str | None = None, workload=None) -> Inputs:
     """Combine a scenario dict and ok records into model inputs (fallback chain per input).
     `workload`: the request lengths of the observed bench_serving runs
     (reports/base/bench_serving.py `bench_workload`): they fill what the scenario does not say.
-    A mapping is read as a scenario file's form (`read_scenario`)."""
+    A mapping is read as a scenario file's form (`read_scenario`). Each input's chain is one
+    helper below, called in the order the report lists the inputs."""
     sc = scenario if isinstance(scenario, Scenario) else read_scenario(scenario)
-    warn = list(warnings or [])
-    sc_file = f"configs/scenarios/{sc.name}.json"
-    est = sc.estimates
+    ch = _Chain(sc, warnings)
     try:
         model = load_model(sc.model)
         gpu = load_gpu(sc.gpu)
     except (ValueError, OSError) as e:   # named by the file the user gave, not its `name`
-        raise CliError(f"{sc.source or sc_file}: {str(e).splitlines()[0]}") from None
-    pp, depth = sc.pp, sc.async_depth
+        raise CliError(f"{sc.source or ch.file}: {str(e).splitlines()[0]}") from None
+    arrival = _deployment_params(ch, records)
+    prompt_len, output_len, range_ratio = _lengths(ch, workload, observed_src)
+    settings = _server_params(ch, records, model, gpu)
+    stage_eff, eff_curve = _kernel_efficiency(ch, records, model, gpu)
+    hop_curve = _hop(ch, records, model)
+    host, launch, process = _host(ch, records, gpu)
+    eager, max_bs = _graphs(ch, records, gpu)
+    est = sc.estimates
+    ch.add("zipf_s", est.zipf_s, "estimated", ch.file, "expert-routing skew")
+    if "sglang" in records:
+        ch.used.append("sglang.json")
+    obs = _observed(ch, observed, observed_src)
+    conc = sorted(set(sc.concurrency) | set(obs))
+    server = replace(settings, disable_cuda_graph=not sc.cuda_graphs, cuda_graph_max_bs=max_bs)
+    return Inputs(
+        name=sc.name, model=model, gpu=gpu, server=server, layer_partition=sc.layer_partition,
+        arrival=arrival, mean_context_tokens=sc.mean_context_tokens,
+        concurrency=tuple(conc), observed=tuple(sorted(obs.items())),
+        eff_curve=eff_curve, stage_eff=stage_eff, eager_curve=eager, hop_curve=hop_curve,
+        hop_fixed_us=est.hop_fixed_us, host_us=host, empty_us=est.empty_us,
+        chain_us=est.chain_us, zipf_s=est.zipf_s,
+        launch_us=launch, process_us=process, prompt_len=prompt_len, output_len=output_len,
+        range_ratio=range_ratio,
+        params=tuple(ch.params), warnings=tuple(ch.warn), records=tuple(dict.fromkeys(ch.used)),
+        assumptions=sc.assumptions,
+    )
 
-    def label(key: str) -> str:  # a scenario setting: the user's, unless the scenario assumes it
-        return "estimated" if sc.assumed(key) else "given"
 
-    def note(key: str, default: str) -> str:
-        return sc.assumption(key, default)
-
+def _deployment_params(ch: _Chain, records: dict[str, Record]) -> str:
+    """pp, async depth, graphs, arrival (the server log's prefills when it has them), the
+    layer partition; returns the arrival."""
+    sc, f = ch.sc, ch.file
     arrival = sc.arrival
-    arrival_src = (label("arrival"), sc_file, note("arrival", "how the clients start their "
-                                                               "streams"))
+    arrival_src = (ch.label("arrival"), f, ch.note("arrival", "how the clients start their "
+                                                              "streams"))
     seen = arrival_from_log(records["sglang"].payload) if "sglang" in records else None
     if seen is not None:   # the server's own prefills say how its requests arrived
         arrival, arrival_src = seen[0], ("observed", "sglang.json (log)", seen[1])
-    params: list[Param] = [
-        Param("pp", pp, label("pp"), sc_file, note("pp", "deployment setting")),
-        Param("async_depth", depth, label("async_depth"), sc_file,
-              note("async_depth", "--pp-async-batch-depth")),
-        Param("cuda_graphs", sc.cuda_graphs, label("cuda_graphs"), sc_file,
-              note("cuda_graphs", "deployment setting")),
-        Param("arrival", arrival, *arrival_src),
-    ]
+    ch.add("pp", sc.pp, ch.label("pp"), f, ch.note("pp", "deployment setting"))
+    ch.add("async_depth", sc.async_depth, ch.label("async_depth"), f,
+           ch.note("async_depth", "--pp-async-batch-depth"))
+    ch.add("cuda_graphs", sc.cuda_graphs, ch.label("cuda_graphs"), f,
+           ch.note("cuda_graphs", "deployment setting"))
+    ch.add("arrival", arrival, *arrival_src)
     if sc.layer_partition:
-        params.append(Param("layer_partition", sc.layer_partition, label("layer_partition"),
-                            sc_file, "SGLANG_PP_LAYER_PARTITION"))
-    tp = sc.tp
+        ch.add("layer_partition", sc.layer_partition, ch.label("layer_partition"), f,
+               "SGLANG_PP_LAYER_PARTITION")
+    return arrival
+
+
+def _lengths(ch: _Chain, workload, observed_src: str | None) -> tuple[int, int, float]:
+    """Prompt and output length, range ratio: the scenario's when it states them (given), else
+    the observed bench runs', else the scenario's assumption or the default (estimated)."""
+    sc, f = ch.sc, ch.file
     wl_src = observed_src or "bench_serving"
 
     def length(key: str, wl_value, default, cast, what: str) -> Any:
-        """A request length: the scenario's when it states it (given), else the observed
-        bench runs', else the scenario's assumption or the default (estimated)."""
         stated = getattr(sc, key) is not None
         if stated and not sc.assumed(key):
             v = cast(getattr(sc, key))
-            params.append(Param(key, v, label(key), sc_file, note(key, what)))
+            ch.add(key, v, ch.label(key), f, ch.note(key, what))
         elif wl_value is not None:
             v = cast(wl_value)
-            params.append(Param(key, v, "observed", wl_src,
-                                getattr(workload, "note", None) or f"{what}, bench_serving"))
+            ch.add(key, v, "observed", wl_src,
+                   getattr(workload, "note", None) or f"{what}, bench_serving")
         elif stated:
             v = cast(getattr(sc, key))
-            params.append(Param(key, v, "estimated", sc_file, note(key, what)))
+            ch.add(key, v, "estimated", f, ch.note(key, what))
         else:
             v = cast(default)
-            params.append(Param(key, v, "estimated", sc_file, note(key, (
+            ch.add(key, v, "estimated", f, ch.note(key, (
                 f"not given: sglang.bench_serving's --random-input-len default {default}"
-                if key == "prompt_len" else what))))
+                if key == "prompt_len" else what)))
         return v
     prompt_len = length("prompt_len", getattr(workload, "prompt_len", None),
                         DEFAULT_PROMPT_LEN, int, "tokens per prompt")
@@ -281,31 +326,39 @@ def build_inputs(scenario: Scenario | Mapping[str, Any], records: dict[str, Reco
                          "lengths drawn in [len * ratio, len] (bench_serving "
                          "--random-range-ratio); 1.0 = all the same, so slots keep their "
                          "first split; below 1 occupancy drifts")
+    return prompt_len, output_len, range_ratio
+
+
+def _server_params(ch: _Chain, records: dict[str, Record], model, gpu) -> ServerSettings:
+    """Chunked prefill, max prefill tokens, max running requests and the cap: the scenario's,
+    else the server log's start-up line, else SGLang's own default rule for this GPU."""
+    sc, f = ch.sc, ch.file
+    pp, tp = sc.pp, sc.tp
     mem_mib = gpu_mem_mib(gpu.mem_gb)
     rule = f"SGLang {SGLANG_VERSION} default for a {gpu.mem_gb:g} GB GPU"
     log_set = _server_settings(records)
     if sc.chunked_prefill_size is not None:
         chunk = sc.chunked_prefill_size
-        chunk_p = (label("chunked_prefill_size"), sc_file, note("chunked_prefill_size",
+        chunk_p = (ch.label("chunked_prefill_size"), f, ch.note("chunked_prefill_size",
                                                                 "--chunked-prefill-size"))
     elif log_set.get("chunked_prefill_size") is not None:
         chunk = int(log_set["chunked_prefill_size"])
         chunk_p = ("observed", "sglang.json", "server log start-up line")
     else:
         chunk = default_chunked_prefill_size(mem_mib)
-        chunk_p = ("estimated", sc_file, rule + " (arg_groups/memory_hook.py)")
+        chunk_p = ("estimated", f, rule + " (arg_groups/memory_hook.py)")
     max_prefill = int(sc.max_prefill_tokens or log_set.get("max_prefill_tokens")
                       or MAX_PREFILL_TOKENS)
-    params.append(Param("chunked_prefill_size", chunk, *chunk_p))
-    params.append(Param("max_prefill_tokens", max_prefill,
-                        label("max_prefill_tokens") if sc.max_prefill_tokens else
-                        "estimated", sc_file, f"SGLang {SGLANG_VERSION} default "
-                        f"{MAX_PREFILL_TOKENS} unless given"))
+    ch.add("chunked_prefill_size", chunk, *chunk_p)
+    ch.add("max_prefill_tokens", max_prefill,
+           ch.label("max_prefill_tokens") if sc.max_prefill_tokens else
+           "estimated", f, f"SGLang {SGLANG_VERSION} default "
+           f"{MAX_PREFILL_TOKENS} unless given")
     given_mrr = sc.max_running_requests
     if given_mrr is not None:
         mrr = int(given_mrr)
-        mrr_p = (label("max_running_requests"), sc_file,
-                 note("max_running_requests", "--max-running-requests"))
+        mrr_p = (ch.label("max_running_requests"), f,
+                 ch.note("max_running_requests", "--max-running-requests"))
     elif log_set.get("max_running_requests") is not None:
         mrr = int(log_set["max_running_requests"])
         mrr_p = ("observed", "sglang.json", "server log start-up line")
@@ -314,28 +367,35 @@ def build_inputs(scenario: Scenario | Mapping[str, Any], records: dict[str, Reco
                          chunked_prefill_size=chunk, context_len=sc.max_context_length,
                          decode_graphs=sc.cuda_graphs)
         mrr = max(1, kv.max_running_requests)
-        mrr_p = ("estimated", sc_file,
+        mrr_p = ("estimated", f,
                  f"not given: SGLang {SGLANG_VERSION}'s rule (mem_cache/kv_cache_configurator.py"
                  f", resolve_max_num_reqs) on a KV pool of {kv.token_capacity} tokens "
                  f"(mem_fraction_static {kv.mem_fraction_static}, weights "
                  f"{max(kv.weights_gib):.1f} GiB on the fullest rank, context {kv.context_len})")
-    params.append(Param("max_running_requests", mrr, *mrr_p))
-    settings = ServerSettings(pp, depth, mrr, sc.max_micro_batch, chunk, max_prefill,
+    ch.add("max_running_requests", mrr, *mrr_p)
+    settings = ServerSettings(pp, sc.async_depth, mrr, sc.max_micro_batch, chunk, max_prefill,
                               tp_size=tp)
     if sc.max_micro_batch:
-        cap_p = (label("max_micro_batch"), sc_file, "--pp-max-micro-batch-size")
+        cap_p = (ch.label("max_micro_batch"), f, "--pp-max-micro-batch-size")
     else:
         cap_p = (mrr_p[0], mrr_p[1], f"pp_max_micro_batch_size default: "
                  f"max_running_requests // pp = {mrr} // {pp}")
-    params.append(Param("max_micro_batch", settings.max_micro_batch, *cap_p))
-    used: list[str] = []
-    eff_curve = est.efficiency_by_batch
+    ch.add("max_micro_batch", settings.max_micro_batch, *cap_p)
+    return settings
+
+
+def _kernel_efficiency(ch: _Chain, records: dict[str, Record], model, gpu) -> tuple[tuple, tuple]:
+    """The fraction of the roofline floor reached: per stage from stage_cost.json when it is
+    this deployment's, else its MoE layer's curve, else the scenario's (shipped record or
+    estimate); from another GPU it is a transfer. Returns (stage_eff, eff_curve)."""
+    sc, f, pp, warn = ch.sc, ch.file, ch.sc.pp, ch.warn
+    eff_curve = sc.estimates.efficiency_by_batch
     stage_eff: tuple = ()
-    eff_src = ("estimated", sc_file)
+    eff_src = ("estimated", f)
     eff_note = "fraction of the roofline floor reached (by batch)"
     sc_rec, shipped = records.get("stage_cost"), None
     if sc_rec is None and sc.kernel_record:
-        sc_rec, shipped = _shipped_record(sc.kernel_record, sc_file)
+        sc_rec, shipped = _shipped_record(sc.kernel_record, f)
     if sc_rec is not None:
         d = sc_rec.payload
         per = [tuple(sorted((int(b), v.floor_us / v.measured_us)
@@ -350,14 +410,14 @@ def build_inputs(scenario: Scenario | Mapping[str, Any], records: dict[str, Reco
                 and len(per) == pp and all(per)):
             stage_eff = tuple(per)
             eff_src = ("measured", rec_name)
-            used.append(rec_name)
+            ch.used.append(rec_name)
         else:
             pts = [(int(b), v.floor_us / v.measured_us)
                    for b, v in d.layers.get("moe", {}).items() if v.measured_us and v.floor_us]
             if pts:
                 eff_curve = tuple(sorted(pts))
                 eff_src = ("measured", rec_name)
-                used.append(rec_name)
+                ch.used.append(rec_name)
                 warn.append(f"{rec_name}: pp={d.pp} model={d.model} differs "
                             f"from the scenario; only its MoE-layer efficiency is used")
             else:
@@ -374,11 +434,17 @@ def build_inputs(scenario: Scenario | Mapping[str, Any], records: dict[str, Reco
             eff_note = (f"{gpu_note}: the fraction of the roofline floor reached at each "
                         "micro-batch size there, carried over onto this GPU's own floor (its "
                         "memory bandwidth); nothing fitted to the observed tok/s")
-    params.append(Param("kernel_efficiency", [list(x) for x in (stage_eff or (eff_curve,))[0]],
-                        *eff_src, eff_note))
+    ch.add("kernel_efficiency", [list(x) for x in (stage_eff or (eff_curve,))[0]],
+           *eff_src, eff_note)
+    return stage_eff, eff_curve
 
+
+def _hop(ch: _Chain, records: dict[str, Record], model):
+    """The hop cost by batch from topology.json (its own label: never `measured` when
+    pasted), else the scenario's fixed cost plus bytes."""
+    pp = ch.sc.pp
     hop_curve = None
-    hop_src = ("estimated", sc_file)
+    hop_src = ("estimated", ch.file)
     topo = records.get("topology")
     if topo is not None:
         t = topo.payload
@@ -388,22 +454,26 @@ def build_inputs(scenario: Scenario | Mapping[str, Any], records: dict[str, Reco
                 by_b.setdefault(h.batch, []).append(h.hop_us)
         if by_b:
             hop_curve = tuple(sorted((b, sum(v) / len(v)) for b, v in by_b.items()))
-            hop_src = (t.figure_label, "topology.json")   # never `measured` when pasted
-            used.append("topology.json")
+            hop_src = (t.figure_label, "topology.json")
+            ch.used.append("topology.json")
             n_gpu = len(t.gpus)
             if n_gpu and n_gpu < pp:
-                warn.append(f"topology.json: {n_gpu} GPUs measured, scenario has pp={pp}; "
-                            "mean hop cost used for every hop")
+                ch.warn.append(f"topology.json: {n_gpu} GPUs measured, scenario has pp={pp}; "
+                               "mean hop cost used for every hop")
         else:
-            warn.append("topology.json: no `hops` entries; hop cost estimated")
-    hop_fixed = est.hop_fixed_us
-    params.append(Param("hop_us", [list(x) for x in hop_curve] if hop_curve else
-                        {"fixed_us": hop_fixed, "bytes_per_request": 4 * model.hidden},
-                        *hop_src, "hidden states + residual (bf16) per micro-batch hop"))
+            ch.warn.append("topology.json: no `hops` entries; hop cost estimated")
+    ch.add("hop_us", [list(x) for x in hop_curve] if hop_curve else
+           {"fixed_us": ch.sc.estimates.hop_fixed_us, "bytes_per_request": 4 * model.hidden},
+           *hop_src, "hidden states + residual (bf16) per micro-batch hop")
+    return hop_curve
 
-    host, empty, chain, launch, process = (est.host_us, est.empty_us, est.chain_us,
-                                           est.launch_us, est.process_us)
-    host_src = ("estimated", sc_file)
+
+def _host(ch: _Chain, records: dict[str, Record], gpu) -> tuple[float, float, float]:
+    """Host time per slot visit (schedule, launch, result processing) from dispatch.json's
+    medians, else the scenario's estimates; empty visits and relay messages are estimates."""
+    est, f = ch.sc.estimates, ch.file
+    host, launch, process = est.host_us, est.launch_us, est.process_us
+    host_src = ("estimated", f)
     disp = records.get("dispatch")
     if disp is not None:
         stages = [s for r in disp.payload.runs for s in r.stages]
@@ -411,8 +481,8 @@ def build_inputs(scenario: Scenario | Mapping[str, Any], records: dict[str, Reco
         def med(vals):
             vals = sorted(v for v in vals if v is not None)
             return vals[len(vals) // 2] if vals else None
-        split = [med(getattr(s, f) for s in stages)
-                 for f in ("sched_us_p50", "launch_us_p50", "process_us_p50")]
+        split = [med(getattr(s, k) for s in stages)
+                 for k in ("sched_us_p50", "launch_us_p50", "process_us_p50")]
         total = med(s.host_us_p50 for s in stages)
         if all(v is not None for v in split):
             host, launch, process = split
@@ -420,28 +490,35 @@ def build_inputs(scenario: Scenario | Mapping[str, Any], records: dict[str, Reco
             host, launch, process = total, 0.0, 0.0
         if total is not None:
             host_src = ("measured", "dispatch.json")
-            used.append("dispatch.json")
+            ch.used.append("dispatch.json")
             gpu_note = _gpu_note(disp, gpu)
             if gpu_note:
-                warn.append(f"dispatch.json: host time per slot visit {gpu_note}")
-    params.append(Param("host_us", host, *host_src,
-                        "CPU per non-empty slot visit: get_next_batch_to_run"))
-    params.append(Param("launch_us", launch, *host_src, "CPU per forward: run_batch"))
-    params.append(Param("process_us", process, *host_src,
-                        "CPU per processed slot: process_batch_result"))
-    params.append(Param("empty_us", empty, "estimated", sc_file, "CPU per empty slot visit"))
-    params.append(Param("chain_us", chain, "estimated", sc_file,
-                        "one gloo message (request list, metadata) between ranks"))
+                ch.warn.append(f"dispatch.json: host time per slot visit {gpu_note}")
+    ch.add("host_us", host, *host_src, "CPU per non-empty slot visit: get_next_batch_to_run")
+    ch.add("launch_us", launch, *host_src, "CPU per forward: run_batch")
+    ch.add("process_us", process, *host_src, "CPU per processed slot: process_batch_result")
+    ch.add("empty_us", est.empty_us, "estimated", f, "CPU per empty slot visit")
+    ch.add("chain_us", est.chain_us, "estimated", f,
+           "one gloo message (request list, metadata) between ranks")
+    return host, launch, process
 
-    eager = ((1, est.eager_us_per_layer),)
-    eager_src = ("estimated", sc_file)
+
+def _graphs(ch: _Chain, records: dict[str, Record], gpu) -> tuple[tuple, int]:
+    """Eager's extra cost per layer and the largest captured batch: graphs.json, else the
+    scenario's, else SGLang's default rule. Returns (eager curve, max_bs)."""
+    sc, f = ch.sc, ch.file
+    eager = ((1, sc.estimates.eager_us_per_layer),)
+    eager_src = ("estimated", f)
     gr = records.get("graphs")
     if sc.graph_max_bs:
         max_bs = sc.graph_max_bs
-        bs_p = (label("graph_max_bs"), sc_file, note("graph_max_bs", "--cuda-graph-max-bs"))
+        bs_p = (ch.label("graph_max_bs"), f, ch.note("graph_max_bs", "--cuda-graph-max-bs"))
     else:
-        max_bs = default_decode_max_bs(mem_mib, tp, int(given_mrr) if given_mrr else None)
-        bs_p = ("estimated", sc_file, rule + " (arg_groups/memory_hook.py)")
+        given_mrr = sc.max_running_requests
+        max_bs = default_decode_max_bs(gpu_mem_mib(gpu.mem_gb), sc.tp,
+                                       int(given_mrr) if given_mrr else None)
+        bs_p = ("estimated", f, f"SGLang {SGLANG_VERSION} default for a {gpu.mem_gb:g} GB GPU"
+                " (arg_groups/memory_hook.py)")
     if gr is not None:
         g = gr.payload
         pts = [(r.batch, max(0.0, r.eager_us - r.graph_us)) for r in g.by_batch
@@ -449,40 +526,30 @@ def build_inputs(scenario: Scenario | Mapping[str, Any], records: dict[str, Reco
         if pts:
             eager = tuple(sorted(pts))
             eager_src = ("measured", "graphs.json")
-            used.append("graphs.json")
+            ch.used.append("graphs.json")
         max_bs = g.max_bs
-    params.append(Param("eager_us_per_layer", [list(x) for x in eager], *eager_src,
-                        "extra cost per layer when a batch runs eager"))
+    ch.add("eager_us_per_layer", [list(x) for x in eager], *eager_src,
+           "extra cost per layer when a batch runs eager")
     if gr is not None and gr.data.get("max_bs"):
         bs_p = ("measured", "graphs.json", "captured by the graphs probe")
-    params.append(Param("graph_max_bs", max_bs, *bs_p))
-    zipf = est.zipf_s
-    params.append(Param("zipf_s", zipf, "estimated", sc_file, "expert-routing skew"))
-    if "sglang" in records:
-        used.append("sglang.json")
+    ch.add("graph_max_bs", max_bs, *bs_p)
+    return eager, max_bs
 
-    obs = observed if observed is not None else dict(sc.observed_tok_per_s)
+
+def _observed(ch: _Chain, observed: dict[int, float] | None,
+              observed_src: str | None) -> dict[int, float]:
+    """The observed tok/s by C (given, or the scenario's), those above the model's range left
+    out with a warning."""
+    obs = observed if observed is not None else dict(ch.sc.observed_tok_per_s)
     if obs:
-        params.append(Param("observed_tok_per_s", {str(k): v for k, v in sorted(obs.items())},
-                            "observed", observed_src or sc_file))
+        ch.add("observed_tok_per_s", {str(k): v for k, v in sorted(obs.items())},
+               "observed", observed_src or ch.file)
     too_big = sorted(c for c in obs if c > MAX_CONCURRENCY)
     if too_big:
-        warn.append(f"observed points at C = {', '.join(map(str, too_big))} are above the "
-                    f"{MAX_CONCURRENCY} the model runs at; left out")
+        ch.warn.append(f"observed points at C = {', '.join(map(str, too_big))} are above the "
+                       f"{MAX_CONCURRENCY} the model runs at; left out")
         obs = {c: v for c, v in obs.items() if c <= MAX_CONCURRENCY}
-    conc = sorted(set(sc.concurrency) | set(obs))
-    server = replace(settings, disable_cuda_graph=not sc.cuda_graphs, cuda_graph_max_bs=max_bs)
-    return Inputs(
-        name=sc.name, model=model, gpu=gpu, server=server, layer_partition=sc.layer_partition,
-        arrival=arrival, mean_context_tokens=sc.mean_context_tokens,
-        concurrency=tuple(conc), observed=tuple(sorted(obs.items())),
-        eff_curve=eff_curve, stage_eff=stage_eff, eager_curve=eager, hop_curve=hop_curve,
-        hop_fixed_us=hop_fixed, host_us=host, empty_us=empty, chain_us=chain, zipf_s=zipf,
-        launch_us=launch, process_us=process, prompt_len=prompt_len, output_len=output_len,
-        range_ratio=range_ratio,
-        params=tuple(params), warnings=tuple(warn), records=tuple(dict.fromkeys(used)),
-        assumptions=sc.assumptions,
-    )
+    return obs
 
 
 def _server_settings(records: dict[str, Record]) -> dict[str, Any]:
