@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from reports.base.server_settings import ServerSettings
+from reports.base.server_settings import ServerSettings, SettingsNames
 from reports.base.sglang_defaults import MAX_PREFILL_TOKENS
 
 
@@ -28,7 +28,7 @@ class ServeAt:
 
 
 @dataclass(frozen=True)
-class RankConfig:
+class RankConfig(SettingsNames):
     """One run of the loop on every rank. `server.pp_max_micro_batch_size` is the resolved
     cap; `server.disable_cuda_graph` is set where graphs are off or cannot run (a CPU)."""
     server: ServerSettings
@@ -58,20 +58,8 @@ class RankConfig:
     points: tuple[dict, ...] = ()           # {"policy", "arrival", "concurrency", "inject"}
 
     @property
-    def pp(self) -> int:
-        return self.server.pp_size
-
-    @property
-    def async_depth(self) -> int:
-        return self.server.pp_async_batch_depth
-
-    @property
     def max_micro_batch(self) -> int | None:
         return self.server.max_micro_batch
-
-    @property
-    def graphs(self) -> bool:
-        return self.server.graphs
 
     def to_wire(self) -> dict[str, Any]:
         """The JSON object the ranks read (`from_wire` reads it back)."""

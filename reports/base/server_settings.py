@@ -107,3 +107,22 @@ class ServerSettings:
     def graphs(self) -> bool:
         """CUDA graphs on (SGLang's `--disable-cuda-graph` not given)."""
         return not self.disable_cuda_graph
+
+
+class SettingsNames:
+    """The server's settings under the short names the probe, the model and the report read,
+    for a type that embeds them as `server` (RankConfig, the model's Inputs)."""
+    server: ServerSettings
+
+    @property
+    def pp(self) -> int:
+        return self.server.pp_size
+
+    @property
+    def async_depth(self) -> int:
+        return self.server.pp_async_batch_depth
+
+    @property
+    def graphs(self) -> bool:
+        return self.server.graphs
+

@@ -47,7 +47,7 @@ from reports.base.records import (SCHEMA_VERSION, PayloadError, Record, RecordEr
 from reports.base.sglang_defaults import (MAX_PREFILL_TOKENS, SGLANG_VERSION,
                                           default_chunked_prefill_size, default_decode_max_bs,
                                           estimate_kv, gpu_mem_mib)
-from reports.base.server_settings import ServerSettings
+from reports.base.server_settings import ServerSettings, SettingsNames
 from reports.model.scenario_file import (MAX_CONCURRENCY, Scenario, load_scenario,  # noqa: F401
                                          read_scenario)   # load_scenario: the CLI's entry
 
@@ -70,7 +70,7 @@ class Param:
 
 
 @dataclass(frozen=True)
-class Inputs:
+class Inputs(SettingsNames):
     """The pipeline model's inputs: the server's settings (`server`), the workload, the costs
     per stage, hop and host, each with its source in `params`."""
     name: str
@@ -101,15 +101,8 @@ class Inputs:
     records: tuple[str, ...] = ()                     # record files used
     assumptions: tuple[tuple[str, str], ...] = ()
 
-    # the server's settings under the names the model and the report read
-    @property
-    def pp(self) -> int:
-        return self.server.pp_size
-
-    @property
-    def async_depth(self) -> int:
-        return self.server.pp_async_batch_depth
-
+    # the server's settings under the names the model and the report read (pp, async_depth
+    # and graphs from SettingsNames)
     @property
     def slots(self) -> int:
         return self.server.slots
@@ -129,10 +122,6 @@ class Inputs:
     @property
     def max_prefill_tokens(self) -> int:
         return self.server.max_prefill_tokens
-
-    @property
-    def graphs(self) -> bool:
-        return self.server.graphs
 
     @property
     def graph_max_bs(self) -> int:
