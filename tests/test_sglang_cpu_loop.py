@@ -2,7 +2,8 @@
 
 The rules checked here come from SGLang 0.5.23 (srt/managers/scheduler_pp_mixin.py
 `event_loop_pp`, srt/utils/profile_utils.py) and c10d: `gloo:send` ranges are asynchronous
-(open at isend, close at the next phase's wait) and never count as waiting; `gloo:recv` ranges
+(open at isend, close when the send completes) and are not waiting, except where the thread
+runs nothing until one closes (a commit that waited for its send); `gloo:recv` ranges
 are blocking; a pass over all slots that ran nothing ends with one `scheduler.idle` range;
 `step[DECODE bs=N]` gives the raw size on every rank; trace files are named
 `{id}-TP-{t}[-PP-{p}][-EXTEND|-DECODE].trace.json.gz`, `merged-{id}...` mixes every rank.
@@ -85,6 +86,50 @@ def test_async_gloo_send_ranges_are_not_waiting():
             json.dump({"traceEvents": evs}, f)
         ev = cpu_steps.collect(p)
     assert ev["recvs"] == [] and ev["ranges"]["get_next_batch_to_run"] == [(100.0, 2100.0)]
+    # the thread went on 940 us after the send ended: not waiting for it
+    assert ev["commits"] == []
+
+
+def _trace(tmp_path, evs) -> dict:
+    import gzip
+    import json
+    p = tmp_path / "t.json.gz"
+    with gzip.open(p, "wt") as f:
+        json.dump({"traceEvents": [{"ph": "X", "cat": c, "name": n, "ts": s, "dur": d}
+                                   for c, n, s, d in evs]}, f)
+    return cpu_steps.collect(p)
+
+
+def test_a_commit_that_waits_for_its_send_is_waiting_not_host_work(tmp_path):
+    # SGLang's empty visit on rank 0 (the lab's PP2 server, depth 1, C = 1): recv_requests,
+    # then nothing at all until the previous request list's gloo send completes (the next rank
+    # was in its forward and had not posted the receive), then the next send at once
+    ua = "user_annotation"
+    evs = []
+    for k in range(6):
+        t = k * 10_000.0
+        evs += [(ua, "recv_requests", t, 250), ("cpu_op", "c10d::send", t + 300, 50),
+                (ua, "send_reqs_to_next_stage", t + 280, 100),
+                (ua, "gloo:send", t + 350, 9_600),       # completes at t + 9950
+                (ua, "get_next_batch_to_run", t + 400, 100)]
+    evs.append((ua, "recv_requests", 60_000.0, 250))
+    ev = _trace(tmp_path, evs)
+    # each gap after get_next_batch_to_run (t + 500) closes 50 us after the send completed
+    assert ev["commits"][:2] == [(500.0, 9950.0), (10_500.0, 19_950.0)]
+    d = cpu_steps.summarize(ev, rank=0)
+    assert d["iterations_empty"] == 6
+    assert d["wait_us_mean"]["commit"] == pytest.approx(9450)
+    # the visit's own work: 10 ms - 9.45 ms waiting = 0.55 ms (it was 10 ms, counted as work)
+    assert d["host_us_empty_mean"] == pytest.approx(550)
+    assert d["time_split"]["comm_wait_us"] == pytest.approx(6 * 9450)
+
+
+def test_commit_waits_need_the_thread_to_resume_at_the_send_end():
+    busy = [(0.0, 100.0), (5_000.0, 5_100.0), (9_000.0, 9_100.0)]
+    sends = [(50.0, 4_900.0),       # resumed 100 us later: waited 100 -> 4900
+             (5_050.0, 6_000.0)]    # the thread went on idle for 3 ms more: not its wait
+    assert cpu_steps.commit_waits(busy, sends) == [(100.0, 4_900.0)]
+    assert cpu_steps.commit_waits(busy, []) == []
 
 
 def test_idle_passes_give_the_slot_count_and_are_left_out():

@@ -289,22 +289,25 @@ def _render_loop(loop: dict) -> str:
     rows = []
     for r, d in sorted(loop["ranks"].items(), key=lambda kv: int(kv[0])):
         if d.get("reason"):
-            rows.append([r, d["reason"]] + [None] * 8)
+            rows.append([r, d["reason"]] + [None] * 10)
             continue
         fw = ", ".join(f"{b}: {v / 1e3:.2f}" for b, v in (d.get("forward_us_by_batch") or {}).items()
                        if v is not None)
         w = d.get("wait_us_mean") or {}
         rows.append([r, d.get("forwards"), fw, d.get("iterations"), d.get("slots"),
-                     _ms(d.get("host_us_mean")), _ms(d.get("send_us_mean")),
-                     _ms(w.get("relay")), _ms(w.get("input")), _ms(w.get("output"))])
+                     _ms(d.get("host_us_mean")), _ms(d.get("host_us_empty_mean")),
+                     _ms(d.get("send_us_mean")), _ms(w.get("relay")), _ms(w.get("input")),
+                     _ms(w.get("output")), _ms(w.get("commit"))])
     hops = ", ".join(f"{k}: {v['mean_us'] / 1e3:.2f} ms" for k, v in (loop.get("hops") or {}).items()
                      if v.get("mean_us") is not None)
     where = "on the CPU (SGLang's CPU backend)" if loop.get("device") == "cpu" else "on the GPU"
     return (f"Loop profile per rank (forwards {where}; waiting is blocked time, not work)\n"
             + tabulate(rows, headers=["rank", "decode forwards", "forward ms by batch size",
                                       "iterations", "slots", "host ms/visit",
-                                      "hidden-state send ms", "wait: request list ms",
-                                      "wait: input ms", "wait: outputs ms"], floatfmt=".2f")
+                                      "host ms/empty visit", "hidden-state send ms",
+                                      "wait: request list ms", "wait: input ms",
+                                      "wait: outputs ms", "wait: send commits ms"],
+                            floatfmt=".2f")
             + (f"\nhops (arrival after the send was posted): {hops}" if hops else ""))
 
 

@@ -25,9 +25,16 @@ next, SGLang's `event_loop_pp`) splits exactly into:
   SGLang's unranged Python between ranges), before the forward.
 
 `gloo:send` ranges are left out of every sum on purpose: SGLang sends with `isend` and waits one
-phase later (`_pp_commit_comm_work`), so a send range opens at the post and closes at the next
-iteration's commit; it covers the rank's ordinary work in between, not waiting (measured on
-SGLang 0.5.23 with torch 2.13 gloo: every `get_next_batch_to_run` inside one).
+phase later (`_pp_commit_comm_work`), so a send range opens at the post and closes when the send
+completes; it covers the rank's ordinary work in between, not waiting (measured on SGLang 0.5.23
+with torch 2.13 gloo: every `get_next_batch_to_run` inside one). The commit itself is waiting
+when the send has not completed yet (a gloo send completes once the peer posted its receive):
+the thread then runs nothing, no range and no op, until the send's range closes, and resumes at
+once. So a gap in the thread's activity that a `gloo:send` closes (the next range or op starts
+within `COMMIT_TAIL_US` of the send's end) is **waiting** (`commit`) from the gap's start to the
+send's end, like a blocked receive; on the lab's PP2 server rank 0's empty visits are mostly
+this (the request list's commit waiting for the next rank to finish its forward and post the
+receive), which the pipeline model reproduces from the next rank's costs.
 
 Cross-rank (`cpu_loop_profile`, one host: one clock): the hop r -> r+1 is the receiver's input
 arriving after the sender posted it: receive end - max(sender's send range end, receive start);
@@ -42,6 +49,11 @@ from statistics import median
 
 from microbench.sglang.intervals import length, merge, overlap
 from microbench.sglang.trace import STEP_RE, iter_events
+# the thread resumes this soon after a committed send completes (SGLang 0.5.23 lab traces, PP2:
+# the gap's tail after the send's end has p50 16-50 us, p90 under 100 us; the waits found are
+# the same within 1% from 200 us to 3 ms); a gap that goes on longer after a send ended was
+# not waiting for it
+COMMIT_TAIL_US = 300.0
 RANGES = ("recv_requests", "send_reqs_to_next_stage", "get_next_batch_to_run", "run_batch",
           "process_batch_result", "send_proxy_dict_to_next_stage", "send_res_dict_to_next_stage",
           "recv_res_dict_from_prev_stage", "scheduler.idle")
@@ -83,7 +95,7 @@ def _p50(v):
 def collect(path) -> dict:
     """The events the CPU view needs, from one trace file (streamed)."""
     ranges: dict[str, list] = {k: [] for k in RANGES}
-    steps, recvs = [], []
+    steps, recvs, sends, busy = [], [], [], []
     gpu = 0
     for ev in iter_events(path):
         if not isinstance(ev, dict) or ev.get("ph") != "X":
@@ -98,8 +110,14 @@ def collect(path) -> dict:
         if cat in ("kernel", "Kernel", "gpu_memcpy", "gpu_memset"):
             gpu += 1
         elif cat != "user_annotation":
+            if cat == "cpu_op" and name.startswith("c10d::"):
+                busy.append((ts, ts + dur))
             continue
-        elif name in ranges:
+        elif name.startswith("gloo:send"):
+            sends.append((ts, ts + dur))
+            continue
+        busy.append((ts, ts + dur))
+        if name in ranges:
             ranges[name].append((ts, ts + dur))
         elif name.startswith("gloo:recv"):
             recvs.append((ts, ts + dur))
@@ -110,7 +128,21 @@ def collect(path) -> dict:
     for k, v in ranges.items():   # an event written twice is one event
         ranges[k] = sorted(set(v))
     return {"ranges": ranges, "steps": sorted(set(steps)), "recvs": merge(recvs),
-            "gpu_events": gpu}
+            "commits": commit_waits(merge(busy), sorted(set(sends))), "gpu_events": gpu}
+
+
+def commit_waits(busy: list[tuple[float, float]], sends: list[tuple[float, float]]
+                 ) -> list[tuple[float, float]]:
+    """The thread blocked committing a send (module docstring): for each gap between merged
+    activity intervals `busy`, (gap start, end of the last send that closed inside it) when the
+    thread resumed within COMMIT_TAIL_US of that send's end."""
+    ends = sorted(e for _, e in sends)
+    out = []
+    for (_, a), (b, _) in zip(busy, busy[1:]):
+        j = bisect.bisect_right(ends, b) - 1
+        if j >= 0 and ends[j] > a and b - ends[j] <= COMMIT_TAIL_US:
+            out.append((a, ends[j]))
+    return out
 
 
 def is_cpu_trace(ev: dict) -> bool:
@@ -154,12 +186,16 @@ def summarize(ev: dict, rank: int | None = None) -> dict:
         return out
     recvs = ev["recvs"]
     R = {k: _Sorted(v) for k, v in rg.items()}
-    RECV = _Sorted(recvs)
+    # waiting: blocked receives and blocked send commits (neither is the rank's own work)
+    RECV_ONLY = _Sorted(recvs)
+    COMMIT = _Sorted(ev.get("commits", []))
+    RECV = _Sorted(merge(recvs + ev.get("commits", [])))
     steps = ev["steps"]
     step_starts = [s[0] for s in steps]
     rb = rg["run_batch"]
     rb_starts = [s for s, _ in rb]
-    fwds, host_b, host_e, waits = [], [], [], {"relay": [], "input": [], "output": []}
+    fwds, host_b, host_e = [], [], []
+    waits: dict[str, list] = {"relay": [], "input": [], "output": [], "commit": []}
     sends, procs, spans = [], [], []
     slots, idle = idle_passes(starts, rg["scheduler.idle"])
     for i in range(len(starts) - 1):
@@ -169,6 +205,7 @@ def summarize(ev: dict, rank: int | None = None) -> dict:
         span = hi - lo
         blocked = RECV.clip(lo, hi)
         b_total = length(merge(blocked))
+        commit = length(merge(COMMIT.clip(lo, hi)))
         relay = overlap(merge(blocked), merge(R["recv_requests"].clip(lo, hi)))
         output = overlap(merge(blocked), merge(R["recv_res_dict_from_prev_stage"].clip(lo, hi)))
         send = length(merge(R["send_proxy_dict_to_next_stage"].clip(lo, hi)))
@@ -186,12 +223,13 @@ def summarize(ev: dict, rank: int | None = None) -> dict:
             if proc_iv:
                 procs.append(proc)
             waits["relay"].append(relay)
+            waits["commit"].append(commit)
             continue
         k = bisect.bisect_left(step_starts, run[0])
         st = steps[k] if k < len(steps) and steps[k][0] < run[1] else None
         # the input receive: blocked before run_batch, outside recv_requests and outside the
         # output exchange (with async depth > 0 SGLang exchanges outputs before the forward)
-        pre = merge(RECV.clip(lo, run[0]))
+        pre = merge(RECV_ONLY.clip(lo, run[0]))
         other = merge(R["recv_requests"].clip(lo, hi)
                       + R["recv_res_dict_from_prev_stage"].clip(lo, hi))
         pre_in = [(a, b) for a, b in pre if not overlap([(a, b)], other)]
@@ -205,6 +243,7 @@ def summarize(ev: dict, rank: int | None = None) -> dict:
             waits["relay"].append(relay)
             waits["output"].append(output)
             waits["input"].append(sum(b - a for a, b in pre_in))
+            waits["commit"].append(commit)
             sends.append(send)
     dec = [f for f in fwds if f["mode"] == "DECODE" and f["batch"]]
     by_b: dict[int, list] = {}
