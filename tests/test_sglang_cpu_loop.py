@@ -207,3 +207,20 @@ def test_an_empty_visit_that_processes_the_next_slot_is_not_charged_twice():
     assert d["process_us_mean"] == pytest.approx(800)
     assert d["host_us_empty_mean"] == pytest.approx(2000 - 800)
     assert d["host_us_mean"] == pytest.approx(8000 - 5000)
+
+
+def test_slot_sizes_come_from_the_rounds_that_held_the_most_requests():
+    # SGLang's C = 8 PP2 server as the lab traced it: 7 and 1 in the two slots, then the run's
+    # tail (one request left, the other slot empty) - counted by forwards, bs=1 outweighs bs=7
+    steady = [(7, "DECODE"), (1, "DECODE")] * 4
+    tail = [(1, "DECODE"), (0, None)] * 10
+    # (the first visit ends no whole round)
+    assert cpu_steps.full_rounds(steady + tail, 2) == {"1": 4, "7": 3}
+    # a prefill visit counts its new requests (not as a decode forward); an idle pass breaks
+    # the round
+    v = [(7, "DECODE"), (1, "EXTEND"), (7, "DECODE"), (1, "DECODE"), (7, "DECODE"), (-1, None),
+         (1, "DECODE"), (6, "DECODE")]
+    assert cpu_steps.full_rounds(v, 2) == {"1": 1, "7": 2}
+    # no slot count, or fewer full forwards than slots: no claim
+    assert cpu_steps.full_rounds(steady, None) == {}
+    assert cpu_steps.full_rounds([(3, "DECODE"), (0, None)], 2) == {}

@@ -108,7 +108,10 @@ def test_the_restart_plan_alternates_the_servers_and_profiles_its_own_before_cas
     assert names == ["wr-d0-1", "wr-d1-1", "wr-d2-1", "wr-chunk64-1", "wr-mrr4-1",
                      "wr-d0-2", "wr-d1-2", "wr-d2-2", "wr-chunk64-2", "wr-mrr4-2"]
     profiled = {c.name for g in plan for c in g.cases if c.profile}
-    assert profiled == {f"wr-{t}-c{C}.1" for t in ("base", "d1", "d2") for C in (1, 8, 16)}
+    # every round's default servers (one before window per round), the first round's others
+    assert profiled == ({f"wr-base-c{C}.{k}" for C in (1, 8, 16) for k in (1, 2)}
+                        | {c.name for g in plan[1:5] for c in g.cases})
+    assert len(whatif_restart_plan(pp=2, rounds=3)) == 15
     by = {g.name: g for g in plan}
     # chunked prefill is not tried at C = 1 (one prompt fits any budget), 4 rows only above 4
     assert [c.concurrency for c in by["wr-chunk64-1"].cases] == [8, 16]

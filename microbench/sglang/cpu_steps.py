@@ -175,6 +175,34 @@ class _Sorted:
         return out[::-1]
 
 
+def full_rounds(visits: list[tuple[int, str | None]], slots: int | None) -> dict[str, int]:
+    """Decode forwards by size in the rounds that held the window's most requests.
+
+    A traced window of a short benchmark holds its ramp and its tail as well (the last wave's
+    one or two requests left alone, `step[DECODE bs=1]`), and counted by forwards those sizes
+    outweigh the steady ones: a server that ran C = 8 as 7 and 1 reads as 4 and 4. The round
+    ending at a visit is that visit and the `slots - 1` before it (SGLang visits its
+    `pp_loop_size` slots round-robin, each visit runs one slot's batch); the rounds whose sizes
+    sum to the most seen are the server full. {} without the slot count, or with fewer such
+    forwards than slots."""
+    if not slots:
+        return {}
+    totals = []
+    for v in range(len(visits)):
+        win = visits[max(0, v - slots + 1):v + 1]
+        ok = v >= slots - 1 and all(b >= 0 for b, _ in win)
+        totals.append(sum(b for b, _ in win) if ok else -1)
+    most = max(totals, default=-1)
+    if most <= 0:
+        return {}
+    out: dict[str, int] = {}
+    for (b, mode), t in zip(visits, totals):
+        if t == most and mode == "DECODE" and b > 0:
+            out[str(b)] = out.get(str(b), 0) + 1
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0]))) \
+        if sum(out.values()) >= slots else {}
+
+
 def summarize(ev: dict, rank: int | None = None) -> dict:
     """One rank's loop profile from collect()'s events (the fields of LoopRank, plus `_fwds`
     and `_sends` for the cross-rank pass). Times in microseconds."""
@@ -198,8 +226,10 @@ def summarize(ev: dict, rank: int | None = None) -> dict:
     waits: dict[str, list] = {"relay": [], "input": [], "output": [], "commit": []}
     sends, procs, spans = [], [], []
     slots, idle = idle_passes(starts, rg["scheduler.idle"])
+    visits: list[tuple[int, str | None]] = []   # per visit in order: (batch size, mode)
     for i in range(len(starts) - 1):
         if i in idle:
+            visits.append((-1, None))            # an idle pass breaks the round
             continue
         lo, hi = starts[i], starts[i + 1]
         span = hi - lo
@@ -220,6 +250,7 @@ def summarize(ev: dict, rank: int | None = None) -> dict:
             # holds a batch (`process_batch_result` of `next_mb_id`): processing, not the
             # empty visit's own cost, so the model adds it once, as SGLang runs it
             host_e.append(host)
+            visits.append((0, None))
             if proc_iv:
                 procs.append(proc)
             waits["relay"].append(relay)
@@ -227,6 +258,7 @@ def summarize(ev: dict, rank: int | None = None) -> dict:
             continue
         k = bisect.bisect_left(step_starts, run[0])
         st = steps[k] if k < len(steps) and steps[k][0] < run[1] else None
+        visits.append((st[3] if st else -1, st[2] if st else None))
         # the input receive: blocked before run_batch, outside recv_requests and outside the
         # output exchange (with async depth > 0 SGLang exchanges outputs before the forward)
         pre = merge(RECV_ONLY.clip(lo, run[0]))
@@ -250,6 +282,7 @@ def summarize(ev: dict, rank: int | None = None) -> dict:
     for f in dec:
         by_b.setdefault(f["batch"], []).append(f["end"] - f["start"])
     curve = {str(b): _mean(v) for b, v in sorted(by_b.items())}
+    full = full_rounds(visits, slots)
     window = starts[-1] - starts[0]
     comp = length(merge([(f["start"], f["end"]) for f in fwds]))
     wait = length(merge(RECV.clip(starts[0], starts[-1])))
@@ -261,6 +294,7 @@ def summarize(ev: dict, rank: int | None = None) -> dict:
         "forward_busy_us_by_batch": curve,          # no launch gaps on a CPU: busy = forward
         "forward_effective_us_by_batch": curve,
         "forward_count_by_batch": {str(b): len(v) for b, v in sorted(by_b.items())},
+        "forward_count_full_by_batch": full,
         "forward_us_p50": _p50([f["end"] - f["start"] for f in dec]),
         "iterations": len(starts) - 1 - len([i for i in idle if i < len(starts) - 1]),
         "iterations_empty": len(host_e),

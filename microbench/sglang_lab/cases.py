@@ -127,9 +127,11 @@ def whatif_restart_plan(pp: int = 2, rounds: int = 2,
     `--chunked-prefill-size`, `--max-running-requests`) against the default, the servers
     alternating (default, depth 1, depth pp, chunk, rows, default, ...; one bench_serving run per
     C on each), so that a change of the machine's load between servers falls on all sides
-    alike. The first default server's runs are profiled: they are the before evidence, taken in
-    the same pass as the runs they predict; so are the first depth servers' (the model of the
-    observed loop checked at every depth)."""
+    alike. Every default server's runs are profiled: they are the before evidence, taken in the
+    same pass as the runs they predict, one window per round (microbench/sglang_lab/whatifs.py
+    predicts from each and from the one nearest the benchmark's pace); so are the first round's
+    servers of every setting (the model of the observed loop checked at every setting, and the
+    after loop to set beside the modelled one)."""
     settings = [(f"d{d}", ("--pp-async-batch-depth", str(d)), cs) for d in (1, pp)]
     settings.append((f"chunk{WHATIF_CHUNK}", ("--chunked-prefill-size", str(WHATIF_CHUNK)),
                      tuple(C for C in cs if C > 1)))
@@ -138,10 +140,10 @@ def whatif_restart_plan(pp: int = 2, rounds: int = 2,
     out = []
     for k in range(1, rounds + 1):
         out.append(Group(f"wr-d0-{k}", pp, (), tuple(
-            Case(f"wr-base-c{C}.{k}", C, baseline="", profile=k == 1) for C in cs)))
+            Case(f"wr-base-c{C}.{k}", C, baseline="", profile=True) for C in cs)))
         for tag, extra, at in settings:
             out.append(Group(f"wr-{tag}-{k}", pp, extra, tuple(
                 Case(f"wr-{tag}-c{C}.{k}", C, baseline=f"wr-base-c{C}",
-                     profile=k == 1 and tag.startswith("d"))
+                     profile=k == 1)
                 for C in at)))
     return tuple(out)

@@ -50,6 +50,10 @@ def register(subparsers) -> None:
                    help="the restart settings (--pp-async-batch-depth 1 and pp, "
                    "--chunked-prefill-size, --max-running-requests) against the default, the "
                    "servers alternating, the first default servers profiled (cases wr-*)")
+    p.add_argument("--rounds", type=int, default=2, metavar="N",
+                   help="--whatif-restart: rounds of the alternating servers (default 2; every "
+                   "round's default servers profiled, the before evidence of each, and the "
+                   "first round's others)")
     p.add_argument("--list", action="store_true", help="print the plan and exit")
     p.add_argument("--sglang-python", default=None, metavar="PATH",
                    help="an existing SGLang installation's python (no install step)")
@@ -76,7 +80,9 @@ def _plan(args):
     elif args.whatif_live:
         plan = whatif_live_plan(args.pp)
     elif args.whatif_restart:
-        plan = whatif_restart_plan(args.pp)
+        if not 1 <= args.rounds <= 10:
+            raise CliError(f"--rounds must be between 1 and 10, got {args.rounds}")
+        plan = whatif_restart_plan(args.pp, rounds=args.rounds)
     else:
         plan = default_plan(args.pp, quick=args.quick, depth=args.async_depth)
     if args.reps is not None:

@@ -5,8 +5,11 @@ Per after case (a setting changed against its before case, SGLang's defaults at 
 the model runs bench_serving's run over the observed loop of the default server's profiled
 window at that C (of every before case's, the one with the lowest profiler slowdown: the
 window that ran closest to the benchmark's speed) with and without the change
-(`observed_whatif.predict`); cases `<name>.<k>` are one case's interleaved runs; measured = median tok/s after / median before - 1, with the range
-every pairing of their repetitions spans (min after / max before - 1 .. max / min - 1). A
+(`observed_whatif.predict`), and from each other profiled window of the default server at that
+C (another round of the restart pass: the range of predictions the evidence gives); cases
+`<name>.<k>` are one case's interleaved runs; measured = median tok/s after / median before -
+1, with the range every pairing of their repetitions spans (min after / max before - 1 ..
+max / min - 1). A
 prediction meets the target when its sign is right and it is within 25% of the measured change
 or inside that range.
 
@@ -126,9 +129,9 @@ def whatif_rows(out: Path, records: Path | None = None) -> list[dict]:
 
     slow: dict[str, float] = {}
 
-    def evidence(C: int) -> Path | None:
-        """The default server's profiled window at C that ran closest to the benchmark's
-        speed (the lowest profiler slowdown) among every before case at C."""
+    def windows(C: int) -> list[Path]:
+        """Every default server's profiled window at C, the one that ran closest to the
+        benchmark's speed (the lowest profiler slowdown) first."""
         cands = []
         for name, dirs in by.items():
             if not re.fullmatch(rf"w[a-z]-base-c{C}", name):
@@ -138,14 +141,15 @@ def whatif_rows(out: Path, records: Path | None = None) -> list[dict]:
                     if d.name not in slow:
                         slow[d.name] = _slowdown(rec / d.name / "sglang.json") or float("inf")
                     cands.append((slow[d.name], d.name))
-        return rec / min(cands)[1] / "sglang.json" if cands else None
+        return [rec / name / "sglang.json" for _, name in sorted(cands)]
     rows = []
     for name, dirs in sorted(by.items()):
         c = _case(dirs[0])
         base = c["case"].get("baseline")
-        ev = evidence(c["case"]["concurrency"]) if base in by else None
-        if ev is None:
+        evs = windows(c["case"]["concurrency"]) if base in by else []
+        if not evs:
             continue
+        ev = evs[0]
         ch = change_of(c, _case(by[base][0]))
         if ch is None:
             continue
@@ -156,6 +160,9 @@ def whatif_rows(out: Path, records: Path | None = None) -> list[dict]:
             continue
         dep, server, load, _ = _evidence(ev)
         pred = ow.predict(dep, server, load, knob, value)
+        # the same prediction from each other window of the before server (another round)
+        every = [pred.change_pct] + [ow.predict(*_evidence(e)[:3], knob, value).change_pct
+                                     for e in evs[1:]]
         meas = 100 * (median(a) / median(b) - 1)
         lo, hi = 100 * (min(a) / max(b) - 1), 100 * (max(a) / min(b) - 1)
         p = pred.change_pct
@@ -168,6 +175,7 @@ def whatif_rows(out: Path, records: Path | None = None) -> list[dict]:
             "before_runs": len(b), "after_runs": len(a),
             "measured_pct": meas, "measured_range_pct": [lo, hi],
             "predicted_pct": p, "evidence": ev.parent.name,
+            "predicted_range_pct": [min(every), max(every)], "windows": len(every),
             "sizes_before": list(pred.before.steady_sizes),
             "sizes_after": list(pred.after.steady_sizes),
             "ok": bool(sign_ok and size_ok),
@@ -180,7 +188,9 @@ def render(wrows: list[dict], lrows: list[dict], fmt: str = "simple") -> str:
     a = tabulate([[r["knob"] + " " + str(r["value"]), r["concurrency"],
                    f"{r['before_tok_per_s']:.1f} -> {r['after_tok_per_s']:.1f}",
                    f"{r['measured_pct']:+.1f}% ({r['measured_range_pct'][0]:+.1f} .. "
-                   f"{r['measured_range_pct'][1]:+.1f})", f"{r['predicted_pct']:+.1f}%",
+                   f"{r['measured_range_pct'][1]:+.1f})", f"{r['predicted_pct']:+.1f}%"
+                   + (f" ({r['predicted_range_pct'][0]:+.1f} .. {r['predicted_range_pct'][1]:+.1f})"
+                      if r.get("windows", 1) > 1 else ""),
                    " ".join(map(str, [x for x in r["sizes_before"] if x])) + " -> "
                    + " ".join(map(str, [x for x in r["sizes_after"] if x])),
                    "yes" if r["ok"] else "no"] for r in wrows],

@@ -12,7 +12,7 @@ When `results/sglang.json` holds a loop profile (per-rank traces read by `ppscop
 | request-list relay and waits on the GPU | CPU blocked in gloo sends / CUDA synchronisations inside that window, mean | - |
 | hop per link | input on the GPU - upstream forward end, mean; plus the sender's wait for its send | - |
 | slots and occupancy | iterations / forwards on rank 0, and C / mean micro-batch | given async depth |
-| micro-batch sizes | hidden-state receive sizes (traces) or `#running-req` (log) | - |
+| micro-batch sizes | hidden-state receive sizes (traces; on the CPU the rounds that held the most requests) or `#running-req` (log) | - |
 | graph share | forwards launched through `cudaGraphLaunch` | - |
 | tok/s | bench_serving / live probe / `--observed` | - |
 
@@ -158,7 +158,11 @@ def from_evidence(loop: LoopProfile | None, *, concurrency: int | None, observed
           for x, f in zip(rk, fw)]
     if not all(fw):
         raise NoLoopEvidence("a traced rank ran no decode forward the profile could size")
-    counts = {b: float(c) for b, c in rk[0].curve("forward_count_by_batch", concurrency).items()}
+    # the sizes of the rounds that held the most requests where the reader gives them (the
+    # window's ramp and tail left out), else every decode forward's
+    counts = {b: float(c) for b, c in (rk[0].curve("forward_count_full_by_batch", concurrency)
+                                        or rk[0].curve("forward_count_by_batch", concurrency)
+                                        ).items()}
     if not (counts and concurrency):
         raise NoLoopEvidence("no micro-batch sizes in the traces, or no client concurrency "
                              "(pass --model and --concurrency to `ppscope sglang`)")

@@ -280,6 +280,9 @@ class LoopRank:
     forward_busy_us_by_batch: dict[str, float | None] = field(default_factory=dict)
     forward_effective_us_by_batch: dict[str, float | None] = field(default_factory=dict)
     forward_count_by_batch: dict[str, int] = field(default_factory=dict)
+    # the decode forwards of the rounds that held the most requests (the server full, the
+    # window's ramp and tail left out; CPU view, microbench/sglang/cpu_steps.full_rounds)
+    forward_count_full_by_batch: dict[str, int] = field(default_factory=dict)
     forward_us_p50: float | None = ge(0, default=None)
     iterations: int = ge(0, default=0)
     iterations_empty: int = ge(0, default=0)
