@@ -146,3 +146,75 @@ def test_the_change_a_lab_case_made():
                       "extra_args": ["--pp-async-batch-depth", "1"]}, base) == \
         ("--pp-async-batch-depth", 1)
     assert change_of(base, base) is None
+
+
+# --------------------------------------------------------- the benchmark's own first burst
+
+# SGLang 0.5.23's prefill line (tests/fixtures/sglang_lab/*/server.log), times changed
+_PRE = ("[2026-12-02 16:29:29 PP{r}] Prefill batch, #new-seq: {n}, #new-token: {tok}, "
+        "#cached-token: 3, token usage: 0.03, #running-req: {run}, #queue-req: 0, "
+        "#pending-token: 0, cpu graph: False, input throughput (token/s): 6526.87")
+
+
+def _burst_log() -> list[str]:
+    """The default PP2 CPU server at C = 16 as the lab saw it: the benchmark's 16 prompts
+    admitted as 1, 2, 6 (joining the 1) and 7 (joining the 2), groups of 7 and 9; their
+    successors as 7 and 9; then the traced window, its own burst of 1, 14 and 1."""
+    out = []
+    for r in (0, 1):
+        out += [_PRE.format(r=r, n=n, tok=64 * n, run=run)
+                for n, run in ((1, 0), (2, 0), (6, 1), (7, 2))]
+        out += [_DEC.format(r=r, n=n, thr=600.0) for n in (7, 9) * 4]
+        out += [_PRE.format(r=r, n=n, tok=64 * n, run=0) for n in (7, 9)]
+        out += [_DEC.format(r=r, n=n, thr=600.0) for n in (7, 9) * 4]
+    out.append("[2026-12-02 16:29:47 PP0] Profiling starts. Traces will be saved to: x "
+               "(with profile id: 1)")
+    out += [_PRE.format(r=0, n=n, tok=64 * n, run=run) for n, run in ((1, 0), (14, 0), (1, 1))]
+    out += [_DEC.format(r=0, n=n, thr=600.0) for n in (15, 1) * 4]
+    out.append("[2026-12-02 16:29:53 PP0] Profiling done. Traces are saved to: x")
+    out += [_PRE.format(r=0, n=2, tok=128, run=0)]
+    return out
+
+
+def test_bursts_are_the_prefills_between_decode_lines_outside_the_traced_window():
+    from microbench.sglang.arrival_bursts import bursts
+    b = bursts(_burst_log())
+    assert [x["waves"] for x in b] == [[[1, 0], [2, 0], [6, 1], [7, 2]], [[7, 0], [9, 0]],
+                                       [[2, 0]]]
+    assert [x["requests"] for x in b] == [16, 16, 2]
+    # rank 1 logs the same admission
+    assert bursts(_burst_log(), rank="1")[:2] == b[:2]
+    assert bursts([]) == [] and bursts(["not a log line"]) == []
+
+
+def test_each_wave_lands_at_the_visit_its_slot_size_says():
+    # 1 into an empty slot, then 7 into the slot holding 1: the next visit (slot 1, empty)
+    # took nothing, the one after (slot 0) the 7: SGLang's 8-and-0 herd at C = 8
+    assert ow.wave_visits(((1, 0), (7, 1)), 2) == [0, 2]
+    assert ow.wave_visits(((1, 0), (2, 0), (6, 1), (7, 2)), 2) == [0, 1, 2, 3]
+    # depth 1 (3 slots): 1, 4, then 11 joining the 1 (the third slot's visit took nothing)
+    assert ow.wave_visits(((1, 0), (4, 0), (11, 1)), 3) == [0, 1, 3]
+    # a wave joining a slot size no slot has: not a burst from an empty server of 2 slots
+    assert ow.wave_visits(((1, 0), (7, 3)), 2) is None
+
+
+def test_the_first_burst_gives_the_observed_groups_back_and_other_slot_counts_its_visits():
+    load = ow.Load(8, 18, 128, 64, waves=((1, 0), (7, 1)))
+    # the traced window held 6 and 2; the benchmark's burst made 8 and 0
+    assert ow.bench_run(_dep(), SERVER, load).steady_sizes == (8, 0)
+    assert ow.bench_run(_dep(), SERVER, ow.Load(8, 18, 128, 64)).steady_sizes == (6, 2)
+    first = ow._first_arrivals(_dep(), SERVER, load)
+    assert [s for _, s in first] == [0] * 8
+    # 3 slots: the same waves at visits 0 and 2, slots 0 and 2
+    s3, _ = ow.apply(SERVER, load, "--pp-async-batch-depth", 1)
+    assert sorted({s for _, s in ow._first_arrivals(_dep(), s3, load)}) == [0, 2]
+    # waves that do not add up to C (another run's burst) fall back to the traced groups
+    other = ow.Load(8, 18, 128, 64, waves=((1, 0), (2, 0)))
+    assert [s for _, s in ow._first_arrivals(_dep(), SERVER, other)] == [0] * 6 + [1] * 2
+
+
+def test_successors_of_a_group_arrive_together():
+    # 7 and 9 finish together and come back as 7 and 9 (SGLang's log of the default server)
+    load = ow.Load(16, 34, 128, 64, waves=((1, 0), (2, 0), (6, 1), (7, 2)))
+    r = ow.bench_run(_dep(sizes=(14, 2)), SERVER, load)
+    assert r.steady_sizes in ((7, 9), (9, 7))

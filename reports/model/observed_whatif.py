@@ -18,15 +18,21 @@ The run (`bench_run`), SGLang 0.5.23 `event_loop_pp` (managers/scheduler_pp_mixi
 - a decode visit gives each of the slot's requests one token; a request is done after
   `output_len` tokens (the prefill gives the first), and bench_serving sends the next prompt at
   once (`--max-concurrency` is a semaphore); the successors of requests that finished together
-  straggle in as the server's log saw prompts arrive: `cluster` of them per visit (the mean
-  `#new-seq` of its `Prefill batch` lines; all at once without a log);
-- the first C prompts arrive as the observed micro-batches did (one group per observed slot,
-  each just before that slot's visit): how a burst split into groups is the evidence's, the
-  rule above then applies the setting; with another slot count (`--pp-async-batch-depth`) the
-  same share of the slots holds a group (SGLang's traces at depth 0 and 1 show every slot
-  occupied once C >= slots: a group's successors straggle over consecutive visits), C split
-  evenly over them; with `--request-rate` R they arrive 1/R apart (the Poisson mean), one
-  slot after another (Poisson arrivals land in each slot alike);
+  arrive together, at the next visit (SGLang's log of the default PP2 CPU server: groups of 7
+  and 9 finish, and the next prefills admit 7 and 9);
+- the first C prompts arrive as the benchmark's own first burst did, where the server's log
+  shows it (microbench/sglang/arrival_bursts.py: the prefill waves, each with the size of the
+  slot it joined): wave i is admitted at the visit it was on the observed server, counted in
+  visits from the burst's start, so the observed server gets back exactly its groups (1 into
+  an empty slot, then 7 into the slot holding 1: SGLang's 8-and-0 herd), and a server with
+  another slot count gets the same waves at the same visit numbers; another setting then
+  applies its own rule (a prefill budget or a cap sends the rest to the next slot with room).
+  Without that burst in the log, the first C prompts arrive as the traced micro-batches were
+  (one group per observed slot, each just before that slot's visit); with another slot count
+  the same share of the slots holds a group, C split evenly over them; with `--request-rate`
+  R they arrive 1/R apart (the Poisson mean), one slot after another (Poisson arrivals land
+  in each slot alike). The traced window is a run of its own, with its own burst (the lab's:
+  14 and 2 where the benchmark ran 7 and 9), so the log's burst comes first;
 - a round lasts what the model of the observed loop gives for its slot sizes
   (deployment.run with every cause as observed), a prefill visit as long as a decode visit.
 
@@ -79,7 +85,9 @@ class Load:
     output_len: int
     prompt_len: int = 0
     rate: float | None = None       # --request-rate (None: all at once)
-    cluster: float | None = None    # prompts admitted per prefill (the log's #new-seq mean)
+    # the benchmark's first burst of C prompts as the log shows it: (#new-seq, #running-req of
+    # the slot joined) per prefill (reports/base/payloads/sglang.py ArrivalBurst)
+    waves: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -127,12 +135,36 @@ class _Rounds:
         return self.memo[sizes]
 
 
+def wave_visits(waves: tuple[tuple[int, int], ...], slots: int) -> list[int] | None:
+    """The visit (counted from the burst's first prefill) at which each wave was admitted on
+    a server of `slots` slots, all empty at the start: the next visit whose slot holds as many
+    requests as the wave's `#running-req` says (0: an empty slot). None when the waves do not
+    fit that loop (not a burst from an empty server, or another slot count)."""
+    held, v, out = [0] * slots, 0, []
+    for n, running in waves:
+        for u in range(v, v + slots):
+            if held[u % slots] == running:
+                break
+        else:
+            return None
+        held[u % slots] += n
+        out.append(u)
+        v = u + 1
+    return out
+
+
 def _first_arrivals(dep: Deployment, server: Server, load: Load) -> list[tuple[float, int]]:
     """(arrival time, slot it lands in) of each of the first C prompts (module docstring)."""
     C, S = min(load.concurrency, load.prompts), server.slots
     if load.rate:
         # Poisson arrivals land in each slot alike: in expectation, round-robin
         return [(i / load.rate * 1e6, i % S) for i in range(C)]
+    visits = wave_visits(load.waves, dep.slots) if load.waves else None
+    if visits is not None and sum(n for n, _ in load.waves) == C:
+        # each wave 1 us after the one before it, so that a slot's visit admits only the
+        # waves before it: the waves' order is the log's, their slot the visit they came at
+        return [(i * 1.0, v % S) for i, ((n, _), v) in enumerate(zip(load.waves, visits))
+                for _ in range(n)]
     obs = groups(dep)
     total = sum(n for _, n in obs)
     sizes = [max(1, round(n * C / total)) for _, n in obs]
@@ -195,7 +227,7 @@ def bench_run(dep: Deployment, server: Server, load: Load, turnaround_us: float 
                 prefills += 1
                 continue                                # a prefill visit: the slot's decode waits
             end = tv + visit
-            left, finished = [], 0
+            left = []
             for req in slots[k]:
                 if req[0] > 1:
                     left.append([req[0] - 1, req[1]])
@@ -203,11 +235,7 @@ def bench_run(dep: Deployment, server: Server, load: Load, turnaround_us: float 
                 done += 1
                 latency += end - req[1]
                 if sent < load.prompts:     # the semaphore frees: the next prompt
-                    # successors straggle: `cluster` of them per visit, as the server's
-                    # Prefill lines admitted them
-                    nxt = end + turnaround_us + (finished // load.cluster) * visit \
-                        if load.cluster else end + turnaround_us
-                    finished += 1
+                    nxt = end + turnaround_us
                     if load.rate:
                         nxt = max(nxt, sent / load.rate * 1e6)
                     waiting.append([nxt, None])
@@ -277,12 +305,12 @@ def from_sglang(sg) -> tuple[Deployment, Server, Load, float | None]:
     b = runs[0] if runs else None
     rate = b.request_rate if b is not None else None
     rate = float(rate) if isinstance(rate, (int, float)) and rate != float("inf") else None
-    lg = sg.ranks.get("0") or next(iter(sg.ranks.values()), None)
-    cluster = (lg.prefill_new_seq_total / lg.prefill_lines
-               if lg is not None and lg.prefill_lines >= 3 and lg.prefill_new_seq_total else None)
+    # the benchmark's first burst of C requests (the log's, outside the traced window)
+    first = next((b for b in (sg.loop.bursts if sg.loop is not None else ())
+                  if b.requests == C), None)
     load = Load(concurrency=int(C), prompts=int(b.completed) if b and b.completed else 2 * C + 2,
                 output_len=int(round(b.mean_output_len)) if b and b.mean_output_len else 128,
                 prompt_len=int(round(b.mean_input_len)) if b and b.mean_input_len else 0,
-                rate=rate, cluster=cluster)
+                rate=rate, waves=first.waves if first else ())
     return dep, server, load, measured
 

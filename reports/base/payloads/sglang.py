@@ -328,6 +328,15 @@ class LoopHop:
 
 
 @dataclass(frozen=True)
+class ArrivalBurst:
+    """Prefill lines of rank 0 with no decode line between them (microbench/sglang/
+    arrival_bursts.py): how one burst of arrivals was split into micro-batches. `waves`:
+    [#new-seq, #running-req of the slot it joined] per prefill, in log order."""
+    waves: tuple[tuple[int, int], ...] = ()
+    requests: int = ge(0, default=0)
+
+
+@dataclass(frozen=True)
 class LoopProfile:
     ranks: dict[str, LoopRank] = field(default_factory=dict)
     hops: dict[str, LoopHop] = field(default_factory=dict)
@@ -339,6 +348,9 @@ class LoopProfile:
     # the traced window's visits against the rest of the logged run: how much slower the
     # profiler made the loop it measured (microbench/sglang/profiler_cost.py); None: no log
     profiler_slowdown: float | None = ge(0, default=None)
+    # the log's bursts of admission outside the traced window, in log order: how the
+    # benchmark's arrivals were split into micro-batches (the traced window is its own run)
+    bursts: tuple[ArrivalBurst, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,80 @@
+"""How the benchmark's requests were split into micro-batches, from SGLang's own log.
+
+Under PP, the micro-batch a request joins is fixed at its prefill: SGLang's `event_loop_pp`
+(managers/scheduler_pp_mixin.py) visits the `pp + async_depth` slots round-robin, each visit
+admits the requests that have reached the scheduler by then into that slot's running batch
+(`get_new_batch_prefill`), and the request stays in that slot until it finishes. A burst of C
+requests sent at once (bench_serving's start, or the successors of a group that finished
+together) therefore lands as a few *waves*, one per prefill visit; the waves decide the slot
+sizes the whole run then keeps, because the successors of requests that finished together
+arrive together again.
+
+The log says it: each `Prefill batch` line gives `#new-seq` (requests admitted) and
+`#running-req` (the requests already in the slot it joins: 0 for an empty slot). A burst is a
+run of prefill lines of one rank with no decode line between them: the visits in between were
+prefills or empty slots (SGLang logs nothing for an empty visit). Lines inside the window
+`/start_profile` opened (`Profiling starts` .. `Profiling done`) are left out: the traced window
+is its own run, with its own burst, and not the benchmark's.
+
+    bursts(lines) -> [{"waves": [[new_seq, running_req], ...], "requests": N}, ...]
+
+in log order, rank 0 (the rank that admits; every rank logs the same admission). The what-if
+model (reports/model/observed_whatif.py) replays the first burst of C requests.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Iterable
+
+MAX_BURSTS = 64       # bursts kept (the first ones): a day-long log has millions of prefills
+MAX_WAVES = 64        # waves kept per burst
+_PREFILL = re.compile(r"PP(\d+)\] Prefill batch, #new-seq: (\d+),.*?#running-req: (\d+),")
+_DECODE = re.compile(r"PP(\d+)\] Decode batch, ")
+_PROFILE = re.compile(r"PP(\d+)\] Profiling (starts|done)")
+
+
+def bursts(lines: Iterable[str], rank: str = "0") -> list[dict]:
+    """The bursts of admission of one PP rank's log lines (module docstring)."""
+    out: list[dict] = []
+    cur: list[list[int]] = []
+    profiling = False
+
+    def close() -> None:
+        if cur and len(out) < MAX_BURSTS:
+            out.append({"waves": cur[:MAX_WAVES], "requests": sum(w[0] for w in cur)})
+
+    for ln in lines:
+        if "PP" + rank + "]" not in ln:
+            continue
+        m = _PROFILE.search(ln)
+        if m and m.group(1) == rank:
+            close()
+            cur, profiling = [], m.group(2) == "starts"
+            continue
+        m = _PREFILL.search(ln)
+        if m and m.group(1) == rank:
+            if not profiling:
+                cur.append([int(m.group(2)), int(m.group(3))])
+            continue
+        m = _DECODE.search(ln)
+        if m and m.group(1) == rank:
+            close()
+            cur = []
+            if len(out) >= MAX_BURSTS:
+                break
+    close()
+    return out
+
+
+def bursts_of_logs(paths: Iterable[str | Path], rank: str = "0") -> list[dict]:
+    """`bursts` over the given log files' lines, in order (plain text; unreadable: [])."""
+    def lines():
+        for p in paths:
+            with open(p, "rb") as f:
+                for raw in f:
+                    yield raw.decode("utf-8", "replace")
+    try:
+        return bursts(lines(), rank)
+    except OSError:
+        return []
