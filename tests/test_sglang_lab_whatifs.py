@@ -30,16 +30,23 @@ KNOWN_MISSES = {
     "wi-rate-c1": "no-op at C = 1 (one stream: paced = unpaced); drift",
     "wi-mmb-c8": "drift: rank 0's visits 37 ms against 17-25 ms in the before runs",
     "wi-mrr-c8": "drift: rank 0's visits 36 ms; -39% predicted at the before runs' speed",
+    # replayed from the benchmark's first burst in the log (1, 9, 6: groups of 7 and 9;
+    # observed_whatif.py), not from the traced window's groups:
+    "wi-d1-c16": "-27% predicted against +13% measured here; both restart passes on an idle "
+                 "machine measured depth 1 at C = 16 at -16% to -27% (BENCHMARKS 15)",
+    "wl-mmb-c16": "-7% predicted (7-9 to 8-8, the cap splitting each wave), the measured "
+                  "range -6..+40% on this loaded pass",
 }
 # the model of the observed loop outside 10% of bench_serving on this first, loaded pass:
-# - wl-base-c16.1: the profiled window ran faster than the runs around it (slowdown 0.93);
+# - (wl-base-c16.1 missed while the run model spread each group's successors over
+#   several visits; replaying the log's burst, successors arriving together, it is within 10%)
 # - wi-d1-c1, wi-d2-c1, wi-d2-c8 (+16..+22%): the model is faster than the benchmark. Before
 #   the trace reader took rank 0's waits in its send commits out of its host time these were
 #   inside 10%, by two errors cancelling: those waits counted twice (the model 17-30% slower
 #   than its own traced loop at C = 1) against runs slower than the windows. wi-d1-c1's model
 #   now reproduces its traced step (2% unexplained); the restart pass on an idle machine
 #   (test_sglang_lab_restart.py) holds the model to its traced loop at C = 1, depth 0-2.
-LOOP_MISSES = {"wl-base-c16.1", "wi-d1-c1", "wi-d2-c1", "wi-d2-c8"}
+LOOP_MISSES = {"wi-d1-c1", "wi-d2-c1", "wi-d2-c8"}
 
 
 @pytest.fixture(scope="module")
