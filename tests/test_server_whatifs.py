@@ -138,3 +138,11 @@ def test_the_report_of_sglang_own_server_shows_its_own_whatifs(record, tmp_path,
     assert br["unexplained_pct"] == pytest.approx(
         100 * (1 - br["observed_tok_per_s"] / br["modelled_tok_per_s"]))
     assert f"{br['unexplained_pct']:+.0f}% unexplained" in md
+
+
+def test_it_says_where_the_first_prompts_came_from(record):
+    got = sw.server_whatifs(record)
+    # this recording's log holds the benchmark's first burst of 8 outside the traced window
+    assert got.arrivals.startswith("as the benchmark's first burst was admitted")
+    no_log = dataclasses.replace(record, loop=dataclasses.replace(record.loop, bursts=()))
+    assert "traced window's micro-batches" in sw.server_whatifs(no_log).arrivals

@@ -70,3 +70,15 @@ def test_depth_whatifs_follow_the_servers_own_groups(records):
         assert err_traced > 5 and err_replayed < 0.67 * err_traced, (case, traced.change_pct,
                                                                       replayed.change_pct)
     assert rows["wr-d2-c16"]["ok"]
+
+
+def test_the_report_says_the_whatifs_start_from_the_benchmarks_burst(records, tmp_path):
+    import shutil
+    shutil.copy(records / BEFORE / "sglang.json", tmp_path / "sglang.json")
+    assert main(["report", "--results", str(tmp_path)]) == 0
+    line = ("The first 16 prompts arrive as the benchmark's first burst was admitted in the "
+            "server's log: 1, 2, 6 (joining 1), 7 (joining 2).")
+    assert line in (tmp_path / "report.md").read_text()
+    assert "first burst was admitted" in (tmp_path / "report.html").read_text()
+    rep = json.loads((tmp_path / "report.json").read_text())
+    assert rep["server_whatifs"]["arrivals"].startswith("as the benchmark's first burst")

@@ -153,6 +153,19 @@ def wave_visits(waves: tuple[tuple[int, int], ...], slots: int) -> list[int] | N
     return out
 
 
+def arrival_text(dep: Deployment, load: Load) -> str:
+    """Where the modelled run's first C prompts came from, in one sentence (_first_arrivals)."""
+    if load.rate:
+        return f"paced at {load.rate:g} requests/s (bench_serving's --request-rate)"
+    waves = load.waves
+    if waves and wave_visits(waves, dep.slots) is not None \
+            and sum(n for n, _ in waves) == min(load.concurrency, load.prompts):
+        return ("as the benchmark's first burst was admitted in the server's log: "
+                + ", ".join(f"{n}" + (f" (joining {r})" if r else "") for n, r in waves))
+    return ("as the traced window's micro-batches (the log shows no burst of "
+            f"{load.concurrency} requests outside the window)")
+
+
 def _first_arrivals(dep: Deployment, server: Server, load: Load) -> list[tuple[float, int]]:
     """(arrival time, slot it lands in) of each of the first C prompts (module docstring)."""
     C, S = min(load.concurrency, load.prompts), server.slots

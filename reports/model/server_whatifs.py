@@ -55,6 +55,7 @@ class ServerWhatIfs:
     before_tok_per_s: float | None = None
     no_change_pct: float = NO_CHANGE_PCT
     rows: tuple[ServerWhatIf, ...] = ()
+    arrivals: str | None = None          # where the first C prompts came from (observed_whatif)
 
     @property
     def best(self) -> ServerWhatIf | None:
@@ -126,4 +127,5 @@ def server_whatifs(sg) -> ServerWhatIfs:
         return _not(str(e))
     rows.sort(key=lambda r: -r.change_pct)
     return ServerWhatIfs("ok", concurrency=load.concurrency, prompts=load.prompts,
-                         before_tok_per_s=before.tok_per_s, rows=tuple(rows))
+                         before_tok_per_s=before.tok_per_s, rows=tuple(rows),
+                         arrivals=ow.arrival_text(dep, load))

@@ -31,7 +31,7 @@ from reports.render.render_md import (DISPATCH_NOTE, MEASURED_NOTE, Table, attri
                                throughput_table, topology_lines, topology_table, verdict_table,
                                whatif_lines, whatif_table, ATTRIBUTION_TITLE, GLOSSARY_TITLE,
                                IMPLIED_LEAD, MEASURE_LEAD, MEASURE_TITLE, MEASURED_TITLE,
-                               STAGE_NOTE, STAGE_TITLE, SERVER_WHATIF_LEAD,
+                               STAGE_NOTE, STAGE_TITLE, SERVER_WHATIF_LEAD, server_arrival_line,
                                SERVER_WHATIF_TITLE, bench_run_line, glossary,
                                server_whatif_table, stage_cost_table)
 
@@ -322,6 +322,7 @@ def server_whatif_html(rep: Report) -> list[str]:
     if t is None:
         return o + [f"<p>Not modelled: {_e(sw.reason or 'no setting to try')}.</p>"]
     return o + [f'<p class="meta">{_e(SERVER_WHATIF_LEAD.format(no_change=sw.no_change_pct))}</p>',
+                *([f'<p class="meta">{_e(server_arrival_line(sw))}</p>'] if sw.arrivals else []),
                 table_html(t)]
 
 

@@ -524,7 +524,12 @@ def server_whatif_lines(rep: Report) -> list[str]:
     t = server_whatif_table(rep)
     if t is None:
         return out + [f"Not modelled: {sw.reason or 'no setting to try'}.", ""]
-    return out + [SERVER_WHATIF_LEAD.format(no_change=sw.no_change_pct), "", md_table(t), ""]
+    return out + [SERVER_WHATIF_LEAD.format(no_change=sw.no_change_pct), "",
+                  *([server_arrival_line(sw), ""] if sw.arrivals else []), md_table(t), ""]
+
+
+def server_arrival_line(sw) -> str:
+    return f"The first {sw.concurrency} prompts arrive {sw.arrivals}."
 
 
 def bench_run_line(dg: ServerDiagnosis) -> str | None:
