@@ -27,6 +27,8 @@ import re
 from pathlib import Path
 from typing import Iterable
 
+from microbench.sglang.profiler_cost import log_lines
+
 MAX_BURSTS = 64       # bursts kept (the first ones): a day-long log has millions of prefills
 MAX_WAVES = 64        # waves kept per burst
 _PREFILL = re.compile(r"PP(\d+)\] Prefill batch, #new-seq: (\d+),.*?#running-req: (\d+),")
@@ -69,12 +71,7 @@ def bursts(lines: Iterable[str], rank: str = "0") -> list[dict]:
 
 def bursts_of_logs(paths: Iterable[str | Path], rank: str = "0") -> list[dict]:
     """`bursts` over the given log files' lines, in order (plain text; unreadable: [])."""
-    def lines():
-        for p in paths:
-            with open(p, "rb") as f:
-                for raw in f:
-                    yield raw.decode("utf-8", "replace")
     try:
-        return bursts(lines(), rank)
+        return bursts(log_lines(paths), rank)
     except OSError:
         return []

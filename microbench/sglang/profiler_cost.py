@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from statistics import median
-from typing import Iterable
+from typing import Iterable, Iterator
 
 MIN_LINES = 5
 _DECODE = re.compile(r"PP(\d+)\] Decode batch, #running-req: (\d+),.*?gen throughput "
@@ -50,14 +50,18 @@ def slowdown(lines: Iterable[str], min_lines: int = MIN_LINES) -> float | None:
     return num / den if den else None
 
 
+def log_lines(paths: Iterable[str | Path]) -> Iterator[str]:
+    """The given log files' lines, in order (plain text, undecodable bytes replaced); opening
+    or reading a file raises OSError."""
+    for p in paths:
+        with open(p, "rb") as f:
+            for raw in f:
+                yield raw.decode("utf-8", "replace")
+
+
 def slowdown_of_logs(paths: Iterable[str | Path]) -> float | None:
-    """`slowdown` over the given log files' lines, in order (plain text; others: None)."""
-    def lines():
-        for p in paths:
-            with open(p, "rb") as f:
-                for raw in f:
-                    yield raw.decode("utf-8", "replace")
+    """`slowdown` over the given log files' lines, in order (plain text; unreadable: None)."""
     try:
-        return slowdown(lines())
+        return slowdown(log_lines(paths))
     except OSError:
         return None
