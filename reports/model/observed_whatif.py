@@ -153,17 +153,23 @@ def wave_visits(waves: tuple[tuple[int, int], ...], slots: int) -> list[int] | N
     return out
 
 
+def replayed_visits(dep: Deployment, load: Load) -> list[int] | None:
+    """The visit of each wave of the log's first burst, where the burst is replayed: its
+    waves fit the observed loop and admit the run's first C prompts; else None."""
+    if not load.waves or sum(n for n, _ in load.waves) != min(load.concurrency, load.prompts):
+        return None
+    return wave_visits(load.waves, dep.slots)
+
+
 def arrival_text(dep: Deployment, load: Load) -> str:
     """Where the modelled run's first C prompts came from, in one sentence (_first_arrivals)."""
     if load.rate:
         return f"paced at {load.rate:g} requests/s (bench_serving's --request-rate)"
-    waves = load.waves
-    if waves and wave_visits(waves, dep.slots) is not None \
-            and sum(n for n, _ in waves) == min(load.concurrency, load.prompts):
+    if replayed_visits(dep, load) is not None:
         return ("as the benchmark's first burst was admitted in the server's log: "
-                + ", ".join(f"{n}" + (f" (joining {r})" if r else "") for n, r in waves))
+                + ", ".join(f"{n}" + (f" (joining {r})" if r else "") for n, r in load.waves))
     return ("as the traced window's micro-batches (the log shows no burst of "
-            f"{load.concurrency} requests outside the window)")
+            f"{load.concurrency} requests outside the window that fits this loop)")
 
 
 def _first_arrivals(dep: Deployment, server: Server, load: Load) -> list[tuple[float, int]]:
@@ -172,8 +178,8 @@ def _first_arrivals(dep: Deployment, server: Server, load: Load) -> list[tuple[f
     if load.rate:
         # Poisson arrivals land in each slot alike: in expectation, round-robin
         return [(i / load.rate * 1e6, i % S) for i in range(C)]
-    visits = wave_visits(load.waves, dep.slots) if load.waves else None
-    if visits is not None and sum(n for n, _ in load.waves) == C:
+    visits = replayed_visits(dep, load)
+    if visits is not None:
         # each wave 1 us after the one before it, so that a slot's visit admits only the
         # waves before it: the waves' order is the log's, their slot the visit they came at
         return [(i * 1.0, v % S) for i, ((n, _), v) in enumerate(zip(load.waves, visits))
