@@ -24,10 +24,7 @@ model (reports/model/observed_whatif.py) replays the first burst of C requests.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Iterable
-
-from microbench.sglang.profiler_cost import log_lines
 
 MAX_BURSTS = 64       # bursts kept (the first ones): a day-long log has millions of prefills
 MAX_WAVES = 64        # waves kept per burst
@@ -36,42 +33,46 @@ _DECODE = re.compile(r"PP(\d+)\] Decode batch, ")
 _PROFILE = re.compile(r"PP(\d+)\] Profiling (starts|done)")
 
 
+class BurstReader:
+    """`bursts`, fed one log line at a time (profiler_cost.window_evidence shares the pass)."""
+
+    def __init__(self, rank: str = "0") -> None:
+        self.rank, self.tag = rank, "PP" + rank + "]"
+        self.out: list[dict] = []
+        self.cur: list[list[int]] = []
+        self.profiling = False
+
+    def _close(self) -> None:
+        if self.cur and len(self.out) < MAX_BURSTS:
+            self.out.append({"waves": self.cur[:MAX_WAVES],
+                             "requests": sum(w[0] for w in self.cur)})
+        self.cur = []
+
+    def feed(self, ln: str) -> None:
+        if self.tag not in ln or len(self.out) >= MAX_BURSTS:
+            return
+        m = _PROFILE.search(ln)
+        if m and m.group(1) == self.rank:
+            self._close()
+            self.profiling = m.group(2) == "starts"
+            return
+        m = _PREFILL.search(ln)
+        if m and m.group(1) == self.rank:
+            if not self.profiling:
+                self.cur.append([int(m.group(2)), int(m.group(3))])
+            return
+        m = _DECODE.search(ln)
+        if m and m.group(1) == self.rank:
+            self._close()
+
+    def result(self) -> list[dict]:
+        self._close()
+        return self.out
+
+
 def bursts(lines: Iterable[str], rank: str = "0") -> list[dict]:
     """The bursts of admission of one PP rank's log lines (module docstring)."""
-    out: list[dict] = []
-    cur: list[list[int]] = []
-    profiling = False
-
-    def close() -> None:
-        if cur and len(out) < MAX_BURSTS:
-            out.append({"waves": cur[:MAX_WAVES], "requests": sum(w[0] for w in cur)})
-
+    reader = BurstReader(rank)
     for ln in lines:
-        if "PP" + rank + "]" not in ln:
-            continue
-        m = _PROFILE.search(ln)
-        if m and m.group(1) == rank:
-            close()
-            cur, profiling = [], m.group(2) == "starts"
-            continue
-        m = _PREFILL.search(ln)
-        if m and m.group(1) == rank:
-            if not profiling:
-                cur.append([int(m.group(2)), int(m.group(3))])
-            continue
-        m = _DECODE.search(ln)
-        if m and m.group(1) == rank:
-            close()
-            cur = []
-            if len(out) >= MAX_BURSTS:
-                break
-    close()
-    return out
-
-
-def bursts_of_logs(paths: Iterable[str | Path], rank: str = "0") -> list[dict]:
-    """`bursts` over the given log files' lines, in order (plain text; unreadable: [])."""
-    try:
-        return bursts(log_lines(paths), rank)
-    except OSError:
-        return []
+        reader.feed(ln)
+    return reader.result()

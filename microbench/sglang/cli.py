@@ -160,10 +160,9 @@ def collect(args: argparse.Namespace) -> dict:
     if args.sglang_traces:      # after --bench: its --max-concurrency is C when not given
         data["loop"] = _loop(args, data)
         if args.sglang_log and data["loop"] is not None:
-            from microbench.sglang.arrival_bursts import bursts_of_logs
-            from microbench.sglang.profiler_cost import slowdown_of_logs
-            data["loop"]["profiler_slowdown"] = slowdown_of_logs(_log_files(args.sglang_log))
-            data["loop"]["bursts"] = bursts_of_logs(_log_files(args.sglang_log))
+            from microbench.sglang.profiler_cost import window_evidence
+            slow, bursts = window_evidence(_log_files(args.sglang_log))
+            data["loop"].update(profiler_slowdown=slow, bursts=bursts)
     if args.url:
         from microbench.sglang import live as sglang_live
         if not 1 <= args.live_concurrency <= 4096 or not 1 <= args.live_tokens <= 1 << 20:
@@ -317,13 +316,13 @@ def _render_loop(loop: dict) -> str:
 def _bursts_line(loop: dict) -> str:
     """The benchmark's first burst of C requests as the log admitted it (arrival_bursts.py):
     the micro-batches the run kept, beside the traced window's own."""
+    from reports.model.observed_whatif import waves_text
     c = loop.get("concurrency")
     b = next((b for b in loop.get("bursts") or () if b["requests"] == c), None)
     if b is None:
         return ""
-    waves = ", ".join(f"{n}" + (f" (joining {r})" if r else "") for n, r in b["waves"])
     return (f"\nfirst burst of {c} requests outside the traced window [log]: admitted as "
-            f"{waves}")
+            f"{waves_text(b['waves'])}")
 
 
 def _render_traces(ranks: dict) -> str:

@@ -26,28 +26,43 @@ _DECODE = re.compile(r"PP(\d+)\] Decode batch, #running-req: (\d+),.*?gen throug
 _PROFILE = re.compile(r"PP(\d+)\] Profiling (starts|done)")
 
 
-def slowdown(lines: Iterable[str], min_lines: int = MIN_LINES) -> float | None:
-    """The profiled window's slowdown (module docstring) from a log's lines."""
-    inside: dict[str, bool] = {}
-    dt: dict[tuple[str, bool, int], list[float]] = {}
-    for ln in lines:
+class SlowdownReader:
+    """`slowdown`, fed one log line at a time (one pass over a log serves several readers:
+    `window_evidence`)."""
+
+    def __init__(self, min_lines: int = MIN_LINES) -> None:
+        self.min_lines = min_lines
+        self.inside: dict[str, bool] = {}
+        self.dt: dict[tuple[str, bool, int], list[float]] = {}
+
+    def feed(self, ln: str) -> None:
         m = _PROFILE.search(ln)
         if m:
-            inside[m.group(1)] = m.group(2) == "starts"
-            continue
+            self.inside[m.group(1)] = m.group(2) == "starts"
+            return
         m = _DECODE.search(ln)
         if m is None:
-            continue
+            return
         r, bs, thr = m.group(1), int(m.group(2)), float(m.group(3))
         if thr > 0 and bs > 0:
-            dt.setdefault((r, inside.get(r, False), bs), []).append(bs / thr)
-    num = den = 0.0
-    for (r, ins, bs), v in dt.items():
-        out = dt.get((r, False, bs))
-        if ins and out and len(out) >= min_lines:
-            num += len(v) * median(v)
-            den += len(v) * median(out)
-    return num / den if den else None
+            self.dt.setdefault((r, self.inside.get(r, False), bs), []).append(bs / thr)
+
+    def result(self) -> float | None:
+        num = den = 0.0
+        for (r, ins, bs), v in self.dt.items():
+            out = self.dt.get((r, False, bs))
+            if ins and out and len(out) >= self.min_lines:
+                num += len(v) * median(v)
+                den += len(v) * median(out)
+        return num / den if den else None
+
+
+def slowdown(lines: Iterable[str], min_lines: int = MIN_LINES) -> float | None:
+    """The profiled window's slowdown (module docstring) from a log's lines."""
+    reader = SlowdownReader(min_lines)
+    for ln in lines:
+        reader.feed(ln)
+    return reader.result()
 
 
 def log_lines(paths: Iterable[str | Path]) -> Iterator[str]:
@@ -59,9 +74,16 @@ def log_lines(paths: Iterable[str | Path]) -> Iterator[str]:
                 yield raw.decode("utf-8", "replace")
 
 
-def slowdown_of_logs(paths: Iterable[str | Path]) -> float | None:
-    """`slowdown` over the given log files' lines, in order (plain text; unreadable: None)."""
+def window_evidence(paths: Iterable[str | Path]) -> tuple[float | None, list[dict]]:
+    """The profiled window's slowdown and the bursts of admission outside it
+    (microbench/sglang/arrival_bursts.py), in one pass over the given logs (plain text;
+    unreadable: None and [])."""
+    from microbench.sglang.arrival_bursts import BurstReader
+    slow, bursts = SlowdownReader(), BurstReader()
     try:
-        return slowdown(log_lines(paths))
+        for ln in log_lines(paths):
+            slow.feed(ln)
+            bursts.feed(ln)
     except OSError:
-        return None
+        return None, []
+    return slow.result(), bursts.result()

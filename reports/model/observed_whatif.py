@@ -161,13 +161,18 @@ def replayed_visits(dep: Deployment, load: Load) -> list[int] | None:
     return wave_visits(load.waves, dep.slots)
 
 
+def waves_text(waves) -> str:
+    """A burst's waves as the report and `ppscope sglang` say them: "1, 2, 6 (joining 1)"."""
+    return ", ".join(f"{n}" + (f" (joining {r})" if r else "") for n, r in waves)
+
+
 def arrival_text(dep: Deployment, load: Load) -> str:
     """Where the modelled run's first C prompts came from, in one sentence (_first_arrivals)."""
     if load.rate:
         return f"paced at {load.rate:g} requests/s (bench_serving's --request-rate)"
     if replayed_visits(dep, load) is not None:
         return ("as the benchmark's first burst was admitted in the server's log: "
-                + ", ".join(f"{n}" + (f" (joining {r})" if r else "") for n, r in load.waves))
+                + waves_text(load.waves))
     return ("as the traced window's micro-batches (the log shows no burst of "
             f"{load.concurrency} requests outside the window that fits this loop)")
 
