@@ -5,9 +5,12 @@ Hand-made loops whose round time is known (each case works the number out), and 
 helpers (microbench/sglang_lab/whatifs.py) on log lines in SGLang 0.5.23's own format."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from reports.model import observed_whatif as ow
+from reports.model.bursts import burst_sizes, wave_visits
 from reports.model.deployment import Deployment
 
 
@@ -190,12 +193,43 @@ def test_bursts_are_the_prefills_between_decode_lines_outside_the_traced_window(
 def test_each_wave_lands_at_the_visit_its_slot_size_says():
     # 1 into an empty slot, then 7 into the slot holding 1: the next visit (slot 1, empty)
     # took nothing, the one after (slot 0) the 7: SGLang's 8-and-0 herd at C = 8
-    assert ow.wave_visits(((1, 0), (7, 1)), 2) == [0, 2]
-    assert ow.wave_visits(((1, 0), (2, 0), (6, 1), (7, 2)), 2) == [0, 1, 2, 3]
+    assert wave_visits(((1, 0), (7, 1)), 2) == [0, 2]
+    assert wave_visits(((1, 0), (2, 0), (6, 1), (7, 2)), 2) == [0, 1, 2, 3]
     # depth 1 (3 slots): 1, 4, then 11 joining the 1 (the third slot's visit took nothing)
-    assert ow.wave_visits(((1, 0), (4, 0), (11, 1)), 3) == [0, 1, 3]
+    assert wave_visits(((1, 0), (4, 0), (11, 1)), 3) == [0, 1, 3]
     # a wave joining a slot size no slot has: not a burst from an empty server of 2 slots
-    assert ow.wave_visits(((1, 0), (7, 3)), 2) is None
+    assert wave_visits(((1, 0), (7, 3)), 2) is None
+
+
+def test_the_burst_gives_the_benchmarks_micro_batches():
+    # the default PP2 server's burst at C = 16 (1, 2, 6 joining 1, 7 joining 2): 7 and 9
+    assert burst_sizes(((1, 0), (2, 0), (6, 1), (7, 2)), 2) == (7, 9)
+    # depth 2 (4 slots): 1, 13 and 2 into three empty slots, the fourth left empty
+    assert burst_sizes(((1, 0), (13, 0), (2, 0)), 4) == (1, 13, 2, 0)
+    assert burst_sizes(((1, 0), (7, 3)), 2) is None and burst_sizes((), 2) is None
+
+
+def test_the_deployment_takes_its_micro_batches_from_the_benchmarks_burst():
+    import json
+    from pathlib import Path
+    from reports.base.payloads.sglang import ArrivalBurst, LoopProfile
+    from reports.base.schema import from_json
+    from reports.model.deployment import from_evidence
+    # a PP2 loop traced on two H200s (4 slots: depth 2), its traced window's groups 4 and 4
+    rec = (Path(__file__).parent / "fixtures" / "h200x2" / "sglang_order"
+           / "diag-even-c8-sglang.json")
+    loop = from_json(LoopProfile, json.loads(rec.read_text())["data"]["loop"], "loop")
+    traced = from_evidence(loop, concurrency=8, observed=None)
+    burst = ArrivalBurst(waves=((1, 0), (7, 1)), requests=8)    # 1, then 7 joining it
+    other = ArrivalBurst(waves=((3, 0),), requests=3)
+    dep = from_evidence(replace(loop, bursts=(other, burst)), concurrency=8, observed=None)
+    assert traced.sizes == (4, 0, 4, 0) and traced.sources["sizes"] == "observed"
+    assert dep.sizes == (8, 0, 0, 0) and dep.sources["sizes"].endswith("the benchmark's first burst)")
+    assert any("8-0-0-0: the benchmark's first burst" in n for n in dep.notes)
+    # a burst that does not fit the loop, or of another C: the traced window's groups
+    odd = ArrivalBurst(waves=((1, 0), (7, 5)), requests=8)
+    assert from_evidence(replace(loop, bursts=(odd, other)), concurrency=8,
+                         observed=None).sizes == traced.sizes
 
 
 def test_the_first_burst_gives_the_observed_groups_back_and_other_slot_counts_its_visits():

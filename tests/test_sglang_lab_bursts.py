@@ -54,14 +54,19 @@ def test_depth_whatifs_follow_the_servers_own_groups(records):
     from reports.base.records import read_record
     from reports.model import observed_whatif as ow
     rows = _rows(records)
-    dep, server, load, _ = ow.from_sglang(read_record(records / BEFORE / "sglang.json").payload)
+    sg = read_record(records / BEFORE / "sglang.json").payload
+    dep, server, load, _ = ow.from_sglang(sg)
     assert load.waves == ((1, 0), (2, 0), (6, 1), (7, 2))
+    # the record without its bursts: the traced window's groups (14 and 2), the old rule
+    dep_t, _, load_t, _ = ow.from_sglang(replace(sg, loop=replace(sg.loop, bursts=())))
+    assert dep_t.sizes == (14, 2) and dep.sizes == (7, 9) and not load_t.waves
+    assert dep.sources["sizes"] == "observed (log: the benchmark's first burst)"
+    assert dep_t.sources["sizes"] == "observed"
     for case, depth in (("wr-d1-c16", 1), ("wr-d2-c16", 2)):
         r = rows[case]
         assert r["knob"] == "--pp-async-batch-depth" and r["measured_pct"] < 0
         replayed = ow.predict(dep, server, load, "--pp-async-batch-depth", depth)
-        traced = ow.predict(dep, server, replace(load, waves=()), "--pp-async-batch-depth",
-                            depth)
+        traced = ow.predict(dep_t, server, load_t, "--pp-async-batch-depth", depth)
         assert replayed.change_pct == pytest.approx(r["predicted_pct"])
         # from the traced groups the loss is under-predicted by 8-15 points; the log's burst
         # takes at least a third of that error away

@@ -12,7 +12,7 @@ When `results/sglang.json` holds a loop profile (per-rank traces read by `ppscop
 | request-list relay and waits on the GPU | CPU blocked in gloo sends / CUDA synchronisations inside that window, mean | - |
 | hop per link | input on the GPU - upstream forward end, mean; plus the sender's wait for its send | - |
 | slots and occupancy | iterations / forwards on rank 0, and C / mean micro-batch | given async depth |
-| micro-batch sizes | hidden-state receive sizes (traces; on the CPU the rounds that held the most requests) or `#running-req` (log) | - |
+| micro-batch sizes | the benchmark's first burst of C arrivals in the log (its prefill waves on the slot loop, reports/model/bursts.py), else hidden-state receive sizes (traces; on the CPU the rounds that held the most requests) or `#running-req` (log) | - |
 | graph share | forwards launched through `cudaGraphLaunch` | - |
 | tok/s | bench_serving / live probe / `--observed` | - |
 
@@ -33,6 +33,7 @@ import math
 from dataclasses import dataclass, field
 from statistics import median_low
 
+from reports.model.bursts import burst_sizes, first_burst
 from reports.model.causes import CAUSES as CAUSES_BY_NAME, OBSERVED
 from reports.base.payloads.sglang import LoopProfile
 from reports.base.schema import to_json
@@ -189,6 +190,16 @@ def from_evidence(loop: LoopProfile | None, *, concurrency: int | None, observed
                      f"implies {slot_count(pp, async_depth)}: the traces are used")
     sizes = _sizes(counts, concurrency, slots)
     src["sizes"] = "observed"
+    # the benchmark's own micro-batches where the log shows its first burst of C arrivals: the
+    # traced window is a run of its own, with its own burst (reports/model/bursts.py)
+    burst = first_burst(loop.bursts, concurrency)
+    bench = burst_sizes(burst.waves, slots) if burst is not None else None
+    if bench is not None and sum(bench) == concurrency:
+        if bench != sizes:
+            notes.append(f"micro-batches {'-'.join(map(str, bench))}: the benchmark's first "
+                         f"burst in the server's log, not the traced window's "
+                         f"{'-'.join(map(str, sizes))}")
+        sizes, src["sizes"] = bench, "observed (log: the benchmark's first burst)"
 
     def per_rank(name: str) -> tuple[float, ...]:
         return tuple(float(getattr(x, name) or 0.0) for x in rk)

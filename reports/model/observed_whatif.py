@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from reports.model.bursts import first_burst, wave_visits
 from reports.model.deployment import CAUSES, Deployment, run
 from reports.base.server_settings import ServerSettings, default_max_micro_batch
 
@@ -133,24 +134,6 @@ class _Rounds:
                 d = replace(self.dep, sizes=sizes, slots=self.slots)
                 self.memo[sizes] = run(d, ALL).tpot_ms * 1e3
         return self.memo[sizes]
-
-
-def wave_visits(waves: tuple[tuple[int, int], ...], slots: int) -> list[int] | None:
-    """The visit (counted from the burst's first prefill) at which each wave was admitted on
-    a server of `slots` slots, all empty at the start: the next visit whose slot holds as many
-    requests as the wave's `#running-req` says (0: an empty slot). None when the waves do not
-    fit that loop (not a burst from an empty server, or another slot count)."""
-    held, v, out = [0] * slots, 0, []
-    for n, running in waves:
-        for u in range(v, v + slots):
-            if held[u % slots] == running:
-                break
-        else:
-            return None
-        held[u % slots] += n
-        out.append(u)
-        v = u + 1
-    return out
 
 
 def replayed_visits(dep: Deployment, load: Load) -> list[int] | None:
@@ -330,8 +313,7 @@ def from_sglang(sg) -> tuple[Deployment, Server, Load, float | None]:
     rate = b.request_rate if b is not None else None
     rate = float(rate) if isinstance(rate, (int, float)) and rate != float("inf") else None
     # the benchmark's first burst of C requests (the log's, outside the traced window)
-    first = next((b for b in (sg.loop.bursts if sg.loop is not None else ())
-                  if b.requests == C), None)
+    first = first_burst(sg.loop.bursts if sg.loop is not None else (), C)
     load = Load(concurrency=int(C), prompts=int(b.completed) if b and b.completed else 2 * C + 2,
                 output_len=int(round(b.mean_output_len)) if b and b.mean_output_len else 128,
                 prompt_len=int(round(b.mean_input_len)) if b and b.mean_input_len else 0,
