@@ -87,3 +87,19 @@ def test_the_report_says_the_whatifs_start_from_the_benchmarks_burst(records, tm
     assert "first burst was admitted" in (tmp_path / "report.html").read_text()
     rep = json.loads((tmp_path / "report.json").read_text())
     assert rep["server_whatifs"]["arrivals"].startswith("as the benchmark's first burst")
+
+
+def test_the_herd_verdict_is_judged_on_the_benchmarks_micro_batches(records, tmp_path):
+    # the traced window held 14 and 2; bench_serving's tok/s was measured with 7 and 9
+    import shutil
+    shutil.copy(records / BEFORE / "sglang.json", tmp_path / "sglang.json")
+    assert main(["report", "--results", str(tmp_path)]) == 0
+    rep = json.loads((tmp_path / "report.json").read_text())
+    diag = rep["diagnosis"]
+    assert diag["deployment"]["sizes"] == [7, 9]
+    herd = next(r for r in diag["rows"] if r["cause"] == "herd")
+    assert "sizes 7,9 for C = 16 (the benchmark's first burst" in herd["detail"]
+    v = next(v for v in rep["verdicts"] if v["cause"] == "herd")
+    assert "first burst of 16" in v["evidence"]
+    assert "micro-batches 7-9: the benchmark's first burst in the server's log, not the " \
+           "traced window's 14-2" in (tmp_path / "report.md").read_text()

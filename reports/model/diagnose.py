@@ -88,7 +88,9 @@ def details(dep: Deployment) -> dict[str, str]:
         "relay": (f"rank {relay_r} blocked {dep.relay_us[relay_r]:.0f} us per visit handing the "
                   f"request list to rank {(relay_r + 1) % dep.pp} (that rank's CPU is late)"),
         "herd": (f"{dep.occupied} occupied slot(s) per cycle of {dep.slots} (pp = {dep.pp}), "
-                 f"sizes {','.join(str(n) for n in dep.sizes if n)} for C = {dep.concurrency}"),
+                 f"sizes {','.join(str(n) for n in dep.sizes if n)} for C = {dep.concurrency}"
+                 + (" (the benchmark's first burst in the server's log)"
+                    if "burst" in dep.sources.get("sizes", "") else "")),
         "launch_gaps": ((f"{100 * eager:.0f}% of forwards eager" if eager is not None else
                          "graph share unknown")
                         + f"; {max(gap):.0f} us of launch gaps per forward (largest rank)"),

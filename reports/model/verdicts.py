@@ -289,6 +289,11 @@ def observed_verdicts(diag) -> dict[str, Verdict]:
         return {}
     rows = {r.cause: r for r in diag.rows}
     ev = f"sglang.json traces at C={diag.concurrency} (observed)"
+    # the micro-batches come from the benchmark's first burst where the log shows it
+    # (reports/model/bursts.py), else from the traced window
+    sizes_src = diag.deployment.sources.get("sizes", "observed")
+    herd_ev = (f"{ev}, micro-batches from the server log's first burst of "
+               f"{diag.concurrency} (observed)" if "burst" in sizes_src else ev)
 
     def v(cause: str) -> str:
         size = rows[cause].size_pct or 0.0
@@ -304,8 +309,7 @@ def observed_verdicts(diag) -> dict[str, Verdict]:
         return replace(x, cause=HYPOTHESES.get(x.hypothesis),
                        at=(VerdictAt(C, x.verdict, None, x.number),))
     return {k: at(x) for k, x in {
-        HERD: Verdict(HERD, v("herd"),
-                                                  num("herd"), ev),
+        HERD: Verdict(HERD, v("herd"), num("herd"), herd_ev),
         GRAPHS: Verdict(GRAPHS, v("launch_gaps"),
                                        num("launch_gaps"), ev),
         STAGES: Verdict(STAGES, v("slow_stage"), num("slow_stage"), ev),
