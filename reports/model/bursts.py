@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
+# Deployment.sources["sizes"] when the slot sizes are the burst's
+BURST_SOURCE = "observed (log: the benchmark's first burst)"
+
 
 def wave_visits(waves: Sequence[tuple[int, int]], slots: int) -> list[int] | None:
     """The visit (counted from the burst's first prefill) at which each wave was admitted on

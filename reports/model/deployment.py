@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass, field
 from statistics import median_low
 
-from reports.model.bursts import burst_sizes, first_burst
+from reports.model.bursts import BURST_SOURCE, burst_sizes, first_burst
 from reports.model.causes import CAUSES as CAUSES_BY_NAME, OBSERVED
 from reports.base.payloads.sglang import LoopProfile
 from reports.base.schema import to_json
@@ -199,7 +199,7 @@ def from_evidence(loop: LoopProfile | None, *, concurrency: int | None, observed
             notes.append(f"micro-batches {'-'.join(map(str, bench))}: the benchmark's first "
                          f"burst in the server's log, not the traced window's "
                          f"{'-'.join(map(str, sizes))}")
-        sizes, src["sizes"] = bench, "observed (log: the benchmark's first burst)"
+        sizes, src["sizes"] = bench, BURST_SOURCE
 
     def per_rank(name: str) -> tuple[float, ...]:
         return tuple(float(getattr(x, name) or 0.0) for x in rk)

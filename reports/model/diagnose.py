@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from statistics import median_low
 
 from reports.model.attribution import shapley
+from reports.model.bursts import BURST_SOURCE
 from reports.model.deployment import CAUSES, LABELS, REFERENCE, Deployment, at_size, run
 
 NAME_PCT = 10.0   # a cause is named when its size (slowdown) is at least this
@@ -90,7 +91,7 @@ def details(dep: Deployment) -> dict[str, str]:
         "herd": (f"{dep.occupied} occupied slot(s) per cycle of {dep.slots} (pp = {dep.pp}), "
                  f"sizes {','.join(str(n) for n in dep.sizes if n)} for C = {dep.concurrency}"
                  + (" (the benchmark's first burst in the server's log)"
-                    if "burst" in dep.sources.get("sizes", "") else "")),
+                    if dep.sources.get("sizes") == BURST_SOURCE else "")),
         "launch_gaps": ((f"{100 * eager:.0f}% of forwards eager" if eager is not None else
                          "graph share unknown")
                         + f"; {max(gap):.0f} us of launch gaps per forward (largest rank)"),

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from reports.base.partition import imbalance
 from reports.model import loop_builder as lb
 from reports.model.attribution import Attribution
+from reports.model.bursts import BURST_SOURCE
 from reports.model.causes import (BANDWIDTH, GRAPHS, HERD, HYPOTHESES, NUMA, ROUTING,
                                    STAGES)
 from reports.base.payloads.sglang import SglangData
@@ -291,9 +292,9 @@ def observed_verdicts(diag) -> dict[str, Verdict]:
     ev = f"sglang.json traces at C={diag.concurrency} (observed)"
     # the micro-batches come from the benchmark's first burst where the log shows it
     # (reports/model/bursts.py), else from the traced window
-    sizes_src = diag.deployment.sources.get("sizes", "observed")
     herd_ev = (f"{ev}, micro-batches from the server log's first burst of "
-               f"{diag.concurrency} (observed)" if "burst" in sizes_src else ev)
+               f"{diag.concurrency} (observed)"
+               if diag.deployment.sources.get("sizes") == BURST_SOURCE else ev)
 
     def v(cause: str) -> str:
         size = rows[cause].size_pct or 0.0
