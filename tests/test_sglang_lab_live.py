@@ -58,9 +58,16 @@ def test_the_slow_stage_is_named_first_with_its_size(lab):
     assert slow["first_cause"] == "slow_stage", slow
     assert slow["moved_cause"] == "slow_stage", slow     # what grew most against clean
     assert slow["slowdown_pct"] and slow["slowdown_pct"] > 10
-    # its growth against the slowdown bench_serving measured: within a factor 2 here. One
-    # repetition of each case on a shared 2-core CI machine: two fresh-clone runs of this tier
-    # gave 1.02 and 1.68 (the clean case's own model 19% and 26% short of its traced step, the
-    # load moving bench_serving's slowdown between 70% and 107%); the full lab, three
-    # repetitions on an idle machine, is within 20% (docs/BENCHMARKS.md)
-    assert 0.5 < slow["moved_pct"] / slow["slowdown_pct"] < 2.0, slow
+    # Its size: what the model says the fault did must be a large growth of the right rank's
+    # forward, not a number within a bound of bench_serving's slowdown. The ratio of the two
+    # is not resolvable from one repetition on a shared 2-core CI machine: fresh-clone runs of
+    # this tier gave 0.56, 0.76, 1.02, 1.68 and 2.13 (two clean repetitions of the same server
+    # 30% apart; the clean case's own model 19-41% short of its bench_serving step, which is
+    # the growth's denominator). The size is held where repetitions resolve it: the full lab,
+    # three repetitions on an idle machine, within 20% (docs/BENCHMARKS.md, section 14).
+    assert slow["moved_pct"] > 25, slow
+    rep = json.loads((lab / "slow-stage" / "report.json").read_text())
+    cmp_ = {r["cause"]: r["growth_ms"] for r in rep["baseline_comparison"]["rows"]}
+    others = [g for c, g in cmp_.items() if c not in ("slow_stage", "unexplained")]
+    assert all(cmp_["slow_stage"] > 3 * abs(g) for g in others), cmp_
+    assert "rank 1 forward" in slow["answer"], slow["answer"]
