@@ -1,0 +1,116 @@
+"""The round per slot pattern in a traced window of SGLang's CPU server, against the model of it.
+
+A lab window (or any `ppscope sglang` record of SGLang's CPU traces) often holds several phases:
+the benchmark's full rounds, then its tail. Each phase has its own slot pattern (requests per
+slot, in visit order) and its own round. This reads both from rank 0's trace: every loop
+iteration (`recv_requests` to the next) is one visit, sized by the `step[DECODE bs=N]` span it
+holds (0 for an empty slot); `slots` consecutive visits are one round (SGLang 0.5.23
+managers/scheduler_pp_mixin.py, `event_loop_pp`: `pp_loop_size` slots visited round-robin).
+Rounds with the same pattern in a row are one phase; its traced round is the median over them.
+
+Beside it, the model of the same record (reports/model/deployment.py, the costs the report
+uses, which are means over the whole window) run with that phase's pattern. The model's miss
+per phase says whether the loop's mechanics or the costs are off: a phase modelled fast and
+another slow from the same costs means the costs differ by phase (two shared cores, a busier
+machine in the full rounds), not a missing step of the loop.
+
+    python -m microbench.sglang_lab.rounds OUT/<case> [...]     # case folders with
+                                                                 # traces/ and sglang.json
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from statistics import median
+
+MIN_ROUNDS = 3      # a phase shorter than this is a transition, not a phase
+
+
+@dataclass(frozen=True)
+class Phase:
+    pattern: tuple[int, ...]     # requests per slot, in the order the window visited them
+    rounds: int
+    round_ms: float              # traced, median over the phase's rounds
+
+
+def visits(trace: Path) -> list[tuple[float, int]]:
+    """(start us, decode batch size or 0) per loop iteration of one rank's trace."""
+    from microbench.sglang.cpu_steps import collect
+    ev = collect(trace)
+    starts = [s for s, _ in ev["ranges"]["recv_requests"]]
+    steps = [(s, b) for s, _, mode, b in ev["steps"] if mode == "DECODE"]
+    out, j = [], 0
+    for lo, hi in zip(starts, starts[1:]):
+        while j < len(steps) and steps[j][0] < lo:
+            j += 1
+        out.append((lo, steps[j][1] if j < len(steps) and steps[j][0] < hi else 0))
+    return out
+
+
+def phases(vs: list[tuple[float, int]], slots: int) -> list[Phase]:
+    """Consecutive rounds with the same pattern (and at least one request), MIN_ROUNDS or more."""
+    runs: list[tuple[tuple[int, ...], list[float]]] = []
+    for k in range(0, len(vs) - slots, slots):
+        pat = tuple(n for _, n in vs[k:k + slots])
+        dt = (vs[k + slots][0] - vs[k][0]) / 1e3
+        if runs and runs[-1][0] == pat:
+            runs[-1][1].append(dt)
+        else:
+            runs.append((pat, [dt]))
+    return [Phase(p, len(d), median(d)) for p, d in runs if any(p) and len(d) >= MIN_ROUNDS]
+
+
+def case_rows(case: Path) -> list[dict]:
+    """Each phase of the case's traced window: traced round, modelled round, the difference."""
+    from reports.base.records import read_record
+    from reports.model import observed_whatif as ow
+    from reports.model.deployment import CAUSES, from_evidence, run
+    sg = read_record(case / "sglang.json").payload
+    dep0, server, _, _ = ow.from_sglang(sg)
+    # the traced window's own loop: the sizes are this function's, not the log's first burst
+    dep = from_evidence(replace(sg.loop, bursts=()), concurrency=dep0.concurrency,
+                        observed=None, async_depth=server.depth, depth_stated=True)
+    traces = sorted((case / "traces").glob("*PP-0*"))
+    if not traces:
+        raise ValueError(f"{case}: no rank-0 trace in traces/")
+    rows = []
+    for ph in phases(visits(traces[0]), dep.slots):
+        m = run(replace(dep, sizes=ph.pattern), frozenset(CAUSES)).tpot_ms
+        rows.append({"case": case.name, "depth": server.depth,
+                     "pattern": "-".join(map(str, ph.pattern)), "rounds": ph.rounds,
+                     "traced_round_ms": ph.round_ms, "modelled_round_ms": m,
+                     "diff_pct": 100 * (m / ph.round_ms - 1)})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m microbench.sglang_lab.rounds",
+        description="Per slot pattern in each case's traced window: the round SGLang ran "
+                    "(rank 0's trace) against the model of the same record.")
+    ap.add_argument("cases", nargs="+", type=Path,
+                    help="case folders holding traces/ and sglang.json")
+    a = ap.parse_args(argv)
+    from tabulate import tabulate
+    rows = []
+    for c in a.cases:
+        if not (c / "sglang.json").is_file() or not (c / "traces").is_dir():
+            print(f"rounds: {c}: needs traces/ and sglang.json (ppscope sglang --json)",
+                  file=sys.stderr)
+            return 2
+        try:
+            rows += case_rows(c)
+        except (ValueError, OSError) as e:
+            print(f"rounds: {e}", file=sys.stderr)
+            return 2
+    print(tabulate([[r["case"], r["depth"], r["pattern"], r["rounds"], r["traced_round_ms"],
+                     r["modelled_round_ms"], r["diff_pct"]] for r in rows],
+                   headers=["case", "depth", "slot pattern", "rounds", "traced round ms",
+                            "modelled ms", "model vs trace %"], floatfmt=".1f"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
