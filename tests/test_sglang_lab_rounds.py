@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
 from microbench.sglang_lab import rounds
 from reports.cli import main as ppscope
 

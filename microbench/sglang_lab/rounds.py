@@ -66,12 +66,13 @@ def case_rows(case: Path) -> list[dict]:
     """Each phase of the case's traced window: traced round, modelled round, the difference."""
     from reports.base.records import read_record
     from reports.model import observed_whatif as ow
-    from reports.model.deployment import CAUSES, from_evidence, run
+    from reports.model.deployment import CAUSES, run
     sg = read_record(case / "sglang.json").payload
-    dep0, server, _, _ = ow.from_sglang(sg)
-    # the traced window's own loop: the sizes are this function's, not the log's first burst
-    dep = from_evidence(replace(sg.loop, bursts=()), concurrency=dep0.concurrency,
-                        observed=None, async_depth=server.depth, depth_stated=True)
+    # the traced window's own loop (its costs; each phase's sizes are set below), so the log's
+    # first burst, which would replace the traced sizes, is left out
+    if sg.loop is not None:
+        sg = replace(sg, loop=replace(sg.loop, bursts=()))
+    dep, server, _, _ = ow.from_sglang(sg)
     traces = sorted((case / "traces").glob("*PP-0*"))
     if not traces:
         raise ValueError(f"{case}: no rank-0 trace in traces/")
