@@ -56,14 +56,17 @@ def register(subparsers) -> None:
                    "(needs a diagnosis from traces on both sides)")
     p.add_argument("--validate-dispatch", default=None, metavar="FILE",
                    help="compare the model with a dispatch.json (automatic when results/ has one)")
+    p.add_argument("--no-cache", action="store_true",
+                   help="run the model afresh and keep nothing in the cache (by default the "
+                   "model's runs and the plots are kept in $PPSCOPE_CACHE, else "
+                   "~/.cache/ppscope, keyed by a hash of every input and of ppscope's code)")
     p.set_defaults(func=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
-    from reports.model import loop_builder as lb
     from reports.base.records import RecordError, read_record, write_atomic, write_json_atomic
     from reports.render.render_md import render_md
-    from reports.report_build import build_report
+    from reports.report_run import model_run
     from reports.base.bench_serving import observed_points, read_bench
     from reports.model.scenario import (build_inputs, load_records, load_scenario, observed_from_sglang,
                                   parse_observed)
@@ -108,18 +111,15 @@ def handle(args: argparse.Namespace) -> int:
             warns += notes
     baseline = read_baseline(args.baseline) if args.baseline else None
     inp = build_inputs(sc, records, warns, observed, osrc, workload=workload)
-    rep, measured = measured_timelines(results, max(inp.concurrency),
-                                       build_report(inp, records, baseline))
-    Cmax = max(inp.concurrency)
-    spans = lb.run(inp, Cmax, keep_spans=True).spans
+    run = model_run(inp, records, baseline, use_cache=not args.no_cache)
+    rep, measured = measured_timelines(results, max(inp.concurrency), run.report)
+    spans = run.spans[max(inp.concurrency)]
     md = render_md(rep)
     write_json_atomic(out / "report.json", rep.to_json())
     if args.json:
         write_json_atomic(args.json, rep.to_json())
     write_atomic(out / "report.md", md)
-    write_json_atomic(out / "report.trace.json",
-                      chrome_trace({C: lb.run(inp, C, keep_spans=True).spans
-                                    for C in inp.concurrency}))
+    write_json_atomic(out / "report.trace.json", chrome_trace(run.spans))
     from reports.render.render_html import render_html
     write_atomic(out / "report.html", render_html(rep, spans, measured))
     for w in rep.warnings:
