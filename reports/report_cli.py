@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import textwrap
 import time
 from pathlib import Path
 from dataclasses import replace
@@ -124,8 +123,9 @@ def handle(args: argparse.Namespace) -> int:
     write_atomic(out / "report.html", render_html(rep, spans, measured))
     for w in rep.warnings:
         print(f"warning: {w}", file=sys.stderr)
+    from reports.render.terminal import terminal_summary
     print(terminal_summary(rep, results_label=str(results)))
-    print(f"\nwrote {out}/report.{{json,md,html,trace.json}} in {time.monotonic() - t0:.1f} s")
+    print(f"wrote {out}/report.{{json,md,html,trace.json}} in {time.monotonic() - t0:.1f} s")
     n = sum(len(st.commands) for st in rep.measure_your_server)
     if n:
         print(f"Measure your server: {n} commands to paste, in {out}/report.md and report.html "
@@ -176,112 +176,3 @@ def measured_timelines(results: Path, max_c: int, rep: Report) -> tuple[Report, 
         return replace(rep, measured_timeline=tuple(t.summary() for t in tls)), tls
     return replace(rep, warnings=(*rep.warnings, f"{path.name}: no GPU forward events; "
                                   "measured timeline not shown")), tls
-
-
-def server_line(rep: Report) -> str | None:
-    """One line on the user's server (sglang.json), every number observed with its source."""
-    srv = rep.server
-    if not srv or not srv.ranks:
-        return None
-    rs = srv.ranks
-    parts = []
-    if any(r.compute_pct is not None for r in rs):
-        parts.append("GPU compute % per PP rank [traces] " + " ".join(
-            "-" if r.compute_pct is None else f"{r.compute_pct:.0f}" for r in rs))
-    sz = [r.running_req for r in rs if r.running_req and r.running_req.max is not None]
-    if sz:
-        parts.append("slot size median/max [log] " + " ".join(
-            f"{x.median:g}/{x.max:g}" for x in sz))
-    cg = [r.cuda_graph_frac for r in rs if r.cuda_graph_frac is not None]
-    if cg:
-        parts.append("decode on CUDA graph [log] " + " ".join(f"{x:.0%}" for x in cg))
-    if srv.dp_ranks:   # DP attention: the figures above count every DP rank's batches
-        parts.append(f"DP attention, {srv.dp_ranks} DP ranks per PP rank, all counted; gen "
-                     "tok/s summed over DP ranks [log] " + " ".join(
-                         "-" if r.gen_tok_per_s_dp_sum is None
-                         else f"{r.gen_tok_per_s_dp_sum:.0f}" for r in rs))
-    return ("your server (sglang.json, observed): " + "; ".join(parts)) if parts else None
-
-
-def terminal_summary(rep: Report, width: int = 100, results_label: str = "results") -> str:
-    """The report in about 40 lines: answer, throughput, top 3 what-ifs (best row of each of
-    the three best knobs), attribution at the highest C (zero rows left out), verdicts grouped."""
-    from tabulate import tabulate
-
-    def f(x, nd=1):
-        return "-" if x is None else f"{x:.{nd}f}"
-
-    out = []
-    if rep.all_estimated and rep.server:
-        out.append(f"every model input is estimated (no probe records in "
-                   f"{results_label.rstrip('/')}/); observed: sglang.json")
-    elif rep.all_estimated:
-        tr = any(p.source == "transferred" for p in rep.params)
-        out.append(f"every figure is estimated{' or transferred' if tr else ''} (no records in "
-                   f"{results_label.rstrip('/')}/)")
-    out.append("The answer:")
-    for s in rep.answer:
-        out += textwrap.wrap(s, width, initial_indent="  - ", subsequent_indent="    ")
-    out.append("")
-    out.append(tabulate(
-        [[c.concurrency, f(c.ideal_tok_per_s), f(c.predicted), f(c.observed),
-          f(c.predicted_tpot_ms, 2), " ".join(str(s) for s in c.slot_sizes if s)]
-         for c in rep.concurrency],
-        headers=["C", "ideal tok/s", "modelled tok/s", "observed tok/s", "modelled TPOT ms",
-                 "occupied slots"]))
-    srv = server_line(rep)
-    if srv:
-        out += textwrap.wrap(srv, width, subsequent_indent="  ")
-    out.append("")
-    sw = rep.server_whatifs
-    if sw is not None and sw.status == "ok" and sw.rows:
-        out.append(tabulate(
-            [[r.command, f"{r.before_tok_per_s:.1f} -> {r.after_tok_per_s:.1f}",
-              f"{r.change_pct:+.1f}%"] for r in sw.rows],
-            headers=["what-if on your server's own loop", f"modelled tok/s (C={sw.concurrency})",
-                     "change"]))
-        out.append("")
-    top, seen = [], set()
-    for w in rep.what_ifs:  # best first; one row per knob so the three differ
-        if w.knob not in seen:
-            seen.add(w.knob)
-            top.append(w)
-    out.append(tabulate(
-        [[w.knob, w.setting, " ".join(f"{e.gain:+.0%}" for e in w.effects),
-          f"{w.gain:+.1%}", "yes" if w.eligible else "no"] for w in top[:3]],
-        headers=["top what-if" if not rep.scenario_differs else
-                 f"scenario what-if ({rep.scenario}, not your server)", "setting",
-                 "gain at " + "/".join(f"C={C}" for C in rep.measured_concurrency),
-                 "geo-mean", "server, <=2% loss"]))
-    out.append("")
-    atts = sorted(rep.attribution, key=lambda x: x.concurrency)
-    live = {r.cause for a in atts for r in a.rows if abs(r.ms_per_step) > 1e-9}
-    causes = [c for c in dict.fromkeys(r.cause for a in atts for r in a.rows
-                                       if r.cause != "unexplained") if c in live]
-    causes += ["unexplained"] if "unexplained" in live else []
-
-    def cell(a, c):
-        r = next((r for r in a.rows if r.cause == c), None)
-        if r is None:
-            return "-"
-        return (f"{r.ms_per_step:+.1f} ms" if r.share is None
-                else f"{r.share:.0%} ({r.ms_per_step:.1f} ms)")
-    src = {r.cause: r.source for a in atts for r in a.rows}
-    out.append(tabulate([[c, *(cell(a, c) for a in atts), src[c]] for c in causes],
-                        headers=["cause: share of gap", *(f"C={a.concurrency}" for a in atts),
-                                 "source"]))
-    out.append("")
-    by: dict[str, list[str]] = {}
-    for v in rep.verdicts:
-        held = [a.concurrency for a in v.at if a.verdict == v.verdict and a.concurrency]
-        where = (f" (C={', '.join(map(str, held))})" if held and len(held) < len(v.at)
-                 else "")
-        by.setdefault(v.verdict, []).append(v.hypothesis + where)
-    text = "; ".join(f"{k}: {', '.join(hs)}" for k, hs in by.items())
-    out += textwrap.wrap(f"verdicts -- {text}", width, subsequent_indent="  ")
-    dv = rep.dispatch_validation or ()
-    if dv:
-        worst = max(dv, key=lambda c: abs(c.diff_pct))
-        out.append(f"\nmodel vs dispatch probe: {len(dv)} runs, worst {worst.diff_pct:+.1f}% "
-                   f"({worst.policy}, C={worst.concurrency})")
-    return "\n".join(out)

@@ -7,7 +7,8 @@ recommended setting (reports/render/timeline_plot.py draws it).
 
 It is the slow part of a report (about 400 runs of the pipeline simulator in Python), so the
 result is kept on disk (reports/base/disk_cache.py), keyed by the code version and the repr of
-every input the model reads: the Inputs, the records and the baseline. A hit is the same
+every input the model reads: the Inputs, the records, the baseline and how ppscope and Python
+are called here (the pasted commands name them). A hit is the same
 report.json, read back (`Report.from_json`, strict); the tests check that a report made from
 the cache is byte for byte the one made without it.
 """
@@ -52,7 +53,10 @@ class ModelRun:
 def model_run(inp, records: dict, baseline=None, use_cache: bool = True) -> ModelRun:
     """The model's part of the report, from the disk cache when these inputs were run before."""
     from reports.base.disk_cache import cached
-    return cached(RUN_KIND, (inp, sorted(records.items()), baseline),
+    from reports.base.invocation import ppscope_command, python_command
+    # the commands of "Measure your server" name ppscope and Python as they run here
+    env = (ppscope_command(), python_command())
+    return cached(RUN_KIND, (inp, sorted(records.items()), baseline, env),
                   lambda: json.dumps(_to_json(_compute(inp, records, baseline))).encode(),
                   "json", decode=lambda b: _from_json(json.loads(b)), enabled=use_cache)
 

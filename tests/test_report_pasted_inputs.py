@@ -20,7 +20,7 @@ from reports.base.payloads.topology import HopCost
 from reports.base.records import make_record
 from reports.model.scenario import build_inputs, load_scenario
 from reports.model.report_type import Report
-from reports.report_cli import server_line
+from reports.render.terminal import server_line
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,0 +1,185 @@
+"""The answer as a table: what heads report.md, report.html and the terminal.
+
+One row per hypothesis, in the user's order (reports/model/causes.py `HYPOTHESES`): the verdict,
+the number that decides it, the concurrencies where it holds, and what to do about it (the best
+modelled setting that acts on its cause, with its predicted gain, and whether it was run on
+SGLang: the report's what-ifs are the model's, so "not run on SGLang" unless the report holds a
+measurement of that setting). Then at most three short sentences (`answer_sentences`): the
+biggest cause, the recommendation, and what the answer hangs on (how requests arrive). The
+report's longer answer (`Report.answer`) follows them, under "In detail".
+
+Everything is read from report.json (`Report`); nothing here computes a number.
+"""
+from __future__ import annotations
+
+from reports.model.causes import BANDWIDTH, HYPOTHESES, label
+from reports.model.report_type import Report, ServerDiagnosis
+from reports.model.verdicts import Verdict
+from reports.model.whatif import PACING, WhatIf
+from reports.render.render_md import Table
+
+# The settings that act on each cause (the what-if knobs of reports/model/whatif.py): a row's
+# "what to do" is the best what-if among them. Causes with no setting here (hops, routing) have
+# no launch flag that moves them in the model.
+FIXES: dict[str, tuple[str, ...]] = {
+    "herd": ("--pp-max-micro-batch-size", "--chunked-prefill-size", "--max-running-requests",
+             PACING),
+    "slow_stage": ("SGLANG_PP_LAYER_PARTITION",),
+    "launch_gaps": ("--cuda-graph-max-bs",),
+    "token_return": ("--pp-async-batch-depth",),
+}
+NOT_RUN = "not run on SGLang"
+HEADERS = ("hypothesis", "verdict", "deciding number", "holds at", "what to do")
+NUMBER_CHARS = 70          # a clause longer than this is not a table cell
+
+
+def _ordered(verdicts: tuple[Verdict, ...]) -> list[Verdict]:
+    order = {h: k for k, h in enumerate(HYPOTHESES)}
+    return sorted(verdicts, key=lambda v: order.get(v.hypothesis, len(order)))
+
+
+def deciding_number(v: Verdict) -> str:
+    """The verdict's own first clause when short; else its first short clause on the share of
+    the gap; else the first clause cut short."""
+    clauses = [c.strip() for c in v.number.split("; ") if c.strip()] or ["-"]
+    if len(clauses[0]) <= NUMBER_CHARS:
+        return clauses[0]
+    gap = next((c for c in clauses if "of the gap" in c and len(c) <= NUMBER_CHARS), None)
+    return gap or clauses[0][:NUMBER_CHARS - 3] + "..."
+
+
+def holds_at(v: Verdict) -> str:
+    at = [a for a in v.at if a.concurrency]
+    held = [a for a in at if a.verdict == "holds"]
+    minor = [a for a in at if a.verdict == "minor"]
+    if at and len(held) == len(at):
+        return "every C"
+    parts = []
+    if held:
+        parts.append("C=" + ", ".join(str(a.concurrency) for a in held))
+    if minor:
+        parts.append("minor at C=" + ", ".join(str(a.concurrency) for a in minor))
+    return "; ".join(parts) or "nowhere"
+
+
+def best_fix(rep: Report, cause: str | None) -> WhatIf | None:
+    """The best what-if (the report's order: best first) that acts on `cause` and gains: a
+    server setting within the 2% loss bound first, else any."""
+    knobs = FIXES.get(cause or "", ())
+    rows = [w for w in rep.what_ifs if w.knob in knobs and w.gain > 0.005]
+    return next((w for w in rows if w.eligible), rows[0] if rows else None)
+
+
+def _gain_at(w: WhatIf, C: int | None) -> str:
+    e = next((e for e in w.effects if e.concurrency == C), None) or \
+        max(w.effects, key=lambda e: e.gain)
+    return f"{e.gain:+.0%} at C={e.concurrency}"
+
+
+def _strongest_c(v: Verdict) -> int | None:
+    at = [a for a in v.at if a.concurrency and a.share is not None]
+    return max(at, key=lambda a: (a.share, a.concurrency)).concurrency if at else None
+
+
+def what_to_do(rep: Report, v: Verdict) -> str:
+    if v.verdict == "not enough evidence":
+        missing = next((c.strip() for c in v.number.split(";") if c.strip().startswith("no ")),
+                       None)
+        return f"measure it: {missing}" if missing else "measure it (Measure your server)"
+    if v.hypothesis == BANDWIDTH:
+        return "nothing" if v.verdict == "holds" else "faster links or fewer bytes per hop"
+    if v.verdict not in ("holds", "minor"):
+        return "nothing"
+    w = best_fix(rep, v.cause)
+    if w is None:
+        return f"no setting modelled for {_short(label(v.cause))}" if v.cause else "-"
+    how = "client-side" if w.knob == PACING else NOT_RUN
+    return f"{w.knob} {w.setting}: {_gain_at(w, _strongest_c(v))} ({how})"
+
+
+def answer_table(rep: Report) -> Table:
+    rows = tuple((v.hypothesis, v.verdict, deciding_number(v), holds_at(v), what_to_do(rep, v))
+                 for v in _ordered(rep.verdicts))
+    return Table(HEADERS, rows, (False,) * len(HEADERS))
+
+
+def _short(cause_label: str) -> str:
+    return cause_label.split(" (")[0]
+
+
+def _biggest_cause(rep: Report) -> str | None:
+    """The observed server's own answer when it was diagnosed; else the cause with the largest
+    share of the gap (ideal -> modelled) at each concurrency, grouped by cause."""
+    dg = rep.diagnosis
+    if isinstance(dg, ServerDiagnosis):
+        return dg.answer
+    by: dict[str, list[tuple[int, float]]] = {}
+    for a in sorted(rep.attribution, key=lambda a: a.concurrency):
+        rows = [r for r in a.rows if r.cause != "unexplained" and r.share is not None]
+        if rows:
+            r = max(rows, key=lambda r: r.share)
+            by.setdefault(_short(r.label), []).append((a.concurrency, r.share))
+    if not by:
+        return None
+    parts = [f"{what} at C={', '.join(str(c) for c, _ in at)} "
+             f"({', '.join(f'{s:.0%}' for _, s in at)})" for what, at in by.items()]
+    parts[0] = parts[0][:-1] + " of the gap)"    # ideal -> modelled, as in the attribution
+    return "Biggest cause: " + "; ".join(parts) + "."
+
+
+def _recommendation(rep: Report) -> str:
+    sw = rep.server_whatifs
+    best = sw.best if sw is not None and sw.status == "ok" else None
+    if best is not None:
+        return (f"On your server's own loop: {best.command}, {best.before_tok_per_s:.1f} -> "
+                f"{best.after_tok_per_s:.1f} tok/s ({best.change_pct:+.0f}%, {NOT_RUN}).")
+    rec = rep.recommendation
+    if rec is None:
+        return "No server setting raises the modelled tok/s by more than 0.5% within 2% loss."
+    e = max(rec.effects, key=lambda e: e.gain)
+    cs = ", ".join(str(c) for c in rep.measured_concurrency)
+    where = (f"no loss up to C={rec.checked_up_to}" if rec.checked_up_to and rec.loses_at is None
+             else "see its range under What-ifs")
+    return (f"Recommended: {rec.knob} {rec.setting}: C={e.concurrency} "
+            f"{e.baseline_tok_per_s:.1f} -> {e.predicted_tok_per_s:.1f} tok/s ({e.gain:+.0%}), "
+            f"{rec.gain:+.0%} on the geometric mean over C={cs}, {where} ({NOT_RUN}).")
+
+
+def _arrival(rep: Report) -> str | None:
+    alt = rep.arrival
+    if alt is None or not alt.differs_at:
+        return None
+    from reports.report_run import herd_concurrency
+    C = herd_concurrency(rep)[0]
+    row = next((r for r in alt.by_concurrency if r.concurrency == C), None) or \
+        next(r for r in alt.by_concurrency if r.concurrency == max(alt.differs_at))
+    other = "trickle" if alt.assumed == "burst" else "burst"
+    if alt.assumed not in row.tok_per_s or other not in row.tok_per_s:
+        return None
+    fits = (f"; the observed {row.observed:.1f} fits {row.observed_fits}"
+            if row.observed and row.observed_fits else "")
+    return (f"It hangs on how requests arrive: at C={row.concurrency} {alt.assumed} (assumed, "
+            f"{alt.source}) gives {row.tok_per_s[alt.assumed]:.1f} tok/s, {other} "
+            f"{row.tok_per_s[other]:.1f}{fits}.")
+
+
+def answer_sentences(rep: Report) -> list[str]:
+    """At most three: the biggest cause, the recommendation, what the answer hangs on."""
+    out = [_biggest_cause(rep), _recommendation(rep), _arrival(rep)]
+    return [s for s in out if s][:3]
+
+
+def terminal_answer(rep: Report, width: int = 100) -> list[str]:
+    """The table (cells wrapped to fit `width`) and the sentences, for the terminal."""
+    import textwrap
+
+    from tabulate import tabulate
+    t = answer_table(rep)
+    # column widths that fit 100 columns with tabulate's two-space gaps
+    widths = [15, 10, 24, 8, 33] if width >= 100 else [12, 9, 20, 8, 20]
+    text = tabulate([list(r) for r in t.rows], headers=list(t.headers), tablefmt="simple",
+                    disable_numparse=True, maxcolwidths=widths, maxheadercolwidths=widths)
+    out = text.splitlines()
+    for s in answer_sentences(rep):
+        out += textwrap.wrap(s, width)
+    return out
