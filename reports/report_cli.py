@@ -113,14 +113,20 @@ def handle(args: argparse.Namespace) -> int:
     run = model_run(inp, records, baseline, use_cache=not args.no_cache)
     rep, measured = measured_timelines(results, max(inp.concurrency), run.report)
     spans = run.spans[max(inp.concurrency)]
-    md = render_md(rep)
+    from reports.render.timeline_plot import herd_figure
+    herd = herd_figure(rep, run.herd, use_cache=not args.no_cache)
+    figures = (herd,) if herd else ()
+    md = render_md(rep, figures)
     write_json_atomic(out / "report.json", rep.to_json())
     if args.json:
         write_json_atomic(args.json, rep.to_json())
     write_atomic(out / "report.md", md)
     write_json_atomic(out / "report.trace.json", chrome_trace(run.spans))
     from reports.render.render_html import render_html
-    write_atomic(out / "report.html", render_html(rep, spans, measured))
+    for f in figures:
+        write_atomic(out / f.file, f.png)
+    write_atomic(out / "report.html", render_html(rep, spans, measured, figures,
+                                                    use_cache=not args.no_cache))
     for w in rep.warnings:
         print(f"warning: {w}", file=sys.stderr)
     from reports.render.terminal import terminal_summary

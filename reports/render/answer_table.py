@@ -183,3 +183,17 @@ def terminal_answer(rep: Report, width: int = 100) -> list[str]:
     for s in answer_sentences(rep):
         out += textwrap.wrap(s, width)
     return out
+
+
+DETAIL_TITLE = "In detail"
+
+
+def answer_md(rep: Report, figures=()) -> list[str]:
+    """report.md's answer: the table, the figures (PNG files beside report.md), the sentences,
+    then the report's longer answer under "In detail"."""
+    from reports.render.render_md import md_table
+    out = ["## The answer", "", md_table(answer_table(rep)), ""]
+    for f in figures:
+        out += [f"![{f.caption}]({f.file})", "", f"*{f.caption}*", ""]
+    out += [" ".join(answer_sentences(rep)), ""]
+    return out + [f"### {DETAIL_TITLE}", ""] + [f"- {s}" for s in rep.answer] + [""]

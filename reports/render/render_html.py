@@ -49,8 +49,8 @@ nav{margin:12px 0 0;font-size:13px}nav a{color:var(--acc);text-decoration:none;m
  margin:14px 0;font-weight:600}
 .warn{background:#fff1e5;border-left:4px solid #bc4c00;padding:6px 12px;margin:4px 0;
  font-size:13px}
-.answer{background:#ddf4ff;border:1px solid #54aeff;border-radius:6px;padding:12px 18px;
- margin:14px 0}.answer ol{margin:4px 0;padding-left:20px}.answer li{margin:5px 0}
+.answer{background:#ddf4ff;border:1px solid #54aeff;border-radius:6px;padding:8px 14px;
+ margin:8px 0}ol.detail{margin:4px 0;padding-left:20px}ol.detail li{margin:5px 0}
 table{border-collapse:collapse;margin:6px 0 10px;font-size:13px}
 th,td{border:1px solid var(--line);padding:4px 9px;vertical-align:top}
 th{background:var(--bg2);text-align:left;font-weight:600}
@@ -251,6 +251,21 @@ def plot_links(topo: TopologySummary) -> str | None:
     return _png(fig)
 
 
+def _cached(use_cache: bool, plot, *args) -> str:
+    """plot(*args) (a data URI), kept in the disk cache (reports/base/disk_cache.py) by the
+    plot's name, the repr of its arguments, matplotlib's version and the code version: a
+    report of the same numbers skips importing matplotlib altogether."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from reports.base.disk_cache import cached
+    try:
+        mpl = version("matplotlib")
+    except PackageNotFoundError:
+        mpl = None
+    return cached(f"plot-{plot.__name__}", (args, mpl), lambda: plot(*args).encode(), "uri",
+                  decode=bytes.decode, enabled=use_cache)
+
+
 def _fig(src: str, caption: str) -> str:
     return f'<figure><img alt="{_e(caption)}" src="{src}"><figcaption>{_e(caption)}</figcaption></figure>'
 
@@ -326,8 +341,24 @@ def server_whatif_html(rep: Report) -> list[str]:
                 table_html(t)]
 
 
-def render_html(rep: Report, spans: tuple[Span, ...] = (), measured=()) -> str:
-    """`measured`: MeasuredTimeline tuple from reports.render.measured_timeline (may be empty)."""
+def answer_html(rep: Report, figures=()) -> list[str]:
+    """The answer table, the figures (embedded), its sentences, then the longer answer."""
+    from reports.render.answer_table import (DETAIL_TITLE, answer_sentences, answer_table)
+    o = ['<h2 id="answer" class="first">The answer</h2>', table_html(answer_table(rep))]
+    for f in figures:
+        src = "data:image/png;base64," + base64.b64encode(f.png).decode()
+        o.append(_fig(src, f.caption))
+    o.append('<div class="answer">' + " ".join(_e(s) for s in answer_sentences(rep)) + "</div>")
+    return o + [f"<h3>{_e(DETAIL_TITLE)}</h3><ol class=\"detail\">"
+                + "".join(f"<li>{_e(s)}</li>" for s in rep.answer) + "</ol>"]
+
+
+def render_html(rep: Report, spans: tuple[Span, ...] = (), measured=(), figures=(),
+                use_cache: bool = True) -> str:
+    """`measured`: MeasuredTimeline tuple from reports.render.measured_timeline (may be empty);
+    `figures`: reports/render/timeline_plot.py `Figure`s shown under the answer table;
+    `use_cache`: the plots drawn from the report's numbers alone come from the disk cache when
+    the same numbers were drawn before (`_cached`)."""
     toc = [("answer", "The answer")]
     if rep.diagnosis:
         toc.append(("diagnosis", "Diagnosis"))
@@ -349,16 +380,14 @@ def render_html(rep: Report, spans: tuple[Span, ...] = (), measured=()) -> str:
         toc.append(("measure", MEASURE_TITLE))
     toc.append(("glossary", GLOSSARY_TITLE))
     o = [f"<h1>{_e(report_title(rep))}</h1>"]
-    o += [f'<p class="meta">{_e(line)}</p>' for line in header_lines(rep)]
+    o.append("<nav>" + "".join(f'<a href="#{a}">{_e(t)}</a>' for a, t in toc) + "</nav>")
     if rep.all_estimated:
         o.append(f'<div class="banner">{_e(banner(rep))}</div>')
     else:
         o.append(f'<p class="meta">{_e(banner(rep))}</p>')
+    o += answer_html(rep, figures)
+    o += [f'<p class="meta">{_e(line)}</p>' for line in header_lines(rep)]
     o += [f'<div class="warn">warning: {_e(w)}</div>' for w in rep.warnings]
-    o.append("<nav>" + "".join(f'<a href="#{a}">{_e(t)}</a>' for a, t in toc) + "</nav>")
-
-    o.append('<h2 id="answer">The answer</h2><div class="answer"><ol>'
-             + "".join(f"<li>{_e(s)}</li>" for s in rep.answer) + "</ol></div>")
     cmp_ = rep.baseline_comparison
     if cmp_:
         o.append(f'<h2 id="baseline">Against the baseline</h2><p class="meta">'
@@ -371,7 +400,7 @@ def render_html(rep: Report, spans: tuple[Span, ...] = (), measured=()) -> str:
 
     o.append('<h2 id="throughput">Throughput (decode tok/s per concurrency C)</h2>')
     o.append(f'<div class="row"><div>{table_html(throughput_table(rep))}</div>'
-             f'{_fig(plot_throughput(rep), "tok/s vs concurrency: ideal / modelled / observed")}'
+             f'{_fig(_cached(use_cache, plot_throughput, rep), "tok/s vs concurrency: ideal / modelled / observed")}'
              "</div>")
     if rep.observed_source:
         o.append(f'<p class="meta">{_e(observed_line(rep))}</p>')
@@ -416,12 +445,12 @@ def render_html(rep: Report, spans: tuple[Span, ...] = (), measured=()) -> str:
     o.append(f'<h2 id="plots">{_e(STAGE_TITLE)}</h2><p class="meta">{_e(STAGE_NOTE)}</p>')
     o.append(table_html(stage_cost_table(rep)))
     sc = rep.stage_cost[-1]
-    o.append(_fig(plot_stage_cost(rep), f"per-stage forward time vs roofline floor, micro-batch "
+    o.append(_fig(_cached(use_cache, plot_stage_cost, rep), f"per-stage forward time vs roofline floor, micro-batch "
                                         f"of {sc.batch}"))
     if spans:
         top = max(rep.concurrency, key=lambda c: c.concurrency)
         win = 4 * top.predicted_tpot_ms
-        o.append(_fig(plot_timeline(spans, win),
+        o.append(_fig(_cached(use_cache, plot_timeline, spans, win),
                       f"simulated PP loop at C={top.concurrency}, first {win:.0f} ms (4 decode "
                       "steps): one bar per forward, colour = slot; full trace in "
                       "report.trace.json (open in Perfetto)"))

@@ -1,7 +1,8 @@
 """report.json -> Markdown (results/report.md), plus the table builders the HTML page shares.
 
-Order (same in report.md and report.html): header (what is deployed, what is measured vs
-estimated, warnings), The answer, Your server's diagnosis and What-ifs on your server (its own
+Order (same in report.md and report.html): title and what is measured vs estimated, The answer
+(reports/render/answer_table.py: the table, three sentences, the herd drawn, then the longer
+answer "In detail"), what is deployed and the warnings, Your server's diagnosis and What-ifs on your server (its own
 traced loop, sglang.json), Throughput, Verdicts, Your server (sglang.json: observed, each
 column tagged with its source), Where the time goes (one attribution table per concurrency),
 What-ifs (one server setting at every measured concurrency, best first), Model vs dispatch
@@ -599,12 +600,15 @@ def stage_cost_table(rep: Report) -> Table:
                  (True,) * (n + 1))
 
 
-def render_md(rep: Report) -> str:
+def render_md(rep: Report, figures=()) -> str:
+    """`figures`: reports/render/timeline_plot.py `Figure`s shown under the answer table (their
+    PNG files sit beside report.md)."""
+    from reports.render.answer_table import answer_md
     out = [f"# {report_title(rep)}", ""]
     out += [f"**{banner(rep)}**" if rep.all_estimated else banner(rep), ""]
+    out += answer_md(rep, figures)
     out += header_lines(rep) + [""]
-    out += [f"> warning: {w}  " for w in rep.warnings]
-    out += ["", "## The answer", ""] + [f"- {s}" for s in rep.answer] + [""]
+    out += [f"> warning: {w}  " for w in rep.warnings] + [""]
     out += baseline_lines(rep)
     out += diagnosis_lines(rep)
     out += server_whatif_lines(rep)

@@ -1,0 +1,145 @@
+"""The herd, drawn: the modelled loop as a stage x time timeline at the concurrency where the
+herd's share of the gap is largest, as deployed and under the recommended setting, one time axis.
+
+What it shows: one lane per PP rank, one bar per GPU forward, one colour per micro-batch slot,
+the number in a bar = requests in that micro-batch. With a burst of C requests in one slot, one
+bar walks down the lanes while the other GPUs wait; with the recommended setting the same
+requests fill more slots and the lanes fill up.
+
+Where it comes from: `reports/report_run.py` `HerdPair` (the pipeline model's spans, the same
+simulator runs as report.json's numbers). The window is one stretch of the steady loop taken from
+the middle of the simulated run (the first rounds fill the pipeline, the last drain it), two
+decode steps of the loop as deployed long, the same length in both panels.
+
+Plots use matplotlib's Agg backend, imported only when a figure is drawn; the PNG is kept in the
+disk cache (reports/base/disk_cache.py) keyed by the spans and this module's code.
+"""
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+from reports.model.pipeline_model import Span
+from reports.report_run import HerdPair, Lanes
+
+STEPS_SHOWN = 2          # decode steps of the loop as deployed in the window
+
+
+def step_ms(x: Lanes) -> float:
+    """One decode step (every request advances one token) of the modelled loop, ms."""
+    return sum(x.slot_sizes) / x.tok_per_s * 1e3 if x.tok_per_s > 0 else 0.0
+
+
+def window(spans: tuple[Span, ...], width_ms: float) -> tuple[Span, ...]:
+    """The forwards in a `width_ms` window from a rank-0 forward near the middle of the run
+    (steady state), shifted to start at 0 and clipped to the window."""
+    if not spans or width_ms <= 0:
+        return ()
+    end = max(s.end_us for s in spans)
+    mid = max(0.0, (end - width_ms * 1e3) / 2)
+    starts = [s.start_us for s in spans if s.rank == 0] or [min(s.start_us for s in spans)]
+    t0 = min(starts, key=lambda t: abs(t - mid))
+    t1 = t0 + width_ms * 1e3
+    return tuple(Span(s.rank, s.slot, s.batch, max(s.start_us, t0) - t0, min(s.end_us, t1) - t0)
+                 for s in spans if s.end_us > t0 and s.start_us < t1)
+
+
+def slots_text(sizes: tuple[int, ...]) -> str:
+    """Occupied slots: "1 slot of 8", "8 slots of 1", or the sizes listed."""
+    occ = [n for n in sizes if n]
+    if not occ:
+        return "no occupied slot"
+    if len(set(occ)) == 1:
+        return f"{len(occ)} slot{'s' if len(occ) > 1 else ''} of {occ[0]}"
+    return "slots of " + " ".join(map(str, occ))
+
+
+def panel_title(x: Lanes) -> str:
+    return f"{x.label}: {slots_text(x.slot_sizes)}, {x.tok_per_s:.1f} tok/s (modelled)"
+
+
+def herd_caption(pair: HerdPair, source: str) -> str:
+    """What the figure shows, with each panel's tok/s and where the numbers come from."""
+    b, a = pair.before, pair.after
+    share = f" (the herd is {pair.share:.0%} of the gap there)" if pair.share is not None else ""
+    pp = 1 + max((s.rank for s in b.spans), default=0)
+    occ = [n for n in b.slot_sizes if n]
+    walk = (f": one micro-batch of {occ[0]} walks down the {pp} GPUs and each waits for it"
+            if len(occ) == 1 and pp > 1 else "")
+    after = (f"; under {a.label}, {slots_text(a.slot_sizes)}, {a.tok_per_s:.1f} tok/s "
+             f"({a.tok_per_s / b.tok_per_s - 1:+.0%})" if a and b.tok_per_s else
+             "; no setting is recommended, so no second panel")
+    return (f"The herd at C={pair.concurrency}{share}. As deployed, {slots_text(b.slot_sizes)}, "
+            f"{b.tok_per_s:.1f} tok/s{walk}{after}. Modelled ({source}): one lane per PP rank, "
+            f"one bar per forward, colour = micro-batch slot, number = requests in it; "
+            f"{STEPS_SHOWN} decode steps as deployed ({STEPS_SHOWN * step_ms(b):.0f} ms) of the "
+            "steady loop, same time axis in both panels.")
+
+
+def herd_png(pair: HerdPair) -> bytes:
+    """The figure as PNG bytes (drawn afresh: `cached_herd_png` keeps it)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    panels = [pair.before] + ([pair.after] if pair.after else [])
+    pp = 1 + max(s.rank for x in panels for s in x.spans)
+    width = STEPS_SHOWN * step_ms(pair.before)
+    fig, axes = plt.subplots(len(panels), 1, sharex=True, squeeze=False,
+                             figsize=(10, len(panels) * (0.15 * pp + 0.5) + 0.3))
+    cmap = plt.get_cmap("tab20")
+    for ax, x in zip(axes[:, 0], panels):
+        for s in window(x.spans, width):
+            w = (s.end_us - s.start_us) / 1e3
+            ax.broken_barh([(s.start_us / 1e3, w)], (s.rank - 0.42, 0.84),
+                           color=cmap(s.slot % 20), edgecolor="white", lw=0.4)
+            if w > width / 45:
+                ax.text(s.start_us / 1e3 + w / 2, s.rank, str(s.batch), ha="center",
+                        va="center", fontsize=7)
+        ax.set_title(panel_title(x), fontsize=9, loc="left")
+        ax.set_ylim(pp - 0.5, -0.5)
+        ax.set_yticks(range(pp))
+        ax.set_ylabel("PP rank", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.spines[["top", "right"]].set_visible(False)
+    axes[-1, 0].set_xlim(0, width)
+    axes[-1, 0].set_xlabel("ms (modelled, steady loop)", fontsize=8)
+    fig.tight_layout(h_pad=0.6)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def cached_herd_png(pair: HerdPair, use_cache: bool = True) -> bytes:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from reports.base.disk_cache import cached
+    try:
+        mpl = version("matplotlib")
+    except PackageNotFoundError:
+        mpl = None
+    return cached("herd-png", (pair, mpl), lambda: herd_png(pair), "png", enabled=use_cache)
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A figure the report shows at its top: PNG bytes, the file report.md links, the caption."""
+    png: bytes
+    file: str
+    caption: str
+
+
+def figure_source(rep) -> str:
+    """Where the drawn numbers come from, for the caption."""
+    inputs = ("every input estimated or transferred" if rep.all_estimated else
+              "measured inputs where records exist, the rest estimated")
+    whose = (f"scenario {rep.scenario}, not your server" if rep.scenario_differs else
+             f"scenario {rep.scenario}")
+    return f"pipeline model, {whose}; {inputs}"
+
+
+def herd_figure(rep, pair: HerdPair | None, file: str = "report.herd.png",
+                use_cache: bool = True) -> Figure | None:
+    if pair is None or not pair.before.spans:
+        return None
+    return Figure(cached_herd_png(pair, use_cache), file, herd_caption(pair, figure_source(rep)))
