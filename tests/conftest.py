@@ -27,6 +27,12 @@ if not shutil.which("nvidia-smi"):
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+# The report's disk cache (reports/base/disk_cache.py) is off in tests: a test that patches the
+# model must never read a run made without the patch, nor write to the user's ~/.cache. The
+# cache's own tests turn it on in a temporary folder.
+os.environ["PPSCOPE_CACHE"] = "off"
+
+
 def pytest_collection_modifyitems(config, items):
     n = _gpu_count()
     skip_gpu = pytest.mark.skip(reason="needs an NVIDIA GPU")

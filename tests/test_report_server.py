@@ -256,8 +256,8 @@ def test_report_with_measured_timeline_and_server_html(tmp_path, fixtures, repor
     assert all(v.startswith(('"data:', '"#')) for v in
                re.findall(r"""\b(?:src|href)\s*=\s*(\S{6})""", page))
     assert not re.search(r"""(?:src|href)\s*=\s*["']?https?:""", page) and "<script" not in page
-    # throughput, server busy over time, stage cost, simulated and measured timelines
-    assert page.count('src="data:image/png;base64,') == 5
+    # the herd, throughput, server busy over time, stage cost, simulated and measured timelines
+    assert page.count('src="data:image/png;base64,') == 6
     assert '<h2 id="server">Your server (observed, sglang.json)</h2>' in page
     assert page.index('id="verdicts"') < page.index('id="server"') < page.index('id="attribution"')
     assert page.index("simulated PP loop at C=32") < page.index("measured PP loop")

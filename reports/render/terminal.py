@@ -39,14 +39,14 @@ def terminal_summary(rep: Report, width: int = 100, results_label: str = "result
     """The answer table, its sentences and the server line (`server_line`), wrapped to width."""
     from reports.render.answer_table import terminal_answer
     where = results_label.rstrip("/")
-    if rep.all_estimated:
-        tr = not rep.server and any(p.source == "transferred" for p in rep.params)
-        what = "model input" if rep.server else "figure"   # sglang.json's figures are observed
-        note = (f" (every {what} estimated{' or transferred' if tr else ''}: no probe records "
-                f"in {where}/)")
-    else:
-        note = ""
-    out = textwrap.wrap(f"The answer{note}:", width, subsequent_indent="  ")
+    out = []   # what the figures rest on first, one line (it names the results folder)
+    if rep.all_estimated and rep.server:
+        out.append(f"every model input is estimated (no probe records in {where}/); observed: "
+                   "sglang.json")
+    elif rep.all_estimated:
+        tr = any(p.source == "transferred" for p in rep.params)
+        out.append(f"every figure is estimated{' or transferred' if tr else ''} (no records in "
+                   f"{where}/)")
     out += terminal_answer(rep, width)
     srv = server_line(rep)
     if srv:
