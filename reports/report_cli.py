@@ -10,9 +10,12 @@ Writes report.json (the truth), report.md, report.html (self-contained) and repo
 (simulated timeline for ui.perfetto.dev) to --out; when --results holds dispatch.trace.json
 (the dispatch probe's measured loop) a few decode rounds of it are plotted beside the simulated
 timeline, and sglang.json (your server's logs, traces, bench runs) fills a "Your server" section
-and, unless --observed/--bench are given, the observed tok/s; and prints a compact summary: the answer,
-throughput per concurrency, the top 3 what-ifs by gain, the attribution at the highest
-concurrency, the verdicts and (with dispatch.json) the model's worst miss against the probe.
+and, unless --observed/--bench are given, the observed tok/s. report.md has the herd drawn beside
+it (report.herd.png; reports/render/timeline_plot.py). Prints the answer (reports/render/
+terminal.py): the table of hypotheses, three sentences, where the rest is; 25 lines at most.
+The model's runs and the plots are kept in a disk cache keyed by every input and the code
+(reports/base/disk_cache.py; --no-cache to do without), so the same inputs report in under a
+second the second time, with the same bytes.
 """
 from __future__ import annotations
 

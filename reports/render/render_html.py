@@ -1,7 +1,9 @@
 """report.json -> one self-contained HTML page (inline CSS, plots as base64 PNG, no URLs).
 
-Built from the report dict (report.json is the truth) in the order of report.md: header with
-the measured/estimated split (and a banner when every figure is estimated), The answer,
+Built from the report dict (report.json is the truth) in the order of report.md: title, links
+to the sections, the measured/estimated split (a banner when every figure is estimated), The
+answer (the hypothesis table, the herd drawn, three sentences, the longer answer "In detail"),
+what is deployed and the warnings,
 Throughput (table + tok/s vs concurrency plot), Verdicts (colour-coded), Your server (with
 sglang.json: observed tables and GPU busy over time), Where the time goes
 (one attribution table per concurrency, share bars), What-ifs (best first; no-gain rows folded),

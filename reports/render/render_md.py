@@ -1,18 +1,18 @@
 """report.json -> Markdown (results/report.md), plus the table builders the HTML page shares.
 
 Order (same in report.md and report.html): title and what is measured vs estimated, The answer
-(reports/render/answer_table.py: the table, three sentences, the herd drawn, then the longer
-answer "In detail"), what is deployed and the warnings, Your server's diagnosis and What-ifs on your server (its own
-traced loop, sglang.json), Throughput, Verdicts, Your server (sglang.json: observed, each
-column tagged with its source), Where the time goes (one attribution table per concurrency),
-What-ifs (one server setting at every measured concurrency, best first), Model vs dispatch
-probe, Micro-batch count, Measured pipeline timeline (dispatch.trace.json; in HTML it sits with
-the simulated one), Links between GPUs (topology.json: its source label, `given` for a pasted
-`topo -m`, the unknown links and what the parser skipped), Where the model differs from SGLang,
-Inputs, Scenario assumptions. With a DP-attention log, Your server adds one row per (PP rank,
-DP rank) and says how the PP rank's figures combine the DP ranks'.
-Each table builder returns a `Table`: headers with units, rows as display strings, and which
-columns are numbers (right-aligned).
+(reports/render/answer_table.py: the table, the herd drawn, three sentences, then the longer
+answer "In detail"), what is deployed and the warnings, Your server's diagnosis and What-ifs on
+your server (its own traced loop, sglang.json), Throughput, Verdicts, Your server (sglang.json:
+observed, each column tagged with its source), Where the time goes (one attribution table per
+concurrency), What-ifs (one server setting at every measured concurrency, best first), Model vs
+dispatch probe, Micro-batch count, Measured pipeline timeline (dispatch.trace.json; in HTML it
+sits with the simulated one), Links between GPUs (topology.json: its source label, `given` for a
+pasted `topo -m`, the unknown links and what the parser skipped), Where the model differs from
+SGLang, Inputs, Scenario assumptions. With a DP-attention log, Your server adds one row per (PP
+rank, DP rank) and says how the PP rank's figures combine the DP ranks'. Each table builder
+returns a `Table`: headers with units, rows as display strings, and which columns are numbers
+(right-aligned).
 """
 from __future__ import annotations
 
