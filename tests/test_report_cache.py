@@ -56,3 +56,6 @@ def test_a_broken_entry_is_recomputed(tmp_path, monkeypatch):
     assert get() == {"v": 1} and len(calls) == 2
     monkeypatch.setenv("PPSCOPE_CACHE", "off")
     assert get() == {"v": 1} and len(calls) == 3
+    monkeypatch.setenv("PPSCOPE_CACHE", str(tmp_path))    # no value repr: never cached
+    assert disk_cache.cached("t", (object(),), compute, "json", decode=json.loads) == {"v": 1}
+    assert len(calls) == 4 and len(list(tmp_path.glob("t-*"))) == 1

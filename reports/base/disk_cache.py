@@ -71,9 +71,12 @@ def cached(kind: str, inputs: tuple, compute: Callable[[], bytes], ext: str,
     """decode(compute()), from the cache when an entry of the same key exists and decodes
     (an entry that does not decode is recomputed and replaced)."""
     d = cache_dir() if enabled else None
-    if d is None:
+    try:
+        path = None if d is None else d / f"{key_of(kind, *inputs)}.{ext}"
+    except ValueError:     # inputs that cannot be a key: computed every time
+        path = None
+    if path is None:
         return decode(compute())
-    path = d / f"{key_of(kind, *inputs)}.{ext}"
     try:
         out = decode(path.read_bytes())
         os.utime(path)                # least recently used goes first
