@@ -81,6 +81,13 @@ def herd_png(pair: HerdPair) -> bytes:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    # matplotlib's defaults whatever the process set before (report.html's plots set their own
+    # rcParams): the same spans always give the same bytes
+    with plt.style.context("default"):
+        return _draw(plt, pair)
+
+
+def _draw(plt, pair: HerdPair) -> bytes:
     panels = [pair.before] + ([pair.after] if pair.after else [])
     pp = 1 + max(s.rank for x in panels for s in x.spans)
     width = STEPS_SHOWN * step_ms(pair.before)
