@@ -16,7 +16,7 @@ from reports.model.causes import BANDWIDTH, HYPOTHESES, label
 from reports.model.report_type import Report, ServerDiagnosis
 from reports.model.verdicts import Verdict
 from reports.model.whatif import PACING, WhatIf
-from reports.render.render_md import Table
+from reports.render.table import Table
 
 # The settings that act on each cause (the what-if knobs of reports/model/whatif.py): a row's
 # "what to do" is the best what-if among them. Causes with no setting here (hops, routing) have
@@ -29,6 +29,7 @@ FIXES: dict[str, tuple[str, ...]] = {
     "token_return": ("--pp-async-batch-depth",),
 }
 NOT_RUN = "not run on SGLang"
+DETAIL_TITLE = "In detail"      # the heading of the report's longer answer, under the table
 HEADERS = ("hypothesis", "verdict", "deciding number", "holds at", "what to do")
 NUMBER_CHARS = 70          # a clause longer than this is not a table cell
 
@@ -184,16 +185,3 @@ def terminal_answer(rep: Report, width: int = 100) -> list[str]:
         out += textwrap.wrap(s, width)
     return out
 
-
-DETAIL_TITLE = "In detail"
-
-
-def answer_md(rep: Report, figures=()) -> list[str]:
-    """report.md's answer: the table, the figures (PNG files beside report.md), the sentences,
-    then the report's longer answer under "In detail"."""
-    from reports.render.render_md import md_table
-    out = ["## The answer", "", md_table(answer_table(rep)), ""]
-    for f in figures:
-        out += [f"![{f.caption}]({f.file})", "", f"*{f.caption}*", ""]
-    out += [" ".join(answer_sentences(rep)), ""]
-    return out + [f"### {DETAIL_TITLE}", ""] + [f"- {s}" for s in rep.answer] + [""]

@@ -16,7 +16,6 @@ returns a `Table`: headers with units, rows as display strings, and which column
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from tabulate import tabulate
@@ -25,13 +24,8 @@ from reports.base.schema import to_json
 from reports.model.report_type import (AttributionAt, Comparison, Report, ServerDiagnosis,
                                        ServerSummary)
 from reports.model.whatif import WhatIf
-
-
-@dataclass(frozen=True)
-class Table:
-    headers: tuple[str, ...]
-    rows: tuple[tuple[str, ...], ...]
-    numeric: tuple[bool, ...]           # right-align this column
+from reports.render.answer_table import (DETAIL_TITLE, answer_sentences, answer_table)
+from reports.render.table import Table
 
 
 def _f(x: Any, nd: int = 1) -> str:
@@ -600,10 +594,19 @@ def stage_cost_table(rep: Report) -> Table:
                  (True,) * (n + 1))
 
 
+def answer_md(rep: Report, figures=()) -> list[str]:
+    """The answer: the table (reports/render/answer_table.py), the figures (PNG files beside
+    report.md), the sentences, then the report's longer answer under "In detail"."""
+    out = ["## The answer", "", md_table(answer_table(rep)), ""]
+    for f in figures:
+        out += [f"![the herd drawn: PP rank x time]({f.file})", "", f"*{f.caption}*", ""]
+    out += [" ".join(answer_sentences(rep)), ""]
+    return out + [f"### {DETAIL_TITLE}", ""] + [f"- {s}" for s in rep.answer] + [""]
+
+
 def render_md(rep: Report, figures=()) -> str:
     """`figures`: reports/render/timeline_plot.py `Figure`s shown under the answer table (their
     PNG files sit beside report.md)."""
-    from reports.render.answer_table import answer_md
     out = [f"# {report_title(rep)}", ""]
     out += [f"**{banner(rep)}**" if rep.all_estimated else banner(rep), ""]
     out += answer_md(rep, figures)
