@@ -131,7 +131,8 @@ def test_the_report_of_sglang_own_server_shows_its_own_whatifs(record, tmp_path,
         assert "--pp-async-batch-depth 2" in text
     assert "## What-ifs on your server (its own loop)" in md
     assert 'id="server-whatifs"' in html
-    assert "what-if on your server's own loop" in term
+    assert "On your server's own loop (C=8)" in term
+    assert len(term.splitlines()) <= 25         # the terminal's answer (reports/render/terminal.py)
     assert "Settings tried on your server's own loop" in " ".join(d["answer"])
     # the unexplained share over bench_serving's run, in the answer and in the diagnosis
     br = d["diagnosis"]["bench_run"]

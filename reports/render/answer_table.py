@@ -41,12 +41,13 @@ def _ordered(verdicts: tuple[Verdict, ...]) -> list[Verdict]:
 
 def deciding_number(v: Verdict) -> str:
     """The verdict's own first clause when short; else its first short clause on the share of
-    the gap; else the first clause cut short."""
+    the gap; else the first clause up to its colon (the number before the reason); else cut."""
     clauses = [c.strip() for c in v.number.split("; ") if c.strip()] or ["-"]
     if len(clauses[0]) <= NUMBER_CHARS:
         return clauses[0]
     gap = next((c for c in clauses if "of the gap" in c and len(c) <= NUMBER_CHARS), None)
-    return gap or clauses[0][:NUMBER_CHARS - 3] + "..."
+    head = clauses[0].split(": ")[0]      # "slows the observed server by 42%: <why>"
+    return gap or (head if len(head) <= NUMBER_CHARS else head[:NUMBER_CHARS - 3] + "...")
 
 
 def holds_at(v: Verdict) -> str:
@@ -112,8 +113,9 @@ def _biggest_cause(rep: Report) -> str | None:
     """The observed server's own answer when it was diagnosed; else the cause with the largest
     share of the gap (ideal -> modelled) at each concurrency, grouped by cause."""
     dg = rep.diagnosis
-    if isinstance(dg, ServerDiagnosis):
-        return dg.answer
+    if isinstance(dg, ServerDiagnosis):   # its first clause: the cause and how much slower
+        first = dg.answer.split("; ")[0].rstrip(".")
+        return f"Biggest cause: {first}."
     by: dict[str, list[tuple[int, float]]] = {}
     for a in sorted(rep.attribution, key=lambda a: a.concurrency):
         rows = [r for r in a.rows if r.cause != "unexplained" and r.share is not None]
@@ -129,27 +131,36 @@ def _biggest_cause(rep: Report) -> str | None:
 
 
 def _recommendation(rep: Report) -> str:
+    """The settings tried on the traced server's own loop when there are some; else the
+    scenario model's recommended setting (said to be the scenario's when it is not the
+    server's)."""
     sw = rep.server_whatifs
-    best = sw.best if sw is not None and sw.status == "ok" else None
-    if best is not None:
-        return (f"On your server's own loop: {best.command}, {best.before_tok_per_s:.1f} -> "
-                f"{best.after_tok_per_s:.1f} tok/s ({best.change_pct:+.0f}%, {NOT_RUN}).")
+    if sw is not None and sw.status == "ok" and sw.rows:
+        best = sw.best
+        tried = ", ".join(f"{r.command} {r.change_pct:+.0f}%" for r in sw.rows)
+        head = (f"Recommended on your server's own loop (C={sw.concurrency}): {best.command}, "
+                f"{best.before_tok_per_s:.1f} -> {best.after_tok_per_s:.1f} tok/s" if best else
+                f"On your server's own loop (C={sw.concurrency}) no setting tried gains over "
+                f"{sw.no_change_pct:.0f}%")
+        return f"{head} ({NOT_RUN}; tried: {tried})."
     rec = rep.recommendation
+    scen = f"In scenario {rep.scenario} (not your server): " if rep.scenario_differs else ""
     if rec is None:
-        return "No server setting raises the modelled tok/s by more than 0.5% within 2% loss."
+        return (f"{scen}{'n' if scen else 'N'}o server setting raises the modelled tok/s by "
+                "more than 0.5% within 2% loss.")
     e = max(rec.effects, key=lambda e: e.gain)
     cs = ", ".join(str(c) for c in rep.measured_concurrency)
     where = (f"no loss up to C={rec.checked_up_to}" if rec.checked_up_to and rec.loses_at is None
              else "see its range under What-ifs")
-    return (f"Recommended: {rec.knob} {rec.setting}: C={e.concurrency} "
+    return (f"{scen}{'r' if scen else 'R'}ecommended: {rec.knob} {rec.setting}: C={e.concurrency} "
             f"{e.baseline_tok_per_s:.1f} -> {e.predicted_tok_per_s:.1f} tok/s ({e.gain:+.0%}), "
             f"{rec.gain:+.0%} on the geometric mean over C={cs}, {where} ({NOT_RUN}).")
 
 
 def _arrival(rep: Report) -> str | None:
     alt = rep.arrival
-    if alt is None or not alt.differs_at:
-        return None
+    if alt is None or not alt.differs_at or alt.source == "observed":
+        return None     # the arrival was read from the server's log: not an assumption
     from reports.report_run import herd_concurrency
     C = herd_concurrency(rep)[0]
     row = next((r for r in alt.by_concurrency if r.concurrency == C), None) or \
@@ -170,18 +181,37 @@ def answer_sentences(rep: Report) -> list[str]:
     return [s for s in out if s][:3]
 
 
+def _shorten(text: str, width: int, lines: int = 2) -> str:
+    """`text` in at most `lines` lines of `width`, its last two words (the number, as in
+    "by 32%") kept: words are dropped before them until it fits."""
+    import textwrap
+
+    def fits(t: str) -> bool:
+        return len(textwrap.wrap(t, width, break_on_hyphens=False)) <= lines
+    if fits(text):
+        return text
+    words = text.split()
+    for k in range(len(words) - 3, 0, -1):
+        t = " ".join(words[:k]) + " ... " + " ".join(words[-2:])
+        if fits(t):
+            return t
+    return textwrap.shorten(text, width * lines, placeholder="...")
+
+
 def terminal_answer(rep: Report, width: int = 100) -> list[str]:
     """The table (cells wrapped to fit `width`) and the sentences, for the terminal."""
     import textwrap
 
     from tabulate import tabulate
     t = answer_table(rep)
-    # column widths that fit 100 columns with tabulate's two-space gaps
-    widths = [15, 10, 24, 8, 33] if width >= 100 else [12, 9, 20, 8, 20]
-    text = tabulate([list(r) for r in t.rows], headers=list(t.headers), tablefmt="simple",
+    # column widths that fit 100 columns with tabulate's two-space gaps; a deciding number is
+    # cut to two lines here (report.md and report.html have it whole)
+    widths = [15, 10, 26, 8, 31] if width >= 100 else [12, 9, 20, 8, 20]
+    rows = [[h, v, _shorten(n, widths[2]), w, d] for h, v, n, w, d in t.rows]
+    text = tabulate(rows, headers=list(t.headers), tablefmt="simple",
                     disable_numparse=True, maxcolwidths=widths, maxheadercolwidths=widths)
     out = text.splitlines()
     for s in answer_sentences(rep):
-        out += textwrap.wrap(s, width)
+        out += textwrap.wrap(s, width, break_on_hyphens=False)
     return out
 
