@@ -140,13 +140,13 @@ def figure_source(rep) -> str:
     """Where the drawn numbers come from, for the caption."""
     inputs = ("every input estimated or transferred" if rep.all_estimated else
               "measured inputs where records exist, the rest estimated")
-    whose = (f"scenario {rep.scenario}, not your server" if rep.scenario_differs else
-             f"scenario {rep.scenario}")
-    return f"pipeline model, {whose}; {inputs}"
+    return f"pipeline model, scenario {rep.scenario}; {inputs}"
 
 
 def herd_figure(rep, pair: HerdPair | None, file: str = "report.herd.png",
                 use_cache: bool = True) -> Figure | None:
-    if pair is None or not pair.before.spans:
+    # a traced server that is not the scenario's deployment: the scenario's loop is not the
+    # server's, so it does not head that server's report (its own lanes: not drawn yet)
+    if pair is None or not pair.before.spans or rep.scenario_differs:
         return None
     return Figure(cached_herd_png(pair, use_cache), file, herd_caption(pair, figure_source(rep)))
