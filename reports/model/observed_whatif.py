@@ -47,6 +47,7 @@ from dataclasses import dataclass, replace
 from reports.model.bursts import first_burst, wave_visits
 from reports.model.deployment import CAUSES, Deployment, run
 from reports.base.server_settings import ServerSettings, default_max_micro_batch
+from reports.base.slots import SlotConfig, Successor, Wave, run_loop
 
 ALL = frozenset(CAUSES)
 KNOBS = ("--pp-max-micro-batch-size", "--pp-async-batch-depth", "--chunked-prefill-size",
@@ -160,18 +161,16 @@ def arrival_text(dep: Deployment, load: Load) -> str:
             f"{load.concurrency} requests outside the window that fits this loop)")
 
 
-def _first_arrivals(dep: Deployment, server: Server, load: Load) -> list[tuple[float, int]]:
-    """(arrival time, slot it lands in) of each of the first C prompts (module docstring)."""
+def _first_waves(dep: Deployment, server: Server, load: Load) -> list[Wave]:
+    """The first C prompts as waves reaching the scheduler (module docstring)."""
     C, S = min(load.concurrency, load.prompts), server.slots
     if load.rate:
-        # Poisson arrivals land in each slot alike: in expectation, round-robin
-        return [(i / load.rate * 1e6, i % S) for i in range(C)]
+        # paced: prompt i sent at its Poisson mean time i / rate
+        return [Wave(1, 0, i / load.rate * 1e6) for i in range(C)]
     visits = replayed_visits(dep, load)
     if visits is not None:
-        # each wave 1 us after the one before it, so that a slot's visit admits only the
-        # waves before it: the waves' order is the log's, their slot the visit they came at
-        return [(i * 1.0, v % S) for i, ((n, _), v) in enumerate(zip(load.waves, visits))
-                for _ in range(n)]
+        # each wave at the visit it was admitted at on the observed server, in the log's order
+        return [Wave(n, v) for (n, _), v in zip(load.waves, visits)]
     obs = groups(dep)
     total = sum(n for _, n in obs)
     sizes = [max(1, round(n * C / total)) for _, n in obs]
@@ -187,75 +186,36 @@ def _first_arrivals(dep: Deployment, server: Server, load: Load) -> list[tuple[f
         sizes[sizes.index(min(sizes))] += 1
     m = len(sizes)
     # the observed groups, evenly spaced over this server's slot loop as they were on the
-    # observed one (deployment._sizes); more groups than slots share slots
+    # observed one (deployment._sizes), each just before its slot's first visit; more groups
+    # than slots share slots
     pos = [(j * S) // m for j in range(m)] if m <= S else [j % S for j in range(m)]
-    return [(0.0, p) for p, n in zip(pos, sizes) for _ in range(n)]
+    return [Wave(n, p) for p, n in zip(pos, sizes)]
 
 
-def bench_run(dep: Deployment, server: Server, load: Load, turnaround_us: float = 0.0,
-              max_rounds: int = 200000) -> Run:
-    """bench_serving's closed-loop run over the observed loop (module docstring)."""
+def slot_config(server: Server) -> SlotConfig:
+    """The server's admission settings (no cap and no rows: no per-slot limit)."""
+    st = server.settings
+    return SlotConfig(st.pp_size, st.pp_async_batch_depth, server.cap_now(),
+                      st.max_running_requests, st.chunked_prefill_size)
+
+
+def bench_run(dep: Deployment, server: Server, load: Load) -> Run:
+    """bench_serving's closed-loop run over the observed loop: SGLang's admission
+    (reports/base/slots.py `run_loop`) with the observed loop's round time."""
     S, L = server.slots, max(1, load.output_len)
     rounds = _Rounds(dep, S)
-    cap, rows = server.cap_now(), server.rows or (1 << 30)
-    budget = server.chunk if server.chunk and server.chunk > 0 else None
-    # waiting prompts: [arrival time, slot it lands in (None: the next one visited)]
-    waiting = [list(a) for a in _first_arrivals(dep, server, load)]
-    sent = len(waiting)
-    slots: list[list[list[float]]] = [[] for _ in range(S)]   # [tokens left, arrival]
-    t, done, latency, prefills, n_round = 0.0, 0, 0.0, 0, 0
-    held: dict[tuple[int, ...], float] = {}
-    while done < load.prompts:
-        n_round += 1
-        if n_round > max_rounds:
-            raise ValueError("the modelled run did not finish (a setting admits nothing)")
-        if not any(slots) and waiting and min(w[0] for w in waiting) > t:
-            t = min(w[0] for w in waiting)   # the server idles until the next prompt
-        sizes = tuple(len(s) for s in slots)
-        dur = rounds(sizes) if any(sizes) else rounds(tuple([1] + [0] * (S - 1)))
-        held[sizes] = held.get(sizes, 0.0) + dur
-        visit = dur / S
-        for k in range(S):
-            tv = t + k * visit
-            room = min(cap - len(slots[k]), rows - sum(len(s) for s in slots))
-            tokens, took, keep = 0, 0, []
-            for w in sorted(waiting, key=lambda w: w[0]):
-                if w[0] > tv or w[1] not in (None, k):
-                    keep.append(w)
-                elif took < room and (budget is None or took == 0
-                                      or tokens + load.prompt_len <= budget):
-                    tokens += load.prompt_len
-                    took += 1
-                    slots[k].append([L - 1, w[0]])     # the prefill gives the first token
-                else:
-                    keep.append([w[0], None])          # no room here: the next slot with room
-            waiting = keep
-            if took:
-                prefills += 1
-                continue                                # a prefill visit: the slot's decode waits
-            end = tv + visit
-            left = []
-            for req in slots[k]:
-                if req[0] > 1:
-                    left.append([req[0] - 1, req[1]])
-                    continue
-                done += 1
-                latency += end - req[1]
-                if sent < load.prompts:     # the semaphore frees: the next prompt
-                    nxt = end + turnaround_us
-                    if load.rate:
-                        nxt = max(nxt, sent / load.rate * 1e6)
-                    waiting.append([nxt, None])
-                    sent += 1
-            slots[k] = left
-            if done >= load.prompts:
-                t = end
-                break
-        else:
-            t += dur
-    seconds = t / 1e6
-    steady = max(held, key=held.get) if held else ()
-    return Run(load.prompts * L / seconds, seconds, latency / 1e6 / seconds, steady, prefills)
+    empty = rounds(tuple([1] + [0] * (S - 1)))   # an empty round costs a 1-request one
+
+    def round_us(sizes: tuple[int, ...]) -> float:
+        return rounds(sizes) if any(sizes) else empty
+
+    nxt = Successor(load.prompts, 1e6 / load.rate if load.rate else 0.0)
+    res = run_loop(slot_config(server), _first_waves(dep, server, load), nxt, round_us,
+                   prompt_len=load.prompt_len, output_len=lambda: L)
+    seconds = res.end_us / 1e6
+    steady = res.held[0][0] if res.held else ()
+    return Run(load.prompts * L / seconds, seconds, res.latency_us / 1e6 / seconds, steady,
+               res.prefill_visits)
 
 
 @dataclass(frozen=True)
