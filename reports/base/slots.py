@@ -18,8 +18,13 @@ managers/scheduler.py, `get_next_batch_to_run` / `_get_new_batch_prefill_raw` /
 - a slot that prefills (admits, or continues the chunked request) runs that prefill in its
   visit instead of its decode ("prefill first");
 - requests never move between slots; a finished request leaves its slot at the slot's next
-  visit, and the client's next request joins whichever slot is being visited when it arrives:
-  with lengths that differ, occupancy drifts away from the first split (`closed_loop`).
+  visit, and the client's next request joins whichever slot is being visited when it arrives
+  (REISSUE_VISITS): with lengths that differ, occupancy drifts away from the first split.
+
+`run_loop` is the one closed-loop run (arrival waves, bench_serving's successor rule, a
+round-time callback): the scenario model's drift (`closed_loop`, reports/model/loop_builder.py)
+and the observed what-ifs (reports/model/observed_whatif.py `bench_run`) both run it; the
+PP-loop probe admits with `visit` at each of its visits.
 
 Two admission policies:
 - `sglang`: what SGLang does (above).
@@ -34,8 +39,8 @@ Simplified on purpose: KV-cache token capacity is not a limit (the pool is assum
 enough), a slot's `batch_is_full` flag is recomputed every visit (SGLang keeps it until a
 request leaves that slot), pages are 1 token unless `page_size` says otherwise.
 
-Both the PP-loop probe (`microbench/dispatch/pp_loop.py`, on real GPUs) and the report's pipeline model
-use these functions, so the probe and the model admit requests identically.
+The PP-loop probe (`microbench/dispatch/pp_loop.py`, on real GPUs), the report's pipeline model
+and the observed what-ifs use these functions, so they admit requests identically.
 """
 from __future__ import annotations
 
@@ -408,7 +413,8 @@ class Successor:
 @dataclass(frozen=True)
 class LoopRun:
     """A closed-loop run. `series`: requests decoding per slot at the end of each round after
-    the warm-up; `held`: (slot sizes, time) of each sizes seen, most held first; `end_us`: the
+    the warm-up; `held`: (slot sizes, time) of each sizes seen, most held first (a rotation of
+    sizes seen before counts as those: the round-robin makes them the same loop); `end_us`: the
     last processed token's time; `latency_us`: summed over completed prompts, from sent to
     last token; times in microseconds with a round-time callback, else in visits; `prefills`:
     (#new-seq, #running-req) of each prefill, as SGLang's `Prefill batch` log line says them."""
@@ -470,6 +476,14 @@ def run_loop(cfg: SlotConfig, waves: Sequence[Wave], successor: Successor = Succ
     completed = 0
     prefills: list[tuple[int, int]] = []
     memo: dict[tuple[int, ...], float] = {}
+    canon: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+    def hold(sizes: tuple[int, ...], d: float) -> None:
+        if sizes not in canon:
+            rot = (sizes[k:] + sizes[:k] for k in range(S))
+            canon[sizes] = next((r for r in rot if r in held), sizes)
+        key = canon[sizes]
+        held[key] = held.get(key, 0.0) + d
 
     def visit_us(sizes: tuple[int, ...]) -> float:
         if round_us is None:
@@ -520,7 +534,7 @@ def run_loop(cfg: SlotConfig, waves: Sequence[Wave], successor: Successor = Succ
                     finish(s, v, c)
         sizes = tuple(len(h) for h in heaps)
         d = visit_us(sizes)
-        held[sizes] = held.get(sizes, 0.0) + d
+        hold(sizes, d)
         if vis.batch:
             prefills.append((vis.batch, running))
         elif heaps[s]:
@@ -564,7 +578,7 @@ def run_loop(cfg: SlotConfig, waves: Sequence[Wave], successor: Successor = Succ
                             decoded[q] += (nxt - 1 - first) // S + 1
                 snap = tuple(len(h) for h in heaps)
                 d = visit_us(snap) * (nxt - v - 1)
-                held[snap] = held.get(snap, 0.0) + d
+                hold(snap, d)
                 t += d
                 r0, r1 = (v + 1) // S, nxt // S      # rounds whose last visit is skipped
                 for r in range(max(r0, warmup_rounds), r1):

@@ -7,19 +7,13 @@ module runs bench_serving's whole closed-loop run over that loop, round by round
 admission rule deciding where each arriving request goes, and compares the run's tok/s before
 and after the change. Nothing is fitted to a measured tok/s.
 
-The run (`bench_run`), SGLang 0.5.23 `event_loop_pp` (managers/scheduler_pp_mixin.py) visiting
-`pp + async_depth` slots round-robin, one visit = one round / slots:
-- a visit admits the waiting requests that arrived before it (FCFS), while the slot holds fewer
-  than `pp_max_micro_batch_size` (`get_num_allocatable_reqs`: `pp_max_micro_batch_size -
-  running_bs`), the server fewer than `max_running_requests` rows, and the prompts fit the
-  visit's prefill budget (`chunked_prefill_size` tokens, at least one prompt; `PrefillAdder`);
-  a visit that admits runs their prefill instead of the slot's decode (SGLang runs either a
-  prefill batch or the slot's running batch), so the slot's running requests skip that round;
-- a decode visit gives each of the slot's requests one token; a request is done after
-  `output_len` tokens (the prefill gives the first), and bench_serving sends the next prompt at
-  once (`--max-concurrency` is a semaphore); the successors of requests that finished together
-  arrive together, at the next visit (SGLang's log of the default PP2 CPU server: groups of 7
-  and 9 finish, and the next prefills admit 7 and 9);
+The run (`bench_run`) is SGLang's admission written once (reports/base/slots.py `run_loop`:
+the per-slot cap, request rows, the prefill budget with PrefillAdder's one chunked request,
+prefill first, finished requests leaving at their slot's next visit) with bench_serving's
+closed loop: a finished prompt's successor reaches the scheduler two visits after rank 0
+processed its last token (`slots.REISSUE_VISITS`; the lab's logs admit bench_serving's last
+prompts into an emptied slot, and at depth 0 the second generation decodes the first's groups
+again). This module gives it the round time and the first prompts:
 - the first C prompts arrive as the benchmark's own first burst did, where the server's log
   shows it (microbench/sglang/arrival_bursts.py: the prefill waves, each with the size of the
   slot it joined): wave i is admitted at the visit it was on the observed server, counted in
@@ -30,11 +24,12 @@ The run (`bench_run`), SGLang 0.5.23 `event_loop_pp` (managers/scheduler_pp_mixi
   Without that burst in the log, the first C prompts arrive as the traced micro-batches were
   (one group per observed slot, each just before that slot's visit); with another slot count
   the same share of the slots holds a group, C split evenly over them; with `--request-rate`
-  R they arrive 1/R apart (the Poisson mean), one slot after another (Poisson arrivals land
-  in each slot alike). The traced window is a run of its own, with its own burst (the lab's:
-  14 and 2 where the benchmark ran 7 and 9), so the log's burst comes first;
+  R prompt i is sent at i/R (the Poisson mean) and joins the next visit. The traced window is
+  a run of its own, with its own burst (the lab's: 14 and 2 where the benchmark ran 7 and 9),
+  so the log's burst comes first;
 - a round lasts what the model of the observed loop gives for its slot sizes
-  (deployment.run with every cause as observed), a prefill visit as long as a decode visit.
+  (deployment.run with every cause as observed), a prefill visit as long as a decode visit, an
+  empty round as long as a one-request round.
 
 tok/s = prompts x output_len / (last token - first arrival), as bench_serving counts it. Stated
 simplifications: equal prompt and output lengths (the lab's `--random-range-ratio 1`); a
