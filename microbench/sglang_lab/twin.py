@@ -36,6 +36,9 @@ from microbench.sglang_lab.venv import (claim_lab_dir, ensure_model, ensure_venv
                                         inject_path, sharegpt_file)
 
 HOST_SHARE = 0.10          # this machine's own step at C = 1 over the emulated one, at most
+# bench_serving sends its first prompt once alone before the run (`--warmup-requests`, default 1,
+# SGLang 0.5.23 benchmark/serving.py); its Prefill line is the slice's first, and it is left out
+WARMUP_REQUESTS = 1
 _PREFILL = re.compile(r"PP0\] Prefill batch, #new-seq: (\d+),")
 
 
@@ -94,7 +97,7 @@ def _bench(server: LabServer, bench: drive.BenchSpec, out: Path, C: int, prompts
                     seed=seed, out=out / "bench.jsonl")
     import json
     line = [ln for ln in (out / "bench.jsonl").read_text().splitlines() if ln.strip()][-1]
-    return json.loads(line), waves(server.log_text(start))
+    return json.loads(line), waves(server.log_text(start))[WARMUP_REQUESTS:]
 
 
 def run_twin(inp, settings: list[TwinSetting], concurrency: list[int], out: Path, lab_dir: Path,
