@@ -15,6 +15,7 @@ import importlib
 import os
 import sys
 import traceback
+from typing import Callable
 
 from reports.base.errors import CliError
 from reports.base.probes import cli_modules
@@ -62,23 +63,7 @@ def _sigterm_as_interrupt():
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command with the CLI's rules (module docstring). What it prints goes through
-    reports/base/text.py's `printable` (nothing of the user's evidence drives the terminal)."""
-    import signal
-    from reports.base.text import PrintableStream
-    old_term = _sigterm_as_interrupt()
-    streams = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = PrintableStream(sys.stdout), PrintableStream(sys.stderr)
-    try:
-        return _main(argv)
-    finally:
-        sys.stdout, sys.stderr = streams
-        if old_term is not None:
-            signal.signal(signal.SIGTERM, old_term)
-
-
-def _main(argv: list[str] | None) -> int:
-    from reports.base.text import one_line
+    """Run one `ppscope` command under the CLI's rules (`run_guarded`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -86,29 +71,44 @@ def _main(argv: list[str] | None) -> int:
         parser.print_help()
         return 2
     args.argv = ["ppscope", *argv]
+    return run_guarded(f"ppscope {args.command}", lambda: args.func(args))
+
+
+def run_guarded(label: str, fn: Callable[[], int | None]) -> int:
+    """`fn()` under the CLI's rules (module docstring), for `ppscope` and for the entry points
+    beside it (`python -m` modules): a CliError or OSError is one capped line and exit 2,
+    Ctrl-C 130, SIGTERM 143, anything else one line and exit 1. What it prints goes through
+    reports/base/text.py's `printable`: nothing of the user's evidence drives the terminal."""
+    import signal
+    from reports.base.text import PrintableStream, one_line
+    old_term = _sigterm_as_interrupt()
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = PrintableStream(sys.stdout), PrintableStream(sys.stderr)
     try:
-        rc = args.func(args)
-        return int(rc or 0)
+        return int(fn() or 0)
     except CliError as e:
-        print(f"ppscope {args.command}: error: {one_line(str(e))}", file=sys.stderr)
+        print(f"{label}: error: {one_line(str(e))}", file=sys.stderr)
         return e.exit_code
     except OSError as e:  # a path that is a directory, unwritable, missing, a full disk...
         where = f"{e.filename}: " if getattr(e, "filename", None) else ""
-        print(f"ppscope {args.command}: error: "
-              f"{one_line(where + (e.strerror or type(e).__name__))}", file=sys.stderr)
+        print(f"{label}: error: {one_line(where + (e.strerror or type(e).__name__))}",
+              file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
-        print(f"ppscope {args.command}: "
-              f"{'terminated' if isinstance(e, Terminated) else 'interrupted'}; "
+        print(f"{label}: {'terminated' if isinstance(e, Terminated) else 'interrupted'}; "
               "what was measured so far is kept", file=sys.stderr)
         return 143 if isinstance(e, Terminated) else 130
     except Exception as e:  # noqa: BLE001 - last line of defence: one line, never a traceback
         if os.environ.get("PPSCOPE_DEBUG"):
             traceback.print_exc()
         msg = str(e).splitlines()[0] if str(e) else ""
-        print(f"ppscope {args.command}: internal error: {type(e).__name__}: {one_line(msg)} "
+        print(f"{label}: internal error: {type(e).__name__}: {one_line(msg)} "
               f"(set PPSCOPE_DEBUG=1 for details)", file=sys.stderr)
         return 1
+    finally:
+        sys.stdout, sys.stderr = streams
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
 
 
 if __name__ == "__main__":
