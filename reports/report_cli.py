@@ -61,7 +61,7 @@ def register(subparsers) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     from reports.model import loop_builder as lb
-    from reports.base.records import RecordError, read_record, write_atomic, write_json_atomic
+    from reports.base.records import RecordError, json_text, read_record, write_files
     from reports.render.render_md import render_md
     from reports.report_build import build_report
     from reports.base.bench_serving import observed_points, read_bench
@@ -112,16 +112,15 @@ def handle(args: argparse.Namespace) -> int:
                                        build_report(inp, records, baseline))
     Cmax = max(inp.concurrency)
     spans = lb.run(inp, Cmax, keep_spans=True).spans
-    md = render_md(rep)
-    write_json_atomic(out / "report.json", rep.to_json())
-    if args.json:
-        write_json_atomic(args.json, rep.to_json())
-    write_atomic(out / "report.md", md)
-    write_json_atomic(out / "report.trace.json",
-                      chrome_trace({C: lb.run(inp, C, keep_spans=True).spans
-                                    for C in inp.concurrency}))
     from reports.render.render_html import render_html
-    write_atomic(out / "report.html", render_html(rep, spans, measured))
+    # one result, one commit: every file rendered first, then written together (write_files),
+    # so a failure on the way (a full disk) leaves the earlier report's files whole
+    rep_json = json_text(rep.to_json())
+    write_files([(out / "report.json", rep_json), *([(args.json, rep_json)] if args.json else []),
+                 (out / "report.md", render_md(rep)),
+                 (out / "report.trace.json", json_text(chrome_trace(
+                     {C: lb.run(inp, C, keep_spans=True).spans for C in inp.concurrency}))),
+                 (out / "report.html", render_html(rep, spans, measured))])
     for w in rep.warnings:
         print(f"warning: {w}", file=sys.stderr)
     print(terminal_summary(rep, results_label=str(results)))

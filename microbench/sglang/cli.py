@@ -405,17 +405,38 @@ def merge_earlier(data: dict, args: argparse.Namespace, path: Path, utc: str) ->
     return kept
 
 
+def check_usable_traces(data: dict) -> None:
+    """A traces part with nothing usable never replaces a good one, nor passes for a reading:
+    some rank must hold a GPU kernel, or (SGLang's CPU backend) a scheduler loop that was read.
+    A Chrome trace of something else, ppscope's own report.trace.json, events whose times are
+    all invalid or no events at all: a one-line CliError, and nothing is written."""
+    tr = data.get("traces")
+    if not tr:
+        return
+    ranks = tr.get("ranks") or {}
+    loop = (data.get("loop") or {}).get("ranks") or {}
+    if any(d.get("gpu_events") for d in ranks.values()) or any(
+            not d.get("reason") for d in loop.values()):
+        return
+    n = sum(d.get("events") or 0 for d in ranks.values())
+    raise CliError(f"{tr.get('dir')}: no usable event in {len(ranks)} trace file(s) ({n} "
+                   "events; no GPU kernel with a valid time, no SGLang scheduler loop): not "
+                   "SGLang's per-rank profiler traces? Nothing written")
+
+
 def run_evidence(args: argparse.Namespace) -> int:
     import datetime as dt
     from reports.base.paths import default_record_path
-    from reports.base.records import make_record, save_record
+    from reports.base.records import make_record, record_lock, save_record
     data = collect(args)
+    check_usable_traces(data)
     path = Path(getattr(args, "json", None) or default_record_path("sglang"))
     shown = dict(data)   # the tables show what this run read
-    kept = merge_earlier(data, args, path,
-                         dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
-    rec = make_record("sglang", data, argv=getattr(args, "argv", None))
-    path, note = save_record(rec, path)
+    with record_lock(path):   # read, merge, write: a second run at once waits, loses nothing
+        kept = merge_earlier(data, args, path,
+                             dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+        rec = make_record("sglang", data, argv=getattr(args, "argv", None))
+        path, note = save_record(rec, path)
     print(render(shown))
     if kept:
         print(f"kept from the earlier {path.name}: " + ", ".join(

@@ -129,12 +129,21 @@ def run(args: argparse.Namespace) -> int:
         if not dirs:
             raise CliError(f"--analyse-only: no lab cases in {out}")
         from microbench.sglang_lab.lab import order_for_analysis
+        from microbench.sglang_lab.summary import read_case
+        for d in dirs:   # every case.json checked (one line) before any case is read again
+            read_case(d)
         for d in order_for_analysis(dirs):
             write_json(d / "analysis.json", analyse_case(d))
         rows = summarise(out)
         write_json(out / "summary.json", rows)
         print(render(rows))
         _whatif_table(args, out)
+        failed = [r["case"] for r in rows
+                  if r.get("analysis_error") and r["case"] in {d.name for d in dirs}]
+        if failed:
+            raise CliError(f"--analyse-only: {len(failed)} of {len(rows)} case(s) could not be "
+                           f"read again ({', '.join(failed)}); see each case's sglang.out and "
+                           "report.out")
         return 0
     cfg = LabConfig(out=out, lab_dir=Path(args.lab_dir).resolve(), plan=plan,
                     sglang_python=Path(args.sglang_python) if args.sglang_python else None,

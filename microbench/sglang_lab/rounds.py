@@ -94,18 +94,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("cases", nargs="+", type=Path,
                     help="case folders holding traces/ and sglang.json")
     a = ap.parse_args(argv)
+    from reports.cli import run_guarded   # ppscope's error rules: one line, exit 2
+    return run_guarded("rounds", lambda: _main(a.cases))
+
+
+def _main(cases: list[Path]) -> int:
     from tabulate import tabulate
+    from reports.base.errors import CliError
+    from reports.base.records import RecordError
     rows = []
-    for c in a.cases:
+    for c in cases:
         if not (c / "sglang.json").is_file() or not (c / "traces").is_dir():
-            print(f"rounds: {c}: needs traces/ and sglang.json (ppscope sglang --json)",
-                  file=sys.stderr)
-            return 2
+            raise CliError(f"{c}: needs traces/ and sglang.json (ppscope sglang --json)")
         try:
             rows += case_rows(c)
-        except (ValueError, OSError) as e:
-            print(f"rounds: {e}", file=sys.stderr)
-            return 2
+        except (ValueError, RecordError) as e:   # a trace's error is a CliError already
+            raise CliError(str(e)) from None
     print(tabulate([[r["case"], r["depth"], r["pattern"], r["rounds"], r["traced_round_ms"],
                      r["modelled_round_ms"], r["diff_pct"]] for r in rows],
                    headers=["case", "depth", "slot pattern", "rounds", "traced round ms",

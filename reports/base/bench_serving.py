@@ -233,7 +233,7 @@ def _read_text(path: Path) -> str:
         raise CliError(f"{path}: larger than {MAX_BYTES >> 20} MB; not a bench_serving output")
     if b"\x00" in raw:
         raise CliError(f"{path}: binary data, not a bench_serving output")
-    text = raw.decode("utf-8", errors="replace")
+    text = raw.decode("utf-8-sig", errors="replace")   # a byte-order mark (Windows editors) too
     if not text.strip():
         raise CliError(f"{path}: empty bench file")
     return text

@@ -667,7 +667,9 @@ def render_md(rep: Report) -> str:
         out += [""]
     out += measure_lines(rep)
     out += [f"## {GLOSSARY_TITLE}", ""] + [f"- **{k}**: {v}" for k, v in glossary(rep)]
-    return "\n".join(out) + "\n"
+    # text from the evidence (file names, log fields) holds no HTML or link of its own
+    from reports.base.text import markdown_safe
+    return markdown_safe("\n".join(out) + "\n")
 
 
 def glossary(rep: Report) -> list[tuple[str, str]]:
