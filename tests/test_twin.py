@@ -137,3 +137,45 @@ def test_the_cli_refuses_bad_input_in_one_line(capsys):
         assert rc == 2 and len(err) == 1 and word in err[0], err
 
 
+
+
+def test_async_device_time_travels_with_sglangs_messages(seed, hold, tmp_path, monkeypatch):
+    """Two ranks' emulated devices on fakes of SGLang's objects: the forward returns at once,
+    the hidden states carry their ready time (forward end + hop), the next rank's forward
+    starts no earlier, and the CPU waits for a slot's tokens only when it processes them."""
+    import time
+    c = costs(seed, 1000.0, 8, mode="async")          # k = 1000: milliseconds become seconds
+    for r in c["ranks"]:
+        r["launch_us"] = 0.0
+    path = tmp_path / "twin-costs.json"
+    path.write_text(json.dumps(c))
+    monkeypatch.setenv("PPSCOPE_TWIN_COSTS", str(path))
+    mode = SimpleNamespace(is_decode=lambda: True)
+    batch = SimpleNamespace(forward_mode=mode, batch_size=1, extend_num_tokens=None)
+    runner = SimpleNamespace(pp_group=SimpleNamespace(rank_in_group=0))
+    sched = SimpleNamespace(pp_group=SimpleNamespace(rank_in_group=0), mbs=[object(), None])
+    forward = hold._forward(lambda self, fb: "out")
+    launch = hold._launch(lambda self, mb, b, proxy: forward(runner, batch))  # run_batch
+    sent = {}
+    send = hold._send(lambda self, d, **k: sent.update(d))
+    t0 = time.monotonic()
+    assert launch(sched, 0, None, None) == "out"
+    assert time.monotonic() - t0 < 0.5                  # the CPU went on at once
+    end0 = hold._DEV["end"][0]
+    assert end0 - t0 == pytest.approx(c["ranks"][0]["decode_us"][1] * 1e-3, abs=0.05)
+    send(sched, {"hidden_states": SimpleNamespace(ndim=2, shape=(1, 8))}, msg_type="proxy")
+    assert sent[hold.READY] == pytest.approx(end0 + c["hop_us"][1] * 1e-3)
+    # rank 1 (its own process in SGLang; here the same module state, reset): it starts when
+    # the hidden states arrive, not when it is launched
+    hold._DEV.update(free=0.0, end={}, cur=None, in_ready=0.0, send_done=0.0)
+    runner.pp_group.rank_in_group = 1
+    launch(sched, 0, None, SimpleNamespace(tensors={hold.READY: sent[hold.READY]}))
+    assert hold._DEV["end"][0] == pytest.approx(sent[hold.READY] + c["ranks"][1]["decode_us"][1]
+                                                * 1e-3, abs=0.05)
+    # processing a slot's results waits for its tokens; an empty slot waits for nothing
+    results = hold._results(lambda self, a, b: (SimpleNamespace(tensors={hold.READY: time.monotonic() + 0.3}), None, None))
+    t1 = time.monotonic()
+    results(sched, 1, 1)                               # slot 1 has no batch: no wait
+    assert time.monotonic() - t1 < 0.2
+    results(sched, 1, 0)
+    assert time.monotonic() - t1 >= 0.29

@@ -16,9 +16,9 @@ setting and concurrency, one bench_serving run (the scenario's prompt length, a 
 stated in the record): the undilated TPOT beside the model's, and the micro-batches SGLang formed
 (its log's `Prefill batch, #new-seq` waves) beside the model's burst.
 
-What differs from the deployment is said in the record: the forward is synchronous here (a CPU
-rank waits for its own forward; on a GPU the host runs ahead), so host work does not overlap the
-forward; prefill times are estimates.
+The device time is emulated as a GPU's (`async`, boot/inject/ppscope_twin_hold.py): each rank's
+forwards run on an emulated device while its CPU goes on, and the CPU waits only where SGLang's
+waits on a GPU (a slot's sampled tokens before processing them). Prefill times are estimates.
 """
 from __future__ import annotations
 
@@ -101,18 +101,21 @@ def _bench(server: LabServer, bench: drive.BenchSpec, out: Path, C: int, prompts
 
 
 def run_twin(inp, settings: list[TwinSetting], concurrency: list[int], out: Path, lab_dir: Path,
-             output_len: int, max_k: float, k: float | None = None) -> dict:
-    """Calibrate, then run each setting at each concurrency; returns the record's data."""
+             output_len: int, max_k: float, k: float | None = None,
+             mode: str = "async", keep=None) -> dict:
+    """Calibrate, then run each setting at each concurrency; returns the record's data.
+    `keep(data)`: called after every finished run with the record so far (write as you go)."""
     import json
     from reports.model import loop_builder as lb
-    from reports.model.twin_costs import costs
+    from reports.model.twin_costs import costs, model_of_twin
     claim_lab_dir(lab_dir)
     python = ensure_venv(lab_dir, say)
     model = ensure_model(python, lab_dir, layers=inp.model.num_layers)
     dataset = sharegpt_file(lab_dir)
-    cost_file = lab_dir / "twin-costs.json"
+    out.mkdir(parents=True, exist_ok=True)
+    cost_file = out / "twin-costs.json"      # the run's own: two twins never share one
     bmax = max(64, max(concurrency))
-    table = costs(inp, 0.0, bmax)
+    table = costs(inp, 0.0, bmax, mode=mode)
     cost_file.write_text(json.dumps(table))
     tokens = max(concurrency) * (inp.prompt_len + output_len) + 4096
     rows, calib = [], None
@@ -123,7 +126,8 @@ def run_twin(inp, settings: list[TwinSetting], concurrency: list[int], out: Path
                                "PPSCOPE_TWIN_COSTS": str(cost_file)})
         sdir = out / st.name
         sdir.mkdir(parents=True, exist_ok=True)
-        say(f"starting SGLang pp={inp.pp} {' '.join(st.flags)} (8 ranks on this machine: 1-2 min)")
+        say(f"starting SGLang pp={inp.pp} {' '.join(st.flags)} ({inp.pp} ranks on this "
+            "machine: 1-3 min)")
         with LabServer(spec, sdir / "server.log", sdir / "traces") as server:
             bench = drive.BenchSpec(python=python, url=server.url, model=model, dataset=dataset,
                                     input_len=inp.prompt_len, output_len=output_len)
@@ -152,6 +156,7 @@ def run_twin(inp, settings: list[TwinSetting], concurrency: list[int], out: Path
                 seed = 100 + si * 1000 + C + zlib.crc32(st.name.encode()) % 97
                 b, w = _bench(server, bench, cdir, C, max(2, C), seed)
                 pred = lb.run(inp, C, **st.overrides)
+                pred_cpu = model_of_twin(inp, C, **st.overrides)
                 kk = calib["k"]
                 rows.append({
                     "setting": st.name, "flags": list(st.flags), "concurrency": C,
@@ -160,16 +165,26 @@ def run_twin(inp, settings: list[TwinSetting], concurrency: list[int], out: Path
                     "twin_decode_tok_per_s": C * 1000.0 * kk / b["median_tpot_ms"],
                     "twin_ttft_ms": b["median_ttft_ms"] / kk, "completed": b["completed"],
                     "waves": w, "model_tpot_ms": pred.tpot_ms,
+                    "model_cpu_forward_tpot_ms": pred_cpu.tpot_ms,
                     "model_tok_per_s": pred.tok_per_s,
                     "model_slots": [s for s in pred.slot_sizes if s],
                 })
                 say(f"{st.name} C={C}: TPOT {rows[-1]['twin_tpot_ms']:.1f} ms undilated "
                     f"(model {pred.tpot_ms:.1f}); SGLang admitted {w}")
+                if keep is not None:
+                    keep(_data(inp, calib, output_len, rows, table, mode, done=False))
                 drive.wait_idle(server, timeout_s=600.0)
+    return _data(inp, calib, output_len, rows, table, mode, done=True)
+
+
+def _data(inp, calib, output_len, rows, table, mode, done: bool) -> dict:
     return {"scenario": inp.name, "pp": inp.pp, "calibration": calib, "output_len": output_len,
-            "prompt_len": inp.prompt_len, "rows": rows, "costs": table,
+            "prompt_len": inp.prompt_len, "rows": list(rows), "costs": table, "complete": done,
+            "mode": mode,
             "emulated": "every forward, hop and host visit held to the deployment's time x k "
-                        "(reports/model/twin_costs.py); the forward is synchronous on this "
-                        "machine's CPU (no host/device overlap); prefill times estimated",
+                        "(reports/model/twin_costs.py); "
+                        + ("device time as a GPU's: the CPU runs ahead of the forward"
+                           if mode == "async" else "the forward holds its rank's CPU")
+                        + "; prefill times estimated",
             "observed": [list(p) for p in inp.observed]}
 

@@ -108,13 +108,18 @@ def run(args: argparse.Namespace) -> int:
     conc = _ints(args.concurrency, "--concurrency") if args.concurrency else list(inp.concurrency)
     out = Path(args.out) if args.out else results / "twin"
     settings = settings_to_run(inp, names)
+    dest = Path(args.json) if args.json else results / "twin.json"
+    partial = dest.with_name(dest.stem + ".partial.json")
+
+    def keep(data):       # every finished run at once, beside the last complete record
+        write_json_atomic(partial, {"probe": "twin", "status": "partial", "data": data})
     try:
         data = run_twin(inp, settings, conc, out.resolve(), Path(args.lab_dir).resolve(),
-                        args.output_len, args.max_k, args.k)
+                        args.output_len, args.max_k, args.k, keep=keep)
     except LabError as e:
-        raise CliError(str(e)) from None
-    dest = Path(args.json) if args.json else results / "twin.json"
+        raise CliError(f"{e} (runs finished so far: {partial})") from None
     write_json_atomic(dest, {"probe": "twin", "status": "ok", "data": data})
+    partial.unlink(missing_ok=True)
     from microbench.sglang_lab.twin_table import render
     print(render(data))
     print(f"wrote {dest}")

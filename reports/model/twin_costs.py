@@ -46,7 +46,15 @@ def _prefill_us(inp: Inputs, stage, tokens: int, eff: float) -> tuple[float, flo
     return body / eff, head / eff
 
 
-def costs(inp: Inputs, k: float, bmax: int, partition: str | None = None) -> dict:
+MODES = ("async", "sync")
+
+
+def costs(inp: Inputs, k: float, bmax: int, partition: str | None = None,
+          mode: str = "async") -> dict:
+    """`mode`: `async`, a GPU's device time (the CPU runs ahead of the forward, as SGLang's does
+    on a GPU); `sync`, SGLang's CPU backend (the forward holds its rank's CPU)."""
+    if mode not in MODES:
+        raise ValueError(f"mode: one of {MODES}, got {mode!r}")
     cfg = lb.loop_config(inp, lb.ALL_ON, bmax, partition=partition)
     stages = pp_partition(inp.model.num_layers, inp.pp,
                           partition if partition is not None else inp.layer_partition)
@@ -64,7 +72,7 @@ def costs(inp: Inputs, k: float, bmax: int, partition: str | None = None) -> dic
             "host_us": inp.host_us + inp.chain_us, "empty_us": inp.empty_us + inp.chain_us,
             "launch_us": inp.launch_us, "process_us": inp.process_us,
         })
-    return {"k": float(k), "ranks": ranks, "hop_us": [round(v, 3) for v in cfg.hop_us[0]],
+    return {"k": float(k), "mode": mode, "ranks": ranks, "hop_us": [round(v, 3) for v in cfg.hop_us[0]],
             "layer_split": [st.num_layers for st in stages], "sources": SOURCES}
 
 

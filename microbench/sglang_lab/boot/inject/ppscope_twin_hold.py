@@ -1,15 +1,29 @@
 """The twin's emulated device time, inside SGLang's own processes (loaded by `sitecustomize.py`
 beside this file when `PPSCOPE_TWIN_COSTS` names a cost file). SGLang's loop runs as it is; only
-these waits are added, each a sleep (no CPU taken from the other ranks):
+waits are added, each a sleep (no CPU taken from the other ranks). Host work, on every rank's
+CPU, as on the deployment:
 
-- `ModelRunner.forward` lasts, from its start, k x the deployment's stage time for that batch:
-  decode by micro-batch size (`forward_batch.batch_size`), prefill by its tokens
-  (`extend_num_tokens`) and sequences, plus the CPU launch cost of a forward;
 - `Scheduler.get_next_batch_to_run` is followed by k x the deployment's host work of a visit
   (scheduling, and one gloo message of the request relay), the empty visit's when it has no batch;
 - `Scheduler.process_batch_result` by k x the deployment's result processing;
-- the hidden-state send (`_pp_send_dict_to_next_stage`, `msg_type="proxy"`) is held k x the
-  hop's cost before it is posted.
+- `ModelRunner.forward` takes k x the CPU launch cost of a forward.
+
+Device time, two ways (the cost file's `mode`):
+
+- `async` (a GPU deployment): each rank has an emulated device that runs its forwards one after
+  another. A forward launched at t starts at max(t, the device's previous end, its hidden states'
+  arrival, the previous hidden-state send's end) and lasts k x the stage time for that batch; the
+  CPU goes on at once, as SGLang's does after launching on a GPU. The times travel with SGLang's
+  own messages (a `__ppscope_ready__` entry in the tensor dicts it sends, SGLang 0.5.23
+  managers/scheduler_pp_mixin.py `_pp_send_dict_to_next_stage`): hidden states are ready at the
+  forward's end plus the hop, sampled tokens at the last rank's end plus a token hop per relay.
+  The CPU waits only where SGLang's does on a GPU: before processing a slot's results
+  (`d2h_event.synchronize()` in `event_loop_pp`), until those tokens are ready.
+- `sync` (SGLang's CPU backend): `ModelRunner.forward` lasts k x the stage time from its start,
+  and the hidden-state send is held k x the hop before it is posted.
+
+Stage times: decode by micro-batch size (`forward_batch.batch_size`), prefill by its tokens
+(`extend_num_tokens`) and sequences.
 
 The cost file (written by `microbench/sglang_lab/twin.py` from the model's own figures) holds,
 per rank: `decode_us` (index = micro-batch size), `prefill_tokens` / `prefill_us` (a table over
@@ -71,8 +85,30 @@ def forward_us(rank, forward_batch):
     return us + r["launch_us"]
 
 
+READY = "__ppscope_ready__"
+# one rank's emulated device: when it is free, when each slot's last forward ends, the slot being
+# launched, its hidden states' arrival, and the end of the last hidden-state send
+_DEV = {"free": 0.0, "end": {}, "cur": None, "in_ready": 0.0, "send_done": 0.0}
+
+
+def _async():
+    return _costs().get("mode", "sync") == "async"
+
+
+def _ready_of(tensors):
+    d = getattr(tensors, "tensors", tensors)
+    v = d.get(READY) if hasattr(d, "get") else None
+    return float(v) if isinstance(v, (int, float)) else None
+
+
+def _sleep_until(t):
+    left = t - time.monotonic()
+    if left > 0:
+        time.sleep(left)
+
+
 def _hold(t0, us):
-    left = t0 + _costs()["k"] * us / 1e6 - time.perf_counter()
+    left = t0 + _costs()["k"] * us / 1e6 - time.monotonic()
     if left > 0:
         time.sleep(left)
 
@@ -80,11 +116,60 @@ def _hold(t0, us):
 def _forward(fn):
     @functools.wraps(fn)
     def wrapped(self, forward_batch, *a, **k):
-        t0 = time.perf_counter()
+        t0 = time.monotonic()
         out = fn(self, forward_batch, *a, **k)
         rank = rank_of(self)
-        if rank is not None:
+        if rank is None:
+            return out
+        if not _async():
             _hold(t0, forward_us(rank, forward_batch))
+            return out
+        c = _costs()
+        launch = c["ranks"][rank]["launch_us"]
+        _hold(t0, launch)                                   # the CPU's part: launching it
+        dev = _DEV
+        start = max(time.monotonic(), dev["free"], dev["in_ready"], dev["send_done"])
+        dev["free"] = start + c["k"] * (forward_us(rank, forward_batch) - launch) / 1e6
+        if dev["cur"] is not None:
+            dev["end"][dev["cur"]] = dev["free"]
+        return out
+    return wrapped
+
+
+def _launch(fn):
+    """`_pp_launch_batch(mb_id, cur_batch, pp_proxy_tensors, ...)`: which slot is launched and
+    when its hidden states arrive."""
+    @functools.wraps(fn)
+    def wrapped(self, mb_id, cur_batch, pp_proxy_tensors, *a, **k):
+        _DEV["cur"] = mb_id
+        _DEV["in_ready"] = _ready_of(pp_proxy_tensors) or 0.0
+        return fn(self, mb_id, cur_batch, pp_proxy_tensors, *a, **k)
+    return wrapped
+
+
+def _prepare_outputs(fn):
+    """The last rank's sampled tokens of the slot just launched: ready at its forward's end."""
+    @functools.wraps(fn)
+    def wrapped(self, *a, **k):
+        d = fn(self, *a, **k)
+        if _async() and isinstance(d, dict):
+            d[READY] = _DEV["end"].get(_DEV["cur"], time.monotonic())
+        return d
+    return wrapped
+
+
+def _results(fn):
+    """`_pp_commit_send_output_work_and_preprocess_output_tensors(next_first_rank_mb_id,
+    next_mb_id)`: SGLang then syncs on the next slot's outputs when that slot has a batch."""
+    @functools.wraps(fn)
+    def wrapped(self, next_first_rank_mb_id, next_mb_id, *a, **k):
+        out = fn(self, next_first_rank_mb_id, next_mb_id, *a, **k)
+        if _async() and self.mbs[next_mb_id] is not None:
+            ready = _ready_of(out[0]) if out and out[0] is not None else None
+            if ready is None:
+                ready = _DEV["end"].get(next_mb_id)
+            if ready is not None:
+                _sleep_until(ready)
         return out
     return wrapped
 
@@ -96,7 +181,7 @@ def _after(key_of):
             out = fn(self, *a, **k)
             rank = rank_of(self)
             if rank is not None:
-                _hold(time.perf_counter(), key_of(_costs()["ranks"][rank], out))
+                _hold(time.monotonic(), key_of(_costs()["ranks"][rank], out))
             return out
         return wrapped
     return make
@@ -105,10 +190,21 @@ def _after(key_of):
 def _send(fn):
     @functools.wraps(fn)
     def wrapped(self, tensor_dict, *a, **k):
-        if k.get("msg_type") == "proxy" and rank_of(self) is not None:
-            h = tensor_dict.get("hidden_states") if hasattr(tensor_dict, "get") else None
-            b = int(h.shape[0]) if h is not None and getattr(h, "ndim", 0) else 1
-            _hold(time.perf_counter(), _row(_costs()["hop_us"], max(1, b)))
+        kind = k.get("msg_type")
+        if kind in ("proxy", "output") and rank_of(self) is not None and hasattr(tensor_dict, "get"):
+            c = _costs()
+            if kind == "proxy":
+                h = tensor_dict.get("hidden_states")
+                b = int(h.shape[0]) if h is not None and getattr(h, "ndim", 0) else 1
+                hop = _row(c["hop_us"], max(1, b))
+                if not _async():
+                    _hold(time.monotonic(), hop)
+                else:
+                    ready = _DEV["end"].get(_DEV["cur"], time.monotonic()) + c["k"] * hop / 1e6
+                    tensor_dict[READY] = ready
+                    _DEV["send_done"] = ready
+            elif _async() and _ready_of(tensor_dict) is not None:   # sampled tokens, one hop on
+                tensor_dict[READY] = _ready_of(tensor_dict) + c["k"] * _row(c["hop_us"], 1) / 1e6
         return fn(self, tensor_dict, *a, **k)
     return wrapped
 
@@ -121,6 +217,9 @@ PATCHES = {
             else r["empty_us"])),
         ("Scheduler", "process_batch_result", _after(lambda r, _: r["process_us"])),
         ("Scheduler", "_pp_send_dict_to_next_stage", _send),
+        ("Scheduler", "_pp_launch_batch", _launch),
+        ("Scheduler", "_pp_prepare_tensor_dict", _prepare_outputs),
+        ("Scheduler", "_pp_commit_send_output_work_and_preprocess_output_tensors", _results),
     ],
 }
 
