@@ -212,9 +212,12 @@ def _loop(args: argparse.Namespace, data: dict) -> dict:
     paths = {int(r): by_name[d["file"]] for r, d in data["traces"]["ranks"].items()
              if d.get("file") in by_name and str(r).isdigit()}
     tr = data["traces"]["ranks"]
+    offsets = {int(r): d["clock_offset_us"] for r, d in tr.items()
+               if str(r).isdigit() and d.get("clock_offset_us")}   # evidence.py's estimate
     loop = steps.read_loop(paths, hidden=_hidden(args, data), link_gbps=args.link_gbps,
                            no_gpu_events=bool(tr) and all(not d.get("gpu_events")
-                                                          for d in tr.values()))
+                                                          for d in tr.values()),
+                           offsets=offsets)
     c, c_from = args.concurrency, "given (ppscope sglang --concurrency)"
     if c is None and args.url and args.profile:
         c, c_from = args.live_concurrency, "the live probe's --live-concurrency"
@@ -257,6 +260,8 @@ def render(data: dict) -> str:
             parts.append(_render_traces(data["traces"]["ranks"]))
         for line in data["traces"].get("files_skipped") or ():
             parts.append(f"trace left out: {line}")
+        for line in (data["traces"].get("clock") or {}).get("notes") or ():
+            parts.append(f"clock: {line}")
     if data.get("loop") and data["loop"].get("ranks"):
         parts.append(_render_loop(data["loop"]))
     if data["bench"]:

@@ -92,12 +92,13 @@ def _p50(v):
     return float(median(v)) if v else None
 
 
-def collect(path) -> dict:
-    """The events the CPU view needs, from one trace file (streamed)."""
+def collect(path, shift_us: float = 0.0) -> dict:
+    """The events the CPU view needs, from one trace file (streamed); `shift_us`: the rank's
+    clock offset, taken off its timestamps (steps.read_loop)."""
     ranges: dict[str, list] = {k: [] for k in RANGES}
     steps, recvs, sends, busy = [], [], [], []
     gpu = 0
-    for ev in iter_events(path):
+    for ev in iter_events(path, shift_us=shift_us):
         if not isinstance(ev, dict) or ev.get("ph") != "X":
             continue
         name, cat = ev.get("name"), ev.get("cat")
