@@ -90,6 +90,7 @@ def handle(args: argparse.Namespace) -> int:
     observed, osrc, workload = None, None, None
     if args.bench:  # same reader and rule as `ppscope sglang --bench` (reports/base/bench_serving.py)
         bench, osrc = read_bench(args.bench), Path(args.bench).name
+        warns += bench["notes"]                   # runs left out (0 completed requests)
         observed, notes = observed_points(bench["runs"], osrc)
         warns += notes
         workload, notes = bench_workload(bench["runs"], osrc)

@@ -157,6 +157,10 @@ def collect(args: argparse.Namespace) -> dict:
         data["bench"] = b["runs"]
         data["bench_source"] = {"file": b["file"], "format": b["source"],
                                 "lines_unrecognised": b["lines_unrecognised"]}
+        dup = [n for n in sglang_bench.observed_points(b["runs"], b["file"])[1]
+               if " runs at C=" in n]             # several runs at one C: which one counts
+        for note in b["notes"] + dup:
+            print(f"warning: {note}", file=sys.stderr)
     if args.sglang_traces:      # after --bench: its --max-concurrency is C when not given
         data["loop"] = _loop(args, data)
         if args.sglang_log and data["loop"] is not None:
@@ -419,6 +423,8 @@ def run_evidence(args: argparse.Namespace) -> int:
     shown = dict(data)   # the tables show what this run read
     kept = merge_earlier(data, args, path,
                          dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+    from microbench.sglang.evidence import check_parts
+    check_parts(data, kept, path)       # one server: a part of another is refused
     rec = make_record("sglang", data, argv=getattr(args, "argv", None))
     path, note = save_record(rec, path)
     print(render(shown))

@@ -121,3 +121,78 @@ def check_trace_ranks(ranks: dict[str, dict], paths: dict[str, Path]) -> dict | 
     if not notes:
         return None
     return {"offsets_us": {k: v for k, v in offsets.items() if v}, "notes": notes}
+
+
+def _dev_class(v) -> str | None:
+    if not v:
+        return None
+    s = str(v).strip().lower()
+    return "cpu" if s == "cpu" else "gpu" if s in ("cuda", "gpu") or s.startswith(
+        ("cuda:", "nvidia", "amd")) else s
+
+
+def _part_ids(data: dict) -> list[tuple[str, dict[str, str], dict[str, str]]]:
+    """(part, {key: value as compared}, {key: value as said}) of each part that says any of
+    model, pp, device."""
+    out = []
+    log = data.get("log") or {}
+    sa = log.get("server_args") or {}
+    said = {}
+    if sa.get("pp_size"):
+        said["pp"] = f"PP{sa['pp_size']}"
+    if sa.get("device"):
+        said["device"] = str(sa["device"])
+    if said:
+        out.append(("log", said))
+    for run in data.get("bench") or ():
+        si = run.get("server_info") or {}
+        said = {}
+        if si.get("model"):
+            said["model"] = str(si["model"])
+        if si.get("pp_size"):
+            said["pp"] = f"PP{si['pp_size']}"
+        if si.get("device"):
+            said["device"] = str(si["device"])
+        if said:
+            out.append(("bench", said))
+            break                  # bench_serving.py `_one_server`: one server per file
+    tr = (data.get("traces") or {}).get("ranks") or {}
+    said = {}
+    if tr:
+        if all(not d.get("gpu_events") for d in tr.values()):
+            said["device"] = "cpu"
+        else:
+            names = sorted({d.get("device") for d in tr.values() if d.get("device")})
+            said["device"] = names[0] if names else "gpu"
+        groups = [d.get("pp_group") for d in tr.values() if d.get("pp_group")]
+        if groups:
+            said["pp"] = f"PP{len(groups[0])}"
+    if said:
+        out.append(("traces", said))
+    return [(p, {k: (_dev_class(v) if k == "device" else v) for k, v in s.items()}, s)
+            for p, s in out]
+
+
+def _where(data: dict, part: str) -> str:
+    if part == "log":
+        return ", ".join((data.get("log") or {}).get("log_files") or ()) or "the log"
+    if part == "bench":
+        return (data.get("bench_source") or {}).get("file") or "the bench file"
+    return (data.get("traces") or {}).get("dir") or "the traces"
+
+
+def check_parts(data: dict, kept: list[str], path: Path) -> None:
+    """The record's parts (this run's and those kept from the record at `path`) name one
+    model, PP size and device; else a one-line CliError naming both parts (module docstring)."""
+    ids = _part_ids(data)
+    for i, (pa, ca, sa) in enumerate(ids):
+        for pb, cb, sb in ids[i + 1:]:
+            diff = [k for k in ("model", "device", "pp") if k in ca and k in cb and ca[k] != cb[k]]
+            if not diff:
+                continue
+            a_kept, b_kept = pa in kept, pb in kept
+            side = (lambda p, s, k: f"the {p} ({_where(data, p)}"
+                    + (f", kept in {path}" if k else "") + "): "
+                    + ", ".join(f"{x} {s[x]}" for x in diff))
+            raise CliError(f"{side(pa, sa, a_kept)}; {side(pb, sb, b_kept)}: two servers' "
+                           "evidence in one record; read each server into its own --json")
