@@ -81,7 +81,7 @@ def case_rows(case: Path) -> list[dict]:
         raise ValueError(f"{case}: no rank-0 trace in traces/")
     from microbench.sglang.cpu_steps import collect
     ev = collect(traces[0])
-    _same_run(case, sg, traces[0], len(ev["ranges"]["recv_requests"]))
+    _same_run(case, sg, traces[0], len(ev["ranges"]["recv_requests"]), ev["events"])
     rows = []
     for ph in phases(_visits(ev), dep.slots):
         m = run(replace(dep, sizes=ph.pattern), frozenset(CAUSES)).tpot_ms
@@ -92,9 +92,10 @@ def case_rows(case: Path) -> list[dict]:
     return rows
 
 
-def _same_run(case: Path, sg, trace: Path, loops: int) -> None:
+def _same_run(case: Path, sg, trace: Path, loops: int, events: int) -> None:
     """The record's model and the trace's rounds must be of one run: the record read this very
-    file (its name holds SGLang's profile id) and counted as many loop iterations in it."""
+    file (its name holds SGLang's profile id) and counted as many events and loop iterations
+    in it."""
     rec = case / "sglang.json"
     r0 = (sg.traces.ranks.get("0") if sg.traces is not None else None)
     if r0 is None or sg.loop is None:
@@ -104,9 +105,10 @@ def _same_run(case: Path, sg, trace: Path, loops: int) -> None:
         raise ValueError(f"{trace}: not the rank-0 trace {rec} was read from ({r0.file}): "
                          "another run's; read this run's traces into it")
     counted = ((r0.scheduler_ranges_us or {}).get("recv_requests") or {}).get("count")
-    if counted is not None and counted != loops:
-        raise ValueError(f"{trace}: {loops} loop iterations, but {rec} counted {counted} in "
-                         f"its {r0.file}: another run's trace under the same name")
+    if (counted is not None and counted != loops) or (r0.events and r0.events != events):
+        raise ValueError(f"{trace}: {events} events and {loops} loop iterations, but {rec} "
+                         f"counted {r0.events} and {counted} in its {r0.file}: another run's "
+                         "trace under the same name")
 
 
 def main(argv: list[str] | None = None) -> int:
