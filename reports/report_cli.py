@@ -90,6 +90,7 @@ def handle(args: argparse.Namespace) -> int:
     observed, osrc, workload = None, None, None
     if args.bench:  # same reader and rule as `ppscope sglang --bench` (reports/base/bench_serving.py)
         bench, osrc = read_bench(args.bench), Path(args.bench).name
+        warns += bench["notes"]                   # runs left out (0 completed requests)
         observed, notes = observed_points(bench["runs"], osrc)
         warns += notes
         workload, notes = bench_workload(bench["runs"], osrc)
@@ -154,9 +155,14 @@ def read_baseline(path: str) -> tuple[str, Report]:
     if not isinstance(rep, dict) or rep.get("schema") != REPORT_SCHEMA:
         raise CliError(f"--baseline {p}: not a ppscope report.json ({REPORT_SCHEMA})")
     try:
-        return str(p), Report.from_json(rep)
+        out = Report.from_json(rep)
     except SchemaError as e:
         raise CliError(f"--baseline {p}: {e} (not a report.json this ppscope reads)") from None
+    from reports.model.compare import bad_figure
+    bad = bad_figure(out.diagnosis)   # bounded before compare divides by it
+    if bad is not None:
+        raise CliError(f"--baseline {p}: {bad}; not a figure a run gives")
+    return str(p), out
 
 
 def measured_timelines(results: Path, max_c: int, rep: Report) -> tuple[Report, tuple]:
