@@ -99,9 +99,10 @@ def build_report(inp: Inputs, records: dict[str, Record],
         from reports.model.watch_summary import watch_section
         rep = replace(rep, watch=watch_section(records["watch"]))
     if baseline is not None:  # what one change did: reports/model/compare.py
-        from reports.model.compare import compare
+        from reports.model.compare import compare_reports
         label, old = baseline
-        rep = replace(rep, baseline_comparison=compare(rep.diagnosis, old.diagnosis, label))
+        cmp_, warns = compare_reports(rep, old, label)   # another server: not compared, said
+        rep = replace(rep, baseline_comparison=cmp_, warnings=(*rep.warnings, *warns))
     from reports.model.implied import implied_efficiency
     imp = [implied_efficiency(inp, C, o) for C, o in obs.items() if C in inp.concurrency]
     rep = replace(rep, implied_efficiency=tuple(x for x in imp if x is not None),

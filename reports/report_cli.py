@@ -66,7 +66,7 @@ def register(subparsers) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from reports.base.records import RecordError, read_record, write_atomic, write_json_atomic
+    from reports.base.records import RecordError, json_text, read_record, write_files
     from reports.render.render_md import render_md
     from reports.report_run import model_run
     from reports.base.bench_serving import observed_points, read_bench
@@ -95,6 +95,7 @@ def handle(args: argparse.Namespace) -> int:
     observed, osrc, workload = None, None, None
     if args.bench:  # same reader and rule as `ppscope sglang --bench` (reports/base/bench_serving.py)
         bench, osrc = read_bench(args.bench), Path(args.bench).name
+        warns += bench["notes"]                   # runs left out (0 completed requests)
         observed, notes = observed_points(bench["runs"], osrc)
         warns += notes
         workload, notes = bench_workload(bench["runs"], osrc)
@@ -116,20 +117,19 @@ def handle(args: argparse.Namespace) -> int:
     run = model_run(inp, records, baseline, use_cache=not args.no_cache)
     rep, measured = measured_timelines(results, max(inp.concurrency), run.report)
     spans = run.spans[max(inp.concurrency)]
+    from reports.render.render_html import render_html
     from reports.render.timeline_plot import herd_figure
     herd = herd_figure(rep, run.herd, use_cache=not args.no_cache)
     figures = (herd,) if herd else ()
-    md = render_md(rep, figures)
-    write_json_atomic(out / "report.json", rep.to_json())
-    if args.json:
-        write_json_atomic(args.json, rep.to_json())
-    write_atomic(out / "report.md", md)
-    write_json_atomic(out / "report.trace.json", chrome_trace(run.spans))
-    from reports.render.render_html import render_html
-    for f in figures:
-        write_atomic(out / f.file, f.png)
-    write_atomic(out / "report.html", render_html(rep, spans, measured, figures,
-                                                    use_cache=not args.no_cache))
+    # one result, one commit: every file rendered first, then written together (write_files),
+    # so a failure on the way (a full disk) leaves the earlier report's files whole
+    rep_json = json_text(rep.to_json())
+    write_files([(out / "report.json", rep_json), *([(args.json, rep_json)] if args.json else []),
+                 (out / "report.md", render_md(rep, figures)),
+                 *((out / f.file, f.png) for f in figures),
+                 (out / "report.trace.json", json_text(chrome_trace(run.spans))),
+                 (out / "report.html", render_html(rep, spans, measured, figures,
+                                                   use_cache=not args.no_cache))])
     for w in rep.warnings:
         print(f"warning: {w}", file=sys.stderr)
     from reports.render.terminal import terminal_summary
@@ -164,9 +164,14 @@ def read_baseline(path: str) -> tuple[str, Report]:
     if not isinstance(rep, dict) or rep.get("schema") != REPORT_SCHEMA:
         raise CliError(f"--baseline {p}: not a ppscope report.json ({REPORT_SCHEMA})")
     try:
-        return str(p), Report.from_json(rep)
+        out = Report.from_json(rep)
     except SchemaError as e:
         raise CliError(f"--baseline {p}: {e} (not a report.json this ppscope reads)") from None
+    from reports.model.compare import bad_figure
+    bad = bad_figure(out.diagnosis)   # bounded before compare divides by it
+    if bad is not None:
+        raise CliError(f"--baseline {p}: {bad}; not a figure a run gives")
+    return str(p), out
 
 
 def measured_timelines(results: Path, max_c: int, rep: Report) -> tuple[Report, tuple]:

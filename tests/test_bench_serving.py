@@ -31,7 +31,8 @@ def test_sglang_and_report_paths_give_same_observed_points(tmp_path, fixtures, c
     assert [n.split(": ", 1)[1] for n in notes_sglang] == \
         [n.split(": ", 1)[1] for n in notes_report] == \
         ["bench run without --max-concurrency (mean concurrency 7.9, 81.7 tok/s) not used as an "
-         "observed point"]
+         "observed point", "2 runs at C=8 (81.7, 90.0 tok/s); the latest (the last in the file, "
+         "90.0 tok/s) is the observed point"]     # the later run wins, and it is said
 
     out = tmp_path / "out"
     (tmp_path / "empty").mkdir()

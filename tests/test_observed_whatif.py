@@ -237,14 +237,14 @@ def test_the_first_burst_gives_the_observed_groups_back_and_other_slot_counts_it
     # the traced window held 6 and 2; the benchmark's burst made 8 and 0
     assert ow.bench_run(_dep(), SERVER, load).steady_sizes == (8, 0)
     assert ow.bench_run(_dep(), SERVER, ow.Load(8, 18, 128, 64)).steady_sizes == (6, 2)
-    first = ow._first_arrivals(_dep(), SERVER, load)
-    assert [s for _, s in first] == [0] * 8
+    first = ow._first_waves(_dep(), SERVER, load)
+    assert [(w.n, w.visit) for w in first] == [(1, 0), (7, 2)]
     # 3 slots: the same waves at visits 0 and 2, slots 0 and 2
     s3, _ = ow.apply(SERVER, load, "--pp-async-batch-depth", 1)
-    assert sorted({s for _, s in ow._first_arrivals(_dep(), s3, load)}) == [0, 2]
+    assert sorted({w.visit % 3 for w in ow._first_waves(_dep(), s3, load)}) == [0, 2]
     # waves that do not add up to C (another run's burst) fall back to the traced groups
     other = ow.Load(8, 18, 128, 64, waves=((1, 0), (2, 0)))
-    assert [s for _, s in ow._first_arrivals(_dep(), SERVER, other)] == [0] * 6 + [1] * 2
+    assert [(w.n, w.visit) for w in ow._first_waves(_dep(), SERVER, other)] == [(6, 0), (2, 1)]
 
 
 def test_successors_of_a_group_arrive_together():

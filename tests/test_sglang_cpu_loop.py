@@ -178,7 +178,7 @@ def test_forward_on_the_cpu_holds_the_rank_until_it_ends():
 def test_lab_fault_grammar():
     import importlib.util
     spec = importlib.util.spec_from_file_location(
-        "faults", Path(__file__).parents[1] / "microbench/sglang_lab/boot/ppscope_lab_faults.py")
+        "faults", Path(__file__).parents[1] / "microbench/sglang_lab/boot/inject/ppscope_lab_faults.py")
     m = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(m)
     assert m.parse("host-delay=0:4000") == ("host-delay", 0, 4000.0)

@@ -71,3 +71,36 @@ def test_the_slow_stage_is_named_first_with_its_size(lab):
     others = [g for c, g in cmp_.items() if c not in ("slow_stage", "unexplained")]
     assert all(cmp_["slow_stage"] > 3 * abs(g) for g in others), cmp_
     assert "rank 1 forward" in slow["answer"], slow["answer"]
+
+
+@pytest.fixture(scope="module")
+def twin(tmp_path_factory):
+    """A short twin: the seed's model and costs at PP4 (depth 4), C = 4, 8 output tokens, a fixed
+    k = 2 (no calibration: this tier checks what SGLang did, not timing)."""
+    from microbench.sglang_lab.venv import LabError, ensure_venv
+    lab_dir = Path(os.environ.get("PPSCOPE_LAB_DIR", ROOT / ".lab"))
+    try:
+        ensure_venv(lab_dir, print)
+    except LabError as e:
+        pytest.skip(f"SGLang cannot be installed here: {e}")
+    out = tmp_path_factory.mktemp("twin")
+    sc = json.loads((ROOT / "configs" / "scenarios" / "seed-pp8.json").read_text())
+    sc.update(name="seed-pp4", pp=4, async_depth=4, concurrency=[4], observed_tok_per_s={})
+    (out / "pp4.json").write_text(json.dumps(sc))
+    from reports.cli import main
+    rc = main(["twin", "--scenario", str(out / "pp4.json"), "--results", str(out / "results"),
+               "--settings", "default", "--output-len", "8", "--k", "2", "--lab-dir",
+               str(lab_dir), "--out", str(out / "art"), "--json", str(out / "twin.json")])
+    assert rc == 0
+    return json.loads((out / "twin.json").read_text())["data"]
+
+
+def test_the_twin_runs_the_deployment_on_sglangs_scheduler(twin):
+    assert twin["pp"] == 4 and twin["calibration"]["k"] == 2
+    assert twin["costs"]["layer_split"] == [15, 15, 15, 16]
+    (row,) = twin["rows"]
+    assert row["setting"] == "default" and row["concurrency"] == 4 and row["completed"] == 4
+    # SGLang admitted the 4 prompts (its own Prefill batch lines of rank 0), beside the model's
+    assert sum(row["waves"]) == 4 and row["waves"], row
+    assert sum(row["model_slots"]) == 4
+    assert row["twin_tpot_ms"] > 0 and row["model_tpot_ms"] > 0

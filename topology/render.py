@@ -213,6 +213,12 @@ def _level(link: str | None) -> int:
 def write_png(data: TopologyData, path: Path) -> Path | None:
     """Heatmaps: link level, P2P write bandwidth, P2P latency (written atomically). None if
     nothing to draw."""
+    png = png_bytes(data)
+    return None if png is None else write_atomic(path, png)
+
+
+def png_bytes(data: TopologyData) -> bytes | None:
+    """The heatmaps of `write_png` as PNG bytes; None if nothing to draw."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -261,4 +267,4 @@ def write_png(data: TopologyData, path: Path) -> Path | None:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
-    return write_atomic(path, buf.getvalue())
+    return buf.getvalue()

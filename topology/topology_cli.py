@@ -85,17 +85,24 @@ def hidden_size(model: str | None, hidden: int | None) -> int:
         raise CliError(f"--model {model!r}: {str(e).splitlines()[0] if str(e) else e}") from None
 
 
-def _finish(rec, out: Path, png: bool, note: str | None = None) -> None:
+def _finish(rec, out: Path, png: bool | Path, note: str | None = None) -> None:
+    """Print the record; `png`: True to draw the heatmap now (the measured run, whose record
+    is already written), or the heatmap already written with the record."""
     from topology.render import render_text, write_png
 
     print(render_text(rec))
     if note:  # the run went beside a good record, which stays (and so does its heatmap)
         print(note)
         return
-    if png and rec.payload is not None:
-        path = write_png(rec.payload, out.with_suffix(".png"))
-        if path:
-            print(f"heatmap: {path}")
+    path = png if isinstance(png, Path) else None
+    if png is True and rec.payload is not None:
+        try:
+            path = write_png(rec.payload, out.with_suffix(".png"))
+        except OSError:   # never the new record beside the old run's heatmap
+            out.with_suffix(".png").unlink(missing_ok=True)
+            raise
+    if path:
+        print(f"heatmap: {path}")
     print(f"record: {out}")
 
 
@@ -139,8 +146,11 @@ def handle(args) -> int:
             raise CliError(f"{args.from_smi}: {e}") from None
         for note in rec.payload.notes:   # what the parser skipped or left unknown
             print(f"warning: {args.from_smi}: {note}", file=sys.stderr)
-        save_record(rec, out)
-        _finish(rec, out, not args.no_png)
+        # the record and its heatmap in one commit: a failure leaves the earlier pair whole
+        from topology.render import png_bytes
+        png = png_bytes(rec.payload) if not args.no_png else None
+        _, note = save_record(rec, out, with_files=[(out.with_suffix(".png"), png)] if png else ())
+        _finish(rec, out, png is not None and out.with_suffix(".png"), note)
         return 0
 
     from topology.probe import TopologyConfig, available, run

@@ -157,6 +157,10 @@ def collect(args: argparse.Namespace) -> dict:
         data["bench"] = b["runs"]
         data["bench_source"] = {"file": b["file"], "format": b["source"],
                                 "lines_unrecognised": b["lines_unrecognised"]}
+        dup = [n for n in sglang_bench.observed_points(b["runs"], b["file"])[1]
+               if " runs at C=" in n]             # several runs at one C: which one counts
+        for note in b["notes"] + dup:
+            print(f"warning: {note}", file=sys.stderr)
     if args.sglang_traces:      # after --bench: its --max-concurrency is C when not given
         data["loop"] = _loop(args, data)
         if args.sglang_log and data["loop"] is not None:
@@ -212,9 +216,12 @@ def _loop(args: argparse.Namespace, data: dict) -> dict:
     paths = {int(r): by_name[d["file"]] for r, d in data["traces"]["ranks"].items()
              if d.get("file") in by_name and str(r).isdigit()}
     tr = data["traces"]["ranks"]
+    offsets = {int(r): d["clock_offset_us"] for r, d in tr.items()
+               if str(r).isdigit() and d.get("clock_offset_us")}   # evidence.py's estimate
     loop = steps.read_loop(paths, hidden=_hidden(args, data), link_gbps=args.link_gbps,
                            no_gpu_events=bool(tr) and all(not d.get("gpu_events")
-                                                          for d in tr.values()))
+                                                          for d in tr.values()),
+                           offsets=offsets)
     c, c_from = args.concurrency, "given (ppscope sglang --concurrency)"
     if c is None and args.url and args.profile:
         c, c_from = args.live_concurrency, "the live probe's --live-concurrency"
@@ -257,6 +264,8 @@ def render(data: dict) -> str:
             parts.append(_render_traces(data["traces"]["ranks"]))
         for line in data["traces"].get("files_skipped") or ():
             parts.append(f"trace left out: {line}")
+        for line in (data["traces"].get("clock") or {}).get("notes") or ():
+            parts.append(f"clock: {line}")
     if data.get("loop") and data["loop"].get("ranks"):
         parts.append(_render_loop(data["loop"]))
     if data["bench"]:
@@ -405,17 +414,40 @@ def merge_earlier(data: dict, args: argparse.Namespace, path: Path, utc: str) ->
     return kept
 
 
+def check_usable_traces(data: dict) -> None:
+    """A traces part with nothing usable never replaces a good one, nor passes for a reading:
+    some rank must hold a GPU kernel, or (SGLang's CPU backend) a scheduler loop that was read.
+    A Chrome trace of something else, ppscope's own report.trace.json, events whose times are
+    all invalid or no events at all: a one-line CliError, and nothing is written."""
+    tr = data.get("traces")
+    if not tr:
+        return
+    ranks = tr.get("ranks") or {}
+    loop = (data.get("loop") or {}).get("ranks") or {}
+    if any(d.get("gpu_events") for d in ranks.values()) or any(
+            not d.get("reason") for d in loop.values()):
+        return
+    n = sum(d.get("events") or 0 for d in ranks.values())
+    raise CliError(f"{tr.get('dir')}: no usable event in {len(ranks)} trace file(s) ({n} "
+                   "events; no GPU kernel with a valid time, no SGLang scheduler loop): not "
+                   "SGLang's per-rank profiler traces? Nothing written")
+
+
 def run_evidence(args: argparse.Namespace) -> int:
     import datetime as dt
     from reports.base.paths import default_record_path
-    from reports.base.records import make_record, save_record
+    from reports.base.records import make_record, record_lock, save_record
     data = collect(args)
+    check_usable_traces(data)
     path = Path(getattr(args, "json", None) or default_record_path("sglang"))
     shown = dict(data)   # the tables show what this run read
-    kept = merge_earlier(data, args, path,
-                         dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
-    rec = make_record("sglang", data, argv=getattr(args, "argv", None))
-    path, note = save_record(rec, path)
+    with record_lock(path):   # read, merge, write: a second run at once waits, loses nothing
+        kept = merge_earlier(data, args, path,
+                             dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+        from microbench.sglang.evidence import check_parts
+        check_parts(data, kept, path)       # one server: a part of another is refused
+        rec = make_record("sglang", data, argv=getattr(args, "argv", None))
+        path, note = save_record(rec, path)
     print(render(shown))
     if kept:
         print(f"kept from the earlier {path.name}: " + ", ".join(

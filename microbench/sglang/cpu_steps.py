@@ -92,12 +92,14 @@ def _p50(v):
     return float(median(v)) if v else None
 
 
-def collect(path) -> dict:
-    """The events the CPU view needs, from one trace file (streamed)."""
+def collect(path, shift_us: float = 0.0) -> dict:
+    """The events the CPU view needs, from one trace file (streamed); `shift_us`: the rank's
+    clock offset, taken off its timestamps (steps.read_loop)."""
     ranges: dict[str, list] = {k: [] for k in RANGES}
     steps, recvs, sends, busy = [], [], [], []
-    gpu = 0
-    for ev in iter_events(path):
+    gpu = n = 0
+    for ev in iter_events(path, shift_us=shift_us):
+        n += 1
         if not isinstance(ev, dict) or ev.get("ph") != "X":
             continue
         name, cat = ev.get("name"), ev.get("cat")
@@ -128,7 +130,8 @@ def collect(path) -> dict:
     for k, v in ranges.items():   # an event written twice is one event
         ranges[k] = sorted(set(v))
     return {"ranges": ranges, "steps": sorted(set(steps)), "recvs": merge(recvs),
-            "commits": commit_waits(merge(busy), sorted(set(sends))), "gpu_events": gpu}
+            "commits": commit_waits(merge(busy), sorted(set(sends))), "gpu_events": gpu,
+            "events": n}
 
 
 def commit_waits(busy: list[tuple[float, float]], sends: list[tuple[float, float]]

@@ -63,7 +63,7 @@ def _mean(v):
 
 
 def read_steps(path: str | Path, *, hidden: int | None = None, link_gbps: float | None = None,
-               rank: int | None = None) -> dict:
+               rank: int | None = None, shift_us: float = 0.0) -> dict:
     """One rank's per-iteration summary (see the module docstring). Times in microseconds."""
     kernels = []        # (ts, end, corr, is_compute, is_comm, is_recv)
     recvs = []          # (ts, end, bytes, nelems)
@@ -73,7 +73,7 @@ def read_steps(path: str | Path, *, hidden: int | None = None, link_gbps: float 
     relay = []          # (ts, end) gloo receives (blocking: the request-list relay, metadata)
     step_spans = []     # (ts, end, mode, bs) SGLang's step[DECODE bs=N] spans
     no_dur = 0
-    for ev in iter_events(path):
+    for ev in iter_events(path, shift_us=shift_us):
         if not isinstance(ev, dict) or ev.get("ph") != "X":
             continue
         try:
@@ -345,22 +345,29 @@ def loop_profile(ranks: dict[int, dict]) -> dict:
 
 
 def read_loop(paths: dict[int, str | Path], *, hidden: int | None = None,
-              link_gbps: float | None = None, no_gpu_events: bool = False) -> dict:
+              link_gbps: float | None = None, no_gpu_events: bool = False,
+              offsets: dict[int, float] | None = None) -> dict:
     """read_steps for every rank, then loop_profile; traces of SGLang's CPU backend (no GPU
     event, `run_batch` ranges) go through microbench/sglang/cpu_steps.py instead.
-    `no_gpu_events`: the caller already knows (trace.py's pass): the GPU reader is skipped."""
+    `no_gpu_events`: the caller already knows (trace.py's pass): the GPU reader is skipped.
+    `offsets`: rank -> its clock against the first rank's, us (microbench/sglang/evidence.py),
+    taken off its timestamps so that the ranks are compared on one clock."""
+    off = offsets or {}
     ranks = ({r: {"reason": NO_KERNELS} for r in paths} if no_gpu_events else
-             {r: read_steps(p, hidden=hidden, link_gbps=link_gbps, rank=r)
+             {r: read_steps(p, hidden=hidden, link_gbps=link_gbps, rank=r,
+                            shift_us=off.get(r, 0.0))
               for r, p in sorted(paths.items())})
     if ranks and all(d.get("reason") == NO_KERNELS for d in ranks.values()):
         from microbench.sglang import cpu_steps      # (imports nothing of this module)
-        evs = {r: cpu_steps.collect(p) for r, p in sorted(paths.items())}
+        evs = {r: cpu_steps.collect(p, shift_us=off.get(r, 0.0))
+               for r, p in sorted(paths.items())}
         if all(cpu_steps.is_cpu_trace(e) for e in evs.values()):
             out = cpu_steps.cpu_loop_profile({r: cpu_steps.summarize(e, rank=r)
                                               for r, e in evs.items()})
             out["device"] = "cpu"
             return out
         if no_gpu_events:      # no GPU event and no run_batch: what the GPU reader says
-            ranks = {r: read_steps(p, hidden=hidden, link_gbps=link_gbps, rank=r)
+            ranks = {r: read_steps(p, hidden=hidden, link_gbps=link_gbps, rank=r,
+                                   shift_us=off.get(r, 0.0))
                      for r, p in sorted(paths.items())}
     return loop_profile(ranks)

@@ -127,10 +127,12 @@ def _meta_value(text: str, key: str):
         return None
 
 
-def iter_events(path: str | Path, meta: dict | None = None) -> Iterator[dict]:
+def iter_events(path: str | Path, meta: dict | None = None, shift_us: float = 0.0
+                ) -> Iterator[dict]:
     """Yield each event of the trace's `traceEvents` array without loading the file whole.
 
     `meta`, if given, receives `distributedInfo` and other top-level keys found around the array.
+    `shift_us`: subtracted from each event's numeric `ts` (a rank's clock offset, corrected).
     Raises TraceError (one line) on a truncated / corrupt / non-trace file.
     """
     path = Path(path)
@@ -195,10 +197,13 @@ def iter_events(path: str | Path, meta: dict | None = None) -> Iterator[dict]:
                     continue
                 n += 1
                 pos = end
+                if shift_us and isinstance(ev, dict) and type(ev.get("ts")) in (int, float):
+                    ev["ts"] -= shift_us
                 yield ev
             if meta is not None:
                 tail = buf[pos + 1:] + (f.read() if not eof else "")
-                for key in ("distributedInfo", "displayTimeUnit", "baseTimeNanoseconds"):
+                for key in ("distributedInfo", "displayTimeUnit", "baseTimeNanoseconds",
+                            "deviceProperties"):
                     v = _meta_value(head, key)
                     if v is None:
                         v = _meta_value(tail, key)
@@ -233,6 +238,10 @@ class _Acc:
         self.nccl_bad = 0       # NCCL receives whose message size cannot be read (kept, 0 bytes)
         self.duplicates = 0     # events seen twice (a trace merged or copied twice): one kept
         self.range_seen: set[int] = set()
+        self.t_lo, self.t_hi = math.inf, -math.inf    # the traced window (trace clock, us)
+        # point-to-point messages by transport, for the clock offset between ranks
+        # (microbench/sglang/clock_offset.py): {"gloo"|"nccl": {"send"|"recv": [(ts, end)]}}
+        self.comm: dict[str, dict[str, list[tuple[float, float]]]] = {}
 
 
 _KIND_CACHE: dict[str, int] = {}
@@ -264,7 +273,22 @@ def _interval(a: _Acc, ev: dict) -> tuple[float, float]:
     if not (math.isfinite(ts) and abs(ts) < MAX_TS_US and 0.0 <= dur <= MAX_DUR_US):
         a.bad_time += 1
         raise _Skip
+    if ts < a.t_lo:
+        a.t_lo = ts
+    if ts + dur > a.t_hi:
+        a.t_hi = ts + dur
     return ts, dur
+
+
+_P2P = {"gloo:send": ("gloo", "send"), "gloo:recv": ("gloo", "recv"),
+        "nccl:send": ("nccl", "send"), "nccl:recv": ("nccl", "recv")}
+
+
+def _p2p(a: _Acc, name: str, ts: float, dur: float) -> None:
+    """A point-to-point message's range (c10d's `gloo:send`, the GPU's `nccl:recv 1<-0`)."""
+    k = _P2P.get(name[:9])
+    if k is not None:
+        a.comm.setdefault(k[0], {}).setdefault(k[1], []).append((ts, ts + dur))
 
 
 def _scan(path: Path, meta: dict) -> _Acc:
@@ -387,6 +411,11 @@ def _take(a: _Acc, ev: dict) -> None:
         r[0] += 1; r[1] += dur
         if name in ("recv_requests", "run_batch"):
             a.range_iv.setdefault(name, []).append((ts, ts + dur))
+        elif name.startswith("gloo:"):
+            _p2p(a, name, ts, dur)
+    elif cat == "gpu_user_annotation" and name.startswith("nccl:"):
+        ts, dur = _interval(a, ev)
+        _p2p(a, name, ts, dur)
 
 
 def _pct(vals: list[float], q: float) -> float | None:
@@ -669,7 +698,36 @@ def read_trace(path: str | Path, **kw) -> tuple[int | None, dict]:
                          "malformed (not JSON objects, or a stream / correlation that is not "
                          "an integer)")
     out["file"] = path.name
+    out.update(_identity(a, meta, path.name))
     return rank, out
+
+
+def _identity(a: _Acc, meta: dict, name: str) -> dict:
+    """What says which server, rank and time a trace is of (microbench/sglang/evidence.py
+    checks the ranks against each other): the window on the host's clock (Kineto's
+    `baseTimeNanoseconds` + ts), the device, `distributedInfo`'s rank and PP group; and the
+    point-to-point messages (`_comm`, not kept in the record) for the clock offset."""
+    base = meta.get("baseTimeNanoseconds")
+    base_us = base / 1e3 if type(base) is int and 0 <= base < 1 << 63 else 0.0
+    dev = meta.get("deviceProperties")
+    dev = dev[0].get("name") if isinstance(dev, list) and dev and isinstance(dev[0], dict) \
+        else None
+    di = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
+    rank = di.get("rank") if type(di.get("rank")) is int else None
+    ws = di.get("world_size") if type(di.get("world_size")) is int else None
+    pp_group = None      # SGLang 0.5.23 names its PP group "pp" (distributed/parallel_state.py)
+    for g in di.get("pg_config") or ():
+        if (isinstance(g, dict) and str(g.get("pg_desc", "")).startswith("pp:")
+                and isinstance(g.get("ranks"), list) and rank in g["ranks"]):
+            pp_group = [r for r in g["ranks"] if type(r) is int]
+            break
+    m = _NAME_RE.search(name)
+    return {"window_unix_s": ([(base_us + a.t_lo) / 1e6, (base_us + a.t_hi) / 1e6]
+                              if a.t_hi >= a.t_lo else []),
+            "device": dev if isinstance(dev, str) else None,
+            "dist_rank": rank, "world_size": ws, "pp_group": pp_group,
+            "name_tp": int(m.group("tp")) if m else None,
+            "_comm": {t: {k: sorted(v) for k, v in d.items()} for t, d in a.comm.items()}}
 
 
 def find_traces(src) -> list[Path]:
@@ -719,6 +777,9 @@ def select_rank_files(files: list[Path]) -> tuple[list[Path], list[str]]:
             continue
         key = m.group("pp")
         rank = (int(m.group("tp")), {"DECODE": 0, None: 1, "EXTEND": 2}[m.group("stage")])
+        if key in best and best[key][0] == rank:   # the same TP rank and stage twice
+            raise TraceError(f"{p}: a second trace for PP rank {key} (TP {rank[0]}), beside "
+                             f"{best[key][1]}: two profiles' files? pass one profile's traces")
         if key in best:
             old_rank, old = best[key]
             loser = p if rank >= old_rank else old
@@ -771,8 +832,13 @@ def read_traces(src, workers: int | None = None, **kw) -> dict:
         ranks[key] = out
         for w in out.get("warnings") or []:
             _log.warning("trace %s (rank %s): %s", p.name, key, w)
+    from microbench.sglang.evidence import check_trace_ranks
+    clock = check_trace_ranks(ranks, {str(r if r is not None else i): p for i, (p, (r, _))
+                                      in enumerate(zip(files, results))})
     out = {"dir": ", ".join(str(x) for x in ([src] if isinstance(src, (str, Path)) else src)),
            "ranks": ranks}
+    if clock:
+        out["clock"] = clock
     if skipped:
         out["files_skipped"] = skipped
     return out

@@ -4,10 +4,12 @@ An imitation of SGLang proves nothing about SGLang, so ppscope's readers, diagno
 are checked on artefacts that SGLang's real server wrote. `ppscope sglang-lab` (`make sglang-lab`):
 
 1. `venv.py`   a venv of the lab's own (`.lab/venv`, never the user's environment) with SGLang
-               0.5.23 for CPU (`requirements-cpu.txt`, `--no-deps`), the two import shims and
-               the fault module (`boot/`), and a tiny Llama made locally (`boot/..._make_model.py`).
+               0.5.23 for CPU (`requirements-cpu.txt`, `--no-deps`), the two import shims
+               (`boot/`), and a tiny Llama made locally (`boot/..._make_model.py`).
                `--sglang-python PATH` uses an existing SGLang installation instead (a GPU machine:
-               no install step, CUDA graphs on).
+               no install step, CUDA graphs on), checked and driven as it is: nothing is
+               written into it. The fault module reaches every lab server through its
+               `PYTHONPATH` (`boot/inject/`). The lab folder holds only what the lab makes.
 2. `server.py` starts `sglang.launch_server --pp-size N` on 127.0.0.1, waits for "fired up",
                stops it by its PID (SIGTERM, then the process group), never leaves a process.
 3. `cases.py`  the plan: clean runs at C = 1, 8, 16, one injected fault at a time (host delay,

@@ -2,7 +2,7 @@
 
 One server per `Group` (settings that need a restart: the pipeline size, the async depth); in
 a group the cases run one after another on the same server, each with its own fault (switched
-live through the fault module's control file, `boot/ppscope_lab_faults.py`), its own
+live through the fault module's control file, `boot/inject/ppscope_lab_faults.py`), its own
 `pp_max_micro_batch_size` (SGLang's `POST /set_internal_state`) and its own arrivals.
 `clean-c8` is the reference every fault's slowdown is measured against.
 """

@@ -17,8 +17,8 @@ from pathlib import Path
 from microbench.sglang_lab import drive
 from microbench.sglang_lab.cases import Case, Group
 from microbench.sglang_lab.server import LabServer, ServerSpec
-from microbench.sglang_lab.venv import (LabError, ensure_model, ensure_venv, install_boot,
-                                        sharegpt_file)
+from microbench.sglang_lab.venv import (LabError, check_sglang_python, claim_lab_dir,
+                                        ensure_model, ensure_venv, inject_path, sharegpt_file)
 
 PROFILE_S = 2.5
 
@@ -201,12 +201,13 @@ def run_lab(cfg: LabConfig) -> int:
     from dataclasses import replace
     _stop_on_sigterm()
     cfg = replace(cfg, out=cfg.out.resolve(), lab_dir=cfg.lab_dir.resolve())
-    cfg.out.mkdir(parents=True, exist_ok=True)
-    if cfg.sglang_python:
+    claim_lab_dir(cfg.lab_dir)
+    if cfg.sglang_python:      # driven as it is: checked, never written into
         python = cfg.sglang_python
-        install_boot(python)     # the fault module and shims; harmless beside a GPU build
+        _say(f"using SGLang {check_sglang_python(python)} at {python} (nothing installed into it)")
     else:
         python = ensure_venv(cfg.lab_dir, _say)
+    cfg.out.mkdir(parents=True, exist_ok=True)
     model = cfg.model or ensure_model(python, cfg.lab_dir)
     dataset = sharegpt_file(cfg.lab_dir)
     fault_file = cfg.lab_dir / "fault"
@@ -217,7 +218,8 @@ def run_lab(cfg: LabConfig) -> int:
         if not cases:
             continue
         spec = ServerSpec(python=python, model=model, pp=g.pp, device=cfg.device,
-                          extra_args=g.extra_args, env={"PPSCOPE_LAB_FAULT_FILE": str(fault_file)})
+                          extra_args=g.extra_args, env={"PPSCOPE_LAB_FAULT_FILE": str(fault_file),
+                                                          "PYTHONPATH": str(inject_path())})
         logdir = cfg.out / ".partial"
         _say(f"starting SGLang (pp={g.pp}, {cfg.device}{', ' + ' '.join(g.extra_args) if g.extra_args else ''})")
         with LabServer(spec, logdir / f"server-{g.name}.log", logdir / f"traces-{g.name}") as server:

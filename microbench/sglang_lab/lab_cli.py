@@ -29,7 +29,8 @@ def register(subparsers) -> None:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=None, help="artefacts folder (default results/lab)")
     p.add_argument("--lab-dir", default=os.environ.get("PPSCOPE_LAB_DIR", ".lab"),
-                   help="the lab venv, model and logs (default .lab; never your environment)")
+                   help="the lab venv, model and logs (default .lab; never your environment): a "
+                   "new or empty folder, or one the lab made; anything else is refused")
     p.add_argument("--pp", type=int, default=2, help="pipeline size (default 2)")
     p.add_argument("--async-depth", type=int, default=0, metavar="N",
                    help="the server's --pp-async-batch-depth (default 0, SGLang's default)")
@@ -56,7 +57,8 @@ def register(subparsers) -> None:
                    "first round's others)")
     p.add_argument("--list", action="store_true", help="print the plan and exit")
     p.add_argument("--sglang-python", default=None, metavar="PATH",
-                   help="an existing SGLang installation's python (no install step)")
+                   help="an existing SGLang installation's python (no install step; nothing is "
+                   "written into it: the fault module is loaded through the server's PYTHONPATH)")
     p.add_argument("--model-path", default=None, metavar="DIR",
                    help="with --sglang-python: a model folder (default: the lab's tiny Llama, "
                    "random weights)")
@@ -127,12 +129,21 @@ def run(args: argparse.Namespace) -> int:
         if not dirs:
             raise CliError(f"--analyse-only: no lab cases in {out}")
         from microbench.sglang_lab.lab import order_for_analysis
+        from microbench.sglang_lab.summary import read_case
+        for d in dirs:   # every case.json checked (one line) before any case is read again
+            read_case(d)
         for d in order_for_analysis(dirs):
             write_json(d / "analysis.json", analyse_case(d))
         rows = summarise(out)
         write_json(out / "summary.json", rows)
         print(render(rows))
         _whatif_table(args, out)
+        failed = [r["case"] for r in rows
+                  if r.get("analysis_error") and r["case"] in {d.name for d in dirs}]
+        if failed:
+            raise CliError(f"--analyse-only: {len(failed)} of {len(rows)} case(s) could not be "
+                           f"read again ({', '.join(failed)}); see each case's sglang.out and "
+                           "report.out")
         return 0
     cfg = LabConfig(out=out, lab_dir=Path(args.lab_dir).resolve(), plan=plan,
                     sglang_python=Path(args.sglang_python) if args.sglang_python else None,

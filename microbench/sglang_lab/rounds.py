@@ -38,7 +38,10 @@ class Phase:
 def visits(trace: Path) -> list[tuple[float, int]]:
     """(start us, decode batch size or 0) per loop iteration of one rank's trace."""
     from microbench.sglang.cpu_steps import collect
-    ev = collect(trace)
+    return _visits(collect(trace))
+
+
+def _visits(ev: dict) -> list[tuple[float, int]]:
     starts = [s for s, _ in ev["ranges"]["recv_requests"]]
     steps = [(s, b) for s, _, mode, b in ev["steps"] if mode == "DECODE"]
     out, j = [], 0
@@ -76,14 +79,36 @@ def case_rows(case: Path) -> list[dict]:
     traces = sorted((case / "traces").glob("*PP-0*"))
     if not traces:
         raise ValueError(f"{case}: no rank-0 trace in traces/")
+    from microbench.sglang.cpu_steps import collect
+    ev = collect(traces[0])
+    _same_run(case, sg, traces[0], len(ev["ranges"]["recv_requests"]), ev["events"])
     rows = []
-    for ph in phases(visits(traces[0]), dep.slots):
+    for ph in phases(_visits(ev), dep.slots):
         m = run(replace(dep, sizes=ph.pattern), frozenset(CAUSES)).tpot_ms
         rows.append({"case": case.name, "depth": server.depth,
                      "pattern": "-".join(map(str, ph.pattern)), "rounds": ph.rounds,
                      "traced_round_ms": ph.round_ms, "modelled_round_ms": m,
                      "diff_pct": 100 * (m / ph.round_ms - 1)})
     return rows
+
+
+def _same_run(case: Path, sg, trace: Path, loops: int, events: int) -> None:
+    """The record's model and the trace's rounds must be of one run: the record read this very
+    file (its name holds SGLang's profile id) and counted as many events and loop iterations
+    in it."""
+    rec = case / "sglang.json"
+    r0 = (sg.traces.ranks.get("0") if sg.traces is not None else None)
+    if r0 is None or sg.loop is None:
+        raise ValueError(f"{rec}: no rank-0 trace read into it (ppscope sglang --traces "
+                         f"{case / 'traces'} --json {rec})")
+    if r0.file != trace.name:
+        raise ValueError(f"{trace}: not the rank-0 trace {rec} was read from ({r0.file}): "
+                         "another run's; read this run's traces into it")
+    counted = ((r0.scheduler_ranges_us or {}).get("recv_requests") or {}).get("count")
+    if (counted is not None and counted != loops) or (r0.events and r0.events != events):
+        raise ValueError(f"{trace}: {events} events and {loops} loop iterations, but {rec} "
+                         f"counted {r0.events} and {counted} in its {r0.file}: another run's "
+                         "trace under the same name")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,18 +119,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("cases", nargs="+", type=Path,
                     help="case folders holding traces/ and sglang.json")
     a = ap.parse_args(argv)
+    from reports.cli import run_guarded   # ppscope's error rules: one line, exit 2
+    return run_guarded("rounds", lambda: _main(a.cases))
+
+
+def _main(cases: list[Path]) -> int:
     from tabulate import tabulate
+    from reports.base.errors import CliError
+    from reports.base.records import RecordError
     rows = []
-    for c in a.cases:
+    for c in cases:
         if not (c / "sglang.json").is_file() or not (c / "traces").is_dir():
-            print(f"rounds: {c}: needs traces/ and sglang.json (ppscope sglang --json)",
-                  file=sys.stderr)
-            return 2
+            raise CliError(f"{c}: needs traces/ and sglang.json (ppscope sglang --json)")
         try:
             rows += case_rows(c)
-        except (ValueError, OSError) as e:
-            print(f"rounds: {e}", file=sys.stderr)
-            return 2
+        except (ValueError, RecordError) as e:   # a trace's error is a CliError already
+            raise CliError(str(e)) from None
     print(tabulate([[r["case"], r["depth"], r["pattern"], r["rounds"], r["traced_round_ms"],
                      r["modelled_round_ms"], r["diff_pct"]] for r in rows],
                    headers=["case", "depth", "slot pattern", "rounds", "traced round ms",

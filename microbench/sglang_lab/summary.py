@@ -1,5 +1,6 @@
 """The lab's table: per case, tok/s (bench_serving), the slowdown against its baseline, and
-the diagnosis's first named cause with its size (from the case's report.json)."""
+the diagnosis's first named cause with its size (from the case's report.json; "analysis
+failed" when the case's last analysis failed, never the report of an earlier one)."""
 from __future__ import annotations
 
 import json
@@ -17,6 +18,30 @@ def _bench(case_dir: Path) -> list[float]:
             if r.get("output_throughput") is not None]
 
 
+def read_case(case_dir: Path) -> dict:
+    """The case of `case_dir/case.json` (cases.py's fields); a one-line CliError naming the
+    file when it is not a lab case (garbage, another file, a case without its concurrency)."""
+    from reports.base.errors import CliError
+    from reports.base.paths import read_input_json
+    p = case_dir / "case.json"
+    d = read_input_json(p, "lab case.json", 1 << 20)
+    case = d.get("case") if isinstance(d, dict) else None
+    if not isinstance(case, dict) or type(case.get("concurrency")) is not int:
+        raise CliError(f"{p}: not a lab case.json (no case with its concurrency)")
+    return case
+
+
+def analysis_error(case_dir: Path) -> str | None:
+    """Why the case's last analysis (analysis.json, lab.analyse_case) failed; None when it did
+    not fail or there is none."""
+    try:
+        d = json.loads((case_dir / "analysis.json").read_text())
+    except (OSError, ValueError):
+        return None
+    err = d.get("error") if isinstance(d, dict) else None
+    return str(err) if err else None
+
+
 def _report(case_dir: Path) -> dict:
     p = case_dir / "report.json"
     try:
@@ -31,11 +56,12 @@ def summarise(out: Path) -> list[dict]:
     for d in dirs:
         tok[d.name] = _bench(d)
     for d in dirs:
-        case = json.loads((d / "case.json").read_text())["case"]
+        case = read_case(d)
         t = tok[d.name]
         # the baseline measured at the start of the plan and again at its end (drift check)
         base = tok.get(case.get("baseline") or "", []) + tok.get(f"{case.get('baseline')}-end", [])
-        rep = _report(d)
+        failed = analysis_error(d)   # then its report.json is an earlier analysis's: not shown
+        rep = {} if failed else _report(d)
         dg = rep.get("diagnosis") or {}
         first = next((r for r in dg.get("rows", []) if r.get("cause") in (dg.get("named") or [])),
                      None)
@@ -54,8 +80,10 @@ def summarise(out: Path) -> list[dict]:
             "spread_pct": 100 * (max(t) - min(t)) / mean(t) if len(t) > 1 else None,
             "slowdown_pct": 100 * (mean(base) / mean(t) - 1) if t and base and case.get("baseline")
             else None,
-            "diagnosis": dg.get("status"), "first_cause": first["cause"] if first else
+            "diagnosis": "failed" if failed else dg.get("status"),
+            "first_cause": "analysis failed" if failed else first["cause"] if first else
             ("nothing big" if dg.get("status") == "ok" else None),
+            "analysis_error": failed,
             "first_size_pct": first.get("size_pct") if first else None,
             "expect": case.get("expect") or "",
             "answer": dg.get("answer"),

@@ -233,7 +233,7 @@ def _read_text(path: Path) -> str:
         raise CliError(f"{path}: larger than {MAX_BYTES >> 20} MB; not a bench_serving output")
     if b"\x00" in raw:
         raise CliError(f"{path}: binary data, not a bench_serving output")
-    text = raw.decode("utf-8", errors="replace")
+    text = raw.decode("utf-8-sig", errors="replace")   # a byte-order mark (Windows editors) too
     if not text.strip():
         raise CliError(f"{path}: empty bench file")
     return text
@@ -286,15 +286,51 @@ def read_bench(path: str | Path) -> dict:
     if not runs:
         raise CliError(f"{path}: no bench_serving results found (neither JSONL runs nor a "
                        f"'Serving Benchmark Result' block)")
+    _one_server(path, runs)
+    notes = []
+    done = [r for r in runs if r.get("completed") != 0]
+    for i, r in enumerate(runs, 1):
+        if r.get("completed") == 0:    # no request finished: its tok/s is no throughput
+            notes.append(f"{path}: run {i} (C={r.get('max_concurrency')}) completed 0 "
+                         "requests: left out")
+    if not done:
+        raise CliError(f"{path}: every bench_serving run completed 0 requests")
+    runs = done
     runs.sort(key=lambda r: (r["concurrency"] is None, r["concurrency"] or 0))
-    return {"file": str(path), "source": source, "runs": runs, "lines_unrecognised": bad}
+    return {"file": str(path), "source": source, "runs": runs, "lines_unrecognised": bad,
+            "notes": notes}
 
 
-def _points(runs) -> tuple[dict[int, object], list[object]]:
+_SERVER_ID = ("model", "device", "pp_size", "tp_size", "dp_size")   # what names one server
+
+
+def _one_server(path: Path, runs: list[dict]) -> None:
+    """One bench file, one server: runs whose server_info names another model, device or
+    parallel layout are another server's, and one curve of both would be a wrong answer."""
+    first = None
+    for i, r in enumerate(runs, 1):
+        si = r.get("server_info")
+        if not si:
+            continue
+        ident = {k: si.get(k) for k in _SERVER_ID if si.get(k) is not None}
+        if first is None:
+            first = (i, ident)
+            continue
+        diff = [k for k in ident if k in first[1] and ident[k] != first[1][k]]
+        if diff:
+            said = ", ".join(f"{k} {first[1][k]} vs {ident[k]}" for k in diff)
+            raise CliError(f"{path}: runs of two servers (run {first[0]} and run {i}: {said}); "
+                           "give each server's runs in its own file")
+
+
+def _points(runs, dup: list | None = None) -> tuple[dict[int, object], list[object]]:
     """({max_concurrency: the last run at it}, uncapped runs): the runs that are observed
-    points, by `observed_points`' rule; a run is a dict (`read_bench`) or a typed `BenchRun`."""
+    points, by `observed_points`' rule; a run is a dict (`read_bench`) or a typed `BenchRun`.
+    `dup`, if given, receives (C, tok/s of the runs at C, in file order) where C has several
+    (bench_serving appends: the last is the latest)."""
     points: dict[int, object] = {}
     uncapped: list[object] = []
+    seen: dict[int, list] = {}
     for b in runs:
         if _get(b, "output_throughput") is None:
             continue
@@ -303,6 +339,9 @@ def _points(runs) -> tuple[dict[int, object], list[object]]:
             uncapped.append(b)
         else:
             points[int(c)] = b
+            seen.setdefault(int(c), []).append(float(_get(b, "output_throughput")))
+    if dup is not None:
+        dup += [(c, v) for c, v in seen.items() if len(v) > 1]
     return points, uncapped
 
 
@@ -314,10 +353,14 @@ def observed_points(runs, label: str) -> tuple[dict[int, float], list[str]]:
     """Runs (dicts as `read_bench` gives them, or sglang.json's typed `BenchRun`s) ->
     ({max_concurrency: output tok/s}, notes). Observed numbers only: nothing here feeds the
     model."""
-    points, uncapped = _points(runs)
+    dup: list = []
+    points, uncapped = _points(runs, dup)
     notes = [f"{label}: bench run without --max-concurrency (mean concurrency "
              f"{_get(b, 'mean_concurrency')}, {float(_get(b, 'output_throughput')):.1f} tok/s) "
              "not used as an observed point" for b in uncapped]
+    notes += [f"{label}: {len(v)} runs at C={c} ({', '.join(f'{x:.1f}' for x in v)} tok/s); "
+              f"the latest (the last in the file, {v[-1]:.1f} tok/s) is the observed point"
+              for c, v in dup]
     return {c: float(_get(b, "output_throughput")) for c, b in points.items()}, notes
 
 

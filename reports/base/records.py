@@ -23,18 +23,22 @@ imported it (`sys.modules`), so `reports/` stays CPU-only.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import errno
 import json
 import os
 import platform
+import re
 import socket
+import stat
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Iterator, Literal, Sequence
 
 from reports.base.paths import parse_input_json, read_input
 from reports.base.schema import SchemaError, from_json, to_json, validate
@@ -199,31 +203,182 @@ to_jsonable = to_json  # one conversion to JSON: reports.base.schema.to_json
 
 
 def write_atomic(path: str | os.PathLike, content: str | bytes) -> Path:
-    """Write a file via temp file + rename (mode 0644 like a plain open()), so a crash or Ctrl-C
-    never leaves half a file and a reader never sees one. Used for JSON, md, html and png."""
-    path = Path(path)
-    if path.is_dir():
-        raise OSError(errno.EISDIR, "a directory, not a file to write (give a file path)",
-                      str(path))
+    """Write one file as `write_files` does (temp file + rename), so a crash or Ctrl-C never
+    leaves half a file and a reader never sees one. Used for JSON, md, html and png."""
+    return write_files([(path, content)])[0]
+
+
+# A temp file of ours (`.NAME.XXXXXXXX.tmp`, tempfile.mkstemp's 8 random characters) this much
+# older than now was left by a run killed mid-write (SIGKILL, a power cut): a write takes seconds.
+STALE_TMP_S = 600
+
+
+def write_files(files: Sequence[tuple[str | os.PathLike, str | bytes]]) -> list[Path]:
+    """Write several files as one result: each file's bytes go to a temp file beside its
+    target first (`.NAME.XXXXXXXX.tmp`, mode 0644 like a plain open(), text as UTF-8), and only
+    when every one is written are they renamed over their targets. A full disk, an error or
+    Ctrl-C on the way leaves the old set whole: the temps are removed, nothing is replaced
+    (the renames allocate no space). Stale temps of a killed run are swept on the way.
+
+    What a target may be: a regular file or a new name; a symbolic link to a regular file (its
+    target is written, the link kept); standard output or a FIFO, a terminal, /dev/null
+    (written through, after the renames, with a note on stderr). A directory, a dangling link,
+    a socket or any other device are refused: OSError naming the path given. Returns the
+    paths given."""
+    plan = [(Path(p), _output_target(Path(p)), content) for p, content in files]
+    staged: list[tuple[str, Path]] = []
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        for path, (kind, target), content in plan:
+            if kind == "file":
+                staged.append((_stage(target, content), target))
+        for tmp, target in staged:
+            try:
+                os.replace(tmp, target)
+            except OSError as e:
+                raise _write_error(target, e) from None
+    except BaseException:
+        for tmp, _ in staged:
+            try:
+                os.unlink(tmp)   # the ones already renamed are gone: ENOENT
+            except OSError:
+                pass
+        raise
+    for path, (kind, target), content in plan:
+        if kind != "file":
+            _write_through(path, kind, target, content)
+    return [p for p, _, _ in plan]
+
+
+def _stage(target: Path, content: str | bytes) -> str:
+    """`content` written to a new temp file beside `target`; returns its name."""
+    _sweep_stale(target)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     except OSError as e:   # named by the path given, never by the temp file
-        raise _write_error(path, e) from None
+        raise _write_error(target, e) from None
     try:
         os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "wb" if isinstance(content, bytes) else "w") as f:
-            f.write(content)
-        os.replace(tmp, path)
+        with os.fdopen(fd, "wb") as f:
+            # a lone surrogate (a file name that is not UTF-8) is written as \udcff, not refused
+            f.write(content if isinstance(content, bytes)
+                    else content.encode("utf-8", "backslashreplace"))
     except BaseException as e:
         try:
             os.unlink(tmp)
         except OSError:
             pass
         if isinstance(e, OSError):
-            raise _write_error(path, e) from None
+            raise _write_error(target, e) from None
         raise
-    return path
+    return tmp
+
+
+def _sweep_stale(target: Path) -> None:
+    """Remove temps of `target` (our naming only) older than STALE_TMP_S."""
+    rx = re.compile(rf"\.{re.escape(target.name)}\.[a-z0-9_]{{8}}\.tmp")
+    try:
+        names = os.listdir(target.parent)
+    except OSError:
+        return
+    now = time.time()
+    for n in names:
+        if rx.fullmatch(n):
+            p = os.path.join(target.parent, n)
+            try:
+                st = os.lstat(p)
+                if stat.S_ISREG(st.st_mode) and now - st.st_mtime > STALE_TMP_S:
+                    os.unlink(p)
+            except OSError:
+                pass
+
+
+def _own_fd(path: Path) -> int | None:
+    """The descriptor of this process that `path` names (/dev/stdout, /dev/fd/1,
+    /proc/self/fd/1, through any links), else None."""
+    p = str(path)
+    own = re.compile(rf"/(?:proc/(?:self|{os.getpid()})|dev)/fd/(\d+)")
+    for _ in range(40):
+        m = own.fullmatch(p)
+        if m:
+            return int(m.group(1))
+        if not os.path.islink(p):
+            return None
+        try:
+            p = os.path.normpath(os.path.join(os.path.dirname(p), os.readlink(p)))
+        except OSError:
+            return None
+    return None
+
+
+# Character devices written through: /dev/null, /dev/full (major 1, minors 3 and 7), terminals
+# (majors 4 and 5, the pseudo-terminals 136-143). Anything else (a disk, /dev/mem) is refused.
+_MEM_DEVICES = {(1, 3), (1, 7)}
+_TTY_MAJORS = {4, 5, *range(136, 144)}
+
+
+def _output_target(path: Path) -> tuple[str, Any]:
+    """How to write `path`: ("file", the regular file to replace), ("fd", this process's
+    descriptor) or ("device", path); OSError (one line, naming `path`) when it cannot be."""
+    fd = _own_fd(path)
+    if fd is not None:
+        return "fd", fd
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise OSError(errno.ENOENT, f"a symbolic link to {os.readlink(path)}, which does not "
+                          "exist (give a file to write, or make the link point at one)",
+                          str(path)) from None
+        return "file", path   # a new file
+    except OSError as e:
+        raise _write_error(path, e) from None
+    mode = st.st_mode
+    if stat.S_ISDIR(mode):
+        raise OSError(errno.EISDIR, "a directory, not a file to write (give a file path)",
+                      str(path))
+    if stat.S_ISREG(mode):   # through a link: its target is replaced, the link stays
+        return "file", Path(os.path.realpath(path)) if os.path.islink(path) else path
+    dev = (os.major(st.st_rdev), os.minor(st.st_rdev))
+    if stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) and (dev in _MEM_DEVICES
+                                                      or dev[0] in _TTY_MAJORS):
+        return "device", path
+    kind = ("a socket" if stat.S_ISSOCK(mode) else "a block device" if stat.S_ISBLK(mode)
+            else "a character device" if stat.S_ISCHR(mode) else "not a regular file")
+    raise OSError(errno.EINVAL, f"{kind}; refused as an output (ppscope writes regular files, "
+                  "or through to a FIFO, a terminal or /dev/null)", str(path))
+
+
+def _write_through(path: Path, kind: str, target: Any, content: str | bytes) -> None:
+    """`content` written straight into standard output, a FIFO, a terminal or /dev/null (not
+    atomic: there is no file to rename over), with a note on stderr saying so."""
+    data = content if isinstance(content, bytes) else content.encode("utf-8", "backslashreplace")
+    if kind == "fd":
+        for s in (sys.stdout, sys.stderr):   # what was printed before stays before
+            try:
+                s.flush()
+            except (OSError, ValueError):
+                pass
+        fd = target
+    else:
+        try:   # O_NONBLOCK: a FIFO nobody reads is an error, not a wait forever
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        except OSError as e:
+            if e.errno == errno.ENXIO:
+                raise OSError(e.errno, "a FIFO nobody is reading", str(path)) from None
+            raise _write_error(path, e) from None
+        os.set_blocking(fd, True)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError as e:
+        raise _write_error(path, e) from None
+    finally:
+        if kind != "fd":
+            os.close(fd)
+    print(f"note: {path} is not a regular file: written through, not atomically",
+          file=sys.stderr)
 
 
 def _write_error(path: Path, e: OSError) -> OSError:
@@ -248,9 +403,37 @@ def _umask() -> int:
     return m
 
 
+def json_text(obj: Any) -> str:
+    """The text ppscope writes for `obj` (NaN/inf as null)."""
+    return json.dumps(to_json(obj), indent=1, allow_nan=False) + "\n"
+
+
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> Path:
     """JSON (NaN/inf as null) written atomically."""
-    return write_atomic(path, json.dumps(to_json(obj), indent=1, allow_nan=False) + "\n")
+    return write_atomic(path, json_text(obj))
+
+
+@contextlib.contextmanager
+def record_lock(path: str | os.PathLike) -> Iterator[None]:
+    """Hold an exclusive lock on `path`'s folder while a record there is read, merged and
+    written again (a read-modify-write): a second run doing the same waits for the first, so
+    neither loses the other's part. flock on the folder itself, so no lock file is left
+    behind; where the file system cannot lock (some network mounts) it goes on unlocked."""
+    import fcntl
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path.parent, os.O_RDONLY)
+    except OSError as e:
+        raise _write_error(path, e) from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        yield
+    finally:
+        os.close(fd)   # releases the lock
 
 
 def beside(path: str | os.PathLike, status: str) -> Path:
@@ -264,11 +447,14 @@ def is_plan(rec: Record) -> bool:
     return "--plan" in (rec.provenance.argv or ())
 
 
-def save_record(record: Record, path: str | os.PathLike, *,
-                plan: bool = False) -> tuple[Path, str | None]:
+def save_record(record: Record, path: str | os.PathLike, *, plan: bool = False,
+                with_files: Sequence[tuple[str | os.PathLike, str | bytes]] = ()
+                ) -> tuple[Path, str | None]:
     """The one record writer, applying the status rule (module docstring; `plan`: `record`
     measured nothing): returns where the record went and, when it was written beside a good
-    record, a one-line note saying so."""
+    record, a one-line note saying so. `with_files` (path, content): the run's other files (a
+    heatmap), committed with the record in one `write_files` when it goes to `path`, and not
+    written when it goes beside a good record (whose own files stay)."""
     path = Path(path)
     if (record.status != "ok" or plan) and path.exists():
         try:
@@ -283,7 +469,7 @@ def save_record(record: Record, path: str | os.PathLike, *,
             write_json_atomic(dest, record)
             return dest, (f"kept the {old.status} record {path} ({old.provenance.utc}); this "
                           f"{what} run went to {dest}")
-    write_json_atomic(path, record)
+    write_files([(path, json_text(record)), *with_files])
     if record.status == "ok":
         for st in STATUSES[1:]:  # a finished run supersedes notes left beside an older one
             stale = beside(path, st)

@@ -18,8 +18,13 @@ managers/scheduler.py, `get_next_batch_to_run` / `_get_new_batch_prefill_raw` /
 - a slot that prefills (admits, or continues the chunked request) runs that prefill in its
   visit instead of its decode ("prefill first");
 - requests never move between slots; a finished request leaves its slot at the slot's next
-  visit, and the client's next request joins whichever slot is being visited when it arrives:
-  with lengths that differ, occupancy drifts away from the first split (`closed_loop`).
+  visit, and the client's next request joins whichever slot is being visited when it arrives
+  (REISSUE_VISITS): with lengths that differ, occupancy drifts away from the first split.
+
+`run_loop` is the one closed-loop run (arrival waves, bench_serving's successor rule, a
+round-time callback): the scenario model's drift (`closed_loop`, reports/model/loop_builder.py)
+and the observed what-ifs (reports/model/observed_whatif.py `bench_run`) both run it; the
+PP-loop probe admits with `visit` at each of its visits.
 
 Two admission policies:
 - `sglang`: what SGLang does (above).
@@ -34,8 +39,8 @@ Simplified on purpose: KV-cache token capacity is not a limit (the pool is assum
 enough), a slot's `batch_is_full` flag is recomputed every visit (SGLang keeps it until a
 request leaves that slot), pages are 1 token unless `page_size` says otherwise.
 
-Both the PP-loop probe (`microbench/dispatch/pp_loop.py`, on real GPUs) and the report's pipeline model
-use these functions, so the probe and the model admit requests identically.
+The PP-loop probe (`microbench/dispatch/pp_loop.py`, on real GPUs), the report's pipeline model
+and the observed what-ifs use these functions, so they admit requests identically.
 """
 from __future__ import annotations
 
@@ -371,43 +376,146 @@ def _length_draw(mean_len: int, range_ratio: float, seed: int):
     return (lambda: mean_len) if lo >= mean_len else (lambda: rng.randint(lo, mean_len))
 
 
-def closed_loop(cfg: SlotConfig, C: int, prompt_len: int, output_len: int,
-                range_ratio: float = 1.0, *, policy: str = "sglang",
-                micro_batches: int | None = None, reissue_visits: int = 2,
-                rounds: int = 400, warmup_rounds: int | None = None,
-                seed: int = 0) -> Occupancy:
-    """Slot occupancy of a closed-loop benchmark with C clients, starting from a burst.
+# When bench_serving's next prompt reaches the scheduler, counted in visits of rank 0 after the
+# visit that processed the finished request's last token. SGLang 0.5.23: rank 0 processes slot
+# k+1's result at the end of its visit of slot k (managers/scheduler_pp_mixin.py,
+# `event_loop_pp`: `_pp_process_batch_result` after the launch), so a token decoded at visit v
+# is processed at v + S - 1; its output then goes through the detokenizer and the tokenizer
+# manager to the client, whose semaphore (`--max-concurrency`) sends the next prompt, which
+# the tokenizer hands back to the scheduler. The next visit's `recv_requests`
+# (`ingest_requests`) starts right after that processing, before any of this can happen, so
+# the prompt is admitted two visits after the processing at the earliest. The lab's logs
+# (tests/fixtures/sglang_lab/: bench_serving's last prompts, `POST /generate` logged between
+# the processing of the finished slot and of the next) show it admitted there: into an empty
+# slot (`#running-req: 0`), not into the next slot while that slot still runs.
+REISSUE_VISITS = 2
 
-    Visit v schedules slot v % S. At a visit: finished requests of that slot leave, waiting
-    requests are admitted (`visit`), then the slot prefills (if it admitted) or every request
-    in it decodes one token. A request's last token is processed by rank 0 one visit before
-    the slot's next visit (SGLang processes slot k+1's result while visiting k); its client's
-    next request is waiting `reissue_visits` visits after that (stated: 2, i.e. it lands one
-    slot after the one it left when a loop turn outlasts the client's round trip). Snapshots
-    (requests still decoding per slot) are taken at the end of each round after the warm-up
-    (default: the first half).
+
+@dataclass(frozen=True)
+class Wave:
+    """`n` prompts that reach the scheduler together: waiting from visit `visit` on (counted
+    from the run's first visit) and not before `at_us` (the run's clock)."""
+    n: int
+    visit: int = 0
+    at_us: float = 0.0
+
+
+@dataclass(frozen=True)
+class Successor:
+    """bench_serving's next prompt when one finishes (`--max-concurrency` is a semaphore):
+    `prompts` in all (None: without end); prompt i is sent no earlier than i x `interval_us`
+    (`--request-rate`, its Poisson mean; 0: at once). It reaches the scheduler
+    REISSUE_VISITS visits after the finished prompt's last token was processed."""
+    prompts: int | None = None
+    interval_us: float = 0.0
+
+
+@dataclass(frozen=True)
+class LoopRun:
+    """A closed-loop run. `series`: requests decoding per slot at the end of each round after
+    the warm-up; `held`: (slot sizes, time) of each sizes seen, most held first (a rotation of
+    sizes seen before counts as those: the round-robin makes them the same loop); `end_us`: the
+    last processed token's time; `latency_us`: summed over completed prompts, from sent to
+    last token; times in microseconds with a round-time callback, else in visits; `prefills`:
+    (#new-seq, #running-req) of each prefill, as SGLang's `Prefill batch` log line says them."""
+    series: tuple[tuple[int, ...], ...]
+    held: tuple[tuple[tuple[int, ...], float], ...]
+    end_us: float
+    latency_us: float
+    completed: int
+    prefills: tuple[tuple[int, int], ...]
+
+    @property
+    def prefill_visits(self) -> int:
+        return len(self.prefills)
+
+
+def run_loop(cfg: SlotConfig, waves: Sequence[Wave], successor: Successor = Successor(),
+             round_us=None, *, prompt_len: int = 1, output_len=lambda: 1,
+             policy: str = "sglang", micro_batches: int | None = None,
+             rounds: int | None = None, warmup_rounds: int = 0) -> LoopRun:
+    """The one admission run: bench_serving's closed loop over SGLang's slot loop, visit by
+    visit (the module docstring's rules, `visit` at each one).
+
+    `waves`: the first prompts; `successor`: the prompts sent as others finish; `round_us(sizes)`:
+    the time of one round for slot sizes (requests running per slot), each visit a slot-count-th
+    of it (None: a visit lasts 1); `output_len()`: the next prompt's output length in tokens.
+    Visit v schedules slot v % S (`event_loop_pp`): the slot's finished requests leave
+    (`filter_batch` in `get_next_batch_to_run`), waiting prompts are admitted (`visit`:
+    `get_num_allocatable_reqs`, `PrefillAdder` with its one chunked request), then the slot
+    prefills (prefill first) or every request in it decodes one token (the prefill makes the
+    first). Rank 0 processes a token S - 1 visits after its forward; then the request's client
+    has it and the finished request's successor follows (REISSUE_VISITS). Runs `rounds` rounds,
+    or until `successor.prompts` completed (ValueError if admission stalls). Idle, the server
+    waits for the next prompt.
     """
     S = cfg.slots
     st = AdmitState.empty(cfg)
-    draw = _length_draw(output_len, range_ratio, seed)
     heaps: list[list[tuple[int, int]]] = [[] for _ in range(S)]  # (finish at decode #, client)
     decoded = [0] * S            # decodes slot s has run
     leaving = [0] * S            # finished, still holding their row until the slot's next visit
-    ready: list[tuple[int, int]] = [(0, c) for c in range(C)]    # heap of (ready visit, client)
+    processed: list[tuple[int, int]] = []   # (visit rank 0 processes the last token, client)
+    ready: list[tuple[int, float, int]] = []   # (visit, not before, client)
+    timed: list[tuple[float, int]] = []        # (not before, client): visit reached
     queue: list[int] = []        # clients waiting, in arrival order
+    sent: dict[int, float] = {}
+    for w in waves:
+        for _ in range(w.n):
+            c = len(sent)
+            sent[c] = w.at_us
+            heapq.heappush(ready, (w.visit, w.at_us, c))
+    total = successor.prompts
+    if total is not None and total <= len(sent):
+        total = len(sent)
     chunked: int | None = None
-    warm = rounds // 2 if warmup_rounds is None else warmup_rounds
     seen: list[tuple[int, ...]] = []
-    end = rounds * S
+    held: dict[tuple[int, ...], float] = {}
+    end = rounds * S if rounds is not None else None
+    limit = end if end is not None else 200000 * S
+    t = end_us = latency = 0.0
+    completed = 0
+    prefills: list[tuple[int, int]] = []
+    memo: dict[tuple[int, ...], float] = {}
+    canon: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+    def hold(sizes: tuple[int, ...], d: float) -> None:
+        if sizes not in canon:
+            rot = (sizes[k:] + sizes[:k] for k in range(S))
+            canon[sizes] = next((r for r in rot if r in held), sizes)
+        key = canon[sizes]
+        held[key] = held.get(key, 0.0) + d
+
+    def visit_us(sizes: tuple[int, ...]) -> float:
+        if round_us is None:
+            return 1.0
+        if sizes not in memo:
+            memo[sizes] = round_us(sizes) / S
+        return memo[sizes]
+
+    def finish(s: int, v: int, c: int) -> None:
+        leaving[s] += 1
+        heapq.heappush(processed, (v + S - 1, c))
+
     v = 0
-    while v < end:
+    while end is None or v < end:
+        if total is not None and completed >= total:
+            break
+        if v >= limit:
+            raise ValueError("the modelled run did not finish (a setting admits nothing)")
         s = v % S
         if leaving[s]:
             st.sizes[s] -= leaving[s]
             leaving[s] = 0
         while ready and ready[0][0] <= v:
-            queue.append(heapq.heappop(ready)[1])
+            _, at, c = heapq.heappop(ready)
+            heapq.heappush(timed, (at, c))
+        if not queue and not st.chunk_left and not any(heaps) and not processed \
+                and timed and timed[0][0] > t:
+            t = timed[0][0]      # the server idles until the next prompt
+        while timed and timed[0][0] <= t:
+            queue.append(heapq.heappop(timed)[1])
         vis = Visit()
+        running = st.sizes[s]
         if queue or st.chunk_left:
             had = chunked
             vis = visit(st, [prompt_len] * len(queue), s, cfg, policy, micro_batches)
@@ -419,26 +527,42 @@ def closed_loop(cfg: SlotConfig, C: int, prompt_len: int, output_len: int,
             if st.chunk_left and vis.taken:
                 chunked = joining.pop()
             for c in joining:  # prefill makes the first token
-                left = draw() - 1
+                left = output_len() - 1
                 if left > 0:
                     heapq.heappush(heaps[s], (decoded[s] + left, c))
                 else:
-                    leaving[s] += 1
-                    heapq.heappush(ready, (v + S - 1 + reissue_visits, c))
-        if vis.batch == 0 and heaps[s]:
+                    finish(s, v, c)
+        sizes = tuple(len(h) for h in heaps)
+        d = visit_us(sizes)
+        hold(sizes, d)
+        if vis.batch:
+            prefills.append((vis.batch, running))
+        elif heaps[s]:
             decoded[s] += 1
             h = heaps[s]
             while h and h[0][0] <= decoded[s]:
-                _, c = heapq.heappop(h)
-                leaving[s] += 1
-                heapq.heappush(ready, (v + S - 1 + reissue_visits, c))
-        if s == S - 1 and v // S >= warm:
+                finish(s, v, heapq.heappop(h)[1])
+        t += d
+        while processed and processed[0][0] <= v:   # the client has its last token
+            c = heapq.heappop(processed)[1]
+            completed += 1
+            end_us = t
+            latency += t - sent.pop(c)
+            if total is None or len(sent) + completed < total:
+                n = len(sent) + completed             # the next prompt's index
+                at = max(t, n * successor.interval_us)
+                sent[c] = at
+                heapq.heappush(ready, (v + REISSUE_VISITS, at, c))
+        if s == S - 1 and v // S >= warmup_rounds:
             seen.append(tuple(len(h) for h in heaps))
         # Jump to the next visit where anything can change: nothing is admitted while the
         # queue is empty, and a slot only decodes until its next request finishes.
         nxt = v + 1
-        if not queue and not st.chunk_left:
-            nxt = min(end, ready[0][0] if ready else end)
+        if not queue and not st.chunk_left and not timed:
+            nxt = min(limit, ready[0][0] if ready else limit,
+                      processed[0][0] if processed else limit)
+            if end is not None:
+                nxt = min(nxt, end)
             for q in range(S):
                 first = v + 1 + (q - v - 1) % S          # the next visit of slot q
                 if leaving[q]:
@@ -453,9 +577,28 @@ def closed_loop(cfg: SlotConfig, C: int, prompt_len: int, output_len: int,
                         if first < nxt:
                             decoded[q] += (nxt - 1 - first) // S + 1
                 snap = tuple(len(h) for h in heaps)
+                d = visit_us(snap) * (nxt - v - 1)
+                hold(snap, d)
+                t += d
                 r0, r1 = (v + 1) // S, nxt // S      # rounds whose last visit is skipped
-                for r in range(max(r0, warm), r1):
+                for r in range(max(r0, warmup_rounds), r1):
                     if r * S + S - 1 < nxt and r * S + S - 1 > v:
                         seen.append(snap)
         v = nxt
-    return Occupancy(tuple(seen))
+    return LoopRun(tuple(seen), tuple(sorted(held.items(), key=lambda x: -x[1])), end_us,
+                   latency, completed, tuple(prefills))
+
+
+def closed_loop(cfg: SlotConfig, C: int, prompt_len: int, output_len: int,
+                range_ratio: float = 1.0, *, policy: str = "sglang",
+                micro_batches: int | None = None, rounds: int = 400,
+                warmup_rounds: int | None = None, seed: int = 0) -> Occupancy:
+    """Slot occupancy of a closed-loop benchmark with C clients, starting from a burst
+    (`run_loop`, output lengths drawn as bench_serving draws them). Snapshots (requests still
+    decoding per slot) are taken at the end of each round after the warm-up (default: the
+    first half)."""
+    warm = rounds // 2 if warmup_rounds is None else warmup_rounds
+    run = run_loop(cfg, [Wave(C)], Successor(), prompt_len=prompt_len,
+                   output_len=_length_draw(output_len, range_ratio, seed), policy=policy,
+                   micro_batches=micro_batches, rounds=rounds, warmup_rounds=warm)
+    return Occupancy(run.series)

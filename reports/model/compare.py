@@ -15,10 +15,73 @@ a cause; the growth is what the change did.
 """
 from __future__ import annotations
 
+import math
+
 from reports.model.report_type import (ChangeRow, Comparison, NotCompared, NotDiagnosed,
                                        ServerDiagnosis)
 
 SAME_PCT = 3.0   # a step change below this is "no clear change" (run-to-run noise on the probe)
+# a decode step (and a cause's ms per step) ppscope can have written: above 0 and below a
+# minute; anything else in a report.json is a damaged or hand-edited file, never divided by
+MAX_STEP_MS = 60_000.0
+
+
+def bad_figure(dg: ServerDiagnosis | NotDiagnosed | None) -> str | None:
+    """The first figure of a diagnosis that compare would divide by or subtract and that no
+    run can have given (a step of 0, negative, inf or absurd), as `field is value`; None: all
+    in bounds. Checked before any arithmetic (a baseline report.json is the user's file)."""
+    if not isinstance(dg, ServerDiagnosis):
+        return None
+    steps = {"diagnosis.modelled_step_ms": dg.modelled_step_ms}
+    if dg.observed_step_ms is not None:
+        steps["diagnosis.observed_step_ms"] = dg.observed_step_ms
+    for k, v in steps.items():
+        if not (isinstance(v, (int, float)) and 0 < v < MAX_STEP_MS):
+            return f"{k} is {v!r} (a decode step is above 0 and below {MAX_STEP_MS:g} ms)"
+    ms = {f"diagnosis.rows[{r.cause}].ms_per_step": r.ms_per_step for r in dg.rows}
+    if dg.unexplained_ms is not None:
+        ms["diagnosis.unexplained_ms"] = dg.unexplained_ms
+    for k, v in ms.items():
+        if not (isinstance(v, (int, float)) and math.isfinite(v) and abs(v) < MAX_STEP_MS):
+            return f"{k} is {v!r} (ms per decode step: finite, within +-{MAX_STEP_MS:g})"
+    return None
+
+
+def _device_class(v) -> str | None:
+    """"cpu", "gpu" (cuda, a GPU's name) or the device as given (npu, xpu, ...)."""
+    if v is None:
+        return None
+    s = str(v).strip().lower()
+    return "gpu" if s in ("cuda", "gpu") or s.startswith(("cuda:", "nvidia", "amd ")) else s
+
+
+def deployment_id(obs: dict | None, dg) -> dict[str, str]:
+    """What names a report's server: {model, pp, device} where its evidence says (the observed
+    deployment, else the diagnosed loop's pp and device); a key it does not know is absent."""
+    v = {k: e.get("value") for k, e in (obs or {}).items() if isinstance(e, dict)}
+    out = {}
+    if v.get("model") is not None:
+        out["model"] = str(v["model"])
+    loop = getattr(dg, "deployment", None) if isinstance(dg, ServerDiagnosis) else None
+    pp = v.get("pp") if not (obs or {}).get("pp", {}).get("at_least") else None
+    if pp is None and loop is not None:
+        pp = loop.pp
+    if pp is not None:
+        out["pp"] = f"PP{pp}"
+    dev = _device_class(v.get("device") or (loop.device if loop is not None else None))
+    if dev is not None:
+        out["device"] = dev
+    return out
+
+
+def _side(d: dict[str, str], keys) -> str:
+    return ", ".join(d[k] if k == "pp" else f"{k} {d[k]}" for k in keys)
+
+
+def mismatch(now: dict[str, str], base: dict[str, str]) -> tuple[list[str], list[str]]:
+    """(model/device keys that differ, pp that differs) between two deployment_id()s."""
+    differ = [k for k in ("model", "device", "pp") if k in now and k in base and now[k] != base[k]]
+    return [k for k in differ if k != "pp"], [k for k in differ if k == "pp"]
 
 
 def _step(dg: ServerDiagnosis) -> tuple[float, str]:
@@ -28,14 +91,27 @@ def _step(dg: ServerDiagnosis) -> tuple[float, str]:
 
 
 def compare(now: ServerDiagnosis | NotDiagnosed | None,
-            base: ServerDiagnosis | NotDiagnosed | None, label: str
+            base: ServerDiagnosis | NotDiagnosed | None, label: str,
+            now_id: dict[str, str] | None = None, base_id: dict[str, str] | None = None
             ) -> Comparison | NotCompared:
-    """Both `diagnosis` parts of report.json; `label`: where the baseline came from."""
+    """Both `diagnosis` parts of report.json; `label`: where the baseline came from;
+    `now_id`, `base_id`: each side's deployment_id(). Another model or device is another
+    server: not compared (the reason names both sides); another PP size is a setting changed,
+    compared with a note naming both."""
     for name, dg in (("this run", now), ("the baseline", base)):
         if not isinstance(dg, ServerDiagnosis):
             why = (dg.reason if dg is not None else None) or ("no loop profile (per-rank "
                                                                "traces) in its results")
             return NotCompared("not compared", label, f"{name} has no diagnosis: {why}")
+        bad = bad_figure(dg)
+        if bad is not None:
+            return NotCompared("not compared", label, f"{name}'s {bad}")
+    other, pp_changed = mismatch(now_id or {}, base_id or {})
+    if other:
+        keys = [k for k in ("model", "device", "pp") if k in now_id and k in base_id]
+        return NotCompared("not compared", label, (
+            f"the baseline is another deployment ({_side(base_id, keys)}; this run "
+            f"{_side(now_id, keys)}): a change between two servers is not what one change did"))
     s_now, k_now = _step(now)
     s_base, k_base = _step(base)
     kind = "observed" if k_now == k_base == "observed" else "modelled"
@@ -47,6 +123,9 @@ def compare(now: ServerDiagnosis | NotDiagnosed | None,
                      f"C={now.concurrency}): the step compares different loads")
     if kind == "modelled":
         notes.append("no observed tok/s on one side: the change is the modelled step's")
+    if pp_changed:
+        notes.append(f"the pipeline size differs (baseline {base_id['pp']}, this run "
+                     f"{now_id['pp']}): the change compares two pipelines")
     delta = s_now - s_base
     then = {r.cause: r.ms_per_step for r in base.rows}
     rows = []
@@ -76,3 +155,18 @@ def compare(now: ServerDiagnosis | NotDiagnosed | None,
                   + (f" ({sh:.0f}% of the change)" if sh is not None else ""))
     return Comparison("ok", label, kind, s_base, s_now, change, tuple(rows), answer,
                       tuple(notes))
+
+
+def compare_reports(rep, old, label: str) -> tuple[Comparison | NotCompared, list[str]]:
+    """compare() of two Reports (this run's, the baseline's), with the warnings the report
+    carries when the two are not one server's runs (each naming both sides)."""
+    now_id = deployment_id(rep.observed_deployment, rep.diagnosis)
+    base_id = deployment_id(old.observed_deployment, old.diagnosis)
+    c = compare(rep.diagnosis, old.diagnosis, label, now_id, base_id)
+    other, pp = mismatch(now_id, base_id)
+    warns = []
+    if other and isinstance(c, NotCompared):
+        warns.append(f"--baseline {label}: not compared: {c.reason}")
+    elif pp and isinstance(c, Comparison):
+        warns += [f"--baseline {label}: {n}" for n in c.notes if "pipeline size" in n]
+    return c, warns

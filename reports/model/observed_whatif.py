@@ -7,19 +7,13 @@ module runs bench_serving's whole closed-loop run over that loop, round by round
 admission rule deciding where each arriving request goes, and compares the run's tok/s before
 and after the change. Nothing is fitted to a measured tok/s.
 
-The run (`bench_run`), SGLang 0.5.23 `event_loop_pp` (managers/scheduler_pp_mixin.py) visiting
-`pp + async_depth` slots round-robin, one visit = one round / slots:
-- a visit admits the waiting requests that arrived before it (FCFS), while the slot holds fewer
-  than `pp_max_micro_batch_size` (`get_num_allocatable_reqs`: `pp_max_micro_batch_size -
-  running_bs`), the server fewer than `max_running_requests` rows, and the prompts fit the
-  visit's prefill budget (`chunked_prefill_size` tokens, at least one prompt; `PrefillAdder`);
-  a visit that admits runs their prefill instead of the slot's decode (SGLang runs either a
-  prefill batch or the slot's running batch), so the slot's running requests skip that round;
-- a decode visit gives each of the slot's requests one token; a request is done after
-  `output_len` tokens (the prefill gives the first), and bench_serving sends the next prompt at
-  once (`--max-concurrency` is a semaphore); the successors of requests that finished together
-  arrive together, at the next visit (SGLang's log of the default PP2 CPU server: groups of 7
-  and 9 finish, and the next prefills admit 7 and 9);
+The run (`bench_run`) is SGLang's admission written once (reports/base/slots.py `run_loop`:
+the per-slot cap, request rows, the prefill budget with PrefillAdder's one chunked request,
+prefill first, finished requests leaving at their slot's next visit) with bench_serving's
+closed loop: a finished prompt's successor reaches the scheduler two visits after rank 0
+processed its last token (`slots.REISSUE_VISITS`; the lab's logs admit bench_serving's last
+prompts into an emptied slot, and at depth 0 the second generation decodes the first's groups
+again). This module gives it the round time and the first prompts:
 - the first C prompts arrive as the benchmark's own first burst did, where the server's log
   shows it (microbench/sglang/arrival_bursts.py: the prefill waves, each with the size of the
   slot it joined): wave i is admitted at the visit it was on the observed server, counted in
@@ -30,11 +24,12 @@ The run (`bench_run`), SGLang 0.5.23 `event_loop_pp` (managers/scheduler_pp_mixi
   Without that burst in the log, the first C prompts arrive as the traced micro-batches were
   (one group per observed slot, each just before that slot's visit); with another slot count
   the same share of the slots holds a group, C split evenly over them; with `--request-rate`
-  R they arrive 1/R apart (the Poisson mean), one slot after another (Poisson arrivals land
-  in each slot alike). The traced window is a run of its own, with its own burst (the lab's:
-  14 and 2 where the benchmark ran 7 and 9), so the log's burst comes first;
+  R prompt i is sent at i/R (the Poisson mean) and joins the next visit. The traced window is
+  a run of its own, with its own burst (the lab's: 14 and 2 where the benchmark ran 7 and 9),
+  so the log's burst comes first;
 - a round lasts what the model of the observed loop gives for its slot sizes
-  (deployment.run with every cause as observed), a prefill visit as long as a decode visit.
+  (deployment.run with every cause as observed), a prefill visit as long as a decode visit, an
+  empty round as long as a one-request round.
 
 tok/s = prompts x output_len / (last token - first arrival), as bench_serving counts it. Stated
 simplifications: equal prompt and output lengths (the lab's `--random-range-ratio 1`); a
@@ -47,6 +42,7 @@ from dataclasses import dataclass, replace
 from reports.model.bursts import first_burst, wave_visits
 from reports.model.deployment import CAUSES, Deployment, run
 from reports.base.server_settings import ServerSettings, default_max_micro_batch
+from reports.base.slots import SlotConfig, Successor, Wave, run_loop
 
 ALL = frozenset(CAUSES)
 KNOBS = ("--pp-max-micro-batch-size", "--pp-async-batch-depth", "--chunked-prefill-size",
@@ -160,18 +156,16 @@ def arrival_text(dep: Deployment, load: Load) -> str:
             f"{load.concurrency} requests outside the window that fits this loop)")
 
 
-def _first_arrivals(dep: Deployment, server: Server, load: Load) -> list[tuple[float, int]]:
-    """(arrival time, slot it lands in) of each of the first C prompts (module docstring)."""
+def _first_waves(dep: Deployment, server: Server, load: Load) -> list[Wave]:
+    """The first C prompts as waves reaching the scheduler (module docstring)."""
     C, S = min(load.concurrency, load.prompts), server.slots
     if load.rate:
-        # Poisson arrivals land in each slot alike: in expectation, round-robin
-        return [(i / load.rate * 1e6, i % S) for i in range(C)]
+        # paced: prompt i sent at its Poisson mean time i / rate
+        return [Wave(1, 0, i / load.rate * 1e6) for i in range(C)]
     visits = replayed_visits(dep, load)
     if visits is not None:
-        # each wave 1 us after the one before it, so that a slot's visit admits only the
-        # waves before it: the waves' order is the log's, their slot the visit they came at
-        return [(i * 1.0, v % S) for i, ((n, _), v) in enumerate(zip(load.waves, visits))
-                for _ in range(n)]
+        # each wave at the visit it was admitted at on the observed server, in the log's order
+        return [Wave(n, v) for (n, _), v in zip(load.waves, visits)]
     obs = groups(dep)
     total = sum(n for _, n in obs)
     sizes = [max(1, round(n * C / total)) for _, n in obs]
@@ -187,75 +181,36 @@ def _first_arrivals(dep: Deployment, server: Server, load: Load) -> list[tuple[f
         sizes[sizes.index(min(sizes))] += 1
     m = len(sizes)
     # the observed groups, evenly spaced over this server's slot loop as they were on the
-    # observed one (deployment._sizes); more groups than slots share slots
+    # observed one (deployment._sizes), each just before its slot's first visit; more groups
+    # than slots share slots
     pos = [(j * S) // m for j in range(m)] if m <= S else [j % S for j in range(m)]
-    return [(0.0, p) for p, n in zip(pos, sizes) for _ in range(n)]
+    return [Wave(n, p) for p, n in zip(pos, sizes)]
 
 
-def bench_run(dep: Deployment, server: Server, load: Load, turnaround_us: float = 0.0,
-              max_rounds: int = 200000) -> Run:
-    """bench_serving's closed-loop run over the observed loop (module docstring)."""
+def slot_config(server: Server) -> SlotConfig:
+    """The server's admission settings (no cap and no rows: no per-slot limit)."""
+    st = server.settings
+    return SlotConfig(st.pp_size, st.pp_async_batch_depth, server.cap_now(),
+                      st.max_running_requests, st.chunked_prefill_size)
+
+
+def bench_run(dep: Deployment, server: Server, load: Load) -> Run:
+    """bench_serving's closed-loop run over the observed loop: SGLang's admission
+    (reports/base/slots.py `run_loop`) with the observed loop's round time."""
     S, L = server.slots, max(1, load.output_len)
     rounds = _Rounds(dep, S)
-    cap, rows = server.cap_now(), server.rows or (1 << 30)
-    budget = server.chunk if server.chunk and server.chunk > 0 else None
-    # waiting prompts: [arrival time, slot it lands in (None: the next one visited)]
-    waiting = [list(a) for a in _first_arrivals(dep, server, load)]
-    sent = len(waiting)
-    slots: list[list[list[float]]] = [[] for _ in range(S)]   # [tokens left, arrival]
-    t, done, latency, prefills, n_round = 0.0, 0, 0.0, 0, 0
-    held: dict[tuple[int, ...], float] = {}
-    while done < load.prompts:
-        n_round += 1
-        if n_round > max_rounds:
-            raise ValueError("the modelled run did not finish (a setting admits nothing)")
-        if not any(slots) and waiting and min(w[0] for w in waiting) > t:
-            t = min(w[0] for w in waiting)   # the server idles until the next prompt
-        sizes = tuple(len(s) for s in slots)
-        dur = rounds(sizes) if any(sizes) else rounds(tuple([1] + [0] * (S - 1)))
-        held[sizes] = held.get(sizes, 0.0) + dur
-        visit = dur / S
-        for k in range(S):
-            tv = t + k * visit
-            room = min(cap - len(slots[k]), rows - sum(len(s) for s in slots))
-            tokens, took, keep = 0, 0, []
-            for w in sorted(waiting, key=lambda w: w[0]):
-                if w[0] > tv or w[1] not in (None, k):
-                    keep.append(w)
-                elif took < room and (budget is None or took == 0
-                                      or tokens + load.prompt_len <= budget):
-                    tokens += load.prompt_len
-                    took += 1
-                    slots[k].append([L - 1, w[0]])     # the prefill gives the first token
-                else:
-                    keep.append([w[0], None])          # no room here: the next slot with room
-            waiting = keep
-            if took:
-                prefills += 1
-                continue                                # a prefill visit: the slot's decode waits
-            end = tv + visit
-            left = []
-            for req in slots[k]:
-                if req[0] > 1:
-                    left.append([req[0] - 1, req[1]])
-                    continue
-                done += 1
-                latency += end - req[1]
-                if sent < load.prompts:     # the semaphore frees: the next prompt
-                    nxt = end + turnaround_us
-                    if load.rate:
-                        nxt = max(nxt, sent / load.rate * 1e6)
-                    waiting.append([nxt, None])
-                    sent += 1
-            slots[k] = left
-            if done >= load.prompts:
-                t = end
-                break
-        else:
-            t += dur
-    seconds = t / 1e6
-    steady = max(held, key=held.get) if held else ()
-    return Run(load.prompts * L / seconds, seconds, latency / 1e6 / seconds, steady, prefills)
+    empty = rounds(tuple([1] + [0] * (S - 1)))   # an empty round costs a 1-request one
+
+    def round_us(sizes: tuple[int, ...]) -> float:
+        return rounds(sizes) if any(sizes) else empty
+
+    nxt = Successor(load.prompts, 1e6 / load.rate if load.rate else 0.0)
+    res = run_loop(slot_config(server), _first_waves(dep, server, load), nxt, round_us,
+                   prompt_len=load.prompt_len, output_len=lambda: L)
+    seconds = res.end_us / 1e6
+    steady = res.held[0][0] if res.held else ()
+    return Run(load.prompts * L / seconds, seconds, res.latency_us / 1e6 / seconds, steady,
+               res.prefill_visits)
 
 
 @dataclass(frozen=True)

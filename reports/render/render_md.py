@@ -594,12 +594,16 @@ def stage_cost_table(rep: Report) -> Table:
                  (True,) * (n + 1))
 
 
+def figure_md(f) -> str:
+    return f"![the herd drawn: PP rank x time]({f.file})"
+
+
 def answer_md(rep: Report, figures=()) -> list[str]:
     """The answer: the table (reports/render/answer_table.py), the figures (PNG files beside
     report.md), the sentences, then the report's longer answer under "In detail"."""
     out = ["## The answer", "", md_table(answer_table(rep)), ""]
     for f in figures:
-        out += [f"![the herd drawn: PP rank x time]({f.file})", "", f"*{f.caption}*", ""]
+        out += [figure_md(f), "", f"*{f.caption}*", ""]
     out += [" ".join(answer_sentences(rep)), ""]
     return out + [f"### {DETAIL_TITLE}", ""] + [f"- {s}" for s in rep.answer] + [""]
 
@@ -674,7 +678,12 @@ def render_md(rep: Report, figures=()) -> str:
         out += [""]
     out += measure_lines(rep)
     out += [f"## {GLOSSARY_TITLE}", ""] + [f"- **{k}**: {v}" for k, v in glossary(rep)]
-    return "\n".join(out) + "\n"
+    # text from the evidence (file names, log fields) holds no HTML or link of its own
+    from reports.base.text import markdown_safe
+    md = markdown_safe("\n".join(out) + "\n")
+    for f in figures:   # ppscope's own image links (file names it chose) survive the escaping
+        md = md.replace(markdown_safe(figure_md(f)), figure_md(f))
+    return md
 
 
 def glossary(rep: Report) -> list[tuple[str, str]]:

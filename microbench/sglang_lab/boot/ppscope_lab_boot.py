@@ -1,12 +1,14 @@
-"""Loaded by a `.pth` file in the ppscope lab's own venv, in every Python process started there
-(the SGLang server, its scheduler processes, bench_serving). Three jobs, nothing else:
+"""Loaded by a `.pth` file in the ppscope lab's own venv (only there: never an installation the lab
+did not make), in every Python process started there (the SGLang server, its scheduler
+processes, bench_serving). Two jobs, nothing else:
 
 1. torchvision's only wheel for this torch is CUDA-linked: `import torchvision` fails with
    "operator torchvision::nms does not exist". SGLang imports `torchvision.transforms` while it
    imports its configs. Declaring the two operator schemas (no kernels) lets the pure-Python
    parts import; calling them still fails.
 2. The `sgl_kernel` stand-in beside this file (see its docstring) comes first on the path.
-3. `PPSCOPE_LAB_FAULT` set: install that fault (ppscope_lab_faults.py) into this process.
+The fault module is not loaded here: it reaches every lab server, this venv's or yours, through
+`inject/` on the server's `PYTHONPATH`.
 """
 import os
 import sys
@@ -38,6 +40,3 @@ class _Finder:
 
 def install():
     sys.meta_path.insert(0, _Finder())
-    if os.environ.get("PPSCOPE_LAB_FAULT") or os.environ.get("PPSCOPE_LAB_FAULT_FILE"):
-        import ppscope_lab_faults
-        ppscope_lab_faults.install()

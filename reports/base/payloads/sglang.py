@@ -247,6 +247,14 @@ class TraceRank:
     events_malformed: int = ge(0, default=0)        # not objects, stream/correlation not an int
     nccl_recv_size_unknown: int = ge(0, default=0)  # receives kept with 0 bytes
     warnings: tuple[str, ...] = ()
+    # which server, rank and time the trace is of (microbench/sglang/evidence.py checks them)
+    window_unix_s: tuple[float, ...] = ()           # first event start, last event end
+    device: str | None = None                       # deviceProperties' first GPU name
+    dist_rank: int | None = None                    # distributedInfo.rank (the global rank)
+    world_size: int | None = None
+    pp_group: tuple[int, ...] | None = None         # the global ranks of its PP group
+    name_tp: int | None = None                      # -TP-{t} of the file name
+    clock_offset_us: float | None = None            # this rank's clock against rank 0's
 
 
 @dataclass(frozen=True)
@@ -254,6 +262,7 @@ class Traces:
     dir: str
     ranks: dict[str, TraceRank] = field(default_factory=dict)
     files_skipped: tuple[str, ...] = ()     # other TP ranks, prefill-stage files, merged traces
+    clock: Json = None      # clock offsets between ranks, estimated (microbench/sglang/evidence.py)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
-"""One injected fault inside SGLang's own processes (the ppscope lab venv only; SGLang's files
-are never edited). Chosen by `PPSCOPE_LAB_FAULT`, one of:
+"""One injected fault inside SGLang's own processes. SGLang's files are never edited and nothing
+is installed: the lab puts this folder on the server's `PYTHONPATH`, and `sitecustomize.py` beside
+this file loads it. Chosen by `PPSCOPE_LAB_FAULT`, one of:
 
   host-delay=R:US      rank R's scheduler takes US microseconds longer in every
                        `get_next_batch_to_run`
@@ -41,7 +42,7 @@ def parse(spec: str):
     return kind, int(rank), float(value)
 
 
-def _rank(obj):
+def rank_of(obj):
     g = getattr(obj, "pp_group", None)
     return getattr(g, "rank_in_group", None)
 
@@ -81,7 +82,7 @@ def wrap(target: str, switch: _Switch, fn):
     @functools.wraps(fn)
     def wrapped(self, *a, **k):
         f = switch.get()
-        if f is None or f[0] != target or _rank(self) != f[1] or (
+        if f is None or f[0] != target or rank_of(self) != f[1] or (
                 target == "hop-delay" and k.get("msg_type") != "proxy"):
             return fn(self, *a, **k)
         kind, rank, value = f
@@ -99,7 +100,7 @@ def wrap(target: str, switch: _Switch, fn):
     return wrapped
 
 
-class _PatchOnImport(importlib.abc.MetaPathFinder):
+class PatchOnImport(importlib.abc.MetaPathFinder):
     def __init__(self, module, patches):
         self.module, self.patches = module, patches     # [(class, method, make)]
 
@@ -119,13 +120,22 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
 
             def exec_module(self, module):
                 loader.exec_module(module)
-                _apply(module, finder.patches)
+                apply_patches(module, finder.patches)
 
         spec.loader = _Loader()
         return spec
 
 
+_installed = False
+
+
 def install() -> None:
+    """Idempotent: a process that finds this module twice (an older lab venv still loading it
+    from its own site-packages) wraps SGLang's methods once."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
     path = os.environ.get("PPSCOPE_LAB_FAULT_FILE")
     fixed = None if path else parse(os.environ["PPSCOPE_LAB_FAULT"])
     switch = _Switch(fixed, path)
@@ -136,12 +146,12 @@ def install() -> None:
                 (cls, method, functools.partial(wrap, target, switch)))
     for module, patches in by_module.items():
         if module in sys.modules:
-            _apply(sys.modules[module], patches)
+            apply_patches(sys.modules[module], patches)
         else:
-            sys.meta_path.insert(0, _PatchOnImport(module, patches))
+            sys.meta_path.insert(0, PatchOnImport(module, patches))
 
 
-def _apply(module, patches) -> None:
+def apply_patches(module, patches) -> None:
     for cls, method, make in patches:
         c = getattr(module, cls)
         setattr(c, method, make(getattr(c, method)))

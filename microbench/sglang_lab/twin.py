@@ -1,0 +1,190 @@
+"""The twin: a deployment's PP loop on SGLang's own scheduler, with only the device time emulated.
+
+SGLang's own server (the lab's venv, CPU) runs at the deployment's settings: its pipeline size,
+async depth, chunked-prefill budget, request rows and per-slot cap, and a tiny Llama with the
+deployment's layer count, so SGLang splits the layers itself (`get_pp_indices`). Every rank's
+forward is held to the deployment's stage time for that batch, every hidden-state send to the hop
+cost, and every visit to the deployment's host work (reports/model/twin_costs.py: the figures
+the pipeline model uses; boot/inject/ppscope_twin_hold.py holds them inside SGLang's processes).
+All of it is multiplied by a dilation k so that this machine's own host work (eight schedulers
+on a few cores) stays a small share of the emulated step; times are divided by k again.
+
+k comes from a calibration on the same server: bench_serving at C = 1 with no emulated time
+(k = 0) gives this machine's own step; k is the smallest that keeps it under `HOST_SHARE` of the
+model's emulated step at C = 1 (capped by `--max-k`; the share reached is recorded). Then, per
+setting and concurrency, one bench_serving run (the scenario's prompt length, a short output
+stated in the record): the undilated TPOT beside the model's, and the micro-batches SGLang formed
+(its log's `Prefill batch, #new-seq` waves) beside the model's burst.
+
+The device time is emulated as a GPU's (`async`, boot/inject/ppscope_twin_hold.py): each rank's
+forwards run on an emulated device while its CPU goes on, and the CPU waits only where SGLang's
+waits on a GPU (a slot's sampled tokens before processing them). Prefill times are estimates.
+"""
+from __future__ import annotations
+
+import math
+import re
+import sys
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from microbench.sglang_lab import drive
+from microbench.sglang_lab.server import LabServer, ServerSpec
+from microbench.sglang_lab.venv import (claim_lab_dir, ensure_model, ensure_venv,
+                                        inject_path, sharegpt_file)
+
+HOST_SHARE = 0.10          # this machine's own step at C = 1 over the emulated one, at most
+# bench_serving sends its first prompt once alone before the run (`--warmup-requests`, default 1,
+# SGLang 0.5.23 benchmark/serving.py); its Prefill line is the slice's first, and it is left out
+WARMUP_REQUESTS = 1
+_PREFILL = re.compile(r"PP0\] Prefill batch, #new-seq: (\d+),")
+
+
+@dataclass(frozen=True)
+class TwinSetting:
+    """One server the twin starts: a name, SGLang flags, and the model's overrides for it."""
+    name: str
+    flags: tuple[str, ...] = ()
+    overrides: dict = field(default_factory=dict)
+    source: str = "SGLang's defaults at the deployment's settings"
+
+
+def say(msg: str) -> None:
+    print(f"twin: {msg}", file=sys.stderr, flush=True)
+
+
+def server_flags(inp) -> tuple[str, ...]:
+    """The deployment's own settings as SGLang flags (reports/base/server_settings.py)."""
+    s = inp.server
+    out = ["--pp-async-batch-depth", str(s.pp_async_batch_depth)]
+    if s.chunked_prefill_size:
+        out += ["--chunked-prefill-size", str(s.chunked_prefill_size)]
+    if s.max_running_requests:
+        out += ["--max-running-requests", str(s.max_running_requests)]
+    if s.pp_max_micro_batch_size:
+        out += ["--pp-max-micro-batch-size", str(s.pp_max_micro_batch_size)]
+    return tuple(out)
+
+
+def with_flag(flags: tuple[str, ...], name: str, value: str) -> tuple[str, ...]:
+    out, i = list(flags), 0
+    while i < len(out):
+        if out[i] == name:
+            del out[i:i + 2]
+        else:
+            i += 1
+    return tuple(out + [name, value])
+
+
+def calibrated_k(host_tpot_ms: float, model_tpot_ms: float, max_k: float) -> tuple[float, float]:
+    """(k, the share of the emulated step that this machine's own step is at that k)."""
+    need = host_tpot_ms / (HOST_SHARE * model_tpot_ms) if model_tpot_ms > 0 else max_k
+    k = float(min(max_k, max(1, math.ceil(need))))
+    return k, host_tpot_ms / (k * model_tpot_ms) if model_tpot_ms > 0 else float("nan")
+
+
+def waves(log_text: str) -> list[int]:
+    """`#new-seq` of each `Prefill batch` line of rank 0 (chunk continuations show as 0)."""
+    return [int(m.group(1)) for m in _PREFILL.finditer(log_text)]
+
+
+def _bench(server: LabServer, bench: drive.BenchSpec, out: Path, C: int, prompts: int,
+           seed: int) -> tuple[dict, list[int]]:
+    start = server.log_size()
+    drive.run_bench(bench, out / "bench.out", timeout_s=3600.0, concurrency=C, prompts=prompts,
+                    seed=seed, out=out / "bench.jsonl")
+    import json
+    line = [ln for ln in (out / "bench.jsonl").read_text().splitlines() if ln.strip()][-1]
+    return json.loads(line), waves(server.log_text(start))[WARMUP_REQUESTS:]
+
+
+def run_twin(inp, settings: list[TwinSetting], concurrency: list[int], out: Path, lab_dir: Path,
+             output_len: int, max_k: float, k: float | None = None,
+             mode: str = "async", keep=None) -> dict:
+    """Calibrate, then run each setting at each concurrency; returns the record's data.
+    `keep(data)`: called after every finished run with the record so far (write as you go)."""
+    import json
+    from reports.model import loop_builder as lb
+    from reports.model.twin_costs import costs, model_of_twin
+    claim_lab_dir(lab_dir)
+    python = ensure_venv(lab_dir, say)
+    model = ensure_model(python, lab_dir, layers=inp.model.num_layers)
+    dataset = sharegpt_file(lab_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cost_file = out / "twin-costs.json"      # the run's own: two twins never share one
+    bmax = max(64, max(concurrency))
+    table = costs(inp, 0.0, bmax, mode=mode)
+    cost_file.write_text(json.dumps(table))
+    tokens = max(concurrency) * (inp.prompt_len + output_len) + 4096
+    rows, calib = [], None
+    for si, st in enumerate(settings):
+        spec = ServerSpec(python=python, model=model, pp=inp.pp, device="cpu",
+                          extra_args=st.flags, max_total_tokens=max(16384, tokens),
+                          env={"PYTHONPATH": str(inject_path()),
+                               "PPSCOPE_TWIN_COSTS": str(cost_file)})
+        sdir = out / st.name
+        sdir.mkdir(parents=True, exist_ok=True)
+        say(f"starting SGLang pp={inp.pp} {' '.join(st.flags)} ({inp.pp} ranks on this "
+            "machine: 1-3 min)")
+        with LabServer(spec, sdir / "server.log", sdir / "traces") as server:
+            bench = drive.BenchSpec(python=python, url=server.url, model=model, dataset=dataset,
+                                    input_len=inp.prompt_len, output_len=output_len)
+            if calib is None and k is None:
+                say("calibration: C=1 with no emulated time (k = 0)")
+                cdir = out / "calibration"
+                cdir.mkdir(parents=True, exist_ok=True)
+                b, _ = _bench(server, bench, cdir, 1, 2, seed=7)
+                model_tpot = lb.run(inp, 1).tpot_ms
+                kk, share = calibrated_k(b["median_tpot_ms"], model_tpot, max_k)
+                calib = {"host_tpot_ms": b["median_tpot_ms"], "model_tpot_ms_c1": model_tpot,
+                         "k": kk, "host_share": share, "target_share": HOST_SHARE,
+                         "max_k": max_k}
+                say(f"this machine's own step {b['median_tpot_ms']:.0f} ms at C=1; model "
+                    f"{model_tpot:.1f} ms: k = {kk:g} (own step {share:.0%} of the emulated one)")
+            elif calib is None:
+                calib = {"k": k, "given": True}
+            table["k"] = calib["k"]
+            cost_file.write_text(json.dumps(table))
+            time.sleep(1.0)                  # the hold module re-reads the file within 0.5 s
+            for C in concurrency:
+                say(f"{st.name}: C={C}, {max(2, C)} prompts of {inp.prompt_len} tokens, "
+                    f"{output_len} out (k = {calib['k']:g})")
+                cdir = sdir / f"c{C}"
+                cdir.mkdir(parents=True, exist_ok=True)
+                seed = 100 + si * 1000 + C + zlib.crc32(st.name.encode()) % 97
+                b, w = _bench(server, bench, cdir, C, max(2, C), seed)
+                pred = lb.run(inp, C, **st.overrides)
+                pred_cpu = model_of_twin(inp, C, **st.overrides)
+                kk = calib["k"]
+                rows.append({
+                    "setting": st.name, "flags": list(st.flags), "concurrency": C,
+                    "twin_tpot_ms": b["median_tpot_ms"] / kk,
+                    "twin_output_tok_per_s": b["output_throughput"] * kk,
+                    "twin_decode_tok_per_s": C * 1000.0 * kk / b["median_tpot_ms"],
+                    "twin_ttft_ms": b["median_ttft_ms"] / kk, "completed": b["completed"],
+                    "waves": w, "model_tpot_ms": pred.tpot_ms,
+                    "model_cpu_forward_tpot_ms": pred_cpu.tpot_ms,
+                    "model_tok_per_s": pred.tok_per_s,
+                    "model_slots": [s for s in pred.slot_sizes if s],
+                })
+                say(f"{st.name} C={C}: TPOT {rows[-1]['twin_tpot_ms']:.1f} ms undilated "
+                    f"(model {pred.tpot_ms:.1f}); SGLang admitted {w}")
+                if keep is not None:
+                    keep(_data(inp, calib, output_len, rows, table, mode, done=False))
+                drive.wait_idle(server, timeout_s=600.0)
+    return _data(inp, calib, output_len, rows, table, mode, done=True)
+
+
+def _data(inp, calib, output_len, rows, table, mode, done: bool) -> dict:
+    return {"scenario": inp.name, "pp": inp.pp, "calibration": calib, "output_len": output_len,
+            "prompt_len": inp.prompt_len, "rows": list(rows), "costs": table, "complete": done,
+            "mode": mode,
+            "emulated": "every forward, hop and host visit held to the deployment's time x k "
+                        "(reports/model/twin_costs.py); "
+                        + ("device time as a GPU's: the CPU runs ahead of the forward"
+                           if mode == "async" else "the forward holds its rank's CPU")
+                        + "; prefill times estimated",
+            "observed": [list(p) for p in inp.observed]}
+

@@ -1,0 +1,126 @@
+"""`ppscope twin`: a deployment's PP loop on SGLang's own scheduler, device time emulated
+(microbench/sglang_lab/twin.py)."""
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from reports.base.errors import CliError
+
+EPILOG = """\
+examples:
+  ppscope twin                                   # the built-in PP8 scenario, C = 1, 8, 32
+  ppscope twin --concurrency 8 --settings default,recommended
+  ppscope twin --scenario my.json --k 40         # a fixed dilation, no calibration
+
+The output says k, the calibration and that every forward is emulated. Figures are divided by k:
+TPOT and tok/s are the deployment's as SGLang's loop runs it, not this machine's.
+"""
+SETTINGS = ("default", "recommended", "pair")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "twin", help="the deployment's PP loop on SGLang's own scheduler (forwards emulated)",
+        description="Start SGLang's own server (the lab's venv, CPU) at a deployment's settings, "
+                    "hold every rank's forward, hop and host visit to the deployment's times "
+                    "(the figures the pipeline model uses) times a dilation k chosen by "
+                    "calibration, and run bench_serving at each concurrency: the twin's TPOT "
+                    "beside the model's and the user's, for SGLang's defaults and for the "
+                    "settings the report recommends.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--scenario", default="seed-pp8", help="scenario name or file (default seed-pp8)")
+    p.add_argument("--results", default=None, help="records the report reads (default results/)")
+    p.add_argument("--concurrency", default=None, metavar="C,...",
+                   help="concurrencies (default: the scenario's)")
+    p.add_argument("--settings", default="default,recommended,pair", metavar="NAME,...",
+                   help="which servers: default (the deployment as it is), recommended (the "
+                   "report's best single setting), pair (its best pair); default all three")
+    p.add_argument("--output-len", type=int, default=32, metavar="N",
+                   help="output tokens per request (default 32: decode TPOT is compared, the "
+                   "prompt length stays the scenario's)")
+    p.add_argument("--max-k", type=float, default=60.0, metavar="K",
+                   help="the largest dilation the calibration may choose (default 60)")
+    p.add_argument("--k", type=float, default=None, metavar="K",
+                   help="a fixed dilation (no calibration run)")
+    p.add_argument("--lab-dir", default=os.environ.get("PPSCOPE_LAB_DIR", ".lab"),
+                   help="the lab's venv and models (default .lab)")
+    p.add_argument("--out", default=None, help="artefacts folder (default results/twin)")
+    p.add_argument("--json", default=None, help="the record (default results/twin.json)")
+    p.set_defaults(func=run)
+
+
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise CliError(f"{what}: expected integers separated by commas, got {text[:60]!r}") from None
+    if not vals or any(not 1 <= v <= 256 for v in vals):
+        raise CliError(f"{what}: each value between 1 and 256, got {text[:60]!r}")
+    return vals
+
+
+def settings_to_run(inp, names: list[str]):
+    """The twin's servers: the deployment, the report's recommendation and its best pair, as
+    SGLang flags (server knobs only; pacing and TP are not server settings)."""
+    from microbench.sglang_lab.twin import TwinSetting, server_flags, with_flag
+    from reports.model.whatif import best_pair, recommendation, setting_of, what_ifs
+    base = server_flags(inp)
+    out = [TwinSetting("default", base)] if "default" in names else []
+    if not {"recommended", "pair"} & set(names):
+        return out
+    rows = what_ifs(inp)
+    settings = setting_of(inp)
+    picks = [("recommended", recommendation(rows)), ("pair", best_pair(inp, rows, settings))]
+    for name, w in picks:
+        if name not in names or w is None:
+            continue
+        flags, ov = base, {}
+        for knob, shown in zip(w.knob.split(" + "), w.setting.split(" + ")):
+            if not knob.startswith("--"):
+                raise CliError(f"the {name} setting {knob} {shown} is not a server flag the twin "
+                               "can start with")
+            flags = with_flag(flags, knob, shown)
+            ov.update(settings[(knob, shown)].overrides())
+        out.append(TwinSetting(name, flags, ov, source=f"{w.knob} {w.setting}"))
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from reports.base.paths import results_dir
+    from reports.base.records import write_json_atomic
+    from reports.model.scenario import build_inputs, load_records, load_scenario
+    from microbench.sglang_lab.twin import run_twin
+    from microbench.sglang_lab.venv import LabError
+    if not 1 <= args.output_len <= 4096:
+        raise CliError(f"--output-len must be between 1 and 4096, got {args.output_len}")
+    if not 1 <= args.max_k <= 1000 or (args.k is not None and not 1 <= args.k <= 1000):
+        raise CliError("--k and --max-k must be between 1 and 1000")
+    names = [x.strip() for x in args.settings.split(",") if x.strip()]
+    bad = [x for x in names if x not in SETTINGS]
+    if bad or not names:
+        raise CliError(f"--settings: unknown {', '.join(bad) or 'empty list'}; one or more of "
+                       f"{', '.join(SETTINGS)}")
+    results = Path(args.results) if args.results else results_dir()
+    records, warnings = load_records(results)
+    inp = build_inputs(load_scenario(args.scenario), records, warnings)
+    conc = _ints(args.concurrency, "--concurrency") if args.concurrency else list(inp.concurrency)
+    out = Path(args.out) if args.out else results / "twin"
+    settings = settings_to_run(inp, names)
+    dest = Path(args.json) if args.json else results / "twin.json"
+    partial = dest.with_name(dest.stem + ".partial.json")
+
+    def keep(data):       # every finished run at once, beside the last complete record
+        write_json_atomic(partial, {"probe": "twin", "status": "partial", "data": data})
+    try:
+        data = run_twin(inp, settings, conc, out.resolve(), Path(args.lab_dir).resolve(),
+                        args.output_len, args.max_k, args.k, keep=keep)
+    except LabError as e:
+        raise CliError(f"{e} (runs finished so far: {partial})") from None
+    write_json_atomic(dest, {"probe": "twin", "status": "ok", "data": data})
+    partial.unlink(missing_ok=True)
+    from microbench.sglang_lab.twin_table import render
+    print(render(data))
+    print(f"wrote {dest}")
+    return 0

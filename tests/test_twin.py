@@ -1,0 +1,181 @@
+"""The twin's bookkeeping on the CPU: the device times it writes are the model's own, the hold
+module turns a batch into the right time, k comes from the calibration by its stated rule, and
+the micro-batches are read from SGLang's own `Prefill batch` lines."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from microbench.sglang_lab.twin import calibrated_k, server_flags, waves, with_flag
+from reports.model import loop_builder as lb
+from reports.model.scenario import build_inputs, load_records, load_scenario
+from reports.model.twin_costs import costs
+
+ROOT = Path(__file__).resolve().parents[1]
+LAB = ROOT / "tests" / "fixtures" / "sglang_lab"
+
+
+@pytest.fixture(scope="module")
+def seed():
+    recs, warn = load_records(Path("/nonexistent-results"))
+    return build_inputs(load_scenario("seed-pp8"), recs, warn)
+
+
+@pytest.fixture
+def hold(tmp_path, monkeypatch):
+    inject = ROOT / "microbench" / "sglang_lab" / "boot" / "inject"
+    monkeypatch.syspath_prepend(str(inject))
+    spec = importlib.util.spec_from_file_location("twin_hold_under_test",
+                                                  inject / "ppscope_twin_hold.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_device_times_are_the_models_own(seed):
+    c = costs(seed, 40.0, 32)
+    cfg = lb.loop_config(seed, lb.ALL_ON, 32)
+    assert c["k"] == 40.0
+    # SGLang's own split of Kimi's 61 layers over 8 ranks (the last 61 % 8 ranks get one more)
+    assert c["layer_split"] == [7, 7, 7, 8, 8, 8, 8, 8]
+    for r, rank in enumerate(c["ranks"]):
+        assert rank["decode_us"] == pytest.approx(list(cfg.stage_us[r]), abs=1e-3)
+        assert rank["host_us"] == seed.host_us + seed.chain_us
+        assert rank["empty_us"] == seed.empty_us + seed.chain_us
+        pre = rank["prefill_us"]
+        assert all(b >= a for a, b in zip(pre, pre[1:]))        # more tokens, never cheaper
+    assert c["hop_us"] == pytest.approx(list(cfg.hop_us[0]), abs=1e-3)
+    # only the last rank computes logits, once per prefilled sequence
+    assert [r["lm_head_seq_us"] > 0 for r in c["ranks"]] == [False] * 7 + [True]
+    json.dumps(c)
+
+
+def test_the_hold_turns_a_batch_into_its_time(seed, hold, tmp_path, monkeypatch):
+    c = costs(seed, 2.0, 16)
+    path = tmp_path / "twin-costs.json"
+    path.write_text(json.dumps(c))
+    monkeypatch.setenv("PPSCOPE_TWIN_COSTS", str(path))
+    mode = lambda decode: SimpleNamespace(is_decode=lambda: decode)  # noqa: E731
+    r3 = c["ranks"][3]
+    dec = SimpleNamespace(forward_mode=mode(True), batch_size=8, extend_num_tokens=None)
+    assert hold.forward_us(3, dec) == pytest.approx(r3["decode_us"][8] + r3["launch_us"])
+    # past the table: its last step continued
+    big = SimpleNamespace(forward_mode=mode(True), batch_size=18, extend_num_tokens=None)
+    d = r3["decode_us"]
+    assert hold.forward_us(3, big) == pytest.approx(d[16] + 2 * (d[16] - d[15]) + r3["launch_us"])
+    pre = SimpleNamespace(forward_mode=mode(False), batch_size=2, extend_num_tokens=1024)
+    i = r3["prefill_tokens"].index(1024)
+    assert hold.forward_us(3, pre) == pytest.approx(r3["prefill_us"][i] + r3["launch_us"])
+    last = c["ranks"][7]
+    assert hold.forward_us(7, pre) == pytest.approx(last["prefill_us"][i] + 2 * last["lm_head_seq_us"]
+                                                    + last["launch_us"])
+    # k is read from the file and changes without a restart (the calibration's k = 0 first)
+    c["k"] = 0.0
+    path.write_text(json.dumps(c))
+    hold._STATE["checked"] = 0.0
+    import os
+    os.utime(path, ns=(1, 1))
+    assert hold._costs()["k"] == 0.0
+
+
+def test_k_keeps_this_machines_step_under_the_stated_share():
+    k, share = calibrated_k(host_tpot_ms=140.0, model_tpot_ms=32.4, max_k=60)
+    assert k == 44 and share <= 0.10 and share == pytest.approx(140 / (44 * 32.4))
+    k, share = calibrated_k(host_tpot_ms=400.0, model_tpot_ms=32.4, max_k=60)
+    assert k == 60 and share > 0.10                       # capped: the share says so
+    assert calibrated_k(1.0, 32.4, 60)[0] == 1
+
+
+def test_settings_become_sglang_flags(seed):
+    flags = server_flags(seed)
+    assert flags[:2] == ("--pp-async-batch-depth", "8")
+    assert "--chunked-prefill-size" in flags and "8192" in flags
+    new = with_flag(flags, "--chunked-prefill-size", "2048")
+    assert new.count("--chunked-prefill-size") == 1 and new[-2:] == ("--chunked-prefill-size", "2048")
+
+
+def test_the_waves_are_read_from_rank_0s_prefill_lines():
+    log = next(LAB.glob("*/server.log")).read_text(errors="replace")
+    w = waves(log)
+    assert w and all(n >= 0 for n in w)
+    text = ("[2026-12-04 10:00:00 PP0] Prefill batch, #new-seq: 1, #new-token: 1000, "
+            "#cached-token: 0, token usage: 0.01, #running-req: 0, #queue-req: 7, \n"
+            "[2026-12-04 10:00:00 PP1] Prefill batch, #new-seq: 1, #new-token: 1000, "
+            "#cached-token: 0, token usage: 0.01, #running-req: 0, #queue-req: 0, \n"
+            "[2026-12-04 10:00:01 PP0] Prefill batch, #new-seq: 7, #new-token: 7000, "
+            "#cached-token: 0, token usage: 0.2, #running-req: 1, #queue-req: 0, \n")
+    assert waves(text) == [1, 7]
+
+
+def test_the_table_sets_twin_beside_model_and_observed():
+    from microbench.sglang_lab.twin_table import render
+    row = dict(flags=["--chunked-prefill-size", "8192"], twin_tpot_ms=100.0, model_tpot_ms=96.7,
+               twin_output_tok_per_s=60.0, twin_decode_tok_per_s=80.0, model_tok_per_s=82.8,
+               twin_ttft_ms=900.0, completed=8, waves=[1, 7], model_slots=[8])
+    data = {"scenario": "seed-pp8", "pp": 8, "prompt_len": 1000, "output_len": 32,
+            "calibration": {"k": 40, "host_tpot_ms": 130.0, "host_share": 0.1},
+            "observed": [[8, 81.7]],
+            "rows": [dict(row, setting="default", concurrency=8),
+                     dict(row, setting="recommended", concurrency=8, twin_decode_tok_per_s=120.0,
+                          model_tok_per_s=146.0, flags=["--chunked-prefill-size", "2048"])]}
+    out = render(data)
+    assert "k = 40" in out and "81.7" in out and "1 7" in out
+    assert "+76%" in out and "+50%" in out       # model +76% (146 / 82.8), twin +50% (120 / 80)
+
+
+def test_the_cli_refuses_bad_input_in_one_line(capsys):
+    from reports.cli import main
+    for argv, word in ((["twin", "--concurrency", "0"], "--concurrency"),
+                       (["twin", "--settings", "fastest"], "--settings"),
+                       (["twin", "--k", "-1"], "--k")):
+        rc = main(argv)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and word in err[0], err
+
+
+
+
+def test_async_device_time_travels_with_sglangs_messages(seed, hold, tmp_path, monkeypatch):
+    """Two ranks' emulated devices on fakes of SGLang's objects: the forward returns at once,
+    the hidden states carry their ready time (forward end + hop), the next rank's forward
+    starts no earlier, and the CPU waits for a slot's tokens only when it processes them."""
+    import time
+    c = costs(seed, 1000.0, 8, mode="async")          # k = 1000: milliseconds become seconds
+    for r in c["ranks"]:
+        r["launch_us"] = 0.0
+    path = tmp_path / "twin-costs.json"
+    path.write_text(json.dumps(c))
+    monkeypatch.setenv("PPSCOPE_TWIN_COSTS", str(path))
+    mode = SimpleNamespace(is_decode=lambda: True)
+    batch = SimpleNamespace(forward_mode=mode, batch_size=1, extend_num_tokens=None)
+    runner = SimpleNamespace(pp_group=SimpleNamespace(rank_in_group=0))
+    sched = SimpleNamespace(pp_group=SimpleNamespace(rank_in_group=0), mbs=[object(), None])
+    forward = hold._forward(lambda self, fb: "out")
+    launch = hold._launch(lambda self, mb, b, proxy: forward(runner, batch))  # run_batch
+    sent = {}
+    send = hold._send(lambda self, d, **k: sent.update(d))
+    t0 = time.monotonic()
+    assert launch(sched, 0, None, None) == "out"
+    assert time.monotonic() - t0 < 0.5                  # the CPU went on at once
+    end0 = hold._DEV["end"][0]
+    assert end0 - t0 == pytest.approx(c["ranks"][0]["decode_us"][1] * 1e-3, abs=0.05)
+    send(sched, {"hidden_states": SimpleNamespace(ndim=2, shape=(1, 8))}, msg_type="proxy")
+    assert sent[hold.READY] == pytest.approx(end0 + c["hop_us"][1] * 1e-3)
+    # rank 1 (its own process in SGLang; here the same module state, reset): it starts when
+    # the hidden states arrive, not when it is launched
+    hold._DEV.update(free=0.0, end={}, cur=None, in_ready=0.0, send_done=0.0)
+    runner.pp_group.rank_in_group = 1
+    launch(sched, 0, None, SimpleNamespace(tensors={hold.READY: sent[hold.READY]}))
+    assert hold._DEV["end"][0] == pytest.approx(sent[hold.READY] + c["ranks"][1]["decode_us"][1]
+                                                * 1e-3, abs=0.05)
+    # processing a slot's results waits for its tokens; an empty slot waits for nothing
+    results = hold._results(lambda self, a, b: (SimpleNamespace(tensors={hold.READY: time.monotonic() + 0.3}), None, None))
+    t1 = time.monotonic()
+    results(sched, 1, 1)                               # slot 1 has no batch: no wait
+    assert time.monotonic() - t1 < 0.2
+    results(sched, 1, 0)
+    assert time.monotonic() - t1 >= 0.29

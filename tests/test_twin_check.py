@@ -1,0 +1,59 @@
+"""The report's view of a twin record: a what-if row matched to the twin's server by its flags,
+the twin's change beside the model's, another deployment's twin refused, a broken file one line."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from reports.base.errors import CliError
+from reports.model.twin_check import change_of, matches, read_twin, twin_text
+
+
+def record(tmp_path, rows, scenario="seed-pp8", pp=8):
+    (tmp_path / "twin.json").write_text(json.dumps({"probe": "twin", "status": "ok", "data": {
+        "scenario": scenario, "pp": pp, "calibration": {"k": 60}, "rows": rows}}))
+    return tmp_path
+
+
+def row(setting, flags, C, twin, model):
+    return {"setting": setting, "flags": flags, "concurrency": C,
+            "twin_decode_tok_per_s": twin, "model_tok_per_s": model}
+
+
+BASE = ["--pp-async-batch-depth", "8", "--chunked-prefill-size", "8192"]
+CHUNK = ["--pp-async-batch-depth", "8", "--chunked-prefill-size", "2048"]
+PAIR = ["--chunked-prefill-size", "2048", "--pp-async-batch-depth", "0"]
+
+
+def test_a_setting_is_matched_by_the_flags_it_changes(tmp_path):
+    rec = read_twin(record(tmp_path, [
+        row("default", BASE, 8, 80.0, 82.8), row("recommended", CHUNK, 8, 110.4, 146.0),
+        row("pair", PAIR, 8, 140.0, 172.0), row("default", BASE, 1, 30.0, 30.9),
+        row("recommended", CHUNK, 1, 30.0, 30.9)]))
+    assert rec.k == 60
+    one = twin_text(rec, "--chunked-prefill-size", "2048")
+    assert one == ("on SGLang's scheduler (twin, k = 60): +0% at C=1 (model +0%), "
+                   "+38% at C=8 (model +76%)")
+    both = twin_text(rec, "--chunked-prefill-size + --pp-async-batch-depth", "2048 + 0")
+    assert both == "on SGLang's scheduler (twin, k = 60): +75% at C=8 (model +108%)"
+    assert twin_text(rec, "--pp-async-batch-depth", "0") is None        # never run on the twin
+    assert change_of("--a + --b", "1 + 2") == frozenset({("--a", "1"), ("--b", "2")})
+
+
+def test_another_deployments_twin_is_not_used(tmp_path):
+    rec = read_twin(record(tmp_path, [row("default", BASE, 8, 80.0, 82.8)], "lab-pp2", 2))
+    assert "lab-pp2 (PP2)" in matches(rec, "seed-pp8", 8)
+    assert matches(rec, "lab-pp2", 2) is None
+
+
+def test_no_record_is_none_and_a_broken_one_is_one_line(tmp_path):
+    assert read_twin(tmp_path) is None
+    (tmp_path / "twin.json").write_text("{not json")
+    with pytest.raises(CliError, match="not a twin record"):
+        read_twin(tmp_path)
+    (tmp_path / "twin.json").write_text(json.dumps({"data": {"rows": [
+        row("default", BASE, 8, 0.0, 82.8), row("recommended", CHUNK, 8, 1.0, 1.0)],
+        "scenario": "s", "pp": 8, "calibration": {"k": 1}}}))
+    with pytest.raises(CliError, match="not a twin record"):
+        read_twin(tmp_path)
