@@ -194,7 +194,7 @@ def test_a_file_named_pp1_holding_rank_0_is_refused(tmp_path, capsys):
     wrong = d / src.name.replace("-PP-0", "-PP-1")
     shutil.copy(src, wrong)
     rc, _, err = run(["sglang", "--traces", d, "--json", tmp_path / "s.json"], capsys)
-    one_line_error(rc, err, str(wrong), src.name, "distributedInfo.rank 0")
+    one_line_error(rc, err, wrong.name, src.name, "distributedInfo.rank 0")
 
 
 def test_rounds_on_a_record_with_another_runs_traces(tmp_path, capsys):

@@ -70,8 +70,8 @@ def check_trace_ranks(ranks: dict[str, dict], paths: dict[str, Path]) -> dict | 
             continue
         says = (f"PP rank {q}" if q is not None else "another rank")
         other = next((paths[o] for o in keys if q is not None and o == str(q) and o != k), None)
-        raise TraceError(f"{p}: named PP rank {k} but its distributedInfo.rank "
-                         f"{d['dist_rank']} is {says}" + (f", as is {other}" if other else "")
+        raise TraceError(f"{p.parent}: {p.name} is named PP rank {k} but its distributedInfo.rank "
+                         f"{d['dist_rank']} is {says}" + (f", as is {other.name}" if other else "")
                          + ": a renamed or mixed-up file; pass one profile's traces")
     # 2. one world: world size and device kind alike
     for field, what in (("world_size", "distributedInfo.world_size"),):
@@ -178,11 +178,18 @@ def _part_ids(data: dict) -> list[tuple[str, dict[str, str], dict[str, str]]]:
 
 
 def _where(data: dict, part: str) -> str:
+    """The part's files by name (not their folders: the line stays short enough to be read
+    whole under the CLI's cap on an error line)."""
+    def name(p) -> str:
+        return Path(str(p)).name or str(p)
     if part == "log":
-        return ", ".join((data.get("log") or {}).get("log_files") or ()) or "the log"
+        return ", ".join(name(f) for f in (data.get("log") or {}).get("log_files") or ()) \
+            or "the log"
     if part == "bench":
-        return (data.get("bench_source") or {}).get("file") or "the bench file"
-    return (data.get("traces") or {}).get("dir") or "the traces"
+        f = (data.get("bench_source") or {}).get("file")
+        return name(f) if f else "the bench file"
+    d = (data.get("traces") or {}).get("dir")
+    return ", ".join(name(x) for x in str(d).split(", ")) if d else "the traces"
 
 
 def check_parts(data: dict, kept: list[str], path: Path) -> None:
@@ -196,7 +203,7 @@ def check_parts(data: dict, kept: list[str], path: Path) -> None:
                 continue
             a_kept, b_kept = pa in kept, pb in kept
             side = (lambda p, s, k: f"the {p} ({_where(data, p)}"
-                    + (f", kept in {path}" if k else "") + "): "
+                    + (f", kept in {Path(path).name}" if k else "") + "): "
                     + ", ".join(f"{x} {s[x]}" for x in diff))
             raise CliError(f"{side(pa, sa, a_kept)}; {side(pb, sb, b_kept)}: two servers' "
                            "evidence in one record; read each server into its own --json")

@@ -778,8 +778,9 @@ def select_rank_files(files: list[Path]) -> tuple[list[Path], list[str]]:
         key = m.group("pp")
         rank = (int(m.group("tp")), {"DECODE": 0, None: 1, "EXTEND": 2}[m.group("stage")])
         if key in best and best[key][0] == rank:   # the same TP rank and stage twice
-            raise TraceError(f"{p}: a second trace for PP rank {key} (TP {rank[0]}), beside "
-                             f"{best[key][1]}: two profiles' files? pass one profile's traces")
+            raise TraceError(f"{p.parent}: {p.name} is a second trace for PP rank {key} (TP "
+                             f"{rank[0]}), beside {best[key][1].name}: two profiles' files? "
+                             "pass one profile's traces")
         if key in best:
             old_rank, old = best[key]
             loser = p if rank >= old_rank else old

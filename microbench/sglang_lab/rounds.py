@@ -106,9 +106,9 @@ def _same_run(case: Path, sg, trace: Path, loops: int, events: int) -> None:
                          "another run's; read this run's traces into it")
     counted = ((r0.scheduler_ranges_us or {}).get("recv_requests") or {}).get("count")
     if (counted is not None and counted != loops) or (r0.events and r0.events != events):
-        raise ValueError(f"{trace}: {events} events and {loops} loop iterations, but {rec} "
-                         f"counted {r0.events} and {counted} in its {r0.file}: another run's "
-                         "trace under the same name")
+        raise ValueError(f"{trace.name}: {events} events and {loops} loop iterations, but "
+                         f"{rec.name} counted {r0.events} and {counted} in its {r0.file}: "
+                         "another run's trace under the same name")
 
 
 def main(argv: list[str] | None = None) -> int:
