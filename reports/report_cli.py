@@ -115,7 +115,9 @@ def handle(args: argparse.Namespace) -> int:
     baseline = read_baseline(args.baseline) if args.baseline else None
     inp = build_inputs(sc, records, warns, observed, osrc, workload=workload)
     run = model_run(inp, records, baseline, use_cache=not args.no_cache)
-    rep, measured = measured_timelines(results, max(inp.concurrency), run.report)
+    from reports.model.twin_check import apply_twin, read_twin
+    rep = apply_twin(run.report, read_twin(results))   # what SGLang's scheduler said, if run
+    rep, measured = measured_timelines(results, max(inp.concurrency), rep)
     spans = run.spans[max(inp.concurrency)]
     from reports.render.render_html import render_html
     from reports.render.timeline_plot import herd_figure

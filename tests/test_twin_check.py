@@ -57,3 +57,31 @@ def test_no_record_is_none_and_a_broken_one_is_one_line(tmp_path):
         "scenario": "s", "pp": 8, "calibration": {"k": 1}}}))
     with pytest.raises(CliError, match="not a twin record"):
         read_twin(tmp_path)
+
+
+def test_the_report_says_what_the_twin_measured_beside_the_setting(tmp_path, capsys):
+    from reports.cli import main
+    res = record(tmp_path, [row("default", BASE, 8, 80.0, 82.8),
+                            row("recommended", CHUNK, 8, 110.4, 146.0)])
+    assert main(["report", "--results", str(res), "--out", str(res / "o"), "--no-cache"]) == 0
+    out = capsys.readouterr().out
+    rep = json.loads((res / "o" / "report.json").read_text())
+    rec = rep["recommendation"]
+    assert (rec["knob"], rec["setting"]) == ("--chunked-prefill-size", "2048")
+    text = "on SGLang's scheduler (twin, k = 60): +38% at C=8 (model +76%)"
+    assert rec["twin"] == text
+    assert text in (res / "o" / "report.md").read_text()
+    assert "twin, k = 60" in out                  # the terminal's answer says it too
+    others = [w for w in rep["what_ifs"] if w["knob"] != "--chunked-prefill-size"]
+    assert all(w["twin"] is None for w in others)
+
+
+def test_a_twin_of_another_deployment_is_a_warning(tmp_path, capsys):
+    from reports.cli import main
+    res = record(tmp_path, [row("default", BASE, 8, 80.0, 82.8),
+                            row("recommended", CHUNK, 8, 110.4, 146.0)], "lab-pp2", 2)
+    assert main(["report", "--results", str(res), "--out", str(res / "o"), "--no-cache"]) == 0
+    err = capsys.readouterr().err
+    assert "lab-pp2 (PP2)" in err and "not used" in err
+    rep = json.loads((res / "o" / "report.json").read_text())
+    assert rep["recommendation"]["twin"] is None

@@ -97,3 +97,19 @@ def matches(rec: TwinRecord, name: str, pp: int) -> str | None:
         return (f"{rec.source} describes {rec.scenario} (PP{rec.pp}), the report {name} "
                 f"(PP{pp}): not used")
     return None
+
+
+def apply_twin(rep, rec: TwinRecord | None):
+    """The report with each what-if the twin ran saying what it measured (`WhatIf.twin`), and a
+    warning when the twin describes another deployment. Rows the twin did not run keep None."""
+    from dataclasses import replace
+    if rec is None:
+        return rep
+    why = matches(rec, rep.scenario, rep.deployment.pp)
+    if why:
+        return replace(rep, warnings=tuple(rep.warnings) + (why,))
+
+    def one(w):
+        return None if w is None else replace(w, twin=twin_text(rec, w.knob, w.setting))
+    return replace(rep, what_ifs=tuple(one(w) for w in rep.what_ifs),
+                   recommendation=one(rep.recommendation), best_pair=one(rep.best_pair))

@@ -81,6 +81,9 @@ class WhatIf:
     holds_up_to: int | None = None
     loses_at: Effect | None = None
     checked_up_to: int | None = None
+    # what the twin measured for this setting on SGLang's own scheduler (reports/model/
+    # twin_check.py), None where the twin never ran it
+    twin: str | None = None
 
 
 def _effect(C: int, base: float, pred: float) -> Effect:

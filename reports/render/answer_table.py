@@ -95,7 +95,7 @@ def what_to_do(rep: Report, v: Verdict) -> str:
     w = best_fix(rep, v.cause)
     if w is None:
         return f"no setting modelled for {_short(label(v.cause))}" if v.cause else "-"
-    how = "client-side" if w.knob == PACING else NOT_RUN
+    how = "client-side" if w.knob == PACING else (w.twin or NOT_RUN)
     return f"{w.knob} {w.setting}: {_gain_at(w, _strongest_c(v))} ({how})"
 
 
@@ -154,7 +154,8 @@ def _recommendation(rep: Report) -> str:
              else "see its range under What-ifs")
     return (f"{scen}{'r' if scen else 'R'}ecommended: {rec.knob} {rec.setting}: C={e.concurrency} "
             f"{e.baseline_tok_per_s:.1f} -> {e.predicted_tok_per_s:.1f} tok/s ({e.gain:+.0%}), "
-            f"{rec.gain:+.0%} on the geometric mean over C={cs}, {where} ({NOT_RUN}).")
+            f"{rec.gain:+.0%} on the geometric mean over C={cs}, {where} "
+            f"({rec.twin or NOT_RUN}).")
 
 
 def _arrival(rep: Report) -> str | None:

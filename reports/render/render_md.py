@@ -189,7 +189,8 @@ def whatif_table(rep: Report, rows: list[WhatIf] | None = None) -> Table:
                    + ("-" if not w.mixed else
                       f"{w.mixed.predicted_tok_per_s:.1f} ({w.mixed.gain:+.0%})",
                       f"{w.gain:+.1%}", f"{w.worst_gain:+.0%}",
-                      "yes" if w.eligible else "no", _holds(w), w.note or ""))
+                      "yes" if w.eligible else "no", _holds(w),
+                      "; ".join(x for x in (w.note, w.twin) if x)))
     return Table(("knob", "setting") + tuple(f"C={C} tok/s (gain)" for C in cs)
                  + (f"mixed load C={mixed_c} tok/s (gain)" if mixed_c else "mixed load",
                     "objective: geo-mean gain", "worst gain", "server setting, <= 2% loss",
