@@ -179,3 +179,32 @@ def test_async_device_time_travels_with_sglangs_messages(seed, hold, tmp_path, m
     assert time.monotonic() - t1 < 0.2
     results(sched, 1, 0)
     assert time.monotonic() - t1 >= 0.29
+
+
+FIX = ROOT / "tests" / "fixtures" / "twin"
+
+
+def test_a_recorded_twin_keeps_its_books():
+    """The seed's twin as recorded (PP8, k = 60, SGLang 0.5.23 on the CPU): every row's figures
+    are the bench's divided by k, the micro-batches are rank 0's own Prefill lines after the
+    warm-up prompt, and the report's reader sets each setting's change beside the model's."""
+    from reports.model.twin_check import read_twin, twin_text
+    import shutil
+    doc = json.loads((FIX / "seed-pp8.twin.json").read_text())["data"]
+    k = doc["calibration"]["k"]
+    assert k == 60 and doc["mode"] == "async" and doc["complete"]
+    for r in doc["rows"]:
+        # decode tok/s = C streams over the undilated TPOT
+        assert r["twin_decode_tok_per_s"] == pytest.approx(r["concurrency"] * 1000.0 / r["twin_tpot_ms"])
+        assert sum(r["waves"]) >= r["concurrency"]     # chunk continuations count again
+    rec8 = next(r for r in doc["rows"] if r["setting"] == "recommended" and r["concurrency"] == 8)
+    logged = waves((FIX / "recommended-prefill-pp0.log").read_text())
+    n = len(rec8["waves"])
+    # the server's own start-up request (22 tokens), bench_serving's warm-up prompt, then the run
+    assert logged[2:2 + n] == rec8["waves"]
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        shutil.copy(FIX / "seed-pp8.twin.json", Path(d) / "twin.json")
+        tw = read_twin(Path(d))
+    text = twin_text(tw, "--chunked-prefill-size", "2048")
+    assert "+100% at C=8 (model +76%)" in text
