@@ -45,8 +45,12 @@ def default_plan(pp: int = 2, quick: bool = False, depth: int = 0) -> tuple[Grou
     c8 = 8
     clean8 = Case("clean-c8", c8, reps=3, stacks=True, live=True, baseline="")
     if quick:
+        # The CI tier's fault is x3: it checks that the slow stage is named, so the fault must
+        # be the largest effect on any machine. On an idle 2-core machine the tiny model's
+        # forward took 4-5 ms against 2-3 ms of host per visit, and x2 was named second, behind
+        # host work (the full plan keeps x2 and sizes it against the clean run).
         return (Group(name, pp, extra, (Case("clean-c8", c8, reps=2, baseline=""),
-                      Case("slow-stage", c8, fault=f"slow-stage={last}:2", expect="slow_stage"))),)
+                      Case("slow-stage", c8, fault=f"slow-stage={last}:3", expect="slow_stage"))),)
     cases = (
         clean8,
         Case("clean-c1", 1, reps=1, live=True, baseline=""),
