@@ -10,41 +10,17 @@ in a temporary folder.
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
 import shutil
 from pathlib import Path
 
 import pytest
-
 from reports.cli import main
+from test_fuzz_bad_inputs import digest, one_line_error, run   # the fuzz tier's contract
 
 FIX = Path(__file__).parent / "fixtures"
 LAB = FIX / "sglang_lab"
 CASES = FIX / "h200x2" / "fault_cases"
-
-
-def run(argv, capsys) -> tuple[int, str, str]:
-    try:
-        rc = main([str(a) for a in argv])
-    except SystemExit as e:
-        rc = e.code
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def one_line_error(rc: int, err: str, *words: str) -> str:
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert rc == 2, (rc, err)
-    assert "Traceback" not in err and "internal error" not in err, err
-    assert len(lines) == 1, err
-    for w in words:
-        assert w in lines[0], (w, lines[0])
-    return lines[0]
-
-
-def digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def shifted(src: Path, dst: Path, us: float = 0.0) -> Path:

@@ -135,28 +135,30 @@ def _dev_class(v) -> str | None:
         ("cuda:", "nvidia", "amd")) else s
 
 
+def _said(args: dict, with_model: bool = False) -> dict:
+    """Model (bench_serving's server_info only), pp and device, as SGLang's arguments name them."""
+    said = {}
+    if with_model and args.get("model"):
+        said["model"] = str(args["model"])
+    if args.get("pp_size"):
+        said["pp"] = f"PP{args['pp_size']}"
+    if args.get("device"):
+        said["device"] = str(args["device"])
+    return said
+
+
 def _part_ids(data: dict) -> list[tuple[str, dict[str, str], dict[str, str]]]:
     """(part, {key: value as compared}, {key: value as said}) of each part that says any of
     model, pp, device."""
     out = []
     log = data.get("log") or {}
     sa = log.get("server_args") or {}
-    said = {}
-    if sa.get("pp_size"):
-        said["pp"] = f"PP{sa['pp_size']}"
-    if sa.get("device"):
-        said["device"] = str(sa["device"])
+    said = _said(sa)
     if said:
         out.append(("log", said))
     for run in data.get("bench") or ():
         si = run.get("server_info") or {}
-        said = {}
-        if si.get("model"):
-            said["model"] = str(si["model"])
-        if si.get("pp_size"):
-            said["pp"] = f"PP{si['pp_size']}"
-        if si.get("device"):
-            said["device"] = str(si["device"])
+        said = _said(si, with_model=True)
         if said:
             out.append(("bench", said))
             break                  # bench_serving.py `_one_server`: one server per file

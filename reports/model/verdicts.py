@@ -425,10 +425,10 @@ def _verdicts_at(inp: Inputs, att: Attribution, records: dict[str, Record]) -> l
     gv = graph_evidence(sg.payload) if sg is not None else None
     if gv is not None:
         out.append(Verdict(GRAPHS, gv[0], gv[1], gv[2]))
-    elif gr is not None and other_machine(gr, inp):   # another machine's graphs never decide it
+    elif gr is not None and (elsewhere := other_machine(gr, inp)):   # never another machine's
         out.append(Verdict(GRAPHS, UNKNOWN,
                            f"graphs.json does not decide it: "
-                           f"{other_machine(gr, inp).replace('it describes', 'graphs.json describes', 1)}"
+                           f"{elsewhere.replace('it describes', 'graphs.json describes', 1)}"
                            "; run `ppscope graphs` on the server, or give its SGLang log",
                            f"graphs.json ({machine_of(gr)})"))
     elif gr is not None:

@@ -108,9 +108,8 @@ def _sleep_until(t):
 
 
 def _hold(t0, us):
-    left = t0 + _costs()["k"] * us / 1e6 - time.monotonic()
-    if left > 0:
-        time.sleep(left)
+    """Until k x `us` after t0."""
+    _sleep_until(t0 + _costs()["k"] * us / 1e6)
 
 
 def _forward(fn):
