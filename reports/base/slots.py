@@ -47,7 +47,7 @@ from __future__ import annotations
 import heapq
 import random
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from reports.base.server_settings import ServerSettings, chunk_budget, slot_count
@@ -430,10 +430,21 @@ class LoopRun:
         return len(self.prefills)
 
 
+@dataclass
+class RunRecord:
+    """What a run did, visit by visit, for a pipeline run over it (reports/model/
+    pipeline_model.py `Plan`): `batches[v]` = (requests, prefill tokens) of visit v (tokens 0:
+    a decode; (0, 0): an empty visit); `requests`: (first-token visit, last-token visit, output
+    tokens) of each completed prompt."""
+    batches: list = field(default_factory=list)
+    requests: list = field(default_factory=list)
+
+
 def run_loop(cfg: SlotConfig, waves: Sequence[Wave], successor: Successor = Successor(),
              round_us=None, *, prompt_len: int = 1, output_len=lambda: 1,
              policy: str = "sglang", micro_batches: int | None = None,
-             rounds: int | None = None, warmup_rounds: int = 0) -> LoopRun:
+             rounds: int | None = None, warmup_rounds: int = 0,
+             record: RunRecord | None = None) -> LoopRun:
     """The one admission run: bench_serving's closed loop over SGLang's slot loop, visit by
     visit (the module docstring's rules, `visit` at each one).
 
@@ -492,9 +503,14 @@ def run_loop(cfg: SlotConfig, waves: Sequence[Wave], successor: Successor = Succ
             memo[sizes] = round_us(sizes) / S
         return memo[sizes]
 
+    began: dict[int, tuple[int, int]] = {}   # client -> (first-token visit, output tokens)
+
     def finish(s: int, v: int, c: int) -> None:
         leaving[s] += 1
         heapq.heappush(processed, (v + S - 1, c))
+        if record is not None:
+            f, n = began.pop(c)
+            record.requests.append((f, v, n))
 
     v = 0
     while end is None or v < end:
@@ -528,6 +544,7 @@ def run_loop(cfg: SlotConfig, waves: Sequence[Wave], successor: Successor = Succ
                 chunked = joining.pop()
             for c in joining:  # prefill makes the first token
                 left = output_len() - 1
+                began[c] = (v, left + 1)
                 if left > 0:
                     heapq.heappush(heaps[s], (decoded[s] + left, c))
                 else:
@@ -535,6 +552,8 @@ def run_loop(cfg: SlotConfig, waves: Sequence[Wave], successor: Successor = Succ
         sizes = tuple(len(h) for h in heaps)
         d = visit_us(sizes)
         hold(sizes, d)
+        if record is not None:
+            record.batches.append((vis.batch, vis.tokens) if vis.batch else (sizes[s], 0))
         if vis.batch:
             prefills.append((vis.batch, running))
         elif heaps[s]:
@@ -571,6 +590,8 @@ def run_loop(cfg: SlotConfig, waves: Sequence[Wave], successor: Successor = Succ
                     nxt = min(nxt, first + (heaps[q][0][0] - decoded[q] - 1) * S)
             nxt = max(nxt, v + 1)
             if nxt > v + 1:   # decode the skipped visits, take the skipped snapshots
+                if record is not None:
+                    record.batches.extend((len(heaps[u % S]), 0) for u in range(v + 1, nxt))
                 for q in range(S):
                     if heaps[q]:
                         first = v + 1 + (q - v - 1) % S

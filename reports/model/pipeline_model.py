@@ -61,7 +61,7 @@ no numpy; a message already posted is read without switching generators.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence, Union
 
 from reports.base.server_settings import slot_count
@@ -164,10 +164,12 @@ class _Deadlock(RuntimeError):
 
 
 def _rank_loop(cfg: LoopConfig, r: int, sizes: list[int], iters: int, post, box: dict,
-               done_at: dict, spans: list | None):
+               done_at: dict, spans: list | None, plan: "Plan | None" = None):
     """One rank's event loop as a generator: yields the key of each message it blocks on and
     is resumed with the message's value (reports/model/pipeline_model.py module docstring);
-    a message already posted (`box`) is read without yielding."""
+    a message already posted (`box`) is read without yielding. With a `plan`, iteration j runs
+    the plan's batch j (a decode of n requests, or a prefill of its tokens) instead of the
+    fixed slot sizes."""
     p, S, depth = cfg.pp, cfg.slots, cfg.async_depth
     last = p - 1
     host, empty = cfg.cpu("host_us", r), cfg.cpu("empty_us", r)
@@ -187,7 +189,12 @@ def _rank_loop(cfg: LoopConfig, r: int, sizes: list[int], iters: int, post, box:
     sent = recvd = 0                     # output messages sent / received, in order
     for j in range(iters):
         k = j % S
-        n = sizes[k]
+        if plan is None:
+            n = sizes[k]
+            cost, hop_cost = (_at(stage, n), _at(hop, n)) if n else (0.0, 0.0)
+        else:
+            n, tokens = plan.batch(j)
+            cost, hop_cost = plan.costs(r, n, tokens) if n else (0.0, 0.0)
         if r > 0:                                            # 1. recv_requests
             post(("ack", "req", r - 1, j), t)
             key = ("req", r - 1, j)
@@ -216,7 +223,7 @@ def _rank_loop(cfg: LoopConfig, r: int, sizes: list[int], iters: int, post, box:
             if n:
                 t += launch
                 start = max(t, gpu_free, sched)
-                end = start + _at(stage, n)
+                end = start + cost
                 gpu_free = end
                 if on_cpu:
                     t = end
@@ -228,7 +235,7 @@ def _rank_loop(cfg: LoopConfig, r: int, sizes: list[int], iters: int, post, box:
                 if r < last:
                     sched = max(sched, end)
                     t += send_cpu
-                    post(("proxy", r, j), (t, max(sched, t) + _at(hop, n)))
+                    post(("proxy", r, j), (t, max(sched, t) + hop_cost))
             continue
         nxt = mbs[(k + 1) % S]
         new_out = None
@@ -245,7 +252,7 @@ def _rank_loop(cfg: LoopConfig, r: int, sizes: list[int], iters: int, post, box:
                 if n:                                        # 5. launch
                     t += launch
                     start = max(t, gpu_free, sched)
-                    end = start + _at(stage, n)
+                    end = start + cost
                     gpu_free = end
                     if on_cpu:
                         t = end
@@ -288,10 +295,12 @@ def _rank_loop(cfg: LoopConfig, r: int, sizes: list[int], iters: int, post, box:
                     new_out = (sched, nn)                    # stream, then records the event
         if nxt:                                              # 6. d2h sync + process result
             t = max(t, d2h) + process
+            if r == 0 and plan is not None:                  # the client has those tokens
+                plan.processed[j + 1 - S] = t
         if n and r < last:                                   # 7. proxy send
             sched = max(sched, end)                          # waits on the launch event
             t += send_cpu
-            proxy_done = max(sched, t) + _at(hop, n)
+            proxy_done = max(sched, t) + hop_cost
             post(("proxy", r, j), (t, proxy_done))
             proxy_sent = (("ack", "proxy", r, j), t)
         pp_out = new_out
@@ -309,6 +318,35 @@ def simulate(cfg: LoopConfig, slot_sizes: Sequence[int], rounds: int | None = No
     return res if res is not None else _simulate(cfg, slot_sizes, 16, keep_spans, check=False)
 
 
+def _drive(cfg: LoopConfig, sizes: list[int], iters: int, spans: list | None,
+           plan: "Plan | None" = None) -> dict[int, float]:
+    """Every rank's loop run for `iters` iterations, each generator resumed when the message it
+    blocks on is posted; returns when the last rank's forward of each iteration ended."""
+    box: dict = {}
+    parked: dict = {}
+    ready: deque = deque()
+    done_at: dict[int, float] = {}
+
+    def post(key, val):
+        box[key] = val
+        if key in parked:
+            for g in parked.pop(key):
+                ready.append((g, val))
+
+    for r in range(cfg.pp):
+        ready.append((_rank_loop(cfg, r, sizes, iters, post, box, done_at, spans, plan), None))
+    while ready:
+        g, val = ready.popleft()
+        try:
+            key = g.send(val)
+            while key in box:
+                key = g.send(box[key])
+            parked.setdefault(key, []).append(g)
+        except StopIteration:
+            pass
+    return done_at
+
+
 def _simulate(cfg: LoopConfig, slot_sizes: Sequence[int], rounds: int, keep_spans: bool,
               check: bool) -> SimResult | None:
     p, S = cfg.pp, cfg.slots
@@ -324,32 +362,9 @@ def _simulate(cfg: LoopConfig, slot_sizes: Sequence[int], rounds: int, keep_span
     total = sum(sizes)
     if total == 0:
         return SimResult(0.0, 0.0, tuple(0.0 for _ in range(p)), tuple(sizes))
-    box: dict = {}
-    parked: dict = {}
-    ready: deque = deque()
-    done_at: dict[int, float] = {}
     spans: list | None = [] if keep_spans else None
-
-    def post(key, val):
-        box[key] = val
-        if key in parked:
-            for g in parked.pop(key):
-                ready.append((g, val))
-
     need = rounds * S
-    gens = [_rank_loop(cfg, r, sizes, need + 2 * S + p, post, box, done_at, spans)
-            for r in range(p)]
-    for g in gens:
-        ready.append((g, None))
-    while ready:
-        g, val = ready.popleft()
-        try:
-            key = g.send(val)
-            while key in box:
-                key = g.send(box[key])
-            parked.setdefault(key, []).append(g)
-        except StopIteration:
-            pass
+    done_at = _drive(cfg, sizes, need + 2 * S + p, spans)
     per_round = sum(1 for n in sizes if n > 0)
     its = sorted(j for j in done_at if j < need)
     if len(its) < rounds * per_round:
@@ -375,6 +390,58 @@ def _simulate(cfg: LoopConfig, slot_sizes: Sequence[int], rounds: int, keep_span
         slot_sizes=tuple(sizes),
         spans=tuple(sorted(spans, key=lambda s: (s.start_us, s.rank))) if spans else (),
     )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A run visit by visit instead of fixed slot sizes (a benchmark's start and end, prefill
+    included): `batches[j]` = (requests, prefill tokens) of iteration j, in SGLang's order (slot
+    j % slots); prefill tokens 0 is a decode of that many requests, (0, 0) an empty visit.
+    `prefill_us(rank, tokens, requests)`: a prefill forward; its hidden states cost
+    `hop_us[rank][tokens]` (the table's last step continued past its end, as the twin's hold
+    does: a prefill sends one hidden row per token)."""
+    cfg: LoopConfig
+    batches: tuple[tuple[int, int], ...]
+    prefill_us: object
+    # filled by `simulate_plan`: iteration -> when rank 0 processed that batch's tokens
+    # (`process_batch_result`: they then go to the detokenizer and the client)
+    processed: dict = field(default_factory=dict, compare=False)
+
+    def batch(self, j: int) -> tuple[int, int]:
+        return self.batches[j] if j < len(self.batches) else (0, 0)
+
+    def costs(self, r: int, n: int, tokens: int) -> tuple[float, float]:
+        """(forward, hidden-state hop) of rank r for this batch."""
+        if not tokens:
+            return _at(self.cfg.stage_us[r], n), _at(self.cfg.hop_us[r], n)
+        return float(self.prefill_us(r, tokens, n)), _extended(self.cfg.hop_us[r], tokens)
+
+
+def _extended(row: Sequence[float], b: int) -> float:
+    if b < len(row):
+        return row[b]
+    top = len(row) - 1
+    step = row[top] - row[top - 1] if top > 1 else row[top]
+    return row[top] + (b - top) * max(0.0, step)
+
+
+def simulate_plan(plan: Plan) -> dict[int, float]:
+    """When the last rank's forward of each non-empty iteration of `plan` ends (us from the
+    run's start; `plan.processed` gets when rank 0 processed its tokens): the plan run through
+    every rank's loop once, then empty visits until the pipeline drains."""
+    cfg = plan.cfg
+    p, S = cfg.pp, cfg.slots
+    for n, tokens in plan.batches:
+        if n < 0 or tokens < 0:
+            raise ValueError("plan batches must be >= 0")
+        if n and not tokens:
+            _at(cfg.stage_us[0], n)
+    done_at = _drive(cfg, [], len(plan.batches) + 2 * S + p, None, plan)
+    want = sum(1 for n, _ in plan.batches if n)
+    got = sum(1 for j in done_at if j < len(plan.batches))
+    if got < want:
+        raise _Deadlock(f"plan stalled after {got} of {want} forwards on the last rank")
+    return done_at
 
 
 def uniform_loop(pp: int, async_depth: int, bmax: int, stage_us: Sequence[float] | float,
