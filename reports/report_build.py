@@ -35,6 +35,7 @@ from reports.model.scenario import Inputs
 from reports.model.server_log import (DP_RULES, attention_lines, dp_count, log_figures,
                                       moe_kernel_lines)
 from reports.model.validate_dispatch import micro_batch_choices, validate
+from reports.model.metrics_verdicts import window_lines
 from reports.model.verdicts import Verdict, VerdictAt, verdicts
 from reports.model.whatif import (OBJECTIVE, TP_KNOB, WhatIf, best_pair, measured_concurrency,
                                   recommendation, setting_of, transport_points, what_ifs)
@@ -329,7 +330,7 @@ def server_summary(sg: SglangData, conc: list[Level], pp: int,
                     for b in sg.bench),
         busy_over_time={r: BusyOverTime(tr_r[r].bin_us, tuple(tr_r[r].busy_frac_over_time))
                         for r in sorted(tr_r, key=int) if tr_r[r].busy_frac_over_time},
-        notes=tuple(notes))
+        notes=tuple(notes), metrics_lines=tuple(window_lines(sg.metrics_window)))
 
 
 def topology_summary(d: TopologyData) -> TopologySummary:

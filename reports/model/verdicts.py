@@ -10,8 +10,10 @@ re-running the model at Zipf s = 1 (see `routing_verdict`).
 With sglang.json (the user's own server), the herd verdict cites the slot sizes the server
 logged next to the modelled ones; evenly filled observed slots overrule the modelled burst
 admission ("does not hold"). The CUDA-graph verdict is decided by the log's `cuda graph` field,
-else by the traces' share of kernels replayed from graphs. Observed numbers are cited, never
-fed into the model.
+else by the traces' share of kernels replayed from graphs, else by /metrics' decode passes on a
+graph; stage imbalance by the traces' diagnosis, else by /metrics' run_batch seconds per rank
+(reports/model/metrics_verdicts.py), each set beside the other where both exist. Observed
+numbers are cited, never fed into the model.
 """
 from __future__ import annotations
 
@@ -108,15 +110,17 @@ def graph_evidence(sg: SglangData) -> tuple[str, str, str] | None:
     """(verdict, number, evidence) on CUDA-graph fallback from the server's log (share of decode
     lines with `cuda graph: True`) and traces (kernels from graph replays vs launched one by one);
     the log decides when it has the field, else the traces. None when neither says anything."""
+    from reports.model.metrics_verdicts import beside, graph_verdict
+    met = graph_verdict(sg.metrics_window) if sg.metrics_window is not None else None
     fr = graph_shares(sg)   # per scheduler: each DP rank of a PP rank on its own
     gs = sg.log.graph_setting if sg.log is not None else None
     if gs is not None and gs.off_by_setting:   # eager on purpose: never read as a fallback
-        return (NOT, graph_off_number(gs.reasons, fr),
+        return (NOT, beside(graph_off_number(gs.reasons, fr), NOT, met),
                 "sglang.json (observed: log start-up lines)")
     tr = [(r, d.graph_kernels or 0, d.eager_kernels or 0, d.graph_launches or 0)
           for r, d in (sg.traces.ranks.items() if sg.traces else ()) if d.gpu_events]
     if not fr and not tr:
-        return None
+        return met      # /metrics alone, or nothing
     parts, srcs = [], []
     v = UNKNOWN
     if fr:
@@ -137,7 +141,7 @@ def graph_evidence(sg: SglangData) -> tuple[str, str, str] | None:
         srcs.append("traces")
         if not fr:
             v = HOLDS if share < GRAPH_KERNEL_SHARE else NOT
-    return v, "; ".join(parts), f"sglang.json (observed: {', '.join(srcs)})"
+    return v, beside("; ".join(parts), v, met), f"sglang.json (observed: {', '.join(srcs)})"
 
 
 # Skew tested when the scenario states none: Zipf s = 1 (expert of popularity rank r picked
@@ -331,7 +335,27 @@ def verdicts(inp: Inputs, atts: list[Attribution], records: dict[str, Record],
     gs = sg.payload.log.graph_setting if sg is not None and sg.payload.log is not None else None
     if gs is not None and gs.off_by_setting:   # graphs off on purpose: the setting is the answer
         obs.pop(GRAPHS, None)
-    return [obs.get(x.hypothesis, x) for x in base]
+    out = [obs.get(x.hypothesis, x) for x in base]
+    return with_metrics(out, sg.payload.metrics_window if sg is not None else None)
+
+
+def with_metrics(vs: list[Verdict], window) -> list[Verdict]:
+    """The /metrics window's verdicts (reports/model/metrics_verdicts.py): deciding stage
+    imbalance where no observed evidence did, set beside the observed ones otherwise (their
+    disagreement said). The graph verdict's own evidence takes it in `graph_evidence`."""
+    from reports.model import metrics_verdicts as mv
+    if window is None:
+        return vs
+    st = mv.slow_stage(window)
+    out = []
+    for v in vs:
+        if v.hypothesis == STAGES and st is not None:
+            if "(observed" in v.evidence:
+                v = replace(v, number=mv.beside(v.number, v.verdict, st))
+            else:
+                v = Verdict(STAGES, st[0], st[1], st[2], HYPOTHESES.get(STAGES))
+        out.append(v)
+    return out
 
 
 # Strength of a verdict on a harmful cause (the herd, graphs, ...): over the concurrencies it

@@ -4,7 +4,8 @@ Parts, each None/empty when its evidence was not given: `ranks` + `log` (the sch
 PP rank), `slot_imbalance`, `bench` + `bench_source` (bench_serving runs), `traces` (per-rank
 Kineto aggregates, microbench/sglang/trace.py), `loop` (the per-iteration loop profile the
 diagnosis models, microbench/sglang/steps.py), `metrics` and `live` (display only: typed as
-`Json`, nothing computes on them). Times in microseconds unless the name says otherwise.
+`Json`, nothing computes on them), `metrics_window` (two /metrics scrapes per PP rank, the
+verdicts read it: reports/model/metrics_verdicts.py). Times in microseconds unless the name says otherwise.
 """
 from __future__ import annotations
 
@@ -363,6 +364,30 @@ class LoopProfile:
 
 
 @dataclass(frozen=True)
+class MetricsRank:
+    """One PP rank over a /metrics window (microbench/sglang/metrics_window.py): the counters'
+    increase between the two scrapes, the gauges at the second. Seconds of wall time."""
+    stage_s: dict[str, float] = ge(0, default_factory=dict)   # scheduler stage category -> s
+    idle_s: float | None = ge(0, default=None)                # scheduler_idle_seconds_total
+    decode_passes: float = ge(0, default=0.0)                 # cuda_graph_passes_total decode_*
+    decode_graph_passes: float = ge(0, default=0.0)           # ... mode="decode_cuda_graph"
+    fwd_occupancy_pct: float | None = between(0, 100, default=None)   # None: absent or NaN
+    fwd_occupancy_nan: bool = False                           # the gauge read NaN
+    graphs_captured: bool | None = None    # graph_memory_usage_gb{phase="decode"} > 0
+
+
+@dataclass(frozen=True)
+class MetricsWindow:
+    """Two /metrics scrapes of one server and their differences, per PP rank; with one scrape
+    the window is the server's life so far (`scrapes` 1)."""
+    source: str
+    scrapes: int = between(1, 2)
+    seconds: float | None = ge(0, default=None)    # between the scrapes, when known
+    ranks: dict[str, MetricsRank] = field(default_factory=dict)
+    graph_capture_s: float | None = ge(0, default=None)   # startup_cuda_graph_time_seconds decode
+
+
+@dataclass(frozen=True)
 class SglangData:
     SCHEMA_VERSION: ClassVar[int] = 1
     ranks: dict[str, LogRank] = field(default_factory=dict)
@@ -374,6 +399,7 @@ class SglangData:
     log: LogSummary | None = None
     metrics: Json = None            # /metrics summary (microbench/sglang/metrics.py), display only
     live: Json = None               # live probe runs (microbench/sglang/live.py), display only
+    metrics_window: MetricsWindow | None = None   # the window the report diagnoses from
     # part (log, traces, metrics, bench, live) -> when it was read (UTC): successive `ppscope
     # sglang` runs accumulate, each replacing only the parts of the sources it read
     sources: dict[str, str] = field(default_factory=dict)
