@@ -150,11 +150,23 @@ def slow_stage(w) -> tuple[str, str, str, int] | None:
             EVIDENCE, int(k))
 
 
-def beside(number: str, verdict: str, other: tuple | None) -> str:
-    """A verdict's number with the metrics' own beside it, and their disagreement said."""
+def graph_share(w) -> float | None:
+    """The lowest per-rank share of decode passes on a CUDA graph in the window."""
+    w = as_window(w)
+    rs = [r for _, r in _ranks(w) if r.decode_passes > 0] if w is not None else []
+    return min((r.decode_graph_passes / r.decode_passes for r in rs), default=None)
+
+
+def beside(number: str, verdict: str, other: tuple | None, share: float | None = None,
+           other_share: float | None = None) -> str:
+    """A verdict's number with the metrics' own beside it, and their disagreement said: another
+    verdict, or (graphs) shares of decode work on a graph more than 10 points apart."""
     if other is None:
         return number
     text = f"{number}; /metrics ({LABEL}): {other[1]}"
     if other[0] != verdict:
         text += f" -- the evidence disagrees: /metrics says {other[0]!r}, this says {verdict!r}"
+    elif share is not None and other_share is not None and abs(share - other_share) > 0.1:
+        text += (f" -- the evidence disagrees: {share:.0%} on a graph here, {other_share:.0%} "
+                 "in /metrics (another window or another server?)")
     return text

@@ -110,8 +110,9 @@ def graph_evidence(sg: SglangData) -> tuple[str, str, str] | None:
     """(verdict, number, evidence) on CUDA-graph fallback from the server's log (share of decode
     lines with `cuda graph: True`) and traces (kernels from graph replays vs launched one by one);
     the log decides when it has the field, else the traces. None when neither says anything."""
-    from reports.model.metrics_verdicts import beside, graph_verdict
+    from reports.model.metrics_verdicts import beside, graph_share, graph_verdict
     met = graph_verdict(sg.metrics_window) if sg.metrics_window is not None else None
+    met_share = graph_share(sg.metrics_window)
     fr = graph_shares(sg)   # per scheduler: each DP rank of a PP rank on its own
     gs = sg.log.graph_setting if sg.log is not None else None
     if gs is not None and gs.off_by_setting:   # eager on purpose: never read as a fallback
@@ -141,7 +142,9 @@ def graph_evidence(sg: SglangData) -> tuple[str, str, str] | None:
         srcs.append("traces")
         if not fr:
             v = HOLDS if share < GRAPH_KERNEL_SHARE else NOT
-    return v, beside("; ".join(parts), v, met), f"sglang.json (observed: {', '.join(srcs)})"
+    own = lo if fr else share
+    return (v, beside("; ".join(parts), v, met, own, met_share),
+            f"sglang.json (observed: {', '.join(srcs)})")
 
 
 # Skew tested when the scenario states none: Zipf s = 1 (expert of popularity rank r picked
