@@ -186,8 +186,10 @@ def routing_verdict(inp: Inputs, att: Attribution, records: dict[str, Record],
     sc = records.get("stage_cost")
     measured = sc is not None and sc.payload.zipf_s > 0 and any(
         e.measured_us is not None for e in sc.payload.layers.get("moe", {}).values())
-    label = ("stage_cost.json (measured with --zipf)" if measured
-             else "roofline Monte-Carlo (estimated)")
+    away = elsewhere(sc, inp, "stage_cost.json") if measured else None
+    label = ("stage_cost.json (measured with --zipf)" if measured and not away
+             else "roofline Monte-Carlo (estimated)"
+             + (f"; stage_cost.json's --zipf run not used: {away}" if away else ""))
     why = ("scenario's zipf_s" if inp.zipf_s else
            f"zipf_s = {s:g}: a strong but common skew; the scenario assumes uniform routing")
     num = (f"under PP every GPU holds all experts of its layers: skew s={s:g} ({why}) changes "
@@ -228,6 +230,13 @@ def other_machine(rec: Record, inp: Inputs) -> str | None:
     if len(g) < inp.pp:
         return f"it describes {len(g)} GPUs, the deployment's pipeline has {inp.pp}"
     return None
+
+
+def elsewhere(rec: Record | None, inp: Inputs, name: str) -> str | None:
+    """`other_machine` in words naming the record (`graphs.json describes 1x NVIDIA H200, the
+    deployment 8x ...`), or None when `rec` is absent or may be the deployment's machine."""
+    why = other_machine(rec, inp) if rec is not None else None
+    return why.replace("it describes", f"{name} describes", 1) if why else None
 
 
 def _pair(h) -> str:
@@ -423,11 +432,17 @@ def _verdicts_at(inp: Inputs, att: Attribution, records: dict[str, Record]) -> l
     # The hypothesis is about bandwidth: judge it by link utilisation. What a hop costs in
     # latency (gloo metadata, launch, sync) is reported beside it, since it is not bandwidth.
     util = gbps / bw if bw else 0.0
+    away = elsewhere(records.get("topology"), inp, "topology.json") if src != "estimated" \
+        else None
     out.append(Verdict(BANDWIDTH,
                        HOLDS if util < 0.10 else (MINOR if util < 0.5 else NOT),
                        f"link carries {gbps * 1e3:.1f} MB/s of {bw:.0f} GB/s ({util:.2%}); "
-                       f"hop latency (not bandwidth) = {hop_share:.0%} of the gap at C={C}",
-                       f"{ev} ({src})"))
+                       f"hop latency (not bandwidth) = {hop_share:.0%} of the gap at C={C}"
+                       + (f" with another machine's hop cost ({away})" if away else ""),
+                       # decided by the deployment's link bandwidth, never another machine's hops
+                       f"{inp.gpu.name} link bandwidth (spec); hop cost from {ev}, which "
+                       f"describes {machine_of(records['topology'])}" if away
+                       else f"{ev} ({src})"))
     # 2. herd / uneven split
     herd = _share(att, "herd")
     sizes = [s for s in lb.admitted_sizes(inp, C) if s]
@@ -452,12 +467,10 @@ def _verdicts_at(inp: Inputs, att: Attribution, records: dict[str, Record]) -> l
     gv = graph_evidence(sg.payload) if sg is not None else None
     if gv is not None:
         out.append(Verdict(GRAPHS, gv[0], gv[1], gv[2]))
-    elif gr is not None and (elsewhere := other_machine(gr, inp)):   # never another machine's
+    elif away := elsewhere(gr, inp, "graphs.json"):   # never another machine's
         out.append(Verdict(GRAPHS, UNKNOWN,
-                           f"graphs.json does not decide it: "
-                           f"{elsewhere.replace('it describes', 'graphs.json describes', 1)}"
-                           "; run `ppscope graphs` on the server, or give its SGLang log",
-                           f"graphs.json ({machine_of(gr)})"))
+                           f"graphs.json does not decide it: {away}; run `ppscope graphs` on "
+                           "the server, or give its SGLang log", f"graphs.json ({machine_of(gr)})"))
     elif gr is not None:
         out.append(Verdict(GRAPHS, _by_share(launch),
                            f"launch/padding = {launch:.0%} of the gap; graph max bs "
@@ -475,9 +488,15 @@ def _verdicts_at(inp: Inputs, att: Attribution, records: dict[str, Record]) -> l
     costs = lb.stage_cost_us(inp, lb.ALL_ON, max(sizes))
     imb = _share(att, "slow_stage")
     src, ev = inp.src("kernel_efficiency")
-    out.append(Verdict(STAGES, _by_share(imb),
-                       f"{imb:.0%} of the gap; slowest stage {imbalance(costs):.2f}x "
-                       f"the mean at b={max(sizes)}", f"{ev} ({src})"))
+    sc = records.get("stage_cost")
+    num = f"{imb:.0%} of the gap; slowest stage {imbalance(costs):.2f}x the mean at b={max(sizes)}"
+    if away := elsewhere(sc, inp, "stage_cost.json"):   # its stage costs are another machine's
+        out.append(Verdict(STAGES, UNKNOWN, f"stage_cost.json does not decide it: {away}; the "
+                           f"model with its efficiency carried over gives {num}; run `ppscope "
+                           "stage-cost` on the server, or give its /metrics or traces",
+                           f"stage_cost.json ({machine_of(sc)})"))
+    else:
+        out.append(Verdict(STAGES, _by_share(imb), num, f"{ev} ({src})"))
     shares = {"hop": hop_share, "herd": herd, "launch_gaps": launch, "slow_stage": imb}
     return [v if v.at else _with_share(v, shares.get(HYPOTHESES.get(v.hypothesis)))
             for v in out]
