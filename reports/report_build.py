@@ -305,6 +305,8 @@ def server_summary(sg: SglangData, conc: list[Level], pp: int,
     if tr_r and all(tr_r[r].nccl_recv.wait_us is None for r in tr_r):
         notes.append("NCCL receive time includes the transfer; read the traces with "
                      "--link-gbps to split waiting from transfer")
+    if sg.loop is not None:   # SGLang issues' PP pathologies, as the traces time them
+        notes += [f"PP pathology (traces, observed): {x}" for x in sg.loop.pathologies]
     imb = sg.slot_imbalance
     if imb is not None:
         imb = ServerSlotImbalance(**{f.name: getattr(imb, f.name) for f in fields(imb)})

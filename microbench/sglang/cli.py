@@ -339,6 +339,7 @@ def _render_loop(loop: dict) -> str:
                                       "wait: outputs ms", "wait: send commits ms"],
                             floatfmt=".2f")
             + (f"\nhops (arrival after the send was posted): {hops}" if hops else "")
+            + "".join(f"\nPP pathology [traces]: {x}" for x in loop.get("pathologies") or ())
             + _bursts_line(loop))
 
 

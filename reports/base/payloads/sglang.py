@@ -318,6 +318,12 @@ class LoopRank:
     slots: int | None = ge(1, default=None)   # pp_loop_size, from SGLang's idle-pass markers
     batch_source: str | None = None   # "step spans" (SGLang's step[... bs=N]) or NCCL sizes
     batch_nccl_disagree: int = ge(0, default=0)   # forwards whose receive held fewer rows
+    # the input's receives one tensor at a time (sgl-project/sglang#19582) and the CPU
+    # metadata messages per iteration (#18715), CPU view (microbench/sglang/cpu_steps.py)
+    input_recvs_per_forward: float | None = ge(0, default=None)
+    input_wait_per_recv_us_mean: float | None = ge(0, default=None)
+    metadata_recvs_per_iteration: float | None = ge(0, default=None)
+    metadata_wait_us_per_iteration: float | None = ge(0, default=None)
 
     def curve(self, name: str, cmax: int | None) -> dict[int, float]:
         """A by-batch dict as {batch: us}: decode sizes only (a prefill forward has
@@ -354,6 +360,7 @@ class LoopProfile:
     model: str | None = None
     link_gbps: float | None = ge(0, default=None)
     device: str | None = None       # "cpu": SGLang's CPU backend traced (no GPU events)
+    pathologies: tuple[str, ...] = ()   # PP pathologies of SGLang's issues the traces show
     concurrency_from: str | None = None   # where `concurrency` came from (flag, bench, live)
     # the traced window's visits against the rest of the logged run: how much slower the
     # profiler made the loop it measured (microbench/sglang/profiler_cost.py); None: no log
