@@ -24,6 +24,7 @@ What /metrics cannot tell is said once (`CANNOT`).
 from __future__ import annotations
 
 from reports.base.payloads.sglang import MetricsWindow
+from reports.model.causes import HOLDS, MINOR, NOT
 
 LABEL = "observed (metrics)"
 EVIDENCE = f"sglang.json /metrics window ({LABEL})"
@@ -107,7 +108,6 @@ def window_lines(w) -> list[str]:
 
 def graph_verdict(w) -> tuple[str, str, str] | None:
     """(verdict, number, evidence) on CUDA-graph fallback; None without decode passes."""
-    from reports.model.verdicts import HOLDS, NOT
     w = as_window(w)
     rs = [(k, r) for k, r in _ranks(w) if r.decode_passes > 0]
     if not rs:
@@ -130,7 +130,6 @@ def graph_verdict(w) -> tuple[str, str, str] | None:
 def slow_stage(w) -> tuple[str, str, str, int] | None:
     """(verdict, number, evidence, slowest rank) on stage imbalance; None below two ranks with
     run_batch time."""
-    from reports.model.verdicts import HOLDS, MINOR, NOT
     w = as_window(w)
     rb = [(k, r.stage_s.get("run_batch") or 0.0) for k, r in _ranks(w)]
     rb = [(k, v) for k, v in rb if v > 0]

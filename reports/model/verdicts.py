@@ -23,14 +23,13 @@ from reports.base.partition import imbalance
 from reports.model import loop_builder as lb
 from reports.model.attribution import Attribution
 from reports.model.bursts import BURST_SOURCE
-from reports.model.causes import (BANDWIDTH, GRAPHS, HERD, HYPOTHESES, NUMA, ROUTING,
-                                   STAGES)
+from reports.model.causes import (BANDWIDTH, GRAPHS, HERD, HOLDS, HYPOTHESES, MINOR, NOT,
+                                   NUMA, ROUTING, STAGES, UNKNOWN)
 from reports.base.payloads.sglang import SglangData
 from reports.base.records import Record
 from reports.model.scenario import Inputs
 from reports.model.server_log import dp_count, graph_off_number, graph_shares
 
-HOLDS, MINOR, NOT, UNKNOWN = "holds", "minor", "does not hold", "not enough evidence"
 
 
 @dataclass(frozen=True)
