@@ -6,6 +6,7 @@ the slow-stage case (rank 1's forward x3)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -20,7 +21,10 @@ from tests.test_fuzz_bad_inputs import one_line_error, run
 
 FIX = Path(__file__).parent / "fixtures"
 WIN = FIX / "sglang_lab" / "metrics-window"
-LAB_PY = Path(__file__).resolve().parents[1].parent / "main" / ".lab" / "venv" / "bin" / "python"
+# SGLang's own environment: the lab's venv (`ppscope sglang-lab`, default `.lab`), or any
+# python with prometheus_client named by PPSCOPE_SGLANG_PYTHON
+LAB_PY = Path(os.environ.get("PPSCOPE_SGLANG_PYTHON")
+              or Path(__file__).resolve().parents[1] / ".lab" / "venv" / "bin" / "python")
 
 
 def pages(case: str) -> list[str]:
@@ -179,7 +183,7 @@ print(json.dumps(out))
                                   FIX / "sglang" / "metrics.txt", *map(Path, pages("slow-stage"))])
 def test_the_text_parser_agrees_with_prometheus_client(page):
     if not LAB_PY.exists():
-        pytest.skip("no SGLang lab venv (prometheus_client) here")
+        pytest.skip("no SGLang environment (prometheus_client): set PPSCOPE_SGLANG_PYTHON")
     samples = json.loads(subprocess.run([str(LAB_PY), "-c", _PROM, str(page)], check=True,
                                         capture_output=True, text=True, timeout=120).stdout)
     ours = parse_metrics(page.read_text())
