@@ -35,6 +35,7 @@ from reports.model.scenario import Inputs
 from reports.model.server_log import (DP_RULES, attention_lines, dp_count, log_figures,
                                       moe_kernel_lines)
 from reports.model.validate_dispatch import micro_batch_choices, validate
+from reports.model.metrics_verdicts import window_lines
 from reports.model.verdicts import Verdict, VerdictAt, verdicts
 from reports.model.whatif import (OBJECTIVE, TP_KNOB, WhatIf, best_pair, measured_concurrency,
                                   recommendation, setting_of, transport_points, what_ifs)
@@ -304,6 +305,8 @@ def server_summary(sg: SglangData, conc: list[Level], pp: int,
     if tr_r and all(tr_r[r].nccl_recv.wait_us is None for r in tr_r):
         notes.append("NCCL receive time includes the transfer; read the traces with "
                      "--link-gbps to split waiting from transfer")
+    if sg.loop is not None:   # SGLang issues' PP pathologies, as the traces time them
+        notes += [f"PP pathology (traces, observed): {x}" for x in sg.loop.pathologies]
     imb = sg.slot_imbalance
     if imb is not None:
         imb = ServerSlotImbalance(**{f.name: getattr(imb, f.name) for f in fields(imb)})
@@ -329,7 +332,7 @@ def server_summary(sg: SglangData, conc: list[Level], pp: int,
                     for b in sg.bench),
         busy_over_time={r: BusyOverTime(tr_r[r].bin_us, tuple(tr_r[r].busy_frac_over_time))
                         for r in sorted(tr_r, key=int) if tr_r[r].busy_frac_over_time},
-        notes=tuple(notes))
+        notes=tuple(notes), metrics_lines=tuple(window_lines(sg.metrics_window)))
 
 
 def topology_summary(d: TopologyData) -> TopologySummary:

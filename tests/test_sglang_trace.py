@@ -263,3 +263,14 @@ def test_ranks_read_in_worker_processes_give_the_same_record(fixtures):
     one = sglang_trace.read_traces(files, workers=1)
     two = sglang_trace.read_traces(files, workers=2)
     assert one == two and sorted(two["ranks"]) == ["0", "1"]
+
+
+def test_a_merged_trace_alone_says_why_and_the_fix(tmp_path, capsys):
+    """sgl-project/sglang#17567: with PP, merge_profiles keeps only rank 0's traces; a
+    `merged-*` file without per-rank files is a one-line explanation and the fix."""
+    import gzip
+    from tests.test_fuzz_bad_inputs import one_line_error, run
+    f = tmp_path / "merged-1796164084.5.trace.json.gz"
+    f.write_bytes(gzip.compress(b'{"traceEvents": []}'))
+    rc, _, err = run(["sglang", "--traces", tmp_path, "--json", tmp_path / "s.json"], capsys)
+    one_line_error(rc, err, "#17567", "only rank 0", "without merge_profiles", "-PP-")

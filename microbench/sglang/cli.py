@@ -51,8 +51,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    metavar="DIR_OR_FILE",
                    help="per-rank Kineto traces from /start_profile: one profile's directory, "
                    "or its files (e.g. DIR/PROFILE_ID-*)")
-    g.add_argument("--metrics", "--sglang-metrics", dest="sglang_metrics", metavar="FILE_OR_URL",
-                   help="Prometheus text from /metrics (a saved file or http://host:port)")
+    g.add_argument("--metrics", "--sglang-metrics", dest="sglang_metrics", nargs="+",
+                   metavar="FILE_OR_URL",
+                   help="SGLang's /metrics: two scrapes of one server (saved pages or URLs; "
+                   "the report works on their difference), one page (the window since start-up), "
+                   "or a Prometheus /api/v1/query_range JSON export of its sglang: series")
     g.add_argument("--bench", metavar="FILE",
                    help="bench_serving output: its JSONL (--output-file) or the printed result")
     g.add_argument("--url", metavar="URL",
@@ -68,6 +71,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="gap between stream starts when staggered (default 50)")
     g.add_argument("--live-timeout", type=float, default=120.0, metavar="S",
                    help="upper bound on each live run, seconds (default 120)")
+    g.add_argument("--metrics-window", type=float, default=None, metavar="S",
+                   help="with --url: scrape its /metrics twice, S seconds apart, under the "
+                   "load it serves (each scrape bounded in time and size); no live probe is run")
     g.add_argument("--model-name", default=None, help="model name for requests "
                    "(default: the first of /v1/models)")
     g.add_argument("--chat", action="store_true", help="use /v1/chat/completions")
@@ -129,10 +135,10 @@ def _mmb(s: str) -> tuple[int, ...]:
 def collect(args: argparse.Namespace) -> dict:
     from reports.base import bench_serving as sglang_bench
     from microbench.sglang import log as sglang_log
-    from microbench.sglang import metrics as sglang_metrics
     from microbench.sglang import trace as sglang_trace
     data: dict = {"ranks": {}, "slot_imbalance": None, "bench": [], "traces": None,
-                  "metrics": None, "live": None, "log": None, "loop": None}
+                  "metrics": None, "metrics_window": None, "live": None, "log": None,
+                  "loop": None}
     if not wants(args):
         raise CliError("needs at least one of --log, --traces, --metrics, --bench, --url")
     if args.link_gbps is not None and not 0 < args.link_gbps < 1e5:
@@ -150,8 +156,17 @@ def collect(args: argparse.Namespace) -> dict:
         data["traces"] = sglang_trace.read_traces(
             args.sglang_traces, link_gbps=args.link_gbps,
             hta_compatible=getattr(args, "hta_compatible", False))
-    if args.sglang_metrics:
-        data["metrics"] = sglang_metrics.read_metrics(args.sglang_metrics)
+    if args.sglang_metrics or getattr(args, "metrics_window", None) is not None:
+        from microbench.sglang import metrics_window as mw
+        if args.sglang_metrics:
+            srcs = args.sglang_metrics
+            pages, src, secs = mw.read_pages([srcs] if isinstance(srcs, str) else list(srcs))
+        elif args.url:
+            pages, src, secs = mw.scrape_pages(args.url, args.metrics_window)
+        else:
+            raise CliError("--metrics-window needs --url (or give saved scrapes to --metrics)")
+        data["metrics"] = {**pages[-1], "source": src}
+        data["metrics_window"] = mw.window(pages, src, secs)
     if args.bench:
         b = sglang_bench.read_bench(args.bench)
         data["bench"] = b["runs"]
@@ -167,7 +182,9 @@ def collect(args: argparse.Namespace) -> dict:
             from microbench.sglang.profiler_cost import window_evidence
             slow, bursts = window_evidence(_log_files(args.sglang_log))
             data["loop"].update(profiler_slowdown=slow, bursts=bursts)
-    if args.url:
+    if args.url and not _reads(args, "live"):
+        pass      # --metrics-window: the server's own load is watched, none is added
+    elif args.url:
         from microbench.sglang import live as sglang_live
         if not 1 <= args.live_concurrency <= 4096 or not 1 <= args.live_tokens <= 1 << 20:
             raise CliError("--live-concurrency must be 1..4096 and --live-tokens 1..1048576")
@@ -275,7 +292,10 @@ def render(data: dict) -> str:
         parts.append("bench_serving\n" + tabulate(rows, headers=[
             "max concurrency", "mean concurrency", "output tok/s", "mean TTFT ms",
             "mean TPOT ms", "median ITL ms"], floatfmt=("g", ".2f", ".1f", ".1f", ".1f", ".1f")))
-    if data["metrics"]:
+    if data.get("metrics_window"):
+        from reports.model.metrics_verdicts import window_table
+        parts.append(window_table(data["metrics_window"]))
+    elif data["metrics"]:
         parts.append(f"metrics: {len(data['metrics']['ranks'])} pp rank(s) from "
                      f"{data['metrics']['source']}")
     if data["live"]:
@@ -319,6 +339,7 @@ def _render_loop(loop: dict) -> str:
                                       "wait: outputs ms", "wait: send commits ms"],
                             floatfmt=".2f")
             + (f"\nhops (arrival after the send was posted): {hops}" if hops else "")
+            + "".join(f"\nPP pathology [traces]: {x}" for x in loop.get("pathologies") or ())
             + _bursts_line(loop))
 
 
@@ -380,9 +401,20 @@ def run(args: argparse.Namespace) -> int:
 # `--log --traces` after `--url` keeps the live probe's ITL and lockstep figures.
 PARTS = {"log": ("sglang_log", ("ranks", "slot_imbalance", "log")),
          "traces": ("sglang_traces", ("traces", "loop")),
-         "metrics": ("sglang_metrics", ("metrics",)),
+         "metrics": ("sglang_metrics", ("metrics", "metrics_window")),
          "bench": ("bench", ("bench", "bench_source")),
          "live": ("url", ("live",))}
+
+
+def _reads(args: argparse.Namespace, part: str) -> bool:
+    """Whether this run reads `part`: `--url --metrics-window` reads the metrics, not a live
+    probe."""
+    window = getattr(args, "metrics_window", None) is not None
+    if part == "metrics" and window:
+        return True
+    if part == "live" and window:
+        return False
+    return bool(getattr(args, PARTS[part][0], None))
 
 
 def merge_earlier(data: dict, args: argparse.Namespace, path: Path, utc: str) -> list[str]:
@@ -402,7 +434,7 @@ def merge_earlier(data: dict, args: argparse.Namespace, path: Path, utc: str) ->
     old_sources = dict((old.data.get("sources") or {}) if old is not None else {})
     sources, kept = {}, []
     for part, (dest, keys) in PARTS.items():
-        if getattr(args, dest, None):
+        if _reads(args, part):
             sources[part] = utc
         elif old is not None and any(old.data.get(k) for k in keys):
             for k in keys:

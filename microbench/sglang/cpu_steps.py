@@ -228,6 +228,8 @@ def summarize(ev: dict, rank: int | None = None) -> dict:
     fwds, host_b, host_e = [], [], []
     waits: dict[str, list] = {"relay": [], "input": [], "output": [], "commit": []}
     sends, procs, spans = [], [], []
+    per_tensor: list[list[float]] = []        # each decode forward's input receives (#19582)
+    meta: list[tuple[int, float]] = []        # per iteration: metadata receives, blocked us
     slots, idle = idle_passes(starts, rg["scheduler.idle"])
     visits: list[tuple[int, str | None]] = []   # per visit in order: (batch size, mode)
     for i in range(len(starts) - 1):
@@ -240,6 +242,11 @@ def summarize(ev: dict, rank: int | None = None) -> dict:
         b_total = length(merge(blocked))
         commit = length(merge(COMMIT.clip(lo, hi)))
         relay = overlap(merge(blocked), merge(R["recv_requests"].clip(lo, hi)))
+        # metadata: the Python objects SGLang exchanges each iteration (request lists, the
+        # output dicts: point_to_point_pyobj, a size then the bytes) -- their receives
+        meta_iv = merge(R["recv_requests"].clip(lo, hi)
+                        + R["recv_res_dict_from_prev_stage"].clip(lo, hi))
+        meta_rx = [iv for iv in RECV_ONLY.clip(lo, hi) if overlap([iv], meta_iv)]
         output = overlap(merge(blocked), merge(R["recv_res_dict_from_prev_stage"].clip(lo, hi)))
         send = length(merge(R["send_proxy_dict_to_next_stage"].clip(lo, hi)))
         proc_iv = merge(R["process_batch_result"].clip(lo, hi))
@@ -278,6 +285,9 @@ def summarize(ev: dict, rank: int | None = None) -> dict:
             waits["relay"].append(relay)
             waits["output"].append(output)
             waits["input"].append(sum(b - a for a, b in pre_in))
+            if pre_in:
+                per_tensor.append([b - a for a, b in pre_in])
+            meta.append((len(meta_rx), overlap(merge(meta_rx), meta_iv)))
             waits["commit"].append(commit)
             sends.append(send)
     dec = [f for f in fwds if f["mode"] == "DECODE" and f["batch"]]
@@ -315,6 +325,10 @@ def summarize(ev: dict, rank: int | None = None) -> dict:
         # the traced loop ran while every slot was busy (the model's steady state, observed)
         "iteration_us_mean": _mean(spans),
         "wait_us_mean": {k: _mean(v) for k, v in waits.items()},
+        "input_recvs_per_forward": _mean([len(x) for x in per_tensor]),
+        "input_wait_per_recv_us_mean": _mean([w for x in per_tensor for w in x]),
+        "metadata_recvs_per_iteration": _mean([n for n, _ in meta]),
+        "metadata_wait_us_per_iteration": _mean([w for _, w in meta]),
         "time_split": {"window_us": window, "compute_us": comp, "comm_transfer_us": send_all,
                        "comm_wait_us": wait, "comm_us": wait + send_all,
                        "other_us": max(0.0, window - comp - wait - send_all), "idle_us": 0.0},
@@ -368,4 +382,38 @@ def cpu_loop_profile(ranks: dict[int, dict]) -> dict:
         for key in ("_fwds", "_sends", "_out_recv", "_recvs"):
             d.pop(key, None)
         out["ranks"][str(r)] = d
+    out["pathologies"] = pathologies(out)
+    return out
+
+
+def _ms(us: float) -> str:
+    return f"{us / 1e3:.2f} ms"
+
+
+def pathologies(loop: dict) -> list[str]:
+    """The PP pathologies SGLang's issues report, as this loop profile times them:
+    - the token return (the last rank's outputs to rank 0, hop `last->0`) against the slowest
+      decode forward: named when it takes longer (sgl-project/sglang#10865: ~100 ms with decode
+      CUDA graphs against ~3 ms without);
+    - the input received one tensor at a time (#19582): receives per forward and the wait each;
+    - the CPU metadata messages per iteration (#18715: they accumulate across the stages)."""
+    ranks = {r: d for r, d in loop["ranks"].items() if not d.get("reason")}
+    out = []
+    if len(ranks) > 1:
+        last = max(ranks, key=int)
+        hop = (loop["hops"].get(f"{last}->0") or {}).get("mean_us")
+        fw = [d["forward_us_p50"] for d in ranks.values() if d.get("forward_us_p50")]
+        if hop is not None and fw and hop > max(fw):
+            out.append(f"token return {last}->0 takes {_ms(hop)}, longer than the slowest decode "
+                       f"forward ({_ms(max(fw))}): rank 0 waits on the last rank's outputs "
+                       "(sgl-project/sglang#10865)")
+    for r, d in sorted(ranks.items(), key=lambda kv: int(kv[0])):
+        n, w = d.get("input_recvs_per_forward"), d.get("input_wait_per_recv_us_mean")
+        if n is not None and n >= 2 and w is not None:
+            out.append(f"rank {r} receives its input one tensor at a time: {n:.1f} receives per "
+                       f"decode forward, {_ms(w)} waited each (sgl-project/sglang#19582)")
+        n, w = d.get("metadata_recvs_per_iteration"), d.get("metadata_wait_us_per_iteration")
+        if n and w is not None:
+            out.append(f"rank {r}'s CPU metadata messages: {n:.1f} receives per iteration, "
+                       f"{_ms(w)} blocked in them (sgl-project/sglang#18715)")
     return out

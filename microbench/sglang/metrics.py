@@ -10,7 +10,8 @@ text file. Series without a `pp_rank` label go under rank "0"; the `tp_rank`, `m
 `model_name` and `engine_type` labels are dropped, other labels stay in the key
 (`num_requests_total{is_streaming=true}`). Lines that are not samples
 (including NaN, infinite or negative values and buckets whose `le` is not a number) are
-counted in `lines_other`, never fatal; a file that is missing, a directory, binary or over
+counted in `lines_other`, never fatal (the names that read NaN are kept per rank in `nan`:
+SGLang 0.5.23 publishes `fwd_occupancy` as NaN outside a timed window); a file that is missing, a directory, binary or over
 64 MB is a one-line CliError.
 """
 from __future__ import annotations
@@ -66,6 +67,7 @@ def parse_metrics(text: str) -> dict:
     ranks: dict[str, dict] = {}
     hist: dict[tuple[str, str], dict] = {}
     other = bad_le = 0
+    nan: dict[str, set[str]] = {}
     for line in text.splitlines():
         if not line.strip() or line.startswith("#"):
             continue
@@ -81,6 +83,8 @@ def parse_metrics(text: str) -> dict:
             continue
         if not (math.isfinite(v) and 0 <= v < 1e18):   # NaN, +Inf, negative, absurd: skipped
             other += 1
+            if math.isnan(v):   # a gauge with no reading (fwd_occupancy between windows)
+                nan.setdefault(labels.get("pp_rank", "0"), set()).add(name)
             continue
         rank = labels.pop("pp_rank", "0")
         for k in ("tp_rank", "moe_ep_rank", "model_name", "engine_type"):
@@ -118,10 +122,12 @@ def parse_metrics(text: str) -> dict:
             "p99": _quantile(list(h["buckets"].items()), 0.99) if seen else None}
     if not ranks:
         raise CliError("no sglang: metrics found (is the server started with --enable-metrics?)")
-    return {"ranks": ranks, "lines_other": other + bad_le}
+    return {"ranks": ranks, "lines_other": other + bad_le,
+            "nan": {r: sorted(v) for r, v in sorted(nan.items())}}
 
 
 def read_metrics(src: str) -> dict:
+    """One page (a file or URL) parsed, with its `source`."""
     out = parse_metrics(fetch_text(src))
     out["source"] = src
     return out

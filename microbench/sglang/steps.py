@@ -370,4 +370,6 @@ def read_loop(paths: dict[int, str | Path], *, hidden: int | None = None,
             ranks = {r: read_steps(p, hidden=hidden, link_gbps=link_gbps, rank=r,
                                    shift_us=off.get(r, 0.0))
                      for r, p in sorted(paths.items())}
-    return loop_profile(ranks)
+    from microbench.sglang.cpu_steps import pathologies
+    out = loop_profile(ranks)
+    return {**out, "pathologies": pathologies(out)}

@@ -765,8 +765,13 @@ def select_rank_files(files: list[Path]) -> tuple[list[Path], list[str]]:
     merged = [p for p in files if p.name.startswith("merged-")]
     rest = [p for p in files if p not in merged]
     if merged and not rest:
-        raise TraceError(f"{merged[0]}: a merged trace (merge_profiles) mixes every rank's "
-                         "events; pass the per-rank files SGLang writes beside it")
+        # SGLang 0.5.23 merges on PP rank 0 when it stops (managers/scheduler_components/
+        # profiler_manager.py `_merge_profile_traces`), before the other ranks have written
+        # theirs: under PP the merged file can hold rank 0 alone (sgl-project/sglang#17567)
+        raise TraceError(f"{merged[0].name}: a merged trace alone: under PP SGLang's "
+                         "merge_profiles keeps only rank 0's events (sgl-project/sglang#17567); "
+                         "profile again without merge_profiles and pass the per-rank "
+                         "*-TP-*-PP-* files")
     skipped = [f"{p.name}: merged trace of every rank (per-rank files read)" for p in merged]
     best: dict[str, tuple[tuple, Path]] = {}
     keep: list[Path] = []

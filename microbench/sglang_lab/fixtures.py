@@ -13,7 +13,8 @@ their real format and a short steady window of them:
 - a case without a profiled window (a what-if's after case): bench.jsonl and case.json only;
 - bench.jsonl and case.json as they are (`--bench-info-once`: bench_serving's `server_info`
   kept in the first line only, where ppscope reads it); metrics.txt (130 kB) for the clean
-  C = 8 case only.
+  C = 8 case only; a case scraped at its start and end (metrics-start.txt, metrics.txt): both
+  pages cut to the series the /metrics window reads (`trim_window`).
 Absolute paths of the machine the lab ran on become relative names (`.lab/...`, the model's
 folder name), so nothing of the recording machine is committed.
 
@@ -129,14 +130,43 @@ def make(case_dir: Path, dst: Path, iterations: int = ITERATIONS,
             trim_trace(doc, dst / sub / p.name, win)
     if (dst / "traces").is_dir():      # a case that was only measured needs its bench runs
         trim_log(case_dir / "server.log", dst / "server.log")
+    if (case_dir / "metrics-start.txt").exists():   # a window: both scrapes, trimmed
+        trim_window(case_dir, dst)
     for name in ("bench.jsonl", "metrics.txt", "case.json"):
-        if name == "metrics.txt" and case_dir.name != "clean-c8":
+        if name == "metrics.txt" and (case_dir.name != "clean-c8"
+                                      or (case_dir / "metrics-start.txt").exists()):
             continue
         if (case_dir / name).exists():
             text = scrub((case_dir / name).read_text())
             if name == "bench.jsonl" and info_once:
                 text = bench_info_once(text)
             (dst / name).write_text(text)
+
+
+# the /metrics series the window reads (microbench/sglang/metrics_window.py): a case scraped at
+# its start and end keeps these only, both pages, with their HELP/TYPE lines
+METRICS_SERIES = ("sglang:scheduler_stage_seconds_total", "sglang:scheduler_idle_seconds_total",
+                  "sglang:cuda_graph_passes_total", "sglang:fwd_occupancy",
+                  "sglang:is_cuda_graph", "sglang:graph_memory_usage_gb",
+                  "sglang:startup_cuda_graph_time_seconds")
+
+
+def trim_metrics(text: str) -> str:
+    """A /metrics page cut to METRICS_SERIES (their samples and HELP/TYPE lines)."""
+    keep = []
+    for line in text.splitlines():
+        name = line.split()[2] if line.startswith("# ") and len(line.split()) > 2 else \
+            line.split("{")[0].split()[0] if line.strip() else ""
+        if name in METRICS_SERIES:
+            keep.append(line)
+    return "\n".join(keep) + "\n"
+
+
+def trim_window(case_dir: Path, dst: Path) -> None:
+    """A case's two scrapes (metrics-start.txt, metrics.txt), trimmed (`trim_metrics`)."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in ("metrics-start.txt", "metrics.txt"):
+        (dst / name).write_text(trim_metrics(scrub((case_dir / name).read_text())))
 
 
 def main(argv: list[str] | None = None) -> int:

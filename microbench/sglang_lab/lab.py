@@ -80,6 +80,9 @@ def run_case(case: Case, server: LabServer, bench: drive.BenchSpec, fault_file: 
     if mmb:
         drive.set_mmb(server.url, mmb)
     start = server.log_size()
+    # /metrics holds counters since the server started: a scrape at the case's start and one at
+    # its end give the case's own window (`ppscope sglang --metrics A --metrics B`)
+    drive.scrape_metrics(server.url, tmp / "metrics-start.txt")
     seed0 = 1000 + zlib.crc32(case.name.encode()) % 100000
     try:
         with _Hog(case.hog_core):
@@ -158,8 +161,10 @@ def analyse_case(case_dir: Path) -> dict:
     """`ppscope sglang` then `ppscope report` on one case's artefacts; their verdict."""
     c = json.loads((case_dir / "case.json").read_text())["case"]
     py = [sys.executable, "-m", "reports.cli"]
+    start = case_dir / "metrics-start.txt"
+    metrics = ([str(start)] if start.exists() else []) + [str(case_dir / "metrics.txt")]
     args = py + ["sglang", "--log", str(case_dir / "server.log"), "--traces",
-                 str(case_dir / "traces"), "--metrics", str(case_dir / "metrics.txt"),
+                 str(case_dir / "traces"), "--metrics", *metrics,
                  "--bench", str(case_dir / "bench.jsonl"), "--concurrency", str(c["concurrency"]),
                  "--json", str(case_dir / "sglang.json")]
     out = {}

@@ -63,6 +63,8 @@ OBSERVED = ("slow_stage", "host", "relay", "herd", "launch_gaps", "hop")
 
 # The user's hypotheses and the cause that settles each (bandwidth is judged by the hop row and
 # the link's utilisation; "holds" there means bandwidth is NOT the limit).
+# the words of a verdict (reports/model/verdicts.py)
+HOLDS, MINOR, NOT, UNKNOWN = "holds", "minor", "does not hold", "not enough evidence"
 HERD = "thundering herd / uneven split"
 BANDWIDTH = "bandwidth is not the limit"
 GRAPHS = "CUDA-graph fallback"

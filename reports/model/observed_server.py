@@ -46,6 +46,8 @@ def observed_server(sg: SglangData | None) -> dict[str, Any] | None:
     loop_ranks = sorted((sg.loop.ranks if sg.loop else {}), key=lambda r: int(r))
     trace_ranks = [r for r in ((sg.traces.ranks if sg.traces else None) or {}) if str(r).isdigit()]
     log_ranks = [r for r in sg.ranks if str(r).isdigit()]
+    if sg.metrics_window is not None:   # /metrics' pp_rank labels: ranks seen, as the log's
+        log_ranks = max(log_ranks, [r for r in sg.metrics_window.ranks if r.isdigit()], key=len)
     if log_set.get("pp_size"):
         out["pp"] = _entry(int(log_set["pp_size"]), "observed: server log start-up arguments")
     elif info is not None and info.pp_size:

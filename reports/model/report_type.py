@@ -184,6 +184,7 @@ class ServerSummary:
     bench: tuple[BenchRow, ...]
     busy_over_time: dict[str, BusyOverTime]     # by PP rank
     notes: tuple[str, ...]
+    metrics_lines: tuple[str, ...] = ()   # the /metrics window (reports/model/metrics_verdicts.py)
 
 
 @dataclass(frozen=True)

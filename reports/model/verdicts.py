@@ -10,8 +10,10 @@ re-running the model at Zipf s = 1 (see `routing_verdict`).
 With sglang.json (the user's own server), the herd verdict cites the slot sizes the server
 logged next to the modelled ones; evenly filled observed slots overrule the modelled burst
 admission ("does not hold"). The CUDA-graph verdict is decided by the log's `cuda graph` field,
-else by the traces' share of kernels replayed from graphs. Observed numbers are cited, never
-fed into the model.
+else by the traces' share of kernels replayed from graphs, else by /metrics' decode passes on a
+graph; stage imbalance by the traces' diagnosis, else by /metrics' run_batch seconds per rank
+(reports/model/metrics_verdicts.py), each set beside the other where both exist. Observed
+numbers are cited, never fed into the model.
 """
 from __future__ import annotations
 
@@ -21,14 +23,13 @@ from reports.base.partition import imbalance
 from reports.model import loop_builder as lb
 from reports.model.attribution import Attribution
 from reports.model.bursts import BURST_SOURCE
-from reports.model.causes import (BANDWIDTH, GRAPHS, HERD, HYPOTHESES, NUMA, ROUTING,
-                                   STAGES)
+from reports.model.causes import (BANDWIDTH, GRAPHS, HERD, HOLDS, HYPOTHESES, MINOR, NOT,
+                                   NUMA, ROUTING, STAGES, UNKNOWN)
 from reports.base.payloads.sglang import SglangData
 from reports.base.records import Record
 from reports.model.scenario import Inputs
 from reports.model.server_log import dp_count, graph_off_number, graph_shares
 
-HOLDS, MINOR, NOT, UNKNOWN = "holds", "minor", "does not hold", "not enough evidence"
 
 
 @dataclass(frozen=True)
@@ -108,15 +109,18 @@ def graph_evidence(sg: SglangData) -> tuple[str, str, str] | None:
     """(verdict, number, evidence) on CUDA-graph fallback from the server's log (share of decode
     lines with `cuda graph: True`) and traces (kernels from graph replays vs launched one by one);
     the log decides when it has the field, else the traces. None when neither says anything."""
+    from reports.model.metrics_verdicts import beside, graph_share, graph_verdict
+    met = graph_verdict(sg.metrics_window) if sg.metrics_window is not None else None
+    met_share = graph_share(sg.metrics_window)
     fr = graph_shares(sg)   # per scheduler: each DP rank of a PP rank on its own
     gs = sg.log.graph_setting if sg.log is not None else None
     if gs is not None and gs.off_by_setting:   # eager on purpose: never read as a fallback
-        return (NOT, graph_off_number(gs.reasons, fr),
+        return (NOT, beside(graph_off_number(gs.reasons, fr), NOT, met),
                 "sglang.json (observed: log start-up lines)")
     tr = [(r, d.graph_kernels or 0, d.eager_kernels or 0, d.graph_launches or 0)
           for r, d in (sg.traces.ranks.items() if sg.traces else ()) if d.gpu_events]
     if not fr and not tr:
-        return None
+        return met      # /metrics alone, or nothing
     parts, srcs = [], []
     v = UNKNOWN
     if fr:
@@ -137,7 +141,9 @@ def graph_evidence(sg: SglangData) -> tuple[str, str, str] | None:
         srcs.append("traces")
         if not fr:
             v = HOLDS if share < GRAPH_KERNEL_SHARE else NOT
-    return v, "; ".join(parts), f"sglang.json (observed: {', '.join(srcs)})"
+    own = lo if fr else share
+    return (v, beside("; ".join(parts), v, met, own, met_share),
+            f"sglang.json (observed: {', '.join(srcs)})")
 
 
 # Skew tested when the scenario states none: Zipf s = 1 (expert of popularity rank r picked
@@ -179,8 +185,10 @@ def routing_verdict(inp: Inputs, att: Attribution, records: dict[str, Record],
     sc = records.get("stage_cost")
     measured = sc is not None and sc.payload.zipf_s > 0 and any(
         e.measured_us is not None for e in sc.payload.layers.get("moe", {}).values())
-    label = ("stage_cost.json (measured with --zipf)" if measured
-             else "roofline Monte-Carlo (estimated)")
+    away = elsewhere(sc, inp, "stage_cost.json") if measured else None
+    label = ("stage_cost.json (measured with --zipf)" if measured and not away
+             else "roofline Monte-Carlo (estimated)"
+             + (f"; stage_cost.json's --zipf run not used: {away}" if away else ""))
     why = ("scenario's zipf_s" if inp.zipf_s else
            f"zipf_s = {s:g}: a strong but common skew; the scenario assumes uniform routing")
     num = (f"under PP every GPU holds all experts of its layers: skew s={s:g} ({why}) changes "
@@ -221,6 +229,13 @@ def other_machine(rec: Record, inp: Inputs) -> str | None:
     if len(g) < inp.pp:
         return f"it describes {len(g)} GPUs, the deployment's pipeline has {inp.pp}"
     return None
+
+
+def elsewhere(rec: Record | None, inp: Inputs, name: str) -> str | None:
+    """`other_machine` in words naming the record (`graphs.json describes 1x NVIDIA H200, the
+    deployment 8x ...`), or None when `rec` is absent or may be the deployment's machine."""
+    why = other_machine(rec, inp) if rec is not None else None
+    return why.replace("it describes", f"{name} describes", 1) if why else None
 
 
 def _pair(h) -> str:
@@ -331,7 +346,27 @@ def verdicts(inp: Inputs, atts: list[Attribution], records: dict[str, Record],
     gs = sg.payload.log.graph_setting if sg is not None and sg.payload.log is not None else None
     if gs is not None and gs.off_by_setting:   # graphs off on purpose: the setting is the answer
         obs.pop(GRAPHS, None)
-    return [obs.get(x.hypothesis, x) for x in base]
+    out = [obs.get(x.hypothesis, x) for x in base]
+    return with_metrics(out, sg.payload.metrics_window if sg is not None else None)
+
+
+def with_metrics(vs: list[Verdict], window) -> list[Verdict]:
+    """The /metrics window's verdicts (reports/model/metrics_verdicts.py): deciding stage
+    imbalance where no observed evidence did, set beside the observed ones otherwise (their
+    disagreement said). The graph verdict's own evidence takes it in `graph_evidence`."""
+    from reports.model import metrics_verdicts as mv
+    if window is None:
+        return vs
+    st = mv.slow_stage(window)
+    out = []
+    for v in vs:
+        if v.hypothesis == STAGES and st is not None:
+            if "(observed" in v.evidence:
+                v = replace(v, number=mv.beside(v.number, v.verdict, st))
+            else:
+                v = Verdict(STAGES, st[0], st[1], st[2], HYPOTHESES.get(STAGES))
+        out.append(v)
+    return out
 
 
 # Strength of a verdict on a harmful cause (the herd, graphs, ...): over the concurrencies it
@@ -396,11 +431,17 @@ def _verdicts_at(inp: Inputs, att: Attribution, records: dict[str, Record]) -> l
     # The hypothesis is about bandwidth: judge it by link utilisation. What a hop costs in
     # latency (gloo metadata, launch, sync) is reported beside it, since it is not bandwidth.
     util = gbps / bw if bw else 0.0
+    away = elsewhere(records.get("topology"), inp, "topology.json") if src != "estimated" \
+        else None
     out.append(Verdict(BANDWIDTH,
                        HOLDS if util < 0.10 else (MINOR if util < 0.5 else NOT),
                        f"link carries {gbps * 1e3:.1f} MB/s of {bw:.0f} GB/s ({util:.2%}); "
-                       f"hop latency (not bandwidth) = {hop_share:.0%} of the gap at C={C}",
-                       f"{ev} ({src})"))
+                       f"hop latency (not bandwidth) = {hop_share:.0%} of the gap at C={C}"
+                       + (f" with another machine's hop cost ({away})" if away else ""),
+                       # decided by the deployment's link bandwidth, never another machine's hops
+                       f"{inp.gpu.name} link bandwidth (spec); hop cost from {ev}, which "
+                       f"describes {machine_of(records['topology'])}" if away
+                       else f"{ev} ({src})"))
     # 2. herd / uneven split
     herd = _share(att, "herd")
     sizes = [s for s in lb.admitted_sizes(inp, C) if s]
@@ -425,12 +466,10 @@ def _verdicts_at(inp: Inputs, att: Attribution, records: dict[str, Record]) -> l
     gv = graph_evidence(sg.payload) if sg is not None else None
     if gv is not None:
         out.append(Verdict(GRAPHS, gv[0], gv[1], gv[2]))
-    elif gr is not None and (elsewhere := other_machine(gr, inp)):   # never another machine's
+    elif away := elsewhere(gr, inp, "graphs.json"):   # never another machine's
         out.append(Verdict(GRAPHS, UNKNOWN,
-                           f"graphs.json does not decide it: "
-                           f"{elsewhere.replace('it describes', 'graphs.json describes', 1)}"
-                           "; run `ppscope graphs` on the server, or give its SGLang log",
-                           f"graphs.json ({machine_of(gr)})"))
+                           f"graphs.json does not decide it: {away}; run `ppscope graphs` on "
+                           "the server, or give its SGLang log", f"graphs.json ({machine_of(gr)})"))
     elif gr is not None:
         out.append(Verdict(GRAPHS, _by_share(launch),
                            f"launch/padding = {launch:.0%} of the gap; graph max bs "
@@ -448,9 +487,15 @@ def _verdicts_at(inp: Inputs, att: Attribution, records: dict[str, Record]) -> l
     costs = lb.stage_cost_us(inp, lb.ALL_ON, max(sizes))
     imb = _share(att, "slow_stage")
     src, ev = inp.src("kernel_efficiency")
-    out.append(Verdict(STAGES, _by_share(imb),
-                       f"{imb:.0%} of the gap; slowest stage {imbalance(costs):.2f}x "
-                       f"the mean at b={max(sizes)}", f"{ev} ({src})"))
+    sc = records.get("stage_cost")
+    num = f"{imb:.0%} of the gap; slowest stage {imbalance(costs):.2f}x the mean at b={max(sizes)}"
+    if away := elsewhere(sc, inp, "stage_cost.json"):   # its stage costs are another machine's
+        out.append(Verdict(STAGES, UNKNOWN, f"stage_cost.json does not decide it: {away}; the "
+                           f"model with its efficiency carried over gives {num}; run `ppscope "
+                           "stage-cost` on the server, or give its /metrics or traces",
+                           f"stage_cost.json ({machine_of(sc)})"))
+    else:
+        out.append(Verdict(STAGES, _by_share(imb), num, f"{ev} ({src})"))
     shares = {"hop": hop_share, "herd": herd, "launch_gaps": launch, "slow_stage": imb}
     return [v if v.at else _with_share(v, shares.get(HYPOTHESES.get(v.hypothesis)))
             for v in out]

@@ -368,6 +368,18 @@ def _one_busy(s: WatchSummary, st: list[GpuStats]) -> Hint:
             fired = (metric, top.index, v, rest, ratio)
     if not nums:
         return Hint("one_busy", None, s.label, rule, f"no {_word(s)} or power on two GPUs")
+    if fired and act == "util_pct":
+        # NVML utilization and power alone never call a PP rank busy: a rank spinning in an
+        # NCCL receive reads ~100% and draws high power while it waits (sgl-project/sglang
+        # #10489, ranks above 0); it takes SM activity (DCGM) or the traces to tell
+        metric, gi, v, rest, ratio = fired
+        unit = " W" if metric == "power_w" else "%"
+        what = "utilization" if metric == "util_pct" else "power"
+        return Hint("one_busy", None, s.label, rule,
+                    f"not decided: GPU {gi} reads {v:.0f}{unit} {what} against {rest:.0f}{unit}, "
+                    "but NVML utilization and power count a rank waiting in an NCCL receive as "
+                    "busy (sgl-project/sglang#10489); needs DCGM's SM active (--watch-source "
+                    "dcgm) or the ranks' traces (--traces)", nums)
     if fired:
         metric, gi, v, rest, ratio = fired
         unit = " W" if metric == "power_w" else "%"

@@ -356,6 +356,7 @@ def server_lines(rep: Report) -> list[str]:
         out.append(f"{srv.dp_ranks} DP ranks per PP rank in the log. {srv.dp_rules}")
     out += srv.moe_kernel_lines
     out += srv.attention_lines
+    out += srv.metrics_lines
     return out + [f"Note: {n}." for n in srv.notes]
 
 

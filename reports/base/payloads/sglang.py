@@ -4,7 +4,8 @@ Parts, each None/empty when its evidence was not given: `ranks` + `log` (the sch
 PP rank), `slot_imbalance`, `bench` + `bench_source` (bench_serving runs), `traces` (per-rank
 Kineto aggregates, microbench/sglang/trace.py), `loop` (the per-iteration loop profile the
 diagnosis models, microbench/sglang/steps.py), `metrics` and `live` (display only: typed as
-`Json`, nothing computes on them). Times in microseconds unless the name says otherwise.
+`Json`, nothing computes on them), `metrics_window` (two /metrics scrapes per PP rank, the
+verdicts read it: reports/model/metrics_verdicts.py). Times in microseconds unless the name says otherwise.
 """
 from __future__ import annotations
 
@@ -317,6 +318,12 @@ class LoopRank:
     slots: int | None = ge(1, default=None)   # pp_loop_size, from SGLang's idle-pass markers
     batch_source: str | None = None   # "step spans" (SGLang's step[... bs=N]) or NCCL sizes
     batch_nccl_disagree: int = ge(0, default=0)   # forwards whose receive held fewer rows
+    # the input's receives one tensor at a time (sgl-project/sglang#19582) and the CPU
+    # metadata messages per iteration (#18715), CPU view (microbench/sglang/cpu_steps.py)
+    input_recvs_per_forward: float | None = ge(0, default=None)
+    input_wait_per_recv_us_mean: float | None = ge(0, default=None)
+    metadata_recvs_per_iteration: float | None = ge(0, default=None)
+    metadata_wait_us_per_iteration: float | None = ge(0, default=None)
 
     def curve(self, name: str, cmax: int | None) -> dict[int, float]:
         """A by-batch dict as {batch: us}: decode sizes only (a prefill forward has
@@ -353,6 +360,7 @@ class LoopProfile:
     model: str | None = None
     link_gbps: float | None = ge(0, default=None)
     device: str | None = None       # "cpu": SGLang's CPU backend traced (no GPU events)
+    pathologies: tuple[str, ...] = ()   # PP pathologies of SGLang's issues the traces show
     concurrency_from: str | None = None   # where `concurrency` came from (flag, bench, live)
     # the traced window's visits against the rest of the logged run: how much slower the
     # profiler made the loop it measured (microbench/sglang/profiler_cost.py); None: no log
@@ -360,6 +368,30 @@ class LoopProfile:
     # the log's bursts of admission outside the traced window, in log order: how the
     # benchmark's arrivals were split into micro-batches (the traced window is its own run)
     bursts: tuple[ArrivalBurst, ...] = ()
+
+
+@dataclass(frozen=True)
+class MetricsRank:
+    """One PP rank over a /metrics window (microbench/sglang/metrics_window.py): the counters'
+    increase between the two scrapes, the gauges at the second. Seconds of wall time."""
+    stage_s: dict[str, float] = ge(0, default_factory=dict)   # scheduler stage category -> s
+    idle_s: float | None = ge(0, default=None)                # scheduler_idle_seconds_total
+    decode_passes: float = ge(0, default=0.0)                 # cuda_graph_passes_total decode_*
+    decode_graph_passes: float = ge(0, default=0.0)           # ... mode="decode_cuda_graph"
+    fwd_occupancy_pct: float | None = between(0, 100, default=None)   # None: absent or NaN
+    fwd_occupancy_nan: bool = False                           # the gauge read NaN
+    graphs_captured: bool | None = None    # graph_memory_usage_gb{phase="decode"} > 0
+
+
+@dataclass(frozen=True)
+class MetricsWindow:
+    """Two /metrics scrapes of one server and their differences, per PP rank; with one scrape
+    the window is the server's life so far (`scrapes` 1)."""
+    source: str
+    scrapes: int = between(1, 2)
+    seconds: float | None = ge(0, default=None)    # between the scrapes, when known
+    ranks: dict[str, MetricsRank] = field(default_factory=dict)
+    graph_capture_s: float | None = ge(0, default=None)   # startup_cuda_graph_time_seconds decode
 
 
 @dataclass(frozen=True)
@@ -374,6 +406,7 @@ class SglangData:
     log: LogSummary | None = None
     metrics: Json = None            # /metrics summary (microbench/sglang/metrics.py), display only
     live: Json = None               # live probe runs (microbench/sglang/live.py), display only
+    metrics_window: MetricsWindow | None = None   # the window the report diagnoses from
     # part (log, traces, metrics, bench, live) -> when it was read (UTC): successive `ppscope
     # sglang` runs accumulate, each replacing only the parts of the sources it read
     sources: dict[str, str] = field(default_factory=dict)
