@@ -36,7 +36,7 @@ FIELDS = {
 def deployment_of(v: ObservedLoop, concurrency: int) -> Deployment | None:
     """The deployment a report's observed loop describes; None when the report predates the
     fields a split needs (forward kernels, per-rank empty visits)."""
-    if not v.forward_busy_us or not isinstance(v.empty_us, (tuple, list)):
+    if v is None or not v.forward_busy_us or not isinstance(v.empty_us, (tuple, list)):
         return None
 
     def curves(cs) -> tuple[dict[int, float], ...]:
@@ -98,12 +98,22 @@ def split_change(now: Deployment, base: Deployment) -> tuple[dict[str, float], f
             step(frozenset(players)))
 
 
-def forward_rows(now: ObservedLoop, base: ObservedLoop) -> tuple[ForwardRow, ...]:
-    """Per rank, the forward at each micro-batch size both runs traced, then and now."""
-    out = []
+def forward_rows(now: ObservedLoop | None, base: ObservedLoop | None
+                 ) -> tuple[ForwardRow, ...]:
+    """Per rank, the forward then and now at each micro-batch size either run traced that
+    lies within both runs' traced sizes: traced, or interpolated in log(b) between that run's
+    traced sizes (deployment.at_size); never extrapolated."""
+    out: list[ForwardRow] = []
+    if now is None or base is None:
+        return ()
     for r, (c_now, c_base) in enumerate(zip(now.forward_us, base.forward_us)):
-        for b in sorted(set(c_now) & set(c_base), key=int):
-            a, z = float(c_base[b]), float(c_now[b])
+        cn = {int(b): float(v) for b, v in c_now.items()}
+        cb = {int(b): float(v) for b, v in c_base.items()}
+        if not (cn and cb):
+            continue
+        lo, hi = max(min(cn), min(cb)), min(max(cn), max(cb))
+        for b in sorted(b for b in set(cn) | set(cb) if lo <= b <= hi):
+            a, z = at_size(cb, b), at_size(cn, b)
             if a > 0:
-                out.append(ForwardRow(r, int(b), a, z, 100.0 * (z - a) / a))
+                out.append(ForwardRow(r, b, a, z, 100.0 * (z - a) / a))
     return tuple(out)

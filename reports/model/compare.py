@@ -173,8 +173,9 @@ def compare(now: ServerDiagnosis | NotDiagnosed | None,
                   f"{top.growth_ms:+.2f} ms per step"
                   + (f" ({sh:.0f}% of the change)" if sh is not None else ""))
     for side, dg in (("this run", now), ("the baseline", base)):
-        off = window_differs(dg.deployment.window_concurrency, dg.concurrency,
-                             dg.deployment.forward_us[0])
+        v = dg.deployment
+        off = None if v is None else window_differs(v.window_concurrency, dg.concurrency,
+                                                     v.forward_us[0] if v.forward_us else ())
         if off is not None:    # said first: the sizes then describe another load
             answer = f"{side}: {off}. {answer[0].upper()}{answer[1:]}"
     return Comparison("ok", label, kind, s_base, s_now, change, tuple(rows), answer,

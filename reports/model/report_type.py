@@ -211,7 +211,7 @@ class ObservedLoop:
     send_wait_us: tuple[float, ...]
     hop_us: tuple[float, ...]
     graph_share: float | None
-    empty_us: tuple[float, ...] | None           # per rank, an empty visit
+    empty_us: tuple[float, ...] | float | None   # per rank (a float: rank 0, older reports)
     forward_us: tuple[dict[str, float], ...]    # per rank: micro-batch size -> forward us
     sources: dict[str, str]
     notes: tuple[str, ...]
