@@ -99,7 +99,8 @@ def run_case(case: Case, server: LabServer, bench: drive.BenchSpec, fault_file: 
                                       out=tmp / f"bench-{sub}.jsonl",
                                       request_rate=case.request_rate)
                 try:
-                    drive.wait_decoding(server, since, lines=6 * server.spec.pp)
+                    drive.wait_load(server, since, case.window_concurrency or case.concurrency,
+                                    lines=2 * server.spec.pp)
                     drive.profile_window(server, tmp / sub, PROFILE_S, stacks)
                 finally:
                     # the window is what this run is for: stop the client (SGLang aborts its
