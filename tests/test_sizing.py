@@ -162,3 +162,31 @@ def test_a_cause_that_is_most_of_the_step_is_its_share():
     assert worded(97.0, 100.0).startswith("97% of the decode step")
     assert "slower" not in worded(97.0, 100.0)
     assert worded(10.0, 100.0).startswith("makes the server 11% slower")
+
+
+def test_the_lab_window_waits_for_c_admitted_requests(monkeypatch):
+    # SGLang 0.5.23's log lines (the lab's recordings): rank 0's Prefill lines count the
+    # admitted requests; the window opens once C + 1 (bench_serving's warm-up first) are in,
+    # then `lines` decode lines later
+    from microbench.sglang_lab import drive
+    from microbench.sglang_lab.venv import LabError
+    pre = ("[2026-12-05 03:00:46 PP0] Prefill batch, #new-seq: {n}, #new-token: 22, "
+           "#cached-token: 0, token usage: 0.00, #running-req: 0, #queue-req: 0\n")
+    dec = ("[2026-12-05 03:00:47 PP0] Decode batch, #running-req: 1, #token: 23, token "
+           "usage: 0.00, cpu graph: False, gen throughput (token/s): 0.79, #queue-req: 0\n")
+    script = [pre.format(n=1) + dec * 20, pre.format(n=4), pre.format(n=4) + dec, dec * 3, dec]
+
+    class Server:
+        calls = 0
+
+        def log_text(self, since=0):
+            self.calls += 1
+            return "".join(script[:min(self.calls, len(script))])[since:]
+    monkeypatch.setattr(drive.time, "sleep", lambda s: None)
+    s = Server()
+    drive.wait_load(s, 0, concurrency=8, lines=4, timeout_s=5)
+    assert s.calls == 5          # not at the warm-up's 20 decode lines: once 9 were admitted
+    s = Server()
+    script[:] = [pre.format(n=1) + dec * 50]
+    with pytest.raises(LabError):
+        drive.wait_load(s, 0, concurrency=8, lines=4, timeout_s=0.05)
