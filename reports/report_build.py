@@ -201,12 +201,12 @@ def diagnosis_summary(sg: SglangData, inp: Inputs, stage_cost: Record | None = N
             gpus = ", ".join(sorted(set(stage_cost.provenance.gpus))) or "an unnamed GPU"
             shape_src = (f"the MoE-layer curve of stage_cost.json, measured on {gpus} (a shape "
                          "only: the level is the traces')")
-        # the server's own --pp-async-batch-depth (its start-up arguments in the log) fixes the
-        # slot count; else it is inferred from the traces, which assumes the window ran C
+        # the server's own --pp-async-batch-depth (its start-up arguments in the log): the slot
+        # count the window check counts rounds with (the model's slots stay the traces')
         args = sg.log.server_args if sg.log is not None else None
         depth = args.pp_async_batch_depth if args is not None else None
         dep = from_evidence(loop, concurrency=C, observed=obs.get(C) if C else None,
-                            async_depth=depth, shape=shape, depth_stated=depth is not None)
+                            async_depth=depth, shape=shape)
     except (NoLoopEvidence, ValueError) as e:
         return NotDiagnosed("not diagnosed", str(e))
     dg = diagnose(dep, shape)

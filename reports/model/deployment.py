@@ -23,8 +23,11 @@ SGLang runs it) and the hidden-state send (part of the hop); waiting is never an
 model reproduces it); the slot count comes from SGLang's idle-pass markers.
 
 Means, not medians, feed the model: throughput is total time over count, so a heavy tail
-(contention, a starved CPU) counts in full. Sizes the trace never ran (needed when the herd is spread out) are the nearest observed size
-scaled by the roofline's MoE-layer bytes ratio (labelled `estimated`). Nothing is fitted to the
+(contention, a starved CPU) counts in full. Sizes the trace never ran (needed when the herd is spread out) are interpolated between
+observed sizes, else the nearest observed size scaled by the served model's own shape (a MoE
+model's roofline bytes ratio; a model the evidence does not name: held flat), never the
+scenario's model (labelled `estimated`). Empty visits are costed per rank (SGLang 0.5.23
+managers/scheduler_pp_mixin.py `event_loop_pp` runs the whole visit on an empty slot too). Nothing is fitted to the
 observed tok/s: `unexplained` is what the model of the observed loop does not reproduce.
 """
 from __future__ import annotations
@@ -261,7 +264,10 @@ def from_evidence(loop: LoopProfile | None, *, concurrency: int | None, observed
         device="cpu" if on_cpu else "gpu",
         send_us=per_rank("send_us_mean") if on_cpu else (),
         process_us=per_rank("process_us_mean") if on_cpu else (),
-        window_concurrency=window_load(rk[0], slots))
+        # rounds of the server's own slot count where its setting is known: a slot count
+        # inferred from the traces assumes the window ran C
+        window_concurrency=window_load(rk[0], slot_count(pp, async_depth)
+                                       if async_depth is not None else slots))
 
 
 # ------------------------------------------------------------------ switches and the model
