@@ -188,17 +188,26 @@ def diagnosis_summary(sg: SglangData, inp: Inputs, stage_cost: Record | None = N
     if C is None and len(obs) == 1:
         C, c_src = next(iter(obs)), "the one observed concurrency"
     try:
-        model = load_model(loop.model) if loop.model else inp.model
-        shape, shape_src = moe_shape(model), (f"roofline MoE-layer bytes ratio of {model.name} "
-                                              "(estimated)")
+        # the served model's own shape, never the scenario's: a server whose model the
+        # evidence does not name gets the nearest traced size (interpolated between sizes)
+        model = load_model(loop.model) if loop.model else None
+        shape = moe_shape(model) if model is not None else None
+        shape_src = (f"roofline MoE-layer bytes ratio of {model.name} (estimated)"
+                     if shape is not None else
+                     f"{'dense model ' + model.name if model is not None else 'the served model is not named in the evidence'}: "
+                     "interpolated between traced sizes, else the nearest traced size (estimated)")
         pts = _moe_curve(stage_cost)
         if pts:
             shape = curve_shape(pts)
             gpus = ", ".join(sorted(set(stage_cost.provenance.gpus))) or "an unnamed GPU"
             shape_src = (f"the MoE-layer curve of stage_cost.json, measured on {gpus} (a shape "
                          "only: the level is the traces')")
+        # the server's own --pp-async-batch-depth (its start-up arguments in the log): the slot
+        # count the window check counts rounds with (the model's slots stay the traces')
+        args = sg.log.server_args if sg.log is not None else None
+        depth = args.pp_async_batch_depth if args is not None else None
         dep = from_evidence(loop, concurrency=C, observed=obs.get(C) if C else None,
-                            async_depth=None, shape=shape)
+                            async_depth=depth, shape=shape)
     except (NoLoopEvidence, ValueError) as e:
         return NotDiagnosed("not diagnosed", str(e))
     dg = diagnose(dep, shape)
@@ -212,7 +221,10 @@ def diagnosis_summary(sg: SglangData, inp: Inputs, stage_cost: Record | None = N
             tuple(dep.relay_us), tuple(dep.sync_wait_us), tuple(dep.send_wait_us),
             tuple(dep.hop_us), dep.graph_share, dep.empty_us,
             tuple({str(b): v for b, v in c.items()} for c in dep.forward), dep.sources,
-            tuple(dep.notes), f"forward at unobserved sizes: {shape_src}"),
+            tuple(dep.notes), f"forward at unobserved sizes: {shape_src}",
+            tuple({str(b): v for b, v in c.items()} for c in dep.forward_busy),
+            tuple(dep.empty_relay_us), tuple(dep.send_us), tuple(dep.process_us),
+            dep.window_concurrency),
         time_split=tuple(TimeSplit(**r) for r in time_split_rows(dep)),
         **{f.name: getattr(dg, f.name) for f in fields(dg)})
 

@@ -71,7 +71,7 @@ def test_even_sizes_spaces_micro_batches():
 def _dep(**kw) -> Deployment:
     base = dict(pp=2, slots=4, sizes=(8, 0, 0, 0), forward=({8: 1000.0, 4: 600.0},) * 2,
                 forward_busy=({8: 1000.0, 4: 600.0},) * 2, host_us=(200.0, 0.0),
-                relay_us=(0.0, 0.0), sync_wait_us=(0.0, 0.0), empty_us=0.0, empty_relay_us=0.0,
+                relay_us=(0.0, 0.0), sync_wait_us=(0.0, 0.0), empty_us=(0.0, 0.0), empty_relay_us=(0.0, 0.0),
                 hop_us=(50.0, 50.0), send_wait_us=(0.0, 0.0), graph_share=1.0, concurrency=8,
                 observed_tok_per_s=None)
     base.update(kw)

@@ -17,8 +17,8 @@ from reports.model.deployment import Deployment
 def _dep(sizes=(6, 2), slots=2, fwd=None, **kw) -> Deployment:
     fwd = fwd or {1: 1000.0, 8: 1000.0}
     base = dict(pp=2, slots=slots, sizes=tuple(sizes), forward=(fwd, fwd), forward_busy=(fwd, fwd),
-                host_us=(0.0, 0.0), relay_us=(0.0, 0.0), sync_wait_us=(0.0, 0.0), empty_us=0.0,
-                empty_relay_us=0.0, hop_us=(0.0, 0.0), send_wait_us=(0.0, 0.0),
+                host_us=(0.0, 0.0), relay_us=(0.0, 0.0), sync_wait_us=(0.0, 0.0), empty_us=(0.0, 0.0),
+                empty_relay_us=(0.0, 0.0), hop_us=(0.0, 0.0), send_wait_us=(0.0, 0.0),
                 graph_share=None, concurrency=sum(sizes), observed_tok_per_s=None,
                 device="cpu", send_us=(0.0, 0.0), process_us=(0.0, 0.0))
     base.update(kw)

@@ -41,6 +41,7 @@ def _server(mode: str, fixtures=None):
                 return self._json(200, {"success": True})
             if self.path == "/start_profile":
                 state["out"] = body["output_dir"]
+                state["profile_at"] = time.perf_counter()
                 return self._json(200, {"success": True})
             if self.path == "/stop_profile":
                 for r in (0, 1):
@@ -69,6 +70,9 @@ def _server(mode: str, fixtures=None):
                 chunk = {"choices": [{"text": "tok", "index": 0}]}
                 self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
                 self.wfile.flush()
+                if k == k0:
+                    with state["lock"]:
+                        state.setdefault("first", []).append(time.perf_counter())
             self.wfile.write(b"data: [DONE]\n\n")
 
     srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
@@ -128,6 +132,18 @@ def test_profile_hands_traces_to_reader(server, tmp_path):
     p = out["profile"]
     assert sorted(p["traces"]["ranks"]) == ["0", "1"]
     assert p["traces"]["ranks"]["1"]["nccl_recv"]["kernels"] == 6
+
+
+@pytest.mark.parametrize("server", ["lockstep"], indirect=True)
+def test_profile_starts_once_the_load_has_reached_c(server, tmp_path):
+    # a window opened before every stream decodes holds the ramp (bench_serving's warm-up:
+    # every forward at bs = 1), not the load measured
+    url, state = server
+    cfg = sglang_live.LiveConfig(url=url, concurrency=3, max_tokens=6, timeout_s=20,
+                                 profile=True, trace_dir=str(tmp_path))
+    sglang_live.run_live(cfg)
+    profiled = state["first"][-3:]          # the profiled run's three streams
+    assert len(state["first"]) == 6 and all(t <= state["profile_at"] for t in profiled)
 
 
 @pytest.mark.parametrize("server", ["error"], indirect=True)

@@ -135,12 +135,12 @@ def _chunk_text(payload: bytes, path: str) -> str | None:
 
 
 def _stream_one(cfg: LiveConfig, model: str, t0: float, out: list, errors: list,
-                bad: list) -> None:
+                bad: list, firsts: list | None = None, reached=None) -> None:
     """One stream, run in a worker thread: its arrivals onto `out`; what went wrong onto
     `errors` (the server could not be reached, HTTP errors) or `bad` (a reply that cannot be
     believed), one line each, for the main thread to report. Never raises."""
     try:
-        _stream(cfg, model, t0, out, errors)
+        _stream(cfg, model, t0, out, errors, firsts, reached)
     except BadReply as e:
         bad.append(str(e))
     except (OSError, http.client.HTTPException) as e:
@@ -149,7 +149,10 @@ def _stream_one(cfg: LiveConfig, model: str, t0: float, out: list, errors: list,
         bad.append(f"unexpected {type(e).__name__} reading the stream: {str(e)[:120]}")
 
 
-def _stream(cfg: LiveConfig, model: str, t0: float, out: list, errors: list) -> None:
+def _stream(cfg: LiveConfig, model: str, t0: float, out: list, errors: list,
+            firsts: list | None = None, reached=None) -> None:
+    """One stream's arrivals; `reached` (an Event) is set once every stream of the run has
+    its first token, i.e. all C requests are decoding (`firsts` counts them)."""
     path = "/v1/chat/completions" if cfg.chat else "/v1/completions"
     body = {"model": model, "max_tokens": cfg.max_tokens, "stream": True, "temperature": 0.0,
             "ignore_eos": True}
@@ -187,6 +190,10 @@ def _stream(cfg: LiveConfig, model: str, t0: float, out: list, errors: list) -> 
                 break
             if _chunk_text(payload, path):
                 arrivals.append(time.perf_counter() - t0)
+                if len(arrivals) == 1 and firsts is not None:
+                    firsts.append(1)          # list.append is atomic: one per stream
+                    if reached is not None and len(firsts) >= cfg.concurrency:
+                        reached.set()
             if time.perf_counter() > deadline:
                 errors.append(f"stream exceeded {cfg.timeout_s:g} s")
                 break
@@ -233,9 +240,11 @@ def _pcts(v: list[float]) -> dict:
             "mean": statistics.fmean(s)}
 
 
-def run_load(cfg: LiveConfig, arrival: str, model: str) -> dict:
-    """One run: C streams with the given arrival pattern."""
+def run_load(cfg: LiveConfig, arrival: str, model: str, reached=None) -> dict:
+    """One run: C streams with the given arrival pattern; `reached` (a threading.Event) is set
+    once all C streams are decoding."""
     out: list = []
+    firsts: list = []
     errors: list = []
     bad: list = []
     t0 = time.perf_counter()
@@ -243,7 +252,8 @@ def run_load(cfg: LiveConfig, arrival: str, model: str) -> dict:
     for i in range(cfg.concurrency):
         if arrival == "staggered" and i:
             time.sleep(cfg.stagger_s)
-        th = threading.Thread(target=_stream_one, args=(cfg, model, t0, out, errors, bad),
+        th = threading.Thread(target=_stream_one,
+                              args=(cfg, model, t0, out, errors, bad, firsts, reached),
                               daemon=True)
         th.start()
         threads.append(th)
@@ -329,6 +339,23 @@ def _profile(cfg: LiveConfig, model: str, arrival: str, link_gbps: float | None)
         raise CliError("--profile needs --trace-dir (where the server writes its traces)")
     d = Path(cfg.trace_dir)
     before = {p.name for p in d.glob("*.json*")} if d.is_dir() else set()
+    # the window opens only once the load has reached C (every stream decoding): a window
+    # opened before it holds the ramp (a warm-up's micro-batches of 1), not the load measured
+    reached = threading.Event()
+    box: dict = {}
+
+    def load() -> None:
+        try:
+            box["run"] = run_load(cfg, arrival, model, reached)
+        except CliError as e:
+            box["error"] = e
+        finally:
+            reached.set()
+    th = threading.Thread(target=load, daemon=True)
+    th.start()
+    reached.wait(cfg.timeout_s)
+    if "error" in box:
+        raise box["error"]
     st, resp = request_json(cfg.url, "POST", "/start_profile",
                             {"output_dir": str(d), "num_steps": cfg.profile_steps,
                              "activities": ["CPU", "GPU"],
@@ -338,7 +365,12 @@ def _profile(cfg: LiveConfig, model: str, arrival: str, link_gbps: float | None)
                              "record_shapes": cfg.profile_stacks}, timeout=60.0)
     if st != 200:
         raise CliError(f"{cfg.url}: /start_profile answered HTTP {st}: {str(resp)[:120]}")
-    run = run_load(cfg, arrival, model)
+    th.join(cfg.timeout_s + 10)
+    if "error" in box:
+        raise box["error"]
+    run = box.get("run")
+    if run is None:
+        raise CliError(f"{cfg.url}: the profiled load did not finish within {cfg.timeout_s:g} s")
     st, resp = request_json(cfg.url, "POST", "/stop_profile", {}, timeout=120.0)
     stop = "ok" if st == 200 else f"HTTP {st} (already stopped after num_steps?)"
     if not d.is_dir():

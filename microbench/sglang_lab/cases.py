@@ -25,6 +25,9 @@ class Case:
     baseline: str = "clean-c8"      # what its slowdown is measured against
     expect: str = ""                # the cause the diagnosis should name first ("" = none big)
     profile: bool = True            # profile a window (the "before" evidence of a what-if)
+    # the profiled window's own load, when it is not the benchmark's: a window that holds
+    # another C (a warm-up, a tail), which the report must say is not the benchmark's load
+    window_concurrency: int | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,22 @@ def default_plan(pp: int = 2, quick: bool = False, depth: int = 0) -> tuple[Grou
         Case("clean-c8-end", c8, reps=2, baseline=""),
     )
     return (Group(name, pp, extra, cases),)
+
+
+def sizes_plan(pp: int = 2) -> tuple[Group, ...]:
+    """Large faults, each sized against the clean run (`--baseline`): the slow stage x1.5 and
+    x3 on the last rank, host delays of 4 and 20 ms per `get_next_batch_to_run` on rank 0 and
+    on the last rank, and a window profiled at C = 1 while the benchmark runs at C = 8 (a
+    warm-up window: its first answer line must say the window is not the benchmark's load)."""
+    last = pp - 1
+    c8 = 8
+    cases = [Case("clean-c8", c8, reps=2, baseline="")]
+    cases += [Case(f"slow-x{f:g}", c8, fault=f"slow-stage={last}:{f:g}", expect="slow_stage")
+              for f in (1.5, 3)]
+    cases += [Case(f"host-r{r}-{ms}ms", c8, fault=f"host-delay={r}:{ms * 1000}", expect="host")
+              for r in (0, last) for ms in (4, 20)]
+    cases.append(Case("warmup-window", c8, window_concurrency=1))
+    return (Group("sizes", pp, (), tuple(cases)),)
 
 
 # What-ifs checked on the server itself (reports/model/observed_whatif.py): every "before" case

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from dataclasses import dataclass
@@ -113,14 +114,24 @@ def scrape_metrics(url: str, dest: Path) -> None:
     dest.write_bytes(http_call(url, "GET", "/metrics", None, 30.0))
 
 
-def wait_decoding(server, since: int, lines: int, timeout_s: float = 120.0) -> None:
-    """Until the server log shows `lines` decode lines written after byte `since`."""
+NEW_SEQ_RE = re.compile(r"\bPP0\] Prefill batch.*?#new-seq: (\d+)")
+
+
+def wait_load(server, since: int, concurrency: int, lines: int, timeout_s: float = 120.0) -> None:
+    """Until the load has reached C: rank 0's log shows C + 1 requests admitted after byte
+    `since` (`Prefill batch, #new-seq`; bench_serving sends one warm-up request first), then
+    `lines` more decode lines. A window opened earlier holds the warm-up's and the ramp's
+    micro-batches, not the load the benchmark measures."""
     deadline = time.monotonic() + timeout_s
+    mark = None
     while time.monotonic() < deadline:
-        if server.log_text(since).count("Decode batch") >= lines:
+        text = server.log_text(since)
+        if mark is None and sum(int(n) for n in NEW_SEQ_RE.findall(text)) >= concurrency + 1:
+            mark = text.count("Decode batch")
+        if mark is not None and text.count("Decode batch") >= mark + lines:
             return
         time.sleep(0.2)
-    raise LabError(f"the server did not start decoding within {timeout_s:.0f} s")
+    raise LabError(f"the load did not reach C={concurrency} within {timeout_s:.0f} s")
 
 
 def wait_idle(server, timeout_s: float = 60.0) -> None:

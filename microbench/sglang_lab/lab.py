@@ -96,12 +96,14 @@ def run_case(case: Case, server: LabServer, bench: drive.BenchSpec, fault_file: 
             for sub, stacks in windows:
                 _say(f"{case.name}: profiling a window ({'SGLang defaults: stacks, shapes' if stacks else 'no stacks, no shapes'})")
                 since = server.log_size()
-                p = drive.start_bench(bench, blog, concurrency=case.concurrency,
+                p = drive.start_bench(bench, blog,
+                                      concurrency=case.window_concurrency or case.concurrency,
                                       prompts=2 * case.concurrency + 2, seed=seed0 + 50,
                                       out=tmp / f"bench-{sub}.jsonl",
                                       request_rate=case.request_rate)
                 try:
-                    drive.wait_decoding(server, since, lines=6 * server.spec.pp)
+                    drive.wait_load(server, since, case.window_concurrency or case.concurrency,
+                                    lines=2 * server.spec.pp)
                     drive.profile_window(server, tmp / sub, PROFILE_S, stacks)
                 finally:
                     # the window is what this run is for: stop the client (SGLang aborts its

@@ -40,6 +40,10 @@ def register(subparsers) -> None:
                    help="bench_serving repetitions of every case (default: the plan's, 1-3)")
     p.add_argument("--quick", action="store_true",
                    help="clean C=8 and one fault only (the CI tier)")
+    p.add_argument("--sizes", action="store_true",
+                   help="the sizing plan: large faults (slow stage x1.5, x3; host delay 4 and "
+                   "20 ms on rank 0 and the last rank) and a window profiled at another C, each "
+                   "sized against the clean run")
     p.add_argument("--whatif", action="store_true",
                    help="the what-if plan: SGLang's defaults and each setting the report can "
                    "recommend, before and after, at C = 1, 8, 16 (cases wi-*; the table at the end, "
@@ -70,14 +74,16 @@ def register(subparsers) -> None:
 
 
 def _plan(args):
-    from microbench.sglang_lab.cases import (default_plan, whatif_live_plan, whatif_plan,
-                                             whatif_restart_plan)
+    from microbench.sglang_lab.cases import (default_plan, sizes_plan, whatif_live_plan,
+                                             whatif_plan, whatif_restart_plan)
     if not 2 <= args.pp <= max(2, os.cpu_count() or 2):
         raise CliError(f"--pp must be between 2 and the number of cores "
                        f"({os.cpu_count()}), got {args.pp}")
     if not 0 <= args.async_depth <= 64:
         raise CliError(f"--async-depth must be between 0 and 64, got {args.async_depth}")
-    if args.whatif:
+    if args.sizes:
+        plan = sizes_plan(args.pp)
+    elif args.whatif:
         plan = whatif_plan(args.pp)
     elif args.whatif_live:
         plan = whatif_live_plan(args.pp)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import math
 
+from reports.model.deployment import window_differs
+from reports.model.change_split import deployment_of, forward_rows, split_change
 from reports.model.report_type import (ChangeRow, Comparison, NotCompared, NotDiagnosed,
                                        ServerDiagnosis)
 
@@ -128,17 +130,34 @@ def compare(now: ServerDiagnosis | NotDiagnosed | None,
                      f"{now_id['pp']}): the change compares two pipelines")
     delta = s_now - s_base
     then = {r.cause: r.ms_per_step for r in base.rows}
+
+    def share(g: float) -> float | None:
+        return 100 * g / delta if abs(delta) > 1e-9 else None
     rows = []
-    for r in now.rows:
-        b = then.get(r.cause, 0.0)
-        g = r.ms_per_step - b
-        rows.append(ChangeRow(r.cause, r.label, b, r.ms_per_step, g,
-                              100 * g / delta if abs(delta) > 1e-9 else None))
-    un_now, un_base = now.unexplained_ms, base.unexplained_ms
-    if kind == "observed" and un_now is not None and un_base is not None:
-        g = un_now - un_base
-        rows.append(ChangeRow("unexplained", "not reproduced by the model", un_base, un_now, g,
-                              100 * g / delta if abs(delta) > 1e-9 else None))
+    parts = _shapley_parts(now, base)
+    split = "shapley" if parts is not None else "difference"
+    if parts is not None:
+        growth, m_base, m_now = parts
+        for r in now.rows:
+            g = growth.get(r.cause, 0.0)
+            rows.append(ChangeRow(r.cause, r.label, then.get(r.cause, 0.0), r.ms_per_step, g,
+                                  share(g)))
+        if kind == "observed":
+            g = delta - (m_now - m_base)
+            rows.append(ChangeRow("unexplained", "not reproduced by the model",
+                                  s_base - m_base, s_now - m_now, g, share(g)))
+    else:
+        notes.append("the change is each run's own split subtracted (the baseline report does "
+                     "not hold the loop a joint split needs, or the two loops differ in shape)")
+        for r in now.rows:
+            b = then.get(r.cause, 0.0)
+            g = r.ms_per_step - b
+            rows.append(ChangeRow(r.cause, r.label, b, r.ms_per_step, g, share(g)))
+        un_now, un_base = now.unexplained_ms, base.unexplained_ms
+        if kind == "observed" and un_now is not None and un_base is not None:
+            g = un_now - un_base
+            rows.append(ChangeRow("unexplained", "not reproduced by the model", un_base, un_now,
+                                  g, share(g)))
     rows.sort(key=lambda x: -abs(x.growth_ms))
     change = 100 * delta / s_base
     named = [x for x in rows if x.cause != "unexplained"]
@@ -153,8 +172,28 @@ def compare(now: ServerDiagnosis | NotDiagnosed | None,
                   f"{s_base:.2f} -> {s_now:.2f} ms); the largest change is {top.label}: "
                   f"{top.growth_ms:+.2f} ms per step"
                   + (f" ({sh:.0f}% of the change)" if sh is not None else ""))
+    for side, dg in (("this run", now), ("the baseline", base)):
+        v = dg.deployment
+        off = None if v is None else window_differs(v.window_concurrency, dg.concurrency,
+                                                     v.forward_us[0] if v.forward_us else ())
+        if off is not None:    # said first: the sizes then describe another load
+            answer = f"{side}: {off}. {answer[0].upper()}{answer[1:]}"
     return Comparison("ok", label, kind, s_base, s_now, change, tuple(rows), answer,
-                      tuple(notes))
+                      tuple(notes), forward_rows(now.deployment, base.deployment), split)
+
+
+def _shapley_parts(now: ServerDiagnosis, base: ServerDiagnosis
+                   ) -> tuple[dict[str, float], float, float] | None:
+    """reports/model/change_split.py's joint split of the two loops, or None when either
+    report lacks the loop it needs or the loops differ in shape (pp, slots)."""
+    d_now = deployment_of(now.deployment, now.concurrency)
+    d_base = deployment_of(base.deployment, base.concurrency)
+    if d_now is None or d_base is None or (d_now.pp, d_now.slots) != (d_base.pp, d_base.slots):
+        return None
+    try:
+        return split_change(d_now, d_base)
+    except ValueError:
+        return None
 
 
 def compare_reports(rep, old, label: str) -> tuple[Comparison | NotCompared, list[str]]:

@@ -23,8 +23,11 @@ SGLang runs it) and the hidden-state send (part of the hop); waiting is never an
 model reproduces it); the slot count comes from SGLang's idle-pass markers.
 
 Means, not medians, feed the model: throughput is total time over count, so a heavy tail
-(contention, a starved CPU) counts in full. Sizes the trace never ran (needed when the herd is spread out) are the nearest observed size
-scaled by the roofline's MoE-layer bytes ratio (labelled `estimated`). Nothing is fitted to the
+(contention, a starved CPU) counts in full. Sizes the trace never ran (needed when the herd is spread out) are interpolated between
+observed sizes, else the nearest observed size scaled by the served model's own shape (a MoE
+model's roofline bytes ratio; a model the evidence does not name: held flat), never the
+scenario's model (labelled `estimated`). Empty visits are costed per rank (SGLang 0.5.23
+managers/scheduler_pp_mixin.py `event_loop_pp` runs the whole visit on an empty slot too). Nothing is fitted to the
 observed tok/s: `unexplained` is what the model of the observed loop does not reproduce.
 """
 from __future__ import annotations
@@ -52,8 +55,12 @@ class Deployment:
     host_us: tuple[float, ...]                     # per rank, CPU work per visit with a batch
     relay_us: tuple[float, ...]                    # per rank, blocked in the request-list relay
     sync_wait_us: tuple[float, ...]                # per rank, blocked waiting for the GPU (comm)
-    empty_us: float                                # rank 0, CPU work per empty visit
-    empty_relay_us: float                          # rank 0, relay wait per empty visit
+    # per rank: CPU work / relay wait per empty visit. SGLang 0.5.23 runs the whole visit on
+    # an empty slot too, on every rank (managers/scheduler_pp_mixin.py `event_loop_pp`:
+    # recv_requests, get_next_batch_to_run, the output exchange), so a host delay in
+    # get_next_batch_to_run is spent on empty visits of that rank as well
+    empty_us: tuple[float, ...]
+    empty_relay_us: tuple[float, ...]
     hop_us: tuple[float, ...]                      # hop r -> r+1; last entry: last -> rank 0
     send_wait_us: tuple[float, ...]                # per rank: next forward waits for its send
     graph_share: float | None
@@ -67,6 +74,8 @@ class Deployment:
     device: str = "gpu"
     send_us: tuple[float, ...] = ()
     process_us: tuple[float, ...] = ()     # per rank, after the forward (CPU view only)
+    # requests the traced window ran per round of the slot loop (window_load); None: unknown
+    window_concurrency: float | None = None
 
     @property
     def occupied(self) -> int:
@@ -109,6 +118,33 @@ def even_sizes(total: int, m: int, slots: int, pp: int) -> tuple[int, ...]:
     for k, n in enumerate(parts):
         out[(k * slots) // m] = n
     return tuple(out)
+
+
+# the traced window's load is not the benchmark's when its requests in flight differ from C by
+# more than this (a window of a warm-up, a tail or another C)
+WINDOW_OFF = 0.25
+
+
+def window_load(x, slots: int) -> float | None:
+    """Requests the traced window ran per round of the slot loop on one rank: the mean decode
+    micro-batch x the decode forwards per round (slots x decode forwards / iterations; SGLang
+    visits every slot once per round, managers/scheduler_pp_mixin.py `event_loop_pp`)."""
+    counts = x.curve("forward_count_by_batch", None)
+    n = sum(counts.values())
+    if not (n and x.iterations):
+        return None
+    return sum(b * c for b, c in counts.items()) / n * slots * x.forwards / x.iterations
+
+
+def window_differs(w: float | None, C: int, batches) -> str | None:
+    """Why the traced window (`w` requests in flight, decode micro-batch sizes `batches`) is not
+    the benchmark's load at C, in words, or None when it is."""
+    if w is None or not C or abs(w - C) <= WINDOW_OFF * C:
+        return None
+    sizes = "/".join(str(k) for k in sorted(int(b) for b in batches))
+    return (f"the traced window is not the benchmark's load: it ran about {w:.0f} request(s) "
+            f"in flight (decode micro-batches of {sizes}) against the benchmark's C={C} (a "
+            f"warm-up, a tail or another C); profile again once the load has reached C")
 
 
 def _sizes(counts: dict[int, float], concurrency: int, slots: int) -> tuple[int, ...]:
@@ -217,8 +253,8 @@ def from_evidence(loop: LoopProfile | None, *, concurrency: int | None, observed
     return Deployment(
         pp=pp, slots=slots, sizes=sizes, forward=tuple(fw), forward_busy=tuple(fb),
         host_us=per_rank("host_us_mean"), relay_us=per_rank("relay_wait_us_mean"),
-        sync_wait_us=per_rank("sync_wait_us_mean"), empty_us=rk[0].host_us_empty_mean or 0.0,
-        empty_relay_us=rk[0].relay_wait_us_empty_mean or 0.0, hop_us=tuple(hop),
+        sync_wait_us=per_rank("sync_wait_us_mean"), empty_us=per_rank("host_us_empty_mean"),
+        empty_relay_us=per_rank("relay_wait_us_empty_mean"), hop_us=tuple(hop),
         send_wait_us=per_rank("send_wait_us_mean"),
         graph_share=sum(x.graph_forwards for x in rk) / f if f else None,
         concurrency=int(concurrency), observed_tok_per_s=observed,
@@ -227,7 +263,11 @@ def from_evidence(loop: LoopProfile | None, *, concurrency: int | None, observed
         time_split={r: to_json(x.time_split) or {} for r, x in zip(order, rk)},
         device="cpu" if on_cpu else "gpu",
         send_us=per_rank("send_us_mean") if on_cpu else (),
-        process_us=per_rank("process_us_mean") if on_cpu else ())
+        process_us=per_rank("process_us_mean") if on_cpu else (),
+        # rounds of the server's own slot count where its setting is known: a slot count
+        # inferred from the traces assumes the window ran C
+        window_concurrency=window_load(rk[0], slot_count(pp, async_depth)
+                                       if async_depth is not None else slots))
 
 
 # ------------------------------------------------------------------ switches and the model
@@ -274,8 +314,9 @@ def loop_config(dep: Deployment, on: frozenset, shape=None) -> tuple[LoopConfig,
                  for h, r, w in zip(dep.host_us, dep.relay_us, dep.sync_wait_us))
     cfg = LoopConfig(stage_us=tuple(tuple(r) for r in table), hop_us=tuple(hop),
                      async_depth=dep.slots - dep.pp, host_us=0.0,
-                     empty_us=(dep.empty_us if "host" in on else 0.0)
-                     + (dep.empty_relay_us if "relay" in on else 0.0),
+                     empty_us=tuple((e if "host" in on else 0.0)
+                                    + (er if "relay" in on else 0.0)
+                                    for e, er in zip(dep.empty_us, dep.empty_relay_us)),
                      rank_host_us=host, cpu_forward=dep.device == "cpu",
                      send_us=tuple(v if "hop" in on else 0.0 for v in dep.send_us),
                      process_us=tuple(v if "host" in on else 0.0 for v in dep.process_us)

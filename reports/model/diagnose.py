@@ -21,7 +21,8 @@ from statistics import median_low
 
 from reports.model.attribution import shapley
 from reports.model.bursts import BURST_SOURCE
-from reports.model.deployment import CAUSES, LABELS, REFERENCE, Deployment, at_size, run
+from reports.model.deployment import (CAUSES, LABELS, REFERENCE, Deployment, at_size, run,
+                                      window_differs)
 
 NAME_PCT = 10.0   # a cause is named when its size (slowdown) is at least this
 CPU_CAUSES = ("host", "relay")
@@ -106,6 +107,20 @@ def details(dep: Deployment) -> dict[str, str]:
     }
 
 
+# a cause at least this share of the step is given as its share ("97% of the step"): "X%
+# slower" is then a percentage of the small rest (97% of the step reads "3158% slower")
+SHARE_WORDING = 0.5
+
+
+def worded(ms: float, step: float) -> str:
+    """A cause's size for people: its share of the step when it is most of it, else how much
+    slower it makes the server."""
+    if step > 0 and ms >= SHARE_WORDING * step:
+        return f"{100 * ms / step:.0f}% of the decode step ({ms:.2f} of {step:.2f} ms)"
+    return (f"makes the server {100 * ms / (step - ms):.0f}% slower ({ms:.2f} of {step:.2f} ms "
+            "per decode step)")
+
+
 def _split(dep: Deployment, shape) -> tuple[list[CauseRow], float, float, str, tuple]:
     """Shapley rows (largest first), modelled and reference step, the answer, named causes."""
     players = list(CAUSES)
@@ -132,8 +147,7 @@ def _split(dep: Deployment, shape) -> tuple[list[CauseRow], float, float, str, t
     named = tuple(r.cause for r in rows if r.size_pct is not None and r.size_pct >= NAME_PCT)
     if named:
         top = rows[0]
-        answer = (f"{top.label}: makes the server {top.size_pct:.0f}% slower "
-                  f"({top.ms_per_step:.2f} of {base:.2f} ms per decode step); {top.detail}")
+        answer = f"{top.label}: {worded(top.ms_per_step, base)}; {top.detail}"
     else:
         biggest = rows[0]
         answer = (f"nothing big: no cause is above {NAME_PCT:.0f}% (largest: {biggest.cause} "
@@ -144,8 +158,8 @@ def _split(dep: Deployment, shape) -> tuple[list[CauseRow], float, float, str, t
 def cpu_scaled(dep: Deployment, k: float) -> Deployment:
     """The deployment with every traced CPU cost (host work, relay waits, empty visits) x k."""
     return replace(dep, host_us=tuple(k * v for v in dep.host_us),
-                   relay_us=tuple(k * v for v in dep.relay_us), empty_us=k * dep.empty_us,
-                   empty_relay_us=k * dep.empty_relay_us)
+                   relay_us=tuple(k * v for v in dep.relay_us), empty_us=tuple(k * v for v in dep.empty_us),
+                   empty_relay_us=tuple(k * v for v in dep.empty_relay_us))
 
 
 def cpu_corrected(dep: Deployment, obs_step: float, shape=None) -> float | None:
@@ -188,6 +202,10 @@ def diagnose(dep: Deployment, shape=None) -> Diagnosis:
             caveats.append(f"with the traced CPU costs (host work, relay waits) scaled by "
                            f"{k:.2f} the model meets the observed step (estimated, as if the "
                            f"whole difference were profiler overhead): {c_answer}")
+    off = window_differs(dep.window_concurrency, dep.concurrency, dep.forward[0])
+    if off is not None:     # said first: every size below describes another load
+        answer = f"{off}. Of that window: {answer}"
+        caveats.insert(0, off)
     return Diagnosis(
         concurrency=dep.concurrency, observed_tok_per_s=obs_tps,
         modelled_tok_per_s=dep.concurrency / full * 1e3, reference_tok_per_s=dep.concurrency

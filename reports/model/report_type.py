@@ -212,11 +212,18 @@ class ObservedLoop:
     send_wait_us: tuple[float, ...]
     hop_us: tuple[float, ...]
     graph_share: float | None
-    empty_us: float | None
+    empty_us: tuple[float, ...] | float | None   # per rank (a float: rank 0, older reports)
     forward_us: tuple[dict[str, float], ...]    # per rank: micro-batch size -> forward us
     sources: dict[str, str]
     notes: tuple[str, ...]
     shape: str
+    # the rest of the deployment, so that a later run can split its change against this one
+    # (reports/model/change_split.py); empty in a report written before they were kept
+    forward_busy_us: tuple[dict[str, float], ...] = ()
+    empty_relay_us: tuple[float, ...] = ()
+    send_us: tuple[float, ...] = ()
+    process_us: tuple[float, ...] = ()
+    window_concurrency: float | None = None      # requests in flight in the traced window
 
 
 @dataclass(frozen=True)
@@ -279,6 +286,16 @@ class ChangeRow:
 
 
 @dataclass(frozen=True)
+class ForwardRow:
+    """One rank's forward at one micro-batch size, in the baseline and now (us)."""
+    rank: int
+    batch: int
+    baseline_us: float
+    now_us: float
+    change_pct: float
+
+
+@dataclass(frozen=True)
 class Comparison:
     status: Literal["ok"]
     baseline: str
@@ -289,6 +306,12 @@ class Comparison:
     rows: tuple[ChangeRow, ...]
     answer: str
     notes: tuple[str, ...]
+    # per rank, the forward at the same micro-batch size then and now (contention, clocks or a
+    # slower kernel show here as what they are)
+    forward_rows: tuple[ForwardRow, ...] = ()
+    # "shapley": the change split by one Shapley split over the causes that differ between the
+    # two runs' loops; "difference": each side's own split, subtracted
+    split: str = "difference"
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from reports.model.pipeline_model import Span
 from reports.model.report_type import (Comparison, Report, ServerDiagnosis, ServerSummary,
                                        TopologySummary)
 from reports.render.render_md import (DISPATCH_NOTE, MEASURED_NOTE, Table, attribution_table,
-                               attribution_title, baseline_table, diagnosis_table,
+                               attribution_title, baseline_table, forward_table, diagnosis_table,
                                observed_loop_line, time_split_table, banner, dispatch_table, header_lines, report_title,
                                inputs_table, measured_timeline_table, micro_batch_table,
                                observed_line, server_bench_table, server_dp_table,
@@ -396,6 +396,9 @@ def render_html(rep: Report, spans: tuple[Span, ...] = (), measured=(), figures=
                  f'Baseline: {_e(cmp_.baseline)}</p>')
         o.append(f"<p><b>{_e(cmp_.answer)}</b></p>{table_html(baseline_table(cmp_))}"
                  if isinstance(cmp_, Comparison) else f"<p>Not compared: {_e(cmp_.reason)}</p>")
+        if isinstance(cmp_, Comparison) and cmp_.forward_rows:
+            o.append("<p>Forward time per rank at the same micro-batch size</p>"
+                     + table_html(forward_table(cmp_)))
 
     o += diagnosis_html(rep)
     o += server_whatif_html(rep)

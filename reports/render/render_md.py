@@ -440,6 +440,13 @@ def baseline_table(cmp_: Comparison) -> Table:
                   "share of the step's change"), tuple(rows), (False, True, True, True, True))
 
 
+def forward_table(cmp_: Comparison) -> Table:
+    rows = [(str(f.rank), str(f.batch), _f(f.baseline_us / 1e3, 2), _f(f.now_us / 1e3, 2),
+             f"{f.change_pct:+.0f}%") for f in cmp_.forward_rows]
+    return Table(("rank", "micro-batch", "baseline forward ms", "this run forward ms",
+                  "change"), tuple(rows), (True,) * 5)
+
+
 def baseline_lines(rep: Report) -> list[str]:
     """What changed against an earlier run (reports/model/compare.py)."""
     c = rep.baseline_comparison
@@ -448,10 +455,18 @@ def baseline_lines(rep: Report) -> list[str]:
     out = ["## Against the baseline", "", f"Baseline: {c.baseline}.", ""]
     if not isinstance(c, Comparison):
         return out + [f"Not compared: {c.reason}", ""]
+    how = ("the change is split by one Shapley split over the causes that differ between the "
+           "two runs' loops (each cause's inputs taken from this run, the rest from the "
+           "baseline)" if c.split == "shapley" else "the change is each run's own Shapley "
+           "split subtracted")
     out += [f"**{c.answer}**", "", md_table(baseline_table(c)), "",
-            "Each cause in ms per decode step in both runs (each run's own Shapley split); the "
+            f"Each cause in ms per decode step in both runs (each run's own split); {how}: the "
             "growths add up to the modelled step's change, `unexplained` takes the rest of the "
             "observed change.", ""]
+    if c.forward_rows:
+        out += ["Forward time per rank at the same micro-batch size (the traces of both runs): "
+                "a forward slowed by contention, clocks or a slower kernel shows here.", "",
+                md_table(forward_table(c)), ""]
     return out + [f"- {n}" for n in c.notes] + ([""] if c.notes else [])
 
 
