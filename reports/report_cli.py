@@ -147,8 +147,7 @@ def handle(args: argparse.Namespace) -> int:
     print(f"wrote {out}/report.{{json,md,html,trace.json}} in {time.monotonic() - t0:.1f} s")
     n = sum(len(st.commands) for st in rep.measure_your_server)
     if n:
-        print(f"Measure your server: {n} commands to paste, in {out}/report.md and report.html "
-              "(section \"Measure your server\")")
+        print(f"Measure your server: {n} commands to paste (that section of {out}/report.md)")
     return 0
 
 

@@ -82,7 +82,7 @@ def observed_herd_figure(rep, loop: LoopProfile | None, model: Lanes | None,
                      use_cache)
     pp = 1 + max(s.rank for s in traced)
     caption = (f"The loop your server ran, from its own traces ({len(traced)} forwards of {pp} "
-               f"PP ranks over {width:.0f} ms from the middle of the traced window, prefill "
+               f"PP ranks over {width:.0f} ms of the traced window, prefill "
                f"forwards included), beside the model of the same loop ({slots} slots, every "
                "observed cause on), one time axis: one lane per PP rank, colour = micro-batch "
                "slot, number = requests in it. Which slot is which is not in the traces: "
