@@ -169,16 +169,14 @@ def setting_dependencies(inp: Inputs) -> dict[str, str]:
         "concurrencies it changes would move; the --max-running-requests what-if rows show how.")}
 
 
-def diagnosis_summary(sg: SglangData, inp: Inputs, stage_cost: Record | None = None
-                      ) -> ServerDiagnosis | NotDiagnosed | None:
-    """The observed server diagnosed from its own evidence (reports/model/diagnose.py), or
-    None with the reason when the evidence has no usable loop profile. Forward times at sizes
+def observed_deployment(sg: SglangData, inp: Inputs, stage_cost: Record | None = None):
+    """The observed loop as the diagnosis models it: (Deployment, the forward-time shape, the
+    concurrency's source, the shape's source); None without a loop profile; raises
+    NoLoopEvidence or ValueError when the profile cannot be modelled. Forward times at sizes
     the traces never ran follow the measured MoE-layer curve of stage_cost.json when there is
     one (said so, with the GPU it was measured on), else the roofline's bytes ratio."""
     from reports.base.model_config import load_model
-    from reports.model.deployment import (NoLoopEvidence, curve_shape, from_evidence,
-                                          moe_shape)
-    from reports.model.diagnose import diagnose, time_split_rows
+    from reports.model.deployment import curve_shape, from_evidence, moe_shape
     loop = sg.loop
     if loop is None or not loop.ranks:
         return None
@@ -187,29 +185,47 @@ def diagnosis_summary(sg: SglangData, inp: Inputs, stage_cost: Record | None = N
     c_src = loop.concurrency_from or "given (ppscope sglang --concurrency)"
     if C is None and len(obs) == 1:
         C, c_src = next(iter(obs)), "the one observed concurrency"
+    # the served model's own shape, never the scenario's: a server whose model the evidence
+    # does not name gets the nearest traced size (interpolated between sizes)
+    model = load_model(loop.model) if loop.model else None
+    shape = moe_shape(model) if model is not None else None
+    if shape is not None:
+        shape_src = f"roofline MoE-layer bytes ratio of {model.name} (estimated)"
+    else:
+        named = (f"dense model {model.name}" if model is not None
+                 else "the served model is not named in the evidence")
+        shape_src = (f"{named}: interpolated between traced sizes, else the nearest traced "
+                     "size (estimated)")
+    pts = _moe_curve(stage_cost)
+    if pts:
+        shape = curve_shape(pts)
+        gpus = ", ".join(sorted(set(stage_cost.provenance.gpus))) or "an unnamed GPU"
+        shape_src = (f"the MoE-layer curve of stage_cost.json, measured on {gpus} (a shape "
+                     "only: the level is the traces')")
+    # the server's own --pp-async-batch-depth (its start-up arguments in the log): the slot
+    # count the window check counts rounds with (the model's slots stay the traces')
+    args = sg.log.server_args if sg.log is not None else None
+    depth = args.pp_async_batch_depth if args is not None else None
+    dep = from_evidence(loop, concurrency=C, observed=obs.get(C) if C else None,
+                        async_depth=depth, shape=shape)
+    return dep, shape, c_src, shape_src
+
+
+def diagnosis_summary(sg: SglangData, inp: Inputs, stage_cost: Record | None = None
+                      ) -> ServerDiagnosis | NotDiagnosed | None:
+    """The observed server diagnosed from its own evidence (reports/model/diagnose.py), or
+    None with the reason when the evidence has no usable loop profile (observed_deployment)."""
+    from reports.model.deployment import NoLoopEvidence
+    from reports.model.diagnose import diagnose, time_split_rows
     try:
-        # the served model's own shape, never the scenario's: a server whose model the
-        # evidence does not name gets the nearest traced size (interpolated between sizes)
-        model = load_model(loop.model) if loop.model else None
-        shape = moe_shape(model) if model is not None else None
-        shape_src = (f"roofline MoE-layer bytes ratio of {model.name} (estimated)"
-                     if shape is not None else
-                     f"{'dense model ' + model.name if model is not None else 'the served model is not named in the evidence'}: "
-                     "interpolated between traced sizes, else the nearest traced size (estimated)")
-        pts = _moe_curve(stage_cost)
-        if pts:
-            shape = curve_shape(pts)
-            gpus = ", ".join(sorted(set(stage_cost.provenance.gpus))) or "an unnamed GPU"
-            shape_src = (f"the MoE-layer curve of stage_cost.json, measured on {gpus} (a shape "
-                         "only: the level is the traces')")
-        # the server's own --pp-async-batch-depth (its start-up arguments in the log): the slot
-        # count the window check counts rounds with (the model's slots stay the traces')
-        args = sg.log.server_args if sg.log is not None else None
-        depth = args.pp_async_batch_depth if args is not None else None
-        dep = from_evidence(loop, concurrency=C, observed=obs.get(C) if C else None,
-                            async_depth=depth, shape=shape)
+        got = observed_deployment(sg, inp, stage_cost)
     except (NoLoopEvidence, ValueError) as e:
         return NotDiagnosed("not diagnosed", str(e))
+    if got is None:
+        return None
+    dep, shape, c_src, shape_src = got
+    obs = dict(inp.observed)
+    C = dep.concurrency
     dg = diagnose(dep, shape)
     # dg's concurrency is dep's, which is C: the part's own `concurrency` field
     return ServerDiagnosis(

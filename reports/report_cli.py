@@ -123,6 +123,14 @@ def handle(args: argparse.Namespace) -> int:
     from reports.render.timeline_plot import herd_figure
     herd = herd_figure(rep, run.herd, use_cache=not args.no_cache)
     figures = (herd,) if herd else ()
+    if "sglang" in records:   # a traced server: its own forwards beside the model of its loop
+        from reports.render.observed_herd import observed_herd_figure
+        got = observed_herd_figure(rep, records["sglang"].payload.loop, run.observed,
+                                   use_cache=not args.no_cache)
+        if isinstance(got, str):
+            rep = replace(rep, warnings=(*rep.warnings, got))
+        else:
+            figures += (got,)
     # one result, one commit: every file rendered first, then written together (write_files),
     # so a failure on the way (a full disk) leaves the earlier report's files whole
     rep_json = json_text(rep.to_json())
@@ -139,8 +147,7 @@ def handle(args: argparse.Namespace) -> int:
     print(f"wrote {out}/report.{{json,md,html,trace.json}} in {time.monotonic() - t0:.1f} s")
     n = sum(len(st.commands) for st in rep.measure_your_server)
     if n:
-        print(f"Measure your server: {n} commands to paste, in {out}/report.md and report.html "
-              "(section \"Measure your server\")")
+        print(f"Measure your server: {n} commands to paste (that section of {out}/report.md)")
     return 0
 
 

@@ -1,9 +1,11 @@
 """Everything `ppscope report` takes from the pipeline model, computed once per set of inputs.
 
 `model_run(inp, records, baseline)` returns the report (report.json), the modelled loop's
-forwards at every concurrency (report.trace.json and the timeline plot) and the herd pair: the
+forwards at every concurrency (report.trace.json and the timeline plot), the herd pair: the
 loop at the concurrency where the herd's share of the gap is largest, as deployed and under the
-recommended setting (reports/render/timeline_plot.py draws it).
+recommended setting (reports/render/timeline_plot.py draws it), and, for a traced server, the
+model of its own loop with every observed cause on (reports/render/observed_herd.py draws it
+beside the traced forwards).
 
 It is the slow part of a report (about 400 runs of the pipeline simulator in Python), so the
 result is kept on disk (reports/base/disk_cache.py), keyed by the code version and the repr of
@@ -48,6 +50,7 @@ class ModelRun:
     report: Report
     spans: dict[int, tuple[Span, ...]]     # concurrency -> the modelled loop's forwards
     herd: HerdPair | None
+    observed: Lanes | None = None          # the model of a traced server's own loop
 
 
 def model_run(inp, records: dict, baseline=None, use_cache: bool = True) -> ModelRun:
@@ -78,7 +81,27 @@ def _compute(inp, records: dict, baseline) -> ModelRun:
     from reports.report_build import build_report
     rep = build_report(inp, records, baseline)
     spans = {C: lb.run(inp, C, keep_spans=True).spans for C in inp.concurrency}
-    return ModelRun(rep, spans, _herd(inp, rep))
+    return ModelRun(rep, spans, _herd(inp, rep), _observed(inp, records))
+
+
+def _observed(inp, records: dict) -> Lanes | None:
+    """The model of the traced server's loop (the diagnosis' `modelled` run, every observed
+    cause on) with its forwards; None without traced forwards or a loop it can model."""
+    from reports.model.deployment import CAUSES, NoLoopEvidence, run
+    from reports.report_build import observed_deployment
+    rec = records.get("sglang")
+    sg = rec.payload if rec is not None else None
+    if sg is None or sg.loop is None or not sg.loop.forwards:
+        return None
+    try:
+        got = observed_deployment(sg, inp, records.get("stage_cost"))
+    except (NoLoopEvidence, ValueError):
+        return None
+    if got is None:
+        return None
+    dep, shape = got[:2]
+    res = run(dep, frozenset(CAUSES), shape, keep_spans=True)
+    return Lanes("model of the traced loop", res.tok_per_s, tuple(res.slot_sizes), res.spans)
 
 
 def _herd(inp, rep: Report) -> HerdPair | None:
@@ -123,7 +146,8 @@ def _to_json(m: ModelRun) -> dict:
             "spans": {str(C): _spans_json(s) for C, s in m.spans.items()},
             "herd": None if h is None else {"concurrency": h.concurrency, "share": h.share,
                                             "before": _lanes_json(h.before),
-                                            "after": _lanes_json(h.after)}}
+                                            "after": _lanes_json(h.after)},
+            "observed": _lanes_json(m.observed)}
 
 
 def _from_json(d: dict) -> ModelRun:
@@ -131,4 +155,5 @@ def _from_json(d: dict) -> ModelRun:
     return ModelRun(Report.from_json(d["report"], "model-run cache", strict=True),
                     {int(C): _spans(s) for C, s in d["spans"].items()},
                     None if h is None else HerdPair(int(h["concurrency"]), h["share"],
-                                                    _lanes(h["before"]), _lanes(h["after"])))
+                                                    _lanes(h["before"]), _lanes(h["after"])),
+                    _lanes(d.get("observed")))

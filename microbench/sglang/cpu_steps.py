@@ -47,6 +47,7 @@ import bisect
 import math
 from statistics import median
 
+from microbench.sglang import forward_window
 from microbench.sglang.intervals import length, merge, overlap
 from microbench.sglang.trace import STEP_RE, iter_events
 # the thread resumes this soon after a committed send completes (SGLang 0.5.23 lab traces, PP2:
@@ -276,7 +277,8 @@ def summarize(ev: dict, rank: int | None = None) -> dict:
                       + R["recv_res_dict_from_prev_stage"].clip(lo, hi))
         pre_in = [(a, b) for a, b in pre if not overlap([(a, b)], other)]
         fwds.append({"start": run[0], "end": run[1], "mode": st[2] if st else None,
-                     "batch": st[3] if st else None, "input": pre_in[-1] if pre_in else None})
+                     "batch": st[3] if st else None, "input": pre_in[-1] if pre_in else None,
+                     "visit": i})
         if st and st[2] == "DECODE":
             host_b.append(host)
             if proc_iv:      # the next slot held a batch (else SGLang processes nothing)
@@ -377,6 +379,7 @@ def cpu_loop_profile(ranks: dict[int, dict]) -> dict:
         if vals:
             out["hops"][f"{up}->{r}"] = {"p50_us": _p50(vals), "mean_us": _mean(vals),
                                          "n": len(vals)}
+    out["forwards"] = forward_window.keep({r: ranks[r].get("_fwds", []) for r in order})
     for r in order:
         d = dict(ranks[r])
         for key in ("_fwds", "_sends", "_out_recv", "_recvs"):

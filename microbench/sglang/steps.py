@@ -42,6 +42,7 @@ import re
 from pathlib import Path
 from statistics import median
 
+from microbench.sglang import forward_window
 from microbench.sglang.intervals import length, merge, overlap
 from microbench.sglang.trace import (COMM_RE, DTYPE_BYTES, GPU_CATS, NOT_COMPUTE_RE,
                                      RECV_RE, SCHEDULER_RANGES, STEP_RE, iter_events)
@@ -220,7 +221,11 @@ def summarize_steps(kernels, recvs, rt, syncs, ranges, *, hidden=None, link_gbps
         kb = _latest_le(b_starts, rb[j][0])
         cpu_ready = max(it_start, blocking[kb][1] if kb >= 0 and blocking[kb][0] >= it_start
                         else it_start)
+        # the loop iteration: how many iterations (by a range every iteration has) began
+        # before this run_batch
+        visit = _latest_le(full[0], rb[j][0]) if full else None
         fwds.append({"start": fs, "end": fe, "busy": length(merge(ks)), "graph": graph_fwd[j],
+                     "visit": visit if visit is not None and visit >= 0 else None,
                      "batch": b, "batch_nccl": b_nccl, "mode": mode,
                      "recv": (rcv[0], rcv[1]) if rcv else None,
                      "launch": launch_at[j], "cpu_ready": cpu_ready})
@@ -338,6 +343,7 @@ def loop_profile(ranks: dict[int, dict]) -> dict:
         out["ranks"][str(r)] = d
         if hop:
             out["hops"][f"{up}->{r}"] = {"p50_us": _p50(hop), "mean_us": _mean(hop), "n": len(hop)}
+    out["forwards"] = forward_window.keep({r: ranks[r].get("_fwds", []) for r in order})
     for d in out["ranks"].values():
         for k in ("_fwds", "_syncs", "_relay"):
             d.pop(k, None)

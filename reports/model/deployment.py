@@ -350,6 +350,6 @@ def moe_shape(model):
     return lambda b: layer_floor(model, "moe", max(1, int(b)), BYTES_ONLY_GPU).weight_bytes
 
 
-def run(dep: Deployment, on: frozenset, shape=None) -> SimResult:
+def run(dep: Deployment, on: frozenset, shape=None, keep_spans: bool = False) -> SimResult:
     cfg, sizes = loop_config(dep, on, shape)
-    return simulate(cfg, sizes)
+    return simulate(cfg, sizes, keep_spans=keep_spans)

@@ -78,38 +78,45 @@ def herd_caption(pair: HerdPair, source: str) -> str:
 
 def herd_png(pair: HerdPair) -> bytes:
     """The figure as PNG bytes (drawn afresh: `cached_herd_png` keeps it)."""
+    panels = [pair.before] + ([pair.after] if pair.after else [])
+    width = STEPS_SHOWN * step_ms(pair.before)
+    return lanes_png([(panel_title(x), window(x.spans, width)) for x in panels], width,
+                     "ms (modelled, steady loop)")
+
+
+def lanes_png(panels: list[tuple[str, tuple[Span, ...]]], width_ms: float, xlabel: str) -> bytes:
+    """Stacked stage x time panels on one time axis [0, width_ms]: (title, spans from 0) each;
+    one lane per PP rank, colour = slot, number = requests in the micro-batch."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     # matplotlib's defaults whatever the process set before (report.html's plots set their own
     # rcParams): the same spans always give the same bytes
     with plt.style.context("default"):
-        return _draw(plt, pair)
+        return _draw(plt, panels, width_ms, xlabel)
 
 
-def _draw(plt, pair: HerdPair) -> bytes:
-    panels = [pair.before] + ([pair.after] if pair.after else [])
-    pp = 1 + max(s.rank for x in panels for s in x.spans)
-    width = STEPS_SHOWN * step_ms(pair.before)
+def _draw(plt, panels, width, xlabel) -> bytes:
+    pp = 1 + max((s.rank for _, spans in panels for s in spans), default=0)
     fig, axes = plt.subplots(len(panels), 1, sharex=True, squeeze=False,
                              figsize=(10, len(panels) * (0.15 * pp + 0.5) + 0.3))
     cmap = plt.get_cmap("tab20")
-    for ax, x in zip(axes[:, 0], panels):
-        for s in window(x.spans, width):
+    for ax, (title, spans) in zip(axes[:, 0], panels):
+        for s in spans:
             w = (s.end_us - s.start_us) / 1e3
             ax.broken_barh([(s.start_us / 1e3, w)], (s.rank - 0.42, 0.84),
                            color=cmap(s.slot % 20), edgecolor="white", lw=0.4)
-            if w > width / 45:
+            if w > width / 90:
                 ax.text(s.start_us / 1e3 + w / 2, s.rank, str(s.batch), ha="center",
                         va="center", fontsize=7)
-        ax.set_title(panel_title(x), fontsize=9, loc="left")
+        ax.set_title(title, fontsize=9, loc="left")
         ax.set_ylim(pp - 0.5, -0.5)
         ax.set_yticks(range(pp))
         ax.set_ylabel("PP rank", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.spines[["top", "right"]].set_visible(False)
     axes[-1, 0].set_xlim(0, width)
-    axes[-1, 0].set_xlabel("ms (modelled, steady loop)", fontsize=8)
+    axes[-1, 0].set_xlabel(xlabel, fontsize=8)
     fig.tight_layout(h_pad=0.6)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
@@ -117,7 +124,8 @@ def _draw(plt, pair: HerdPair) -> bytes:
     return buf.getvalue()
 
 
-def cached_herd_png(pair: HerdPair, use_cache: bool = True) -> bytes:
+def cached_png(kind: str, key, draw, use_cache: bool = True) -> bytes:
+    """draw() kept in the disk cache under `key` and matplotlib's version."""
     from importlib.metadata import PackageNotFoundError, version
 
     from reports.base.disk_cache import cached
@@ -125,7 +133,11 @@ def cached_herd_png(pair: HerdPair, use_cache: bool = True) -> bytes:
         mpl = version("matplotlib")
     except PackageNotFoundError:
         mpl = None
-    return cached("herd-png", (pair, mpl), lambda: herd_png(pair), "png", enabled=use_cache)
+    return cached(kind, (key, mpl), draw, "png", enabled=use_cache)
+
+
+def cached_herd_png(pair: HerdPair, use_cache: bool = True) -> bytes:
+    return cached_png("herd-png", pair, lambda: herd_png(pair), use_cache)
 
 
 @dataclass(frozen=True)
@@ -146,7 +158,7 @@ def figure_source(rep) -> str:
 def herd_figure(rep, pair: HerdPair | None, file: str = "report.herd.png",
                 use_cache: bool = True) -> Figure | None:
     # a traced server that is not the scenario's deployment: the scenario's loop is not the
-    # server's, so it does not head that server's report (its own lanes: not drawn yet)
+    # server's, so it does not head that server's report (its own lanes: observed_herd.py)
     if pair is None or not pair.before.spans or rep.scenario_differs:
         return None
     return Figure(cached_herd_png(pair, use_cache), file, herd_caption(pair, figure_source(rep)))

@@ -353,6 +353,20 @@ class ArrivalBurst:
 
 
 @dataclass(frozen=True)
+class LoopForward:
+    """One traced forward of one rank (microbench/sglang/forward_window.py): `visit` = the
+    rank's loop iteration (SGLang visits its `pp_loop_size` slots round-robin, one per
+    iteration), `batch` = requests in it (SGLang's step[MODE bs=N]; None: unknown), `mode`
+    DECODE / EXTEND; times from the kept window's first forward, one clock for every rank."""
+    rank: int = ge(0)
+    visit: int = ge(0)
+    batch: int | None = ge(0, default=None)
+    mode: str | None = None
+    start_us: float = ge(0, default=0.0)
+    end_us: float = ge(0, default=0.0)
+
+
+@dataclass(frozen=True)
 class LoopProfile:
     ranks: dict[str, LoopRank] = field(default_factory=dict)
     hops: dict[str, LoopHop] = field(default_factory=dict)
@@ -368,6 +382,9 @@ class LoopProfile:
     # the log's bursts of admission outside the traced window, in log order: how the
     # benchmark's arrivals were split into micro-batches (the traced window is its own run)
     bursts: tuple[ArrivalBurst, ...] = ()
+    # a few rounds of every rank's forwards from the middle of the traced window, to draw the
+    # loop as it ran (reports/render/observed_herd.py); capped, so the record stays small
+    forwards: tuple[LoopForward, ...] = ()
 
 
 @dataclass(frozen=True)
