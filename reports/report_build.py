@@ -36,8 +36,9 @@ from reports.model.server_log import (DP_RULES, attention_lines, dp_count, log_f
                                       moe_kernel_lines)
 from reports.model.validate_dispatch import micro_batch_choices, validate
 from reports.model.verdicts import Verdict, VerdictAt, verdicts
-from reports.model.whatif import (OBJECTIVE, TP_KNOB, WhatIf, best_pair, measured_concurrency,
-                                  recommendation, setting_of, transport_points, what_ifs)
+from reports.model.settings_change import TP_KNOB, WhatIf
+from reports.model.whatif import (OBJECTIVE, best_pair, measured_concurrency, recommendation,
+                                  setting_of, transport_points, what_ifs)
 from reports.base.slots import burst_sizes
 
 def build_report(inp: Inputs, records: dict[str, Record],
@@ -146,9 +147,11 @@ def setting_dependencies(inp: Inputs) -> dict[str, str]:
     if src in ("given", "observed") or inp.max_running_requests is None:
         return {}
     from reports.model import loop_builder as lb
+    from reports.model.settings_change import Change
 
     def split(mrr: int) -> list[list[int]]:
-        return [burst_sizes(C, lb.slot_config(inp, mrr=mrr), inp.prompt_len)
+        cfg = lb.Changed.of(inp, (Change("--max-running-requests", mrr),)).slot_config
+        return [burst_sizes(C, cfg, inp.prompt_len)
                 for C in inp.concurrency]
 
     now = split(inp.max_running_requests)
@@ -432,8 +435,8 @@ def server_whatifs_sentence(sw) -> str | None:
     head = (f"Settings tried on your server's own loop (bench_serving's run of "
             f"{sw.prompts} prompts at C={sw.concurrency}, modelled): ")
     if best is not None:
-        return head + (f"best {one(best)} ({best.why}); the others: {rest}." if rest
-                       else f"best {one(best)} ({best.why}).")
+        return head + (f"best {one(best)} ({best.note}); the others: {rest}." if rest
+                       else f"best {one(best)} ({best.note}).")
     return head + (f"none gains more than {sw.no_change_pct:.0f}% ({rest}).")
 
 

@@ -92,7 +92,7 @@ def _herd(inp, rep: Report) -> HerdPair | None:
     rec, after = rep.recommendation, None
     st = setting_of(inp).get((rec.knob, rec.setting)) if rec else None
     if st is not None:
-        res = lb.run(inp, C, keep_spans=True, **st.overrides())
+        res = lb.run(inp, C, keep_spans=True, changes=st)
         after = Lanes(f"{rec.knob} {rec.setting}", res.tok_per_s, tuple(res.slot_sizes),
                       res.spans)
     return HerdPair(C, share, before, after)

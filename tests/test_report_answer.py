@@ -71,7 +71,7 @@ def test_herd_pair_is_the_models_own_runs(seed_run):
     eff = next(e for e in rec.effects if e.concurrency == C)
     assert pair.after.tok_per_s == pytest.approx(eff.predicted_tok_per_s)
     st = setting_of(inp)[(rec.knob, rec.setting)]
-    assert pair.after.spans == lb.run(inp, C, keep_spans=True, **st.overrides()).spans
+    assert pair.after.spans == lb.run(inp, C, keep_spans=True, changes=st).spans
     assert {s.rank for s in pair.before.spans} == set(range(inp.pp))
     cap = herd_caption(pair, "src")
     assert f"{pair.before.tok_per_s:.1f} tok/s" in cap and f"{pair.after.tok_per_s:.1f} tok/s" in cap

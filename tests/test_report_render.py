@@ -177,11 +177,11 @@ def test_recommendation_loses_nowhere_it_claims_to_hold(tmp_path):
     rec = wi.recommendation(rows)
     assert rec is not None and rec.checked_up_to == 4 * 32
     assert rec.mixed.gain >= -wi.MAX_LOSS
-    ov = wi.setting_of(inp)[(rec.knob, rec.setting)].overrides()
+    ov = wi.setting_of(inp)[(rec.knob, rec.setting)]
     top = rec.checked_up_to if rec.loses_at is None else rec.holds_up_to
     for C in wi.range_cs(inp):
         if C <= top:
-            assert lb.run(inp, C, **ov).tok_per_s >= (1 - wi.MAX_LOSS) * lb.run(inp, C).tok_per_s
+            assert lb.run(inp, C, changes=ov).tok_per_s >= (1 - wi.MAX_LOSS) * lb.run(inp, C).tok_per_s
     # a tie goes to the setting that holds over the widest range
     tied = [w for w in rows if w.eligible and w.gain >= rec.gain - wi.TIE and w.checked_up_to]
     assert all(w.loses_at is not None or rec.loses_at is None for w in tied)

@@ -85,7 +85,7 @@ def case_rows(case: Path) -> list[dict]:
     rows = []
     for ph in phases(_visits(ev), dep.slots):
         m = run(replace(dep, sizes=ph.pattern), frozenset(CAUSES)).tpot_ms
-        rows.append({"case": case.name, "depth": server.depth,
+        rows.append({"case": case.name, "depth": server.pp_async_batch_depth,
                      "pattern": "-".join(map(str, ph.pattern)), "rounds": ph.rounds,
                      "traced_round_ms": ph.round_ms, "modelled_round_ms": m,
                      "diff_pct": 100 * (m / ph.round_ms - 1)})

@@ -27,7 +27,7 @@ import re
 import sys
 import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from microbench.sglang_lab import drive
@@ -44,10 +44,11 @@ _PREFILL = re.compile(r"PP0\] Prefill batch, #new-seq: (\d+),")
 
 @dataclass(frozen=True)
 class TwinSetting:
-    """One server the twin starts: a name, SGLang flags, and the model's overrides for it."""
+    """One server the twin starts: a name, SGLang flags, and the model's changes for it
+    (reports/model/settings_change.py)."""
     name: str
     flags: tuple[str, ...] = ()
-    overrides: dict = field(default_factory=dict)
+    changes: tuple = ()
     source: str = "SGLang's defaults at the deployment's settings"
 
 
@@ -155,8 +156,8 @@ def run_twin(inp, settings: list[TwinSetting], concurrency: list[int], out: Path
                 cdir.mkdir(parents=True, exist_ok=True)
                 seed = 100 + si * 1000 + C + zlib.crc32(st.name.encode()) % 97
                 b, w = _bench(server, bench, cdir, C, max(2, C), seed)
-                pred = lb.run(inp, C, **st.overrides)
-                pred_cpu = model_of_twin(inp, C, **st.overrides)
+                pred = lb.run(inp, C, changes=st.changes)
+                pred_cpu = model_of_twin(inp, C, changes=st.changes)
                 kk = calib["k"]
                 rows.append({
                     "setting": st.name, "flags": list(st.flags), "concurrency": C,

@@ -76,13 +76,13 @@ def settings_to_run(inp, names: list[str]):
     for name, w in picks:
         if name not in names or w is None:
             continue
-        flags, ov = base, {}
+        flags, ov = base, ()
         for knob, shown in zip(w.knob.split(" + "), w.setting.split(" + ")):
             if not knob.startswith("--"):
                 raise CliError(f"the {name} setting {knob} {shown} is not a server flag the twin "
                                "can start with")
             flags = with_flag(flags, knob, shown)
-            ov.update(settings[(knob, shown)].overrides())
+            ov += settings[(knob, shown)]
         out.append(TwinSetting(name, flags, ov, source=f"{w.knob} {w.setting}"))
     return out
 

@@ -99,7 +99,7 @@ def loop_rows(out: Path, records: Path | None = None) -> list[dict]:
         slow = _slowdown(rec / d.name / "sglang.json")
         corr = run.tok_per_s * slow if slow else None
         rows.append({
-            "case": d.name, "depth": server.depth, "concurrency": load.concurrency,
+            "case": d.name, "depth": server.pp_async_batch_depth, "concurrency": load.concurrency,
             "measured_tok_per_s": meas, "runs": len(tok), "spread_pct": _spread(tok),
             "traced_sizes": list(dep.sizes),
             "steady_tok_per_s": steady, "steady_diff_pct": 100 * (steady / meas - 1),

@@ -31,7 +31,7 @@ from reports.model.server_log import DpFigures
 from reports.model.server_whatifs import ServerWhatIfs
 from reports.model.validate_dispatch import Check, MicroBatchChoice
 from reports.model.verdicts import Verdict
-from reports.model.whatif import WhatIf
+from reports.model.settings_change import WhatIf
 
 REPORT_SCHEMA = "ppscope-report/1"
 

@@ -76,12 +76,12 @@ def costs(inp: Inputs, k: float, bmax: int, partition: str | None = None,
             "layer_split": [st.num_layers for st in stages], "sources": SOURCES}
 
 
-def model_of_twin(inp: Inputs, C: int, **overrides):
+def model_of_twin(inp: Inputs, C: int, changes=()):
     """The model's loop with the twin's one known difference from a GPU: the forward holds its
     rank's CPU (`cpu_forward`), so host work cannot overlap it. Set beside the twin, it tells a
     loop mechanic the model misses from that difference."""
     from dataclasses import replace
     from reports.model.pipeline_model import simulate
     parts = [(simulate(replace(cfg, cpu_forward=True), tuple(sizes)), w)
-             for cfg, sizes, w in lb.build(inp, C, **overrides)]
+             for cfg, sizes, w in lb.build(inp, C, changes=changes)]
     return lb.combine(parts)

@@ -258,7 +258,7 @@ def validate_sglang(rec: Record, case: str = "") -> SglangCheck:
                                      "the traced window is not the benchmark's loop (the "
                                      "machine's load changed between them), or a cost the "
                                      "model lacks"))
-    return SglangCheck(case, dep.pp, server.depth, load.concurrency, meas, len(tok), steady,
+    return SglangCheck(case, dep.pp, server.pp_async_batch_depth, load.concurrency, meas, len(tok), steady,
                        run.tok_per_s, slow, model, diff, note)
 
 

@@ -23,7 +23,7 @@ from tabulate import tabulate
 from reports.base.schema import to_json
 from reports.model.report_type import (AttributionAt, Comparison, Report, ServerDiagnosis,
                                        ServerSummary)
-from reports.model.whatif import WhatIf
+from reports.model.settings_change import WhatIf
 from reports.render.answer_table import (DETAIL_TITLE, answer_sentences, answer_table)
 from reports.render.table import Table
 
@@ -505,7 +505,7 @@ def server_whatif_table(rep: Report) -> Table | None:
         return None
     def slots(t):
         return " ".join(str(n) for n in t if n) or "-"
-    rows = [(r.command, r.why, f"{_f(r.before_tok_per_s)} -> {_f(r.after_tok_per_s)}",
+    rows = [(r.command, r.note, f"{_f(r.before_tok_per_s)} -> {_f(r.after_tok_per_s)}",
              f"{r.change_pct:+.1f}%", f"{slots(r.sizes_before)} -> {slots(r.sizes_after)}")
             for r in sw.rows]
     return Table(("setting", "what it changes", "modelled tok/s", "change",
