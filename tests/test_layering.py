@@ -5,6 +5,7 @@ source with `ast`, imports nothing."""
 from __future__ import annotations
 
 import ast
+from functools import lru_cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -13,7 +14,9 @@ PKGS = ("reports", "microbench", "topology")
 FORBIDDEN = {"reports": ("torch", "microbench", "topology", "cupy"), "microbench": ("topology",)}
 
 
+@lru_cache(maxsize=None)
 def _modules() -> dict[str, Path]:
+    """Every module of the tree, read once for the whole file (`_imports` is cached too)."""
     out = {}
     for pkg in PKGS:
         for f in (ROOT / pkg).rglob("*.py"):
@@ -22,6 +25,7 @@ def _modules() -> dict[str, Path]:
     return out
 
 
+@lru_cache(maxsize=None)
 def _imports(f: Path) -> list[tuple[str, list[str]]]:
     out = []
     for node in ast.walk(ast.parse(f.read_text(), str(f))):
@@ -80,7 +84,8 @@ def test_no_private_name_crosses_modules():
 # or a table), the benchmarks that print figures (microbench/bench/), and the lab
 # (microbench/sglang_lab/), which drives SGLang's server and ppscope's own commands end to end
 # and tables what they found.
-ANALYSIS = ("reports.model", "reports.render", "reports.report_build", "reports.report_cli")
+ANALYSIS = ("reports.model", "reports.render", "reports.report_build", "reports.report_cli",
+            "reports.answer")
 
 
 def _command_module(name: str) -> bool:

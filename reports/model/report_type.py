@@ -100,7 +100,7 @@ class Hop:
 
 @dataclass(frozen=True)
 class TopologySummary:
-    """topology.json as the report shows it (reports/report_build.py `topology_summary`)."""
+    """topology.json as the report shows it (reports/model/server_summaries.py `topology_summary`)."""
     gpus: tuple[str | None, ...]
     source: str                        # `measured`, or `given` for a pasted `topo -m`
     pasted: bool
@@ -169,7 +169,7 @@ class BusyOverTime:
 
 @dataclass(frozen=True)
 class ServerSummary:
-    """The user's server as sglang.json saw it (reports/report_build.py `server_summary`)."""
+    """The user's server as sglang.json saw it (reports/model/server_summaries.py `server_summary`)."""
     evidence: str
     source: str
     sources: ServerSources
