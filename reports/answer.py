@@ -4,7 +4,7 @@ its effect at each measured concurrency, the unexplained gap) and the sentences 
 from __future__ import annotations
 
 
-from reports.model.report_type import (BenchRun,
+from reports.model.report_type import (ModelledBenchRun,
                                        Comparison,
                                        Report, ServerDiagnosis)
 from reports.model.verdicts import Verdict, VerdictAt
@@ -63,7 +63,7 @@ def hypotheses_sentence(verdicts: tuple[Verdict, ...]) -> str:
     return "Your hypotheses, judged at every concurrency: " + "; ".join(parts) + "."
 
 
-def bench_run_sentence(br: BenchRun) -> str:
+def bench_run_sentence(br: ModelledBenchRun) -> str:
     """The model of the observed loop over bench_serving's whole run against its tok/s."""
     slow = (f", the traced window's profiler slowdown ({br.profiler_slowdown:.2f}x) taken off"
             if br.profiler_slowdown else "")

@@ -25,7 +25,7 @@ from reports.model import loop_builder as lb
 from reports.model.attribution import attribute
 from reports.base.records import Record
 from reports.model.report_type import (REPORT_SCHEMA, AttributionAt, Level, Report,
-                                       ScenarioDeployment, StageCost)
+                                       ScenarioDeployment, StageCostAt)
 from reports.model.scenario import Inputs
 from reports.model.validate_dispatch import micro_batch_choices, validate
 from reports.model.verdicts import verdicts
@@ -77,7 +77,7 @@ def build_report(inp: Inputs, records: dict[str, Record],
         measured_concurrency=tuple(measured_concurrency(inp)),
         recommendation=rec, best_pair=best_pair(inp, wis, setting_of(inp)),
         model_differs=MODEL_DIFFERS,
-        stage_cost=tuple(StageCost(b, lb.stage_cost_us(inp, lb.ALL_ON, b),
+        stage_cost=tuple(StageCostAt(b, lb.stage_cost_us(inp, lb.ALL_ON, b),
                                    lb.stage_cost_us(inp, frozenset({"stage_imbalance"}), b))
                          for b in sorted({max(c.slot_sizes) for c in conc})),
         dispatch_validation=(tuple(validate(records["dispatch"])) if "dispatch" in records

@@ -15,7 +15,7 @@ from microbench.sglang.steps import loop_profile, read_loop, summarize_steps
 from reports.base.model_config import load_model
 from reports.base.payloads.sglang import LoopProfile
 from reports.base.schema import from_json
-from reports.model.deployment import (CAUSES, Deployment, even_sizes, from_evidence, loop_config,
+from reports.model.deployment import (OBSERVED_CAUSES, Deployment, even_sizes, from_evidence, loop_config,
                                       moe_shape, run)
 from reports.model.diagnose import NAME_PCT, diagnose
 from reports.model.pipeline_model import simulate
@@ -80,12 +80,12 @@ def _dep(**kw) -> Deployment:
 
 def test_model_of_the_observed_loop_closed_form():
     # one slot of 8: step = host 200 + 1000 + hop 50 + 1000 + hop 50 = 2300 us
-    r = run(_dep(), frozenset(CAUSES))
+    r = run(_dep(), frozenset(OBSERVED_CAUSES))
     assert r.tpot_ms == pytest.approx(2.3)
     # herd off: 2 slots of 4 (slots 0 and 2): rank 0 runs host+600 twice per 2300-us round trip
-    cfg, sizes = loop_config(_dep(), frozenset(set(CAUSES) - {"herd"}))
+    cfg, sizes = loop_config(_dep(), frozenset(set(OBSERVED_CAUSES) - {"herd"}))
     assert sizes == [4, 0, 4, 0]
-    assert simulate(cfg, sizes).tpot_ms == run(_dep(), frozenset(set(CAUSES) - {"herd"})).tpot_ms
+    assert simulate(cfg, sizes).tpot_ms == run(_dep(), frozenset(set(OBSERVED_CAUSES) - {"herd"})).tpot_ms
 
 
 def test_diagnosis_rows_add_up_and_name_the_largest():
@@ -174,7 +174,7 @@ def test_cpu_costs_scaled_to_an_unprofiled_tok_s():
     dep = from_evidence(loop, concurrency=8, observed=1800.0, shape=shape)
     g = diagnose(dep, shape)
     assert g.unexplained_pct < -NAME_PCT and g.cpu_scale is not None and 0 < g.cpu_scale < 1
-    step = run(cpu_scaled(dep, g.cpu_scale), frozenset(CAUSES), shape).tpot_ms
+    step = run(cpu_scaled(dep, g.cpu_scale), frozenset(OBSERVED_CAUSES), shape).tpot_ms
     assert step == pytest.approx(8 / 1800.0 * 1e3, rel=1e-3)
     before = {r.cause: r.ms_per_step for r in g.rows}
     after = {r.cause: r.ms_per_step for r in g.corrected_rows}

@@ -11,7 +11,7 @@ import pytest
 
 from reports.model import observed_whatif as ow
 from reports.model.settings_change import Change
-from reports.model.bursts import burst_sizes, wave_visits
+from reports.model.bursts import wave_slot_sizes, wave_visits
 from reports.model.deployment import Deployment
 
 
@@ -204,10 +204,10 @@ def test_each_wave_lands_at_the_visit_its_slot_size_says():
 
 def test_the_burst_gives_the_benchmarks_micro_batches():
     # the default PP2 server's burst at C = 16 (1, 2, 6 joining 1, 7 joining 2): 7 and 9
-    assert burst_sizes(((1, 0), (2, 0), (6, 1), (7, 2)), 2) == (7, 9)
+    assert wave_slot_sizes(((1, 0), (2, 0), (6, 1), (7, 2)), 2) == (7, 9)
     # depth 2 (4 slots): 1, 13 and 2 into three empty slots, the fourth left empty
-    assert burst_sizes(((1, 0), (13, 0), (2, 0)), 4) == (1, 13, 2, 0)
-    assert burst_sizes(((1, 0), (7, 3)), 2) is None and burst_sizes((), 2) is None
+    assert wave_slot_sizes(((1, 0), (13, 0), (2, 0)), 4) == (1, 13, 2, 0)
+    assert wave_slot_sizes(((1, 0), (7, 3)), 2) is None and wave_slot_sizes((), 2) is None
 
 
 def test_the_deployment_takes_its_micro_batches_from_the_benchmarks_burst():

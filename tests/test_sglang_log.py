@@ -450,7 +450,7 @@ def test_server_args_older_form():
              b"max_prefill_tokens=16384, attention_backend='fa3', pp_max_micro_batch_size=None)"
              b"\n")
     sa = log_startup._server_args_in(block)
-    assert sa == sglang_log.ServerArgs(
+    assert sa == sglang_log.LoggedServerArgs(
         form="ServerArgs(...)", pp_size=2, tp_size=8, device="cuda", attention_backend="fa3",
         disable_cuda_graph=False, cuda_graph_max_bs=160, enable_torch_compile=False,
         max_running_requests=256, chunked_prefill_size=-1, max_prefill_tokens=16384)
@@ -539,7 +539,7 @@ def test_lab_graphs_off_by_setting_with_the_reasons(fixtures):
     (None, (), {"off_by_setting": None, "reasons": []}),
 ])
 def test_graph_setting_rules(sa, notes, want):
-    args = None if sa is None else sglang_log.ServerArgs(form="dict", **sa)
+    args = None if sa is None else sglang_log.LoggedServerArgs(form="dict", **sa)
     assert sglang_log.graph_setting(args, notes) == want
 
 

@@ -69,7 +69,7 @@ def case_rows(case: Path) -> list[dict]:
     """Each phase of the case's traced window: traced round, modelled round, the difference."""
     from reports.base.records import read_record
     from reports.model import observed_whatif as ow
-    from reports.model.deployment import CAUSES, run
+    from reports.model.deployment import OBSERVED_CAUSES, run
     sg = read_record(case / "sglang.json").payload
     # the traced window's own loop (its costs; each phase's sizes are set below), so the log's
     # first burst, which would replace the traced sizes, is left out
@@ -84,7 +84,7 @@ def case_rows(case: Path) -> list[dict]:
     _same_run(case, sg, traces[0], len(ev["ranges"]["recv_requests"]), ev["events"])
     rows = []
     for ph in phases(_visits(ev), dep.slots):
-        m = run(replace(dep, sizes=ph.pattern), frozenset(CAUSES)).tpot_ms
+        m = run(replace(dep, sizes=ph.pattern), frozenset(OBSERVED_CAUSES)).tpot_ms
         rows.append({"case": case.name, "depth": server.pp_async_batch_depth,
                      "pattern": "-".join(map(str, ph.pattern)), "rounds": ph.rounds,
                      "traced_round_ms": ph.round_ms, "modelled_round_ms": m,

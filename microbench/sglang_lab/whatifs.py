@@ -35,7 +35,6 @@ from pathlib import Path
 from statistics import median
 
 TARGET_REL = 0.25
-LOOP_TARGET_PCT = 10.0
 
 
 def _case(d: Path) -> dict:

@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass, field
 from statistics import median_low
 
-from reports.model.bursts import BURST_SOURCE, burst_sizes, first_burst
+from reports.model.bursts import BURST_SOURCE, wave_slot_sizes, first_burst
 from reports.model.causes import CAUSES as CAUSES_BY_NAME, OBSERVED
 from reports.base.payloads.sglang import LoopProfile
 from reports.base.schema import to_json
@@ -193,7 +193,7 @@ def from_evidence(loop: LoopProfile | None, *, concurrency: int | None, observed
     # the benchmark's own micro-batches where the log shows its first burst of C arrivals: the
     # traced window is a run of its own, with its own burst (reports/model/bursts.py)
     burst = first_burst(loop.bursts, concurrency)
-    bench = burst_sizes(burst.waves, slots) if burst is not None else None
+    bench = wave_slot_sizes(burst.waves, slots) if burst is not None else None
     if bench is not None and sum(bench) == concurrency:
         if bench != sizes:
             notes.append(f"micro-batches {'-'.join(map(str, bench))}: the benchmark's first "
@@ -232,8 +232,8 @@ def from_evidence(loop: LoopProfile | None, *, concurrency: int | None, observed
 
 # ------------------------------------------------------------------ switches and the model
 
-CAUSES = OBSERVED          # reports/model/causes.py: one vocabulary with the scenario model
-LABELS = {c: CAUSES_BY_NAME[c].label for c in CAUSES}
+OBSERVED_CAUSES = OBSERVED   # reports/model/causes.py: one vocabulary with the scenario model
+LABELS = {c: CAUSES_BY_NAME[c].label for c in OBSERVED_CAUSES}
 REFERENCE = {
     "slow_stage": "every rank at the lower median rank's forward time",
     "host": "no host work on the critical path",

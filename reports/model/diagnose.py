@@ -21,7 +21,7 @@ from statistics import median_low
 
 from reports.model.attribution import shapley
 from reports.model.bursts import BURST_SOURCE
-from reports.model.deployment import CAUSES, LABELS, REFERENCE, Deployment, at_size, run
+from reports.model.deployment import OBSERVED_CAUSES, LABELS, REFERENCE, Deployment, at_size, run
 
 NAME_PCT = 10.0   # a cause is named when its size (slowdown) is at least this
 CPU_CAUSES = ("host", "relay")
@@ -108,7 +108,7 @@ def details(dep: Deployment) -> dict[str, str]:
 
 def _split(dep: Deployment, shape) -> tuple[list[CauseRow], float, float, str, tuple]:
     """Shapley rows (largest first), modelled and reference step, the answer, named causes."""
-    players = list(CAUSES)
+    players = list(OBSERVED_CAUSES)
     memo: dict = {}
 
     def step_ms(on: frozenset) -> float:
@@ -155,7 +155,7 @@ def cpu_corrected(dep: Deployment, obs_step: float, shape=None) -> float | None:
     measured without it (bench_serving) is then faster than the traced loop. Bisection: the
     modelled step grows with k."""
     def step(k: float) -> float:
-        return run(cpu_scaled(dep, k), frozenset(CAUSES), shape).tpot_ms
+        return run(cpu_scaled(dep, k), frozenset(OBSERVED_CAUSES), shape).tpot_ms
     lo, hi = 0.0, 1.0
     if not step(lo) <= obs_step <= step(hi):
         return None

@@ -40,13 +40,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from reports.model.bursts import first_burst, wave_visits
-from reports.model.deployment import CAUSES, Deployment, run
+from reports.model.deployment import OBSERVED_CAUSES, Deployment, run
 from reports.base.server_settings import ServerSettings, default_max_micro_batch
 from reports.base.slots import SlotConfig, Successor, Wave, run_loop
 from reports.model.settings_change import REQUEST_RATE, Change, check
 from reports.model.settings_change import apply as apply_changes
 
-ALL = frozenset(CAUSES)
+ALL = frozenset(OBSERVED_CAUSES)
 
 
 def observed_settings(pp: int, depth: int = 0, cap: int | None = None, rows: int | None = None,

@@ -73,7 +73,7 @@ class AttributionAt:
 
 
 @dataclass(frozen=True)
-class StageCost:
+class StageCostAt:
     """Per-stage forward cost at one micro-batch size: modelled and its balanced floor."""
     batch: int
     modelled_us: tuple[float, ...]
@@ -187,7 +187,7 @@ class ServerSummary:
 
 
 @dataclass(frozen=True)
-class BenchRun:
+class ModelledBenchRun:
     """The observed loop over bench_serving's whole run (report_build `_bench_run`)."""
     run_tok_per_s: float
     mean_in_flight: float
@@ -219,7 +219,7 @@ class ObservedLoop:
 
 
 @dataclass(frozen=True)
-class TimeSplit:
+class RankTimeSplit:
     """One rank's traced window: compute / transfer / wait / idle, % (diagnose.time_split_rows)."""
     rank: int
     compute_pct: float | None
@@ -239,10 +239,10 @@ class ServerDiagnosis:
     status: Literal["ok"]
     concurrency: int
     concurrency_source: str
-    bench_run: BenchRun | None
+    bench_run: ModelledBenchRun | None
     observed_source: str | None
     deployment: ObservedLoop
-    time_split: tuple[TimeSplit, ...]
+    time_split: tuple[RankTimeSplit, ...]
     observed_tok_per_s: float | None
     modelled_tok_per_s: float
     reference_tok_per_s: float
@@ -343,7 +343,7 @@ class Report:
     recommendation: WhatIf | None = None
     best_pair: WhatIf | None = None
     model_differs: tuple[str, ...] = ()
-    stage_cost: tuple[StageCost, ...] = ()
+    stage_cost: tuple[StageCostAt, ...] = ()
     dispatch_validation: tuple[Check, ...] | None = if_set()
     dispatch_micro_batches: tuple[MicroBatchChoice, ...] | None = if_set()
     topology: TopologySummary | None = if_set()

@@ -8,11 +8,11 @@ from dataclasses import fields
 from reports.base.payloads.topology import HopCost, TopologyData
 from reports.base.payloads.sglang import SglangData
 from reports.base.records import Record
-from reports.model.report_type import (BenchRow, BenchRun,
+from reports.model.report_type import (BenchRow, ModelledBenchRun,
                                        BusyOverTime, Hop, Level, NotDiagnosed, ObservedLoop,
                                        PipelineHop, ServerDiagnosis,
                                        ServerRank, ServerSlotImbalance, ServerSources,
-                                       ServerSummary, TimeSplit, TopologySummary)
+                                       ServerSummary, RankTimeSplit, TopologySummary)
 from reports.model.scenario import Inputs
 from reports.model.server_log import (DP_RULES, attention_lines, dp_count, log_figures,
                                       moe_kernel_lines)
@@ -62,7 +62,7 @@ def diagnosis_summary(sg: SglangData, inp: Inputs, stage_cost: Record | None = N
             tuple(dep.hop_us), dep.graph_share, dep.empty_us,
             tuple({str(b): v for b, v in c.items()} for c in dep.forward), dep.sources,
             tuple(dep.notes), f"forward at unobserved sizes: {shape_src}"),
-        time_split=tuple(TimeSplit(**r) for r in time_split_rows(dep)),
+        time_split=tuple(RankTimeSplit(**r) for r in time_split_rows(dep)),
         **{f.name: getattr(dg, f.name) for f in fields(dg)})
 
 
@@ -75,7 +75,7 @@ def traced_server_whatifs(sg: SglangData | None):
     return server_whatifs(sg)
 
 
-def _bench_run(sg: SglangData, dep, observed: float | None) -> BenchRun | None:
+def _bench_run(sg: SglangData, dep, observed: float | None) -> ModelledBenchRun | None:
     """The observed loop over bench_serving's whole run (reports/model/observed_whatif.py:
     its waves, the last one below C, prefill visits), the traced window's profiler slowdown
     taken off (LoopProfile.profiler_slowdown): the modelled tok/s set against bench_serving's,
@@ -90,7 +90,7 @@ def _bench_run(sg: SglangData, dep, observed: float | None) -> BenchRun | None:
         return None
     slow = sg.loop.profiler_slowdown if sg.loop is not None else None
     model = run.tok_per_s * (slow or 1.0)
-    return BenchRun(run.tok_per_s, run.mean_in_flight, load.prompts, slow, model, observed,
+    return ModelledBenchRun(run.tok_per_s, run.mean_in_flight, load.prompts, slow, model, observed,
                     100.0 * (1.0 - observed / model) if observed else None)
 
 
