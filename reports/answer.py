@@ -74,7 +74,7 @@ def bench_run_sentence(br: ModelledBenchRun) -> str:
 
 
 def server_whatifs_sentence(sw) -> str | None:
-    """The traced server's own what-ifs in one sentence (reports/model/server_whatifs.py)."""
+    """The traced server's own what-ifs in one sentence (reports/model/observed/whatifs.py)."""
     if sw is None:
         return None
     if sw.status != "ok":
@@ -101,7 +101,7 @@ def answer(rep: Report) -> list[str]:
     by_cause: dict[str, list[tuple[int, float]]] = {}
     dg = rep.diagnosis
     lead = []
-    from reports.model.observed_server import headline
+    from reports.model.observed.server import headline
     head = headline(rep.observed_deployment)
     differs = rep.scenario_differs
     if isinstance(dg, ServerDiagnosis):  # the observed server first: its evidence decides
@@ -139,7 +139,7 @@ def answer(rep: Report) -> list[str]:
                    f"{'; '.join(parts)}. At C={top_c} the model gives "
                    f"{cm.predicted:.1f} tok/s of an ideal {cm.ideal_tok_per_s:.1f}.")
     out.insert(n_lead, hypotheses_sentence(rep.verdicts))
-    from reports.model.arrival import sentence
+    from reports.model.scenario.arrival import sentence
     arr = sentence(rep.arrival) if rep.arrival and not differs else None
     if arr:
         out.append(arr)
@@ -182,7 +182,7 @@ def answer(rep: Report) -> list[str]:
                          f"({abs(r.ms_per_step):.1f} ms/step {word})")
         imp = rep.implied_efficiency
         why = ""
-        if imp:  # which input would have to change (an estimate: reports/model/implied.py)
+        if imp:  # which input would have to change (an estimate: reports/model/scenario/implied.py)
             worst = max(imp, key=lambda x: abs(x.observed_tok_per_s / x.modelled_tok_per_s - 1))
             C, i1 = worst.concurrency, worst.implied_b1
             why = (f" Estimated: C={C} needs kernels at {i1:.0%} of the floor (b=1), not "

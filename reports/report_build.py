@@ -15,33 +15,33 @@ and the rule that combines them; every figure observed, with its source),
 with its effect at each measured concurrency, unexplained gap). `assumptions` adds, for each
 server setting the user did not give, what depends on the value assumed; `model_differs` lists
 where the model is still simpler than SGLang. This module assembles; the summaries of the
-evidence are reports/model/server_summaries.py, the bisection reports/model/setting_dependencies.py.
+evidence are reports/model/observed/summaries.py, the bisection reports/model/scenario/setting_dependencies.py.
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
-from reports.model import loop_builder as lb
+from reports.model.sim import loop_builder as lb
 from reports.model.attribution import attribute
 from reports.base.records import Record
 from reports.model.report_type import (REPORT_SCHEMA, AttributionAt, Level, Report,
                                        ScenarioDeployment, StageCostAt)
-from reports.model.scenario import Inputs
-from reports.model.validate_dispatch import micro_batch_choices, validate
+from reports.model.scenario.inputs import Inputs
+from reports.model.scenario.validate_dispatch import micro_batch_choices, validate
 from reports.model.verdicts import verdicts
-from reports.model.whatif import (OBJECTIVE, best_pair, measured_concurrency, recommendation,
+from reports.model.scenario.whatifs import (OBJECTIVE, best_pair, measured_concurrency, recommendation,
                                   setting_of, transport_points, what_ifs)
 from reports.answer import answer
-from reports.model.server_summaries import (traced_server_whatifs, diagnosis_summary, server_summary,
+from reports.model.observed.summaries import (traced_server_whatifs, diagnosis_summary, server_summary,
                                             topology_summary)
-from reports.model.setting_dependencies import setting_dependencies
+from reports.model.scenario.setting_dependencies import setting_dependencies
 
 
 def build_report(inp: Inputs, records: dict[str, Record],
                  baseline: tuple[str, Report] | None = None) -> Report:
     """`baseline`: (label, report.json of an earlier run) to say what changed since."""
     atts = [attribute(inp, C) for C in inp.concurrency]
-    from reports.model.observed_server import differs_from, observed_server
+    from reports.model.observed.server import differs_from, observed_server
     observed_dep = observed_server(records["sglang"].payload) if "sglang" in records else None
     differs = differs_from(observed_dep, pp=inp.pp, gpu=inp.gpu.name, scenario=inp.name)
     # the observed tok/s is the traced server's: set beside the scenario's model only when the
@@ -52,7 +52,7 @@ def build_report(inp: Inputs, records: dict[str, Record],
         sim = lb.run(inp, C)
         conc.append(Level(C, a.ideal_tok_per_s, a.modelled_tok_per_s, obs.get(C), sim.tpot_ms,
                           tuple(sim.busy_frac), tuple(sim.slot_sizes)))
-    from reports.model.arrival import alternatives
+    from reports.model.scenario.arrival import alternatives
     arrival = alternatives(inp, obs, lambda C, a: lb.run(inp, C, arrival=a))
     wis = what_ifs(inp, transport_points(
         records["topology"].payload if "topology" in records else None))
@@ -92,15 +92,15 @@ def build_report(inp: Inputs, records: dict[str, Record],
         diagnosis=(diagnosis_summary(sg, inp, records.get("stage_cost")) if sg is not None
                    else None),
         server_whatifs=traced_server_whatifs(sg))
-    if "watch" in records:  # GPU watch: observed (NVML) hints, reports/model/watch_summary.py
-        from reports.model.watch_summary import watch_section
+    if "watch" in records:  # GPU watch: observed (NVML) hints, reports/model/observed/watch_summary.py
+        from reports.model.observed.watch_summary import watch_section
         rep = replace(rep, watch=watch_section(records["watch"]))
     if baseline is not None:  # what one change did: reports/model/compare.py
         from reports.model.compare import compare_reports
         label, old = baseline
         cmp_, warns = compare_reports(rep, old, label)   # another server: not compared, said
         rep = replace(rep, baseline_comparison=cmp_, warnings=(*rep.warnings, *warns))
-    from reports.model.implied import implied_efficiency
+    from reports.model.scenario.implied import implied_efficiency
     imp = [implied_efficiency(inp, C, o) for C, o in obs.items() if C in inp.concurrency]
     rep = replace(rep, implied_efficiency=tuple(x for x in imp if x is not None),
                   verdicts=tuple(verdicts(inp, atts, records, rep.diagnosis)))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from reports.model.pipeline_model import Span
+from reports.model.sim.pipeline_model import Span
 from reports.model.report_type import Report
 
 RUN_KIND = "model-run"
@@ -74,7 +74,7 @@ def herd_concurrency(rep: Report) -> tuple[int, float | None]:
 
 
 def _compute(inp, records: dict, baseline) -> ModelRun:
-    from reports.model import loop_builder as lb
+    from reports.model.sim import loop_builder as lb
     from reports.report_build import build_report
     rep = build_report(inp, records, baseline)
     spans = {C: lb.run(inp, C, keep_spans=True).spans for C in inp.concurrency}
@@ -82,8 +82,8 @@ def _compute(inp, records: dict, baseline) -> ModelRun:
 
 
 def _herd(inp, rep: Report) -> HerdPair | None:
-    from reports.model import loop_builder as lb
-    from reports.model.whatif import setting_of
+    from reports.model.sim import loop_builder as lb
+    from reports.model.scenario.whatifs import setting_of
     if not rep.concurrency:
         return None
     C, share = herd_concurrency(rep)

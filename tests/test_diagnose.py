@@ -1,5 +1,5 @@
 """Diagnosis from evidence: the per-iteration loop profile (microbench/sglang/steps.py), the
-observed deployment (reports/model/deployment.py) and its Shapley diagnosis (diagnose.py).
+observed deployment (reports/model/observed/deployment.py) and its Shapley diagnosis (diagnose.py).
 
 Hand-made events give exact numbers; the recorded fixtures (tests/fixtures/traces/faults/: 45 ms
 windows of the PP-loop probe's own traces on 2x H200, one clean run and three with an injected
@@ -15,10 +15,10 @@ from microbench.sglang.steps import loop_profile, read_loop, summarize_steps
 from reports.base.model_config import load_model
 from reports.base.payloads.sglang import LoopProfile
 from reports.base.schema import from_json
-from reports.model.deployment import (OBSERVED_CAUSES, Deployment, even_sizes, from_evidence, loop_config,
+from reports.model.observed.deployment import (OBSERVED_CAUSES, Deployment, even_sizes, from_evidence, loop_config,
                                       moe_shape, run)
-from reports.model.diagnose import NAME_PCT, diagnose
-from reports.model.pipeline_model import simulate
+from reports.model.observed.diagnose import NAME_PCT, diagnose
+from reports.model.sim.pipeline_model import simulate
 
 FAULTS = Path(__file__).parent / "fixtures" / "traces" / "faults"
 CASES = Path(__file__).parent / "fixtures" / "h200x2" / "fault_cases"
@@ -157,7 +157,7 @@ def test_recorded_faults_are_found_from_their_evidence():
 
 
 def test_no_loop_profile_is_a_reason_not_a_crash():
-    from reports.model.deployment import NoLoopEvidence
+    from reports.model.observed.deployment import NoLoopEvidence
     with pytest.raises(NoLoopEvidence, match="--traces"):
         from_evidence(None, concurrency=8, observed=None)
 
@@ -166,7 +166,7 @@ def test_cpu_costs_scaled_to_an_unprofiled_tok_s():
     # the SGLang-order clean run's own traces (profiled, 1211 tok/s) against a faster tok/s as
     # a bench_serving run without the profiler would give: the CPU factor found makes the
     # model meet it, and the corrected split shrinks the CPU rows, never the GPU ones
-    from reports.model.diagnose import cpu_scaled
+    from reports.model.observed.diagnose import cpu_scaled
     root = CASES.parent / "sglang_order"
     d = json.loads((root / "diag-even-c8-sglang.json").read_text())["data"]
     shape = moe_shape(load_model("kimi-k2"))

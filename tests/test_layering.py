@@ -82,17 +82,22 @@ def test_no_private_name_crosses_modules():
 # The probe side (microbench/, topology/) measures and reads; the model and the renderers are
 # the analysis side. A probe reaches them only from its command module (where it prints a card
 # or a table), the benchmarks that print figures (microbench/bench/), and the lab
-# (microbench/sglang_lab/), which drives SGLang's server and ppscope's own commands end to end
-# and tables what they found.
+# driver (`LAB_DRIVER`), which drives SGLang's server and ppscope's own commands end to end;
+# its tables of what they found are the analysis side (reports/lab/).
 ANALYSIS = ("reports.model", "reports.render", "reports.report_build", "reports.report_cli",
-            "reports.answer")
+            "reports.answer", "reports.lab")
+
+# The lab's driver: it starts SGLang's server and runs ppscope's own model beside it (lab,
+# twin); rounds splits a traced window with microbench/sglang's reader before modelling it.
+LAB_DRIVER = ("microbench.sglang_lab.lab", "microbench.sglang_lab.twin",
+              "microbench.sglang_lab.rounds")
 
 
 def _command_module(name: str) -> bool:
     from reports.base.probes import cli_modules
     leaf = name.rsplit(".", 1)[-1]
     return (name in cli_modules() or leaf == "cli" or leaf.endswith("_cli")
-            or name.startswith(("microbench.bench.", "microbench.sglang_lab.")))
+            or name.startswith("microbench.bench.") or name in LAB_DRIVER)
 
 
 def test_probe_side_reaches_the_analysis_only_from_its_command_module():

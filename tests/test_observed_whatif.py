@@ -1,18 +1,18 @@
-"""What-ifs of the model of the observed loop (reports/model/observed_whatif.py): bench_serving's
+"""What-ifs of the model of the observed loop (reports/model/sim/bench_run.py): bench_serving's
 closed-loop run over the observed loop, round by round, with SGLang's admission rule.
 
 Hand-made loops whose round time is known (each case works the number out), and the lab's
-helpers (microbench/sglang_lab/whatifs.py) on log lines in SGLang 0.5.23's own format."""
+helpers (reports/lab/whatifs.py) on log lines in SGLang 0.5.23's own format."""
 from __future__ import annotations
 
 from dataclasses import replace
 
 import pytest
 
-from reports.model import observed_whatif as ow
+from reports.model.sim import bench_run as ow
 from reports.model.settings_change import Change
-from reports.model.bursts import wave_slot_sizes, wave_visits
-from reports.model.deployment import Deployment
+from reports.model.observed.bursts import wave_slot_sizes, wave_visits
+from reports.model.observed.deployment import Deployment
 
 
 def _dep(sizes=(6, 2), slots=2, fwd=None, **kw) -> Deployment:
@@ -140,7 +140,7 @@ def test_profiler_slowdown_from_the_decode_lines():
 
 
 def test_the_change_a_lab_case_made():
-    from microbench.sglang_lab.whatifs import change_of
+    from reports.lab.whatifs import change_of
     base = {"case": {"mmb": None, "request_rate": None}, "extra_args": []}
     assert change_of({"case": {"mmb": 4, "request_rate": None}, "extra_args": []}, base) == \
         ("--pp-max-micro-batch-size", 4)
@@ -215,7 +215,7 @@ def test_the_deployment_takes_its_micro_batches_from_the_benchmarks_burst():
     from pathlib import Path
     from reports.base.payloads.sglang import ArrivalBurst, LoopProfile
     from reports.base.schema import from_json
-    from reports.model.deployment import from_evidence
+    from reports.model.observed.deployment import from_evidence
     # a PP2 loop traced on two H200s (4 slots: depth 2), its traced window's groups 4 and 4
     rec = (Path(__file__).parent / "fixtures" / "h200x2" / "sglang_order"
            / "diag-even-c8-sglang.json")

@@ -7,12 +7,12 @@ import json
 import pytest
 
 from reports.cli import main
-from reports.model import loop_builder as lb
+from reports.model.sim import loop_builder as lb
 from reports.model.causes import HERD, HYPOTHESES
-from reports.model.pipeline_model import Span
+from reports.model.sim.pipeline_model import Span
 from reports.model.report_type import Report
-from reports.model.scenario import build_inputs, load_scenario
-from reports.model.whatif import setting_of
+from reports.model.scenario.inputs import build_inputs, load_scenario
+from reports.model.scenario.whatifs import setting_of
 from reports.render.answer_table import (HEADERS, NOT_RUN, answer_sentences, answer_table,
                                          deciding_number)
 from reports.render.timeline_plot import herd_caption, slots_text, window

@@ -5,12 +5,12 @@ from dataclasses import replace
 
 import pytest
 
-from reports.model import loop_builder as lb
+from reports.model.sim import loop_builder as lb
 from reports.cli import main
 from reports.base.payloads.topology import HopCost, TopoGpu, TopologyData, TransportPoint
 from reports.base.records import make_record, write_record
-from reports.model.scenario import build_inputs, load_scenario
-from reports.model.whatif import (RING_STEP_LATENCY_US, _tp_tok_s, allreduce_us, transport_points,
+from reports.model.scenario.inputs import build_inputs, load_scenario
+from reports.model.scenario.whatifs import (RING_STEP_LATENCY_US, _tp_tok_s, allreduce_us, transport_points,
                             transport_us)
 
 
@@ -169,9 +169,9 @@ def test_herd_share_is_a_number_that_matches_its_row(tmp_path):
 
 
 def test_recommendation_loses_nowhere_it_claims_to_hold(tmp_path):
-    from reports.model import loop_builder as lb
-    from reports.model import whatif as wi
-    from reports.model.scenario import build_inputs, load_scenario
+    from reports.model.sim import loop_builder as lb
+    from reports.model.scenario import whatifs as wi
+    from reports.model.scenario.inputs import build_inputs, load_scenario
     inp = build_inputs(load_scenario("seed-pp8"), {})
     rows = wi.what_ifs(inp)
     rec = wi.recommendation(rows)

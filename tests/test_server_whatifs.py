@@ -1,4 +1,4 @@
-"""The observed server's own what-ifs (reports/model/server_whatifs.py): which settings are tried
+"""The observed server's own what-ifs (reports/model/observed/whatifs.py): which settings are tried
 on the model of the traced loop, and what the report says where it cannot try them.
 
 The candidates on hand-made settings (each case says why a setting is or is not worth trying),
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from reports.cli import main
-from reports.model import observed_whatif as ow
-from reports.model import server_whatifs as sw
+from reports.model.sim import bench_run as ow
+from reports.model.observed import whatifs as sw
 from reports.model.settings_change import WhatIf, effect
 
 CASE = Path(__file__).parent / "fixtures" / "sglang_lab" / "whatif" / "wl-base-c8.1"

@@ -4,8 +4,8 @@ and report one row type."""
 import pytest
 
 from reports.base.server_settings import ServerSettings
-from reports.model import observed_whatif as ow
-from reports.model import server_whatifs as sw
+from reports.model.sim import bench_run as ow
+from reports.model.observed import whatifs as sw
 from reports.model.settings_change import (KNOBS, OTHER_KNOBS, SERVER_FLAGS, Change, apply,
                                            check)
 

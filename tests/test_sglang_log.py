@@ -117,7 +117,7 @@ def test_startup_line_gives_the_server_settings(tmp_path):
 
 def test_report_takes_max_running_requests_from_the_log():
     from reports.base.records import make_record
-    from reports.model.scenario import build_inputs, load_scenario
+    from reports.model.scenario.inputs import build_inputs, load_scenario
     rec = make_record("sglang", {"log": {"server_settings": {
         "max_running_requests": 48, "chunked_prefill_size": 4096}}}, argv=[])
     inp = build_inputs(load_scenario("seed-pp8"), {"sglang": rec})
@@ -484,7 +484,7 @@ def test_runtime_setting_change_recorded_with_its_time(fixtures, tmp_path):
         "text": "{'pp_max_micro_batch_size': 4}"}]
     assert s["lines_other"] == 155 + 3
     assert sglang_log.read_logs([_lab(fixtures)])["config_overrides"] == []
-    from reports.model.server_log import log_setting_lines
+    from reports.model.observed.server_log import log_setting_lines
     assert ("Setting changed at run time [log] 2026-12-01 21:42:30 (PP rank 0, 1): "
             "pp_max_micro_batch_size=4.") in log_setting_lines(s, s["ranks"])
 
@@ -514,7 +514,7 @@ def test_lab_graphs_off_by_setting_with_the_reasons(fixtures):
         "server_args cuda_graph_config decode backend 'disabled'",
         "SGLang: Cuda graph is disabled because of using torch native attention backend",
         "--disable-cuda-graph given (SGLang's deprecation warning for it)"]}
-    from reports.model.server_log import log_setting_lines
+    from reports.model.observed.server_log import log_setting_lines
     text = "\n".join(log_setting_lines(s, s["ranks"]))
     assert ("Decode graphs [log]: off by setting (device cpu without --enable-torch-compile: "
             "SGLang captures no CPU graph; ") in text
@@ -553,7 +553,7 @@ def test_graph_notes_read_from_start_up_lines(tmp_path):
 
 
 def test_graph_verdict_number_says_off_by_setting():
-    from reports.model.server_log import graph_off_number
+    from reports.model.observed.server_log import graph_off_number
     assert graph_off_number(["server_args disable_cuda_graph=True"], [("0", 0.0, 86)]) == (
         "Decode graphs off by setting (server_args disable_cuda_graph=True): decode runs eager on "
         "purpose, not a fallback; log: lowest per-rank share of decode batches on graphs 0% "

@@ -4,7 +4,7 @@ SGLang's own server (the lab's venv, CPU) runs at the deployment's settings: its
 async depth, chunked-prefill budget, request rows and per-slot cap, and a tiny Llama with the
 deployment's layer count, so SGLang splits the layers itself (`get_pp_indices`). Every rank's
 forward is held to the deployment's stage time for that batch, every hidden-state send to the hop
-cost, and every visit to the deployment's host work (reports/model/twin_costs.py: the figures
+cost, and every visit to the deployment's host work (reports/model/scenario/twin_costs.py: the figures
 the pipeline model uses; boot/inject/ppscope_twin_hold.py holds them inside SGLang's processes).
 All of it is multiplied by a dilation k so that this machine's own host work (eight schedulers
 on a few cores) stays a small share of the emulated step; times are divided by k again.
@@ -107,8 +107,8 @@ def run_twin(inp, settings: list[TwinSetting], concurrency: list[int], out: Path
     """Calibrate, then run each setting at each concurrency; returns the record's data.
     `keep(data)`: called after every finished run with the record so far (write as you go)."""
     import json
-    from reports.model import loop_builder as lb
-    from reports.model.twin_costs import costs, model_of_twin
+    from reports.model.sim import loop_builder as lb
+    from reports.model.scenario.twin_costs import costs, model_of_twin
     claim_lab_dir(lab_dir)
     python = ensure_venv(lab_dir, say)
     model = ensure_model(python, lab_dir, layers=inp.model.num_layers)
@@ -183,7 +183,7 @@ def _data(inp, calib, output_len, rows, table, mode, done: bool) -> dict:
             "prompt_len": inp.prompt_len, "rows": list(rows), "costs": table, "complete": done,
             "mode": mode,
             "emulated": "every forward, hop and host visit held to the deployment's time x k "
-                        "(reports/model/twin_costs.py); "
+                        "(reports/model/scenario/twin_costs.py); "
                         + ("device time as a GPU's: the CPU runs ahead of the forward"
                            if mode == "async" else "the forward holds its rank's CPU")
                         + "; prefill times estimated",

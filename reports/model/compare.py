@@ -2,7 +2,7 @@
 
 Input: the `diagnosis` part (reports/model/report_type.py) of this report and of a baseline
 report (`ppscope report --baseline OLD/report.json`), each the Shapley split of its own observed
-loop (reports/model/diagnose.py).
+loop (reports/model/observed/diagnose.py).
 Output: the slowdown against the baseline (observed decode step when both runs have an observed
 tok/s, else the modelled step, said so) and, per cause, its ms per decode step then and now.
 

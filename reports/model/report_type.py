@@ -11,8 +11,8 @@ topology.json, sglang.json, watch.json, a baseline, dispatch.trace.json) is `if_
 has its key only then. The parts computed elsewhere keep their own types (`Row`, `WhatIf`,
 `Verdict`, `CauseRow`, ...): this module assembles them, it does not copy them.
 Open-ended maps stay maps of typed values (`assumptions` by input name, `modelled_busy_pct` by
-concurrency); `observed_deployment` (reports/model/observed_server.py: one entry per setting the
-evidence names) and `watch` (reports/model/watch_summary.py, rendered by watch_plot, which the
+concurrency); `observed_deployment` (reports/model/observed/server.py: one entry per setting the
+evidence names) and `watch` (reports/model/observed/watch_summary.py, rendered by watch_plot, which the
 watch's own command shares) stay the JSON their modules write.
 """
 from __future__ import annotations
@@ -22,14 +22,14 @@ from typing import Literal
 
 from reports.base.payloads.sglang import Dist, SlotImbalance
 from reports.base.schema import Json, from_json, if_set, to_json
-from reports.model.arrival import Alternatives
+from reports.model.scenario.arrival import Alternatives
 from reports.model.attribution import Row
-from reports.model.diagnose import CauseRow
-from reports.model.implied import ImpliedEfficiency
-from reports.model.scenario import Param
-from reports.model.server_log import DpFigures
-from reports.model.server_whatifs import ServerWhatIfs
-from reports.model.validate_dispatch import Check, MicroBatchChoice
+from reports.model.observed.diagnose import CauseRow
+from reports.model.scenario.implied import ImpliedEfficiency
+from reports.model.scenario.inputs import Param
+from reports.model.observed.server_log import DpFigures
+from reports.model.observed.whatifs import ServerWhatIfs
+from reports.model.scenario.validate_dispatch import Check, MicroBatchChoice
 from reports.model.verdicts import Verdict
 from reports.model.settings_change import WhatIf
 
@@ -100,7 +100,7 @@ class Hop:
 
 @dataclass(frozen=True)
 class TopologySummary:
-    """topology.json as the report shows it (reports/model/server_summaries.py `topology_summary`)."""
+    """topology.json as the report shows it (reports/model/observed/summaries.py `topology_summary`)."""
     gpus: tuple[str | None, ...]
     source: str                        # `measured`, or `given` for a pasted `topo -m`
     pasted: bool
@@ -169,7 +169,7 @@ class BusyOverTime:
 
 @dataclass(frozen=True)
 class ServerSummary:
-    """The user's server as sglang.json saw it (reports/model/server_summaries.py `server_summary`)."""
+    """The user's server as sglang.json saw it (reports/model/observed/summaries.py `server_summary`)."""
     evidence: str
     source: str
     sources: ServerSources
@@ -200,7 +200,7 @@ class ModelledBenchRun:
 
 @dataclass(frozen=True)
 class ObservedLoop:
-    """The deployment the traces show (reports/model/deployment.py `Deployment`), per rank."""
+    """The deployment the traces show (reports/model/observed/deployment.py `Deployment`), per rank."""
     pp: int
     slots: int
     sizes: tuple[int, ...]
@@ -232,7 +232,7 @@ class RankTimeSplit:
 @dataclass(frozen=True)
 class ServerDiagnosis:
     """The observed server diagnosed from its own evidence: the inputs it was read from, then
-    reports/model/diagnose.py's `Diagnosis` field for field (its `concurrency` second). The
+    reports/model/observed/diagnose.py's `Diagnosis` field for field (its `concurrency` second). The
     fields are declared again rather than nested because the file has them flat, in this
     order; report_build fills them from the `Diagnosis` by name, and a test holds the two
     lists equal, so a field added there fails here instead of going missing."""

@@ -5,8 +5,8 @@ arg_groups/fields/) and a value, applied to `ServerSettings` (`apply`). The knob
 server settings are listed apart (`OTHER_KNOBS`): the layer partition (an environment variable),
 arrival pacing (the clients, not the server), the CUDA-graph capture size (a stage-cost input of
 the scenario model, not an admission setting) and TP instead of PP (another deployment). The
-scenario's what-ifs (reports/model/whatif.py) and the observed server's
-(reports/model/server_whatifs.py) draw their candidates from `KNOBS` and hand them to the
+scenario's what-ifs (reports/model/scenario/whatifs.py) and the observed server's
+(reports/model/observed/whatifs.py) draw their candidates from `KNOBS` and hand them to the
 simulator as `Change`s.
 """
 from __future__ import annotations
@@ -104,9 +104,9 @@ class Effect:
 
 @dataclass(frozen=True)
 class WhatIf:
-    """One setting tried on one side: the scenario's (reports/model/whatif.py: every measured
+    """One setting tried on one side: the scenario's (reports/model/scenario/whatifs.py: every measured
     concurrency in `effects`, the mixed load, the range where it holds) or the observed
-    server's (reports/model/server_whatifs.py: bench_serving's run at its concurrency, one
+    server's (reports/model/observed/whatifs.py: bench_serving's run at its concurrency, one
     effect, with the command to change and the slot sizes held longest before and after)."""
     knob: str
     setting: str

@@ -18,15 +18,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from reports.base.partition import imbalance
-from reports.model import loop_builder as lb
+from reports.model.sim import loop_builder as lb
 from reports.model.attribution import Attribution
-from reports.model.bursts import BURST_SOURCE
+from reports.model.observed.bursts import BURST_SOURCE
 from reports.model.causes import (BANDWIDTH, GRAPHS, HERD, HYPOTHESES, NUMA, ROUTING,
                                    STAGES)
 from reports.base.payloads.sglang import SglangData
 from reports.base.records import Record
-from reports.model.scenario import Inputs
-from reports.model.server_log import dp_count, graph_off_number, graph_shares
+from reports.model.scenario.inputs import Inputs
+from reports.model.observed.server_log import dp_count, graph_off_number, graph_shares
 
 HOLDS, MINOR, NOT, UNKNOWN = "holds", "minor", "does not hold", "not enough evidence"
 
@@ -283,7 +283,7 @@ def numa_verdict(inp: Inputs, topo: Record | None, hop_share: float, C: int) -> 
 
 
 def observed_verdicts(diag) -> dict[str, Verdict]:
-    """Verdicts decided by the diagnosis of the observed server (reports/model/diagnose.py;
+    """Verdicts decided by the diagnosis of the observed server (reports/model/observed/diagnose.py;
     `diag`: report.json's `diagnosis`, reports/model/report_type.py `ServerDiagnosis`):
     a cause holds when it slows the server by >= 10%, does not hold under 3%."""
     if diag is None or diag.status != "ok":
@@ -291,7 +291,7 @@ def observed_verdicts(diag) -> dict[str, Verdict]:
     rows = {r.cause: r for r in diag.rows}
     ev = f"sglang.json traces at C={diag.concurrency} (observed)"
     # the micro-batches come from the benchmark's first burst where the log shows it
-    # (reports/model/bursts.py), else from the traced window
+    # (reports/model/observed/bursts.py), else from the traced window
     herd_ev = (f"{ev}, micro-batches from the server log's first burst of "
                f"{diag.concurrency} (observed)"
                if diag.deployment.sources.get("sizes") == BURST_SOURCE else ev)

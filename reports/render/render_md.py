@@ -59,7 +59,7 @@ def fmt_value(v: Any, limit: int = 90) -> str:
 
 def report_title(rep: Report) -> str:
     """The server the evidence comes from when there is one; else the scenario."""
-    from reports.model.observed_server import headline
+    from reports.model.observed.server import headline
     head = headline(rep.observed_deployment)
     if head:
         return f"ppscope report: your server ({head})"
@@ -69,7 +69,7 @@ def report_title(rep: Report) -> str:
 
 
 def observed_lines(rep: Report) -> list[str]:
-    """Each setting of the observed server with where it was read (reports/model/observed_server.py)."""
+    """Each setting of the observed server with where it was read (reports/model/observed/server.py)."""
     obs = rep.observed_deployment or {}
     if not obs:
         return []
@@ -411,7 +411,7 @@ MEASURED_NOTE = ("Measured by the dispatch probe (dispatch.trace.json): GPU forw
 
 
 def diagnosis_table(rep: Report) -> Table:
-    """The observed server's causes (reports/model/diagnose.py), largest first, then the
+    """The observed server's causes (reports/model/observed/diagnose.py), largest first, then the
     unexplained row."""
     dg = rep.diagnosed
     rows = [(r.label, _f(r.ms_per_step, 2), _f(r.size_pct, 0) + "%",
@@ -495,7 +495,7 @@ SERVER_WHATIF_TITLE = "What-ifs on your server (its own loop)"
 SERVER_WHATIF_LEAD = ("Each setting tried on the model of the traced server's own loop: "
                       "bench_serving's whole run (its prompts, its C, its arrivals) before and "
                       "after one change, SGLang's admission deciding where each prompt goes "
-                      "(reports/model/server_whatifs.py). Modelled tok/s of the run; a change "
+                      "(reports/model/observed/whatifs.py). Modelled tok/s of the run; a change "
                       "under {no_change:.0f}% is within what the model tells apart.")
 
 

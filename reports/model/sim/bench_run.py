@@ -1,6 +1,6 @@
 """What one setting change does to the observed server, predicted from its own evidence alone.
 
-The model of the observed loop (reports/model/deployment.py: per-rank forward by micro-batch
+The model of the observed loop (reports/model/observed/deployment.py: per-rank forward by micro-batch
 size, host work, result processing, hops, slots, all from the server's traces) gives the time of
 one round of the slot loop for any slot sizes. A benchmark is more than a steady round: this
 module runs bench_serving's whole closed-loop run over that loop, round by round, with SGLang's
@@ -39,8 +39,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from reports.model.bursts import first_burst, wave_visits
-from reports.model.deployment import OBSERVED_CAUSES, Deployment, run
+from reports.model.observed.bursts import first_burst, wave_visits
+from reports.model.observed.deployment import OBSERVED_CAUSES, Deployment, run
 from reports.base.server_settings import ServerSettings, default_max_micro_batch
 from reports.base.slots import SlotConfig, Successor, Wave, run_loop
 from reports.model.settings_change import REQUEST_RATE, Change, check
@@ -228,8 +228,8 @@ def _setting(obs: dict, key: str):
 def from_sglang(sg) -> tuple[Deployment, ServerSettings, Load, float | None]:
     """The observed loop, the settings and bench_serving's run of one `sglang.json` record
     (SglangData), and bench_serving's mean tok/s over its runs (None without one)."""
-    from reports.model.deployment import from_evidence
-    from reports.model.observed_server import observed_server
+    from reports.model.observed.deployment import from_evidence
+    from reports.model.observed.server import observed_server
     obs = observed_server(sg) or {}
     runs = [b for b in sg.bench if b.output_throughput]
     C = sg.loop.concurrency if sg.loop is not None else None

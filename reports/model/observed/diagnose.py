@@ -1,6 +1,6 @@
 """Diagnose the observed server: where its time per decode step goes, and the named faults.
 
-Input: the `Deployment` the evidence describes (reports/model/deployment.py). The pipeline model
+Input: the `Deployment` the evidence describes (reports/model/observed/deployment.py). The pipeline model
 of that loop, with every cause as observed, gives `modelled`; with every cause at its reference
 (deployment.REFERENCE) it gives `reference`. The gap is split over the causes by exact Shapley
 values (reports/model/attribution.shapley) on the time per decode step, so the rows add up to
@@ -20,8 +20,8 @@ from dataclasses import dataclass, replace
 from statistics import median_low
 
 from reports.model.attribution import shapley
-from reports.model.bursts import BURST_SOURCE
-from reports.model.deployment import OBSERVED_CAUSES, LABELS, REFERENCE, Deployment, at_size, run
+from reports.model.observed.bursts import BURST_SOURCE
+from reports.model.observed.deployment import OBSERVED_CAUSES, LABELS, REFERENCE, Deployment, at_size, run
 
 NAME_PCT = 10.0   # a cause is named when its size (slowdown) is at least this
 CPU_CAUSES = ("host", "relay")

@@ -1,10 +1,10 @@
 """What each setting the report can recommend does to the observed server, from its own loop.
 
-The scenario's what-ifs (reports/model/whatif.py) describe the scenario's deployment; for a
+The scenario's what-ifs (reports/model/scenario/whatifs.py) describe the scenario's deployment; for a
 server that was traced (`ppscope sglang` with its traces, log and bench_serving runs) this module
 tries the same settings on the model of that server's own loop: bench_serving's whole run over
 the observed loop, before and after one change, with SGLang's admission rule
-(reports/model/observed_whatif.py). The figures are the model's change of bench_serving's tok/s;
+(reports/model/sim/bench_run.py). The figures are the model's change of bench_serving's tok/s;
 docs/BENCHMARKS.md section 15 sets them beside SGLang's own server measured before and after.
 
 The candidates, each one change from the server's settings:
@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from reports.base.server_settings import ServerSettings
-from reports.model import observed_whatif as ow
+from reports.model.sim import bench_run as ow
 from reports.model.settings_change import REQUEST_RATE, Candidate, WhatIf, effect
 
 NO_CHANGE_PCT = 2.0     # below this, the change is within what the model can tell apart

@@ -13,21 +13,21 @@ from reports.model.report_type import (BenchRow, ModelledBenchRun,
                                        PipelineHop, ServerDiagnosis,
                                        ServerRank, ServerSlotImbalance, ServerSources,
                                        ServerSummary, RankTimeSplit, TopologySummary)
-from reports.model.scenario import Inputs
-from reports.model.server_log import (DP_RULES, attention_lines, dp_count, log_figures,
+from reports.model.scenario.inputs import Inputs
+from reports.model.observed.server_log import (DP_RULES, attention_lines, dp_count, log_figures,
                                       moe_kernel_lines)
 
 
 def diagnosis_summary(sg: SglangData, inp: Inputs, stage_cost: Record | None = None
                       ) -> ServerDiagnosis | NotDiagnosed | None:
-    """The observed server diagnosed from its own evidence (reports/model/diagnose.py), or
+    """The observed server diagnosed from its own evidence (reports/model/observed/diagnose.py), or
     None with the reason when the evidence has no usable loop profile. Forward times at sizes
     the traces never ran follow the measured MoE-layer curve of stage_cost.json when there is
     one (said so, with the GPU it was measured on), else the roofline's bytes ratio."""
     from reports.base.model_config import load_model
-    from reports.model.deployment import (NoLoopEvidence, curve_shape, from_evidence,
+    from reports.model.observed.deployment import (NoLoopEvidence, curve_shape, from_evidence,
                                           moe_shape)
-    from reports.model.diagnose import diagnose, time_split_rows
+    from reports.model.observed.diagnose import diagnose, time_split_rows
     loop = sg.loop
     if loop is None or not loop.ranks:
         return None
@@ -67,20 +67,20 @@ def diagnosis_summary(sg: SglangData, inp: Inputs, stage_cost: Record | None = N
 
 
 def traced_server_whatifs(sg: SglangData | None):
-    """The traced server's own what-ifs (reports/model/server_whatifs.py), where it has a
+    """The traced server's own what-ifs (reports/model/observed/whatifs.py), where it has a
     loop profile to try them on."""
     if sg is None or sg.loop is None or not sg.loop.ranks:
         return None
-    from reports.model.server_whatifs import server_whatifs
+    from reports.model.observed.whatifs import server_whatifs
     return server_whatifs(sg)
 
 
 def _bench_run(sg: SglangData, dep, observed: float | None) -> ModelledBenchRun | None:
-    """The observed loop over bench_serving's whole run (reports/model/observed_whatif.py:
+    """The observed loop over bench_serving's whole run (reports/model/sim/bench_run.py:
     its waves, the last one below C, prefill visits), the traced window's profiler slowdown
     taken off (LoopProfile.profiler_slowdown): the modelled tok/s set against bench_serving's,
     and what is left unexplained (% of the observed step, as `unexplained_pct`)."""
-    from reports.model import observed_whatif as ow
+    from reports.model.sim import bench_run as ow
     if not sg.bench or dep.device != "cpu":
         return None
     try:
@@ -142,7 +142,7 @@ def server_summary(sg: SglangData, conc: list[Level], pp: int,
             graph_kernels=t.graph_kernels if span else None,
             eager_kernels=t.eager_kernels if span else None,
             trace_span_ms=None if span is None else span / 1e3,
-            # the log's figures; with DP attention every DP rank's (reports/model/server_log.py)
+            # the log's figures; with DP attention every DP rank's (reports/model/observed/server_log.py)
             **log_figures(lg),
             modelled_busy_pct={str(c.concurrency): 100.0 * c.busy_frac[int(r)]
                                for c in conc if int(r) < len(c.busy_frac)},

@@ -30,11 +30,11 @@ from typing import Sequence
 
 from reports.base.cuda_graphs import padded
 from reports.base.partition import pp_partition
-from reports.model.pipeline_model import LoopConfig, SimResult, simulate
+from reports.model.sim.pipeline_model import LoopConfig, SimResult, simulate
 from reports.base.roofline import stage_floor
 from reports.base.interp import interp_log
 from reports.model.causes import SCENARIO
-from reports.model.scenario import Inputs
+from reports.model.scenario.inputs import Inputs
 from reports.model.settings_change import (GRAPH_MAX_BS, LAYER_PARTITION, PACING, Change,
                                            apply, value_of)
 from reports.base.server_settings import ServerSettings, slot_count

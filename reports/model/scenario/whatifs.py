@@ -36,12 +36,12 @@ import math
 from dataclasses import replace
 from typing import Sequence
 
-from reports.model import loop_builder as lb
+from reports.model.sim import loop_builder as lb
 from reports.base.cuda_graphs import capture_sizes
 from reports.base.interp import interp_linear
 from reports.base.partition import layer_counts
 from reports.base.payloads.topology import HopCost, TopologyData, TransportPoint
-from reports.model.scenario import Inputs
+from reports.model.scenario.inputs import Inputs
 from reports.base.server_settings import slot_count
 from reports.model.settings_change import (GRAPH_MAX_BS, LAYER_PARTITION, PACING, TP_KNOB,
                                            Candidate, Change, WhatIf, apply,
