@@ -70,7 +70,7 @@ def handle(args: argparse.Namespace) -> int:
     from reports.render.render_md import render_md
     from reports.report_run import model_run
     from reports.base.bench_serving import observed_points, read_bench
-    from reports.model.scenario import (build_inputs, load_records, load_scenario, observed_from_sglang,
+    from reports.model.scenario.inputs import (build_inputs, load_records, load_scenario, observed_from_sglang,
                                   parse_observed)
     from reports.render.timeline_trace import chrome_trace
 
@@ -115,7 +115,7 @@ def handle(args: argparse.Namespace) -> int:
     baseline = read_baseline(args.baseline) if args.baseline else None
     inp = build_inputs(sc, records, warns, observed, osrc, workload=workload)
     run = model_run(inp, records, baseline, use_cache=not args.no_cache)
-    from reports.model.twin_check import apply_twin, read_twin
+    from reports.model.scenario.twin_check import apply_twin, read_twin
     rep = apply_twin(run.report, read_twin(results))   # what SGLang's scheduler said, if run
     rep, measured = measured_timelines(results, max(inp.concurrency), rep)
     spans = run.spans[max(inp.concurrency)]

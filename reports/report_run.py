@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from reports.model.pipeline_model import Span
+from reports.model.sim.pipeline_model import Span
 from reports.model.report_type import Report
 
 RUN_KIND = "model-run"
@@ -77,7 +77,7 @@ def herd_concurrency(rep: Report) -> tuple[int, float | None]:
 
 
 def _compute(inp, records: dict, baseline) -> ModelRun:
-    from reports.model import loop_builder as lb
+    from reports.model.sim import loop_builder as lb
     from reports.report_build import build_report
     rep = build_report(inp, records, baseline)
     spans = {C: lb.run(inp, C, keep_spans=True).spans for C in inp.concurrency}
@@ -87,8 +87,8 @@ def _compute(inp, records: dict, baseline) -> ModelRun:
 def _observed(inp, records: dict) -> Lanes | None:
     """The model of the traced server's loop (the diagnosis' `modelled` run, every observed
     cause on) with its forwards; None without traced forwards or a loop it can model."""
-    from reports.model.deployment import CAUSES, NoLoopEvidence, run
-    from reports.report_build import observed_deployment
+    from reports.model.observed.deployment import CAUSES, NoLoopEvidence, run
+    from reports.model.observed.summaries import observed_deployment
     rec = records.get("sglang")
     sg = rec.payload if rec is not None else None
     if sg is None or sg.loop is None or not sg.loop.forwards:
@@ -105,8 +105,8 @@ def _observed(inp, records: dict) -> Lanes | None:
 
 
 def _herd(inp, rep: Report) -> HerdPair | None:
-    from reports.model import loop_builder as lb
-    from reports.model.whatif import setting_of
+    from reports.model.sim import loop_builder as lb
+    from reports.model.scenario.whatifs import setting_of
     if not rep.concurrency:
         return None
     C, share = herd_concurrency(rep)
@@ -115,7 +115,7 @@ def _herd(inp, rep: Report) -> HerdPair | None:
     rec, after = rep.recommendation, None
     st = setting_of(inp).get((rec.knob, rec.setting)) if rec else None
     if st is not None:
-        res = lb.run(inp, C, keep_spans=True, **st.overrides())
+        res = lb.run(inp, C, keep_spans=True, changes=st)
         after = Lanes(f"{rec.knob} {rec.setting}", res.tok_per_s, tuple(res.slot_sizes),
                       res.spans)
     return HerdPair(C, share, before, after)

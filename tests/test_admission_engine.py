@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from reports.base.slots import REISSUE_VISITS, SlotConfig, Successor, Wave, admit, run_loop
-from reports.model.bursts import wave_visits
+from reports.model.observed.bursts import wave_visits
 
 ROOT = Path(__file__).resolve().parent.parent
 LAB = ROOT / "tests" / "fixtures" / "sglang_lab"

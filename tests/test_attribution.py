@@ -3,9 +3,9 @@ import itertools
 
 import pytest
 
-from reports.model import loop_builder as lb
+from reports.model.sim import loop_builder as lb
 from reports.model.attribution import attribute, shapley
-from reports.model.scenario import build_inputs, load_scenario
+from reports.model.scenario.inputs import build_inputs, load_scenario
 
 
 def test_shapley_exact_on_a_known_game():

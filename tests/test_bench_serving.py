@@ -6,7 +6,7 @@ import json
 from reports.base.bench_serving import bench_workload, observed_points, read_bench
 from reports.base.records import read_record
 from reports.cli import main
-from reports.model.scenario import observed_from_sglang
+from reports.model.scenario.inputs import observed_from_sglang
 
 
 def _bench_file(tmp_path, fixtures):

@@ -1,4 +1,4 @@
-"""A benchmark run modelled visit by visit (reports/model/bench_transient.py), the pipeline
+"""A benchmark run modelled visit by visit (reports/model/sim/bench_transient.py), the pipeline
 model over a plan (pipeline_model.Plan) and the admission engine's record of a run
 (slots.RunRecord), held against the twin's recording of the seed's PP8 deployment on SGLang's own
 scheduler (tests/fixtures/twin/seed-pp8.twin.json: SGLang 0.5.23, 32 output tokens)."""
@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from reports.base.slots import RunRecord, SlotConfig, Successor, Wave, run_loop
-from reports.model.bench_transient import model_bench, waves_of
-from reports.model.pipeline_model import Plan, simulate, simulate_plan, uniform_loop
-from reports.model.scenario import build_inputs, load_records, load_scenario
+from reports.model.sim.bench_transient import model_bench, waves_of
+from reports.model.sim.pipeline_model import Plan, simulate, simulate_plan, uniform_loop
+from reports.model.scenario.inputs import build_inputs, load_records, load_scenario
 
 TWIN = Path(__file__).parent / "fixtures" / "twin" / "seed-pp8.twin.json"
 OVERRIDES = {"default": {}, "recommended": {"chunk": 2048}, "pair": {"chunk": 2048, "depth": 0}}

@@ -15,7 +15,7 @@ import pytest
 from reports.base.schema import to_json
 from reports.cli import main
 from reports.model.compare import SAME_PCT, compare
-from reports.model.diagnose import CauseRow
+from reports.model.observed.diagnose import CauseRow
 from reports.model.report_type import NotDiagnosed, ServerDiagnosis
 
 CASES = Path(__file__).parent / "fixtures" / "h200x2" / "fault_cases"

@@ -1,5 +1,5 @@
 """Diagnosis from evidence: the per-iteration loop profile (microbench/sglang/steps.py), the
-observed deployment (reports/model/deployment.py) and its Shapley diagnosis (diagnose.py).
+observed deployment (reports/model/observed/deployment.py) and its Shapley diagnosis (diagnose.py).
 
 Hand-made events give exact numbers; the recorded fixtures (tests/fixtures/traces/faults/: 45 ms
 windows of the PP-loop probe's own traces on 2x H200, one clean run and three with an injected
@@ -15,10 +15,10 @@ from microbench.sglang.steps import loop_profile, read_loop, summarize_steps
 from reports.base.model_config import load_model
 from reports.base.payloads.sglang import LoopProfile
 from reports.base.schema import from_json
-from reports.model.deployment import (CAUSES, Deployment, even_sizes, from_evidence, loop_config,
+from reports.model.observed.deployment import (OBSERVED_CAUSES, Deployment, even_sizes, from_evidence, loop_config,
                                       moe_shape, run)
-from reports.model.diagnose import NAME_PCT, diagnose
-from reports.model.pipeline_model import simulate
+from reports.model.observed.diagnose import NAME_PCT, diagnose
+from reports.model.sim.pipeline_model import simulate
 
 FAULTS = Path(__file__).parent / "fixtures" / "traces" / "faults"
 CASES = Path(__file__).parent / "fixtures" / "h200x2" / "fault_cases"
@@ -80,12 +80,12 @@ def _dep(**kw) -> Deployment:
 
 def test_model_of_the_observed_loop_closed_form():
     # one slot of 8: step = host 200 + 1000 + hop 50 + 1000 + hop 50 = 2300 us
-    r = run(_dep(), frozenset(CAUSES))
+    r = run(_dep(), frozenset(OBSERVED_CAUSES))
     assert r.tpot_ms == pytest.approx(2.3)
     # herd off: 2 slots of 4 (slots 0 and 2): rank 0 runs host+600 twice per 2300-us round trip
-    cfg, sizes = loop_config(_dep(), frozenset(set(CAUSES) - {"herd"}))
+    cfg, sizes = loop_config(_dep(), frozenset(set(OBSERVED_CAUSES) - {"herd"}))
     assert sizes == [4, 0, 4, 0]
-    assert simulate(cfg, sizes).tpot_ms == run(_dep(), frozenset(set(CAUSES) - {"herd"})).tpot_ms
+    assert simulate(cfg, sizes).tpot_ms == run(_dep(), frozenset(set(OBSERVED_CAUSES) - {"herd"})).tpot_ms
 
 
 def test_diagnosis_rows_add_up_and_name_the_largest():
@@ -157,7 +157,7 @@ def test_recorded_faults_are_found_from_their_evidence():
 
 
 def test_no_loop_profile_is_a_reason_not_a_crash():
-    from reports.model.deployment import NoLoopEvidence
+    from reports.model.observed.deployment import NoLoopEvidence
     with pytest.raises(NoLoopEvidence, match="--traces"):
         from_evidence(None, concurrency=8, observed=None)
 
@@ -166,7 +166,7 @@ def test_cpu_costs_scaled_to_an_unprofiled_tok_s():
     # the SGLang-order clean run's own traces (profiled, 1211 tok/s) against a faster tok/s as
     # a bench_serving run without the profiler would give: the CPU factor found makes the
     # model meet it, and the corrected split shrinks the CPU rows, never the GPU ones
-    from reports.model.diagnose import cpu_scaled
+    from reports.model.observed.diagnose import cpu_scaled
     root = CASES.parent / "sglang_order"
     d = json.loads((root / "diag-even-c8-sglang.json").read_text())["data"]
     shape = moe_shape(load_model("kimi-k2"))
@@ -174,7 +174,7 @@ def test_cpu_costs_scaled_to_an_unprofiled_tok_s():
     dep = from_evidence(loop, concurrency=8, observed=1800.0, shape=shape)
     g = diagnose(dep, shape)
     assert g.unexplained_pct < -NAME_PCT and g.cpu_scale is not None and 0 < g.cpu_scale < 1
-    step = run(cpu_scaled(dep, g.cpu_scale), frozenset(CAUSES), shape).tpot_ms
+    step = run(cpu_scaled(dep, g.cpu_scale), frozenset(OBSERVED_CAUSES), shape).tpot_ms
     assert step == pytest.approx(8 / 1800.0 * 1e3, rel=1e-3)
     before = {r.cause: r.ms_per_step for r in g.rows}
     after = {r.cause: r.ms_per_step for r in g.corrected_rows}

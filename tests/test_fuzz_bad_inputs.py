@@ -501,7 +501,7 @@ def test_big_bench_file_is_refused(tmp_path, capsys):
                                                    max_size=2)),
                          max_size=12))
 def test_fuzz_scenario(tmp_path, d):
-    from reports.model.scenario import build_inputs, load_scenario
+    from reports.model.scenario.inputs import build_inputs, load_scenario
     base = {"model": "kimi-k2", "gpu": "h200", "pp": 8, "async_depth": 1, "concurrency": [1]}
     p = tmp_path / "s.json"
     p.write_text(json.dumps({**base, **d}))
@@ -514,7 +514,7 @@ def test_fuzz_scenario(tmp_path, d):
 @FUZZ
 @given(text=st.text(alphabet="0123456789:,.-e xna", max_size=40))
 def test_fuzz_observed(text):
-    from reports.model.scenario import parse_observed
+    from reports.model.scenario.inputs import parse_observed
     try:
         out = parse_observed(text)
     except CliError as e:

@@ -1,11 +1,11 @@
-"""The kernel efficiency an observed point implies (reports/model/implied.py)."""
+"""The kernel efficiency an observed point implies (reports/model/scenario/implied.py)."""
 from __future__ import annotations
 
 import pytest
 
-from reports.model import loop_builder as lb
-from reports.model.implied import MISS_PCT, _scaled, implied_efficiency
-from reports.model.scenario import build_inputs, load_scenario
+from reports.model.sim import loop_builder as lb
+from reports.model.scenario.implied import MISS_PCT, _scaled, implied_efficiency
+from reports.model.scenario.inputs import build_inputs, load_scenario
 
 
 @pytest.fixture(scope="module")

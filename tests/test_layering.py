@@ -5,6 +5,7 @@ source with `ast`, imports nothing."""
 from __future__ import annotations
 
 import ast
+from functools import lru_cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -13,7 +14,9 @@ PKGS = ("reports", "microbench", "topology")
 FORBIDDEN = {"reports": ("torch", "microbench", "topology", "cupy"), "microbench": ("topology",)}
 
 
+@lru_cache(maxsize=None)
 def _modules() -> dict[str, Path]:
+    """Every module of the tree, read once for the whole file (`_imports` is cached too)."""
     out = {}
     for pkg in PKGS:
         for f in (ROOT / pkg).rglob("*.py"):
@@ -22,6 +25,7 @@ def _modules() -> dict[str, Path]:
     return out
 
 
+@lru_cache(maxsize=None)
 def _imports(f: Path) -> list[tuple[str, list[str]]]:
     out = []
     for node in ast.walk(ast.parse(f.read_text(), str(f))):
@@ -78,16 +82,22 @@ def test_no_private_name_crosses_modules():
 # The probe side (microbench/, topology/) measures and reads; the model and the renderers are
 # the analysis side. A probe reaches them only from its command module (where it prints a card
 # or a table), the benchmarks that print figures (microbench/bench/), and the lab
-# (microbench/sglang_lab/), which drives SGLang's server and ppscope's own commands end to end
-# and tables what they found.
-ANALYSIS = ("reports.model", "reports.render", "reports.report_build", "reports.report_cli")
+# driver (`LAB_DRIVER`), which drives SGLang's server and ppscope's own commands end to end;
+# its tables of what they found are the analysis side (reports/lab/).
+ANALYSIS = ("reports.model", "reports.render", "reports.report_build", "reports.report_cli",
+            "reports.answer", "reports.lab")
+
+# The lab's driver: it starts SGLang's server and runs ppscope's own model beside it (lab,
+# twin); rounds splits a traced window with microbench/sglang's reader before modelling it.
+LAB_DRIVER = ("microbench.sglang_lab.lab", "microbench.sglang_lab.twin",
+              "microbench.sglang_lab.rounds")
 
 
 def _command_module(name: str) -> bool:
     from reports.base.probes import cli_modules
     leaf = name.rsplit(".", 1)[-1]
     return (name in cli_modules() or leaf == "cli" or leaf.endswith("_cli")
-            or name.startswith(("microbench.bench.", "microbench.sglang_lab.")))
+            or name.startswith("microbench.bench.") or name in LAB_DRIVER)
 
 
 def test_probe_side_reaches_the_analysis_only_from_its_command_module():

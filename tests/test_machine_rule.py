@@ -56,7 +56,7 @@ def _on(rec, gpus):
 
 def _verdicts(records: dict, scenario_records: dict | None = None) -> dict:
     from reports.model.attribution import attribute
-    from reports.model.scenario import build_inputs, load_scenario
+    from reports.model.scenario.inputs import build_inputs, load_scenario
     from reports.model.verdicts import model_verdicts
     inp = build_inputs(load_scenario("seed-pp8"), scenario_records or {})
     vs = model_verdicts(inp, [attribute(inp, C) for C in inp.concurrency], records)

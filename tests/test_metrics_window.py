@@ -1,5 +1,5 @@
 """The diagnosis from SGLang's /metrics alone (microbench/sglang/metrics_window.py,
-reports/model/metrics_verdicts.py), on the lab's two scrapes of SGLang 0.5.23's PP2 CPU server
+reports/model/observed/metrics_verdicts.py), on the lab's two scrapes of SGLang 0.5.23's PP2 CPU server
 (tests/fixtures/sglang_lab/metrics-window/: a scrape at the case's start and at its end, cut to
 the series read, by microbench/sglang_lab/fixtures.py `trim_window`): the clean C=8 case and
 the slow-stage case (rank 1's forward x3)."""
@@ -16,7 +16,7 @@ import pytest
 
 from microbench.sglang import metrics_window as mw
 from microbench.sglang.metrics import parse_metrics
-from reports.model import metrics_verdicts as mv
+from reports.model.observed import metrics_verdicts as mv
 from tests.test_fuzz_bad_inputs import one_line_error, run
 
 FIX = Path(__file__).parent / "fixtures"

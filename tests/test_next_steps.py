@@ -9,7 +9,7 @@ from reports.model import next_steps as ns
 from reports.model.next_steps import next_steps
 from reports.model.report_type import REPORT_SCHEMA, Report
 from reports.model.causes import HERD
-from reports.model.scenario import Param
+from reports.model.scenario.inputs import Param
 from reports.model.verdicts import Verdict, VerdictAt
 
 

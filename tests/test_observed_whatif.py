@@ -1,17 +1,18 @@
-"""What-ifs of the model of the observed loop (reports/model/observed_whatif.py): bench_serving's
+"""What-ifs of the model of the observed loop (reports/model/sim/bench_run.py): bench_serving's
 closed-loop run over the observed loop, round by round, with SGLang's admission rule.
 
 Hand-made loops whose round time is known (each case works the number out), and the lab's
-helpers (microbench/sglang_lab/whatifs.py) on log lines in SGLang 0.5.23's own format."""
+helpers (reports/lab/whatifs.py) on log lines in SGLang 0.5.23's own format."""
 from __future__ import annotations
 
 from dataclasses import replace
 
 import pytest
 
-from reports.model import observed_whatif as ow
-from reports.model.bursts import burst_sizes, wave_visits
-from reports.model.deployment import Deployment
+from reports.model.sim import bench_run as ow
+from reports.model.settings_change import Change
+from reports.model.observed.bursts import wave_slot_sizes, wave_visits
+from reports.model.observed.deployment import Deployment
 
 
 def _dep(sizes=(6, 2), slots=2, fwd=None, **kw) -> Deployment:
@@ -25,7 +26,7 @@ def _dep(sizes=(6, 2), slots=2, fwd=None, **kw) -> Deployment:
     return Deployment(**base)
 
 
-SERVER = ow.Server(pp=2, depth=0, cap=1024, rows=2048, chunk=4096)
+SERVER = ow.observed_settings(pp=2, depth=0, cap=1024, rows=2048, chunk=4096)
 
 
 def test_one_stream_runs_one_token_per_round():
@@ -50,8 +51,8 @@ def test_the_last_wave_runs_below_C():
 
 
 def test_the_cap_splits_a_group_over_the_next_slot():
-    s2, _ = ow.apply(SERVER, ow.Load(8, 18, 128), "--pp-max-micro-batch-size", 4)
-    assert s2.cap_now() == 4
+    s2, _ = ow.apply(SERVER, ow.Load(8, 18, 128), Change("--pp-max-micro-batch-size", 4))
+    assert ow.cap_now(s2) == 4
     r = ow.bench_run(_dep(), s2, ow.Load(8, 18, 128, 64))
     assert r.steady_sizes == (4, 4)
     # before: the observed groups as they were
@@ -59,22 +60,22 @@ def test_the_cap_splits_a_group_over_the_next_slot():
 
 
 def test_max_running_requests_moves_the_default_cap_and_queues_the_rest():
-    s2, _ = ow.apply(SERVER, ow.Load(8, 18, 128), "--max-running-requests", 4)
-    assert s2.cap_now() == 2          # SGLang: pp_max_micro_batch_size = rows // pp
+    s2, _ = ow.apply(SERVER, ow.Load(8, 18, 128), Change("--max-running-requests", 4))
+    assert ow.cap_now(s2) == 2          # SGLang: pp_max_micro_batch_size = rows // pp
     r = ow.bench_run(_dep(), s2, ow.Load(8, 18, 128, 64))
     assert r.steady_sizes == (2, 2)
     before = ow.bench_run(_dep(), SERVER, ow.Load(8, 18, 128, 64))
     # forwards cost the same at any size here: 4 running instead of 8 roughly halves tok/s
     assert 0.4 < r.tok_per_s / before.tok_per_s < 0.65
     # an explicit cap stays
-    s3, _ = ow.apply(ow.Server(2, cap=3, rows=2048, cap_given=True), ow.Load(8, 18, 128),
-                     "--max-running-requests", 4)
-    assert s3.cap_now() == 3
+    s3, _ = ow.apply(ow.observed_settings(2, cap=3, rows=2048), ow.Load(8, 18, 128),
+                     Change("--max-running-requests", 4))
+    assert ow.cap_now(s3) == 3
 
 
 def test_a_small_prefill_budget_admits_one_prompt_per_visit():
     load = ow.Load(8, 18, 128, 64)
-    s2, _ = ow.apply(SERVER, load, "--chunked-prefill-size", 64)
+    s2, _ = ow.apply(SERVER, load, Change("--chunked-prefill-size", 64))
     r = ow.bench_run(_dep(), s2, load)
     assert r.prefill_visits == 18     # one per prompt
     base = ow.bench_run(_dep(), SERVER, load)
@@ -84,7 +85,7 @@ def test_a_small_prefill_budget_admits_one_prompt_per_visit():
 
 def test_paced_arrivals_spread_over_the_slots():
     load = ow.Load(8, 18, 128, 64)
-    _, l2 = ow.apply(SERVER, load, "--request-rate", 16.0)
+    _, l2 = ow.apply(SERVER, load, Change("--request-rate", 16.0))
     # 10 ms forwards: a request lasts ~2.6 s, its successors' arrivals 62.5 ms apart do not
     # outlast it (a fast loop would run them one by one)
     slow = _dep(sizes=(8, 0), fwd={1: 10000.0, 8: 10000.0})
@@ -94,7 +95,7 @@ def test_paced_arrivals_spread_over_the_slots():
 
 
 def test_more_slots_hold_as_many_groups_as_before_per_slot():
-    s2, _ = ow.apply(SERVER, ow.Load(8, 18, 128), "--pp-async-batch-depth", 1)
+    s2, _ = ow.apply(SERVER, ow.Load(8, 18, 128), Change("--pp-async-batch-depth", 1))
     assert s2.slots == 3
     r = ow.bench_run(_dep(), s2, ow.Load(8, 18, 128, 64))
     assert sorted(r.steady_sizes) == [2, 3, 3]   # every slot holds a group, as observed
@@ -102,7 +103,7 @@ def test_more_slots_hold_as_many_groups_as_before_per_slot():
 
 def test_unknown_setting_is_an_error():
     with pytest.raises(ValueError, match="unknown setting"):
-        ow.apply(SERVER, ow.Load(1, 4, 128), "--tp-size", 2)
+        ow.apply(SERVER, ow.Load(1, 4, 128), Change("--tp-size", 2))
 
 
 # SGLang 0.5.23's own lines (tests/fixtures/sglang_lab/*/server.log), times changed
@@ -139,7 +140,7 @@ def test_profiler_slowdown_from_the_decode_lines():
 
 
 def test_the_change_a_lab_case_made():
-    from microbench.sglang_lab.whatifs import change_of
+    from reports.lab.whatifs import change_of
     base = {"case": {"mmb": None, "request_rate": None}, "extra_args": []}
     assert change_of({"case": {"mmb": 4, "request_rate": None}, "extra_args": []}, base) == \
         ("--pp-max-micro-batch-size", 4)
@@ -203,10 +204,10 @@ def test_each_wave_lands_at_the_visit_its_slot_size_says():
 
 def test_the_burst_gives_the_benchmarks_micro_batches():
     # the default PP2 server's burst at C = 16 (1, 2, 6 joining 1, 7 joining 2): 7 and 9
-    assert burst_sizes(((1, 0), (2, 0), (6, 1), (7, 2)), 2) == (7, 9)
+    assert wave_slot_sizes(((1, 0), (2, 0), (6, 1), (7, 2)), 2) == (7, 9)
     # depth 2 (4 slots): 1, 13 and 2 into three empty slots, the fourth left empty
-    assert burst_sizes(((1, 0), (13, 0), (2, 0)), 4) == (1, 13, 2, 0)
-    assert burst_sizes(((1, 0), (7, 3)), 2) is None and burst_sizes((), 2) is None
+    assert wave_slot_sizes(((1, 0), (13, 0), (2, 0)), 4) == (1, 13, 2, 0)
+    assert wave_slot_sizes(((1, 0), (7, 3)), 2) is None and wave_slot_sizes((), 2) is None
 
 
 def test_the_deployment_takes_its_micro_batches_from_the_benchmarks_burst():
@@ -214,7 +215,7 @@ def test_the_deployment_takes_its_micro_batches_from_the_benchmarks_burst():
     from pathlib import Path
     from reports.base.payloads.sglang import ArrivalBurst, LoopProfile
     from reports.base.schema import from_json
-    from reports.model.deployment import from_evidence
+    from reports.model.observed.deployment import from_evidence
     # a PP2 loop traced on two H200s (4 slots: depth 2), its traced window's groups 4 and 4
     rec = (Path(__file__).parent / "fixtures" / "h200x2" / "sglang_order"
            / "diag-even-c8-sglang.json")
@@ -240,7 +241,7 @@ def test_the_first_burst_gives_the_observed_groups_back_and_other_slot_counts_it
     first = ow._first_waves(_dep(), SERVER, load)
     assert [(w.n, w.visit) for w in first] == [(1, 0), (7, 2)]
     # 3 slots: the same waves at visits 0 and 2, slots 0 and 2
-    s3, _ = ow.apply(SERVER, load, "--pp-async-batch-depth", 1)
+    s3, _ = ow.apply(SERVER, load, Change("--pp-async-batch-depth", 1))
     assert sorted({w.visit % 3 for w in ow._first_waves(_dep(), s3, load)}) == [0, 2]
     # waves that do not add up to C (another run's burst) fall back to the traced groups
     other = ow.Load(8, 18, 128, 64, waves=((1, 0), (2, 0)))

@@ -1,8 +1,8 @@
 """The simulator of SGLang's PP loop against closed forms and hand-worked timelines."""
 import pytest
 
-from reports.model import closed_form as cf
-from reports.model.pipeline_model import LoopConfig, simulate, uniform_loop
+from reports.model.sim import closed_form as cf
+from reports.model.sim.pipeline_model import LoopConfig, simulate, uniform_loop
 
 
 def spaced(slots, m, b):

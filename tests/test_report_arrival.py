@@ -1,4 +1,4 @@
-"""How requests arrive (reports/model/arrival.py): burst and trickle both modelled, and decided by
+"""How requests arrive (reports/model/scenario/arrival.py): burst and trickle both modelled, and decided by
 the server log's `#new-seq` where the log has it (SGLang 0.5.23's own PP2 server, the lab)."""
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import re
 
 from reports.base.records import read_record
 from reports.cli import main
-from reports.model import loop_builder as lb
+from reports.model.sim import loop_builder as lb
 from reports.base.schema import to_json
-from reports.model.arrival import alternatives, arrival_from_log, sentence
-from reports.model.scenario import build_inputs, load_scenario
+from reports.model.scenario.arrival import alternatives, arrival_from_log, sentence
+from reports.model.scenario.inputs import build_inputs, load_scenario
 
 LAB_LOG = "sglang_lab/clean-c8/server.log"
 

@@ -18,7 +18,7 @@ import pytest
 from reports.cli import main
 from reports.base.payloads.topology import HopCost
 from reports.base.records import make_record
-from reports.model.scenario import build_inputs, load_scenario
+from reports.model.scenario.inputs import build_inputs, load_scenario
 from reports.model.report_type import Report
 from reports.render.terminal import server_line
 

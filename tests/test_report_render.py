@@ -5,12 +5,12 @@ from dataclasses import replace
 
 import pytest
 
-from reports.model import loop_builder as lb
+from reports.model.sim import loop_builder as lb
 from reports.cli import main
 from reports.base.payloads.topology import HopCost, TopoGpu, TopologyData, TransportPoint
 from reports.base.records import make_record, write_record
-from reports.model.scenario import build_inputs, load_scenario
-from reports.model.whatif import (RING_STEP_LATENCY_US, _tp_tok_s, allreduce_us, transport_points,
+from reports.model.scenario.inputs import build_inputs, load_scenario
+from reports.model.scenario.whatifs import (RING_STEP_LATENCY_US, _tp_tok_s, allreduce_us, transport_points,
                             transport_us)
 
 
@@ -169,19 +169,19 @@ def test_herd_share_is_a_number_that_matches_its_row(tmp_path):
 
 
 def test_recommendation_loses_nowhere_it_claims_to_hold(tmp_path):
-    from reports.model import loop_builder as lb
-    from reports.model import whatif as wi
-    from reports.model.scenario import build_inputs, load_scenario
+    from reports.model.sim import loop_builder as lb
+    from reports.model.scenario import whatifs as wi
+    from reports.model.scenario.inputs import build_inputs, load_scenario
     inp = build_inputs(load_scenario("seed-pp8"), {})
     rows = wi.what_ifs(inp)
     rec = wi.recommendation(rows)
     assert rec is not None and rec.checked_up_to == 4 * 32
     assert rec.mixed.gain >= -wi.MAX_LOSS
-    ov = wi.setting_of(inp)[(rec.knob, rec.setting)].overrides()
+    ov = wi.setting_of(inp)[(rec.knob, rec.setting)]
     top = rec.checked_up_to if rec.loses_at is None else rec.holds_up_to
     for C in wi.range_cs(inp):
         if C <= top:
-            assert lb.run(inp, C, **ov).tok_per_s >= (1 - wi.MAX_LOSS) * lb.run(inp, C).tok_per_s
+            assert lb.run(inp, C, changes=ov).tok_per_s >= (1 - wi.MAX_LOSS) * lb.run(inp, C).tok_per_s
     # a tie goes to the setting that holds over the widest range
     tied = [w for w in rows if w.eligible and w.gain >= rec.gain - wi.TIE and w.checked_up_to]
     assert all(w.loses_at is not None or rec.loses_at is None for w in tied)

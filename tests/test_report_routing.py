@@ -3,11 +3,11 @@ from dataclasses import replace
 
 import pytest
 
-from reports.model import loop_builder as lb
+from reports.model.sim import loop_builder as lb
 from reports.model.attribution import attribute
 from reports.base.payloads.stage_cost import LayerPoint, StageCostData
 from reports.base.records import make_record
-from reports.model.scenario import build_inputs, load_scenario
+from reports.model.scenario.inputs import build_inputs, load_scenario
 from reports.model.verdicts import routing_verdict
 
 

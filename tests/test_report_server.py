@@ -17,7 +17,7 @@ from reports.render.measured_timeline import choose_point, read_dispatch_trace
 from reports.base.records import read_record, write_record
 from reports.model.report_type import Report
 from reports.render.terminal import server_line
-from reports.model.scenario import observed_from_sglang
+from reports.model.scenario.inputs import observed_from_sglang
 from reports.model.verdicts import EVEN_CV, graph_evidence, observed_slots
 
 

@@ -10,7 +10,7 @@ import pytest
 from reports.base.schema import SchemaError
 from reports.cli import main
 from reports.model.report_type import Level, NotDiagnosed, Report
-from reports.model.scenario import build_inputs, load_scenario
+from reports.model.scenario.inputs import build_inputs, load_scenario
 from reports.render.render_md import render_md
 from reports.report_build import build_report
 
@@ -88,7 +88,7 @@ def test_a_not_diagnosed_part_keeps_its_shape():
 def test_the_diagnosis_part_mirrors_diagnose_s_diagnosis():
     import typing
 
-    from reports.model.diagnose import Diagnosis
+    from reports.model.observed.diagnose import Diagnosis
     from reports.model.report_type import ServerDiagnosis
     own = [f.name for f in fields(ServerDiagnosis)]
     theirs = [f.name for f in fields(Diagnosis)]

@@ -11,8 +11,8 @@ from microbench.dispatch.rank_config import RankConfig
 from reports.base.errors import CliError
 from reports.base.server_settings import ServerSettings, default_max_micro_batch, slot_count
 from reports.base.slots import SlotConfig
-from reports.model.scenario import build_inputs
-from reports.model.scenario_file import load_scenario, read_scenario
+from reports.model.scenario.inputs import build_inputs
+from reports.model.scenario.file import load_scenario, read_scenario
 
 
 def test_slots_and_default_cap_are_sglangs():

@@ -1,4 +1,4 @@
-"""The observed server's own what-ifs (reports/model/server_whatifs.py): which settings are tried
+"""The observed server's own what-ifs (reports/model/observed/whatifs.py): which settings are tried
 on the model of the traced loop, and what the report says where it cannot try them.
 
 The candidates on hand-made settings (each case says why a setting is or is not worth trying),
@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from reports.cli import main
-from reports.model import observed_whatif as ow
-from reports.model import server_whatifs as sw
+from reports.model.sim import bench_run as ow
+from reports.model.observed import whatifs as sw
+from reports.model.settings_change import WhatIf, effect
 
 CASE = Path(__file__).parent / "fixtures" / "sglang_lab" / "whatif" / "wl-base-c8.1"
 RUN = ow.Run(tok_per_s=100.0, seconds=18.0, mean_in_flight=8.0, steady_sizes=(7, 1),
@@ -22,12 +23,12 @@ RUN = ow.Run(tok_per_s=100.0, seconds=18.0, mean_in_flight=8.0, steady_sizes=(7,
 
 
 def _knobs(server, load):
-    return {k: v for k, v, _ in sw.candidates(server, load, RUN)}
+    return {c.knob: c.value for c in sw.candidates(server, load, RUN)}
 
 
 def test_defaults_at_c8_try_the_depths_the_spread_and_pacing():
     # SGLang's defaults on PP2: cap = rows // pp = 1024 lets a burst of 8 sit in one slot
-    server = ow.Server(pp=2, depth=0, cap=None, rows=2048, chunk=8192)
+    server = ow.observed_settings(pp=2, depth=0, cap=None, rows=2048, chunk=8192)
     load = ow.Load(concurrency=8, prompts=18, output_len=128, prompt_len=64)
     k = _knobs(server, load)
     assert k["--pp-async-batch-depth"] == 2           # 1 and pp: the dict keeps the last
@@ -38,22 +39,22 @@ def test_defaults_at_c8_try_the_depths_the_spread_and_pacing():
 
 
 def test_a_small_budget_and_few_rows_are_tried_larger():
-    server = ow.Server(pp=2, depth=1, cap=2, rows=4, chunk=64, cap_given=True)
+    server = ow.observed_settings(pp=2, depth=1, cap=2, rows=4, chunk=64)
     load = ow.Load(concurrency=8, prompts=18, output_len=128, prompt_len=64, rate=4.0)
-    c = {k: (v, why) for k, v, why in sw.candidates(server, load, RUN)}
+    c = {x.knob: (x.value, x.note) for x in sw.candidates(server, load, RUN)}
     assert c["--max-running-requests"][0] == 8
     assert c["--chunked-prefill-size"][0] == 512      # 8 x 64 = 512, a power of two
     assert "holds 1" in c["--chunked-prefill-size"][1]
     # the cap already splits the burst finer than pp slots; a paced run is not paced again
     assert "--pp-max-micro-batch-size" not in c and "--request-rate" not in c
-    assert {v for k, v, _ in sw.candidates(server, load, RUN)
-            if k == "--pp-async-batch-depth"} == {0, 2}
+    assert {x.value for x in sw.candidates(server, load, RUN)
+            if x.knob == "--pp-async-batch-depth"} == {0, 2}
 
 
 def test_one_stream_tries_only_the_depths():
-    server = ow.Server(pp=2, depth=0, cap=None, rows=2048, chunk=8192)
+    server = ow.observed_settings(pp=2, depth=0, cap=None, rows=2048, chunk=8192)
     load = ow.Load(concurrency=1, prompts=4, output_len=128, prompt_len=64)
-    assert {k for k, _, _ in sw.candidates(server, load, RUN)} == {"--pp-async-batch-depth"}
+    assert {x.knob for x in sw.candidates(server, load, RUN)} == {"--pp-async-batch-depth"}
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +70,8 @@ def record(tmp_path_factory):
 def test_sglang_own_server_gets_its_own_whatifs(record):
     got = sw.server_whatifs(record)
     assert got.status == "ok" and got.concurrency == 8 and got.prompts == 18
-    rows = {(r.setting, r.value): r for r in got.rows}
+    rows = {(r.knob, r.setting): r for r in got.rows}
+    assert {r.side for r in got.rows} == {"observed server"}
     assert set(rows) >= {("--pp-async-batch-depth", "1"), ("--pp-async-batch-depth", "2"),
                          ("--pp-max-micro-batch-size", "4")}
     # best first; each row's change is its own after / before
@@ -99,10 +101,11 @@ def test_where_the_run_model_was_not_checked_it_says_so(record):
 
 def test_best_is_a_gain_beyond_the_models_resolution():
     def row(pct):
-        return sw.ServerWhatIf("--pp-async-batch-depth", "1", "--pp-async-batch-depth 1", "",
-                               100.0, 100.0 + pct, pct, (8,), (4, 4))
+        e = effect(8, 100.0, 100.0 + pct)
+        return WhatIf("--pp-async-batch-depth", "1", (e,), None, e.gain, e.gain, True, "",
+                      side="observed server", command="--pp-async-batch-depth 1")
     assert sw.ServerWhatIfs("ok", rows=(row(1.5), row(-4.0))).best is None
-    assert sw.ServerWhatIfs("ok", rows=(row(12.0), row(1.5))).best.change_pct == 12.0
+    assert sw.ServerWhatIfs("ok", rows=(row(12.0), row(1.5))).best.change_pct == pytest.approx(12.0)
     assert sw.ServerWhatIfs("not modelled", reason="x").best is None
 
 

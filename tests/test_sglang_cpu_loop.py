@@ -17,7 +17,7 @@ import pytest
 
 from microbench.sglang import cpu_steps
 from microbench.sglang.trace import TraceError, select_rank_files
-from reports.model.pipeline_model import LoopConfig, simulate
+from reports.model.sim.pipeline_model import LoopConfig, simulate
 
 
 def _ev(ranges=(), steps=(), recvs=(), idle=()):

@@ -46,13 +46,13 @@ def test_the_record_holds_the_benchmarks_bursts_not_the_traced_windows(records):
 
 
 def _rows(records) -> dict:
-    from microbench.sglang_lab.whatifs import whatif_rows
+    from reports.lab.whatifs import whatif_rows
     return {r["case"]: r for r in whatif_rows(BURSTS, records)}
 
 
 def test_depth_whatifs_follow_the_servers_own_groups(records):
     from reports.base.records import read_record
-    from reports.model import observed_whatif as ow
+    from reports.model.sim import bench_run as ow
     rows = _rows(records)
     sg = read_record(records / BEFORE / "sglang.json").payload
     dep, server, load, _ = ow.from_sglang(sg)

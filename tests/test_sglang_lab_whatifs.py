@@ -6,7 +6,7 @@ SGLang 0.5.23's `launch_server --pp-size 2 --device cpu` with its defaults (`wi-
 profiled) and with one setting changed (`wi-<setting>-c<C>`: bench_serving only), C = 1, 8, 16,
 three bench_serving runs each; the live settings also interleaved with their before runs
 (`wl-<setting>-c<C>.<k>`). Four profiled windows kept only their bench runs (size). From each before case's evidence alone the model predicts the
-change (reports/model/observed_whatif.py); bench_serving measured it. docs/BENCHMARKS.md
+change (reports/model/sim/bench_run.py); bench_serving measured it. docs/BENCHMARKS.md
 section 15 holds the table these fixtures reproduce.
 """
 from __future__ import annotations
@@ -77,7 +77,7 @@ def test_the_whatif_recordings_are_there():
 
 
 def test_each_setting_change_is_predicted_from_the_before_case_alone(records):
-    from microbench.sglang_lab.whatifs import whatif_rows
+    from reports.lab.whatifs import whatif_rows
     rows = whatif_rows(WI, records)
     knobs = {r["knob"] for r in rows}
     assert knobs == {"--pp-max-micro-batch-size", "--pp-async-batch-depth",
@@ -90,7 +90,7 @@ def test_each_setting_change_is_predicted_from_the_before_case_alone(records):
 
 
 def test_the_model_of_the_observed_loop_against_bench_serving(records):
-    from reports.model.validate_dispatch import TARGET_PCT, validate_sglang_case
+    from reports.model.scenario.validate_dispatch import TARGET_PCT, validate_sglang_case
     checks = {case: validate_sglang_case(records / case) for case in PROFILED}
     assert all(c.profiler_slowdown is not None for c in checks.values())
     outside = {case for case, c in checks.items() if abs(c.diff_pct) > TARGET_PCT}
@@ -103,7 +103,7 @@ def test_the_model_of_the_observed_loop_against_bench_serving(records):
 
 
 def test_validate_dispatch_checks_sglang_lab_cases_first(records, capsys):
-    from reports.model.validate_dispatch import main as vmain
+    from reports.model.scenario.validate_dispatch import main as vmain
     case = records / "wi-d2-c8"
     rc = vmain([str(case)])
     out = capsys.readouterr().out
@@ -116,7 +116,7 @@ def test_the_restart_plan_alternates_the_servers_and_profiles_its_own_before_cas
     # each restart setting on its own server, the servers alternating round by round, so that a
     # change of the machine's load falls on every side; the before evidence is this pass's own
     from microbench.sglang_lab.cases import whatif_restart_plan
-    from microbench.sglang_lab.whatifs import change_of
+    from reports.lab.whatifs import change_of
     plan = whatif_restart_plan(pp=2, rounds=2)
     names = [g.name for g in plan]
     assert names == ["wr-d0-1", "wr-d1-1", "wr-d2-1", "wr-chunk64-1", "wr-mrr4-1",

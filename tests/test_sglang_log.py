@@ -117,7 +117,7 @@ def test_startup_line_gives_the_server_settings(tmp_path):
 
 def test_report_takes_max_running_requests_from_the_log():
     from reports.base.records import make_record
-    from reports.model.scenario import build_inputs, load_scenario
+    from reports.model.scenario.inputs import build_inputs, load_scenario
     rec = make_record("sglang", {"log": {"server_settings": {
         "max_running_requests": 48, "chunked_prefill_size": 4096}}}, argv=[])
     inp = build_inputs(load_scenario("seed-pp8"), {"sglang": rec})
@@ -450,7 +450,7 @@ def test_server_args_older_form():
              b"max_prefill_tokens=16384, attention_backend='fa3', pp_max_micro_batch_size=None)"
              b"\n")
     sa = log_startup._server_args_in(block)
-    assert sa == sglang_log.ServerArgs(
+    assert sa == sglang_log.LoggedServerArgs(
         form="ServerArgs(...)", pp_size=2, tp_size=8, device="cuda", attention_backend="fa3",
         disable_cuda_graph=False, cuda_graph_max_bs=160, enable_torch_compile=False,
         max_running_requests=256, chunked_prefill_size=-1, max_prefill_tokens=16384)
@@ -484,7 +484,7 @@ def test_runtime_setting_change_recorded_with_its_time(fixtures, tmp_path):
         "text": "{'pp_max_micro_batch_size': 4}"}]
     assert s["lines_other"] == 155 + 3
     assert sglang_log.read_logs([_lab(fixtures)])["config_overrides"] == []
-    from reports.model.server_log import log_setting_lines
+    from reports.model.observed.server_log import log_setting_lines
     assert ("Setting changed at run time [log] 2026-12-01 21:42:30 (PP rank 0, 1): "
             "pp_max_micro_batch_size=4.") in log_setting_lines(s, s["ranks"])
 
@@ -514,7 +514,7 @@ def test_lab_graphs_off_by_setting_with_the_reasons(fixtures):
         "server_args cuda_graph_config decode backend 'disabled'",
         "SGLang: Cuda graph is disabled because of using torch native attention backend",
         "--disable-cuda-graph given (SGLang's deprecation warning for it)"]}
-    from reports.model.server_log import log_setting_lines
+    from reports.model.observed.server_log import log_setting_lines
     text = "\n".join(log_setting_lines(s, s["ranks"]))
     assert ("Decode graphs [log]: off by setting (device cpu without --enable-torch-compile: "
             "SGLang captures no CPU graph; ") in text
@@ -539,7 +539,7 @@ def test_lab_graphs_off_by_setting_with_the_reasons(fixtures):
     (None, (), {"off_by_setting": None, "reasons": []}),
 ])
 def test_graph_setting_rules(sa, notes, want):
-    args = None if sa is None else sglang_log.ServerArgs(form="dict", **sa)
+    args = None if sa is None else sglang_log.LoggedServerArgs(form="dict", **sa)
     assert sglang_log.graph_setting(args, notes) == want
 
 
@@ -553,7 +553,7 @@ def test_graph_notes_read_from_start_up_lines(tmp_path):
 
 
 def test_graph_verdict_number_says_off_by_setting():
-    from reports.model.server_log import graph_off_number
+    from reports.model.observed.server_log import graph_off_number
     assert graph_off_number(["server_args disable_cuda_graph=True"], [("0", 0.0, 86)]) == (
         "Decode graphs off by setting (server_args disable_cuda_graph=True): decode runs eager on "
         "purpose, not a fallback; log: lowest per-rank share of decode batches on graphs 0% "

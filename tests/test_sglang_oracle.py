@@ -132,7 +132,7 @@ def test_default_cap_divides_by_pp():
 
 
 def test_loop_order_is_sglangs():
-    """The order reports/model/pipeline_model.py and microbench/dispatch/pp_loop.py follow, read from
+    """The order reports/model/sim/pipeline_model.py and microbench/dispatch/pp_loop.py follow, read from
     SGLang's scheduler_pp_mixin.py (its import pulls in the whole server)."""
     rel = "srt/managers/scheduler_pp_mixin.py"
     before = _function(rel, "_pp_exchange_outputs_before_forward", {})

@@ -18,11 +18,11 @@ import pytest
 from reports.base.payloads.sglang import SglangData
 from reports.base.schema import from_json
 from reports.cli import main
-from reports.model.change_split import deployment_of, mixed, split_change
+from reports.model.observed.change_split import deployment_of, mixed, split_change
 from reports.model.compare import compare
-from reports.model.deployment import (CAUSES, Deployment, at_size, from_evidence, loop_config, run,
+from reports.model.observed.deployment import (CAUSES, Deployment, at_size, from_evidence, loop_config, run,
                                       window_differs)
-from reports.model.diagnose import worded
+from reports.model.observed.diagnose import worded
 from reports.model.report_type import ObservedLoop
 
 LAB = Path(__file__).parent / "fixtures" / "sglang_lab"
@@ -93,7 +93,7 @@ def _view(dep: Deployment) -> ObservedLoop:
 
 
 def test_a_large_host_fault_is_sized_by_the_joint_split(tmp_path):
-    from reports.model.diagnose import diagnose
+    from reports.model.observed.diagnose import diagnose
     from reports.model.report_type import ServerDiagnosis
     from dataclasses import fields
     base_dep = _dep()

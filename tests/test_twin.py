@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import pytest
 
 from microbench.sglang_lab.twin import calibrated_k, server_flags, waves, with_flag
-from reports.model import loop_builder as lb
-from reports.model.scenario import build_inputs, load_records, load_scenario
-from reports.model.twin_costs import costs
+from reports.model.sim import loop_builder as lb
+from reports.model.scenario.inputs import build_inputs, load_records, load_scenario
+from reports.model.scenario.twin_costs import costs
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB = ROOT / "tests" / "fixtures" / "sglang_lab"
@@ -188,7 +188,7 @@ def test_a_recorded_twin_keeps_its_books():
     """The seed's twin as recorded (PP8, k = 60, SGLang 0.5.23 on the CPU): every row's figures
     are the bench's divided by k, the micro-batches are rank 0's own Prefill lines after the
     warm-up prompt, and the report's reader sets each setting's change beside the model's."""
-    from reports.model.twin_check import read_twin, twin_text
+    from reports.model.scenario.twin_check import read_twin, twin_text
     import shutil
     doc = json.loads((FIX / "seed-pp8.twin.json").read_text())["data"]
     k = doc["calibration"]["k"]

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from reports.base.errors import CliError
-from reports.model.twin_check import change_of, matches, read_twin, twin_text
+from reports.model.scenario.twin_check import change_of, matches, read_twin, twin_text
 
 
 def record(tmp_path, rows, scenario="seed-pp8", pp=8):

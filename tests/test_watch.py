@@ -18,7 +18,7 @@ from reports.base.errors import CliError
 from reports.base.payloads.watch import GpuSeries, WatchData
 from reports.base.records import RecordError, read_record
 from reports.base.schema import SchemaError, to_json
-from reports.model import watch_summary as S
+from reports.model.observed import watch_summary as S
 
 T0 = 1_700_000_000.0
 

@@ -21,7 +21,7 @@ from microbench.watch import sampler as W
 from reports.base.payloads.watch import DCGM_SERIES, WatchData, WatchSource
 from reports.base.records import read_record
 from reports.base.schema import from_json, to_json
-from reports.model import watch_summary as S
+from reports.model.observed import watch_summary as S
 
 T0 = 1_700_000_000.0
 HEADER = ("#Entity           SMACT        SMOCC        DRAMA        PCITX                       "

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     from microbench.watch import cli as WC
     from microbench.watch import sampler as W
     from reports.base.schema import to_json
-    from reports.model.watch_summary import summarize
+    from reports.model.observed.watch_summary import summarize
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seconds", type=float, default=20.0)

@@ -272,7 +272,7 @@ def render(data: dict) -> str:
                      f"{log['lines_unrecognised']} unrecognised, {log['lines_other']} other")
         if log.get("files_without_batch_lines"):
             parts.append("no batch lines in: " + ", ".join(log["files_without_batch_lines"]))
-        from reports.model.server_log import attention_lines, log_setting_lines, moe_kernel_lines
+        from reports.model.observed.server_log import attention_lines, log_setting_lines, moe_kernel_lines
         parts += moe_kernel_lines(log.get("moe_kernel"))
         parts += attention_lines(log.get("attention_backend"))
         parts += log_setting_lines(log, data["ranks"])
@@ -293,7 +293,7 @@ def render(data: dict) -> str:
             "max concurrency", "mean concurrency", "output tok/s", "mean TTFT ms",
             "mean TPOT ms", "median ITL ms"], floatfmt=("g", ".2f", ".1f", ".1f", ".1f", ".1f")))
     if data.get("metrics_window"):
-        from reports.model.metrics_verdicts import window_table
+        from reports.model.observed.metrics_verdicts import window_table
         parts.append(window_table(data["metrics_window"]))
     elif data["metrics"]:
         parts.append(f"metrics: {len(data['metrics']['ranks'])} pp rank(s) from "
@@ -346,7 +346,7 @@ def _render_loop(loop: dict) -> str:
 def _bursts_line(loop: dict) -> str:
     """The benchmark's first burst of C requests as the log admitted it (arrival_bursts.py):
     the micro-batches the run kept, beside the traced window's own."""
-    from reports.model.observed_whatif import waves_text
+    from reports.model.sim.bench_run import waves_text
     c = loop.get("concurrency")
     b = next((b for b in loop.get("bursts") or () if b["requests"] == c), None)
     if b is None:

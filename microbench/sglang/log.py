@@ -43,7 +43,7 @@ Start-up lines (the first SETTINGS_BYTES of each file): the settings line (`serv
 max_running_requests, chunked_prefill_size, ...), which MoE kernel the server picked and how
 its Triton config was found (`moe_kernel`, `startup_moe_kernel`), which attention backend
 decodes (`attention_backend`, `startup_attention_backend`), the `server_args=` line
-(`server_args`, `ServerArgs`) and the lines saying graphs are disabled (`graph_setting`).
+(`server_args`, `LoggedServerArgs`) and the lines saying graphs are disabled (`graph_setting`).
 Checked on a real log: SGLang 0.5.23's own server, PP2 on CPU (tests/fixtures/sglang_lab/).
 
 Which lines are the same batch and which are different batches (SGLang 0.5.23 logs only from
@@ -89,7 +89,7 @@ from typing import Iterable
 
 from microbench.sglang.log_scan import (BatchLine, LogScan, parse_line, scan_logs,  # noqa: F401
                                         worker_count)
-from microbench.sglang.log_startup import (ServerArgs, Startup, graph_setting,  # noqa: F401
+from microbench.sglang.log_startup import (LoggedServerArgs, Startup, graph_setting,  # noqa: F401
                                            startup, startup_attention_backend,
                                            startup_moe_kernel)
 from microbench.sglang.log_summary import (PREFILL_WAVES, config_overrides,  # noqa: F401

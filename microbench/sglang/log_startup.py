@@ -112,13 +112,13 @@ def _moe_in(block: bytes, out: dict[str, str]) -> None:
 # srt/entrypoints/engine.py: "server_args={'model_path': ..., 'pp_size': 2, ...}", a dict repr;
 # "server_args=ServerArgs(model_path=..., pp_size=2, ...)" in releases before the argument
 # groups). The few that decide how a PP deployment batches, and whether decode may run on
-# graphs, are kept (`ServerArgs`); the dict is read with ast.literal_eval, each key by a regular
+# graphs, are kept (`LoggedServerArgs`); the dict is read with ast.literal_eval, each key by a regular
 # expression where that fails (a value whose repr is not a literal) and in the old form.
 _SERVER_ARGS_WORD = b"server_args="
 
 
 @dataclass(frozen=True)
-class ServerArgs:
+class LoggedServerArgs:
     """What the `server_args=` line says (None: not in it, or not that type). `None` for
     max_running_requests / pp_max_micro_batch_size / chunked_prefill_size means SGLang chose the
     value at start-up (the scheduler line, `server_settings`, has what it chose)."""
@@ -161,7 +161,7 @@ def _typed(v, tp: type):
     return v if isinstance(v, tp) else None
 
 
-def _server_args_in(block: bytes) -> ServerArgs | None:
+def _server_args_in(block: bytes) -> LoggedServerArgs | None:
     i = block.find(_SERVER_ARGS_WORD)
     if i < 0:
         return None
@@ -188,7 +188,7 @@ def _server_args_in(block: bytes) -> ServerArgs | None:
         backend = get("cuda_graph_backend_decode")
     ints = ("pp_size", "tp_size", "pp_async_batch_depth", "pp_max_micro_batch_size",
             "max_running_requests", "chunked_prefill_size", "max_prefill_tokens")
-    return ServerArgs(
+    return LoggedServerArgs(
         form="dict" if text.startswith(b"{") else "ServerArgs(...)",
         device=_typed(get("device"), str), attention_backend=_typed(get("attention_backend"), str),
         disable_cuda_graph=_typed(get("disable_cuda_graph"), bool),
@@ -220,7 +220,7 @@ def _graph_notes_in(block: bytes, out: list[str]) -> None:
         out.append(flag)
 
 
-def graph_setting(sa: ServerArgs | None, notes: Iterable[str]) -> dict:
+def graph_setting(sa: LoggedServerArgs | None, notes: Iterable[str]) -> dict:
     """Whether decode graphs are off BY SETTING, and why: `off_by_setting` True (with
     `reasons`), False (the server arguments leave them on: a decode line with `graph: False`
     then is a real fallback), None (the log says neither). SGLang 0.5.23 decides it in
@@ -251,7 +251,7 @@ class Startup:
     settings: dict
     moe_kernel: dict
     attention_backend: dict
-    server_args: ServerArgs | None
+    server_args: LoggedServerArgs | None
     graph_notes: tuple[str, ...]
 
 
@@ -263,7 +263,7 @@ def startup(paths: Iterable[str | Path]) -> Startup:
     settings: dict[str, int] = {}
     moe: dict[str, str] = {}
     attn: dict[str, str] = {}
-    sa: ServerArgs | None = None
+    sa: LoggedServerArgs | None = None
     notes: list[str] = []
     for p in paths:
         file_moe: dict[str, str] = {}

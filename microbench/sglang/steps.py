@@ -29,7 +29,7 @@ What it measures, per rank (one trace = one rank), over the traced window:
   forwards among them: forwards / iterations = occupied slots / slots.
 
 Why: these are the inputs of the pipeline model for the *observed* deployment
-(`reports/model/deployment.py`): per-rank forward cost by micro-batch size, host time per
+(`reports/model/observed/deployment.py`): per-rank forward cost by micro-batch size, host time per
 visit, hop latency, slot occupancy and graph share, each taken from the server's own evidence.
 Cross-rank quantities (the hop: sender's forward end -> receiver's input ready) are computed
 in `hops()` from two ranks' summaries (one host: the traces share a clock).

@@ -86,7 +86,7 @@ def sizes_plan(pp: int = 2) -> tuple[Group, ...]:
     return (Group("sizes", pp, (), tuple(cases)),)
 
 
-# What-ifs checked on the server itself (reports/model/observed_whatif.py): every "before" case
+# What-ifs checked on the server itself (reports/model/sim/bench_run.py): every "before" case
 # (SGLang's defaults, `wi-base-c<C>`) is profiled; an "after" case changes one setting and is
 # only measured (its tok/s against the before case's, the model's prediction from the before
 # case's evidence alone). Settings chosen to change something on the lab's tiny server.
@@ -151,7 +151,7 @@ def whatif_restart_plan(pp: int = 2, rounds: int = 2,
     alternating (default, depth 1, depth pp, chunk, rows, default, ...; one bench_serving run per
     C on each), so that a change of the machine's load between servers falls on all sides
     alike. Every default server's runs are profiled: they are the before evidence, taken in the
-    same pass as the runs they predict, one window per round (microbench/sglang_lab/whatifs.py
+    same pass as the runs they predict, one window per round (reports/lab/whatifs.py
     predicts from each and from the one nearest the benchmark's pace); so are the first round's
     servers of every setting (the model of the observed loop checked at every setting, and the
     after loop to set beside the modelled one)."""

@@ -242,7 +242,7 @@ def run_lab(cfg: LabConfig) -> int:
         for d in order_for_analysis([d for d in done if (d / "traces").is_dir()]):
             _say(f"{d.name}: ppscope sglang + ppscope report")
             drive.write_json(d / "analysis.json", analyse_case(d))
-    from microbench.sglang_lab.summary import summarise, render
+    from reports.lab.summary import summarise, render
     rows = summarise(cfg.out)
     drive.write_json(cfg.out / "summary.json", rows)
     print(render(rows))

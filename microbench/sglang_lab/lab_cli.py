@@ -47,7 +47,7 @@ def register(subparsers) -> None:
     p.add_argument("--whatif", action="store_true",
                    help="the what-if plan: SGLang's defaults and each setting the report can "
                    "recommend, before and after, at C = 1, 8, 16 (cases wi-*; the table at the end, "
-                   "again with `python -m microbench.sglang_lab.whatifs OUT`)")
+                   "again with `python -m reports.lab.whatifs OUT`)")
     p.add_argument("--whatif-live", action="store_true",
                    help="the live what-ifs (micro-batch cap, pacing) interleaved with their "
                    "before runs on one server (cases wl-*)")
@@ -110,7 +110,7 @@ def _plan(args):
 def run(args: argparse.Namespace) -> int:
     from reports.base.paths import results_dir
     from microbench.sglang_lab.lab import LabConfig, run_lab, analyse_case
-    from microbench.sglang_lab.summary import render, summarise
+    from reports.lab.summary import render, summarise
     from microbench.sglang_lab.drive import write_json
     from microbench.sglang_lab.venv import LabError
     plan, only = _plan(args)
@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
         if not dirs:
             raise CliError(f"--analyse-only: no lab cases in {out}")
         from microbench.sglang_lab.lab import order_for_analysis
-        from microbench.sglang_lab.summary import read_case
+        from reports.lab.summary import read_case
         for d in dirs:   # every case.json checked (one line) before any case is read again
             read_case(d)
         for d in order_for_analysis(dirs):
@@ -164,11 +164,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _whatif_table(args, out: Path) -> None:
-    """With a what-if plan: predicted against measured change (microbench/sglang_lab/whatifs.py)."""
+    """With a what-if plan: predicted against measured change (reports/lab/whatifs.py)."""
     if not (args.whatif or args.whatif_live or args.whatif_restart):
         return
     from microbench.sglang_lab.drive import write_json
-    from microbench.sglang_lab.whatifs import loop_rows, render, whatif_rows
+    from reports.lab.whatifs import loop_rows, render, whatif_rows
     w, lp = whatif_rows(out), loop_rows(out)
     write_json(out / "whatifs.json", {"whatifs": w, "loop": lp})
     print(render(w, lp))

@@ -8,7 +8,7 @@ holds (0 for an empty slot); `slots` consecutive visits are one round (SGLang 0.
 managers/scheduler_pp_mixin.py, `event_loop_pp`: `pp_loop_size` slots visited round-robin).
 Rounds with the same pattern in a row are one phase; its traced round is the median over them.
 
-Beside it, the model of the same record (reports/model/deployment.py, the costs the report
+Beside it, the model of the same record (reports/model/observed/deployment.py, the costs the report
 uses, which are means over the whole window) run with that phase's pattern. The model's miss
 per phase says whether the loop's mechanics or the costs are off: a phase modelled fast and
 another slow from the same costs means the costs differ by phase (two shared cores, a busier
@@ -68,8 +68,8 @@ def phases(vs: list[tuple[float, int]], slots: int) -> list[Phase]:
 def case_rows(case: Path) -> list[dict]:
     """Each phase of the case's traced window: traced round, modelled round, the difference."""
     from reports.base.records import read_record
-    from reports.model import observed_whatif as ow
-    from reports.model.deployment import CAUSES, run
+    from reports.model.sim import bench_run as ow
+    from reports.model.observed.deployment import OBSERVED_CAUSES, run
     sg = read_record(case / "sglang.json").payload
     # the traced window's own loop (its costs; each phase's sizes are set below), so the log's
     # first burst, which would replace the traced sizes, is left out
@@ -84,8 +84,8 @@ def case_rows(case: Path) -> list[dict]:
     _same_run(case, sg, traces[0], len(ev["ranges"]["recv_requests"]), ev["events"])
     rows = []
     for ph in phases(_visits(ev), dep.slots):
-        m = run(replace(dep, sizes=ph.pattern), frozenset(CAUSES)).tpot_ms
-        rows.append({"case": case.name, "depth": server.depth,
+        m = run(replace(dep, sizes=ph.pattern), frozenset(OBSERVED_CAUSES)).tpot_ms
+        rows.append({"case": case.name, "depth": server.pp_async_batch_depth,
                      "pattern": "-".join(map(str, ph.pattern)), "rounds": ph.rounds,
                      "traced_round_ms": ph.round_ms, "modelled_round_ms": m,
                      "diff_pct": 100 * (m / ph.round_ms - 1)})

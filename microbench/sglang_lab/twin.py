@@ -4,7 +4,7 @@ SGLang's own server (the lab's venv, CPU) runs at the deployment's settings: its
 async depth, chunked-prefill budget, request rows and per-slot cap, and a tiny Llama with the
 deployment's layer count, so SGLang splits the layers itself (`get_pp_indices`). Every rank's
 forward is held to the deployment's stage time for that batch, every hidden-state send to the hop
-cost, and every visit to the deployment's host work (reports/model/twin_costs.py: the figures
+cost, and every visit to the deployment's host work (reports/model/scenario/twin_costs.py: the figures
 the pipeline model uses; boot/inject/ppscope_twin_hold.py holds them inside SGLang's processes).
 All of it is multiplied by a dilation k so that this machine's own host work (eight schedulers
 on a few cores) stays a small share of the emulated step; times are divided by k again.
@@ -27,7 +27,7 @@ import re
 import sys
 import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from microbench.sglang_lab import drive
@@ -44,10 +44,11 @@ _PREFILL = re.compile(r"PP0\] Prefill batch, #new-seq: (\d+),")
 
 @dataclass(frozen=True)
 class TwinSetting:
-    """One server the twin starts: a name, SGLang flags, and the model's overrides for it."""
+    """One server the twin starts: a name, SGLang flags, and the model's changes for it
+    (reports/model/settings_change.py)."""
     name: str
     flags: tuple[str, ...] = ()
-    overrides: dict = field(default_factory=dict)
+    changes: tuple = ()
     source: str = "SGLang's defaults at the deployment's settings"
 
 
@@ -106,8 +107,8 @@ def run_twin(inp, settings: list[TwinSetting], concurrency: list[int], out: Path
     """Calibrate, then run each setting at each concurrency; returns the record's data.
     `keep(data)`: called after every finished run with the record so far (write as you go)."""
     import json
-    from reports.model import loop_builder as lb
-    from reports.model.twin_costs import costs, model_of_twin
+    from reports.model.sim import loop_builder as lb
+    from reports.model.scenario.twin_costs import costs, model_of_twin
     claim_lab_dir(lab_dir)
     python = ensure_venv(lab_dir, say)
     model = ensure_model(python, lab_dir, layers=inp.model.num_layers)
@@ -155,8 +156,8 @@ def run_twin(inp, settings: list[TwinSetting], concurrency: list[int], out: Path
                 cdir.mkdir(parents=True, exist_ok=True)
                 seed = 100 + si * 1000 + C + zlib.crc32(st.name.encode()) % 97
                 b, w = _bench(server, bench, cdir, C, max(2, C), seed)
-                pred = lb.run(inp, C, **st.overrides)
-                pred_cpu = model_of_twin(inp, C, **st.overrides)
+                pred = lb.run(inp, C, changes=st.changes)
+                pred_cpu = model_of_twin(inp, C, changes=st.changes)
                 kk = calib["k"]
                 rows.append({
                     "setting": st.name, "flags": list(st.flags), "concurrency": C,
@@ -182,7 +183,7 @@ def _data(inp, calib, output_len, rows, table, mode, done: bool) -> dict:
             "prompt_len": inp.prompt_len, "rows": list(rows), "costs": table, "complete": done,
             "mode": mode,
             "emulated": "every forward, hop and host visit held to the deployment's time x k "
-                        "(reports/model/twin_costs.py); "
+                        "(reports/model/scenario/twin_costs.py); "
                         + ("device time as a GPU's: the CPU runs ahead of the forward"
                            if mode == "async" else "the forward holds its rank's CPU")
                         + "; prefill times estimated",

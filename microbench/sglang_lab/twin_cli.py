@@ -65,7 +65,7 @@ def settings_to_run(inp, names: list[str]):
     """The twin's servers: the deployment, the report's recommendation and its best pair, as
     SGLang flags (server knobs only; pacing and TP are not server settings)."""
     from microbench.sglang_lab.twin import TwinSetting, server_flags, with_flag
-    from reports.model.whatif import best_pair, recommendation, setting_of, what_ifs
+    from reports.model.scenario.whatifs import best_pair, recommendation, setting_of, what_ifs
     base = server_flags(inp)
     out = [TwinSetting("default", base)] if "default" in names else []
     if not {"recommended", "pair"} & set(names):
@@ -76,13 +76,13 @@ def settings_to_run(inp, names: list[str]):
     for name, w in picks:
         if name not in names or w is None:
             continue
-        flags, ov = base, {}
+        flags, ov = base, ()
         for knob, shown in zip(w.knob.split(" + "), w.setting.split(" + ")):
             if not knob.startswith("--"):
                 raise CliError(f"the {name} setting {knob} {shown} is not a server flag the twin "
                                "can start with")
             flags = with_flag(flags, knob, shown)
-            ov.update(settings[(knob, shown)].overrides())
+            ov += settings[(knob, shown)]
         out.append(TwinSetting(name, flags, ov, source=f"{w.knob} {w.setting}"))
     return out
 
@@ -90,7 +90,7 @@ def settings_to_run(inp, names: list[str]):
 def run(args: argparse.Namespace) -> int:
     from reports.base.paths import results_dir
     from reports.base.records import write_json_atomic
-    from reports.model.scenario import build_inputs, load_records, load_scenario
+    from reports.model.scenario.inputs import build_inputs, load_records, load_scenario
     from microbench.sglang_lab.twin import run_twin
     from microbench.sglang_lab.venv import LabError
     if not 1 <= args.output_len <= 4096:

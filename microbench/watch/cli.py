@@ -1,7 +1,7 @@
 """`ppscope sglang --watch`: the GPU watch's command side (microbench/watch/sampler.py samples;
 this module checks the arguments, runs the sampler beside the load, writes the record with its
 Perfetto counter tracks, and prints the watch card, rendered by reports/render/watch_plot.py from
-reports/model/watch_summary.py's summary)."""
+reports/model/observed/watch_summary.py's summary)."""
 from __future__ import annotations
 
 import json
@@ -137,7 +137,7 @@ def run_watch(args, evidence: Callable | None) -> int:
 def render(d: WatchData) -> str:
     """The watch as a terminal card: per-GPU table, k busy at once, the wave lag, the hints."""
     from reports.base.schema import to_json
-    from reports.model.watch_summary import summarize
+    from reports.model.observed.watch_summary import summarize
     from reports.render.watch_plot import watch_lines, watch_table
     from tabulate import tabulate
     s = to_json(summarize(d))

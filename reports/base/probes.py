@@ -1,7 +1,7 @@
 """The probes, listed once: the record each writes (`results/<name>.json`, its payload class in
 reports/base/payloads/), the `ppscope` sub-command and the module that registers it, and the
 make target `make all` runs. The console script (reports/cli.py), the report's record loader
-(reports/model/scenario.py), the payload map and the Makefile all read this list.
+(reports/model/scenario/inputs.py), the payload map and the Makefile all read this list.
 
 `python -m reports.base.probes make-targets` prints the targets `make all` runs, in order.
 """

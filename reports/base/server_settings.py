@@ -1,7 +1,7 @@
 """SGLang's server settings that shape the PP loop, in one type (no torch, no SGLang).
 
 The PP-loop probe (its configuration, the rank configuration, its serve mode), the slot
-admission (reports/base/slots.py) and the report's model inputs (reports/model/scenario.py)
+admission (reports/base/slots.py) and the report's model inputs (reports/model/scenario/inputs.py)
 all embed `ServerSettings`, so a setting has one name everywhere -- SGLang's own flag name
 (SGLang 0.5.23 server_args.py, arg_groups/fields/) -- and the two rules derived from the
 settings are written here only:

@@ -1,6 +1,6 @@
 """Where the time goes: ideal -> modelled gap split over named causes by exact Shapley values.
 
-`value(S)` is the pipeline model with the switches in S on (reports/model/loop_builder.py). A cause's
+`value(S)` is the pipeline model with the switches in S on (reports/model/sim/loop_builder.py). A cause's
 Shapley value is the average, over all orders of turning the switches on, of the change it
 makes: sum over subsets S not holding it of |S|!(n-|S|-1)!/n! * (v(S+i) - v(S)). The rows add
 up to v(all) - v(none) exactly and do not depend on any order. We compute it twice: on the time
@@ -16,9 +16,9 @@ from itertools import combinations
 from math import factorial
 from typing import Callable, Hashable, Sequence
 
-from reports.model import loop_builder as lb
+from reports.model.sim import loop_builder as lb
 from reports.model.causes import label
-from reports.model.scenario import Inputs
+from reports.model.scenario.inputs import Inputs
 
 # which model input each cause draws on (for evidence + measured/estimated)
 INPUT_OF = {

@@ -2,7 +2,7 @@
 
 Input: the `diagnosis` part (reports/model/report_type.py) of this report and of a baseline
 report (`ppscope report --baseline OLD/report.json`), each the Shapley split of its own observed
-loop (reports/model/diagnose.py).
+loop (reports/model/observed/diagnose.py).
 Output: the slowdown against the baseline (observed decode step when both runs have an observed
 tok/s, else the modelled step, said so) and, per cause, its ms per decode step then and now.
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import math
 
-from reports.model.deployment import window_differs
-from reports.model.change_split import deployment_of, forward_rows, split_change
+from reports.model.observed.deployment import window_differs
+from reports.model.observed.change_split import deployment_of, forward_rows, split_change
 from reports.model.report_type import (ChangeRow, Comparison, NotCompared, NotDiagnosed,
                                        ServerDiagnosis)
 
@@ -184,7 +184,7 @@ def compare(now: ServerDiagnosis | NotDiagnosed | None,
 
 def _shapley_parts(now: ServerDiagnosis, base: ServerDiagnosis
                    ) -> tuple[dict[str, float], float, float] | None:
-    """reports/model/change_split.py's joint split of the two loops, or None when either
+    """reports/model/observed/change_split.py's joint split of the two loops, or None when either
     report lacks the loop it needs or the loops differ in shape (pp, slots)."""
     d_now = deployment_of(now.deployment, now.concurrency)
     d_base = deployment_of(base.deployment, base.concurrency)

@@ -11,8 +11,8 @@ topology.json, sglang.json, watch.json, a baseline, dispatch.trace.json) is `if_
 has its key only then. The parts computed elsewhere keep their own types (`Row`, `WhatIf`,
 `Verdict`, `CauseRow`, ...): this module assembles them, it does not copy them.
 Open-ended maps stay maps of typed values (`assumptions` by input name, `modelled_busy_pct` by
-concurrency); `observed_deployment` (reports/model/observed_server.py: one entry per setting the
-evidence names) and `watch` (reports/model/watch_summary.py, rendered by watch_plot, which the
+concurrency); `observed_deployment` (reports/model/observed/server.py: one entry per setting the
+evidence names) and `watch` (reports/model/observed/watch_summary.py, rendered by watch_plot, which the
 watch's own command shares) stay the JSON their modules write.
 """
 from __future__ import annotations
@@ -22,16 +22,16 @@ from typing import Literal
 
 from reports.base.payloads.sglang import Dist, SlotImbalance
 from reports.base.schema import Json, from_json, if_set, to_json
-from reports.model.arrival import Alternatives
+from reports.model.scenario.arrival import Alternatives
 from reports.model.attribution import Row
-from reports.model.diagnose import CauseRow
-from reports.model.implied import ImpliedEfficiency
-from reports.model.scenario import Param
-from reports.model.server_log import DpFigures
-from reports.model.server_whatifs import ServerWhatIfs
-from reports.model.validate_dispatch import Check, MicroBatchChoice
+from reports.model.observed.diagnose import CauseRow
+from reports.model.scenario.implied import ImpliedEfficiency
+from reports.model.scenario.inputs import Param
+from reports.model.observed.server_log import DpFigures
+from reports.model.observed.whatifs import ServerWhatIfs
+from reports.model.scenario.validate_dispatch import Check, MicroBatchChoice
 from reports.model.verdicts import Verdict
-from reports.model.whatif import WhatIf
+from reports.model.settings_change import WhatIf
 
 REPORT_SCHEMA = "ppscope-report/1"
 
@@ -73,7 +73,7 @@ class AttributionAt:
 
 
 @dataclass(frozen=True)
-class StageCost:
+class StageCostAt:
     """Per-stage forward cost at one micro-batch size: modelled and its balanced floor."""
     batch: int
     modelled_us: tuple[float, ...]
@@ -100,7 +100,7 @@ class Hop:
 
 @dataclass(frozen=True)
 class TopologySummary:
-    """topology.json as the report shows it (reports/report_build.py `topology_summary`)."""
+    """topology.json as the report shows it (reports/model/observed/summaries.py `topology_summary`)."""
     gpus: tuple[str | None, ...]
     source: str                        # `measured`, or `given` for a pasted `topo -m`
     pasted: bool
@@ -169,7 +169,7 @@ class BusyOverTime:
 
 @dataclass(frozen=True)
 class ServerSummary:
-    """The user's server as sglang.json saw it (reports/report_build.py `server_summary`)."""
+    """The user's server as sglang.json saw it (reports/model/observed/summaries.py `server_summary`)."""
     evidence: str
     source: str
     sources: ServerSources
@@ -184,11 +184,11 @@ class ServerSummary:
     bench: tuple[BenchRow, ...]
     busy_over_time: dict[str, BusyOverTime]     # by PP rank
     notes: tuple[str, ...]
-    metrics_lines: tuple[str, ...] = ()   # the /metrics window (reports/model/metrics_verdicts.py)
+    metrics_lines: tuple[str, ...] = ()   # the /metrics window (reports/model/observed/metrics_verdicts.py)
 
 
 @dataclass(frozen=True)
-class BenchRun:
+class ModelledBenchRun:
     """The observed loop over bench_serving's whole run (report_build `_bench_run`)."""
     run_tok_per_s: float
     mean_in_flight: float
@@ -201,7 +201,7 @@ class BenchRun:
 
 @dataclass(frozen=True)
 class ObservedLoop:
-    """The deployment the traces show (reports/model/deployment.py `Deployment`), per rank."""
+    """The deployment the traces show (reports/model/observed/deployment.py `Deployment`), per rank."""
     pp: int
     slots: int
     sizes: tuple[int, ...]
@@ -218,7 +218,7 @@ class ObservedLoop:
     notes: tuple[str, ...]
     shape: str
     # the rest of the deployment, so that a later run can split its change against this one
-    # (reports/model/change_split.py); empty in a report written before they were kept
+    # (reports/model/observed/change_split.py); empty in a report written before they were kept
     forward_busy_us: tuple[dict[str, float], ...] = ()
     empty_relay_us: tuple[float, ...] = ()
     send_us: tuple[float, ...] = ()
@@ -227,7 +227,7 @@ class ObservedLoop:
 
 
 @dataclass(frozen=True)
-class TimeSplit:
+class RankTimeSplit:
     """One rank's traced window: compute / transfer / wait / idle, % (diagnose.time_split_rows)."""
     rank: int
     compute_pct: float | None
@@ -240,17 +240,17 @@ class TimeSplit:
 @dataclass(frozen=True)
 class ServerDiagnosis:
     """The observed server diagnosed from its own evidence: the inputs it was read from, then
-    reports/model/diagnose.py's `Diagnosis` field for field (its `concurrency` second). The
+    reports/model/observed/diagnose.py's `Diagnosis` field for field (its `concurrency` second). The
     fields are declared again rather than nested because the file has them flat, in this
     order; report_build fills them from the `Diagnosis` by name, and a test holds the two
     lists equal, so a field added there fails here instead of going missing."""
     status: Literal["ok"]
     concurrency: int
     concurrency_source: str
-    bench_run: BenchRun | None
+    bench_run: ModelledBenchRun | None
     observed_source: str | None
     deployment: ObservedLoop
-    time_split: tuple[TimeSplit, ...]
+    time_split: tuple[RankTimeSplit, ...]
     observed_tok_per_s: float | None
     modelled_tok_per_s: float
     reference_tok_per_s: float
@@ -367,7 +367,7 @@ class Report:
     recommendation: WhatIf | None = None
     best_pair: WhatIf | None = None
     model_differs: tuple[str, ...] = ()
-    stage_cost: tuple[StageCost, ...] = ()
+    stage_cost: tuple[StageCostAt, ...] = ()
     dispatch_validation: tuple[Check, ...] | None = if_set()
     dispatch_micro_batches: tuple[MicroBatchChoice, ...] | None = if_set()
     topology: TopologySummary | None = if_set()

@@ -12,7 +12,7 @@ logged next to the modelled ones; evenly filled observed slots overrule the mode
 admission ("does not hold"). The CUDA-graph verdict is decided by the log's `cuda graph` field,
 else by the traces' share of kernels replayed from graphs, else by /metrics' decode passes on a
 graph; stage imbalance by the traces' diagnosis, else by /metrics' run_batch seconds per rank
-(reports/model/metrics_verdicts.py), each set beside the other where both exist. Observed
+(reports/model/observed/metrics_verdicts.py), each set beside the other where both exist. Observed
 numbers are cited, never fed into the model.
 """
 from __future__ import annotations
@@ -20,15 +20,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from reports.base.partition import imbalance
-from reports.model import loop_builder as lb
+from reports.model.sim import loop_builder as lb
 from reports.model.attribution import Attribution
-from reports.model.bursts import BURST_SOURCE
+from reports.model.observed.bursts import BURST_SOURCE
 from reports.model.causes import (BANDWIDTH, GRAPHS, HERD, HOLDS, HYPOTHESES, MINOR, NOT,
                                    NUMA, ROUTING, STAGES, UNKNOWN)
 from reports.base.payloads.sglang import SglangData
 from reports.base.records import Record
-from reports.model.scenario import Inputs
-from reports.model.server_log import dp_count, graph_off_number, graph_shares
+from reports.model.scenario.inputs import Inputs
+from reports.model.observed.server_log import dp_count, graph_off_number, graph_shares
 
 
 
@@ -109,7 +109,7 @@ def graph_evidence(sg: SglangData) -> tuple[str, str, str] | None:
     """(verdict, number, evidence) on CUDA-graph fallback from the server's log (share of decode
     lines with `cuda graph: True`) and traces (kernels from graph replays vs launched one by one);
     the log decides when it has the field, else the traces. None when neither says anything."""
-    from reports.model.metrics_verdicts import beside, graph_share, graph_verdict
+    from reports.model.observed.metrics_verdicts import beside, graph_share, graph_verdict
     met = graph_verdict(sg.metrics_window) if sg.metrics_window is not None else None
     met_share = graph_share(sg.metrics_window)
     fr = graph_shares(sg)   # per scheduler: each DP rank of a PP rank on its own
@@ -298,7 +298,7 @@ def numa_verdict(inp: Inputs, topo: Record | None, hop_share: float, C: int) -> 
 
 
 def observed_verdicts(diag) -> dict[str, Verdict]:
-    """Verdicts decided by the diagnosis of the observed server (reports/model/diagnose.py;
+    """Verdicts decided by the diagnosis of the observed server (reports/model/observed/diagnose.py;
     `diag`: report.json's `diagnosis`, reports/model/report_type.py `ServerDiagnosis`):
     a cause holds when it slows the server by >= 10%, does not hold under 3%."""
     if diag is None or diag.status != "ok":
@@ -306,7 +306,7 @@ def observed_verdicts(diag) -> dict[str, Verdict]:
     rows = {r.cause: r for r in diag.rows}
     ev = f"sglang.json traces at C={diag.concurrency} (observed)"
     # the micro-batches come from the benchmark's first burst where the log shows it
-    # (reports/model/bursts.py), else from the traced window
+    # (reports/model/observed/bursts.py), else from the traced window
     herd_ev = (f"{ev}, micro-batches from the server log's first burst of "
                f"{diag.concurrency} (observed)"
                if diag.deployment.sources.get("sizes") == BURST_SOURCE else ev)
@@ -351,10 +351,10 @@ def verdicts(inp: Inputs, atts: list[Attribution], records: dict[str, Record],
 
 
 def with_metrics(vs: list[Verdict], window) -> list[Verdict]:
-    """The /metrics window's verdicts (reports/model/metrics_verdicts.py): deciding stage
+    """The /metrics window's verdicts (reports/model/observed/metrics_verdicts.py): deciding stage
     imbalance where no observed evidence did, set beside the observed ones otherwise (their
     disagreement said). The graph verdict's own evidence takes it in `graph_evidence`."""
-    from reports.model import metrics_verdicts as mv
+    from reports.model.observed import metrics_verdicts as mv
     if window is None:
         return vs
     st = mv.slow_stage(window)

@@ -15,10 +15,10 @@ from __future__ import annotations
 from reports.model.causes import BANDWIDTH, HYPOTHESES, label
 from reports.model.report_type import Report, ServerDiagnosis
 from reports.model.verdicts import Verdict
-from reports.model.whatif import PACING, WhatIf
+from reports.model.settings_change import PACING, WhatIf
 from reports.render.table import Table
 
-# The settings that act on each cause (the what-if knobs of reports/model/whatif.py): a row's
+# The settings that act on each cause (the what-if knobs of reports/model/scenario/whatifs.py): a row's
 # "what to do" is the best what-if among them. Causes with no setting here (hops, routing) have
 # no launch flag that moves them in the model.
 FIXES: dict[str, tuple[str, ...]] = {

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from reports.model.pipeline_model import Span
+from reports.model.sim.pipeline_model import Span
 from reports.model.report_type import TimelineSummary
 
 MAX_TRACE_BYTES = 64 << 20  # the probe's own traces are ~1-2 MB; a bigger file is not one

@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 
 from reports.base.payloads.sglang import LoopProfile
-from reports.model.pipeline_model import Span
+from reports.model.sim.pipeline_model import Span
 from reports.render.timeline_plot import Figure, cached_png, lanes_png, slots_text, window
 from reports.report_run import Lanes
 

@@ -21,7 +21,7 @@ import io
 import math
 from typing import Any
 
-from reports.model.pipeline_model import Span
+from reports.model.sim.pipeline_model import Span
 from reports.model.report_type import (Comparison, Report, ServerDiagnosis, ServerSummary,
                                        TopologySummary)
 from reports.render.render_md import (DISPATCH_NOTE, MEASURED_NOTE, Table, attribution_table,
@@ -310,7 +310,7 @@ def watch_html(sec: dict[str, Any]) -> list[str]:
 
 
 def diagnosis_html(rep: Report) -> list[str]:
-    """The observed server's diagnosis (reports/model/diagnose.py), as report.md shows it."""
+    """The observed server's diagnosis (reports/model/observed/diagnose.py), as report.md shows it."""
     dg = rep.diagnosis
     if not dg:
         return []

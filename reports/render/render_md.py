@@ -23,7 +23,7 @@ from tabulate import tabulate
 from reports.base.schema import to_json
 from reports.model.report_type import (AttributionAt, Comparison, Report, ServerDiagnosis,
                                        ServerSummary)
-from reports.model.whatif import WhatIf
+from reports.model.settings_change import WhatIf
 from reports.render.answer_table import (DETAIL_TITLE, answer_sentences, answer_table)
 from reports.render.table import Table
 
@@ -59,7 +59,7 @@ def fmt_value(v: Any, limit: int = 90) -> str:
 
 def report_title(rep: Report) -> str:
     """The server the evidence comes from when there is one; else the scenario."""
-    from reports.model.observed_server import headline
+    from reports.model.observed.server import headline
     head = headline(rep.observed_deployment)
     if head:
         return f"ppscope report: your server ({head})"
@@ -69,7 +69,7 @@ def report_title(rep: Report) -> str:
 
 
 def observed_lines(rep: Report) -> list[str]:
-    """Each setting of the observed server with where it was read (reports/model/observed_server.py)."""
+    """Each setting of the observed server with where it was read (reports/model/observed/server.py)."""
     obs = rep.observed_deployment or {}
     if not obs:
         return []
@@ -412,7 +412,7 @@ MEASURED_NOTE = ("Measured by the dispatch probe (dispatch.trace.json): GPU forw
 
 
 def diagnosis_table(rep: Report) -> Table:
-    """The observed server's causes (reports/model/diagnose.py), largest first, then the
+    """The observed server's causes (reports/model/observed/diagnose.py), largest first, then the
     unexplained row."""
     dg = rep.diagnosed
     rows = [(r.label, _f(r.ms_per_step, 2), _f(r.size_pct, 0) + "%",
@@ -511,7 +511,7 @@ SERVER_WHATIF_TITLE = "What-ifs on your server (its own loop)"
 SERVER_WHATIF_LEAD = ("Each setting tried on the model of the traced server's own loop: "
                       "bench_serving's whole run (its prompts, its C, its arrivals) before and "
                       "after one change, SGLang's admission deciding where each prompt goes "
-                      "(reports/model/server_whatifs.py). Modelled tok/s of the run; a change "
+                      "(reports/model/observed/whatifs.py). Modelled tok/s of the run; a change "
                       "under {no_change:.0f}% is within what the model tells apart.")
 
 
@@ -521,7 +521,7 @@ def server_whatif_table(rep: Report) -> Table | None:
         return None
     def slots(t):
         return " ".join(str(n) for n in t if n) or "-"
-    rows = [(r.command, r.why, f"{_f(r.before_tok_per_s)} -> {_f(r.after_tok_per_s)}",
+    rows = [(r.command, r.note, f"{_f(r.before_tok_per_s)} -> {_f(r.after_tok_per_s)}",
              f"{r.change_pct:+.1f}%", f"{slots(r.sizes_before)} -> {slots(r.sizes_after)}")
             for r in sw.rows]
     return Table(("setting", "what it changes", "modelled tok/s", "change",

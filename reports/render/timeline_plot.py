@@ -19,7 +19,7 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 
-from reports.model.pipeline_model import Span
+from reports.model.sim.pipeline_model import Span
 from reports.report_run import HerdPair, Lanes
 
 STEPS_SHOWN = 2          # decode steps of the loop as deployed in the window

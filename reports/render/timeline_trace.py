@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reports.model.pipeline_model import Span
+from reports.model.sim.pipeline_model import Span
 
 
 def trace_events(spans: tuple[Span, ...], pid: int = 0, label: str = "") -> list[dict[str, Any]]:

@@ -1,6 +1,6 @@
 """The GPU watch drawn: a per-GPU table, text lines, a PNG timeline and Perfetto counter tracks.
 
-Table and lines render the JSON summary (`reports/model/watch_summary.py`, as report.json keeps
+Table and lines render the JSON summary (`reports/model/observed/watch_summary.py`, as report.json keeps
 it under `watch.summary`), so the terminal, report.md and report.html say the same thing. The
 timeline (`plot_watch`) stacks one utilization strip per GPU over a power panel; it takes the
 caller's pyplot (Agg) and returns the figure. `counter_trace` writes `watch.trace.json` for

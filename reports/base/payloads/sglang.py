@@ -5,7 +5,7 @@ PP rank), `slot_imbalance`, `bench` + `bench_source` (bench_serving runs), `trac
 Kineto aggregates, microbench/sglang/trace.py), `loop` (the per-iteration loop profile the
 diagnosis models, microbench/sglang/steps.py), `metrics` and `live` (display only: typed as
 `Json`, nothing computes on them), `metrics_window` (two /metrics scrapes per PP rank, the
-verdicts read it: reports/model/metrics_verdicts.py). Times in microseconds unless the name says otherwise.
+verdicts read it: reports/model/observed/metrics_verdicts.py). Times in microseconds unless the name says otherwise.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 A scenario says what is deployed (model, GPU, pp, async depth, graphs, arrival, and any server
 setting the launch command gives) and the workload, plus stated estimates for what no probe has
-measured and the assumptions behind them; reports/model/scenario.py turns it and the records
+measured and the assumptions behind them; reports/model/scenario/inputs.py turns it and the records
 into the model's inputs. `read_scenario` is the one reader: every field is checked (type and
 range) before any is used, and a bad one is a one-line CliError naming the file and the field
 (`pp`, `concurrency[2]`, `estimates.host_us`); the CLI exits 2 on it.

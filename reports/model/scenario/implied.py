@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from reports.base.interp import interp_log
-from reports.model import loop_builder as lb
-from reports.model.scenario import Inputs
+from reports.model.sim import loop_builder as lb
+from reports.model.scenario.inputs import Inputs
 
 MISS_PCT = 10.0
 SCALE_LO, SCALE_HI = 0.05, 20.0

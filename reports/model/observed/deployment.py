@@ -12,7 +12,7 @@ When `results/sglang.json` holds a loop profile (per-rank traces read by `ppscop
 | request-list relay and waits on the GPU | CPU blocked in gloo sends / CUDA synchronisations inside that window, mean | - |
 | hop per link | input on the GPU - upstream forward end, mean; plus the sender's wait for its send | - |
 | slots and occupancy | iterations / forwards on rank 0, and C / mean micro-batch | given async depth |
-| micro-batch sizes | the benchmark's first burst of C arrivals in the log (its prefill waves on the slot loop, reports/model/bursts.py), else hidden-state receive sizes (traces; on the CPU the rounds that held the most requests) or `#running-req` (log) | - |
+| micro-batch sizes | the benchmark's first burst of C arrivals in the log (its prefill waves on the slot loop, reports/model/observed/bursts.py), else hidden-state receive sizes (traces; on the CPU the rounds that held the most requests) or `#running-req` (log) | - |
 | graph share | forwards launched through `cudaGraphLaunch` | - |
 | tok/s | bench_serving / live probe / `--observed` | - |
 
@@ -36,11 +36,11 @@ import math
 from dataclasses import dataclass, field
 from statistics import median_low
 
-from reports.model.bursts import BURST_SOURCE, burst_sizes, first_burst
+from reports.model.observed.bursts import BURST_SOURCE, wave_slot_sizes, first_burst
 from reports.model.causes import CAUSES as CAUSES_BY_NAME, OBSERVED
 from reports.base.payloads.sglang import LoopProfile
 from reports.base.schema import to_json
-from reports.model.pipeline_model import LoopConfig, SimResult, simulate
+from reports.model.sim.pipeline_model import LoopConfig, SimResult, simulate
 from reports.base.server_settings import slot_count
 
 
@@ -227,9 +227,9 @@ def from_evidence(loop: LoopProfile | None, *, concurrency: int | None, observed
     sizes = _sizes(counts, concurrency, slots)
     src["sizes"] = "observed"
     # the benchmark's own micro-batches where the log shows its first burst of C arrivals: the
-    # traced window is a run of its own, with its own burst (reports/model/bursts.py)
+    # traced window is a run of its own, with its own burst (reports/model/observed/bursts.py)
     burst = first_burst(loop.bursts, concurrency)
-    bench = burst_sizes(burst.waves, slots) if burst is not None else None
+    bench = wave_slot_sizes(burst.waves, slots) if burst is not None else None
     if bench is not None and sum(bench) == concurrency:
         if bench != sizes:
             notes.append(f"micro-batches {'-'.join(map(str, bench))}: the benchmark's first "
@@ -272,8 +272,8 @@ def from_evidence(loop: LoopProfile | None, *, concurrency: int | None, observed
 
 # ------------------------------------------------------------------ switches and the model
 
-CAUSES = OBSERVED          # reports/model/causes.py: one vocabulary with the scenario model
-LABELS = {c: CAUSES_BY_NAME[c].label for c in CAUSES}
+OBSERVED_CAUSES = OBSERVED   # reports/model/causes.py: one vocabulary with the scenario model
+LABELS = {c: CAUSES_BY_NAME[c].label for c in OBSERVED_CAUSES}
 REFERENCE = {
     "slow_stage": "every rank at the lower median rank's forward time",
     "host": "no host work on the critical path",
@@ -286,7 +286,7 @@ REFERENCE = {
 
 def loop_config(dep: Deployment, on: frozenset, shape=None) -> tuple[LoopConfig, list[int]]:
     """The observed loop with the causes in `on` as observed and the others at REFERENCE, in
-    SGLang's loop order (reports/model/pipeline_model.py: every rank syncs on the returned
+    SGLang's loop order (reports/model/sim/pipeline_model.py: every rank syncs on the returned
     tokens, the last rank holds them `depth` iterations). A loop that does not hold them (the
     PP-loop probe before it followed SGLang here) is modelled slower than it ran when its hops
     are slow: the held send then queues behind a late receive the real loop never waited on."""

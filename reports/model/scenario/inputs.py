@@ -1,6 +1,6 @@
 """Scenario + records in results/ -> the pipeline model's inputs, each labelled with its source.
 
-A scenario (`configs/scenarios/<name>.json`, read and checked by reports/model/scenario_file.py)
+A scenario (`configs/scenarios/<name>.json`, read and checked by reports/model/scenario/file.py)
 says what is deployed (model, GPU, pp, async depth, graphs, arrival, and any server setting the
 launch command gives: max running requests, pp_max_micro_batch_size, chunked prefill size,
 cuda-graph max bs, layer partition) and the workload (prompt and output length) plus stated
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from reports.base.bench_serving import observed_points
-from reports.model.arrival import arrival_from_log
+from reports.model.scenario.arrival import arrival_from_log
 from reports.base.errors import CliError
 from reports.base.gpu_specs import GpuSpec, load_gpu, match_gpu
 from reports.base.model_config import ModelConfig, load_model
@@ -48,7 +48,7 @@ from reports.base.sglang_defaults import (MAX_PREFILL_TOKENS, SGLANG_VERSION,
                                           default_chunked_prefill_size, default_decode_max_bs,
                                           estimate_kv, gpu_mem_mib)
 from reports.base.server_settings import ServerSettings, SettingsNames
-from reports.model.scenario_file import (MAX_CONCURRENCY, Scenario, load_scenario,  # noqa: F401
+from reports.model.scenario.file import (MAX_CONCURRENCY, Scenario, load_scenario,  # noqa: F401
                                          read_scenario)   # load_scenario: the CLI's entry
 
 # Workload defaults when the scenario does not say: sglang.bench_serving's random dataset

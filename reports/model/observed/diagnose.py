@@ -1,6 +1,6 @@
 """Diagnose the observed server: where its time per decode step goes, and the named faults.
 
-Input: the `Deployment` the evidence describes (reports/model/deployment.py). The pipeline model
+Input: the `Deployment` the evidence describes (reports/model/observed/deployment.py). The pipeline model
 of that loop, with every cause as observed, gives `modelled`; with every cause at its reference
 (deployment.REFERENCE) it gives `reference`. The gap is split over the causes by exact Shapley
 values (reports/model/attribution.shapley) on the time per decode step, so the rows add up to
@@ -20,9 +20,9 @@ from dataclasses import dataclass, replace
 from statistics import median_low
 
 from reports.model.attribution import shapley
-from reports.model.bursts import BURST_SOURCE
-from reports.model.deployment import (CAUSES, LABELS, REFERENCE, Deployment, at_size, run,
-                                      window_differs)
+from reports.model.observed.bursts import BURST_SOURCE
+from reports.model.observed.deployment import (OBSERVED_CAUSES, LABELS, REFERENCE, Deployment,
+                                               at_size, run, window_differs)
 
 NAME_PCT = 10.0   # a cause is named when its size (slowdown) is at least this
 CPU_CAUSES = ("host", "relay")
@@ -123,7 +123,7 @@ def worded(ms: float, step: float) -> str:
 
 def _split(dep: Deployment, shape) -> tuple[list[CauseRow], float, float, str, tuple]:
     """Shapley rows (largest first), modelled and reference step, the answer, named causes."""
-    players = list(CAUSES)
+    players = list(OBSERVED_CAUSES)
     memo: dict = {}
 
     def step_ms(on: frozenset) -> float:
@@ -169,7 +169,7 @@ def cpu_corrected(dep: Deployment, obs_step: float, shape=None) -> float | None:
     measured without it (bench_serving) is then faster than the traced loop. Bisection: the
     modelled step grows with k."""
     def step(k: float) -> float:
-        return run(cpu_scaled(dep, k), frozenset(CAUSES), shape).tpot_ms
+        return run(cpu_scaled(dep, k), frozenset(OBSERVED_CAUSES), shape).tpot_ms
     lo, hi = 0.0, 1.0
     if not step(lo) <= obs_step <= step(hi):
         return None

@@ -51,7 +51,7 @@ How to read it: `simulate()` runs full rounds on every rank (ranks run ahead by 
 to feed the last ones) and measures the second half, once the loop is periodic.
 `tok_per_s` = requests x rounds / elapsed time (last rank's forward ends), `tpot_ms` = one
 round, `busy_frac[i]` = GPU `i` busy / round. With no host costs it reproduces DESIGN.md's
-closed forms (`reports/model/closed_form.py`) for one micro-batch, for depth 0 with no two
+closed forms (`reports/model/sim/closed_form.py`) for one micro-batch, for depth 0 with no two
 occupied slots adjacent, and for any placement with `token_return=False`; with depth > 0 and
 evenly spaced micro-batches, `closed_form.period_held_us` (the held send waits behind a later
 slot's hidden states). Adjacent occupied slots couple further (a forward waits for the next
@@ -89,7 +89,7 @@ class LoopConfig:
     process_us: PerRank = 0.0    # process_batch_result of the next slot
     token_return: bool = True    # False: the idealised return (module docstring)
     # Observed host time on each rank's critical path per non-empty visit (a loop profile of
-    # SGLang's own traces, reports/model/deployment.py): that rank's run_batch CPU, replacing
+    # SGLang's own traces, reports/model/observed/deployment.py): that rank's run_batch CPU, replacing
     # `launch_us`. In SGLang's order every rank syncs on the next slot's outputs
     # (`token_return`).
     rank_host_us: tuple[float, ...] = ()
@@ -166,7 +166,7 @@ class _Deadlock(RuntimeError):
 def _rank_loop(cfg: LoopConfig, r: int, sizes: list[int], iters: int, post, box: dict,
                done_at: dict, spans: list | None, plan: "Plan | None" = None):
     """One rank's event loop as a generator: yields the key of each message it blocks on and
-    is resumed with the message's value (reports/model/pipeline_model.py module docstring);
+    is resumed with the message's value (reports/model/sim/pipeline_model.py module docstring);
     a message already posted (`box`) is read without yielding. With a `plan`, iteration j runs
     the plan's batch j (a decode of n requests, or a prefill of its tokens) instead of the
     fixed slot sizes."""

@@ -5,10 +5,10 @@ benchmark is not one: with 32 output tokens and 1000-token prompts, the prefills
 prompts run between the earlier prompts' decodes for much of the run, and a setting that changes
 how prompts are chunked changes that transient as well as the steady state. This module runs the
 one admission engine (reports/base/slots.py `run_loop`, which records the run visit by visit)
-and then the pipeline model over exactly those visits (reports/model/pipeline_model.py `Plan`):
+and then the pipeline model over exactly those visits (reports/model/sim/pipeline_model.py `Plan`):
 each visit a decode of the requests in its slot, a prefill of the tokens admitted there
 (SGLang's prefill first), or an empty visit, with the same stage, hop and host costs as the
-steady-state model and prefill at the twin's own estimate (reports/model/twin_costs.py).
+steady-state model and prefill at the twin's own estimate (reports/model/scenario/twin_costs.py).
 
 Per prompt, TPOT is (last token - first token) / (output tokens - 1), as bench_serving computes
 it from the client's side; both tokens reach the client through the same return, so the return's
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from reports.base.slots import RunRecord, Successor, Wave, run_loop
-from reports.model import loop_builder as lb
-from reports.model.pipeline_model import Plan, simulate_plan
-from reports.model.scenario import Inputs
+from reports.model.sim import loop_builder as lb
+from reports.model.sim.pipeline_model import Plan, simulate_plan
+from reports.model.scenario.inputs import Inputs
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ def model_bench(inp: Inputs, C: int, prompts: int, output_len: int,
                 waves: Sequence[Wave] | None = None, **overrides) -> BenchModel:
     """bench_serving at concurrency C, `prompts` prompts of the scenario's prompt length and
     `output_len` tokens, over the deployment with the what-if `overrides` (loop_builder's)."""
-    from reports.model.twin_costs import costs
+    from reports.model.scenario.twin_costs import costs
     depth = overrides.get("depth", inp.async_depth)
     cfg = lb.slot_config(inp, overrides.get("cap"), depth, overrides.get("mrr"),
                          overrides.get("chunk"))

@@ -1,6 +1,6 @@
 """What one setting change does to the observed server, predicted from its own evidence alone.
 
-The model of the observed loop (reports/model/deployment.py: per-rank forward by micro-batch
+The model of the observed loop (reports/model/observed/deployment.py: per-rank forward by micro-batch
 size, host work, result processing, hops, slots, all from the server's traces) gives the time of
 one round of the slot loop for any slot sizes. A benchmark is more than a steady round: this
 module runs bench_serving's whole closed-loop run over that loop, round by round, with SGLang's
@@ -39,39 +39,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from reports.model.bursts import first_burst, wave_visits
-from reports.model.deployment import CAUSES, Deployment, run
+from reports.model.observed.bursts import first_burst, wave_visits
+from reports.model.observed.deployment import OBSERVED_CAUSES, Deployment, run
 from reports.base.server_settings import ServerSettings, default_max_micro_batch
 from reports.base.slots import SlotConfig, Successor, Wave, run_loop
+from reports.model.settings_change import REQUEST_RATE, Change, check
+from reports.model.settings_change import apply as apply_changes
 
-ALL = frozenset(CAUSES)
-KNOBS = ("--pp-max-micro-batch-size", "--pp-async-batch-depth", "--chunked-prefill-size",
-         "--max-running-requests", "--request-rate")
+ALL = frozenset(OBSERVED_CAUSES)
 
 
-@dataclass(frozen=True)
-class Server:
-    """The settings the server ran with (SGLang resolves `cap` to rows // pp when unset)."""
-    pp: int
-    depth: int = 0
-    cap: int | None = None          # pp_max_micro_batch_size
-    rows: int | None = None         # max_running_requests
-    chunk: int | None = None        # chunked_prefill_size (None / <= 0: no budget)
-    cap_given: bool = False         # set explicitly (else it follows rows // pp)
+def observed_settings(pp: int, depth: int = 0, cap: int | None = None, rows: int | None = None,
+                      chunk: int | None = None) -> ServerSettings:
+    """The observed server's settings adapter: what its log names, under SGLang's names. The cap
+    is kept only where it is not SGLang's default for the rows (set explicitly), or where no
+    row count says what the default would be."""
+    given = bool(cap and (not rows or cap != default_max_micro_batch(rows, pp)))
+    return ServerSettings(pp, depth, rows or None, cap if given else None, chunk)
 
-    @property
-    def settings(self) -> ServerSettings:
-        """These settings under SGLang's names; an explicit cap only when it was set (or no
-        row count says what the default would be)."""
-        cap = self.cap if self.cap and (self.cap_given or not self.rows) else None
-        return ServerSettings(self.pp, self.depth, self.rows or None, cap, self.chunk)
 
-    @property
-    def slots(self) -> int:
-        return self.settings.slots
-
-    def cap_now(self) -> int:
-        return self.settings.max_micro_batch or 1 << 30
+def cap_now(server: ServerSettings) -> int:
+    """The per-slot cap the server admits with (no cap and no rows: no per-slot limit)."""
+    return server.max_micro_batch or 1 << 30
 
 
 @dataclass(frozen=True)
@@ -96,19 +85,14 @@ class Run:
     prefill_visits: int
 
 
-def apply(server: Server, load: Load, knob: str, value) -> tuple[Server, Load]:
-    """The server and load after one change (a KNOBS entry)."""
-    if knob == "--pp-max-micro-batch-size":
-        return replace(server, cap=int(value), cap_given=True), load
-    if knob == "--pp-async-batch-depth":
-        return replace(server, depth=int(value)), load
-    if knob == "--chunked-prefill-size":
-        return replace(server, chunk=int(value)), load
-    if knob == "--max-running-requests":
-        return replace(server, rows=int(value)), load
-    if knob == "--request-rate":
-        return server, replace(load, rate=float(value) if value else None)
-    raise ValueError(f"unknown setting {knob!r}; one of {', '.join(KNOBS)}")
+def apply(server: ServerSettings, load: Load, change: Change) -> tuple[ServerSettings, Load]:
+    """The server and load after one change: a server flag (settings_change.apply), or
+    bench_serving's `--request-rate`."""
+    if change.flag == REQUEST_RATE:
+        return server, replace(load, rate=float(change.value) if change.value else None)
+    if not check(change).server:
+        raise ValueError(f"{change.flag} is not a setting of the observed server")
+    return apply_changes(server, (change,)), load
 
 
 def groups(dep: Deployment) -> list[tuple[int, int]]:
@@ -156,7 +140,7 @@ def arrival_text(dep: Deployment, load: Load) -> str:
             f"{load.concurrency} requests outside the window that fits this loop)")
 
 
-def _first_waves(dep: Deployment, server: Server, load: Load) -> list[Wave]:
+def _first_waves(dep: Deployment, server: ServerSettings, load: Load) -> list[Wave]:
     """The first C prompts as waves reaching the scheduler (module docstring)."""
     C, S = min(load.concurrency, load.prompts), server.slots
     if load.rate:
@@ -187,14 +171,13 @@ def _first_waves(dep: Deployment, server: Server, load: Load) -> list[Wave]:
     return [Wave(n, p) for p, n in zip(pos, sizes)]
 
 
-def slot_config(server: Server) -> SlotConfig:
+def slot_config(server: ServerSettings) -> SlotConfig:
     """The server's admission settings (no cap and no rows: no per-slot limit)."""
-    st = server.settings
-    return SlotConfig(st.pp_size, st.pp_async_batch_depth, server.cap_now(),
-                      st.max_running_requests, st.chunked_prefill_size)
+    return SlotConfig(server.pp_size, server.pp_async_batch_depth, cap_now(server),
+                      server.max_running_requests, server.chunked_prefill_size)
 
 
-def bench_run(dep: Deployment, server: Server, load: Load) -> Run:
+def bench_run(dep: Deployment, server: ServerSettings, load: Load) -> Run:
     """bench_serving's closed-loop run over the observed loop: SGLang's admission
     (reports/base/slots.py `run_loop`) with the observed loop's round time."""
     S, L = server.slots, max(1, load.output_len)
@@ -225,9 +208,10 @@ class Prediction:
         return 100.0 * (self.after.tok_per_s / self.before.tok_per_s - 1.0)
 
 
-def predict(dep: Deployment, server: Server, load: Load, knob: str, value) -> Prediction:
+def predict(dep: Deployment, server: ServerSettings, load: Load, knob: str, value
+            ) -> Prediction:
     """The run before and after one change, both from the before evidence (`dep`)."""
-    s2, l2 = apply(server, load, knob, value)
+    s2, l2 = apply(server, load, Change(knob, value))
     return Prediction(knob, str(value), bench_run(dep, server, load), bench_run(dep, s2, l2))
 
 
@@ -241,11 +225,11 @@ def _setting(obs: dict, key: str):
     return e["value"] if e else None
 
 
-def from_sglang(sg) -> tuple[Deployment, Server, Load, float | None]:
+def from_sglang(sg) -> tuple[Deployment, ServerSettings, Load, float | None]:
     """The observed loop, the settings and bench_serving's run of one `sglang.json` record
     (SglangData), and bench_serving's mean tok/s over its runs (None without one)."""
-    from reports.model.deployment import from_evidence
-    from reports.model.observed_server import observed_server
+    from reports.model.observed.deployment import from_evidence
+    from reports.model.observed.server import observed_server
     obs = observed_server(sg) or {}
     runs = [b for b in sg.bench if b.output_throughput]
     C = sg.loop.concurrency if sg.loop is not None else None
@@ -261,9 +245,8 @@ def from_sglang(sg) -> tuple[Deployment, Server, Load, float | None]:
     pp = dep.pp
     rows = _setting(obs, "max_running_requests")
     cap = _setting(obs, "pp_max_micro_batch_size")
-    server = Server(pp=pp, depth=dep.slots - pp, cap=cap, rows=rows,
-                    chunk=_setting(obs, "chunked_prefill_size"),
-                    cap_given=bool(cap and rows and cap != default_max_micro_batch(rows, pp)))
+    server = observed_settings(pp, dep.slots - pp, cap, rows,
+                               _setting(obs, "chunked_prefill_size"))
     b = runs[0] if runs else None
     rate = b.request_rate if b is not None else None
     rate = float(rate) if isinstance(rate, (int, float)) and rate != float("inf") else None

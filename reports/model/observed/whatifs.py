@@ -1,10 +1,10 @@
 """What each setting the report can recommend does to the observed server, from its own loop.
 
-The scenario's what-ifs (reports/model/whatif.py) describe the scenario's deployment; for a
+The scenario's what-ifs (reports/model/scenario/whatifs.py) describe the scenario's deployment; for a
 server that was traced (`ppscope sglang` with its traces, log and bench_serving runs) this module
 tries the same settings on the model of that server's own loop: bench_serving's whole run over
 the observed loop, before and after one change, with SGLang's admission rule
-(reports/model/observed_whatif.py). The figures are the model's change of bench_serving's tok/s;
+(reports/model/sim/bench_run.py). The figures are the model's change of bench_serving's tok/s;
 docs/BENCHMARKS.md section 15 sets them beside SGLang's own server measured before and after.
 
 The candidates, each one change from the server's settings:
@@ -26,22 +26,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reports.model import observed_whatif as ow
+from reports.base.server_settings import ServerSettings
+from reports.model.sim import bench_run as ow
+from reports.model.settings_change import REQUEST_RATE, Candidate, WhatIf, effect
 
 NO_CHANGE_PCT = 2.0     # below this, the change is within what the model can tell apart
-
-
-@dataclass(frozen=True)
-class ServerWhatIf:
-    setting: str                 # the flag, e.g. "--pp-async-batch-depth"
-    value: str
-    command: str                 # what to change: the flag and value, or bench_serving's
-    why: str
-    before_tok_per_s: float
-    after_tok_per_s: float
-    change_pct: float
-    sizes_before: tuple[int, ...]   # the slot sizes the modelled run held longest
-    sizes_after: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -54,45 +43,55 @@ class ServerWhatIfs:
     prompts: int | None = None
     before_tok_per_s: float | None = None
     no_change_pct: float = NO_CHANGE_PCT
-    rows: tuple[ServerWhatIf, ...] = ()
+    rows: tuple[WhatIf, ...] = ()        # side "observed server"
     arrivals: str | None = None          # where the first C prompts came from (observed_whatif)
 
     @property
-    def best(self) -> ServerWhatIf | None:
+    def best(self) -> WhatIf | None:
         """The row worth recommending: the largest gain beyond NO_CHANGE_PCT, else None."""
         good = [r for r in self.rows if r.change_pct > self.no_change_pct]
         return good[0] if good else None
 
 
 def _command(knob: str, value) -> str:
-    return f"bench_serving --request-rate {value}" if knob == "--request-rate" else f"{knob} {value}"
+    return f"bench_serving {REQUEST_RATE} {value}" if knob == REQUEST_RATE else f"{knob} {value}"
 
 
-def candidates(server: ow.Server, load: ow.Load, before: ow.Run) -> list[tuple[str, object, str]]:
-    """(setting, value, why) of each change worth trying on this server (module docstring)."""
-    C, pp = load.concurrency, server.pp
-    out: list[tuple[str, object, str]] = []
-    for d in sorted({0, 1, pp} - {server.depth}):
-        out.append(("--pp-async-batch-depth", d, f"{pp + d} slots instead of {server.slots}"))
+def candidates(server: ServerSettings, load: ow.Load, before: ow.Run) -> list[Candidate]:
+    """Each change worth trying on this server (module docstring)."""
+    C, pp, depth = load.concurrency, server.pp_size, server.pp_async_batch_depth
+    rows, chunk = server.max_running_requests, server.chunked_prefill_size
+    out: list[Candidate] = []
+    for d in sorted({0, 1, pp} - {depth}):
+        out.append(Candidate.one("--pp-async-batch-depth", d,
+                                 f"{pp + d} slots instead of {server.slots}"))
     spread = -(-C // pp)
-    if C > 1 and spread < min(C, server.cap_now()):
-        out.append(("--pp-max-micro-batch-size", spread,
-                    f"a burst of {C} split over {pp} slots instead of pinned to the first"))
-    if server.rows and server.rows < C:
-        out.append(("--max-running-requests", C,
-                    f"room for all {C} streams ({server.rows} rows: the rest queue)"))
-    if server.chunk and server.chunk > 0 and load.prompt_len and server.chunk < C * load.prompt_len:
+    if C > 1 and spread < min(C, ow.cap_now(server)):
+        out.append(Candidate.one("--pp-max-micro-batch-size", spread,
+                                 f"a burst of {C} split over {pp} slots instead of pinned to "
+                                 "the first"))
+    if rows and rows < C:
+        out.append(Candidate.one("--max-running-requests", C,
+                                 f"room for all {C} streams ({rows} rows: the rest queue)"))
+    if chunk and chunk > 0 and load.prompt_len and chunk < C * load.prompt_len:
         fit = 1 << (C * load.prompt_len - 1).bit_length()
-        out.append(("--chunked-prefill-size", fit,
-                    f"{C} prompts of {load.prompt_len} tokens in one prefill visit "
-                    f"(the budget of {server.chunk} holds {max(1, server.chunk // load.prompt_len)})"))
+        out.append(Candidate.one("--chunked-prefill-size", fit,
+                                 f"{C} prompts of {load.prompt_len} tokens in one prefill visit "
+                                 f"(the budget of {chunk} holds {max(1, chunk // load.prompt_len)})"))
     if load.rate is None and C > 1 and before.seconds > 0:
         rate = round(load.prompts / before.seconds, 1)
         if rate > 0:
-            out.append(("--request-rate", rate,
-                        f"prompts paced at the rate the server finished them ({rate}/s) "
-                        "instead of a burst"))
+            out.append(Candidate.one(REQUEST_RATE, rate,
+                                     f"prompts paced at the rate the server finished them "
+                                     f"({rate}/s) instead of a burst"))
     return out
+
+
+def _row(c: Candidate, C: int, before: ow.Run, after: ow.Run) -> WhatIf:
+    e = effect(C, before.tok_per_s, after.tok_per_s)
+    return WhatIf(c.knob, c.shown, (e,), None, e.gain, e.gain, c.changes[0].server, c.note,
+                  side="observed server", command=_command(c.knob, c.value),
+                  sizes_before=tuple(before.steady_sizes), sizes_after=tuple(after.steady_sizes))
 
 
 def _not(reason: str) -> ServerWhatIfs:
@@ -116,13 +115,9 @@ def server_whatifs(sg) -> ServerWhatIfs:
     try:
         before = ow.bench_run(dep, server, load)
         rows = []
-        for knob, value, why in candidates(server, load, before):
-            s2, l2 = ow.apply(server, load, knob, value)
-            after = ow.bench_run(dep, s2, l2)
-            rows.append(ServerWhatIf(knob, str(value), _command(knob, value), why,
-                                     before.tok_per_s, after.tok_per_s,
-                                     100.0 * (after.tok_per_s / before.tok_per_s - 1.0),
-                                     tuple(before.steady_sizes), tuple(after.steady_sizes)))
+        for cand in candidates(server, load, before):
+            s2, l2 = ow.apply(server, load, cand.changes[0])
+            rows.append(_row(cand, load.concurrency, before, ow.bench_run(dep, s2, l2)))
     except ValueError as e:
         return _not(str(e))
     rows.sort(key=lambda r: -r.change_pct)

@@ -24,17 +24,20 @@ Shapley's 2^9 subsets are cheap where switches change nothing.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
+from typing import Sequence
 
 from reports.base.cuda_graphs import padded
 from reports.base.partition import pp_partition
-from reports.model.pipeline_model import LoopConfig, SimResult, simulate
+from reports.model.sim.pipeline_model import LoopConfig, SimResult, simulate
 from reports.base.roofline import stage_floor
 from reports.base.interp import interp_log
 from reports.model.causes import SCENARIO
-from reports.model.scenario import Inputs
-from reports.base.server_settings import default_max_micro_batch, slot_count
+from reports.model.scenario.inputs import Inputs
+from reports.model.settings_change import (GRAPH_MAX_BS, LAYER_PARTITION, PACING, Change,
+                                           apply, value_of)
+from reports.base.server_settings import ServerSettings, slot_count
 from reports.base.slots import (SlotConfig, burst_sizes, closed_loop, even_slots,
                                 initial_assignment, slot_sizes_of)
 
@@ -97,19 +100,30 @@ def hop_us(inp: Inputs, b: int) -> float:
     return inp.hop_fixed_us + nbytes / (inp.gpu.link_gbps * 1e9) * 1e6
 
 
-def slot_config(inp: Inputs, cap: int | None = None, depth: int | None = None,
-                mrr: int | None = None, chunk: int | None = None) -> SlotConfig:
-    """The admission rule's settings: the scenario's, with what-if overrides. A new
-    `max_running_requests` without an explicit cap moves the default cap with it."""
-    s = inp.server
-    mrr = mrr or s.max_running_requests
-    if cap is None:
-        cap = s.max_micro_batch if mrr == s.max_running_requests or mrr is None \
-            else default_max_micro_batch(mrr, s.pp_size)
-    return SlotConfig.of(replace(
-        s, pp_async_batch_depth=s.pp_async_batch_depth if depth is None else depth,
-        max_running_requests=mrr, pp_max_micro_batch_size=cap,
-        chunked_prefill_size=s.chunked_prefill_size if chunk is None else chunk))
+@dataclass(frozen=True)
+class Changed:
+    """The scenario simulator's adapter for a list of `Change`s: the server settings with the
+    server flags applied, and the knobs that are not server settings (None: as deployed)."""
+    server: ServerSettings
+    arrival: str | None = None
+    partition: str | None = None
+    graph_max_bs: int | None = None
+
+    @classmethod
+    def of(cls, inp: Inputs, changes: Sequence[Change] = (), arrival: str | None = None
+           ) -> "Changed":
+        paced = value_of(changes, PACING)
+        gmb = value_of(changes, GRAPH_MAX_BS)
+        return cls(apply(inp.server, changes), paced if paced is not None else arrival,
+                   value_of(changes, LAYER_PARTITION), None if gmb is None else int(gmb))
+
+    @property
+    def slot_config(self) -> SlotConfig:
+        return SlotConfig.of(self.server)
+
+    @property
+    def depth(self) -> int:
+        return self.server.pp_async_batch_depth
 
 
 def _policy(inp: Inputs, arrival: str | None) -> str:
@@ -119,13 +133,13 @@ def _policy(inp: Inputs, arrival: str | None) -> str:
     return a if a in ("even", "trickle") else "sglang"
 
 
-def occupancy(inp: Inputs, C: int, cap: int | None = None, depth: int | None = None,
-              arrival: str | None = None, mrr: int | None = None,
-              chunk: int | None = None) -> list[tuple[tuple[int, ...], float]]:
+def occupancy(inp: Inputs, C: int, changes: Sequence[Change] = (), arrival: str | None = None
+              ) -> list[tuple[tuple[int, ...], float]]:
     """(slot sizes, weight) the loop runs with: the burst split, or with `range_ratio` < 1 the
     closed-loop drift's snapshots evenly spaced in time (equal weights)."""
-    cfg = slot_config(inp, cap, depth, mrr, chunk)
-    policy = _policy(inp, arrival)
+    ch = Changed.of(inp, changes, arrival)
+    cfg = ch.slot_config
+    policy = _policy(inp, ch.arrival)
     if policy == "trickle":
         return [(_trickle(cfg, C, inp.prompt_len), 1.0)]
     if inp.range_ratio >= 1 or policy == "even":
@@ -158,12 +172,11 @@ def _drift(cfg: SlotConfig, C: int, prompt_len: int, output_len: int,
     return tuple(occ.sample(DRIFT_SNAPSHOTS))
 
 
-def admitted_sizes(inp: Inputs, C: int, cap: int | None = None, depth: int | None = None,
-                   arrival: str | None = None, mrr: int | None = None,
-                   chunk: int | None = None) -> list[int]:
+def admitted_sizes(inp: Inputs, C: int, changes: Sequence[Change] = (),
+                   arrival: str | None = None) -> list[int]:
     """Slot sizes the admission rule produces (the most frequent ones under drift); the same
     rule as the dispatch probe (reports/base/slots.py)."""
-    return list(occupancy(inp, C, cap, depth, arrival, mrr, chunk)[0][0])
+    return list(occupancy(inp, C, changes, arrival)[0][0])
 
 
 def _place(sizes: list[int], n_slots: int, pp: int, depth: int) -> list[int]:
@@ -189,12 +202,6 @@ def switched_sizes(inp: Inputs, actual: list[int], on: frozenset, depth: int) ->
     return _place(sizes, n_slots, inp.pp, depth)
 
 
-def slot_sizes(inp: Inputs, C: int, on: frozenset, cap: int | None = None,
-               depth: int | None = None, arrival: str | None = None) -> list[int]:
-    depth = inp.async_depth if depth is None else depth
-    return switched_sizes(inp, admitted_sizes(inp, C, cap, depth, arrival), on, depth)
-
-
 def loop_config(inp: Inputs, on: frozenset, bmax: int, *, depth: int | None = None,
                 partition: str | None = None, graph_max_bs: int | None = None,
                 mrr: int | None = None) -> LoopConfig:
@@ -217,17 +224,15 @@ def loop_config(inp: Inputs, on: frozenset, bmax: int, *, depth: int | None = No
                       token_return="token_return" in on)
 
 
-def build(inp: Inputs, C: int, on: frozenset = ALL_ON, *, cap: int | None = None,
-          depth: int | None = None, arrival: str | None = None, partition: str | None = None,
-          graph_max_bs: int | None = None, mrr: int | None = None,
-          chunk: int | None = None) -> list[tuple[LoopConfig, list[int], float]]:
+def build(inp: Inputs, C: int, on: frozenset = ALL_ON, *, changes: Sequence[Change] = (),
+          arrival: str | None = None) -> list[tuple[LoopConfig, list[int], float]]:
     """(loop, slot sizes, weight) per occupancy snapshot (one without drift)."""
-    depth = inp.async_depth if depth is None else depth
+    ch = Changed.of(inp, changes, arrival)
     out = []
-    for sizes, w in occupancy(inp, C, cap, depth, arrival, mrr, chunk):
-        sz = switched_sizes(inp, list(sizes), on, depth)
-        cfg = loop_config(inp, on, max(sz), depth=depth, partition=partition,
-                          graph_max_bs=graph_max_bs, mrr=mrr)
+    for sizes, w in occupancy(inp, C, changes, arrival):
+        sz = switched_sizes(inp, list(sizes), on, ch.depth)
+        cfg = loop_config(inp, on, max(sz), depth=ch.depth, partition=ch.partition,
+                          graph_max_bs=ch.graph_max_bs, mrr=ch.server.max_running_requests)
         out.append((cfg, sz, w))
     return out
 
@@ -262,28 +267,16 @@ def combine(parts: list[tuple[SimResult, float]]) -> SimResult:
 _CACHE: dict = {}
 
 
-def run(inp: Inputs, C: int, on: frozenset = ALL_ON, keep_spans: bool = False,
-        **overrides) -> SimResult:
-    key = (id(inp), C, on, keep_spans, tuple(sorted(overrides.items())))
+def run(inp: Inputs, C: int, on: frozenset = ALL_ON, keep_spans: bool = False, *,
+        changes: Sequence[Change] = (), arrival: str | None = None) -> SimResult:
+    """The loop at C under the switches `on`, with `changes` (reports/model/settings_change.py)
+    applied and the clients arriving as `arrival` (None: the scenario's)."""
+    changes = tuple(changes)
+    key = (id(inp), C, on, keep_spans, changes, arrival)
     if key not in _CACHE:
         if len(_CACHE) > 50000:
             _CACHE.clear()
         parts = [(_sim(cfg, tuple(sizes), keep_spans), w)
-                 for cfg, sizes, w in build(inp, C, on, **overrides)]
+                 for cfg, sizes, w in build(inp, C, on, changes=changes, arrival=arrival)]
         _CACHE[key] = (inp, combine(parts))
     return _CACHE[key][1]
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One server setting for the what-ifs (None = as deployed)."""
-    cap: int | None = None
-    depth: int | None = None
-    arrival: str | None = None
-    partition: str | None = None
-    graph_max_bs: int | None = None
-    mrr: int | None = None
-    chunk: int | None = None
-
-    def overrides(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if v is not None}

@@ -2,8 +2,8 @@
 
 SGLang first (`validate_sglang`): a lab case of SGLang's real PP server (`ppscope sglang-lab`,
 its `ppscope sglang` record and its server log): the model of the observed loop built from the
-case's per-rank costs (reports/model/deployment.py) runs bench_serving's whole run
-(reports/model/observed_whatif.py `bench_run`), with the profiler's measured slowdown of the
+case's per-rank costs (reports/model/observed/deployment.py) runs bench_serving's whole run
+(reports/model/sim/bench_run.py `bench_run`), with the profiler's measured slowdown of the
 traced window taken off (`LoopProfile.profiler_slowdown`, from the log's decode lines,
 microbench/sglang/profiler_cost.py), against
 bench_serving's median tok/s. Nothing of the measured tok/s feeds the model.
@@ -33,7 +33,7 @@ difference and, outside the 10% target, the reason; `micro_batch_choices()` re-r
 inputs with the requests spread over 1, pp or all slots (the micro-batch-count what-if; batch
 sizes not measured in the record are interpolated, said so).
 
-`python -m reports.model.validate_dispatch [LAB_CASE_DIR ...] [RECORD.json ...]` prints the
+`python -m reports.model.scenario.validate_dispatch [LAB_CASE_DIR ...] [RECORD.json ...]` prints the
 SGLang cases' table, then the probe records' (the GPU matrix in docs/ writes one record per
 configuration), and exits 1 when a point is outside the target.
 """
@@ -45,7 +45,7 @@ from statistics import median
 
 from reports.base.errors import CliError
 from reports.base.inject import parse_inject
-from reports.model.pipeline_model import LoopConfig, simulate
+from reports.model.sim.pipeline_model import LoopConfig, simulate
 from reports.base.records import Record
 from reports.base.interp import interp_log
 from reports.base.server_settings import slot_count
@@ -236,7 +236,7 @@ def validate_sglang(rec: Record, case: str = "") -> SglangCheck:
     """One SGLang lab case (module docstring). `rec`: its sglang.json (read with its server
     log: without one, no profiler correction, said in the note)."""
     from statistics import median as med
-    from reports.model import observed_whatif as ow
+    from reports.model.sim import bench_run as ow
     if rec.payload is None or rec.payload.loop is None:
         raise CliError(f"{case or 'sglang.json'}: no loop profile (read the traces with "
                        "`ppscope sglang --traces DIR`)")
@@ -258,7 +258,7 @@ def validate_sglang(rec: Record, case: str = "") -> SglangCheck:
                                      "the traced window is not the benchmark's loop (the "
                                      "machine's load changed between them), or a cost the "
                                      "model lacks"))
-    return SglangCheck(case, dep.pp, server.depth, load.concurrency, meas, len(tok), steady,
+    return SglangCheck(case, dep.pp, server.pp_async_batch_depth, load.concurrency, meas, len(tok), steady,
                        run.tok_per_s, slow, model, diff, note)
 
 
@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     from pathlib import Path
     paths = list(sys.argv[1:] if argv is None else argv)
     if not paths:
-        print("usage: python -m reports.model.validate_dispatch [LAB_CASE_DIR ...] "
+        print("usage: python -m reports.model.scenario.validate_dispatch [LAB_CASE_DIR ...] "
               "[DISPATCH.json ...]")
         return 2
     rows, bad = [], 0

@@ -33,7 +33,7 @@ def wave_visits(waves: Sequence[tuple[int, int]], slots: int) -> list[int] | Non
     return out
 
 
-def burst_sizes(waves: Sequence[tuple[int, int]], slots: int) -> tuple[int, ...] | None:
+def wave_slot_sizes(waves: Sequence[tuple[int, int]], slots: int) -> tuple[int, ...] | None:
     """Requests per slot once the burst was admitted (slot 0 = the burst's first visit), or
     None when the waves do not fit a loop of `slots` slots."""
     visits = wave_visits(waves, slots)

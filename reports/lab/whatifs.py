@@ -1,5 +1,5 @@
 """The what-if plan's table: each setting's change predicted from the "before" case alone
-against the change bench_serving measured (cases.whatif_plan, reports/model/observed_whatif.py).
+against the change bench_serving measured (cases.whatif_plan, reports/model/sim/bench_run.py).
 
 Per after case (a setting changed against its before case, SGLang's defaults at the same C):
 the model runs bench_serving's run over the observed loop of the default server's profiled
@@ -20,7 +20,7 @@ logs `gen throughput` = tokens / time since the previous decode line, metrics_re
 the median visit at each `#running-req` inside the profiled window against outside it is how
 much slower the traced loop ran than the benchmark's (microbench/sglang/profiler_cost.py).
 
-    python -m microbench.sglang_lab.whatifs results/lab-whatif [--records DIR] [--md]
+    python -m reports.lab.whatifs results/lab-whatif [--records DIR] [--md]
                                                               [--json OUT.json]
 
 `--records DIR`: each case's `ppscope sglang` record as DIR/<case>/sglang.json (default: in
@@ -35,7 +35,6 @@ from pathlib import Path
 from statistics import median
 
 TARGET_REL = 0.25
-LOOP_TARGET_PCT = 10.0
 
 
 def _case(d: Path) -> dict:
@@ -67,7 +66,7 @@ def change_of(after: dict, before: dict) -> tuple[str, object] | None:
 
 def _evidence(p: Path):
     from reports.base.records import read_record
-    from reports.model import observed_whatif as ow
+    from reports.model.sim import bench_run as ow
     return ow.from_sglang(read_record(p).payload)
 
 
@@ -84,7 +83,7 @@ def _spread(v: list[float]) -> float | None:
 def loop_rows(out: Path, records: Path | None = None) -> list[dict]:
     """The model of the observed loop against bench_serving, per profiled case
     (`records/<case>/sglang.json`, `ppscope sglang`'s record of it; default: in the case)."""
-    from reports.model import observed_whatif as ow
+    from reports.model.sim import bench_run as ow
     rec = records or out
     rows = []
     for d in sorted(p for p in out.iterdir() if (rec / p.name / "sglang.json").exists()):
@@ -99,7 +98,7 @@ def loop_rows(out: Path, records: Path | None = None) -> list[dict]:
         slow = _slowdown(rec / d.name / "sglang.json")
         corr = run.tok_per_s * slow if slow else None
         rows.append({
-            "case": d.name, "depth": server.depth, "concurrency": load.concurrency,
+            "case": d.name, "depth": server.pp_async_batch_depth, "concurrency": load.concurrency,
             "measured_tok_per_s": meas, "runs": len(tok), "spread_pct": _spread(tok),
             "traced_sizes": list(dep.sizes),
             "steady_tok_per_s": steady, "steady_diff_pct": 100 * (steady / meas - 1),
@@ -123,7 +122,7 @@ def groups(out: Path) -> dict[str, list[Path]]:
 
 def whatif_rows(out: Path, records: Path | None = None) -> list[dict]:
     """Predicted against measured change per after case (module docstring)."""
-    from reports.model import observed_whatif as ow
+    from reports.model.sim import bench_run as ow
     rec = records or out
     by = groups(out)
 

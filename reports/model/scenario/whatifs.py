@@ -33,16 +33,19 @@ Knobs (SGLang 0.5.23 server arguments, arg_groups/fields/*.py):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Sequence
 
-from reports.model import loop_builder as lb
+from reports.model.sim import loop_builder as lb
 from reports.base.cuda_graphs import capture_sizes
 from reports.base.interp import interp_linear
 from reports.base.partition import layer_counts
 from reports.base.payloads.topology import HopCost, TopologyData, TransportPoint
-from reports.model.scenario import Inputs
-from reports.base.server_settings import default_max_micro_batch, slot_count
+from reports.model.scenario.inputs import Inputs
+from reports.base.server_settings import slot_count
+from reports.model.settings_change import (GRAPH_MAX_BS, LAYER_PARTITION, PACING, TP_KNOB,
+                                           Candidate, Change, WhatIf, apply,
+                                           effect as _effect, knob_rank)
 
 # Stated estimate when no NCCL transport was measured: fixed cost of one ring step (one
 # NCCL send/recv of a small message between neighbours; ~6.7 us measured on H200 NVLink by
@@ -52,42 +55,6 @@ MAX_LOSS = 0.02          # a recommended setting loses at most 2% at any measure
 MIXED_RANGE_RATIO = 0.0  # the mixed-load case: bench_serving's default length spread
 OBJECTIVE = ("geometric mean of predicted tok/s over the measured concurrencies, no more than "
              f"{MAX_LOSS:.0%} lost at any of them")
-TP_KNOB = "TP instead of PP (estimated)"
-PACING = "arrival pacing"
-
-
-@dataclass(frozen=True)
-class Effect:
-    concurrency: int
-    baseline_tok_per_s: float
-    predicted_tok_per_s: float
-    gain: float
-
-
-@dataclass(frozen=True)
-class WhatIf:
-    """One setting, run at every measured concurrency (`effects`) and the mixed load."""
-    knob: str
-    setting: str
-    effects: tuple[Effect, ...]
-    mixed: Effect | None
-    gain: float                 # the objective: geometric-mean tok/s ratio - 1
-    worst_gain: float           # the lowest gain at any measured concurrency
-    eligible: bool              # loses <= MAX_LOSS everywhere and is a server setting
-    note: str = ""
-    # the concurrency range where it holds (`holds_range`): None until checked; `holds_up_to`
-    # the largest C of RANGE_CS (up to the largest checked) with no loss over MAX_LOSS at or
-    # below it, `loses_at` the first checked C beyond that, with its effect
-    holds_up_to: int | None = None
-    loses_at: Effect | None = None
-    checked_up_to: int | None = None
-    # what the twin measured for this setting on SGLang's own scheduler (reports/model/
-    # twin_check.py), None where the twin never ran it
-    twin: str | None = None
-
-
-def _effect(C: int, base: float, pred: float) -> Effect:
-    return Effect(C, base, pred, pred / base - 1 if base else 0.0)
 
 
 def measured_concurrency(inp: Inputs) -> tuple[int, ...]:
@@ -119,45 +86,44 @@ def best_partition(inp: Inputs, b: int) -> str:
     return ",".join(map(str, counts))
 
 
-def candidates(inp: Inputs) -> list[tuple[str, str, lb.Setting, str]]:
-    """(knob, setting shown, model overrides, note) for every setting tried, none equal to the
-    current one."""
+def candidates(inp: Inputs) -> list[Candidate]:
+    """Every setting tried, none equal to the current one."""
     Cs = measured_concurrency(inp)
     S = inp.slots
-    out: list[tuple[str, str, lb.Setting, str]] = []
+    out: list[Candidate] = []
     caps = sorted({max(1, -(-C // m)) for C in Cs for m in range(1, min(C, S) + 1)}
                   - {inp.max_micro_batch})
     for cap in caps:
-        out.append(("--pp-max-micro-batch-size", str(cap), lb.Setting(cap=cap),
-                    f"at most {cap} request(s) per slot"))
+        out.append(Candidate.one("--pp-max-micro-batch-size", cap,
+                                 f"at most {cap} request(s) per slot"))
     mrrs = sorted({inp.pp * c for c in caps if inp.pp * c >= max(Cs)} | {max(Cs)}
                   - {inp.max_running_requests})
     for m in mrrs:
-        out.append(("--max-running-requests", str(m), lb.Setting(mrr=m),
-                    f"{m} request rows; default cap {default_max_micro_batch(m, inp.pp)} per slot"))
+        cand = Candidate.one("--max-running-requests", m, "")
+        cap = apply(inp.server, cand.changes).max_micro_batch
+        out.append(replace(cand, note=f"{m} request rows; default cap {cap} per slot"))
     for ch in (2048, 4096, 8192, 16384):
         if ch != inp.chunked_prefill_size:
-            out.append(("--chunked-prefill-size", str(ch), lb.Setting(chunk=ch),
-                        f"prefill budget {ch} tokens per slot visit"))
+            out.append(Candidate.one("--chunked-prefill-size", ch,
+                                     f"prefill budget {ch} tokens per slot visit"))
     for d in (0, 1, 2, 4, 8, 16):
         if d != inp.async_depth:
-            out.append(("--pp-async-batch-depth", str(d), lb.Setting(depth=d),
-                        f"{slot_count(inp.pp, d)} slots" + ("; outputs exchanged after the forward"
-                                                 if d == 0 else "")))
+            out.append(Candidate.one("--pp-async-batch-depth", d, f"{slot_count(inp.pp, d)} slots"
+                                     + ("; outputs exchanged after the forward" if d == 0 else "")))
     sizes = [s for s in lb.admitted_sizes(inp, max(Cs)) if s]
     part = best_partition(inp, max(sizes))
     cur = ",".join(map(str, layer_counts(inp.model.num_layers, inp.pp, inp.layer_partition)))
     if part != cur:
-        out.append(("SGLANG_PP_LAYER_PARTITION", part, lb.Setting(partition=part),
-                    f"lowers the slowest stage at b={max(sizes)} (now {cur})"))
+        out.append(Candidate.one(LAYER_PARTITION, part,
+                                 f"lowers the slowest stage at b={max(sizes)} (now {cur})"))
     if inp.arrival != "even":
-        out.append((PACING, f"even over {inp.pp} slots", lb.Setting(arrival="even"),
-                    "clients paced so that each stage holds one micro-batch (~C/pp requests)"))
+        out.append(Candidate.one(PACING, "even", "clients paced so that each stage holds one "
+                                 "micro-batch (~C/pp requests)", f"even over {inp.pp} slots"))
     big = max(max(s for s in lb.admitted_sizes(inp, C) if s) for C in Cs)
     if inp.graphs and big > inp.graph_max_bs:
         need = next(s for s in capture_sizes(4096) if s >= big)
-        out.append(("--cuda-graph-max-bs", str(need), lb.Setting(graph_max_bs=need),
-                    f"the largest slot ({big}) replays a graph instead of running eager"))
+        out.append(Candidate.one(GRAPH_MAX_BS, need,
+                                 f"the largest slot ({big}) replays a graph instead of running eager"))
     return out
 
 
@@ -171,14 +137,14 @@ def what_ifs(inp: Inputs, transport: Sequence[tuple[float, float]] | None = None
     base_mixed = lb.run(mixed_inp, Cm).tok_per_s
     out: list[WhatIf] = []
     dropped: dict[str, int] = {}
-    for knob, shown, setting, note in candidates(inp):
-        ov = setting.overrides()
-        eff = tuple(_effect(C, base[C], lb.run(inp, C, **ov).tok_per_s) for C in Cs)
+    for cand in candidates(inp):
+        knob, ov = cand.knob, cand.changes
+        eff = tuple(_effect(C, base[C], lb.run(inp, C, changes=ov).tok_per_s) for C in Cs)
         if all(abs(e.gain) < 1e-9 for e in eff):
             dropped[knob] = dropped.get(knob, 0) + 1
             continue
-        mixed = _effect(Cm, base_mixed, lb.run(mixed_inp, Cm, **ov).tok_per_s)
-        out.append(_row(knob, shown, eff, mixed, note, server=knob != PACING))
+        mixed = _effect(Cm, base_mixed, lb.run(mixed_inp, Cm, changes=ov).tok_per_s)
+        out.append(_row(knob, cand.shown, eff, mixed, cand.note, server=knob != PACING))
     for knob, n in dropped.items():
         out = [replace(w, note=w.note + f" ({n} other setting(s) of this knob change nothing)")
                if w.knob == knob else w for w in out]
@@ -197,19 +163,12 @@ def what_ifs(inp: Inputs, transport: Sequence[tuple[float, float]] | None = None
     return [checked.get(id(w), w) for w in out]
 
 
-def setting_of(inp: Inputs) -> dict[tuple[str, str], lb.Setting]:
-    """(knob, setting shown) -> the model's overrides, for every candidate."""
-    return {(k, shown): st for k, shown, st, _ in candidates(inp)}
+def setting_of(inp: Inputs) -> dict[tuple[str, str], tuple[Change, ...]]:
+    """(knob, setting shown) -> the changes, for every candidate."""
+    return {(c.knob, c.shown): c.changes for c in candidates(inp)}
 
 
-# Tie-break between settings with the same predicted effect: the most direct flag first.
-KNOB_ORDER = ("--pp-max-micro-batch-size", "--pp-async-batch-depth", "--chunked-prefill-size",
-              "--max-running-requests", "SGLANG_PP_LAYER_PARTITION", "--cuda-graph-max-bs",
-              PACING, TP_KNOB)
-
-
-def _rank(knob: str) -> int:
-    return KNOB_ORDER.index(knob) if knob in KNOB_ORDER else len(KNOB_ORDER)
+_rank = knob_rank   # tie-break between settings of the same effect (settings_change.KNOBS)
 
 
 def _row(knob, shown, eff, mixed, note, server: bool) -> WhatIf:
@@ -234,13 +193,12 @@ def range_cs(inp: Inputs) -> list[int]:
                   | set(measured_concurrency(inp)))
 
 
-def holds_range(inp: Inputs, w: WhatIf, setting: lb.Setting) -> WhatIf:
+def holds_range(inp: Inputs, w: WhatIf, ov: Sequence[Change]) -> WhatIf:
     """`w` with the concurrency range where it loses no more than MAX_LOSS (`range_cs`)."""
-    ov = setting.overrides()
     Cs = range_cs(inp)
     up_to, lost = None, None
     for C in Cs:
-        e = _effect(C, lb.run(inp, C).tok_per_s, lb.run(inp, C, **ov).tok_per_s)
+        e = _effect(C, lb.run(inp, C).tok_per_s, lb.run(inp, C, changes=ov).tok_per_s)
         if e.gain < -MAX_LOSS:
             lost = e
             break
@@ -266,8 +224,8 @@ def recommendation(rows: Sequence[WhatIf]) -> WhatIf | None:
     return min((w for w in ok if w.gain >= best - TIE), key=_tie_key)
 
 
-def best_pair(inp: Inputs, rows: Sequence[WhatIf], settings: dict[tuple[str, str], lb.Setting]
-              ) -> WhatIf | None:
+def best_pair(inp: Inputs, rows: Sequence[WhatIf],
+              settings: dict[tuple[str, str], tuple[Change, ...]]) -> WhatIf | None:
     """The best two server settings of different knobs applied together, among each server
     knob's best row; judged by the same objective and rule as one setting."""
     Cs = measured_concurrency(inp)
@@ -284,13 +242,12 @@ def best_pair(inp: Inputs, rows: Sequence[WhatIf], settings: dict[tuple[str, str
         for b in cands[i + 1:]:
             if a.knob == b.knob:
                 continue
-            ov = {**settings[(a.knob, a.setting)].overrides(),
-                  **settings[(b.knob, b.setting)].overrides()}
-            eff = tuple(_effect(C, base[C], lb.run(inp, C, **ov).tok_per_s) for C in Cs)
-            mixed = _effect(max(Cs), base_mixed, lb.run(mixed_inp, max(Cs), **ov).tok_per_s)
+            ov = settings[(a.knob, a.setting)] + settings[(b.knob, b.setting)]
+            eff = tuple(_effect(C, base[C], lb.run(inp, C, changes=ov).tok_per_s) for C in Cs)
+            mixed = _effect(max(Cs), base_mixed, lb.run(mixed_inp, max(Cs), changes=ov).tok_per_s)
             w = _row(f"{a.knob} + {b.knob}", f"{a.setting} + {b.setting}", eff, mixed,
                      "two settings together", server=True)
-            out.append(holds_range(inp, w, lb.Setting(**ov)) if w.eligible else w)
+            out.append(holds_range(inp, w, ov) if w.eligible else w)
     return recommendation(out)
 
 

@@ -3,7 +3,7 @@
 DESIGN.md's forms: round trip of one micro-batch `R = sum_i T_i + (p-1)*c + h` (stage forwards,
 p-1 hidden-state hops of `c`, the last->first token hop `h`); period `P = max(m * max_i T_i, R)`;
 throughput `m * B / P`; stage `i` bubble `1 - m * T_i / P`. They hold in SGLang's loop
-(reports/model/pipeline_model.py) for one micro-batch, and with `--pp-async-batch-depth 0` when
+(reports/model/sim/pipeline_model.py) for one micro-batch, and with `--pp-async-batch-depth 0` when
 no two occupied slots are adjacent.
 
 With `async_depth > 0` SGLang 0.5.23 (managers/scheduler_pp_mixin.py, `event_loop_pp`,

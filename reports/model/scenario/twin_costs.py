@@ -2,7 +2,7 @@
 
 The twin (microbench/sglang_lab/twin.py) runs SGLang's own PP server at a deployment's settings
 and holds every rank's forward to that deployment's stage time. The times are the ones the
-pipeline model uses (reports/model/loop_builder.py, all effects on), so the twin and the model
+pipeline model uses (reports/model/sim/loop_builder.py, all effects on), so the twin and the model
 differ only in the loop:
 
 - decode: `loop_config(...).stage_us[rank][b]`: the stage's floor over its efficiency at b,
@@ -24,8 +24,8 @@ from __future__ import annotations
 from reports.base.interp import interp_log
 from reports.base.partition import pp_partition
 from reports.base.roofline import stage_floor
-from reports.model import loop_builder as lb
-from reports.model.scenario import Inputs
+from reports.model.sim import loop_builder as lb
+from reports.model.scenario.inputs import Inputs
 
 PREFILL_TOKENS = (1, 16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384)
 SOURCES = {
@@ -76,12 +76,12 @@ def costs(inp: Inputs, k: float, bmax: int, partition: str | None = None,
             "layer_split": [st.num_layers for st in stages], "sources": SOURCES}
 
 
-def model_of_twin(inp: Inputs, C: int, **overrides):
+def model_of_twin(inp: Inputs, C: int, changes=()):
     """The model's loop with the twin's one known difference from a GPU: the forward holds its
     rank's CPU (`cpu_forward`), so host work cannot overlap it. Set beside the twin, it tells a
     loop mechanic the model misses from that difference."""
     from dataclasses import replace
-    from reports.model.pipeline_model import simulate
+    from reports.model.sim.pipeline_model import simulate
     parts = [(simulate(replace(cfg, cpu_forward=True), tuple(sizes)), w)
-             for cfg, sizes, w in lb.build(inp, C, **overrides)]
+             for cfg, sizes, w in lb.build(inp, C, changes=changes)]
     return lb.combine(parts)

@@ -1,11 +1,11 @@
 """The change between two runs of one server, split by one Shapley split over what differs.
 
 Input: the observed loops of both runs (report.json's `diagnosis.deployment`, both read by
-reports/model/deployment.py from SGLang's own traces). Output: per cause, its share of the
+reports/model/observed/deployment.py from SGLang's own traces). Output: per cause, its share of the
 modelled change, and per rank the forward at the same micro-batch size then and now.
 
 How it is split: each cause owns part of the loop's inputs (FIELDS). `value(S)` is the model of
-the observed loop (reports/model/deployment.py `run`, every cause on) with the inputs of the
+the observed loop (reports/model/observed/deployment.py `run`, every cause on) with the inputs of the
 causes in S taken from this run and the rest from the baseline; a cause's share is its exact
 Shapley value over the causes whose inputs differ (reports/model/attribution.py `shapley`). The
 shares add up to value(all) - value(none), the modelled change, in any order of the causes.
@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from reports.model.attribution import shapley
-from reports.model.deployment import CAUSES, Deployment, at_size, run
+from reports.model.observed.deployment import CAUSES, Deployment, at_size, run
 from reports.model.report_type import ForwardRow, ObservedLoop
 
 # which Deployment fields each cause owns (forward = kernels + gaps: `busy` is the slow stage's,
