@@ -87,7 +87,7 @@ def _compute(inp, records: dict, baseline) -> ModelRun:
 def _observed(inp, records: dict) -> Lanes | None:
     """The model of the traced server's loop (the diagnosis' `modelled` run, every observed
     cause on) with its forwards; None without traced forwards or a loop it can model."""
-    from reports.model.observed.deployment import CAUSES, NoLoopEvidence, run
+    from reports.model.observed.deployment import OBSERVED_CAUSES, NoLoopEvidence, run
     from reports.model.observed.summaries import observed_deployment
     rec = records.get("sglang")
     sg = rec.payload if rec is not None else None
@@ -100,7 +100,7 @@ def _observed(inp, records: dict) -> Lanes | None:
     if got is None:
         return None
     dep, shape = got[:2]
-    res = run(dep, frozenset(CAUSES), shape, keep_spans=True)
+    res = run(dep, frozenset(OBSERVED_CAUSES), shape, keep_spans=True)
     return Lanes("model of the traced loop", res.tok_per_s, tuple(res.slot_sizes), res.spans)
 
 

@@ -10,10 +10,12 @@ import pytest
 from reports.base.slots import RunRecord, SlotConfig, Successor, Wave, run_loop
 from reports.model.sim.bench_transient import model_bench, waves_of
 from reports.model.sim.pipeline_model import Plan, simulate, simulate_plan, uniform_loop
+from reports.model.settings_change import Change
 from reports.model.scenario.inputs import build_inputs, load_records, load_scenario
 
 TWIN = Path(__file__).parent / "fixtures" / "twin" / "seed-pp8.twin.json"
-OVERRIDES = {"default": {}, "recommended": {"chunk": 2048}, "pair": {"chunk": 2048, "depth": 0}}
+OVERRIDES = {"default": (), "recommended": (Change("--chunked-prefill-size", 2048),),
+             "pair": (Change("--chunked-prefill-size", 2048), Change("--pp-async-batch-depth", 0))}
 
 
 def test_plan_of_steady_decodes_matches_the_steady_loop():
@@ -66,7 +68,7 @@ def test_replayed_admission_gives_the_waves_sglang_logged(twin):
     for row in d["rows"]:
         C = row["concurrency"]
         m = model_bench(inp, C, row["completed"], d["output_len"],
-                        waves_of(row["waves"], C), **OVERRIDES[row["setting"]])
+                        waves_of(row["waves"], C), changes=OVERRIDES[row["setting"]])
         got = [n for n, _ in m.prefill_visits]
         if C <= 8:   # the C = 32 runs' last few prompts differ by one between slots
             assert got == row["waves"], (row["setting"], C)
@@ -79,6 +81,6 @@ def test_the_transient_explains_the_pair_at_c32(twin):
     d, inp = twin
     row = next(r for r in d["rows"] if r["setting"] == "pair" and r["concurrency"] == 32)
     m = model_bench(inp, 32, row["completed"], d["output_len"], waves_of(row["waves"], 32),
-                    chunk=2048, depth=0)
+                    changes=OVERRIDES["pair"])
     assert row["model_tpot_ms"] < 0.85 * row["twin_tpot_ms"]
     assert m.tpot_ms == pytest.approx(row["twin_tpot_ms"], rel=0.10)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from reports.model.attribution import shapley
-from reports.model.observed.deployment import CAUSES, Deployment, at_size, run
+from reports.model.observed.deployment import OBSERVED_CAUSES, Deployment, at_size, run
 from reports.model.report_type import ForwardRow, ObservedLoop
 
 # which Deployment fields each cause owns (forward = kernels + gaps: `busy` is the slow stage's,
@@ -79,14 +79,14 @@ def differing(now: Deployment, base: Deployment) -> list[str]:
                 out.append(c)
         elif any(getattr(now, f) != getattr(base, f) for f in fs if f != "gaps"):
             out.append(c)
-    return [c for c in CAUSES if c in out]
+    return [c for c in OBSERVED_CAUSES if c in out]
 
 
 def split_change(now: Deployment, base: Deployment) -> tuple[dict[str, float], float, float]:
     """(cause -> ms per decode step of the modelled change, modelled step then, now). Both
     runs must be one loop (pp, slots): the caller checks."""
     memo: dict[frozenset, float] = {}
-    every = frozenset(CAUSES)
+    every = frozenset(OBSERVED_CAUSES)
 
     def step(on: frozenset) -> float:
         if on not in memo:
@@ -94,7 +94,7 @@ def split_change(now: Deployment, base: Deployment) -> tuple[dict[str, float], f
         return memo[on]
     players = differing(now, base)
     parts = shapley(players, step) if players else {}
-    return ({c: parts.get(c, 0.0) for c in CAUSES}, step(frozenset()),
+    return ({c: parts.get(c, 0.0) for c in OBSERVED_CAUSES}, step(frozenset()),
             step(frozenset(players)))
 
 

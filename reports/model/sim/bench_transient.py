@@ -24,6 +24,7 @@ from typing import Sequence
 from reports.base.slots import RunRecord, Successor, Wave, run_loop
 from reports.model.sim import loop_builder as lb
 from reports.model.sim.pipeline_model import Plan, simulate_plan
+from reports.model.settings_change import Change
 from reports.model.scenario.inputs import Inputs
 
 
@@ -63,20 +64,19 @@ def _prefill_fn(table: dict):
 
 
 def model_bench(inp: Inputs, C: int, prompts: int, output_len: int,
-                waves: Sequence[Wave] | None = None, **overrides) -> BenchModel:
+                waves: Sequence[Wave] | None = None, changes: Sequence[Change] = ()
+                ) -> BenchModel:
     """bench_serving at concurrency C, `prompts` prompts of the scenario's prompt length and
-    `output_len` tokens, over the deployment with the what-if `overrides` (loop_builder's)."""
+    `output_len` tokens, over the deployment with the settings `changes`."""
     from reports.model.scenario.twin_costs import costs
-    depth = overrides.get("depth", inp.async_depth)
-    cfg = lb.slot_config(inp, overrides.get("cap"), depth, overrides.get("mrr"),
-                         overrides.get("chunk"))
+    ch = lb.Changed.of(inp, changes)
+    cfg, depth, partition = ch.slot_config, ch.depth, ch.partition
     rec = RunRecord()
     run = run_loop(cfg, list(waves) if waves else [Wave(C)], Successor(prompts),
                    prompt_len=inp.prompt_len, output_len=lambda: output_len, record=rec)
     bmax = max([n for n, _ in rec.batches] + [1])
-    partition = overrides.get("partition")
     loop = lb.loop_config(inp, lb.ALL_ON, bmax, depth=depth, partition=partition,
-                          graph_max_bs=overrides.get("graph_max_bs"), mrr=overrides.get("mrr"))
+                          graph_max_bs=ch.graph_max_bs, mrr=ch.server.max_running_requests)
     table = costs(inp, 1.0, bmax, partition=partition)
     plan = Plan(loop, tuple(rec.batches), _prefill_fn(table))
     simulate_plan(plan)
