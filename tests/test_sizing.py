@@ -20,7 +20,7 @@ from reports.base.schema import from_json
 from reports.cli import main
 from reports.model.observed.change_split import deployment_of, mixed, split_change
 from reports.model.compare import compare
-from reports.model.observed.deployment import (CAUSES, Deployment, at_size, from_evidence, loop_config, run,
+from reports.model.observed.deployment import (OBSERVED_CAUSES, Deployment, at_size, from_evidence, loop_config, run,
                                       window_differs)
 from reports.model.observed.diagnose import worded
 from reports.model.report_type import ObservedLoop
@@ -55,7 +55,7 @@ def test_empty_visits_are_costed_per_rank(tmp_path):
     r0, r1 = (loop.ranks[r].host_us_empty_mean for r in ("0", "1"))
     assert r0 != pytest.approx(r1, rel=0.5)            # the recording: rank 0 delayed
     assert dep.empty_us == pytest.approx((r0, r1))
-    cfg, _ = loop_config(dep, frozenset(CAUSES))
+    cfg, _ = loop_config(dep, frozenset(OBSERVED_CAUSES))
     assert cfg.cpu("empty_us", 0) == pytest.approx(r0) and cfg.cpu("empty_us", 1) == pytest.approx(r1)
     assert cfg.cpu("empty_us", 1) == 0.0 or loop_config(dep, frozenset())[0].cpu("empty_us", 1) == 0.0
 
@@ -64,7 +64,7 @@ def test_a_costly_empty_visit_on_the_last_rank_lengthens_the_step():
     # one micro-batch in two slots: every round holds an empty visit on each rank
     base = _dep(sizes=(8, 0), forward=({8: 1000.0},) * 2, forward_busy=({8: 1000.0},) * 2)
     slow = replace(base, empty_us=(0.0, 5000.0))
-    on = frozenset(CAUSES)
+    on = frozenset(OBSERVED_CAUSES)
     assert run(slow, on).tpot_ms > run(base, on).tpot_ms + 2.5    # 2.5 -> 6.2 ms
 
 
@@ -73,14 +73,14 @@ def test_the_change_is_one_shapley_split_over_what_differs():
     now = _dep(host_us=(200.0, 4200.0), forward=({4: 1000.0}, {4: 1500.0}),
                forward_busy=({4: 1000.0}, {4: 1500.0}))
     parts, m_base, m_now = split_change(now, base)
-    assert m_base == pytest.approx(run(base, frozenset(CAUSES)).tpot_ms)
-    assert m_now == pytest.approx(run(now, frozenset(CAUSES)).tpot_ms)
+    assert m_base == pytest.approx(run(base, frozenset(OBSERVED_CAUSES)).tpot_ms)
+    assert m_now == pytest.approx(run(now, frozenset(OBSERVED_CAUSES)).tpot_ms)
     assert sum(parts.values()) == pytest.approx(m_now - m_base)     # efficient
     assert set(k for k, v in parts.items() if abs(v) > 1e-9) <= {"host", "slow_stage"}
     assert parts["host"] > parts["slow_stage"] > 0
     # the mixed loops at the two ends are the runs themselves
     assert mixed(now, base, frozenset()).host_us == base.host_us
-    assert mixed(now, base, frozenset(CAUSES)).forward == now.forward
+    assert mixed(now, base, frozenset(OBSERVED_CAUSES)).forward == now.forward
 
 
 def _view(dep: Deployment) -> ObservedLoop:
@@ -100,7 +100,7 @@ def test_a_large_host_fault_is_sized_by_the_joint_split(tmp_path):
     now_dep = _dep(host_us=(200.0, 20200.0), empty_us=(0.0, 20000.0))
 
     def sd(dep):
-        dg = diagnose(replace(dep, observed_tok_per_s=8 / run(dep, frozenset(CAUSES)).tpot_ms
+        dg = diagnose(replace(dep, observed_tok_per_s=8 / run(dep, frozenset(OBSERVED_CAUSES)).tpot_ms
                               * 1e3))
         return ServerDiagnosis(status="ok", concurrency_source="given", bench_run=None,
                                observed_source="given", deployment=_view(dep), time_split=(),
