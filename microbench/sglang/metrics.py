@@ -13,6 +13,11 @@ text file. Series without a `pp_rank` label go under rank "0"; the `tp_rank`, `m
 counted in `lines_other`, never fatal (the names that read NaN are kept per rank in `nan`:
 SGLang 0.5.23 publishes `fwd_occupancy` as NaN outside a timed window); a file that is missing, a directory, binary or over
 64 MB is a one-line CliError.
+
+The text parser is ppscope's own, not prometheus_client's: that library is SGLang's dependency,
+not ppscope's (whose dependencies are fixed), so tests/test_metrics_window.py holds this parser
+against prometheus_client's `text_string_to_metric_families` on SGLang's own pages, run in the
+lab's SGLang environment.
 """
 from __future__ import annotations
 
