@@ -115,8 +115,11 @@ def handle(args: argparse.Namespace) -> int:
     baseline = read_baseline(args.baseline) if args.baseline else None
     inp = build_inputs(sc, records, warns, observed, osrc, workload=workload)
     run = model_run(inp, records, baseline, use_cache=not args.no_cache)
-    from reports.model.scenario.twin_check import apply_twin, read_twin
-    rep = apply_twin(run.report, read_twin(results))   # what SGLang's scheduler said, if run
+    from reports.model.scenario.twin_check import apply_twin, read_twin, shipped_twin
+    twin = read_twin(results)          # what SGLang's scheduler said: the user's twin run, else
+    if twin is None and sc.twin_record:   # the scenario's own shipped one
+        twin = shipped_twin(sc.twin_record, sc.source or sc.name)
+    rep = apply_twin(run.report, twin)
     rep, measured = measured_timelines(results, max(inp.concurrency), rep)
     spans = run.spans[max(inp.concurrency)]
     from reports.render.render_html import render_html

@@ -190,7 +190,7 @@ def test_a_recorded_twin_keeps_its_books():
     warm-up prompt, and the report's reader sets each setting's change beside the model's."""
     from reports.model.scenario.twin_check import read_twin, twin_text
     import shutil
-    doc = json.loads((FIX / "seed-pp8.twin.json").read_text())["data"]
+    doc = json.loads((ROOT / "configs" / "records" / "seed-pp8.twin.json").read_text())["data"]
     k = doc["calibration"]["k"]
     assert k == 60 and doc["mode"] == "async" and doc["complete"]
     for r in doc["rows"]:
@@ -204,7 +204,33 @@ def test_a_recorded_twin_keeps_its_books():
     assert logged[2:2 + n] == rec8["waves"]
     import tempfile
     with tempfile.TemporaryDirectory() as d:
-        shutil.copy(FIX / "seed-pp8.twin.json", Path(d) / "twin.json")
+        shutil.copy(ROOT / "configs" / "records" / "seed-pp8.twin.json", Path(d) / "twin.json")
         tw = read_twin(Path(d))
     text = twin_text(tw, "--chunked-prefill-size", "2048")
     assert "+100% at C=8 (model +76%)" in text
+
+
+def test_the_built_in_report_carries_the_shipped_twin(tmp_path):
+    """With no twin.json in results/, the built-in scenario's what-ifs carry its shipped twin
+    run (configs/records/seed-pp8.twin.json), labelled as shipped; the answer table's cell says
+    what the twin measured at the C where the herd holds most. A user's own twin.json wins, and
+    one of another deployment is named in a warning and not used."""
+    from reports.cli import main
+    out = tmp_path / "r"
+    out.mkdir()
+    assert main(["report", "--results", str(out), "--no-cache"]) == 0
+    rep = json.loads((out / "report.json").read_text())
+    rec = rep["recommendation"]
+    assert rec["setting"] == "2048" and "shipped with ppscope" in rec["twin"]
+    assert "+100% at C=8 (model +76%)" in rec["twin"]
+    md = (out / "report.md").read_text()
+    table = md[:md.index("Biggest cause")]       # the answer table heads report.md
+    assert "--chunked-prefill-size 2048: +76% at C=8 (twin +100%)" in table
+
+    mine = json.loads((ROOT / "configs" / "records" / "seed-pp8.twin.json").read_text())
+    mine["data"]["scenario"] = "another"
+    (out / "twin.json").write_text(json.dumps(mine))
+    assert main(["report", "--results", str(out), "--no-cache"]) == 0
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["recommendation"].get("twin") is None
+    assert any("twin.json describes another (PP8)" in w for w in rep["warnings"])

@@ -12,6 +12,8 @@ Everything is read from report.json (`Report`); nothing here computes a number.
 """
 from __future__ import annotations
 
+import re
+
 from reports.model.causes import BANDWIDTH, HYPOTHESES, label
 from reports.model.report_type import Report, ServerDiagnosis
 from reports.model.verdicts import Verdict
@@ -95,8 +97,19 @@ def what_to_do(rep: Report, v: Verdict) -> str:
     w = best_fix(rep, v.cause)
     if w is None:
         return f"no setting modelled for {_short(label(v.cause))}" if v.cause else "-"
-    how = "client-side" if w.knob == PACING else (w.twin or NOT_RUN)
-    return f"{w.knob} {w.setting}: {_gain_at(w, _strongest_c(v))} ({how})"
+    C = _strongest_c(v)
+    how = "client-side" if w.knob == PACING else (_twin_at(w.twin, C) or NOT_RUN)
+    return f"{w.knob} {w.setting}: {_gain_at(w, C)} ({how})"
+
+
+def _twin_at(twin: str | None, C: int | None) -> str | None:
+    """What the twin measured at C, from the row's twin text (twin_check.twin_text):
+    "twin +100%" (on SGLang's scheduler, said in full in the row); the whole text when C is
+    not in it."""
+    if not twin:
+        return None
+    m = re.search(rf"([+-]\d+%) at C={C}\b", twin) if C is not None else None
+    return f"twin {m.group(1)}" if m else twin
 
 
 def answer_table(rep: Report) -> Table:

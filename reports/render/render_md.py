@@ -106,6 +106,10 @@ def header_lines(rep: Report) -> list[str]:
 
 def banner(rep: Report) -> str:
     obs = " and everything under \"Your server\" (sglang.json)" if rep.server else ""
+    if any(w is not None and w.twin and "shipped with ppscope" in w.twin
+           for w in (*rep.what_ifs, rep.recommendation, rep.best_pair)):
+        obs += (" and the twin's changes (SGLang's own scheduler with the device time emulated, "
+                "a run shipped with ppscope)")
     if rep.all_estimated:
         tr = [p for p in rep.params if p.source == "transferred"]
         return ("Every figure below is estimated" + (" or transferred" if tr else "")

@@ -94,6 +94,7 @@ class Scenario(Mapping):
     mean_context_tokens: int = DEFAULT_CONTEXT
     max_context_length: int | None = None
     kernel_record: str | None = None
+    twin_record: str | None = None
     observed_tok_per_s: tuple[tuple[int, float], ...] = ()
     estimates: Estimates = field(default_factory=Estimates)
     assumptions: tuple[tuple[str, str], ...] = ()
@@ -218,6 +219,8 @@ def read_scenario(d: Mapping[str, Any], default_name: str = "scenario") -> Scena
         raise bad("layer_partition", "a string like \"8,8,8,...\" (SGLANG_PP_LAYER_PARTITION)")
     if d.get("kernel_record") is not None and not isinstance(d["kernel_record"], str):
         raise bad("kernel_record", "a record file name in configs/records (a string)")
+    if d.get("twin_record") is not None and not isinstance(d["twin_record"], str):
+        raise bad("twin_record", "a twin record's file name in configs/records (a string)")
     for key in ("assumptions", "estimates", "observed_tok_per_s"):
         if d.get(key) is not None and not isinstance(d[key], dict):
             raise bad(key, "an object")
@@ -234,7 +237,8 @@ def read_scenario(d: Mapping[str, Any], default_name: str = "scenario") -> Scena
         output_len=d.get("output_len"), range_ratio=d.get("range_ratio"),
         mean_context_tokens=d.get("mean_context_tokens") or DEFAULT_CONTEXT,
         max_context_length=d.get("max_context_length"),
-        kernel_record=d.get("kernel_record") or None, observed_tok_per_s=observed,
+        kernel_record=d.get("kernel_record") or None,
+        twin_record=d.get("twin_record") or None, observed_tok_per_s=observed,
         estimates=_estimates(d.get("estimates") or {}, where),
         assumptions=tuple((str(k), str(v)) for k, v in (d.get("assumptions") or {}).items()))
 

@@ -12,7 +12,7 @@ report says so. A record that is not JSON or has not the twin's shape is a one-l
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from reports.base.errors import CliError
@@ -36,6 +36,7 @@ class TwinRecord:
     k: float
     changes: dict          # frozenset of (flag, value) -> tuple[TwinChange, ...]
     source: str
+    shipped: bool = False  # the scenario's own record in configs/records, not this user's run
 
 
 def _pairs(flags) -> dict[str, str]:
@@ -44,9 +45,21 @@ def _pairs(flags) -> dict[str, str]:
 
 
 def read_twin(results: Path) -> TwinRecord | None:
+    """results/twin.json (`ppscope twin`), or None when there is none."""
     path = Path(results) / TWIN_FILE
+    return _read(path, path.name) if path.is_file() else None
+
+
+def shipped_twin(name: str, sc_file: str) -> TwinRecord:
+    """The scenario's `twin_record`: a twin run of that deployment shipped in configs/records."""
+    from reports.base.paths import CONFIGS
+    path = CONFIGS / "records" / name
     if not path.is_file():
-        return None
+        raise CliError(f"{sc_file}: twin_record {name!r}: no such file in configs/records")
+    return replace(_read(path, f"configs/records/{name}"), shipped=True)
+
+
+def _read(path: Path, source: str) -> TwinRecord:
     try:
         if path.stat().st_size > MAX_BYTES:
             raise CliError(f"{path}: larger than {MAX_BYTES >> 20} MB; not a twin record")
@@ -68,7 +81,7 @@ def read_twin(results: Path) -> TwinRecord | None:
             changes[diff] = tuple(sorted(changes.get(diff, ()) + (ch,),
                                          key=lambda c: c.concurrency))
         return TwinRecord(str(data["scenario"]), int(data["pp"]),
-                          float(data["calibration"]["k"]), changes, path.name)
+                          float(data["calibration"]["k"]), changes, source)
     except CliError:
         raise
     except (OSError, ValueError, KeyError, TypeError, IndexError, ZeroDivisionError,
@@ -88,7 +101,8 @@ def twin_text(rec: TwinRecord, knob: str, setting: str) -> str | None:
     if not got:
         return None
     parts = ", ".join(f"{c.twin:+.0%} at C={c.concurrency} (model {c.model:+.0%})" for c in got)
-    return f"on SGLang's scheduler (twin, k = {rec.k:g}): {parts}"
+    where = ", shipped with ppscope" if rec.shipped else ""
+    return f"on SGLang's scheduler (twin, k = {rec.k:g}{where}): {parts}"
 
 
 def matches(rec: TwinRecord, name: str, pp: int) -> str | None:
@@ -101,13 +115,14 @@ def matches(rec: TwinRecord, name: str, pp: int) -> str | None:
 
 def apply_twin(rep, rec: TwinRecord | None):
     """The report with each what-if the twin ran saying what it measured (`WhatIf.twin`), and a
-    warning when the twin describes another deployment. Rows the twin did not run keep None."""
-    from dataclasses import replace
+    warning when the user's twin describes another deployment (a shipped record of another
+    deployment is left out silently: it was never this user's). Rows the twin did not run keep
+    None."""
     if rec is None:
         return rep
     why = matches(rec, rep.scenario, rep.deployment.pp)
     if why:
-        return replace(rep, warnings=tuple(rep.warnings) + (why,))
+        return rep if rec.shipped else replace(rep, warnings=tuple(rep.warnings) + (why,))
 
     def one(w):
         return None if w is None else replace(w, twin=twin_text(rec, w.knob, w.setting))
