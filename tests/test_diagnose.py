@@ -119,8 +119,7 @@ def _diag(case: str, policy: str):
     lp = read_loop({r: FAULTS / f"{case}-{policy}-c8-TP-0-PP-{r}.trace.json.gz" for r in (0, 1)},
                    hidden=load_model("kimi-k2").hidden, link_gbps=390.0)
     shape = moe_shape(load_model("kimi-k2"))
-    loop = from_json(LoopProfile, lp, "loop")      # as sglang.json holds it
-    dep = from_evidence(loop, concurrency=8, observed=_tok(case, policy), shape=shape)
+    dep = from_evidence(lp, concurrency=8, observed=_tok(case, policy), shape=shape)
     return dep, diagnose(dep, shape)
 
 

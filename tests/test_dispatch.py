@@ -186,5 +186,5 @@ def test_sglang_log_lines_read_back_by_the_log_reader(tmp_path, fake_rank):
     f = tmp_path / "x-PP-1.log"
     f.write_text("\n".join(lines) + "\n")
     s = sglang_log.read_logs([f], window=4)
-    assert s["ranks"]["1"]["decode_lines"] == len(lines) - 1
-    assert s["ranks"]["1"]["running_req"]["max"] == 8
+    assert s.ranks["1"].decode_lines == len(lines) - 1
+    assert s.ranks["1"].running_req.max == 8

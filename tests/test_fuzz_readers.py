@@ -8,6 +8,7 @@ the parsers instead of failing at the first byte. Kept small (< 20 s for the mod
 """
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import math
@@ -58,7 +59,10 @@ def _one_line_error(e: CliError) -> None:
 
 
 def _no_nan(record) -> None:
-    json.dumps(record, allow_nan=False)   # raises on NaN / inf anywhere in the record
+    # raises on NaN / inf anywhere in the record, typed payloads' fields included (not through
+    # schema.to_json, which writes them as null)
+    json.dumps(record, allow_nan=False, default=lambda o: {
+        f.name: getattr(o, f.name) for f in dataclasses.fields(o)})
 
 
 def _write(d: str, data: bytes, name: str, gz: int) -> Path:
@@ -166,11 +170,11 @@ def test_fuzz_sglang_log(lines, gz, junk, add_junk):
             _one_line_error(e)
             return
     _no_nan(s)
-    assert s["lines_other"] >= 0 and s["lines_batch"] >= 0 and s["lines_unrecognised"] >= 0
-    for r in s["ranks"].values():
-        f = r["cuda_graph_frac"]
+    assert s.log.lines_other >= 0 and s.log.lines_batch >= 0 and s.log.lines_unrecognised >= 0
+    for r in s.ranks.values():
+        f = r.cuda_graph_frac
         assert f is None or 0 <= f <= 1
-        assert r["running_req"]["min"] is None or r["running_req"]["min"] >= 0
+        assert r.running_req.min is None or r.running_req.min >= 0
 
 
 # ------------------------------------------------------------------ Kineto trace
@@ -243,10 +247,10 @@ def test_fuzz_trace(events, gz, cut, rank):
             _one_line_error(e)
             return
     _no_nan(t)
-    for r in t["ranks"].values():
-        assert r["busy_us"] >= 0 and r["span_us"] >= 0
-        assert r["busy_frac"] is None or 0 <= r["busy_frac"] <= 1 + 1e-9
-        assert all(v >= 0 for v in (r.get("idle_split_us") or {}).values())
+    for r in t.ranks.values():
+        assert r.busy_us >= 0 and r.span_us >= 0
+        assert r.busy_frac is None or 0 <= r.busy_frac <= 1 + 1e-9
+        assert all(v >= 0 for v in r.idle_split_us.values())
 
 
 # ------------------------------------------------------------------ Prometheus /metrics

@@ -23,11 +23,11 @@ def loop():
 def test_per_tensor_receives_and_metadata_chains_are_timed(loop):
     """#19582: rank 1 receives its input as separate tensors, waited one at a time (SGLang's
     recv_tensor_dict); #18715: the metadata objects each iteration exchanges."""
-    r1 = loop["ranks"]["1"]
-    assert r1["input_recvs_per_forward"] == pytest.approx(4.0)
-    assert r1["input_wait_per_recv_us_mean"] > 0
-    assert r1["metadata_recvs_per_iteration"] >= 1
-    lines = loop["pathologies"]
+    r1 = loop.ranks["1"]
+    assert r1.input_recvs_per_forward == pytest.approx(4.0)
+    assert r1.input_wait_per_recv_us_mean > 0
+    assert r1.metadata_recvs_per_iteration >= 1
+    lines = loop.pathologies
     assert any("one tensor at a time" in x and "#19582" in x and "4.0 receives" in x
                for x in lines), lines
     assert any(x.startswith("rank 0's CPU metadata") and "#18715" in x for x in lines), lines
@@ -49,4 +49,4 @@ def test_a_token_return_longer_than_the_forward_is_named():
 
 def test_the_lab_token_return_is_not_named(loop):
     # the lab's CPU forwards (ms) are longer than its 1->0 hop
-    assert not any("#10865" in x for x in loop["pathologies"])
+    assert not any("#10865" in x for x in loop.pathologies)

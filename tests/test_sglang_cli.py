@@ -62,3 +62,40 @@ def test_log_names_the_attention_backend_end_to_end(fixtures, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "Attention backend [log]: triton (SGLang's default for this model and GPU)." in printed
     assert "python3 -m microbench.stage_cost.sglang_anchor" in printed
+
+
+def test_readers_return_the_payload_types(fixtures, tmp_path, capsys):
+    """The log, trace and loop readers hand back sglang.json's typed parts
+    (reports/base/payloads/sglang.py), and `ppscope sglang` writes exactly those: the record
+    read back is what the readers returned. On SGLang 0.5.23's own PP2 CPU server (the lab's
+    clean-c8 case)."""
+    from dataclasses import replace
+
+    from microbench.sglang import log, steps, trace
+    from reports.base.payloads.sglang import (LogRank, LogSummary, LoopProfile, LoopRank,
+                                              SglangData, TraceRank, Traces)
+    from reports.base.records import read_record
+    case = fixtures / "sglang_lab" / "clean-c8"
+    lg = log.read_logs([case / "server.log"], window=16)
+    assert type(lg) is SglangData and type(lg.log) is LogSummary
+    assert {type(r) for r in lg.ranks.values()} == {LogRank} and set(lg.ranks) == {"0", "1"}
+    assert lg.traces is None and lg.loop is None and lg.bench == ()   # the log's parts only
+    tr = trace.read_traces(case / "traces")
+    assert type(tr) is Traces and {type(r) for r in tr.ranks.values()} == {TraceRank}
+    paths = {int(r): next((case / "traces").glob(f"*-PP-{r}.trace.json.gz")) for r in tr.ranks}
+    lp = steps.read_loop(paths, no_gpu_events=True)
+    assert type(lp) is LoopProfile and lp.device == "cpu"
+    assert {type(r) for r in lp.ranks.values()} == {LoopRank}
+
+    out = tmp_path / "sglang.json"
+    assert sglang_cli.run(_args(["--log", str(case / "server.log"), "--traces",
+                                 str(case / "traces"), "--concurrency", "8",
+                                 "--json", str(out)])) == 0
+    sg = read_record(out).payload
+    assert sg.ranks == lg.ranks and sg.log == lg.log and sg.traces == tr
+    assert replace(sg.loop, concurrency=None, concurrency_from=None, bursts=(),
+                   profiler_slowdown=None) == lp
+    # #running-req's min and max are whole requests: printed as such, as before the payloads
+    # were typed (Dist holds them as floats)
+    row = capsys.readouterr().out.split("Server log, per PP rank\n")[1].splitlines()[2]
+    assert row.split()[:6] == ["0", "195", "5", "1", "2.00", "6"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -11,29 +12,31 @@ import pytest
 from microbench.sglang import log as sglang_log
 from microbench.sglang import log_scan, log_startup   # the reader's parts (patched below)
 from reports.base.errors import CliError
+from reports.base.payloads.sglang import Dist, SlotImbalance
+from reports.base.schema import to_json
 
 
 def test_mixed_ranks_one_file(fixtures):
     s = sglang_log.read_logs([fixtures / "sglang" / "pp2_mixed.log"], window=4)
-    assert s["lines_total"] == 23
-    assert s["lines_other"] == 4          # 3 comment lines + 1 HTTP access line
-    assert s["lines_unrecognised"] == 1   # the line cut mid-way
-    assert set(s["ranks"]) == {"0", "1"}
-    r0, r1 = s["ranks"]["0"], s["ranks"]["1"]
-    assert (r0["decode_lines"], r0["prefill_lines"]) == (8, 1)
-    assert (r1["decode_lines"], r1["prefill_lines"]) == (8, 1)
-    assert r0["running_req"] == {"min": 0, "median": 0.0, "max": 8}
-    assert r0["cuda_graph_frac"] == 0.75
-    assert r1["cuda_graph_frac"] == 1.0
-    assert r0["queue_req"]["max"] == 2
-    assert r0["gen_throughput_tok_s"] == {"min": 100.0, "median": 135.0, "max": 170.0}
-    assert r0["span_s"] == pytest.approx(61.5 - 50.12)
-    si = r0["slot_imbalance"]
-    assert si["windows"] == 2 and si["max_over_mean_median"] == 4.0
-    assert si["cv"] == pytest.approx(math.sqrt(3))
-    assert s["slot_imbalance"]["rank"] == 0
+    assert s.log.lines_total == 23
+    assert s.log.lines_other == 4          # 3 comment lines + 1 HTTP access line
+    assert s.log.lines_unrecognised == 1   # the line cut mid-way
+    assert set(s.ranks) == {"0", "1"}
+    r0, r1 = s.ranks["0"], s.ranks["1"]
+    assert (r0.decode_lines, r0.prefill_lines) == (8, 1)
+    assert (r1.decode_lines, r1.prefill_lines) == (8, 1)
+    assert r0.running_req == Dist(0, 0.0, 8)
+    assert r0.cuda_graph_frac == 0.75
+    assert r1.cuda_graph_frac == 1.0
+    assert r0.queue_req.max == 2
+    assert r0.gen_throughput_tok_s == Dist(100.0, 135.0, 170.0)
+    assert r0.span_s == pytest.approx(61.5 - 50.12)
+    si = r0.slot_imbalance
+    assert si.windows == 2 and si.max_over_mean_median == 4.0
+    assert si.cv == pytest.approx(math.sqrt(3))
+    assert s.slot_imbalance.rank == 0
     # 10 s bins from the first decode line: 7 lines at t < 10 s, 1 after
-    ot = r0["over_time"]
+    ot = r0.over_time
     assert [b["lines"] for b in ot] == [7, 1]
     assert ot[0]["gen_throughput_tok_s"] == pytest.approx(130.0)
 
@@ -41,21 +44,21 @@ def test_mixed_ranks_one_file(fixtures):
 def test_old_layout_one_file_per_rank_with_gzip(fixtures):
     d = fixtures / "sglang"
     s = sglang_log.read_logs([d / "old_rank0.log", d / "old_rank1.log.gz"], window=4)
-    assert s["lines_unrecognised"] == 0
-    assert s["ranks"]["0"]["running_req"] == {"min": 4, "median": 4.0, "max": 4}
-    assert s["ranks"]["1"]["running_req"] == {"min": 2, "median": 4.0, "max": 6}
-    assert s["ranks"]["1"]["cuda_graph_frac"] == 0.5
-    assert s["ranks"]["0"]["slot_imbalance"]["max_over_mean_median"] == 1.0
-    assert s["ranks"]["1"]["slot_imbalance"]["max_over_mean_median"] == 1.5
-    assert s["ranks"]["1"]["slot_imbalance"]["cv"] == pytest.approx(0.5)
+    assert s.log.lines_unrecognised == 0
+    assert s.ranks["0"].running_req == Dist(4, 4.0, 4)
+    assert s.ranks["1"].running_req == Dist(2, 4.0, 6)
+    assert s.ranks["1"].cuda_graph_frac == 0.5
+    assert s.ranks["0"].slot_imbalance.max_over_mean_median == 1.0
+    assert s.ranks["1"].slot_imbalance.max_over_mean_median == 1.5
+    assert s.ranks["1"].slot_imbalance.cv == pytest.approx(0.5)
 
 
 def test_tp_ranks_not_double_counted(fixtures):
     s = sglang_log.read_logs([fixtures / "sglang" / "tp2_pp2.log"])
-    assert s["lines_other_tp"] == 8
-    assert s["ranks"]["0"]["decode_lines"] == 4
-    assert s["ranks"]["1"]["running_req"]["median"] == 5
-    assert s["ranks"]["1"]["dp_ranks"] == [0]
+    assert s.log.lines_other_tp == 8
+    assert s.ranks["0"].decode_lines == 4
+    assert s.ranks["1"].running_req.median == 5
+    assert s.ranks["1"].dp_ranks == (0,)
 
 
 @pytest.mark.parametrize("line,kind,pp,it", [
@@ -95,8 +98,8 @@ def test_no_batch_lines(fixtures, tmp_path):
     with pytest.raises(CliError, match="no 'Decode batch' / 'Prefill batch' lines in 1 lines"):
         sglang_log.read_logs([tmp_path / "access.log"])
     s = sglang_log.read_logs([fixtures / "sglang" / "old_rank0.log", tmp_path / "access.log"])
-    assert s["files_without_batch_lines"] == [str(tmp_path / "access.log")]
-    assert s["lines_other"] == 1
+    assert s.log.files_without_batch_lines == (str(tmp_path / "access.log"),)
+    assert s.log.lines_other == 1
 
 
 def test_startup_line_gives_the_server_settings(tmp_path):
@@ -109,7 +112,7 @@ def test_startup_line_gives_the_server_settings(tmp_path):
         "[2026-11-30 10:00:05 PP0] Decode batch, #running-req: 8, #token: 8000, token usage: "
         "0.01, cuda graph: True, gen throughput (token/s): 80.00, #queue-req: 0, \n")
     from microbench.sglang.log import read_logs
-    s = read_logs([log])["server_settings"]
+    s = read_logs([log]).log.server_settings
     assert s == {"max_total_num_tokens": 683105, "chunked_prefill_size": 8192,
                  "max_prefill_tokens": 16384, "max_running_requests": 2048,
                  "context_len": 262144}
@@ -129,65 +132,65 @@ def test_report_takes_max_running_requests_from_the_log():
 def test_early_2025_period_trailing_comma_and_fields_after_gen(fixtures):
     # "Decode batch." (0.4.3), trailing ", ", largest-len between gen throughput and #queue-req
     s = sglang_log.read_logs([fixtures / "sglang" / "early2025_period_commas.log"], window=2)
-    assert (s["lines_total"], s["lines_unrecognised"], s["lines_other"]) == (15, 0, 5)
-    assert s["lines_other_tp"] == 5 and s["lines_batch"] == 5   # TP1 repeats TP0's batches
-    r = s["ranks"]["0"]
-    assert (r["decode_lines"], r["prefill_lines"], r["prefill_new_tokens"]) == (4, 1, 2048)
-    assert r["running_req"] == {"min": 8, "median": 231.0, "max": 509}
-    assert r["gen_throughput_tok_s"] == {"min": 100.0, "median": 250.0, "max": 400.0}
-    assert r["queue_req"]["max"] == 3 and r["span_s"] == 16.0
-    assert r["cuda_graph_frac"] == 0.0   # only the last line logs the field (False)
+    assert (s.log.lines_total, s.log.lines_unrecognised, s.log.lines_other) == (15, 0, 5)
+    assert s.log.lines_other_tp == 5 and s.log.lines_batch == 5   # TP1 repeats TP0's batches
+    r = s.ranks["0"]
+    assert (r.decode_lines, r.prefill_lines, r.prefill_new_tokens) == (4, 1, 2048)
+    assert r.running_req == Dist(8, 231.0, 509)
+    assert r.gen_throughput_tok_s == Dist(100.0, 250.0, 400.0)
+    assert r.queue_req.max == 3 and r.span_s == 16.0
+    assert r.cuda_graph_frac == 0.0   # only the last line logs the field (False)
 
 
 def test_dp_attention_every_dp_rank_is_its_own_batch(fixtures):
     # TP8 / DP8 with DP attention: 8 schedulers, each logs its own batch; all are counted
     s = sglang_log.read_logs([fixtures / "sglang" / "dp_attention_tp8_dp8.log"], window=2)
-    assert s["lines_other_tp"] == 0 and s["lines_batch"] == 40
-    r = s["ranks"]["0"]
-    assert r["dp_ranks"] == list(range(8))
-    assert (r["decode_lines"], r["prefill_lines"]) == (32, 8)
-    assert r["running_req"] == {"min": 1, "median": 4.5, "max": 8}
-    assert r["cuda_graph_frac"] == 31 / 32
-    assert r["prefill_new_tokens"] == 100 * sum(range(1, 9))
+    assert s.log.lines_other_tp == 0 and s.log.lines_batch == 40
+    r = s.ranks["0"]
+    assert r.dp_ranks == tuple(range(8))
+    assert (r.decode_lines, r.prefill_lines) == (32, 8)
+    assert r.running_req == Dist(1, 4.5, 8)
+    assert r.cuda_graph_frac == 31 / 32
+    assert r.prefill_new_tokens == 100 * sum(range(1, 9))
     # windows never mix two DP ranks: each scheduler's slots are all the same size here
-    assert r["slot_imbalance"] == {"window": 2, "windows": 16, "max_over_mean_median": 1.0,
-                                   "cv": 0.0}
-    d7 = r["by_dp"]["7"]
-    assert (d7["decode_lines"], d7["running_req"]["median"]) == (4, 8.0)
-    assert d7["cuda_graph_frac"] == 0.75
-    assert s["slot_imbalance"]["rank"] == 0 and s["slot_imbalance"]["dp"] == 0
+    assert r.slot_imbalance == SlotImbalance(window=2, windows=16, max_over_mean_median=1.0,
+                                             cv=0.0)
+    d7 = r.by_dp["7"]
+    assert (d7.decode_lines, d7.running_req.median) == (4, 8.0)
+    assert d7.cuda_graph_frac == 0.75
+    assert s.slot_imbalance.rank == 0 and s.slot_imbalance.dp == 0
 
 
 def test_attention_cp_npu_and_disaggregated_prefill(fixtures):
     s = sglang_log.read_logs([fixtures / "sglang" / "attn_cp_npu_prefill.log"])
-    assert s["lines_unrecognised"] == 0 and s["lines_other"] == 6
-    assert s["lines_other_tp"] == 5      # the ATTN_CP1 TP1 lines repeat ATTN_CP0 TP0's
-    r0, r1 = s["ranks"]["0"], s["ranks"]["1"]
+    assert s.log.lines_unrecognised == 0 and s.log.lines_other == 6
+    assert s.log.lines_other_tp == 5      # the ATTN_CP1 TP1 lines repeat ATTN_CP0 TP0's
+    r0, r1 = s.ranks["0"], s.ranks["1"]
     # PP0 is a disaggregated prefill server: no #running-req in its prefill lines
-    assert (r0["prefill_lines"], r0["prefill_new_tokens"], r0["decode_lines"]) == (3, 24576, 0)
-    assert r0["running_req"]["median"] is None and r0["span_s"] == 2.0
-    assert (r1["prefill_lines"], r1["decode_lines"], r1["cuda_graph_frac"]) == (2, 1, 0.0)
-    assert r1["span_s"] == 239.0
+    assert (r0.prefill_lines, r0.prefill_new_tokens, r0.decode_lines) == (3, 24576, 0)
+    assert r0.running_req.median is None and r0.span_s == 2.0
+    assert (r1.prefill_lines, r1.decode_lines, r1.cuda_graph_frac) == (2, 1, 0.0)
+    assert r1.span_s == 239.0
 
 
 def test_custom_logging_format_without_sglang_prefix(fixtures):
     d = fixtures / "sglang"
     s = sglang_log.read_logs([d / "custom_format_rank0.log", d / "custom_format_rank1.log"],
                              window=2)
-    assert (s["lines_total"], s["lines_unrecognised"]) == (13, 1)   # the cut WARNING line
-    r0, r1 = s["ranks"]["0"], s["ranks"]["1"]   # no PP tags: the file's index is its rank
-    assert (r0["decode_lines"], r0["prefill_lines"], r0["span_s"]) == (3, 1, None)
-    assert r0["over_time"] == [] and r0["running_req"] == {"min": 2, "median": 4.0, "max": 6}
+    assert (s.log.lines_total, s.log.lines_unrecognised) == (13, 1)   # the cut WARNING line
+    r0, r1 = s.ranks["0"], s.ranks["1"]   # no PP tags: the file's index is its rank
+    assert (r0.decode_lines, r0.prefill_lines, r0.span_s) == (3, 1, None)
+    assert r0.over_time == () and r0.running_req == Dist(2, 4.0, 6)
     # asctime with a comma before the milliseconds; the reordered line is read field by field
-    assert r1["span_s"] == 2.5 and r1["running_req"] == {"min": 3, "median": 4.0, "max": 5}
-    assert r1["cuda_graph_frac"] == 0.5
+    assert r1.span_s == 2.5 and r1.running_req == Dist(3, 4.0, 5)
+    assert r1.cuda_graph_frac == 0.5
 
 
 def test_dateless_clock_wraps_past_midnight(fixtures):
     s = sglang_log.read_logs([fixtures / "sglang" / "dateless_2024_midnight.log"], window=2)
-    r = s["ranks"]["0"]
-    assert r["decode_lines"] == 4 and r["span_s"] == 4.0 and s["lines_unrecognised"] == 0
-    assert [b["lines"] for b in r["over_time"]] == [4]
+    r = s.ranks["0"]
+    assert r.decode_lines == 4 and r.span_s == 4.0 and s.log.lines_unrecognised == 0
+    assert [b["lines"] for b in r.over_time] == [4]
 
 
 def _all_fixture_logs(fixtures):
@@ -272,7 +275,7 @@ def test_startup_lines_name_the_moe_kernel(tmp_path, lines, want):
     log = tmp_path / "server.log"
     log.write_text("".join(f"[2026-11-30 10:00:0{i} TP0 PP0] {ln}\n" for i, ln in enumerate(lines))
                    + _DECODE)
-    assert sglang_log.read_logs([log])["moe_kernel"] == want
+    assert sglang_log.read_logs([log]).log.moe_kernel == want
 
 
 def test_moe_kernel_read_only_at_start_up_and_across_block_edges(tmp_path, monkeypatch):
@@ -317,7 +320,7 @@ def test_startup_lines_name_the_attention_backend(tmp_path, lines, want):
     log = tmp_path / "server.log"
     log.write_text("".join(f"[2026-11-30 10:00:0{i}] {ln}\n" for i, ln in enumerate(lines))
                    + _DECODE)
-    assert sglang_log.read_logs([log])["attention_backend"] == want
+    assert sglang_log.read_logs([log]).log.attention_backend == want
     assert sglang_log.startup_attention_backend([log]) == want
 
 
@@ -351,20 +354,20 @@ def _epoch(clock: str) -> float:
 
 def test_lab_cpu_graph_lines_read_like_cuda_graph(fixtures, tmp_path):
     s = sglang_log.read_logs([_lab(fixtures)], window=2)
-    assert (s["lines_total"], s["lines_batch"], s["lines_unrecognised"]) == (345, 190, 0)
-    r0, r1 = s["ranks"]["0"], s["ranks"]["1"]
-    assert (r0["decode_lines"], r0["prefill_lines"]) == (86, 10)
-    assert (r1["decode_lines"], r1["prefill_lines"]) == (84, 10)
+    assert (s.log.lines_total, s.log.lines_batch, s.log.lines_unrecognised) == (345, 190, 0)
+    r0, r1 = s.ranks["0"], s.ranks["1"]
+    assert (r0.decode_lines, r0.prefill_lines) == (86, 10)
+    assert (r1.decode_lines, r1.prefill_lines) == (84, 10)
     # every decode line says `cpu graph: False`: none on the graph path, and the label is kept
-    assert r0["cuda_graph_frac"] == 0.0 and r1["cuda_graph_frac"] == 0.0
-    assert r0["graph_device"] == "cpu" and r1["graph_device"] == "cpu"
+    assert r0.cuda_graph_frac == 0.0 and r1.cuda_graph_frac == 0.0
+    assert r0.graph_device == "cpu" and r1.graph_device == "cpu"
     # the same log with SGLang's CUDA label reads the same, but for the label
     cuda = tmp_path / "cuda.log"
     cuda.write_text(_lab(fixtures).read_text().replace("cpu graph:", "cuda graph:"))
     c = sglang_log.read_logs([cuda], window=2)
     for r in ("0", "1"):
-        assert c["ranks"][r]["graph_device"] == "cuda"
-        assert {**c["ranks"][r], "graph_device": "cpu"} == s["ranks"][r]
+        assert c.ranks[r].graph_device == "cuda"
+        assert replace(c.ranks[r], graph_device="cpu") == s.ranks[r]
 
 
 @pytest.mark.parametrize("labels,frac,device", [
@@ -379,26 +382,26 @@ def test_graph_label_of_any_device_counts_and_is_recorded(tmp_path, labels, frac
         f"[2026-12-01 21:41:{10 + i} PP0] Decode batch, #running-req: 4, #token: 60, token usage:"
         f" 0.00, {g}, gen throughput (token/s): 50.00, #queue-req: 0\n"
         for i, g in enumerate(labels)))
-    r = sglang_log.read_logs([log])["ranks"]["0"]
-    assert (r["cuda_graph_frac"], r["graph_device"]) == (frac, device)
+    r = sglang_log.read_logs([log]).ranks["0"]
+    assert (r.cuda_graph_frac, r.graph_device) == (frac, device)
     monkeypatch.setattr(log_scan, "_DEC_SIZE", re.compile(rb"(x)never"))   # line by line
-    assert sglang_log.read_logs([log])["ranks"]["0"] == r
+    assert sglang_log.read_logs([log]).ranks["0"] == r
 
 
 def test_lab_prefill_waves_per_rank(fixtures):
     s = sglang_log.read_logs([_lab(fixtures)], window=2)
     for r in ("0", "1"):
-        d = s["ranks"][r]
+        d = s.ranks[r]
         # a warm-up request, one request alone, then bursts of 8 admitted as 1 + 7, 1 + 4 + 3
         # and 1 + 6 + 2 (on PP1 the 3 comes after a PP0 decode line: still in its place)
-        assert [w["new_seq"] for w in d["prefill_waves"]] == [1, 1, 1, 7, 1, 4, 3, 1, 6, 2]
-        assert d["prefill_new_seq_total"] == 27
-        assert d["prefill_new_seq_hist"] == {"1": 5, "2": 1, "3": 1, "4": 1, "6": 1, "7": 1}
-        assert d["prefill_new_tokens"] == 1476 and d["prefill_cached_tokens"] == 210
-        assert d["prefill_waves"][0] == {
+        assert [w.new_seq for w in d.prefill_waves] == [1, 1, 1, 7, 1, 4, 3, 1, 6, 2]
+        assert d.prefill_new_seq_total == 27
+        assert d.prefill_new_seq_hist == {"1": 5, "2": 1, "3": 1, "4": 1, "6": 1, "7": 1}
+        assert d.prefill_new_tokens == 1476 and d.prefill_cached_tokens == 210
+        assert to_json(d.prefill_waves[0]) == {
             "t_s": _epoch("2026-12-01 21:41:23"), "new_seq": 1, "new_token": 22,
             "cached_token": 0, "running_req": 0, "queue_req": 0}
-        assert d["prefill_waves"][6] == {
+        assert to_json(d.prefill_waves[6]) == {
             "t_s": _epoch("2026-12-01 21:42:20"), "new_seq": 3, "new_token": 186,
             "cached_token": 6, "running_req": 1, "queue_req": 0}
 
@@ -410,15 +413,15 @@ def test_prefill_waves_capped_and_without_running_req(fixtures, tmp_path):
         f"64, #cached-token: 0, token usage: 0.00, #running-req: 0, #queue-req: {i % 2}, "
         f"#pending-token: 0, cpu graph: False, input throughput (token/s): 10.00\n"
         for i in range(sglang_log.PREFILL_WAVES + 6)))
-    d = sglang_log.read_logs([log])["ranks"]["0"]
+    d = sglang_log.read_logs([log]).ranks["0"]
     n = sglang_log.PREFILL_WAVES + 6
-    assert d["prefill_lines"] == n and len(d["prefill_waves"]) == sglang_log.PREFILL_WAVES
-    assert d["prefill_new_seq_total"] == sum(1 + i % 3 for i in range(n))
-    assert d["prefill_new_seq_hist"] == {"1": 24, "2": 23, "3": 23}
+    assert d.prefill_lines == n and len(d.prefill_waves) == sglang_log.PREFILL_WAVES
+    assert d.prefill_new_seq_total == sum(1 + i % 3 for i in range(n))
+    assert d.prefill_new_seq_hist == {"1": 24, "2": 23, "3": 23}
     # a disaggregated prefill server logs no #running-req: None, not 0
-    p = sglang_log.read_logs([fixtures / "sglang" / "attn_cp_npu_prefill.log"])["ranks"]["0"]
-    assert [w["running_req"] for w in p["prefill_waves"]] == [None, None, None]
-    assert p["prefill_new_seq_total"] == sum(w["new_seq"] for w in p["prefill_waves"])
+    p = sglang_log.read_logs([fixtures / "sglang" / "attn_cp_npu_prefill.log"]).ranks["0"]
+    assert [w.running_req for w in p.prefill_waves] == [None, None, None]
+    assert p.prefill_new_seq_total == sum(w.new_seq for w in p.prefill_waves)
 
 
 _LAB_ARGS = {"form": "dict", "pp_size": 2, "tp_size": 1, "device": "cpu",
@@ -431,15 +434,15 @@ _LAB_ARGS = {"form": "dict", "pp_size": 2, "tp_size": 1, "device": "cpu",
 
 def test_lab_server_args_summary(fixtures, tmp_path):
     s = sglang_log.read_logs([_lab(fixtures)])
-    assert s["server_args"] == _LAB_ARGS
+    assert to_json(s.log.server_args) == _LAB_ARGS
     # the scheduler's own start-up line still gives what SGLang chose for the defaults
-    assert s["server_settings"]["max_running_requests"] == 2048
-    assert s["attention_backend"] == {"backend": "torch_native", "source": "--attention-backend"}
+    assert s.log.server_settings["max_running_requests"] == 2048
+    assert s.log.attention_backend == {"backend": "torch_native", "source": "--attention-backend"}
     # a value whose repr is not a literal: each key is read on its own, to the same summary
     text = _lab(fixtures).read_text()
     odd = tmp_path / "odd.log"
     odd.write_text(text.replace("server_args={", "server_args={'x': <Backend.DISABLED: 1>, "))
-    assert sglang_log.read_logs([odd])["server_args"] == _LAB_ARGS
+    assert to_json(sglang_log.read_logs([odd]).log.server_args) == _LAB_ARGS
 
 
 def test_server_args_older_form():
@@ -478,15 +481,15 @@ def _with_override(fixtures, tmp_path):
 
 def test_runtime_setting_change_recorded_with_its_time(fixtures, tmp_path):
     s = sglang_log.read_logs([_with_override(fixtures, tmp_path)])
-    assert s["config_overrides"] == [{
+    assert to_json(s.log.config_overrides) == [{
         "t_s": _epoch("2026-12-01 21:42:30"), "clock": "2026-12-01 21:42:30", "ranks": [0, 1],
         "overrides": {"pp_max_micro_batch_size": 4},
         "text": "{'pp_max_micro_batch_size': 4}"}]
-    assert s["lines_other"] == 155 + 3
-    assert sglang_log.read_logs([_lab(fixtures)])["config_overrides"] == []
+    assert s.log.lines_other == 155 + 3
+    assert sglang_log.read_logs([_lab(fixtures)]).log.config_overrides == ()
     from reports.model.observed.server_log import log_setting_lines
     assert ("Setting changed at run time [log] 2026-12-01 21:42:30 (PP rank 0, 1): "
-            "pp_max_micro_batch_size=4.") in log_setting_lines(s, s["ranks"])
+            "pp_max_micro_batch_size=4.") in log_setting_lines(s.log, s.ranks)
 
 
 def test_lab_log_in_blocks_and_worker_processes(fixtures, tmp_path, monkeypatch):
@@ -498,9 +501,9 @@ def test_lab_log_in_blocks_and_worker_processes(fixtures, tmp_path, monkeypatch)
                            .replace("21:42:31 PP1] Config", f"20:{k:02d}:31 PP1] Config")
                            for k in range(20)))
     whole = sglang_log.read_logs([big], workers=1)
-    assert [o["clock"] for o in whole["config_overrides"]] == [
+    assert [o.clock for o in whole.log.config_overrides] == [
         f"2026-12-01 20:{k:02d}:30" for k in range(20)]
-    assert all(o["ranks"] == [0, 1] for o in whole["config_overrides"])
+    assert all(o.ranks == (0, 1) for o in whole.log.config_overrides)
     monkeypatch.setattr(log_scan, "CHUNK_BYTES", 4099)   # blocks cut mid-line
     assert sglang_log.read_logs([big], workers=1) == whole
     assert sglang_log.read_logs([big], workers=2) == whole
@@ -508,14 +511,14 @@ def test_lab_log_in_blocks_and_worker_processes(fixtures, tmp_path, monkeypatch)
 
 def test_lab_graphs_off_by_setting_with_the_reasons(fixtures):
     s = sglang_log.read_logs([_lab(fixtures)])
-    assert s["graph_setting"] == {"off_by_setting": True, "reasons": [
+    assert to_json(s.log.graph_setting) == {"off_by_setting": True, "reasons": [
         "device cpu without --enable-torch-compile: SGLang captures no CPU graph",
         "server_args disable_cuda_graph=True",
         "server_args cuda_graph_config decode backend 'disabled'",
         "SGLang: Cuda graph is disabled because of using torch native attention backend",
         "--disable-cuda-graph given (SGLang's deprecation warning for it)"]}
     from reports.model.observed.server_log import log_setting_lines
-    text = "\n".join(log_setting_lines(s, s["ranks"]))
+    text = "\n".join(log_setting_lines(s.log, s.ranks))
     assert ("Decode graphs [log]: off by setting (device cpu without --enable-torch-compile: "
             "SGLang captures no CPU graph; ") in text
     assert "off the `cpu graph` path are this setting, not a fallback." in text
@@ -547,7 +550,7 @@ def test_graph_notes_read_from_start_up_lines(tmp_path):
     log = tmp_path / "server.log"
     log.write_text("[2026-11-30 10:00:00] CUDA graph is disabled because --enable-mis is set.\n"
                    + _DECODE)
-    assert sglang_log.read_logs([log])["graph_setting"] == {
+    assert to_json(sglang_log.read_logs([log]).log.graph_setting) == {
         "off_by_setting": True,
         "reasons": ["SGLang: CUDA graph is disabled because --enable-mis is set."]}
 
@@ -561,12 +564,8 @@ def test_graph_verdict_number_says_off_by_setting():
 
 
 def test_report_verdict_on_graphs_off_by_setting(fixtures):
-    from reports.base.payloads.sglang import SglangData
-    from reports.base.schema import from_json
     from reports.model.verdicts import NOT, graph_evidence
-    log = sglang_log.read_logs([_lab(fixtures)])
-    sg = from_json(SglangData, {"ranks": log.pop("ranks"),
-                                "slot_imbalance": log.pop("slot_imbalance"), "log": log})
+    sg = sglang_log.read_logs([_lab(fixtures)])
     v, number, evidence = graph_evidence(sg)
     assert v == NOT and number.startswith("Decode graphs off by setting (device cpu without ")
     assert evidence == "sglang.json (observed: log start-up lines)"

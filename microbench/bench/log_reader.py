@@ -40,7 +40,7 @@ def _child(files: list[str], workers: int | None, memory: bool) -> None:
 
     def run() -> None:
         s = log.read_logs(files, workers=workers)
-        out.update(lines_total=s["lines_total"], lines_batch=s["lines_batch"])
+        out.update(lines_total=s.log.lines_total, lines_batch=s.log.lines_batch)
     print(json.dumps({**measured(run, sample_s=0.05 if memory else None), **out}))
 
 

@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from reports.base.errors import CliError
+from reports.base.payloads.sglang import (ArrivalBurst, BenchRun, BenchSource, LoopProfile,
+                                          MetricsWindow, SglangData, TraceRank)
+from reports.base.schema import from_json
 
 _DESTS = ("sglang_log", "sglang_traces", "sglang_metrics", "bench", "url")
 
@@ -132,13 +136,11 @@ def _mmb(s: str) -> tuple[int, ...]:
         raise CliError(f"--mmb-sweep: expected comma-separated integers, got {s!r}") from None
 
 
-def collect(args: argparse.Namespace) -> dict:
+def collect(args: argparse.Namespace) -> SglangData:
     from reports.base import bench_serving as sglang_bench
     from microbench.sglang import log as sglang_log
     from microbench.sglang import trace as sglang_trace
-    data: dict = {"ranks": {}, "slot_imbalance": None, "bench": [], "traces": None,
-                  "metrics": None, "metrics_window": None, "live": None, "log": None,
-                  "loop": None}
+    data = SglangData()
     if not wants(args):
         raise CliError("needs at least one of --log, --traces, --metrics, --bench, --url")
     if args.link_gbps is not None and not 0 < args.link_gbps < 1e5:
@@ -147,15 +149,12 @@ def collect(args: argparse.Namespace) -> dict:
         raise CliError(f"--concurrency must be between 1 and 65536, got {args.concurrency}")
     if not 1 <= args.slot_window <= 4096:
         raise CliError(f"--slot-window must be between 1 and 4096, got {args.slot_window}")
-    if args.sglang_log:
-        log = sglang_log.read_logs(args.sglang_log, window=args.slot_window)
-        data["ranks"] = log.pop("ranks")
-        data["slot_imbalance"] = log.pop("slot_imbalance")
-        data["log"] = log
+    if args.sglang_log:         # its ranks, slot_imbalance and log
+        data = sglang_log.read_logs(args.sglang_log, window=args.slot_window)
     if args.sglang_traces:
-        data["traces"] = sglang_trace.read_traces(
+        data = replace(data, traces=sglang_trace.read_traces(
             args.sglang_traces, link_gbps=args.link_gbps,
-            hta_compatible=getattr(args, "hta_compatible", False))
+            hta_compatible=getattr(args, "hta_compatible", False)))
     if args.sglang_metrics or getattr(args, "metrics_window", None) is not None:
         from microbench.sglang import metrics_window as mw
         if args.sglang_metrics:
@@ -165,23 +164,26 @@ def collect(args: argparse.Namespace) -> dict:
             pages, src, secs = mw.scrape_pages(args.url, args.metrics_window)
         else:
             raise CliError("--metrics-window needs --url (or give saved scrapes to --metrics)")
-        data["metrics"] = {**pages[-1], "source": src}
-        data["metrics_window"] = mw.window(pages, src, secs)
+        data = replace(data, metrics={**pages[-1], "source": src}, metrics_window=from_json(
+            MetricsWindow, mw.window(pages, src, secs), "metrics_window"))
     if args.bench:
         b = sglang_bench.read_bench(args.bench)
-        data["bench"] = b["runs"]
-        data["bench_source"] = {"file": b["file"], "format": b["source"],
-                                "lines_unrecognised": b["lines_unrecognised"]}
+        data = replace(data, bench=tuple(from_json(BenchRun, r, f"bench[{i}]")
+                                         for i, r in enumerate(b["runs"])),
+                       bench_source=BenchSource(file=b["file"], format=b["source"],
+                                                lines_unrecognised=b["lines_unrecognised"]))
         dup = [n for n in sglang_bench.observed_points(b["runs"], b["file"])[1]
                if " runs at C=" in n]             # several runs at one C: which one counts
         for note in b["notes"] + dup:
             print(f"warning: {note}", file=sys.stderr)
     if args.sglang_traces:      # after --bench: its --max-concurrency is C when not given
-        data["loop"] = _loop(args, data)
-        if args.sglang_log and data["loop"] is not None:
+        loop = _loop(args, data)
+        if args.sglang_log:
             from microbench.sglang.profiler_cost import window_evidence
             slow, bursts = window_evidence(_log_files(args.sglang_log))
-            data["loop"].update(profiler_slowdown=slow, bursts=bursts)
+            loop = replace(loop, profiler_slowdown=slow, bursts=tuple(
+                from_json(ArrivalBurst, b, f"loop.bursts[{i}]") for i, b in enumerate(bursts)))
+        data = replace(data, loop=loop)
     if args.url and not _reads(args, "live"):
         pass      # --metrics-window: the server's own load is watched, none is added
     elif args.url:
@@ -198,7 +200,7 @@ def collect(args: argparse.Namespace) -> dict:
             model=args.model_name, chat=args.chat, mmb_sweep=_mmb(args.mmb_sweep),
             profile=args.profile, trace_dir=args.trace_dir, profile_steps=args.profile_steps,
             profile_stacks=getattr(args, "profile_stacks", False))
-        data["live"] = sglang_live.run_live(cfg, link_gbps=args.link_gbps)
+        data = replace(data, live=sglang_live.run_live(cfg, link_gbps=args.link_gbps))
     elif args.profile:
         raise CliError("--profile needs --url")
     return data
@@ -213,7 +215,7 @@ def _log_files(paths) -> list[Path]:
     return out
 
 
-def _hidden(args: argparse.Namespace, data: dict) -> int | None:
+def _hidden(args: argparse.Namespace) -> int | None:
     """Hidden size, to turn a hidden-state receive's element count into a micro-batch size:
     the model preset's (`--model`), else None (then only rank 0's batch sizes are known)."""
     if getattr(args, "model", None):
@@ -225,81 +227,78 @@ def _hidden(args: argparse.Namespace, data: dict) -> int | None:
     return None
 
 
-def _loop(args: argparse.Namespace, data: dict) -> dict:
+def _loop(args: argparse.Namespace, data: SglangData) -> LoopProfile:
     """Per-iteration loop profile of the traced ranks (microbench/sglang/steps.py)."""
     from microbench.sglang import steps
     from microbench.sglang import trace as sglang_trace
     by_name = {p.name: p for p in sglang_trace.find_traces(args.sglang_traces)}
-    paths = {int(r): by_name[d["file"]] for r, d in data["traces"]["ranks"].items()
-             if d.get("file") in by_name and str(r).isdigit()}
-    tr = data["traces"]["ranks"]
-    offsets = {int(r): d["clock_offset_us"] for r, d in tr.items()
-               if str(r).isdigit() and d.get("clock_offset_us")}   # evidence.py's estimate
-    loop = steps.read_loop(paths, hidden=_hidden(args, data), link_gbps=args.link_gbps,
-                           no_gpu_events=bool(tr) and all(not d.get("gpu_events")
-                                                          for d in tr.values()),
+    tr = data.traces.ranks
+    paths = {int(r): by_name[d.file] for r, d in tr.items() if d.file in by_name and r.isdigit()}
+    offsets = {int(r): d.clock_offset_us for r, d in tr.items()
+               if r.isdigit() and d.clock_offset_us}   # evidence.py's estimate
+    loop = steps.read_loop(paths, hidden=_hidden(args), link_gbps=args.link_gbps,
+                           no_gpu_events=bool(tr) and all(not d.gpu_events for d in tr.values()),
                            offsets=offsets)
     c, c_from = args.concurrency, "given (ppscope sglang --concurrency)"
     if c is None and args.url and args.profile:
         c, c_from = args.live_concurrency, "the live probe's --live-concurrency"
-    caps = {b.get("max_concurrency") for b in data.get("bench") or []} - {None}
+    caps = {b.max_concurrency for b in data.bench} - {None}
     if c is None and len(caps) == 1:
         c, c_from = caps.pop(), "bench_serving's --max-concurrency (--bench)"
-    loop.update(concurrency=c, model=getattr(args, "model", None),
-                link_gbps=args.link_gbps, concurrency_from=c_from if c else None)
-    return loop
+    return replace(loop, concurrency=c, model=getattr(args, "model", None),
+                   link_gbps=args.link_gbps, concurrency_from=c_from if c else None)
 
 
-def render(data: dict) -> str:
+def render(data: SglangData) -> str:
     from tabulate import tabulate
     parts = []
-    if data["ranks"]:
+    if data.ranks:
         def row(label, d):
-            return [label, d["decode_lines"], d["prefill_lines"], d["running_req"]["min"],
-                    d["running_req"]["median"], d["running_req"]["max"], d["cuda_graph_frac"],
-                    d["gen_throughput_tok_s"]["median"],
-                    (d.get("slot_imbalance") or {}).get("max_over_mean_median")]
+            imb = d.slot_imbalance
+            return [label, d.decode_lines, d.prefill_lines, _count(d.running_req.min),
+                    d.running_req.median, _count(d.running_req.max), d.cuda_graph_frac,
+                    d.gen_throughput_tok_s.median, imb.max_over_mean_median if imb else None]
         rows = []
-        for r, d in data["ranks"].items():   # DP attention: all DP ranks, then each one
-            rows.append(row(f"{r} (all DP)" if d.get("by_dp") else r, d))
-            rows += [row(f"{r} DP{k}", x) for k, x in (d.get("by_dp") or {}).items()]
+        for r, d in data.ranks.items():   # DP attention: all DP ranks, then each one
+            rows.append(row(f"{r} (all DP)" if d.by_dp else r, d))
+            rows += [row(f"{r} DP{k}", x) for k, x in d.by_dp.items()]
         parts.append("Server log, per PP rank\n" + tabulate(rows, headers=[
             "pp rank", "decode lines", "prefill lines", "running min", "running median",
             "running max", "cuda-graph frac", "gen tok/s median", "slot max/mean"],
             floatfmt=".2f"))
-        log = data["log"]
-        parts.append(f"lines: {log['lines_total']} total, {log['lines_batch']} batch, "
-                     f"{log['lines_unrecognised']} unrecognised, {log['lines_other']} other")
-        if log.get("files_without_batch_lines"):
-            parts.append("no batch lines in: " + ", ".join(log["files_without_batch_lines"]))
+        log = data.log
+        parts.append(f"lines: {log.lines_total} total, {log.lines_batch} batch, "
+                     f"{log.lines_unrecognised} unrecognised, {log.lines_other} other")
+        if log.files_without_batch_lines:
+            parts.append("no batch lines in: " + ", ".join(log.files_without_batch_lines))
         from reports.model.observed.server_log import attention_lines, log_setting_lines, moe_kernel_lines
-        parts += moe_kernel_lines(log.get("moe_kernel"))
-        parts += attention_lines(log.get("attention_backend"))
-        parts += log_setting_lines(log, data["ranks"])
-    if data["traces"]:
-        if any(d.get("gpu_events") for d in data["traces"]["ranks"].values()):
-            parts.append(_render_traces(data["traces"]["ranks"]))
-        for line in data["traces"].get("files_skipped") or ():
+        parts += moe_kernel_lines(log.moe_kernel)
+        parts += attention_lines(log.attention_backend)
+        parts += log_setting_lines(log, data.ranks)
+    if data.traces:
+        if any(d.gpu_events for d in data.traces.ranks.values()):
+            parts.append(_render_traces(data.traces.ranks))
+        for line in data.traces.files_skipped:
             parts.append(f"trace left out: {line}")
-        for line in (data["traces"].get("clock") or {}).get("notes") or ():
+        for line in (data.traces.clock or {}).get("notes") or ():   # Json: evidence.py's
             parts.append(f"clock: {line}")
-    if data.get("loop") and data["loop"].get("ranks"):
-        parts.append(_render_loop(data["loop"]))
-    if data["bench"]:
-        rows = [["none" if b["max_concurrency"] is None else b["max_concurrency"],
-                 b["mean_concurrency"], b["output_throughput"], b["mean_ttft_ms"],
-                 b["mean_tpot_ms"], b["median_itl_ms"]] for b in data["bench"]]
+    if data.loop and data.loop.ranks:
+        parts.append(_render_loop(data.loop))
+    if data.bench:
+        rows = [["none" if b.max_concurrency is None else b.max_concurrency,
+                 b.mean_concurrency, b.output_throughput, b.mean_ttft_ms,
+                 b.mean_tpot_ms, b.median_itl_ms] for b in data.bench]
         parts.append("bench_serving\n" + tabulate(rows, headers=[
             "max concurrency", "mean concurrency", "output tok/s", "mean TTFT ms",
             "mean TPOT ms", "median ITL ms"], floatfmt=("g", ".2f", ".1f", ".1f", ".1f", ".1f")))
-    if data.get("metrics_window"):
+    if data.metrics_window:
         from reports.model.observed.metrics_verdicts import window_table
-        parts.append(window_table(data["metrics_window"]))
-    elif data["metrics"]:
-        parts.append(f"metrics: {len(data['metrics']['ranks'])} pp rank(s) from "
-                     f"{data['metrics']['source']}")
-    if data["live"]:
-        runs = data["live"]["runs"] + [s for s in data["live"]["mmb_sweep"] if s["status"] == "ok"]
+        parts.append(window_table(data.metrics_window))
+    elif data.metrics:        # Json (display only): metrics.py's summary
+        parts.append(f"metrics: {len(data.metrics['ranks'])} pp rank(s) from "
+                     f"{data.metrics['source']}")
+    if data.live:             # Json (display only): live.py's runs
+        runs = data.live["runs"] + [s for s in data.live["mmb_sweep"] if s["status"] == "ok"]
         rows = [[r["arrival"], r.get("pp_max_micro_batch_size"), r["concurrency"],
                  r["tok_per_s"], r["itl_ms"]["p50"], r["itl_ms"]["p99"], r["lockstep"]["index"]]
                 for r in runs]
@@ -309,28 +308,34 @@ def render(data: dict) -> str:
     return "\n\n".join(parts)
 
 
+def _count(v: float | None) -> int | float | None:
+    """A count the payload types as a float (`Dist`: #running-req's min and max are whole
+    requests), shown as the whole number it is."""
+    return int(v) if v is not None and float(v).is_integer() else v
+
+
 def _ms(v):
     return None if v is None else v / 1e3
 
 
-def _render_loop(loop: dict) -> str:
+def _render_loop(loop: LoopProfile) -> str:
     """The loop profile per rank (microbench/sglang/steps.py, cpu_steps.py), ms."""
     from tabulate import tabulate
     rows = []
-    for r, d in sorted(loop["ranks"].items(), key=lambda kv: int(kv[0])):
-        if d.get("reason"):
-            rows.append([r, d["reason"]] + [None] * 10)
+    for r, d in sorted(loop.ranks.items(), key=lambda kv: int(kv[0])):
+        if d.reason:
+            rows.append([r, d.reason] + [None] * 10)
             continue
-        fw = ", ".join(f"{b}: {v / 1e3:.2f}" for b, v in (d.get("forward_us_by_batch") or {}).items()
+        fw = ", ".join(f"{b}: {v / 1e3:.2f}" for b, v in d.forward_us_by_batch.items()
                        if v is not None)
-        w = d.get("wait_us_mean") or {}
-        rows.append([r, d.get("forwards"), fw, d.get("iterations"), d.get("slots"),
-                     _ms(d.get("host_us_mean")), _ms(d.get("host_us_empty_mean")),
-                     _ms(d.get("send_us_mean")), _ms(w.get("relay")), _ms(w.get("input")),
+        w = d.wait_us_mean
+        rows.append([r, d.forwards, fw, d.iterations, d.slots,
+                     _ms(d.host_us_mean), _ms(d.host_us_empty_mean),
+                     _ms(d.send_us_mean), _ms(w.get("relay")), _ms(w.get("input")),
                      _ms(w.get("output")), _ms(w.get("commit"))])
-    hops = ", ".join(f"{k}: {v['mean_us'] / 1e3:.2f} ms" for k, v in (loop.get("hops") or {}).items()
-                     if v.get("mean_us") is not None)
-    where = "on the CPU (SGLang's CPU backend)" if loop.get("device") == "cpu" else "on the GPU"
+    hops = ", ".join(f"{k}: {v.mean_us / 1e3:.2f} ms" for k, v in loop.hops.items()
+                     if v.mean_us is not None)
+    where = "on the CPU (SGLang's CPU backend)" if loop.device == "cpu" else "on the GPU"
     return (f"Loop profile per rank (forwards {where}; waiting is blocked time, not work)\n"
             + tabulate(rows, headers=["rank", "decode forwards", "forward ms by batch size",
                                       "iterations", "slots", "host ms/visit",
@@ -339,45 +344,45 @@ def _render_loop(loop: dict) -> str:
                                       "wait: outputs ms", "wait: send commits ms"],
                             floatfmt=".2f")
             + (f"\nhops (arrival after the send was posted): {hops}" if hops else "")
-            + "".join(f"\nPP pathology [traces]: {x}" for x in loop.get("pathologies") or ())
+            + "".join(f"\nPP pathology [traces]: {x}" for x in loop.pathologies)
             + _bursts_line(loop))
 
 
-def _bursts_line(loop: dict) -> str:
+def _bursts_line(loop: LoopProfile) -> str:
     """The benchmark's first burst of C requests as the log admitted it (arrival_bursts.py):
     the micro-batches the run kept, beside the traced window's own."""
     from reports.model.sim.bench_run import waves_text
-    c = loop.get("concurrency")
-    b = next((b for b in loop.get("bursts") or () if b["requests"] == c), None)
+    c = loop.concurrency
+    b = next((b for b in loop.bursts if b.requests == c), None)
     if b is None:
         return ""
     return (f"\nfirst burst of {c} requests outside the traced window [log]: admitted as "
-            f"{waves_text(b['waves'])}")
+            f"{waves_text(b.waves)}")
 
 
-def _render_traces(ranks: dict) -> str:
+def _render_traces(ranks: dict[str, TraceRank]) -> str:
     from tabulate import tabulate
     rows, sched = [], {}
     for r, d in ranks.items():
-        if not d.get("gpu_events"):
+        if not d.gpu_events:
             rows.append([r, 0] + [None] * 12)
             continue
-        cs = d.get("idle_split_compute_stream_us") or {}
-        rec = d["nccl_recv"]
-        rows.append([r, d["gpu_events"], _ms(d["span_us"]), 100 * d["busy_frac"],
-                     100 * d["compute_us"] / d["span_us"],
-                     _ms(d["idle_us"]), _ms(cs.get("host_wait_us")), _ms(cs.get("other_us")),
-                     rec["kernels"], _ms(rec["total_us"]), _ms(rec["wait_us"]),
-                     d["dispatch_latency_us"]["p50"], d["cpu_dispatch_latency_us"]["p50"],
-                     f"{d['graph_kernels']}/{d['eager_kernels']}"])
-        for name, v in d["scheduler_ranges_us"].items():
+        cs = d.idle_split_compute_stream_us or {}      # Json (display only): trace.py's
+        rec = d.nccl_recv
+        rows.append([r, d.gpu_events, _ms(d.span_us), 100 * d.busy_frac,
+                     100 * d.compute_us / d.span_us,
+                     _ms(d.idle_us), _ms(cs.get("host_wait_us")), _ms(cs.get("other_us")),
+                     rec.kernels, _ms(rec.total_us), _ms(rec.wait_us),
+                     d.dispatch_latency_us.p50, d.cpu_dispatch_latency_us.p50,
+                     f"{d.graph_kernels}/{d.eager_kernels}"])
+        for name, v in d.scheduler_ranges_us.items():     # Json: {range: {count, total_us}}
             sched.setdefault(name, {})[r] = f"{v['total_us'] / 1e3:.1f} ({v['count']})"
     out = "Profiler traces, per rank (recv wait = NCCL receive time beyond bytes / --link-gbps)\n" + \
         tabulate(rows, headers=[
             "rank", "GPU events", "span ms", "busy %", "compute %", "idle ms", "compute idle: host-wait ms",
             "compute idle: other ms", "NCCL recvs", "NCCL recv ms", "recv wait ms",
             "GPU dispatch p50 us", "CPU dispatch p50 us", "graph/eager kernels"], floatfmt=".1f")
-    bad = {r: d.get("events_unrecognised") for r, d in ranks.items() if d.get("events_unrecognised")}
+    bad = {r: d.events_unrecognised for r, d in ranks.items() if d.events_unrecognised}
     if bad:
         out += "\nunrecognised trace events (skipped, counted): " + \
             ", ".join(f"rank {r}: {n}" for r, n in bad.items())
@@ -417,10 +422,11 @@ def _reads(args: argparse.Namespace, part: str) -> bool:
     return bool(getattr(args, PARTS[part][0], None))
 
 
-def merge_earlier(data: dict, args: argparse.Namespace, path: Path, utc: str) -> list[str]:
-    """Fill `data`'s parts this run did not read from the good sglang.json at `path`, and
-    `data["sources"]` (part -> when it was read); returns the parts kept. An earlier record
-    that is not a good sglang record of this schema is left alone (save_record's rule)."""
+def merge_earlier(data: SglangData, args: argparse.Namespace, path: Path,
+                  utc: str) -> tuple[SglangData, list[str]]:
+    """`data` with the parts this run did not read filled from the good sglang.json at `path`,
+    and its `sources` (part -> when it was read); and the parts kept. An earlier record that
+    is not a good sglang record of this schema is left alone (save_record's rule)."""
     from reports.base.records import GOOD, RecordError, read_record
     old = None
     if path.exists():
@@ -431,36 +437,33 @@ def merge_earlier(data: dict, args: argparse.Namespace, path: Path, utc: str) ->
     if old is not None and (old.probe != "sglang" or old.status not in GOOD
                             or old.payload is None):
         old = None
-    old_sources = dict((old.data.get("sources") or {}) if old is not None else {})
-    sources, kept = {}, []
+    earlier = old.payload if old is not None else None
+    old_sources = dict(earlier.sources) if earlier is not None else {}
+    sources, kept, parts = {}, [], {}
     for part, (dest, keys) in PARTS.items():
         if _reads(args, part):
             sources[part] = utc
-        elif old is not None and any(old.data.get(k) for k in keys):
-            for k in keys:
-                if k in old.data:
-                    data[k] = old.data[k]
+        elif earlier is not None and any(getattr(earlier, k) for k in keys):
+            parts.update({k: getattr(earlier, k) for k in keys})
             sources[part] = old_sources.get(part, old.provenance.utc)
             kept.append(part)
-    data["sources"] = sources
-    return kept
+    return replace(data, **parts, sources=sources), kept
 
 
-def check_usable_traces(data: dict) -> None:
+def check_usable_traces(data: SglangData) -> None:
     """A traces part with nothing usable never replaces a good one, nor passes for a reading:
     some rank must hold a GPU kernel, or (SGLang's CPU backend) a scheduler loop that was read.
     A Chrome trace of something else, ppscope's own report.trace.json, events whose times are
     all invalid or no events at all: a one-line CliError, and nothing is written."""
-    tr = data.get("traces")
+    tr = data.traces
     if not tr:
         return
-    ranks = tr.get("ranks") or {}
-    loop = (data.get("loop") or {}).get("ranks") or {}
-    if any(d.get("gpu_events") for d in ranks.values()) or any(
-            not d.get("reason") for d in loop.values()):
+    ranks = tr.ranks
+    loop = data.loop.ranks if data.loop else {}
+    if any(d.gpu_events for d in ranks.values()) or any(not d.reason for d in loop.values()):
         return
-    n = sum(d.get("events") or 0 for d in ranks.values())
-    raise CliError(f"{tr.get('dir')}: no usable event in {len(ranks)} trace file(s) ({n} "
+    n = sum(d.events for d in ranks.values())
+    raise CliError(f"{tr.dir}: no usable event in {len(ranks)} trace file(s) ({n} "
                    "events; no GPU kernel with a valid time, no SGLang scheduler loop): not "
                    "SGLang's per-rank profiler traces? Nothing written")
 
@@ -472,10 +475,10 @@ def run_evidence(args: argparse.Namespace) -> int:
     data = collect(args)
     check_usable_traces(data)
     path = Path(getattr(args, "json", None) or default_record_path("sglang"))
-    shown = dict(data)   # the tables show what this run read
+    shown = data   # the tables show what this run read
     with record_lock(path):   # read, merge, write: a second run at once waits, loses nothing
-        kept = merge_earlier(data, args, path,
-                             dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+        data, kept = merge_earlier(data, args, path,
+                                   dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
         from microbench.sglang.evidence import check_parts
         check_parts(data, kept, path)       # one server: a part of another is refused
         rec = make_record("sglang", data, argv=getattr(args, "argv", None))
@@ -483,6 +486,6 @@ def run_evidence(args: argparse.Namespace) -> int:
     print(render(shown))
     if kept:
         print(f"kept from the earlier {path.name}: " + ", ".join(
-            f"{p} ({data['sources'][p]})" for p in kept), file=sys.stderr)
+            f"{p} ({data.sources[p]})" for p in kept), file=sys.stderr)
     print(f"\n{note or f'wrote {path}'}", file=sys.stderr)
     return 0

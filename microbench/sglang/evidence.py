@@ -23,6 +23,7 @@ import re
 from pathlib import Path
 
 from reports.base.errors import CliError
+from reports.base.payloads.sglang import BenchServerInfo, LogServerArgs, SglangData
 
 _PP_NAME = re.compile(r"-PP-(\d+)")
 
@@ -135,42 +136,42 @@ def _dev_class(v) -> str | None:
         ("cuda:", "nvidia", "amd")) else s
 
 
-def _said(args: dict, with_model: bool = False) -> dict:
+def _said(args: LogServerArgs | BenchServerInfo | None,
+          with_model: bool = False) -> dict[str, str]:
     """Model (bench_serving's server_info only), pp and device, as SGLang's arguments name them."""
     said = {}
-    if with_model and args.get("model"):
-        said["model"] = str(args["model"])
-    if args.get("pp_size"):
-        said["pp"] = f"PP{args['pp_size']}"
-    if args.get("device"):
-        said["device"] = str(args["device"])
+    if args is None:
+        return said
+    if with_model and getattr(args, "model", None):
+        said["model"] = str(args.model)
+    if args.pp_size:
+        said["pp"] = f"PP{args.pp_size}"
+    if args.device:
+        said["device"] = str(args.device)
     return said
 
 
-def _part_ids(data: dict) -> list[tuple[str, dict[str, str], dict[str, str]]]:
+def _part_ids(data: SglangData) -> list[tuple[str, dict[str, str], dict[str, str]]]:
     """(part, {key: value as compared}, {key: value as said}) of each part that says any of
     model, pp, device."""
     out = []
-    log = data.get("log") or {}
-    sa = log.get("server_args") or {}
-    said = _said(sa)
+    said = _said(data.log.server_args if data.log else None)
     if said:
         out.append(("log", said))
-    for run in data.get("bench") or ():
-        si = run.get("server_info") or {}
-        said = _said(si, with_model=True)
+    for run in data.bench:
+        said = _said(run.server_info, with_model=True)
         if said:
             out.append(("bench", said))
             break                  # bench_serving.py `_one_server`: one server per file
-    tr = (data.get("traces") or {}).get("ranks") or {}
+    tr = data.traces.ranks if data.traces else {}
     said = {}
     if tr:
-        if all(not d.get("gpu_events") for d in tr.values()):
+        if all(not d.gpu_events for d in tr.values()):
             said["device"] = "cpu"
         else:
-            names = sorted({d.get("device") for d in tr.values() if d.get("device")})
+            names = sorted({d.device for d in tr.values() if d.device})
             said["device"] = names[0] if names else "gpu"
-        groups = [d.get("pp_group") for d in tr.values() if d.get("pp_group")]
+        groups = [d.pp_group for d in tr.values() if d.pp_group]
         if groups:
             said["pp"] = f"PP{len(groups[0])}"
     if said:
@@ -179,22 +180,22 @@ def _part_ids(data: dict) -> list[tuple[str, dict[str, str], dict[str, str]]]:
             for p, s in out]
 
 
-def _where(data: dict, part: str) -> str:
+def _where(data: SglangData, part: str) -> str:
     """The part's files by name (not their folders: the line stays short enough to be read
     whole under the CLI's cap on an error line)."""
     def name(p) -> str:
         return Path(str(p)).name or str(p)
     if part == "log":
-        return ", ".join(name(f) for f in (data.get("log") or {}).get("log_files") or ()) \
+        return ", ".join(name(f) for f in (data.log.log_files if data.log else ())) \
             or "the log"
     if part == "bench":
-        f = (data.get("bench_source") or {}).get("file")
+        f = data.bench_source.file if data.bench_source else None
         return name(f) if f else "the bench file"
-    d = (data.get("traces") or {}).get("dir")
+    d = data.traces.dir if data.traces else None
     return ", ".join(name(x) for x in str(d).split(", ")) if d else "the traces"
 
 
-def check_parts(data: dict, kept: list[str], path: Path) -> None:
+def check_parts(data: SglangData, kept: list[str], path: Path) -> None:
     """The record's parts (this run's and those kept from the record at `path`) name one
     model, PP size and device; else a one-line CliError naming both parts (module docstring)."""
     ids = _part_ids(data)

@@ -87,6 +87,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Iterable
 
+from reports.base.payloads.sglang import SglangData
+from reports.base.schema import from_json
+
 from microbench.sglang.log_scan import (BatchLine, LogScan, parse_line, scan_logs,  # noqa: F401
                                         worker_count)
 from microbench.sglang.log_startup import (LoggedServerArgs, Startup, graph_setting,  # noqa: F401
@@ -100,12 +103,15 @@ from microbench.sglang.log_summary import (PREFILL_WAVES, config_overrides,  # n
 
 
 def read_logs(paths: Iterable[str | Path], window: int = 16, bin_s: float = 10.0,
-              workers: int | None = None) -> dict:
+              workers: int | None = None) -> SglangData:
+    """The log's part of sglang.json, typed (reports/base/payloads/sglang.py): `ranks`,
+    `slot_imbalance` and `log` (LogSummary) of an SglangData; its other parts are left empty."""
     paths = list(paths)
     out = summarize(scan_logs(paths, workers=workers), window=window, bin_s=bin_s)
     st = startup(paths)
+    ranks, imbalance = out.pop("ranks"), out.pop("slot_imbalance")
     out["server_settings"], out["moe_kernel"], out["attention_backend"] = \
         st.settings, st.moe_kernel, st.attention_backend
     out["server_args"] = None if st.server_args is None else asdict(st.server_args)
     out["graph_setting"] = graph_setting(st.server_args, st.graph_notes)
-    return out
+    return from_json(SglangData, {"ranks": ranks, "slot_imbalance": imbalance, "log": out})

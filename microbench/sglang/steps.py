@@ -46,6 +46,8 @@ from microbench.sglang import forward_window
 from microbench.sglang.intervals import length, merge, overlap
 from microbench.sglang.trace import (COMM_RE, DTYPE_BYTES, GPU_CATS, NOT_COMPUTE_RE,
                                      RECV_RE, SCHEDULER_RANGES, STEP_RE, iter_events)
+from reports.base.payloads.sglang import LoopProfile
+from reports.base.schema import from_json
 
 _SYNC_RE = re.compile(r"cuda(StreamSynchronize|DeviceSynchronize|EventSynchronize|Memcpy(?!Async)"
                       r"|MemcpyAsync)")
@@ -352,8 +354,9 @@ def loop_profile(ranks: dict[int, dict]) -> dict:
 
 def read_loop(paths: dict[int, str | Path], *, hidden: int | None = None,
               link_gbps: float | None = None, no_gpu_events: bool = False,
-              offsets: dict[int, float] | None = None) -> dict:
-    """read_steps for every rank, then loop_profile; traces of SGLang's CPU backend (no GPU
+              offsets: dict[int, float] | None = None) -> LoopProfile:
+    """The `loop` part of sglang.json, typed (reports/base/payloads/sglang.py `LoopProfile`):
+    read_steps for every rank, then loop_profile; traces of SGLang's CPU backend (no GPU
     event, `run_batch` ranges) go through microbench/sglang/cpu_steps.py instead.
     `no_gpu_events`: the caller already knows (trace.py's pass): the GPU reader is skipped.
     `offsets`: rank -> its clock against the first rank's, us (microbench/sglang/evidence.py),
@@ -371,11 +374,11 @@ def read_loop(paths: dict[int, str | Path], *, hidden: int | None = None,
             out = cpu_steps.cpu_loop_profile({r: cpu_steps.summarize(e, rank=r)
                                               for r, e in evs.items()})
             out["device"] = "cpu"
-            return out
+            return from_json(LoopProfile, out, "loop")
         if no_gpu_events:      # no GPU event and no run_batch: what the GPU reader says
             ranks = {r: read_steps(p, hidden=hidden, link_gbps=link_gbps, rank=r,
                                    shift_us=off.get(r, 0.0))
                      for r, p in sorted(paths.items())}
     from microbench.sglang.cpu_steps import pathologies
     out = loop_profile(ranks)
-    return {**out, "pathologies": pathologies(out)}
+    return from_json(LoopProfile, {**out, "pathologies": pathologies(out)}, "loop")

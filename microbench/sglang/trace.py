@@ -72,6 +72,8 @@ from typing import Iterator
 from microbench.sglang.intervals import length, merge
 from reports.base.errors import CliError
 from reports.base.paths import open_input
+from reports.base.payloads.sglang import Traces
+from reports.base.schema import from_json
 
 CHUNK_CHARS = 1 << 21
 MAX_EVENT_CHARS = 64 << 20
@@ -812,8 +814,8 @@ def _worker_count(files: list[Path], workers: int | None) -> int:
     return min(len(files), os.cpu_count() or 1, MAX_WORKERS) if size >= PARALLEL_MIN_BYTES else 1
 
 
-def read_traces(src, workers: int | None = None, **kw) -> dict:
-    """`traces` part of sglang.json: {"ranks": {"<rank>": {...}}}. `src`: a directory (one
+def read_traces(src, workers: int | None = None, **kw) -> Traces:
+    """`traces` part of sglang.json, typed (reports/base/payloads/sglang.py `Traces`). `src`: a directory (one
     profile's per-rank traces), a file, or a list of them. Two traces of the same rank (say two
     profiles in one directory) are an error, not a guess; a file whose rank cannot be told is
     keyed by its position. Ranks are read in parallel processes (`workers`, default one per
@@ -847,4 +849,4 @@ def read_traces(src, workers: int | None = None, **kw) -> dict:
         out["clock"] = clock
     if skipped:
         out["files_skipped"] = skipped
-    return out
+    return from_json(Traces, out, "traces")

@@ -26,7 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from reports.base.payloads.sglang import Dist, LogRank, SglangData
+from reports.base.payloads.sglang import (ConfigOverride, Dist, LogRank, LogServerArgs,
+                                          LogSummary, SglangData)
 
 DP_RULES = ("DP attention: every DP rank runs its own scheduler and logs its own batches, so "
             "all DP ranks' lines count. Per PP rank, decode and prefill lines are summed over "
@@ -152,8 +153,8 @@ def attention_lines(ab: dict[str, str] | None, mla: bool | None = None) -> list[
 
 # -- what the log says about the server's settings, its graph path and its prefill waves
 # (microbench/sglang/log.py: `server_args`, `graph_setting`, `config_overrides`, and per PP rank
-# `graph_device` and `prefill_*`). Each function takes plain values, so the CLI's printout (the
-# record as JSON) and the report (the typed payload) say the same words.
+# `graph_device` and `prefill_*`). Each function takes plain values or the typed payload, so the
+# CLI's printout and the report say the same words.
 
 _SA_ORDER = ("pp_size", "tp_size", "device", "attention_backend", "disable_cuda_graph",
              "decode_graph_backend", "cuda_graph_max_bs", "enable_torch_compile",
@@ -161,12 +162,13 @@ _SA_ORDER = ("pp_size", "tp_size", "device", "attention_backend", "disable_cuda_
              "chunked_prefill_size", "max_prefill_tokens")
 
 
-def server_args_line(sa: Mapping[str, Any] | None) -> str | None:
+def server_args_line(sa: LogServerArgs | None) -> str | None:
     """The server arguments ppscope reads (`server_args=` start-up line), in one line; None
     when the log has no such line. "default": not given, SGLang picks at start-up."""
-    if not sa:
+    if sa is None:
         return None
-    vals = ", ".join(f"{k} {'default' if sa.get(k) is None else sa[k]}" for k in _SA_ORDER)
+    vals = ", ".join(f"{k} {'default' if getattr(sa, k) is None else getattr(sa, k)}"
+                     for k in _SA_ORDER)
     return f"Server args [log]: {vals}."
 
 
@@ -201,34 +203,32 @@ def prefill_waves_line(rank: str, new_seq: Sequence[int], prefills: int, admitte
             f"requests; #new-seq per prefill: {seq} (prefills per #new-seq {sizes}).")
 
 
-def config_override_lines(overrides: Sequence[Mapping[str, Any]]) -> list[str]:
+def config_override_lines(overrides: Sequence[ConfigOverride]) -> list[str]:
     """Settings changed while the server ran (POST /set_internal_state), one line each."""
     out = []
     for o in overrides:
-        what = ", ".join(f"{k}={v}" for k, v in o["overrides"].items()) or o["text"]
-        ranks = ", ".join(str(r) for r in o["ranks"])
-        out.append(f"Setting changed at run time [log] {o['clock'] or 'at an unknown time'} "
+        what = ", ".join(f"{k}={v}" for k, v in o.overrides.items()) or o.text
+        ranks = ", ".join(str(r) for r in o.ranks)
+        out.append(f"Setting changed at run time [log] {o.clock or 'at an unknown time'} "
                    f"(PP rank {ranks}): {what}.")
     return out
 
 
-def log_setting_lines(log: Mapping[str, Any], ranks: Mapping[str, Mapping[str, Any]]) -> list[str]:
+def log_setting_lines(log: LogSummary, ranks: Mapping[str, LogRank]) -> list[str]:
     """The lines above for `ppscope sglang`'s printout, from the record's `log` and `ranks`."""
     out = []
-    if (line := server_args_line(log.get("server_args"))):
+    if (line := server_args_line(log.server_args)):
         out.append(line)
-    gs = log.get("graph_setting") or {}
-    devices = sorted({d["graph_device"] for d in ranks.values() if d.get("graph_device")})
-    if (line := graph_setting_line(gs.get("off_by_setting"), gs.get("reasons") or (),
-                                   ",".join(devices) or None)):
+    gs = log.graph_setting
+    devices = sorted({d.graph_device for d in ranks.values() if d.graph_device})
+    if (line := graph_setting_line(gs.off_by_setting, gs.reasons, ",".join(devices) or None)):
         out.append(line)
     for r, d in ranks.items():
-        line = prefill_waves_line(r, [w["new_seq"] for w in d.get("prefill_waves") or ()],
-                                  d["prefill_lines"], d.get("prefill_new_seq_total") or 0,
-                                  d.get("prefill_new_seq_hist") or {})
+        line = prefill_waves_line(r, [w.new_seq for w in d.prefill_waves], d.prefill_lines,
+                                  d.prefill_new_seq_total, d.prefill_new_seq_hist)
         if line:
             out.append(line)
-    return out + config_override_lines(log.get("config_overrides") or ())
+    return out + config_override_lines(log.config_overrides)
 
 
 def graph_off_number(reasons: Sequence[str], shares: Sequence[tuple[str, float, int]]) -> str:
