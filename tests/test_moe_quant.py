@@ -2,15 +2,10 @@
 CPU interpreter at tiny sizes (the kernel sources the GPU compiles; the GPU-only inline PTX
 dequantisation is checked by the `gpu` tests), against float32 references."""
 import dataclasses
-import os
-import sys
 
 import pytest
 
-torch = pytest.importorskip("torch")
-if "triton" not in sys.modules and not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"   # read when triton is imported
-triton = pytest.importorskip("triton")
+from triton_cpu import cpu_ok, torch  # first: chooses the interpreter
 from microbench.kernels import layers as L  # noqa: E402
 from microbench.kernels import moe_fp8 as F8  # noqa: E402
 from microbench.kernels import moe_int4 as Q  # noqa: E402
@@ -18,10 +13,6 @@ from microbench.kernels import moe_int4_gemv as G  # noqa: E402
 from microbench.kernels import moe_route as R  # noqa: E402
 from microbench.kernels import moe_triton as MT  # noqa: E402
 from reports.base.model_config import load_model  # noqa: E402
-
-cpu_ok = pytest.mark.skipif(
-    not triton.knobs.runtime.interpret,
-    reason="triton was imported without TRITON_INTERPRET=1; CPU kernel runs need it")
 SMALL = MT.MoeConfig(16, MT.KernelConfig(32, 128, 4, 3), MT.KernelConfig(64, 128, 4, 3))
 
 

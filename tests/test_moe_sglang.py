@@ -7,23 +7,16 @@ stand-in is written from that indexing, not from SGLang's code: it checks that p
 SGLang its weights in the layout SGLang reads; whether SGLang's own kernel runs is decided on
 the user's machine by the same check before anything is timed."""
 import dataclasses
-import os
 import sys
 import types
 from typing import NamedTuple
 
 import pytest
 
-torch = pytest.importorskip("torch")
-if "triton" not in sys.modules and not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-triton = pytest.importorskip("triton")
+from triton_cpu import cpu_ok, torch  # first: chooses the interpreter
 from microbench.kernels import layers as L  # noqa: E402
 from microbench.kernels import moe_sglang as SG  # noqa: E402
 from reports.base.model_config import load_model  # noqa: E402
-
-cpu_ok = pytest.mark.skipif(not triton.knobs.runtime.interpret,
-                            reason="triton imported without TRITON_INTERPRET=1")
 
 
 class TopK(NamedTuple):

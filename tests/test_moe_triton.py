@@ -1,22 +1,13 @@
 """The fused MoE Triton kernel, run through Triton's CPU interpreter at tiny sizes (the same
 kernel source the GPU compiles), against the float32 reference; the block plan exactly."""
 import dataclasses
-import os
-import sys
 
 import pytest
 
-torch = pytest.importorskip("torch")
-if "triton" not in sys.modules and not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"   # read when triton is imported
-triton = pytest.importorskip("triton")
+from triton_cpu import cpu_ok, torch  # first: chooses the interpreter
 from microbench.kernels import layers as L  # noqa: E402
 from microbench.kernels import moe_triton as MT  # noqa: E402
 from reports.base.model_config import load_model  # noqa: E402
-
-cpu_ok = pytest.mark.skipif(
-    not triton.knobs.runtime.interpret,
-    reason="triton was imported without TRITON_INTERPRET=1; CPU kernel runs need it")
 
 
 def test_plan_blocks_exact():

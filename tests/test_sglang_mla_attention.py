@@ -11,26 +11,18 @@ off, so the check can fail.
 """
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 
+from triton_cpu import ON_GPU, skip_module_unless_runnable, torch  # first: the interpreter
+
 pytestmark = pytest.mark.sglang
-torch = pytest.importorskip("torch")
-if "triton" not in sys.modules and not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-triton = pytest.importorskip("triton")
 pytest.importorskip("sglang")
 from microbench.stage_cost import sglang_anchor as A  # noqa: E402
 
 SG = A.sglang_kernels()
 if isinstance(SG, str):
     pytest.skip(SG, allow_module_level=True)
-ON_GPU = torch.cuda.is_available()
-if not ON_GPU and not triton.knobs.runtime.interpret:
-    pytest.skip("no GPU, and triton was imported without TRITON_INTERPRET=1",
-                allow_module_level=True)
+skip_module_unless_runnable()
 from microbench.kernels import mla_decode  # noqa: E402
 
 DEV = "cuda" if ON_GPU else "cpu"

@@ -18,16 +18,12 @@ exactly and SGLang's kernel takes either.
 from __future__ import annotations
 
 import dataclasses
-import os
-import sys
 
 import pytest
 
+from triton_cpu import ON_GPU, skip_module_unless_runnable, torch  # first: the interpreter
+
 pytestmark = pytest.mark.sglang
-torch = pytest.importorskip("torch")
-if "triton" not in sys.modules and not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-triton = pytest.importorskip("triton")
 pytest.importorskip("sglang")
 try:
     from sglang.kernels.ops.moe import fused_moe_triton_kernels as SK
@@ -42,10 +38,7 @@ from microbench.kernels import moe_quant  # noqa: E402
 from microbench.kernels import moe_sglang as SG  # noqa: E402
 from reports.base.model_config import load_model  # noqa: E402
 
-ON_GPU = torch.cuda.is_available()
-if not ON_GPU and not triton.knobs.runtime.interpret:
-    pytest.skip("no GPU, and triton was imported without TRITON_INTERPRET=1",
-                allow_module_level=True)
+skip_module_unless_runnable()
 DEV = "cuda" if ON_GPU else "cpu"
 BLOCK_M = 16
 

@@ -121,7 +121,8 @@ def _check_args(args) -> None:
 
 
 def handle(args) -> int:
-    from reports.base.records import save_record, waived
+    from microbench.kit.probe_cli import save_waived
+    from reports.base.records import save_record
 
     out = args.json or default_record_path("topology")
     gpus = _parse_gpus(args.gpus)
@@ -158,8 +159,7 @@ def handle(args) -> int:
     hidden = hidden_size(args.model, args.hidden)
     why = available()
     if why:  # cannot run here: a waived record (beside a good one, never over it), exit 2
-        path, note = save_record(waived("topology", why, argv=args.argv), out)
-        raise CliError(f"{why} (waived record: {path}" + (f"; {note}" if note else "") + ")")
+        raise CliError(f"{why} ({save_waived('topology', why, args.argv, out)})")
     cfg = TopologyConfig(json_path=out, gpus=gpus, pp=args.pp, hidden=hidden,
                          tensors=args.tensors,
                          mode="quick" if args.quick else "thorough" if args.thorough else "default",

@@ -266,7 +266,7 @@ def _f(x, nd: int = 0) -> str:
 
 def handle(args) -> int:
     from microbench.dispatch.probe import available, run, trace_path_for, visible_gpus
-    from reports.base.records import waived, save_record
+    from microbench.kit.probe_cli import save_waived
     cpu = getattr(args, "device", "cuda") == "cpu"
     n = visible_gpus() if not cpu else 2   # on the CPU --pp auto is 2 ranks
     reason = available("cpu") if cpu else available()
@@ -278,10 +278,8 @@ def handle(args) -> int:
     if cfg.serve and not reason:
         _check_listen(cfg.serve)
     if reason:  # cannot run here: a waived record (beside a good one, never over it), exit 2
-        path, note = save_record(waived("dispatch", reason, argv=getattr(args, "argv", None)),
-                                 cfg.json_path)
-        raise CliError(f"{reason}; nothing measured (waived record: {path}"
-                       + (f"; {note}" if note else "") + "); on a machine without GPUs, read "
+        saved = save_waived("dispatch", reason, getattr(args, "argv", None), cfg.json_path)
+        raise CliError(f"{reason}; nothing measured ({saved}); on a machine without GPUs, read "
                        "SGLang's evidence with `ppscope sglang`")
     if cfg.serve:
         print(f"starting {cfg.pp} ranks; rank 0 serves http://{cfg.serve} once the stages are "

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from microbench.kit.probe_cli import exit_status, run_measured
 from microbench.stage_cost.cli import check_number, int_list
 from reports.base.cuda_graphs import default_max_bs
 from reports.base.errors import CliError
@@ -76,25 +77,12 @@ def main(args) -> int:
     from microbench.graphs import probe as gr
 
     cfg = config_from_args(args)
-    if not args.plan and (reason := gr.available()):
-        # cannot measure here: a waived record (beside a good one, never over it), exit 2
-        _, note = gr.run(cfg)
-        raise CliError(f"measuring needs a GPU ({reason}); nothing measured ("
-                       + (note or f"waived record: {cfg.out}") + "); use --plan for the "
-                       "capture rule")
-    bar = None
-    if not args.plan:
-        from tqdm import tqdm
-        bar = tqdm(total=len(cfg.batches), desc="graphs", unit="batch", leave=False)
-    try:
-        rec, note = gr.run(cfg, progress=bar)
-    finally:
-        if bar:
-            bar.close()
+    rec, note = run_measured(gr, cfg, args.plan, "the capture rule", len(cfg.batches),
+                             "graphs", "batch")
     print(render(rec.payload))
     print(f"\n{note or f'record: {cfg.out}'}" + (f"  status: {rec.status} ({rec.reason})"
                                                  if rec.status != "ok" else ""))
-    return 0 if rec.status != "error" else 1
+    return exit_status(rec)
 
 
 def render(d: GraphsData) -> str:

@@ -44,6 +44,15 @@ __device__ __forceinline__ u16 to_bf16(float v) {
 _STREAMS: dict = {}
 
 
+def build(src: str, name: str, **defines):
+    """Kernel `name` of CUDA C++ source `src` compiled by NVRTC (C++17, each define passed as
+    -DNAME=VALUE, in order); cupy caches the build per source and options."""
+    import cupy
+
+    opts = ("-std=c++17", *(f"-D{k}={v}" for k, v in defines.items()))
+    return cupy.RawModule(code=src, options=opts).get_function(name)
+
+
 def cupy_stream(ts):
     """cupy's view of torch stream `ts` (cached): `Stream.from_external` (the CUDA stream
     protocol) where cupy and torch have it, else the older `ExternalStream`."""

@@ -45,6 +45,17 @@ _SRC = CL.HELPERS + r"""
 #define RMS 0         // 1: each output row times 1 / rms(x row) (RMSNorm folded in, rows-16 only)
 #endif
 
+// Where a thread stands (both kernels; grid (tiles, Z), KSPLIT warps per CTA on one tile):
+// its warp and lane, the lane's MMA fragment coordinates g = lane / 4, c = lane % 4, the tile
+// t, the batch index z, and the warp's share [c0, c1) of the K / 64 input chunks.
+#define TILE_THREAD(K)                                                    \
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;             \
+  const int g = lane >> 2, c = lane & 3;                                  \
+  const int t = blockIdx.x;                                               \
+  const long long z = blockIdx.y;                                         \
+  const int nch = (K) / 64;                                               \
+  const int c0 = warp * nch / KSPLIT, c1 = (warp + 1) * nch / KSPLIT
+
 // The side job of `gemv(.., side=)`: one CTA per token n writes
 // sy[n, :sk] = RMSNorm(sx[n, :sk]) * sw and copies sx[n, sk:sk + stail] to sy[n, sk:].
 __device__ void side_rmsnorm(const u16 *sx, long long sx_s, const u16 *sw, u16 *sy,
@@ -105,12 +116,7 @@ gemv_bf16_mma(const u16 *__restrict__ w, const u16 *__restrict__ x, u16 *__restr
 #pragma unroll
   for (int j = 0; j < NT; ++j) ss[j] = 0.f;
 #endif
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int g = lane >> 2, c = lane & 3;
-  const int t = blockIdx.x;
-  const long long z = blockIdx.y;
-  const int nch = K / 64;
-  const int c0 = warp * nch / KSPLIT, c1 = (warp + 1) * nch / KSPLIT;
+  TILE_THREAD(K);
   const u16 *pa = w + z * w_sz + (long long)(t * 16 + g) * w_sn + 16 * c;
   const u16 *pb = pa + 8LL * w_sn;
   const u16 *x0[NT];
@@ -210,12 +216,7 @@ gemv_bf16_mma_r8(const u16 *__restrict__ w, const u16 *__restrict__ x, u16 *__re
 #if KSPLIT > 1
   __shared__ float red[KSPLIT][4][32];
 #endif
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int g = lane >> 2, c = lane & 3;
-  const int t = blockIdx.x;
-  const long long z = blockIdx.y;
-  const int nch = K / 64;
-  const int c0 = warp * nch / KSPLIT, c1 = (warp + 1) * nch / KSPLIT;
+  TILE_THREAD(K);
   const u16 *pw = w + z * w_sz + (long long)(t * 8 + g) * w_sn + 16 * c;
   const u16 *xg = g < nb ? x + z * x_sz + (long long)g * x_sn + 16 * c : 0;
   const u16 *xh = g + 8 < nb ? x + z * x_sz + (long long)(g + 8) * x_sn + 16 * c : 0;
@@ -281,12 +282,8 @@ def _kernel(cfg: GemvConfig, rms: bool = False):
     if (cfg.ksplit not in (1, 2, 4, 8, 16, 32) or cfg.unroll < 1 or cfg.nt not in (1, 2)
             or cfg.rows not in (8, 16) or (rms and cfg.rows != 16)):
         raise ValueError(f"bad gemv config {cfg}" + (" with RMS" if rms else ""))
-    import cupy
-
-    opts = ("-std=c++17", f"-DKSPLIT={cfg.ksplit}", f"-DUNROLL={cfg.unroll}", f"-DNT={cfg.nt}",
-            f"-DRMS={int(rms)}")
     name = "gemv_bf16_mma" if cfg.rows == 16 else "gemv_bf16_mma_r8"
-    return cupy.RawModule(code=_SRC, options=opts).get_function(name)
+    return CL.build(_SRC, name, KSPLIT=cfg.ksplit, UNROLL=cfg.unroll, NT=cfg.nt, RMS=int(rms))
 
 
 @functools.lru_cache(maxsize=1)

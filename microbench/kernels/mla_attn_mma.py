@@ -281,10 +281,7 @@ mla_attn_mma(const u16 *__restrict__ ql, const u16 *__restrict__ qr,
 def _kernel(stages: int = STAGES, heads: int = HEADS):
     if stages < 2 or heads not in (32, 64):
         raise ValueError(f"mla_attn_mma: {stages} stages, {heads} heads per CTA")
-    import cupy
-
-    opts = ("-std=c++17", f"-DSTAGES={stages}", f"-DHEADS={heads}")
-    fn = cupy.RawModule(code=_SRC, options=opts).get_function("mla_attn_mma")
+    fn = CL.build(_SRC, "mla_attn_mma", STAGES=stages, HEADS=heads)
     fn.max_dynamic_shared_size_bytes = smem_bytes(stages, heads)
     return fn
 

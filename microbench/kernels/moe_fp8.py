@@ -21,8 +21,6 @@ runs the float32 expert loop.
 """
 from __future__ import annotations
 
-import functools
-
 try:
     import triton
     import triton.language as tl
@@ -32,6 +30,9 @@ except ImportError:  # pragma: no cover
 from microbench.kernels.moe_common import MoEWeights, QuantMoEWeights
 from microbench.kernels.moe_triton import (KernelConfig, MoeConfig, available,  # noqa: F401
                                            fit_block, pick_config)
+from microbench.kernels.triton_expert import (as_float32, bf16_expert, block_rows,
+                                              input_rows, launch_quantised, silu_gate_up,
+                                              store_weighted, tile_rows)
 
 BLOCK = 128          # weight block (both dims) and activation group
 FP8_MAX = 448.0      # largest e4m3 (fn) number
@@ -61,36 +62,20 @@ def _fp8_src(a_ptr, wq_ptr, ws_ptr, w16_ptr, out_ptr, order_ptr, tw_ptr,
     # NH = 2: a = x [b, K] by token, out = act [T, N] by sorted position (gate_up);
     # NH = 1: a = act [T, K] by sorted position, out = y [T, N] fp32 by pair (down).
     # wq e4m3 [n_q, NH*N, K]; ws fp32 [n_q, NH*N/128, K/128]; w16 bf16 [G - n_q, NH*N, K].
-    pid_b = tl.program_id(0)
     pid_n = tl.program_id(1)
-    cnt = tl.load(blk_cnt_ptr + pid_b)
+    cnt = tl.load(blk_cnt_ptr + tl.program_id(0))
     if cnt == 0:
         return
-    e = tl.load(blk_e_ptr + pid_b).to(tl.int64)
-    start = tl.load(blk_start_ptr + pid_b).to(tl.int64)
-    rm = tl.arange(0, BLOCK_M)
-    mmask = rm < cnt
-    pos = start + rm
-    flat = tl.load(order_ptr + pos, mask=mmask, other=0).to(tl.int64)
-    if NH == 2:
-        arow = flat // kk
-    else:
-        arow = pos
-    r = tl.arange(0, NH * BLOCK_N)
-    rows = (pid_n * BLOCK_N + r // NH + (r % NH) * N).to(tl.int64)    # [NH*BN] weight rows
+    e, pos, mmask, flat = block_rows(cnt, blk_e_ptr, blk_start_ptr, order_ptr, BLOCK_M, True)
+    arow = input_rows(flat, pos, kk, NH)
+    rows = tile_rows(pid_n, N, NH, BLOCK_N)                           # [NH*BN] weight rows
     acc = tl.zeros((NH * BLOCK_N, BLOCK_M), dtype=tl.float32)
     use16 = False
     if HAS16:
         use16 = e >= n_q
     if use16:                                                         # bf16 shared expert
-        rk16 = tl.arange(0, BLOCK_K16)
-        h_ptrs = a_ptr + arow[None, :] * stride_am + rk16[:, None]
-        v_ptrs = w16_ptr + (e - n_q) * stride_he + rows[:, None] * stride_hn + rk16[None, :]
-        for k0 in range(0, K, BLOCK_K16):
-            xh = tl.load(h_ptrs, mask=mmask[None, :], other=0.0)
-            acc = tl.dot(tl.load(v_ptrs), xh, acc)
-            h_ptrs += BLOCK_K16
-            v_ptrs += BLOCK_K16
+        acc = bf16_expert(acc, a_ptr, w16_ptr, arow, mmask, rows, e - n_q, stride_am,
+                          stride_he, stride_hn, K, BLOCK_K16)
     else:
         rk = tl.arange(0, 128)
         a_ptrs = a_ptr + arow[None, :] * stride_am + rk[:, None]            # [128, BM]
@@ -120,24 +105,11 @@ def _fp8_src(a_ptr, wq_ptr, ws_ptr, w16_ptr, out_ptr, order_ptr, tw_ptr,
             s_ptrs += 1
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     if NH == 2:
-        g, u = tl.split(tl.permute(tl.reshape(acc, (BLOCK_N, 2, BLOCK_M)), (0, 2, 1)))
-        act = g / (1.0 + tl.exp(-g)) * u
+        act = silu_gate_up(acc, BLOCK_N, BLOCK_M)
         tl.store(out_ptr + pos[None, :] * stride_om + rn[:, None],
                  act.to(out_ptr.dtype.element_ty), mask=mmask[None, :])
     else:
-        wt = tl.load(tw_ptr + flat, mask=mmask, other=0.0)
-        tl.store(out_ptr + flat[None, :] * stride_om + rn[:, None], acc * wt[None, :],
-                 mask=mmask[None, :])
-
-
-@functools.lru_cache(maxsize=2)
-def _kernel(interpret: bool):
-    if triton is None:
-        raise RuntimeError("triton is not installed")
-    if interpret:
-        from triton.runtime.interpreter import InterpretedFunction
-        return InterpretedFunction(_fp8_src)
-    return triton.jit(_fp8_src)
+        store_weighted(out_ptr, tw_ptr, flat, mmask, acc, rn, stride_om)
 
 
 # ------------------------------------------------------------------ format (pure torch)
@@ -225,19 +197,10 @@ def _launch(a, wq, ws, w16, out, plan, tw_flat, N, kk, nh, n_q, kc: KernelConfig
     K = a.shape[1]
     if K % BLOCK or N % BLOCK:
         raise ValueError(f"dimensions {N} x {K} are not multiples of {BLOCK}")
-    bn = fit_block(kc.block_n, N)
-    cuda = a.device.type == "cuda"
-    extra = dict(num_warps=kc.num_warps, num_stages=kc.num_stages) if cuda else {}
-    has16 = w16 is not None
-    w16 = w16 if has16 else a
-    grid = (plan.count.numel(), N // bn)
-    _kernel(not cuda)[grid](
-        a, wq, ws, w16, out, plan.order, tw_flat, plan.expert, plan.start, plan.count,
-        N, kk, n_q, a.stride(0), wq.stride(0), wq.stride(1), ws.stride(0), ws.stride(1),
-        w16.stride(0), w16.stride(1), out.stride(0),
-        K=K, NH=nh, HAS16=has16, EMU=not cuda, BLOCK_M=block_m, BLOCK_N=bn,
-        BLOCK_K16=fit_block(max(16, kc.block_k // 2), K), **extra)
-    return out
+    return launch_quantised(_fp8_src, (a,), wq, ws, w16, out, plan, tw_flat, N, kk, n_q, kc,
+                            fit_block(kc.block_n, N), K=K, NH=nh,
+                            EMU=a.device.type != "cuda", BLOCK_M=block_m,
+                            BLOCK_K16=fit_block(max(16, kc.block_k // 2), K))
 
 
 def fused_moe(x, qw: QuantMoEWeights, ids, tw, plan, cfg: MoeConfig):
@@ -249,9 +212,7 @@ def fused_moe(x, qw: QuantMoEWeights, ids, tw, plan, cfg: MoeConfig):
     gq, gs, dq, ds = qw.gate_up_q, qw.gate_up_s, qw.down_q, qw.down_s
     s_gu, s_d = qw.shared_gate_up, qw.shared_down
     if x.device.type != "cuda":  # interpreter: float32 values of the fp8 numbers
-        x, gq, dq = x.float(), gq.float(), dq.float()
-        s_gu = s_gu.float() if s_gu is not None else None
-        s_d = s_d.float() if s_d is not None else None
+        x, gq, dq, s_gu, s_d = as_float32(x, gq, dq, s_gu, s_d)
     T = b * kk
     tw = tw.reshape(-1)
     act = torch.empty(T, I, device=x.device, dtype=x.dtype)

@@ -33,8 +33,6 @@ Check: `reference` = `layers.moe_reference` (float32) on the dequantised weights
 """
 from __future__ import annotations
 
-import functools
-
 try:
     import triton
     import triton.language as tl
@@ -45,6 +43,9 @@ from microbench.kernels import int4_pack as P
 from microbench.kernels.moe_common import LazyExperts, MoEWeights, QuantMoEWeights
 from microbench.kernels.moe_triton import (KernelConfig, MoeConfig, available,  # noqa: F401
                                            fit_block, pick_config)
+from microbench.kernels.triton_expert import (as_float32, bf16_expert, block_rows,
+                                              input_rows, launch_quantised, silu_gate_up,
+                                              store_weighted, tile_rows)
 
 # Upper micro-batch bound -> block sizes (first row whose bound >= b), from the sweep in
 # microbench/stage_cost/tune_moe_quant.py on one H200 at Kimi K2 dims (see docs/BENCHMARKS.md).
@@ -103,39 +104,21 @@ def _int4_src(a_ptr, a16_ptr, wq_ptr, ws_ptr, w16_ptr, out_ptr, order_ptr, tw_pt
     #   by sorted position, in pair order for int4 experts (what down reads), else plain.
     # NH = 1 (down): a = a16 = act [T, K] by sorted position; out = y [T, N] fp32 by pair.
     # wq int32 [n_q, NH*N, K/8]; ws bf16 [n_q, NH*N, K/32]; w16 bf16 [G - n_q, NH*N, K].
-    pid_b = tl.program_id(0)
     pid_n = tl.program_id(1)
-    cnt = tl.load(blk_cnt_ptr + pid_b)
+    cnt = tl.load(blk_cnt_ptr + tl.program_id(0))
     if cnt == 0:
         return
-    e = tl.load(blk_e_ptr + pid_b).to(tl.int64)
-    start = tl.load(blk_start_ptr + pid_b).to(tl.int64)
-    rm = tl.arange(0, BLOCK_M)
-    mmask = rm < cnt
-    pos = start + rm                                                   # sorted positions
-    flat = tl.load(order_ptr + pos, mask=mmask, other=0).to(tl.int64)  # token*kk + slot
-    if NH == 2:
-        arow = flat // kk
-    else:
-        arow = pos
-    r = tl.arange(0, NH * BLOCK_N)
-    # tile row r: output feature pid_n*BN + r//NH of half r%NH (gate, up)
-    rows = (pid_n * BLOCK_N + r // NH + (r % NH) * N).to(tl.int64)    # [NH*BN]
+    e, pos, mmask, flat = block_rows(cnt, blk_e_ptr, blk_start_ptr, order_ptr, BLOCK_M, True)
+    arow = input_rows(flat, pos, kk, NH)
+    rows = tile_rows(pid_n, N, NH, BLOCK_N)                           # [NH*BN]
     acc = tl.zeros((NH * BLOCK_N, BLOCK_M), dtype=tl.float32)
     use16 = False
     if HAS16:
         use16 = e >= n_q
     if use16:                                                         # bf16 shared expert
         # BLOCK_K / 4 inputs per step: the same bytes per pipeline stage as the int4 tiles
-        BK16: tl.constexpr = BLOCK_K // 4
-        rk16 = tl.arange(0, BK16)
-        h_ptrs = a16_ptr + arow[None, :] * stride_am + rk16[:, None]         # [BK16, BM]
-        v_ptrs = w16_ptr + (e - n_q) * stride_he + rows[:, None] * stride_hn + rk16[None, :]
-        for k0 in range(0, K, BK16):
-            xh = tl.load(h_ptrs, mask=mmask[None, :], other=0.0)
-            acc = tl.dot(tl.load(v_ptrs), xh, acc)
-            h_ptrs += BK16
-            v_ptrs += BK16
+        acc = bf16_expert(acc, a16_ptr, w16_ptr, arow, mmask, rows, e - n_q, stride_am,
+                          stride_he, stride_hn, K, BLOCK_K // 4)
     else:
         BKW: tl.constexpr = BLOCK_K // 8
         # tile input k holds word k//8's nibble (k%8)//2 + 4*(k%2): `a` is in that order
@@ -176,27 +159,14 @@ def _int4_src(a_ptr, a16_ptr, wq_ptr, ws_ptr, w16_ptr, out_ptr, order_ptr, tw_pt
             s_ptrs += BKW // 4
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     if NH == 2:
-        g, u = tl.split(tl.permute(tl.reshape(acc, (BLOCK_N, 2, BLOCK_M)), (0, 2, 1)))
-        act = g / (1.0 + tl.exp(-g)) * u                                # SiLU(gate) * up
+        act = silu_gate_up(acc, BLOCK_N, BLOCK_M)
         col = 8 * (rn // 8) + 2 * (rn % 4) + (rn % 8) // 4              # pair order
         if HAS16:
             col = tl.where(use16, rn, col)
         tl.store(out_ptr + pos[None, :] * stride_om + col[:, None],
                  act.to(out_ptr.dtype.element_ty), mask=mmask[None, :])
     else:
-        wt = tl.load(tw_ptr + flat, mask=mmask, other=0.0)             # routing weight
-        tl.store(out_ptr + flat[None, :] * stride_om + rn[:, None], acc * wt[None, :],
-                 mask=mmask[None, :])
-
-
-@functools.lru_cache(maxsize=2)
-def _kernel(interpret: bool):
-    if triton is None:
-        raise RuntimeError("triton is not installed")
-    if interpret:
-        from triton.runtime.interpreter import InterpretedFunction
-        return InterpretedFunction(_int4_src)
-    return triton.jit(_int4_src)
+        store_weighted(out_ptr, tw_ptr, flat, mmask, acc, rn, stride_om)
 
 
 # ------------------------------------------------------------------ weights
@@ -263,19 +233,9 @@ def _launch(a, a16, wq, ws, w16, out, plan, tw_flat, N, kk, nh, n_q, kc: KernelC
     bk = fit_block(kc.block_k, K)
     if bk < 64:
         raise ValueError(f"input dimension {K} must be a multiple of 64")
-    bn = fit_block(kc.block_n, N)
-    cuda = a.device.type == "cuda"
-    extra = dict(num_warps=kc.num_warps, num_stages=kc.num_stages) if cuda else {}
-    has16 = w16 is not None
-    w16 = w16 if has16 else a
-    grid = (plan.count.numel(), N // bn)
-    _kernel(not cuda)[grid](
-        a, a16, wq, ws, w16, out, plan.order, tw_flat, plan.expert, plan.start, plan.count,
-        N, kk, n_q, a.stride(0), wq.stride(0), wq.stride(1), ws.stride(0), ws.stride(1),
-        w16.stride(0), w16.stride(1), out.stride(0),
-        K=K, NH=nh, HAS16=has16, ASM=asm and cuda, BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk,
-        **extra)
-    return out
+    return launch_quantised(_int4_src, (a, a16), wq, ws, w16, out, plan, tw_flat, N, kk, n_q,
+                            kc, fit_block(kc.block_n, N), K=K, NH=nh,
+                            ASM=asm and a.device.type == "cuda", BLOCK_M=block_m, BLOCK_K=bk)
 
 
 def fused_moe(x, xp, qw: QuantMoEWeights, ids, tw, plan, cfg: MoeConfig, asm: bool = True):
@@ -289,9 +249,7 @@ def fused_moe(x, xp, qw: QuantMoEWeights, ids, tw, plan, cfg: MoeConfig, asm: bo
     wq_gu, ws_gu, wq_d, ws_d = qw.gate_up_q, qw.gate_up_s, qw.down_q, qw.down_s
     s_gu, s_d = qw.shared_gate_up, qw.shared_down
     if x.device.type != "cuda":      # Triton's interpreter has no bf16: interpret in fp32
-        x, xp, ws_gu, ws_d = x.float(), xp.float(), ws_gu.float(), ws_d.float()
-        s_gu = s_gu.float() if s_gu is not None else None
-        s_d = s_d.float() if s_d is not None else None
+        x, xp, ws_gu, ws_d, s_gu, s_d = as_float32(x, xp, ws_gu, ws_d, s_gu, s_d)
     T = b * kk
     act = torch.empty(T, I, device=x.device, dtype=x.dtype)
     tw = tw.reshape(-1)

@@ -47,10 +47,11 @@ Timing: `python -m microbench.stage_cost.tune_moe_quant` (column "int4 gemv").
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
-from microbench.kernels.moe_triton import fit_block
+from microbench.kernels.moe_triton import fit_block, pick_config
+from microbench.kernels.triton_expert import (as_float32, compiled, launch_options,
+                                              silu_gate_up, store_weighted, tile_rows)
 
 try:
     import triton
@@ -92,10 +93,7 @@ CONFIGS: tuple[tuple[int, GemvMoeConfig], ...] = (
 
 
 def config_for(batch: int) -> GemvMoeConfig:
-    for bound, cfg in CONFIGS:
-        if batch <= bound:
-            return cfg
-    return CONFIGS[-1][1]
+    return pick_config(CONFIGS, batch)
 
 
 def _store_gemv_src(ptr, cptr, stride, cstride, rows, rmask, k0, v, KD, C: tl.constexpr):
@@ -161,9 +159,7 @@ def _rows_src(wq_ptr, ws_ptr, xg_ptr, cg_ptr, out_ptr, oc_ptr, tw_ptr, order_ptr
     # one plan block: cnt <= MP rows of expert e, NH*BN weight rows, all of K; rows past cnt
     # (MP = 4, cnt = 3) repeat row 0 and are not stored
     R: tl.constexpr = NH * BN
-    r = tl.arange(0, R)
-    # tile row r: output feature pid_n*BN + r//NH of half r%NH (gate, up)
-    rows = (pid_n * BN + r // NH + (r % NH) * N).to(tl.int64)
+    rows = tile_rows(pid_n, N, NH, BN)                                # [R]
     g = tl.arange(0, BG)
     w4 = tl.arange(0, 4)
     q_ptrs = (wq_ptr + e * stride_qe + rows[:, None, None] * stride_qn
@@ -283,8 +279,7 @@ def _gemv_src(wq_ptr, ws_ptr, xg_ptr, cg_ptr, out_ptr, oc_ptr,
             arow = t
         else:
             arow = s * B + t
-        r = tl.arange(0, NH * BN)
-        rows = (pid_n * BN + r // NH + (r % NH) * N).to(tl.int64)
+        rows = tile_rows(pid_n, N, NH, BN)
         rk = tl.arange(0, BK16)
         h_ptrs = a16_ptr + arow[None, :] * stride_a16 + rk[:, None]               # [BK16, BMS]
         v_ptrs = w16_ptr + s * stride_he + rows[:, None] * stride_hn + rk[None, :]  # [R, BK16]
@@ -295,15 +290,12 @@ def _gemv_src(wq_ptr, ws_ptr, xg_ptr, cg_ptr, out_ptr, oc_ptr,
             v_ptrs += BK16
         rn = pid_n * BN + tl.arange(0, BN)
         if NH == 2:
-            gt, up = tl.split(tl.permute(tl.reshape(acc, (BN, 2, BMS)), (0, 2, 1)))
-            act = gt / (1.0 + tl.exp(-gt)) * up
+            act = silu_gate_up(acc, BN, BMS)
             tl.store(out16_ptr + (s * B + t)[None, :] * stride_o16 + rn[:, None],
                      act.to(out16_ptr.dtype.element_ty), mask=tm[None, :])
         else:
             flat = t * kk + TOPK + s
-            wt = tl.load(tw_ptr + flat, mask=tm, other=0.0)
-            tl.store(out_ptr + flat[None, :] * stride_o + rn[:, None], acc * wt[None, :],
-                     mask=tm[None, :])
+            store_weighted(out_ptr, tw_ptr, flat, tm, acc, rn, stride_o)
 
 
 # device functions and globals are looked up by name when a kernel is compiled: they must be
@@ -318,16 +310,6 @@ if triton is not None:
     _rows = triton.jit(_rows_src)
 else:  # pragma: no cover
     store_gemv = _part = _row_out = _rows = None
-
-
-@functools.lru_cache(maxsize=2)
-def _kernel(interpret: bool):
-    if triton is None:
-        raise RuntimeError("triton is not installed")
-    if interpret:
-        from triton.runtime.interpreter import InterpretedFunction
-        return InterpretedFunction(_gemv_src)
-    return triton.jit(_gemv_src)
 
 
 # ------------------------------------------------------------------ host side
@@ -358,7 +340,6 @@ def _launch(xg, cg, a16, qwq, qws, w16, out, oc, out16, plan, tw_flat, N, kk, to
         bg //= 2
     bn = fit_block(kc.block_n, N)  # power of two >= 16 dividing N
     cuda = xg.device.type == "cuda"
-    extra = dict(num_warps=kc.num_warps, num_stages=kc.num_stages) if cuda else {}
     has16 = w16 is not None
     NB = plan.count.numel()
     ntb = triton.cdiv(B, cfg.block_ms)
@@ -368,14 +349,14 @@ def _launch(xg, cg, a16, qwq, qws, w16, out, oc, out16, plan, tw_flat, N, kk, to
     out16 = out16 if out16 is not None else out
     oc = oc if oc is not None else out
     grid = (NB + n_sh * ntb, N // bn)
-    _kernel(not cuda)[grid](
+    compiled(_gemv_src, not cuda)[grid](
         qwq, qws, xg, cg, out, oc, a16, w16, out16, tw_flat, plan.order,
         plan.expert, plan.start, plan.count, NB, ntb, B, N, kk, n_q,
         qwq.stride(0), qwq.stride(1), qws.stride(0), qws.stride(1), xg.stride(0),
         cg.stride(0), out.stride(0), oc.stride(0), a16.stride(0), w16.stride(0),
         w16.stride(1), out16.stride(0),
         K=K, NH=nh, TOPK=top_k, BN=bn, BG=bg, BMS=cfg.block_ms,
-        BK16=min(cfg.block_k16, K), HAS16=has16, MAXMP=cfg.block_m, **extra)
+        BK16=min(cfg.block_k16, K), HAS16=has16, MAXMP=cfg.block_m, **launch_options(kc, cuda))
     return out
 
 
@@ -390,9 +371,7 @@ def fused_moe(x, xg, cg, qw, ids, tw, plan, cfg: GemvMoeConfig):
     out_dtype = x.dtype
     ws_gu, ws_d, s_gu, s_d = qw.gate_up_s, qw.down_s, qw.shared_gate_up, qw.shared_down
     if x.device.type != "cuda":      # Triton's interpreter has no bf16: interpret in fp32
-        x, ws_gu, ws_d = x.float(), ws_gu.float(), ws_d.float()
-        s_gu = s_gu.float() if s_gu is not None else None
-        s_d = s_d.float() if s_d is not None else None
+        x, ws_gu, ws_d, s_gu, s_d = as_float32(x, ws_gu, ws_d, s_gu, s_d)
     T = b * kk
     dev = x.device
     act = torch.empty(T, I, device=dev, dtype=torch.float32)

@@ -272,18 +272,12 @@ def config_for(batch: int) -> MmaLayerConfig:
 def _kernel(cfg: MmaConfig = CONFIG):
     if cfg.ksplit not in (1, 2, 4) or cfg.unroll < 1:
         raise ValueError(f"bad kernel config {cfg}")
-    import cupy
-
-    opts = ("-std=c++17", f"-DKSPLIT={cfg.ksplit}", f"-DUNROLL={cfg.unroll}",
-            f"-DMINB={cfg.minb}")
-    return cupy.RawModule(code=_SRC, options=opts).get_function("moe_w4a16_mma")
+    return CL.build(_SRC, "moe_w4a16_mma", KSPLIT=cfg.ksplit, UNROLL=cfg.unroll, MINB=cfg.minb)
 
 
 @functools.lru_cache(maxsize=1)
 def _slot_sum():
-    import cupy
-
-    return cupy.RawModule(code=_SRC, options=("-std=c++17",)).get_function("slot_sum")
+    return CL.build(_SRC, "slot_sum")
 
 
 # ------------------------------------------------------------------ layout

@@ -19,8 +19,6 @@ Graph-capturable (fixed sizes, no host sync). On the CPU it runs in Triton's int
 """
 from __future__ import annotations
 
-import functools
-
 try:
     import triton
     import triton.language as tl
@@ -29,6 +27,7 @@ except ImportError:  # pragma: no cover - reported by moe_triton.available()
 
 from microbench.kernels.moe_int4_gemv import store_gemv  # noqa: F401 - used by _route_src
 from microbench.kernels.moe_triton import BlockPlan, max_blocks
+from microbench.kernels.triton_expert import compiled
 
 BLOCK_T = 4     # tokens per routing program
 COPY_CHUNK = 1024  # inputs per pair-order copy program
@@ -130,16 +129,6 @@ def _plan_src(ids_ptr, order_ptr, blk_e_ptr, blk_start_ptr, blk_cnt_ptr, T, G, N
                      mask=m)
 
 
-@functools.lru_cache(maxsize=2)
-def _kernels(interpret: bool):
-    if triton is None:
-        raise RuntimeError("triton is not installed")
-    if interpret:
-        from triton.runtime.interpreter import InterpretedFunction
-        return InterpretedFunction(_route_src), InterpretedFunction(_plan_src)
-    return triton.jit(_route_src), triton.jit(_plan_src)
-
-
 def _p2(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
 
@@ -179,7 +168,7 @@ def route(w, x, pair_order: bool = False, gemv_layout: bool = False):
         raise ValueError("pair order needs a contiguous x with a multiple of 8 inputs")
     copies = triton.cdiv(H, COPY_CHUNK) if pair_order or gemv else 0
     grid = (triton.cdiv(b, BLOCK_T), 1 + copies)
-    _kernels(not cuda)[0][grid](
+    compiled(_route_src, not cuda)[grid](
         logits, w.bias.float(), ids, tw, x, xp, xc, b, E, w.n_alloc, float(w.scale),
         logits.stride(0), H, x.stride(0),
         TOPK=w.top_k, NSHARED=w.n_shared, KKP=_p2(kk), EP=_p2(E), BLOCK_T=BLOCK_T,
@@ -214,7 +203,7 @@ def plan(flat_ids, G: int, block_m: int, max_per_expert: int | None = None) -> B
     TP = _bucket(T)
     cuda = dev.type == "cuda"
     extra = dict(num_warps=4) if cuda else {}
-    _kernels(not cuda)[1][(1,)](
+    compiled(_plan_src, not cuda)[(1,)](
         flat_ids.to(torch.int32), order, e, s, c, T, G, NB, TP=TP, GP=_p2(G + 1),
         NBP=_p2(max_blocks(TP, G, block_m)), BLOCK_M=block_m, FBITS=TP.bit_length() - 1,
         RMAX=0 if cuda else triton.cdiv(T, block_m), **extra)

@@ -32,7 +32,6 @@ of the HBM floor (spec sheet and measured copy bandwidth). `--help` lists the kn
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 try:  # importing triton touches no GPU; absent on some CPU machines
@@ -42,6 +41,7 @@ except ImportError:  # pragma: no cover - reported by available()
     triton = tl = None
 
 from microbench.kernels.moe_common import append_shared
+from microbench.kernels.triton_expert import block_rows, compiled, launch_options
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ def available() -> str | None:
 
 
 # ------------------------------------------------------------------ kernels (plain functions,
-# wrapped by _kernels(): JIT on the GPU, the interpreter on the CPU)
+# wrapped by triton_expert.compiled: JIT on the GPU, the interpreter on the CPU)
 
 def _gate_up_src(x_ptr, w_ptr, act_ptr, order_ptr, blk_e_ptr, blk_start_ptr, blk_cnt_ptr,
                  N, kk, stride_xm, stride_we, stride_wn, stride_am, K: tl.constexpr,
@@ -100,17 +100,11 @@ def _gate_up_src(x_ptr, w_ptr, act_ptr, order_ptr, blk_e_ptr, blk_start_ptr, blk
                  EVEN_K: tl.constexpr):
     # K is constexpr: the loop bound must be a Python int in Triton's interpreter
     # x [b, K]; w [G, 2N, K] (gate rows 0..N-1, up rows N..2N-1); act [T, N] by sorted position
-    pid_b = tl.program_id(0)
     pid_n = tl.program_id(1)
-    cnt = tl.load(blk_cnt_ptr + pid_b)
-    if cnt == 0:
+    cnt = tl.load(blk_cnt_ptr + tl.program_id(0))
+    if cnt == 0:                                                      # an unused block slot
         return
-    e = tl.load(blk_e_ptr + pid_b).to(tl.int64)
-    start = tl.load(blk_start_ptr + pid_b)
-    rm = tl.arange(0, BLOCK_M)
-    mmask = rm < cnt
-    pos = start + rm                                                  # sorted positions
-    flat = tl.load(order_ptr + pos, mask=mmask, other=0)             # (token, slot) index
+    e, pos, mmask, flat = block_rows(cnt, blk_e_ptr, blk_start_ptr, order_ptr, BLOCK_M, False)
     tok = (flat // kk).to(tl.int64)
     rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     rk = tl.arange(0, BLOCK_K)
@@ -144,17 +138,12 @@ def _down_src(act_ptr, w_ptr, y_ptr, order_ptr, tw_ptr, blk_e_ptr, blk_start_ptr
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
               EVEN_K: tl.constexpr):
     # act [T, K] by sorted position; w [G, H, K]; y [T, H] fp32 by (token, slot) index
-    pid_b = tl.program_id(0)
     pid_n = tl.program_id(1)
-    cnt = tl.load(blk_cnt_ptr + pid_b)
+    cnt = tl.load(blk_cnt_ptr + tl.program_id(0))
     if cnt == 0:
         return
-    e = tl.load(blk_e_ptr + pid_b).to(tl.int64)
-    start = tl.load(blk_start_ptr + pid_b)
-    rm = tl.arange(0, BLOCK_M)
-    mmask = rm < cnt
-    pos = start + rm
-    flat = tl.load(order_ptr + pos, mask=mmask, other=0).to(tl.int64)
+    e, pos, mmask, flat = block_rows(cnt, blk_e_ptr, blk_start_ptr, order_ptr, BLOCK_M, False)
+    flat = flat.to(tl.int64)
     rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     rk = tl.arange(0, BLOCK_K)
     a_ptrs = act_ptr + pos[:, None].to(tl.int64) * stride_am + rk[None, :]
@@ -175,16 +164,6 @@ def _down_src(act_ptr, w_ptr, y_ptr, order_ptr, tw_ptr, blk_e_ptr, blk_start_ptr
     acc = acc * wt[:, None]
     y_ptrs = y_ptr + flat[:, None] * stride_ym + rn[None, :]
     tl.store(y_ptrs, acc, mask=mmask[:, None])
-
-
-@functools.lru_cache(maxsize=2)
-def _kernels(interpret: bool):
-    if triton is None:
-        raise RuntimeError("triton is not installed")
-    if interpret:
-        from triton.runtime.interpreter import InterpretedFunction
-        return InterpretedFunction(_gate_up_src), InterpretedFunction(_down_src)
-    return triton.jit(_gate_up_src), triton.jit(_down_src)
 
 
 # ------------------------------------------------------------------ host side
@@ -235,6 +214,13 @@ def fit_block(block: int, n: int) -> int:
     return b
 
 
+def _tiles(kc: KernelConfig, n: int, K: int, plan: BlockPlan):
+    """BLOCK_N, BLOCK_K and the grid (plan blocks, n / BLOCK_N) of a launch over n outputs and
+    K inputs."""
+    bn, bk = fit_block(kc.block_n, n), min(kc.block_k, max(16, triton.next_power_of_2(K)))
+    return bn, bk, (plan.count.numel(), n // bn)
+
+
 def gate_up(x, w_gate_up, plan: BlockPlan, kc: KernelConfig, block_m: int, kk: int):
     import torch
 
@@ -242,14 +228,13 @@ def gate_up(x, w_gate_up, plan: BlockPlan, kc: KernelConfig, block_m: int, kk: i
     N = N2 // 2
     T = plan.order.numel()
     act = torch.empty(T, N, device=x.device, dtype=x.dtype)
-    bn, bk = fit_block(kc.block_n, N), min(kc.block_k, max(16, triton.next_power_of_2(K)))
-    kern = _kernels(x.device.type != "cuda")[0]
-    grid = (plan.count.numel(), N // bn)
-    extra = {} if x.device.type != "cuda" else dict(num_warps=kc.num_warps,
-                                                     num_stages=kc.num_stages)
-    kern[grid](x, w_gate_up, act, plan.order, plan.expert, plan.start, plan.count,
-               N, kk, x.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), act.stride(0),
-               K=K, BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=K % bk == 0, **extra)
+    bn, bk, grid = _tiles(kc, N, K, plan)
+    cuda = x.device.type == "cuda"
+    compiled(_gate_up_src, not cuda)[grid](
+        x, w_gate_up, act, plan.order, plan.expert, plan.start, plan.count,
+        N, kk, x.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), act.stride(0),
+        K=K, BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=K % bk == 0,
+        **launch_options(kc, cuda))
     return act
 
 
@@ -259,14 +244,13 @@ def down(act, w_down, tw_flat, plan: BlockPlan, kc: KernelConfig, block_m: int):
     G, H, K = w_down.shape
     T = plan.order.numel()
     y = torch.empty(T, H, device=act.device, dtype=torch.float32)
-    bn, bk = fit_block(kc.block_n, H), min(kc.block_k, max(16, triton.next_power_of_2(K)))
-    kern = _kernels(act.device.type != "cuda")[1]
-    grid = (plan.count.numel(), H // bn)
-    extra = {} if act.device.type != "cuda" else dict(num_warps=kc.num_warps,
-                                                       num_stages=kc.num_stages)
-    kern[grid](act, w_down, y, plan.order, tw_flat, plan.expert, plan.start, plan.count,
-               act.stride(0), w_down.stride(0), w_down.stride(1), y.stride(0),
-               K=K, BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=K % bk == 0, **extra)
+    bn, bk, grid = _tiles(kc, H, K, plan)
+    cuda = act.device.type == "cuda"
+    compiled(_down_src, not cuda)[grid](
+        act, w_down, y, plan.order, tw_flat, plan.expert, plan.start, plan.count,
+        act.stride(0), w_down.stride(0), w_down.stride(1), y.stride(0),
+        K=K, BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=K % bk == 0,
+        **launch_options(kc, cuda))
     return y
 
 

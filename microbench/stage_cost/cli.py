@@ -5,6 +5,7 @@ import argparse
 import math
 from pathlib import Path
 
+from microbench.kit.probe_cli import exit_status, run_measured
 from reports.base.errors import CliError
 from reports.base.paths import default_record_path
 from reports.base.payloads.stage_cost import Routing, StageCostData
@@ -111,29 +112,17 @@ def main(args) -> int:
 
     cfg, mm = config_from_args(args)
     out = cfg.out
-    if not args.plan and (reason := sc.available()):
-        # cannot measure here: a waived record (beside a good one, never over it), exit 2
-        _, note = sc.run(cfg)
-        raise CliError(f"measuring needs a GPU ({reason}); nothing measured ("
-                       + (note or f"waived record: {out}") + "); use --plan for roofline floors")
-    bar = None
-    if not args.plan:
-        from tqdm import tqdm
-        n = 2 + mm.is_moe * len(cfg.moe_backends) + (mm.first_k_dense > 0)
-        bar = tqdm(total=n * len(cfg.batches), desc="stage-cost", unit="pt", leave=False)
-    try:
-        rec, note = sc.run(cfg, progress=bar)
-    finally:
-        if bar:
-            bar.close()
+    points = 2 + mm.is_moe * len(cfg.moe_backends) + (mm.first_k_dense > 0)   # per batch
+    rec, note = run_measured(sc, cfg, args.plan, "roofline floors", points * len(cfg.batches),
+                             "stage-cost", "pt")
     print(render(rec.payload))
     if note:  # the run went beside a good record; that record and its plot stay
         print(f"\n{note}  status: {rec.status} ({rec.reason})")
-        return 0 if rec.status != "error" else 1
+        return exit_status(rec)
     png = sc.plot(rec.payload, args.png or out.with_suffix(".png"), args.png_batch)
     print(f"\nrecord: {out}  plot: {png}" + (f"  status: {rec.status} ({rec.reason})"
                                              if rec.status != "ok" else ""))
-    return 0 if rec.status != "error" else 1
+    return exit_status(rec)
 
 
 def _f(v, fmt="{:.1f}"):
