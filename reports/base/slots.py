@@ -441,7 +441,7 @@ class RunRecord:
 
 
 def run_loop(cfg: SlotConfig, waves: Sequence[Wave], successor: Successor = Successor(),
-             round_us=None, *, prompt_len: int = 1, output_len=lambda: 1,
+             round_us=None, *, prompt_len=1, output_len=lambda: 1,
              policy: str = "sglang", micro_batches: int | None = None,
              rounds: int | None = None, warmup_rounds: int = 0,
              record: RunRecord | None = None) -> LoopRun:
@@ -450,7 +450,10 @@ def run_loop(cfg: SlotConfig, waves: Sequence[Wave], successor: Successor = Succ
 
     `waves`: the first prompts; `successor`: the prompts sent as others finish; `round_us(sizes)`:
     the time of one round for slot sizes (requests running per slot), each visit a slot-count-th
-    of it (None: a visit lasts 1); `output_len()`: the next prompt's output length in tokens.
+    of it (None: a visit lasts 1); `output_len()`: the next prompt's output length in tokens;
+    `prompt_len`: the tokens a prompt needs prefilled, or a function of its client number (the
+    prompts in order, from 0: a prompt whose prefix SGLang's radix cache holds needs only its
+    uncached tokens, `PrefillAdder` counting `extend_input_len`).
     Visit v schedules slot v % S (`event_loop_pp`): the slot's finished requests leave
     (`filter_batch` in `get_next_batch_to_run`), waiting prompts are admitted (`visit`:
     `get_num_allocatable_reqs`, `PrefillAdder` with its one chunked request), then the slot
@@ -504,6 +507,7 @@ def run_loop(cfg: SlotConfig, waves: Sequence[Wave], successor: Successor = Succ
         return memo[sizes]
 
     began: dict[int, tuple[int, int]] = {}   # client -> (first-token visit, output tokens)
+    plen = prompt_len if callable(prompt_len) else (lambda c, n=prompt_len: n)
 
     def finish(s: int, v: int, c: int) -> None:
         leaving[s] += 1
@@ -534,7 +538,7 @@ def run_loop(cfg: SlotConfig, waves: Sequence[Wave], successor: Successor = Succ
         running = st.sizes[s]
         if queue or st.chunk_left:
             had = chunked
-            vis = visit(st, [prompt_len] * len(queue), s, cfg, policy, micro_batches)
+            vis = visit(st, [plen(c) for c in queue], s, cfg, policy, micro_batches)
             joining = queue[:vis.taken]
             del queue[:vis.taken]
             if had is not None and (st.chunk_left == 0 or vis.taken):

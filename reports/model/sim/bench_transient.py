@@ -64,16 +64,22 @@ def _prefill_fn(table: dict):
 
 
 def model_bench(inp: Inputs, C: int, prompts: int, output_len: int,
-                waves: Sequence[Wave] | None = None, changes: Sequence[Change] = ()
-                ) -> BenchModel:
+                waves: Sequence[Wave] | None = None, changes: Sequence[Change] = (),
+                cached_prompts: int = 0) -> BenchModel:
     """bench_serving at concurrency C, `prompts` prompts of the scenario's prompt length and
-    `output_len` tokens, over the deployment with the settings `changes`."""
+    `output_len` tokens, over the deployment with the settings `changes`. The first
+    `cached_prompts` prompts need one token prefilled: bench_serving's warm-up request is the
+    run's first prompt (SGLang 0.5.23 sglang/benchmark/serving.py `benchmark` warms up with
+    input_requests[0], and flushes the prefix cache after it only with `--flush-cache`), so
+    SGLang's radix cache holds all but its last token when the run sends it again (the twin's
+    logs: `#cached-token: 999` of 1000)."""
     from reports.model.scenario.twin_costs import costs
     ch = lb.Changed.of(inp, changes)
     cfg, depth, partition = ch.slot_config, ch.depth, ch.partition
     rec = RunRecord()
     run = run_loop(cfg, list(waves) if waves else [Wave(C)], Successor(prompts),
-                   prompt_len=inp.prompt_len, output_len=lambda: output_len, record=rec)
+                   prompt_len=lambda c: 1 if c < cached_prompts else inp.prompt_len,
+                   output_len=lambda: output_len, record=rec)
     bmax = max([n for n, _ in rec.batches] + [1])
     loop = lb.loop_config(inp, lb.ALL_ON, bmax, depth=depth, partition=partition,
                           graph_max_bs=ch.graph_max_bs, mrr=ch.server.max_running_requests)
