@@ -75,6 +75,7 @@ def test_commands_call_ppscope_the_way_it_runs_here(monkeypatch):
     bench = [c for c in cmds if "sglang.bench_serving" in c]
     assert [c.split("--max-concurrency ")[1].split()[0] for c in bench] == ["1", "8"]
     assert all("--output-file bench.jsonl" in c for c in bench)
+    assert all("--flush-cache" in c for c in bench)   # the warm-up prompt is served cold
 
 
 def test_profile_at_the_concurrency_where_the_herd_is():

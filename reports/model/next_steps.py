@@ -39,10 +39,14 @@ def _lengths(rep: Report) -> tuple[int, int, float]:
 
 
 def bench_command(c: int, prompt: int = 1000, output: int = 256, ratio: float = 1.0) -> str:
+    """bench_serving at concurrency c. `--flush-cache`: its warm-up request is the run's first
+    prompt, and without a flush SGLang's radix cache serves that prompt's prefill, which moves
+    the first admission with the arrival order (SGLang 0.5.23 sglang/benchmark/serving.py
+    `benchmark`; docs/BENCHMARKS.md section 17: +50% or +99% for the same setting)."""
     return (f"python3 -m sglang.bench_serving --backend sglang --base-url {URL} "
             f"--dataset-name random --random-input-len {prompt} --random-output-len {output} "
             f"--random-range-ratio {ratio:g} --num-prompts {4 * c} --max-concurrency {c} "
-            "--output-file bench.jsonl")
+            "--flush-cache --output-file bench.jsonl")
 
 
 def next_steps(rep: Report, concurrencies: list[int], pp: int, model: str = "kimi-k2",
