@@ -105,3 +105,4 @@ def test_the_twin_runs_the_deployment_on_sglangs_scheduler(twin):
     assert row["waves"] and all(n >= 1 for n in row["waves"]), row
     assert sum(row["model_slots"]) == 4
     assert row["twin_tpot_ms"] > 0 and row["model_tpot_ms"] > 0
+    assert row["run_model_tpot_ms"] and row["run_model_tpot_ms"] > 0   # the model of this run

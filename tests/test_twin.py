@@ -124,6 +124,9 @@ def test_the_table_sets_twin_beside_model_and_observed():
                           model_tok_per_s=146.0, flags=["--chunked-prefill-size", "2048"])]}
     out = render(data)
     assert "k = 40" in out and "81.7" in out and "1 7" in out
+    assert "model of this run" in out and "-" in out.splitlines()[4]   # older rows: none
+    data["rows"][0]["run_model_tpot_ms"] = 101.2
+    assert "101.2 (+1%)" in render(data)
     assert "+76%" in out and "+50%" in out       # model +76% (146 / 82.8), twin +50% (120 / 80)
 
 
@@ -234,3 +237,18 @@ def test_the_built_in_report_carries_the_shipped_twin(tmp_path):
     rep = json.loads((out / "report.json").read_text())
     assert rep["recommendation"].get("twin") is None
     assert any("twin.json describes another (PP8)" in w for w in rep["warnings"])
+
+
+def test_the_twin_models_its_own_run():
+    """Each twin row gets the model of that very run: rep 1's chunk-2048 run (SGLang admitted
+    4, 3, 3, 1 with the warm-up prompt cached) modelled at 71.4 ms against the twin's 66.6."""
+    from microbench.sglang_lab.twin import _run_model
+    from reports.model.settings_change import Change
+    records, warnings = load_records(Path("/nonexistent"))
+    inp = build_inputs(load_scenario("seed-pp8"), records, warnings)
+    d = json.loads((FIX / "reps" / "rep1.twin.json").read_text())["data"]
+    row = next(r for r in d["rows"] if r["setting"] == "recommended")
+    got = _run_model(inp, 8, row["completed"], d["output_len"], row["waves"],
+                     (Change("--chunked-prefill-size", 2048),))
+    assert got == pytest.approx(row["twin_tpot_ms"], rel=0.10)
+    assert _run_model(inp, 8, 8, 32, [], ()) is not None        # no logged waves: one burst

@@ -101,6 +101,19 @@ def _bench(server: LabServer, bench: drive.BenchSpec, out: Path, C: int, prompts
     return json.loads(line), waves(server.log_text(start))[WARMUP_REQUESTS:]
 
 
+def _run_model(inp, C: int, completed: int, output_len: int, logged: list[int], changes
+               ) -> float | None:
+    """The model of this very run (reports/model/sim/bench_transient.py): SGLang's first logged
+    wave admitted first, bench_serving's warm-up prompt served from the prefix cache (it is the
+    run's first prompt, `WARMUP_REQUESTS`); None when the run cannot be modelled."""
+    from reports.model.sim.bench_transient import model_bench, waves_of
+    try:
+        return model_bench(inp, C, max(completed, 1), output_len, waves_of(logged, C),
+                           changes=changes, cached_prompts=WARMUP_REQUESTS).tpot_ms
+    except ValueError:
+        return None
+
+
 def run_twin(inp, settings: list[TwinSetting], concurrency: list[int], out: Path, lab_dir: Path,
              output_len: int, max_k: float, k: float | None = None,
              mode: str = "async", keep=None) -> dict:
@@ -158,6 +171,7 @@ def run_twin(inp, settings: list[TwinSetting], concurrency: list[int], out: Path
                 b, w = _bench(server, bench, cdir, C, max(2, C), seed)
                 pred = lb.run(inp, C, changes=st.changes)
                 pred_cpu = model_of_twin(inp, C, changes=st.changes)
+                run_model = _run_model(inp, C, b["completed"], output_len, w, st.changes)
                 kk = calib["k"]
                 rows.append({
                     "setting": st.name, "flags": list(st.flags), "concurrency": C,
@@ -169,6 +183,7 @@ def run_twin(inp, settings: list[TwinSetting], concurrency: list[int], out: Path
                     "model_cpu_forward_tpot_ms": pred_cpu.tpot_ms,
                     "model_tok_per_s": pred.tok_per_s,
                     "model_slots": [s for s in pred.slot_sizes if s],
+                    "run_model_tpot_ms": run_model,
                 })
                 say(f"{st.name} C={C}: TPOT {rows[-1]['twin_tpot_ms']:.1f} ms undilated "
                     f"(model {pred.tpot_ms:.1f}); SGLang admitted {w}")

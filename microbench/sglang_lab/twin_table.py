@@ -1,7 +1,8 @@
 """The twin's tables (`ppscope twin`, docs/BENCHMARKS.md): per setting and concurrency, the
 twin's TPOT and decode tok/s (undilated) beside the model's and the user's, with the
-micro-batches SGLang formed; then each setting's change against the default, predicted by the
-model and measured on the twin."""
+micro-batches SGLang formed, and the model of that very run (its logged admission, prefill and
+the warm-up prompt's cache hit included: reports/model/sim/bench_transient.py); then each
+setting's change against the default, predicted by the model and measured on the twin."""
 from __future__ import annotations
 
 from tabulate import tabulate
@@ -24,13 +25,16 @@ def render(data: dict) -> str:
     rows = []
     for r in data["rows"]:
         C = r["concurrency"]
+        run = r.get("run_model_tpot_ms")
         rows.append([r["setting"], C, f"{r['twin_tpot_ms']:.1f}", f"{r['model_tpot_ms']:.1f}",
                      _pct(r["model_tpot_ms"], r["twin_tpot_ms"]),
+                     f"{run:.1f} ({_pct(run, r['twin_tpot_ms'])})" if run else "-",
                      f"{r['twin_decode_tok_per_s']:.1f}", f"{r['model_tok_per_s']:.1f}",
                      f"{observed[C]:.1f}" if r["setting"] == "default" and C in observed else "-",
                      " ".join(map(str, r["waves"])) or "-",
                      " ".join(map(str, r["model_slots"]))])
     t1 = tabulate(rows, headers=["setting", "C", "twin TPOT ms", "model TPOT ms", "model vs twin",
+                                 "model of this run ms",
                                  "twin tok/s", "model tok/s", "observed tok/s",
                                  "SGLang admitted (#new-seq)", "model micro-batches"])
     base = {r["concurrency"]: r for r in data["rows"] if r["setting"] == "default"}
