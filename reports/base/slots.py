@@ -48,7 +48,7 @@ import heapq
 import random
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from reports.base.server_settings import ServerSettings, chunk_budget, slot_count
 from reports.base.sglang_defaults import MAX_PREFILL_TOKENS
@@ -441,7 +441,8 @@ class RunRecord:
 
 
 def run_loop(cfg: SlotConfig, waves: Sequence[Wave], successor: Successor = Successor(),
-             round_us=None, *, prompt_len=1, output_len=lambda: 1,
+             round_us=None, *, prompt_len: int | Callable[[int], int] = 1,
+             output_len=lambda: 1,
              policy: str = "sglang", micro_batches: int | None = None,
              rounds: int | None = None, warmup_rounds: int = 0,
              record: RunRecord | None = None) -> LoopRun:

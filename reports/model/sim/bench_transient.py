@@ -31,9 +31,7 @@ from reports.model.scenario.inputs import Inputs
 @dataclass(frozen=True)
 class BenchModel:
     tpot_ms: float              # median over prompts
-    decode_tok_per_s: float     # C / TPOT, as the twin reports it
     prefill_visits: tuple[tuple[int, int], ...]   # (#new-seq, #running-req) per prefill
-    steady_share: float         # share of decode visits that ran with no prefill pending
 
 
 def waves_of(new_seqs: Sequence[int], C: int) -> list[Wave]:
@@ -91,14 +89,4 @@ def model_bench(inp: Inputs, C: int, prompts: int, output_len: int,
              for first, last, n in rec.requests if n > 1]
     if not tpots:
         raise ValueError("no prompt decoded more than one token")
-    tpot = statistics.median(tpots)
-    decodes = [j for j, (n, t) in enumerate(rec.batches) if n and not t]
-    pending = _prefill_pending(rec)
-    steady = sum(1 for j in decodes if j >= pending) / len(decodes) if decodes else 0.0
-    return BenchModel(tpot, C * 1e3 / tpot, run.prefills, steady)
-
-
-def _prefill_pending(rec: RunRecord) -> int:
-    """The visit after the last prefill."""
-    last = [j for j, (n, t) in enumerate(rec.batches) if t]
-    return last[-1] + 1 if last else 0
+    return BenchModel(statistics.median(tpots), run.prefills)
