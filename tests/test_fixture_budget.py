@@ -1,6 +1,7 @@
 """A size budget for the test fixtures: the lab's recordings (tests/fixtures/sglang_lab/) are
 most of the tree's bytes, and every clone and CI run carries them. A new recording that does
-not fit is trimmed (a shorter traced window, fewer ranks) or replaces an older one."""
+not fit is trimmed (a shorter traced window, fewer ranks; its traces `slim`med, as
+microbench/sglang_lab/fixtures.py writes them) or replaces an older one."""
 from __future__ import annotations
 
 import subprocess
@@ -8,9 +9,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
-LAB_BUDGET = 31 * MiB         # tests/fixtures/sglang_lab/ in all (29.9 MiB when this was set)
-ALL_BUDGET = 38 * MiB         # tests/fixtures/ in all (36.2 MiB)
-FILE_BUDGET = 3 * MiB         # any one fixture file (the largest: 2.7 MiB, a stack trace)
+LAB_BUDGET = 7 * MiB          # tests/fixtures/sglang_lab/ in all (6.3 MiB when this was set,
+                              # its traces `slim`med: microbench/sglang_lab/fixtures.py)
+ALL_BUDGET = 14 * MiB         # tests/fixtures/ in all (12.6 MiB)
+FILE_BUDGET = 3 * MiB // 2    # any one fixture file (the largest: 1.1 MiB, HTA's sample trace)
 
 
 def _sizes(under: str) -> dict[str, int]:

@@ -4,8 +4,10 @@ Each folder is one lab case (`ppscope sglang-lab`, microbench/sglang_lab/): SGLa
 `launch_server --pp-size 2 --device cpu` (gloo between the ranks, a tiny Llama with random
 weights), loaded by its own `bench_serving`, profiled through `/start_profile` (no stacks; the
 clean case also with SGLang's defaults), with one fault injected into its processes. Trimmed
-by microbench/sglang_lab/fixtures.py: 60 loop iterations of each trace (20 with stacks), the
-log's first 400 batch lines; otherwise the files are as SGLang wrote them.
+by microbench/sglang_lab/fixtures.py: 60 loop iterations of each trace (20 with stacks), of
+which the first 3 keep every event and the rest only what ppscope reads (SGLang's ranges and
+c10d's ops: tests/test_fixture_slim.py), the log's first 400 batch lines; otherwise the files
+are as SGLang wrote them.
 
 What must hold on them (each failed before ppscope read SGLang's real formats):
 - every case is diagnosed (the traces have no GPU event: forwards are `run_batch` ranges,

@@ -2,10 +2,14 @@
 
 A lab case holds seconds of SGLang's real artefacts (traces of several MB). A fixture keeps
 their real format and a short steady window of them:
-- each trace: its metadata (`distributedInfo`, `deviceProperties`, ...) and every event that
-  starts inside `iterations` consecutive loop iterations (from one `recv_requests` to the next),
-  the stretch with the most forwards: SGLang's ranges, step spans, c10d's gloo ranges, CPU ops
-  and, for the with-stacks window, the Python tracer's events as they are;
+- each trace: its metadata (`distributedInfo`, `deviceProperties`, ...) and the events that
+  start inside `iterations` consecutive loop iterations (from one `recv_requests` to the next),
+  the stretch with the most forwards: SGLang's ranges, step spans, c10d's gloo ranges and ops.
+  The first `FULL_ITERATIONS` of them keep every event as the profiler wrote it (every CPU op
+  and, for the with-stacks window, the Python tracer's frames), so the readers still meet the
+  whole format; after them the events no reader takes (`unread`: CPU ops other than c10d's, the
+  Python tracer's frames other than modules'; 98% of a CPU trace's bytes) are left out
+  (`slim`);
 - the server log: the start-up lines, then the case's lines up to `log_lines` batch lines, and
   the `BEFORE_WINDOW` batch lines before the profiled window and every one of it and after it
   (between SGLang's `Profiling starts` and `Profiling done` lines: the profiler's own slowdown
@@ -20,6 +24,7 @@ folder name), so nothing of the recording machine is committed.
 
     python -m microbench.sglang_lab.fixtures [--iterations N] [--bench-info-once] \
         results/lab tests/fixtures/sglang_lab [CASE ...]
+    python -m microbench.sglang_lab.fixtures --slim tests/fixtures/sglang_lab   # in place
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ import sys
 from pathlib import Path
 
 ITERATIONS = 60
+FULL_ITERATIONS = 3
 LOG_LINES = 400
 _ABS = re.compile(r"(/[A-Za-z0-9_.+-]+)+/(\.lab|site-packages|results/lab[A-Za-z0-9_-]*)/")
 
@@ -59,13 +65,34 @@ def busy_window(doc: dict, iterations: int = ITERATIONS) -> tuple[float, float] 
     return marks[best], marks[best + iterations]
 
 
+def unread(ev: dict) -> bool:
+    """An event no reader of ppscope takes: a CPU op other than c10d's (microbench/sglang/
+    trace.py `_take` and cpu_steps.py `collect` read SGLang's ranges, c10d's ops and the
+    device's events) or a frame of the Python tracer other than a module's (`nn.Module: ...`,
+    the layers cpu_steps.py times)."""
+    return (ev.get("ph") == "X" and ev.get("cat") in ("cpu_op", "python_function")
+            and not str(ev.get("name", "")).startswith(("c10d::", "ProfilerStep#",
+                                                         "nn.Module: ")))
+
+
+def slim(ev: list, full_iterations: int = FULL_ITERATIONS) -> list:
+    """`ev` without its `unread` events after the first `full_iterations` loop passes."""
+    marks = sorted(float(e["ts"]) for e in ev
+                   if e.get("name") == "recv_requests" and e.get("ph") == "X")
+    if len(marks) <= full_iterations:
+        return ev
+    cut = marks[full_iterations]
+    return [e for e in ev if not (unread(e) and float(e.get("ts", -1)) >= cut)]
+
+
 def trim_trace(doc: dict, dst: Path, window: tuple[float, float] | None) -> int:
     """Keep metadata and the events that start inside `window` (one clock for every rank of
-    one host, so the same window cuts every rank's trace)."""
+    one host, so the same window cuts every rank's trace), `slim`med."""
     ev = doc.get("traceEvents") or []
     if window is not None:
         lo, hi = window
         ev = [e for e in ev if e.get("ph") != "X" or lo <= float(e.get("ts", -1)) < hi]
+    ev = slim(ev)
     doc = {**doc, "traceEvents": ev}
     dst.parent.mkdir(parents=True, exist_ok=True)
     with gzip.open(dst, "wt", compresslevel=9) as f:
@@ -169,8 +196,25 @@ def trim_window(case_dir: Path, dst: Path) -> None:
         (dst / name).write_text(trim_metrics(scrub((case_dir / name).read_text())))
 
 
+def slim_in_place(root: Path) -> int:
+    """Every trace under `root` `slim`med where it lies; returns the bytes saved."""
+    saved = 0
+    for p in sorted(root.rglob("*.trace.json.gz")):
+        before, doc = p.stat().st_size, _events(p)
+        ev = doc.get("traceEvents") or []
+        kept = slim(ev)
+        if len(kept) == len(ev):
+            continue
+        trim_trace(doc, p, None)
+        saved += before - p.stat().st_size
+    return saved
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--slim"] and len(argv) == 2:
+        print(f"{slim_in_place(Path(argv[1])) >> 10} KiB saved")
+        return 0
     iterations, info_once = ITERATIONS, "--bench-info-once" in argv
     argv = [a for a in argv if a != "--bench-info-once"]
     if "--iterations" in argv:
