@@ -23,6 +23,12 @@ next, SGLang's `event_loop_pp`) splits exactly into:
   wherever the next slot holds a batch).
 - **host work**: the rest of the iteration (scheduling, the output exchange's own work,
   SGLang's unranged Python between ranges), before the forward.
+- **the layers** (a window profiled with SGLang's defaults, `with_stack`): the Python tracer
+  writes each module call as `nn.Module: <class>_<i>`; a decoder layer (`*DecoderLayer`, the
+  class every SGLang model names its layers by: LlamaDecoderLayer, DeepseekV2DecoderLayer, ...)
+  inside a decode forward is one of the rank's layers. Their count per forward is the rank's
+  share of the layer split (SGLang logs it nowhere) and their mean time one layer's cost,
+  which the layer split's what-if moves between ranks (reports/model/observed/layer_split.py).
 
 `gloo:send` ranges are left out of every sum on purpose: SGLang sends with `isend` and waits one
 phase later (`_pp_commit_comm_work`), so a send range opens at the post and closes when the send
@@ -45,6 +51,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import re
 from statistics import median
 
 from microbench.sglang import forward_window
@@ -58,6 +65,8 @@ COMMIT_TAIL_US = 300.0
 RANGES = ("recv_requests", "send_reqs_to_next_stage", "get_next_batch_to_run", "run_batch",
           "process_batch_result", "send_proxy_dict_to_next_stage", "send_res_dict_to_next_stage",
           "recv_res_dict_from_prev_stage", "scheduler.idle")
+# a decoder layer's module event, as torch's Python tracer names it (`nn.Module: <class>_<i>`)
+LAYER_RE = re.compile(r"nn\.Module: \w*DecoderLayer_\d+$")
 
 
 def idle_passes(starts: list[float], idle: list[tuple[float, float]]) -> tuple[int | None, set]:
@@ -97,7 +106,7 @@ def collect(path, shift_us: float = 0.0) -> dict:
     """The events the CPU view needs, from one trace file (streamed); `shift_us`: the rank's
     clock offset, taken off its timestamps (steps.read_loop)."""
     ranges: dict[str, list] = {k: [] for k in RANGES}
-    steps, recvs, sends, busy = [], [], [], []
+    steps, recvs, sends, busy, layers = [], [], [], [], []
     gpu = n = 0
     for ev in iter_events(path, shift_us=shift_us):
         n += 1
@@ -112,6 +121,10 @@ def collect(path, shift_us: float = 0.0) -> dict:
             continue
         if cat in ("kernel", "Kernel", "gpu_memcpy", "gpu_memset"):
             gpu += 1
+        elif cat == "python_function":
+            if LAYER_RE.match(name):
+                layers.append((ts, ts + dur))
+            continue
         elif cat != "user_annotation":
             if cat == "cpu_op" and name.startswith("c10d::"):
                 busy.append((ts, ts + dur))
@@ -132,7 +145,7 @@ def collect(path, shift_us: float = 0.0) -> dict:
         ranges[k] = sorted(set(v))
     return {"ranges": ranges, "steps": sorted(set(steps)), "recvs": merge(recvs),
             "commits": commit_waits(merge(busy), sorted(set(sends))), "gpu_events": gpu,
-            "events": n}
+            "events": n, "layers": sorted(set(layers))}
 
 
 def commit_waits(busy: list[tuple[float, float]], sends: list[tuple[float, float]]
@@ -205,6 +218,27 @@ def full_rounds(visits: list[tuple[int, str | None]], slots: int | None) -> dict
             out[str(b)] = out.get(str(b), 0) + 1
     return dict(sorted(out.items(), key=lambda kv: int(kv[0]))) \
         if sum(out.values()) >= slots else {}
+
+
+def layer_costs(dec: list[dict], layers: list[tuple[float, float]]) -> dict:
+    """The rank's layers per decode forward (the most common count) and one layer's mean time
+    by micro-batch size, from the decoder layers' module events inside each forward (module
+    docstring); {} when the trace has none (a window profiled without stacks)."""
+    if not layers:
+        return {}
+    starts = [a for a, _ in layers]
+    counts: dict[int, int] = {}
+    per: dict[int, list[float]] = {}
+    for f in dec:
+        inside = layers[bisect.bisect_left(starts, f["start"]):
+                        bisect.bisect_left(starts, f["end"])]
+        if inside:
+            counts[len(inside)] = counts.get(len(inside), 0) + 1
+            per.setdefault(f["batch"], []).append(sum(b - a for a, b in inside) / len(inside))
+    if not counts:
+        return {}
+    return {"layers_per_forward": max(counts, key=lambda n: (counts[n], n)),
+            "layer_us_by_batch": {str(b): _mean(v) for b, v in sorted(per.items())}}
 
 
 def summarize(ev: dict, rank: int | None = None) -> dict:
@@ -293,6 +327,7 @@ def summarize(ev: dict, rank: int | None = None) -> dict:
             waits["commit"].append(commit)
             sends.append(send)
     dec = [f for f in fwds if f["mode"] == "DECODE" and f["batch"]]
+    out.update(layer_costs(dec, ev.get("layers") or []))
     by_b: dict[int, list] = {}
     for f in dec:
         by_b.setdefault(f["batch"], []).append(f["end"] - f["start"])

@@ -21,6 +21,9 @@ class Case:
     request_rate: float | None = None   # bench_serving --request-rate (None: all at once)
     reps: int = 1                   # bench_serving repetitions (distinct seeds)
     stacks: bool = False            # also profile a window with SGLang's defaults (stacks, shapes)
+    # the profiled window itself with SGLang's defaults (stacks: the decoder layers' module
+    # events, which time the layers for the layer split, cpu_steps.py)
+    window_stacks: bool = False
     live: bool = False              # also run ppscope's own live probe at this C
     baseline: str = "clean-c8"      # what its slowdown is measured against
     expect: str = ""                # the cause the diagnosis should name first ("" = none big)
@@ -36,6 +39,7 @@ class Group:
     pp: int = 2
     extra_args: tuple[str, ...] = ()
     cases: tuple[Case, ...] = field(default_factory=tuple)
+    env: tuple[tuple[str, str], ...] = ()    # the server's environment, e.g. the layer split
 
 
 def default_plan(pp: int = 2, quick: bool = False, depth: int = 0) -> tuple[Group, ...]:
@@ -169,4 +173,37 @@ def whatif_restart_plan(pp: int = 2, rounds: int = 2,
                 Case(f"wr-{tag}-c{C}.{k}", C, baseline=f"wr-base-c{C}",
                      profile=k == 1)
                 for C in at)))
+    return tuple(out)
+
+
+PARTITION_ENV = "SGLANG_PP_LAYER_PARTITION"
+
+
+def split_plan(pp: int = 2, layers: int = 4, rounds: int = 2, C: int = 8
+               ) -> tuple[Group, ...]:
+    """SGLang's default layer split against each split one layer away
+    (`SGLANG_PP_LAYER_PARTITION`, read by SGLang's `get_pp_indices`), the servers alternating
+    (default, each split, default, ...; one bench_serving run each) so that a change of the
+    machine's load falls on every side alike. The default server's window is profiled with
+    SGLang's defaults (stacks): its decoder layers' module events time one layer on each rank,
+    the before evidence of the split's what-if (reports/model/observed/layer_split.py)."""
+    from reports.base.partition import layer_counts
+    base = layer_counts(layers, pp)
+    splits = []
+    for r in range(pp - 1):          # one layer moved across each boundary, both ways
+        for d in (1, -1):
+            c = list(base)
+            c[r] += d
+            c[r + 1] -= d
+            if min(c) >= 1:
+                splits.append(",".join(map(str, c)))
+    out = []
+    for k in range(1, rounds + 1):
+        out.append(Group(f"sp-default-{k}", pp, (), (
+            Case(f"sp-base-c{C}.{k}", C, baseline="", window_stacks=True),)))
+        for sp in splits:
+            tag = sp.replace(",", "")
+            out.append(Group(f"sp-{tag}-{k}", pp, (), (
+                Case(f"sp-{tag}-c{C}.{k}", C, baseline=f"sp-base-c{C}", profile=False),),
+                env=((PARTITION_ENV, sp),)))
     return tuple(out)

@@ -24,7 +24,7 @@ folder name), so nothing of the recording machine is committed.
 
     python -m microbench.sglang_lab.fixtures [--iterations N] [--bench-info-once] \
         results/lab tests/fixtures/sglang_lab [CASE ...]
-    python -m microbench.sglang_lab.fixtures --slim tests/fixtures/sglang_lab   # in place
+    python -m microbench.sglang_lab.fixtures --slim tests/fixtures/sglang_lab [--full N]  # in place
 """
 from __future__ import annotations
 
@@ -92,7 +92,10 @@ def trim_trace(doc: dict, dst: Path, window: tuple[float, float] | None) -> int:
     if window is not None:
         lo, hi = window
         ev = [e for e in ev if e.get("ph") != "X" or lo <= float(e.get("ts", -1)) < hi]
-    ev = slim(ev)
+    return _write(doc, slim(ev), dst)
+
+
+def _write(doc: dict, ev: list, dst: Path) -> int:
     doc = {**doc, "traceEvents": ev}
     dst.parent.mkdir(parents=True, exist_ok=True)
     with gzip.open(dst, "wt", compresslevel=9) as f:
@@ -196,24 +199,26 @@ def trim_window(case_dir: Path, dst: Path) -> None:
         (dst / name).write_text(trim_metrics(scrub((case_dir / name).read_text())))
 
 
-def slim_in_place(root: Path) -> int:
-    """Every trace under `root` `slim`med where it lies; returns the bytes saved."""
+def slim_in_place(root: Path, full_iterations: int = FULL_ITERATIONS) -> int:
+    """Every trace under `root` `slim`med where it lies (`full_iterations` passes kept whole);
+    returns the bytes saved."""
     saved = 0
     for p in sorted(root.rglob("*.trace.json.gz")):
         before, doc = p.stat().st_size, _events(p)
         ev = doc.get("traceEvents") or []
-        kept = slim(ev)
+        kept = slim(ev, full_iterations)
         if len(kept) == len(ev):
             continue
-        trim_trace(doc, p, None)
+        _write(doc, kept, p)
         saved += before - p.stat().st_size
     return saved
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["--slim"] and len(argv) == 2:
-        print(f"{slim_in_place(Path(argv[1])) >> 10} KiB saved")
+    if argv[:1] == ["--slim"] and len(argv) in (2, 4) and argv[2:3] in ([], ["--full"]):
+        full = int(argv[3]) if len(argv) == 4 else FULL_ITERATIONS
+        print(f"{slim_in_place(Path(argv[1]), full) >> 10} KiB saved")
         return 0
     iterations, info_once = ITERATIONS, "--bench-info-once" in argv
     argv = [a for a in argv if a != "--bench-info-once"]

@@ -91,7 +91,7 @@ def run_case(case: Case, server: LabServer, bench: drive.BenchSpec, fault_file: 
                 drive.run_bench(bench, blog, concurrency=case.concurrency,
                                 prompts=2 * case.concurrency + 2, seed=seed0 + k,
                                 out=tmp / "bench.jsonl", request_rate=case.request_rate)
-            windows = ([("traces", False)] if case.profile else []) + (
+            windows = ([("traces", case.window_stacks)] if case.profile else []) + (
                 [("traces-stacks", True)] if case.stacks else [])
             for sub, stacks in windows:
                 _say(f"{case.name}: profiling a window ({'SGLang defaults: stacks, shapes' if stacks else 'no stacks, no shapes'})")
@@ -134,6 +134,7 @@ def run_case(case: Case, server: LabServer, bench: drive.BenchSpec, fault_file: 
     drive.write_json(tmp / "case.json", {
         "case": asdict(case), "pp": server.spec.pp, "device": server.spec.device,
         "extra_args": list(server.spec.extra_args), "pp_max_micro_batch_size": mmb,
+        "env": {k: v for k, v in server.spec.env.items() if k.startswith("SGLANG_")},
         "started_unix": t0, "seconds": time.time() - t0,
         "input_len": bench.input_len, "output_len": bench.output_len})
     final = out / case.name
@@ -226,9 +227,11 @@ def run_lab(cfg: LabConfig) -> int:
             continue
         spec = ServerSpec(python=python, model=model, pp=g.pp, device=cfg.device,
                           extra_args=g.extra_args, env={"PPSCOPE_LAB_FAULT_FILE": str(fault_file),
-                                                          "PYTHONPATH": str(inject_path())})
+                                                          "PYTHONPATH": str(inject_path()),
+                                                          **dict(g.env)})
         logdir = cfg.out / ".partial"
-        _say(f"starting SGLang (pp={g.pp}, {cfg.device}{', ' + ' '.join(g.extra_args) if g.extra_args else ''})")
+        shown = list(g.extra_args) + [f"{k}={v}" for k, v in g.env]
+        _say(f"starting SGLang (pp={g.pp}, {cfg.device}{', ' + ' '.join(shown) if shown else ''})")
         with LabServer(spec, logdir / f"server-{g.name}.log", logdir / f"traces-{g.name}") as server:
             bench = drive.BenchSpec(python=python, url=server.url, model=model, dataset=dataset)
             header = _header(server)

@@ -55,8 +55,13 @@ def register(subparsers) -> None:
                    help="the restart settings (--pp-async-batch-depth 1 and pp, "
                    "--chunked-prefill-size, --max-running-requests) against the default, the "
                    "servers alternating, the first default servers profiled (cases wr-*)")
+    p.add_argument("--split", action="store_true",
+                   help="the layer split: SGLang's default split against each split one layer "
+                   "away (SGLANG_PP_LAYER_PARTITION), the servers alternating, C = 8, the "
+                   "default server's window profiled with SGLang's defaults (stacks: the layers' "
+                   "module events time them) (cases sp-*)")
     p.add_argument("--rounds", type=int, default=2, metavar="N",
-                   help="--whatif-restart: rounds of the alternating servers (default 2; every "
+                   help="--whatif-restart, --split: rounds of the alternating servers (default 2; every "
                    "round's default servers profiled, the before evidence of each, and the "
                    "first round's others)")
     p.add_argument("--list", action="store_true", help="print the plan and exit")
@@ -74,8 +79,8 @@ def register(subparsers) -> None:
 
 
 def _plan(args):
-    from microbench.sglang_lab.cases import (default_plan, sizes_plan, whatif_live_plan,
-                                             whatif_plan, whatif_restart_plan)
+    from microbench.sglang_lab.cases import (default_plan, sizes_plan, split_plan,
+                                             whatif_live_plan, whatif_plan, whatif_restart_plan)
     if not 2 <= args.pp <= max(2, os.cpu_count() or 2):
         raise CliError(f"--pp must be between 2 and the number of cores "
                        f"({os.cpu_count()}), got {args.pp}")
@@ -87,10 +92,11 @@ def _plan(args):
         plan = whatif_plan(args.pp)
     elif args.whatif_live:
         plan = whatif_live_plan(args.pp)
-    elif args.whatif_restart:
+    elif args.whatif_restart or args.split:
         if not 1 <= args.rounds <= 10:
             raise CliError(f"--rounds must be between 1 and 10, got {args.rounds}")
-        plan = whatif_restart_plan(args.pp, rounds=args.rounds)
+        plan = (split_plan(args.pp, rounds=args.rounds) if args.split else
+                whatif_restart_plan(args.pp, rounds=args.rounds))
     else:
         plan = default_plan(args.pp, quick=args.quick, depth=args.async_depth)
     if args.reps is not None:
@@ -118,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
     if args.list:
         for g in plan:
             for c in g.cases:
-                print(f"{c.name:12s} pp={g.pp}{' ' + ' '.join(g.extra_args) if g.extra_args else ''} C={c.concurrency:<3d} {c.fault or ''}"
+                shown = ' '.join(list(g.extra_args) + [f'{k}={v}' for k, v in g.env])
+                print(f"{c.name:12s} pp={g.pp}{' ' + shown if shown else ''} C={c.concurrency:<3d} {c.fault or ''}"
                       f"{' hog on core %d' % c.hog_core if c.hog_core is not None else ''}"
                       f"{' mmb=%d' % c.mmb if c.mmb else ''}"
                       f"{' rate=%g/s' % c.request_rate if c.request_rate else ''}")
@@ -165,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _whatif_table(args, out: Path) -> None:
     """With a what-if plan: predicted against measured change (reports/lab/whatifs.py)."""
-    if not (args.whatif or args.whatif_live or args.whatif_restart):
+    if not (args.whatif or args.whatif_live or args.whatif_restart or args.split):
         return
     from microbench.sglang_lab.drive import write_json
     from reports.lab.whatifs import loop_rows, render, whatif_rows

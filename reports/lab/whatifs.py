@@ -34,6 +34,8 @@ import sys
 from pathlib import Path
 from statistics import median
 
+from reports.model.settings_change import LAYER_PARTITION
+
 TARGET_REL = 0.25
 
 
@@ -57,6 +59,9 @@ def change_of(after: dict, before: dict) -> tuple[str, object] | None:
         return "--pp-max-micro-batch-size", a["mmb"]
     if a.get("request_rate") != b.get("request_rate"):
         return "--request-rate", a.get("request_rate")
+    part = (after.get("env") or {}).get(LAYER_PARTITION)
+    if part and part != (before.get("env") or {}).get(LAYER_PARTITION):
+        return LAYER_PARTITION, part
     args = list(after.get("extra_args") or [])
     for knob in ("--pp-async-batch-depth", "--max-running-requests", "--chunked-prefill-size"):
         if knob in args and knob not in (before.get("extra_args") or []):
@@ -133,7 +138,7 @@ def whatif_rows(out: Path, records: Path | None = None) -> list[dict]:
         benchmark's speed (the lowest profiler slowdown) first."""
         cands = []
         for name, dirs in by.items():
-            if not re.fullmatch(rf"w[a-z]-base-c{C}", name):
+            if not re.fullmatch(rf"(w[a-z]|sp)-base-c{C}", name):
                 continue
             for d in dirs:
                 if (rec / d.name / "sglang.json").exists():

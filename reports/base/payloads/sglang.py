@@ -324,6 +324,10 @@ class LoopRank:
     input_wait_per_recv_us_mean: float | None = ge(0, default=None)
     metadata_recvs_per_iteration: float | None = ge(0, default=None)
     metadata_wait_us_per_iteration: float | None = ge(0, default=None)
+    # a window profiled with stacks (CPU view): the rank's decoder layers per decode forward
+    # and one layer's mean time by micro-batch size (microbench/sglang/cpu_steps.py)
+    layers_per_forward: int | None = ge(1, default=None)
+    layer_us_by_batch: dict[str, float | None] = field(default_factory=dict)
 
     def curve(self, name: str, cmax: int | None) -> dict[int, float]:
         """A by-batch dict as {batch: us}: decode sizes only (a prefill forward has

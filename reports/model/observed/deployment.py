@@ -76,6 +76,11 @@ class Deployment:
     process_us: tuple[float, ...] = ()     # per rank, after the forward (CPU view only)
     # requests the traced window ran per round of the slot loop (window_load); None: unknown
     window_concurrency: float | None = None
+    # a window profiled with stacks (CPU view): each rank's decoder layers per forward, and one
+    # layer's time by micro-batch size, the mean over the ranks (reports/model/observed/
+    # layer_split.py moves layers between ranks with it); () / {}: not timed
+    layers: tuple[int, ...] = ()
+    layer_us: dict[int, float] = field(default_factory=dict)
 
     @property
     def occupied(self) -> int:
@@ -267,7 +272,18 @@ def from_evidence(loop: LoopProfile | None, *, concurrency: int | None, observed
         # rounds of the server's own slot count where its setting is known: a slot count
         # inferred from the traces assumes the window ran C
         window_concurrency=window_load(rk[0], slot_count(pp, async_depth)
-                                       if async_depth is not None else slots))
+                                       if async_depth is not None else slots),
+        **_layers(rk))
+
+
+def _layers(rk) -> dict:
+    """Deployment's `layers` and `layer_us` where every rank's decoder layers are timed."""
+    curves = [x.curve("layer_us_by_batch", None) for x in rk]
+    if not all(x.layers_per_forward for x in rk) or not all(curves):
+        return {}
+    sizes = sorted(set().union(*curves))
+    return {"layers": tuple(int(x.layers_per_forward) for x in rk),
+            "layer_us": {b: sum(at_size(c, b) for c in curves) / len(curves) for b in sizes}}
 
 
 # ------------------------------------------------------------------ switches and the model

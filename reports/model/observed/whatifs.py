@@ -16,7 +16,10 @@ The candidates, each one change from the server's settings:
 - `--chunked-prefill-size` the next power of two that holds C prompts, where the budget holds
   fewer (a wave's prompts then share one prefill visit instead of one visit each);
 - arrival pacing: bench_serving `--request-rate` at the rate the server finished requests in
-  the modelled run before the change, where the run was a burst.
+  the modelled run before the change, where the run was a burst;
+- `SGLANG_PP_LAYER_PARTITION` (an environment variable of SGLang's, not a flag): the split a
+  local search reaches one layer at a time from the server's own, where a window profiled with
+  stacks times the layers on every rank (reports/model/observed/layer_split.py).
 
 Only where the run model was checked: on SGLang's own server on the CPU (the lab). On a GPU a
 prefill visit of long prompts costs far more than a decode visit, which the run charges alike
@@ -27,8 +30,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from reports.base.server_settings import ServerSettings
+from reports.model.observed import layer_split
+from reports.model.observed.deployment import Deployment
 from reports.model.sim import bench_run as ow
-from reports.model.settings_change import REQUEST_RATE, Candidate, WhatIf, effect
+from reports.model.settings_change import LAYER_PARTITION, REQUEST_RATE, Candidate, WhatIf, effect
 
 NO_CHANGE_PCT = 2.0     # below this, the change is within what the model can tell apart
 
@@ -54,10 +59,13 @@ class ServerWhatIfs:
 
 
 def _command(knob: str, value) -> str:
+    if knob == LAYER_PARTITION:
+        return f"{knob}={value} in the server's environment"
     return f"bench_serving {REQUEST_RATE} {value}" if knob == REQUEST_RATE else f"{knob} {value}"
 
 
-def candidates(server: ServerSettings, load: ow.Load, before: ow.Run) -> list[Candidate]:
+def candidates(server: ServerSettings, load: ow.Load, before: ow.Run,
+               dep: Deployment | None = None) -> list[Candidate]:
     """Each change worth trying on this server (module docstring)."""
     C, pp, depth = load.concurrency, server.pp_size, server.pp_async_batch_depth
     rows, chunk = server.max_running_requests, server.chunked_prefill_size
@@ -84,6 +92,13 @@ def candidates(server: ServerSettings, load: ow.Load, before: ow.Run) -> list[Ca
             out.append(Candidate.one(REQUEST_RATE, rate,
                                      f"prompts paced at the rate the server finished them "
                                      f"({rate}/s) instead of a burst"))
+    best = layer_split.best_split(dep) if dep is not None else None
+    if best is not None:
+        out.append(Candidate.one(LAYER_PARTITION, layer_split.text(best),
+                                 f"layers {layer_split.text(best)} over the ranks instead of "
+                                 f"{layer_split.text(dep.layers)} (one layer timed "
+                                 f"{layer_split.layer_at(dep, max(dep.sizes)) / 1e3:.1f} ms at "
+                                 f"{max(dep.sizes)} requests)"))
     return out
 
 
@@ -115,9 +130,12 @@ def server_whatifs(sg) -> ServerWhatIfs:
     try:
         before = ow.bench_run(dep, server, load)
         rows = []
-        for cand in candidates(server, load, before):
-            s2, l2 = ow.apply(server, load, cand.changes[0])
-            rows.append(_row(cand, load.concurrency, before, ow.bench_run(dep, s2, l2)))
+        for cand in candidates(server, load, before, dep):
+            if cand.knob == LAYER_PARTITION:
+                after = ow.bench_run(layer_split.resplit(dep, cand.value), server, load)
+            else:
+                after = ow.bench_run(dep, *ow.apply(server, load, cand.changes[0]))
+            rows.append(_row(cand, load.concurrency, before, after))
     except ValueError as e:
         return _not(str(e))
     rows.sort(key=lambda r: -r.change_pct)

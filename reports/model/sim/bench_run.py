@@ -43,7 +43,7 @@ from reports.model.observed.bursts import first_burst, wave_visits
 from reports.model.observed.deployment import OBSERVED_CAUSES, Deployment, run
 from reports.base.server_settings import ServerSettings, default_max_micro_batch
 from reports.base.slots import SlotConfig, Successor, Wave, run_loop
-from reports.model.settings_change import REQUEST_RATE, Change, check
+from reports.model.settings_change import LAYER_PARTITION, REQUEST_RATE, Change, check
 from reports.model.settings_change import apply as apply_changes
 
 ALL = frozenset(OBSERVED_CAUSES)
@@ -210,9 +210,14 @@ class Prediction:
 
 def predict(dep: Deployment, server: ServerSettings, load: Load, knob: str, value
             ) -> Prediction:
-    """The run before and after one change, both from the before evidence (`dep`)."""
+    """The run before and after one change, both from the before evidence (`dep`). A layer
+    split changes the observed loop itself (reports/model/observed/layer_split.py)."""
+    before = bench_run(dep, server, load)
+    if knob == LAYER_PARTITION:
+        from reports.model.observed.layer_split import resplit
+        return Prediction(knob, str(value), before, bench_run(resplit(dep, value), server, load))
     s2, l2 = apply(server, load, Change(knob, value))
-    return Prediction(knob, str(value), bench_run(dep, server, load), bench_run(dep, s2, l2))
+    return Prediction(knob, str(value), before, bench_run(dep, s2, l2))
 
 
 def steady_tok_per_s(dep: Deployment) -> float:
