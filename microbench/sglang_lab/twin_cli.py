@@ -13,6 +13,7 @@ examples:
   ppscope twin                                   # the built-in PP8 scenario, C = 1, 8, 32
   ppscope twin --concurrency 8 --settings default,recommended
   ppscope twin --scenario my.json --k 40         # a fixed dilation, no calibration
+  ppscope twin --observed results/lab/clean-c8/sglang.json   # the held-out check (k = 1)
 
 The output says k, the calibration and that every forward is emulated. Figures are divided by k:
 TPOT and tok/s are the deployment's as SGLang's loop runs it, not this machine's.
@@ -48,7 +49,42 @@ def register(subparsers) -> None:
                    help="the lab's venv and models (default .lab)")
     p.add_argument("--out", default=None, help="artefacts folder (default results/twin)")
     p.add_argument("--json", default=None, help="the record (default results/twin.json)")
+    p.add_argument("--observed", default=None, metavar="SGLANG_JSON",
+                   help="the held-out check instead: the twin of an observed SGLang CPU server "
+                   "(its `ppscope sglang` record) at k = 1, each decode forward held to its "
+                   "traced time, alternating with the same server unheld, at the record's load "
+                   "(record: results/twin-observed.json)")
+    p.add_argument("--reps", type=int, default=2, metavar="N",
+                   help="--observed: runs of each side, alternating (default 2)")
+    p.add_argument("--raw", action="store_true",
+                   help="--observed: hold the forwards to their traced times as they are "
+                   "(default: the profiled window's own slowdown, from SGLang's log, taken off)")
     p.set_defaults(func=run)
+
+
+def run_observed(args: argparse.Namespace) -> int:
+    """`--observed`: microbench/sglang_lab/twin_observed.py."""
+    from reports.base.paths import results_dir
+    from reports.base.records import RecordError, write_json_atomic
+    from microbench.sglang_lab.twin_observed import render, run_observed_twin
+    from microbench.sglang_lab.venv import LabError
+    if not 1 <= args.reps <= 10:
+        raise CliError(f"--reps must be between 1 and 10, got {args.reps}")
+    rec = Path(args.observed)
+    if not rec.is_file():
+        raise CliError(f"--observed {rec}: no such file")
+    results = Path(args.results) if args.results else results_dir()
+    out = Path(args.out) if args.out else results / "twin-observed"
+    try:
+        data = run_observed_twin(rec, out.resolve(), Path(args.lab_dir).resolve(), args.reps,
+                                 raw=args.raw)
+    except (LabError, RecordError, ValueError) as e:
+        raise CliError(f"--observed {rec.name}: {str(e).splitlines()[0]}") from None
+    dest = Path(args.json) if args.json else results / "twin-observed.json"
+    write_json_atomic(dest, {"probe": "twin-observed", "status": "ok", "data": data})
+    print(render(data))
+    print(f"wrote {dest}")
+    return 0
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -88,6 +124,8 @@ def settings_to_run(inp, names: list[str]):
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.observed:
+        return run_observed(args)
     from reports.base.paths import results_dir
     from reports.base.records import write_json_atomic
     from reports.model.scenario.inputs import build_inputs, load_records, load_scenario

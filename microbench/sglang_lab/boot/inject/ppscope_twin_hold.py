@@ -29,6 +29,11 @@ The cost file (written by `microbench/sglang_lab/twin.py` from the model's own f
 per rank: `decode_us` (index = micro-batch size), `prefill_tokens` / `prefill_us` (a table over
 tokens, interpolated), `lm_head_seq_us`, and `host_us`, `empty_us`, `process_us`, `launch_us`;
 `hop_us` (index = micro-batch size) and `k` (0: no emulated time, the calibration). The rank is SGLang's own (`pp_group.rank_in_group`).
+
+With `PPSCOPE_TWIN_STATS` set, each rank counts its decode and prefill forwards in the `sync`
+mode and those the hold lengthened (the real forward ended before the emulated time), with the
+seconds held, and writes them to `<PPSCOPE_TWIN_STATS>.<rank>` (JSON, at most every 0.5 s): a
+twin whose real forwards outlast the emulated times emulates nothing, and the counts say so.
 """
 import bisect
 import functools
@@ -112,6 +117,27 @@ def _hold(t0, us):
     _sleep_until(t0 + _costs()["k"] * us / 1e6)
 
 
+_STATS = {"forwards": 0, "held": 0, "held_s": 0.0, "written": 0.0}
+
+
+def _count(rank, t_end):
+    """One sync forward that should end at `t_end` (monotonic s): counted, held or not."""
+    path = os.environ.get("PPSCOPE_TWIN_STATS")
+    if not path:
+        return
+    st, now = _STATS, time.monotonic()
+    st["forwards"] += 1
+    if t_end > now:
+        st["held"] += 1
+        st["held_s"] += t_end - now
+    if now - st["written"] > 0.5:
+        st["written"] = now
+        tmp = f"{path}.{rank}.tmp"
+        with open(tmp, "w") as f:
+            json.dump({k: v for k, v in st.items() if k != "written"}, f)
+        os.replace(tmp, f"{path}.{rank}")
+
+
 def _forward(fn):
     @functools.wraps(fn)
     def wrapped(self, forward_batch, *a, **k):
@@ -121,7 +147,9 @@ def _forward(fn):
         if rank is None:
             return out
         if not _async():
-            _hold(t0, forward_us(rank, forward_batch))
+            us = forward_us(rank, forward_batch)
+            _count(rank, t0 + _costs()["k"] * us / 1e6)
+            _hold(t0, us)
             return out
         c = _costs()
         launch = c["ranks"][rank]["launch_us"]
