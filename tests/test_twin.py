@@ -145,7 +145,10 @@ def test_the_cli_refuses_bad_input_in_one_line(capsys):
 def test_async_device_time_travels_with_sglangs_messages(seed, hold, tmp_path, monkeypatch):
     """Two ranks' emulated devices on fakes of SGLang's objects: the forward returns at once,
     the hidden states carry their ready time (forward end + hop), the next rank's forward
-    starts no earlier, and the CPU waits for a slot's tokens only when it processes them."""
+    starts no earlier (its schedule stream holds their receive), and the CPU waits at the
+    next slot's device-to-host sync for everything on the schedule stream: those tokens, the
+    hidden states of the slot just run, this rank's previous forward (behind its hidden-state
+    send). SGLang 0.5.23 scheduler_pp_mixin.py, its default path (SGLANG_PP_COMM_OVERLAP off)."""
     import time
     c = costs(seed, 1000.0, 8, mode="async")          # k = 1000: milliseconds become seconds
     for r in c["ranks"]:
@@ -161,6 +164,7 @@ def test_async_device_time_travels_with_sglangs_messages(seed, hold, tmp_path, m
     launch = hold._launch(lambda self, mb, b, proxy: forward(runner, batch))  # run_batch
     sent = {}
     send = hold._send(lambda self, d, **k: sent.update(d))
+    hold.reset_device()
     t0 = time.monotonic()
     assert launch(sched, 0, None, None) == "out"
     assert time.monotonic() - t0 < 0.5                  # the CPU went on at once
@@ -168,20 +172,33 @@ def test_async_device_time_travels_with_sglangs_messages(seed, hold, tmp_path, m
     assert end0 - t0 == pytest.approx(c["ranks"][0]["decode_us"][1] * 1e-3, abs=0.05)
     send(sched, {"hidden_states": SimpleNamespace(ndim=2, shape=(1, 8))}, msg_type="proxy")
     assert sent[hold.READY] == pytest.approx(end0 + c["hop_us"][1] * 1e-3)
+    # the next forward on rank 0 waits for that send once SGLang commits it
+    hold._commit_proxy(lambda self: None)(sched)
+    assert hold._DEV["sched"] == pytest.approx(sent[hold.READY])
     # rank 1 (its own process in SGLang; here the same module state, reset): it starts when
     # the hidden states arrive, not when it is launched
-    hold._DEV.update(free=0.0, end={}, cur=None, in_ready=0.0, send_done=0.0)
+    hold.reset_device()
     runner.pp_group.rank_in_group = 1
-    launch(sched, 0, None, SimpleNamespace(tensors={hold.READY: sent[hold.READY]}))
-    assert hold._DEV["end"][0] == pytest.approx(sent[hold.READY] + c["ranks"][1]["decode_us"][1]
-                                                * 1e-3, abs=0.05)
-    # processing a slot's results waits for its tokens; an empty slot waits for nothing
-    results = hold._results(lambda self, a, b: (SimpleNamespace(tensors={hold.READY: time.monotonic() + 0.3}), None, None))
+    sched.pp_group.rank_in_group = 1
+    arrive = sent[hold.READY]
+    recv = hold._recv_proxy(lambda self: SimpleNamespace(tensors={hold.READY: arrive}))
+    recv(sched)
+    launch(sched, 0, None, None)
+    assert hold._DEV["end"][0] == pytest.approx(arrive + c["ranks"][1]["decode_us"][1] * 1e-3,
+                                                abs=0.05)
+    # the next slot's tokens are there already, but the sync waits for the schedule stream:
+    # the hidden states just received
+    early = time.monotonic()
+    results = hold._results(lambda self, a, b: (SimpleNamespace(tensors={hold.READY: early}),
+                                                None, None))
+    process = hold._process(lambda self, *a: "processed")
     t1 = time.monotonic()
-    results(sched, 1, 1)                               # slot 1 has no batch: no wait
-    assert time.monotonic() - t1 < 0.2
+    results(sched, 1, 1)                               # slot 1 has no batch: no sync
+    assert process(sched) == "processed" and time.monotonic() - t1 < 0.2
     results(sched, 1, 0)
-    assert time.monotonic() - t1 >= 0.29
+    assert time.monotonic() - t1 < 0.2                 # the receive itself does not block
+    process(sched)
+    assert time.monotonic() >= arrive - 0.01
 
 
 FIX = ROOT / "tests" / "fixtures" / "twin"

@@ -10,15 +10,29 @@ CPU, as on the deployment:
 
 Device time, two ways (the cost file's `mode`):
 
-- `async` (a GPU deployment): each rank has an emulated device that runs its forwards one after
-  another. A forward launched at t starts at max(t, the device's previous end, its hidden states'
-  arrival, the previous hidden-state send's end) and lasts k x the stage time for that batch; the
-  CPU goes on at once, as SGLang's does after launching on a GPU. The times travel with SGLang's
-  own messages (a `__ppscope_ready__` entry in the tensor dicts it sends, SGLang 0.5.23
-  managers/scheduler_pp_mixin.py `_pp_send_dict_to_next_stage`): hidden states are ready at the
-  forward's end plus the hop, sampled tokens at the last rank's end plus a token hop per relay.
-  The CPU waits only where SGLang's does on a GPU: before processing a slot's results
-  (`d2h_event.synchronize()` in `event_loop_pp`), until those tokens are ready.
+- `async` (a GPU deployment): each rank has an emulated device with SGLang's two streams of its
+  default PP path (SGLang 0.5.23 managers/scheduler_pp_mixin.py, `SGLANG_PP_COMM_OVERLAP` off:
+  every PP send and receive runs on the schedule stream, the scheduler's current stream). The
+  times travel with SGLang's own messages (a `__ppscope_ready__` entry in the tensor dicts it
+  sends, `_pp_send_dict_to_next_stage`), and each rank keeps when its schedule stream's queued
+  work ends (`sched`), as torch's NCCL point-to-point ops order it:
+  - a receive (`recv_tensor_dict`: `irecv` then `work.wait()`) holds the stream until the data
+    has arrived: the hidden states of the slot being run (`_pp_recv_proxy_tensors`), the outputs
+    of the next slot (`_pp_send_recv_and_preprocess_output_tensors`);
+  - a send leaves once the stream's earlier work is done (the hidden states also wait for this
+    forward's end, `ready_event=launch_event`; the last rank's held tokens for the end of the
+    forward that made them, `q_event`) and arrives a hop later; the stream waits for it only
+    when SGLang commits it (`_pp_commit_proxy_send_work`, and the output send's commit at the
+    next exchange);
+  - a forward (`_pp_wait_forward_dependencies`: the forward stream waits for the schedule
+    stream) starts at max(its launch, the device's previous end, `sched`) and lasts k x the
+    stage time for that batch; the CPU goes on at once, as SGLang's does after launching on a
+    GPU;
+  - the CPU waits where SGLang's does on a GPU: at `d2h_event.synchronize()` before processing
+    the next slot's results (`event_loop_pp`), until the copy stream's event, recorded after the
+    schedule stream's work (`copy_stream.wait_stream(schedule_stream)`), has passed. So it waits
+    for those tokens, for the hidden states of the slot just run, and for this rank's previous
+    forward, whose hidden-state send sits on the same stream.
 - `sync` (SGLang's CPU backend): `ModelRunner.forward` lasts k x the stage time from its start,
   and the hidden-state send is held k x the hop before it is posted.
 
@@ -91,9 +105,15 @@ def forward_us(rank, forward_batch):
 
 
 READY = "__ppscope_ready__"
-# one rank's emulated device: when it is free, when each slot's last forward ends, the slot being
-# launched, its hidden states' arrival, and the end of the last hidden-state send
-_DEV = {"free": 0.0, "end": {}, "cur": None, "in_ready": 0.0, "send_done": 0.0}
+# one rank's emulated device: when the forward stream is free, when each slot's last forward
+# ends, the slot being launched, when the schedule stream's queued work ends, the hidden-state
+# and output sends not yet committed (their arrival), and the next slot's device-to-host event
+_DEV = {"free": 0.0, "end": {}, "cur": None, "sched": 0.0, "proxy_sent": None,
+        "out_sent": None, "d2h": None}
+
+
+def reset_device():
+    _DEV.update(free=0.0, end={}, cur=None, sched=0.0, proxy_sent=None, out_sent=None, d2h=None)
 
 
 def _async():
@@ -155,7 +175,7 @@ def _forward(fn):
         launch = c["ranks"][rank]["launch_us"]
         _hold(t0, launch)                                   # the CPU's part: launching it
         dev = _DEV
-        start = max(time.monotonic(), dev["free"], dev["in_ready"], dev["send_done"])
+        start = max(time.monotonic(), dev["free"], dev["sched"])
         dev["free"] = start + c["k"] * (forward_us(rank, forward_batch) - launch) / 1e6
         if dev["cur"] is not None:
             dev["end"][dev["cur"]] = dev["free"]
@@ -164,13 +184,37 @@ def _forward(fn):
 
 
 def _launch(fn):
-    """`_pp_launch_batch(mb_id, cur_batch, pp_proxy_tensors, ...)`: which slot is launched and
-    when its hidden states arrive."""
+    """`_pp_launch_batch(mb_id, cur_batch, ...)`: which slot is launched."""
     @functools.wraps(fn)
-    def wrapped(self, mb_id, cur_batch, pp_proxy_tensors, *a, **k):
+    def wrapped(self, mb_id, *a, **k):
         _DEV["cur"] = mb_id
-        _DEV["in_ready"] = _ready_of(pp_proxy_tensors) or 0.0
-        return fn(self, mb_id, cur_batch, pp_proxy_tensors, *a, **k)
+        return fn(self, mb_id, *a, **k)
+    return wrapped
+
+
+def _recv_proxy(fn):
+    """`_pp_recv_proxy_tensors()`: the hidden states' receive holds the schedule stream until
+    they arrive."""
+    @functools.wraps(fn)
+    def wrapped(self, *a, **k):
+        out = fn(self, *a, **k)
+        if _async() and out is not None:
+            ready = _ready_of(out)
+            if ready is not None:
+                _DEV["sched"] = max(_DEV["sched"], ready)
+        return out
+    return wrapped
+
+
+def _commit_proxy(fn):
+    """`_pp_commit_proxy_send_work()`: the schedule stream waits for the last hidden-state
+    send."""
+    @functools.wraps(fn)
+    def wrapped(self, *a, **k):
+        if _async() and _DEV["proxy_sent"] is not None:
+            _DEV["sched"] = max(_DEV["sched"], _DEV["proxy_sent"])
+            _DEV["proxy_sent"] = None
+        return fn(self, *a, **k)
     return wrapped
 
 
@@ -187,17 +231,34 @@ def _prepare_outputs(fn):
 
 def _results(fn):
     """`_pp_commit_send_output_work_and_preprocess_output_tensors(next_first_rank_mb_id,
-    next_mb_id)`: SGLang then syncs on the next slot's outputs when that slot has a batch."""
+    next_mb_id)`: the last output send committed, this iteration's sent and, when the next slot
+    has a batch, its outputs received on the schedule stream; the device-to-host event is
+    recorded behind everything on that stream."""
     @functools.wraps(fn)
     def wrapped(self, next_first_rank_mb_id, next_mb_id, *a, **k):
+        dev = _DEV
+        if _async() and dev["out_sent"] is not None:
+            dev["sched"] = max(dev["sched"], dev["out_sent"])
+            dev["out_sent"] = None
         out = fn(self, next_first_rank_mb_id, next_mb_id, *a, **k)
         if _async() and self.mbs[next_mb_id] is not None:
             ready = _ready_of(out[0]) if out and out[0] is not None else None
             if ready is None:
-                ready = _DEV["end"].get(next_mb_id)
-            if ready is not None:
-                _sleep_until(ready)
+                ready = dev["end"].get(next_mb_id, 0.0)
+            dev["sched"] = max(dev["sched"], ready)
+            dev["d2h"] = dev["sched"]
         return out
+    return wrapped
+
+
+def _process(fn):
+    """`_pp_process_batch_result(...)`: SGLang has just called `d2h_event.synchronize()`."""
+    @functools.wraps(fn)
+    def wrapped(self, *a, **k):
+        if _async() and _DEV["d2h"] is not None:
+            _sleep_until(_DEV["d2h"])
+            _DEV["d2h"] = None
+        return fn(self, *a, **k)
     return wrapped
 
 
@@ -220,18 +281,23 @@ def _send(fn):
         kind = k.get("msg_type")
         if kind in ("proxy", "output") and rank_of(self) is not None and hasattr(tensor_dict, "get"):
             c = _costs()
+            dev, now = _DEV, time.monotonic()
             if kind == "proxy":
                 h = tensor_dict.get("hidden_states")
                 b = int(h.shape[0]) if h is not None and getattr(h, "ndim", 0) else 1
                 hop = _row(c["hop_us"], max(1, b))
                 if not _async():
-                    _hold(time.monotonic(), hop)
-                else:
-                    ready = _DEV["end"].get(_DEV["cur"], time.monotonic()) + c["k"] * hop / 1e6
-                    tensor_dict[READY] = ready
-                    _DEV["send_done"] = ready
-            elif _async() and _ready_of(tensor_dict) is not None:   # sampled tokens, one hop on
-                tensor_dict[READY] = _ready_of(tensor_dict) + c["k"] * _row(c["hop_us"], 1) / 1e6
+                    _hold(now, hop)
+                else:                               # behind this forward (`launch_event`)
+                    dev["sched"] = max(dev["sched"], dev["end"].get(dev["cur"], now))
+                    dev["proxy_sent"] = max(dev["sched"], now) + c["k"] * hop / 1e6
+                    tensor_dict[READY] = dev["proxy_sent"]
+            elif _async():                          # sampled tokens: the last rank's own
+                made = _ready_of(tensor_dict)       # (`q_event`: their forward's end), or a relay
+                if made is not None and rank_of(self) == len(c["ranks"]) - 1:
+                    dev["sched"] = max(dev["sched"], made)
+                dev["out_sent"] = max(dev["sched"], now) + c["k"] * _row(c["hop_us"], 1) / 1e6
+                tensor_dict[READY] = dev["out_sent"]
         return fn(self, tensor_dict, *a, **k)
     return wrapped
 
@@ -245,6 +311,9 @@ PATCHES = {
         ("Scheduler", "process_batch_result", _after(lambda r, _: r["process_us"])),
         ("Scheduler", "_pp_send_dict_to_next_stage", _send),
         ("Scheduler", "_pp_launch_batch", _launch),
+        ("Scheduler", "_pp_recv_proxy_tensors", _recv_proxy),
+        ("Scheduler", "_pp_commit_proxy_send_work", _commit_proxy),
+        ("Scheduler", "_pp_process_batch_result", _process),
         ("Scheduler", "_pp_prepare_tensor_dict", _prepare_outputs),
         ("Scheduler", "_pp_commit_send_output_work_and_preprocess_output_tensors", _results),
     ],
