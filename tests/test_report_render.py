@@ -220,3 +220,25 @@ def test_terminal_summary_compact(tmp_path, capsys):
     assert out[1].split()[:2] == ["hypothesis", "verdict"]
     assert "Measure your server" in out[-1] and out[-2].startswith(f"wrote {tmp_path}/report.")
 
+
+
+def _md_table_rows(md: str) -> list[list[str]]:
+    """Each markdown table of report.md as its rows' cell counts (a `\\|` is inside a cell)."""
+    tables, cur = [], []
+    for line in md.splitlines() + [""]:
+        if line.startswith("|"):
+            cur.append(len(re.split(r"(?<!\\)\|", line)) - 2)
+        elif cur:
+            tables.append(cur)
+            cur = []
+    return tables
+
+
+def test_a_pipe_in_a_cell_stays_in_its_cell():
+    from reports.render.render_md import md_table
+    from reports.render.table import Table
+    t = Table(("file", "value"), (("runs|a.json", "1"), ("two\nlines", None)), (False, True))
+    md = md_table(t)
+    assert "runs\\|a.json" in md and "two lines" in md and "None" not in md
+    assert _md_table_rows(md) == [[2, 2, 2, 2]]
+

@@ -580,10 +580,22 @@ def inputs_table(rep: Report) -> Table:
                        for p in rep.params), (False,) * 5)
 
 
+def md_cell(v: Any) -> str:
+    """One table cell as GitHub markdown reads it: a `|` (a file name, a flag value) escaped so
+    that it stays in its cell, a line break folded to a space."""
+    if v is None:
+        return ""
+    return " ".join(str(v).split("\n")).replace("\\|", "|").replace("|", "\\|")
+
+
+def md_grid(headers, rows, numeric) -> str:
+    return tabulate([[md_cell(v) for v in r] for r in rows], headers=[md_cell(h) for h in headers],
+                    tablefmt="github", disable_numparse=True,
+                    colalign=["right" if n else "left" for n in numeric])
+
+
 def md_table(t: Table) -> str:
-    return tabulate(list(t.rows), headers=list(t.headers), tablefmt="github",
-                    disable_numparse=True,
-                    colalign=["right" if n else "left" for n in t.numeric])
+    return md_grid(t.headers, t.rows, t.numeric)
 
 
 # Section titles and fixed paragraphs, shared with reports/render/render_html.py so that both

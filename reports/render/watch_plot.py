@@ -123,12 +123,11 @@ def watch_lines(s: dict[str, Any]) -> list[str]:
 
 def watch_md(sec: dict[str, Any]) -> list[str]:
     """report.md's GPU watch section (rep["watch"])."""
-    from tabulate import tabulate
+    from reports.render.render_md import md_grid
     head, rows, num = watch_table(sec["summary"])
     out = [f"## GPU watch ({sec['source']}, {sec['evidence']}: {sec['duration_s']:.0f} s on "
            f"{sec['host']}{', during ' + sec['load'] if sec['load'] else ''})", "",
-           tabulate(list(rows), headers=list(head), tablefmt="github", disable_numparse=True,
-                    colalign=["right" if n else "left" for n in num]), ""]
+           md_grid(head, rows, num), ""]
     return out + [f"{line}  " for line in watch_lines(sec["summary"])] + [""]
 
 
