@@ -45,7 +45,8 @@ from microbench.kit import launch
 from microbench.kit.gpus import visible_gpus
 from reports.base.payloads.dispatch import (DispatchData, DispatchSettings, HopInLoop, HopStat,
                                             PolicyComparison, PolicyRun, Quantiles, StageRun)
-from reports.base.records import Record, make_record, save_record, write_json_atomic
+from reports.base.records import (Record, json_text, make_record, save_record,
+                                  write_json_atomic)
 from reports.base.server_settings import ServerSettings
 from reports.base.sglang_defaults import MAX_PREFILL_TOKENS, MRR_MIN, default_decode_max_bs
 from microbench.dispatch.rank_config import RankConfig, ServeAt, rank_config
@@ -631,7 +632,9 @@ def _finish(cfg, lcfg, work: Path, p2p_off: bool, status, why, argv) -> tuple[Re
     if status == "ok" and notes:
         why = "; ".join(sorted(set(notes)) + ([why] if why else []))
     rec = make_record(PROBE, data, status=status, reason=why, argv=argv)
-    path, note = save_record(rec, cfg.json_path)
-    if len(ranks) == cfg.pp and path == Path(cfg.json_path):
-        write_json_atomic(trace_path_for(cfg), build_trace(ranks, cfg.trace_ms_per_point))
+    # the trace goes with its record in one commit (never a new trace beside an old record);
+    # a run kept beside a good record leaves that record's trace as it is
+    trace = ([(trace_path_for(cfg), json_text(build_trace(ranks, cfg.trace_ms_per_point)))]
+             if len(ranks) == cfg.pp else [])
+    _, note = save_record(rec, cfg.json_path, with_files=trace)
     return rec, note

@@ -34,10 +34,14 @@ def save(data: WatchData | None, path: Path, *, status: str = "ok", reason: str 
     from reports.render.watch_plot import counter_trace
     rec = make_record("watch", data, status=status, reason=reason, argv=argv,
                       provenance=provenance)
-    dest, note = save_record(rec, path)
-    if trace and data is not None and data.gpus:
-        # compact: the trace is for Perfetto, not for reading by eye
-        write_atomic(trace_path(dest), json.dumps(counter_trace(data), separators=(",", ":")))
+    # compact: the trace is for Perfetto, not for reading by eye
+    text = (json.dumps(counter_trace(data), separators=(",", ":"))
+            if trace and data is not None and data.gpus else None)
+    # the trace is committed with its record (one write_files); a run kept beside a good
+    # record gets its own trace beside it (watch.partial.trace.json)
+    dest, note = save_record(rec, path, with_files=[(trace_path(Path(path)), text)] if text else [])
+    if text and dest != Path(path):
+        write_atomic(trace_path(dest), text)
     return dest, note
 
 
