@@ -17,8 +17,12 @@ stated in the record): the undilated TPOT beside the model's, and the micro-batc
 (its log's `Prefill batch, #new-seq` waves) beside the model's burst.
 
 The device time is emulated as a GPU's (`async`, boot/inject/ppscope_twin_hold.py): each rank's
-forwards run on an emulated device while its CPU goes on, and the CPU waits only where SGLang's
-waits on a GPU (a slot's sampled tokens before processing them). Prefill times are estimates.
+forwards run on an emulated device while its CPU goes on; the PP sends and receives are ordered
+on SGLang's schedule stream as torch's NCCL point-to-point ops order them on its default path
+(a receive holds the stream until the data arrives, a forward waits for the stream), and the CPU
+waits only where SGLang's waits on a GPU (`d2h_event.synchronize()` before it processes a slot's
+results: the tokens and everything queued on the schedule stream before them). Prefill times
+are estimates.
 """
 from __future__ import annotations
 
@@ -199,7 +203,8 @@ def _data(inp, calib, output_len, rows, table, mode, done: bool) -> dict:
             "mode": mode,
             "emulated": "every forward, hop and host visit held to the deployment's time x k "
                         "(reports/model/scenario/twin_costs.py); "
-                        + ("device time as a GPU's: the CPU runs ahead of the forward"
+                        + ("device time as a GPU's: the CPU runs ahead of the forward, "
+                           "the PP messages ordered on SGLang's schedule stream"
                            if mode == "async" else "the forward holds its rank's CPU")
                         + "; prefill times estimated",
             "observed": [list(p) for p in inp.observed]}
