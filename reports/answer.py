@@ -160,7 +160,7 @@ def answer(rep: Report) -> list[str]:
         if pair and pair.gain > best.gain + 0.005:
             s += (f". Best two settings together: {pair.knob} = {pair.setting}, "
                   f"{pair.gain:+.0%} on that mean: {_effects_text(pair)}; "
-                  f"{range_text(pair)}")
+                  f"{range_text(pair)}" + (f" ({pair.twin})" if pair.twin else ""))
     else:
         s = ("No single server setting raises the geometric mean of modelled tok/s by more "
              "than 0.5% without losing over 2% at a measured concurrency")

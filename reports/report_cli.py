@@ -120,6 +120,9 @@ def handle(args: argparse.Namespace) -> int:
     if twin is None and sc.twin_record:   # the scenario's own shipped one
         twin = shipped_twin(sc.twin_record, sc.source or sc.name)
     rep = apply_twin(run.report, twin)
+    if rep is not run.report:          # the prose says what the twin measured too
+        from reports.answer import answer
+        rep = replace(rep, answer=tuple(answer(rep)))
     rep, measured = measured_timelines(results, max(inp.concurrency), rep)
     spans = run.spans[max(inp.concurrency)]
     from reports.render.render_html import render_html

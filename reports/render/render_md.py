@@ -18,14 +18,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from tabulate import tabulate
 
 from reports.base.schema import to_json
 from reports.model.report_type import (AttributionAt, Comparison, Report, ServerDiagnosis,
                                        ServerSummary)
 from reports.model.settings_change import WhatIf
 from reports.render.answer_table import (DETAIL_TITLE, answer_sentences, answer_table)
-from reports.render.table import Table
+from reports.render.table import Table, md_grid
 
 
 def _f(x: Any, nd: int = 1) -> str:
@@ -232,7 +231,8 @@ def whatif_lines(rep: Report) -> list[str]:
         if pair:
             peff = ", ".join(f"C={e.concurrency} {e.gain:+.0%}" for e in pair.effects)
             out.append(f"Best two settings together: {pair.knob} = {pair.setting} "
-                       f"({pair.gain:+.1%} on the objective; {peff}; {_holds(pair)}).")
+                       f"({pair.gain:+.1%} on the objective; {peff}; {_holds(pair)})"
+                       + (f"; {pair.twin}." if pair.twin else "."))
     else:
         out.append("No server setting improves the objective by more than 0.5% within the 2% "
                    "bound.")
@@ -578,20 +578,6 @@ def inputs_table(rep: Report) -> Table:
     return Table(("input", "value", "source", "evidence", "note"),
                  tuple((p.name, fmt_value(p.value), p.source, p.evidence, p.note or "")
                        for p in rep.params), (False,) * 5)
-
-
-def md_cell(v: Any) -> str:
-    """One table cell as GitHub markdown reads it: a `|` (a file name, a flag value) escaped so
-    that it stays in its cell, a line break folded to a space."""
-    if v is None:
-        return ""
-    return " ".join(str(v).split("\n")).replace("\\|", "|").replace("|", "\\|")
-
-
-def md_grid(headers, rows, numeric) -> str:
-    return tabulate([[md_cell(v) for v in r] for r in rows], headers=[md_cell(h) for h in headers],
-                    tablefmt="github", disable_numparse=True,
-                    colalign=["right" if n else "left" for n in numeric])
 
 
 def md_table(t: Table) -> str:

@@ -123,7 +123,7 @@ def watch_lines(s: dict[str, Any]) -> list[str]:
 
 def watch_md(sec: dict[str, Any]) -> list[str]:
     """report.md's GPU watch section (rep["watch"])."""
-    from reports.render.render_md import md_grid
+    from reports.render.table import md_grid
     head, rows, num = watch_table(sec["summary"])
     out = [f"## GPU watch ({sec['source']}, {sec['evidence']}: {sec['duration_s']:.0f} s on "
            f"{sec['host']}{', during ' + sec['load'] if sec['load'] else ''})", "",
