@@ -189,3 +189,19 @@ def fake_rank():
         return {"rank": rank, "pp": 2, "device": "X", "info": {"layers_used": 2}, "points": [pt]}
 
     return fake_rank
+
+
+@pytest.fixture
+def disk_full_for(monkeypatch):
+    """`disk_full_for(name)`: from now on a file of that name cannot be staged (ENOSPC), as on a
+    full disk, so write_files fails before anything is renamed; `disk_full_for(None)` mends it."""
+    import reports.base.records as R
+    real = R._stage
+
+    def fail(name):
+        def stage(target, content):
+            if target.name == name:
+                raise OSError(28, "No space left on device")
+            return real(target, content)
+        monkeypatch.setattr(R, "_stage", stage if name else real)
+    return fail

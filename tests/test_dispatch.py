@@ -190,7 +190,7 @@ def test_sglang_log_lines_read_back_by_the_log_reader(tmp_path, fake_rank):
     assert s.ranks["1"].running_req.max == 8
 
 
-def test_the_trace_is_committed_with_its_record(fake_rank, tmp_path, monkeypatch):
+def test_the_trace_is_committed_with_its_record(fake_rank, tmp_path, disk_full_for):
     lcfg = {"pp": 2, "async_depth": 2, "max_micro_batch": 512, "micro_batches": None,
             "work": "moe", "layers_per_stage": 2, "model": "kimi-k2", "graphs": True,
             "prompt_len": 16, "cost_points": []}
@@ -203,16 +203,12 @@ def test_the_trace_is_committed_with_its_record(fake_rank, tmp_path, monkeypatch
     rec, trace = tmp_path / "dispatch.json", tmp_path / "dispatch.trace.json"
     before = rec.read_bytes(), trace.read_bytes()
     # the trace cannot be written: the record is not replaced either (one write_files)
-    import reports.base.records as R
-    real = R._stage
-    monkeypatch.setattr(R, "_stage", lambda target, content: (
-        (_ for _ in ()).throw(OSError(28, "No space left on device"))
-        if target.name == "dispatch.trace.json" else real(target, content)))
+    disk_full_for("dispatch.trace.json")
     with pytest.raises(OSError):
         D._finish(cfg, lcfg, work, False, "ok", None, ["ppscope", "dispatch", "again"])
     assert (rec.read_bytes(), trace.read_bytes()) == before
     # an interrupted run goes beside the good record and leaves its trace alone
-    monkeypatch.setattr(R, "_stage", real)
+    disk_full_for(None)
     _, note = D._finish(cfg, lcfg, work, False, "partial", "interrupted", ["ppscope", "dispatch"])
     assert "kept the ok record" in note
     assert (rec.read_bytes(), trace.read_bytes()) == before

@@ -221,7 +221,6 @@ def test_terminal_summary_compact(tmp_path, capsys):
     assert "Measure your server" in out[-1] and out[-2].startswith(f"wrote {tmp_path}/report.")
 
 
-
 def _md_table_rows(md: str) -> list[list[str]]:
     """Each markdown table of report.md as its rows' cell counts (a `\\|` is inside a cell)."""
     tables, cur = [], []
@@ -241,4 +240,3 @@ def test_a_pipe_in_a_cell_stays_in_its_cell():
     md = md_table(t)
     assert "runs\\|a.json" in md and "two lines" in md and "None" not in md
     assert _md_table_rows(md) == [[2, 2, 2, 2]]
-

@@ -231,21 +231,17 @@ def test_record_round_trip_and_trace(tmp_path):
     assert [(e["ts"], e["args"]) for e in util0] == [(1e5, {"%": 40}), (5e5, {"%": 40})]
 
 
-def test_the_trace_is_committed_with_its_record(tmp_path, monkeypatch):
+def test_the_trace_is_committed_with_its_record(tmp_path, disk_full_for):
     d, dest = _small_record(tmp_path)
     before = dest.read_bytes(), (tmp_path / "watch.trace.json").read_bytes()
     # the trace cannot be written: the record is not replaced either (one write_files)
-    import reports.base.records as R
-    real = R._stage
-    monkeypatch.setattr(R, "_stage", lambda target, content: (
-        (_ for _ in ()).throw(OSError(28, "No space left on device"))
-        if target.name == "watch.trace.json" else real(target, content)))
+    disk_full_for("watch.trace.json")
     with pytest.raises(OSError):
         WC.save(d, dest, argv=["ppscope", "sglang", "--watch", "2"])
     assert (dest.read_bytes(), (tmp_path / "watch.trace.json").read_bytes()) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["watch.json", "watch.trace.json"]
     # a failed run kept beside the good record gets its own trace beside it
-    monkeypatch.setattr(R, "_stage", real)
+    disk_full_for(None)
     dest2, note = WC.save(d, dest, status="partial", reason="interrupted")
     assert dest2.name == "watch.partial.json" and "kept the ok record" in note
     assert (tmp_path / "watch.partial.trace.json").exists()

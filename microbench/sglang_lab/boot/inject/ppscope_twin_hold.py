@@ -108,12 +108,16 @@ READY = "__ppscope_ready__"
 # one rank's emulated device: when the forward stream is free, when each slot's last forward
 # ends, the slot being launched, when the schedule stream's queued work ends, the hidden-state
 # and output sends not yet committed (their arrival), and the next slot's device-to-host event
-_DEV = {"free": 0.0, "end": {}, "cur": None, "sched": 0.0, "proxy_sent": None,
-        "out_sent": None, "d2h": None}
+def _idle_device() -> dict:
+    return {"free": 0.0, "end": {}, "cur": None, "sched": 0.0, "proxy_sent": None,
+            "out_sent": None, "d2h": None}
+
+
+_DEV = _idle_device()
 
 
 def reset_device():
-    _DEV.update(free=0.0, end={}, cur=None, sched=0.0, proxy_sent=None, out_sent=None, d2h=None)
+    _DEV.update(_idle_device())
 
 
 def _async():
