@@ -9,6 +9,7 @@ from reports.model.report_type import (ModelledBenchRun,
                                        Report, ServerDiagnosis)
 from reports.model.verdicts import Verdict, VerdictAt
 from reports.model.settings_change import TP_KNOB, WhatIf
+from reports.model.scenario.twin_check import DIFFERS, LOSES, NO_BETTER, verdict_clause
 
 
 def _pct(x: float) -> str:
@@ -152,15 +153,25 @@ def answer(rep: Report) -> list[str]:
                    "No server setting is recommended from the scenario model: it is not the "
                    "traced server (pass --scenario with your deployment for its what-ifs).")
     elif best:
-        s = (f"Best single server setting (geometric mean of tok/s over the measured "
+        lost = best.twin_verdict == LOSES
+        s = (("The model's best single server setting" if lost else "Best single server setting")
+             + " (geometric mean of tok/s over the measured "
              f"concurrencies, none worse by over 2%, the mixed load included): "
              f"{best.knob} = {best.setting}, {best.gain:+.0%} on that mean: "
-             f"{_effects_text(best)}; {range_text(best)}")
+             f"{_effects_text(best)}; {range_text(best)}"
+             + (f" ({best.twin}{verdict_clause(best)})" if best.twin_verdict in (LOSES, DIFFERS)
+                else ""))
         pair = rep.best_pair
         if pair and pair.gain > best.gain + 0.005:
-            s += (f". Best two settings together: {pair.knob} = {pair.setting}, "
-                  f"{pair.gain:+.0%} on that mean: {_effects_text(pair)}; "
-                  f"{range_text(pair)}" + (f" ({pair.twin})" if pair.twin else ""))
+            if pair.twin_verdict in (LOSES, NO_BETTER):
+                s += (f". The model's best two settings together, {pair.knob} = {pair.setting} "
+                      f"({pair.gain:+.0%} on that mean), are not recommended: {pair.twin}"
+                      f"{verdict_clause(pair, best)}")
+            else:
+                s += (f". Best two settings together: {pair.knob} = {pair.setting}, "
+                      f"{pair.gain:+.0%} on that mean: {_effects_text(pair)}; "
+                      f"{range_text(pair)}"
+                      + (f" ({pair.twin}{verdict_clause(pair)})" if pair.twin else ""))
     else:
         s = ("No single server setting raises the geometric mean of modelled tok/s by more "
              "than 0.5% without losing over 2% at a measured concurrency")

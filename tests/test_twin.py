@@ -261,13 +261,33 @@ def test_the_built_in_report_carries_the_shipped_twin(tmp_path):
 def test_the_twin_models_its_own_run():
     """Each twin row gets the model of that very run: rep 1's chunk-2048 run (SGLang admitted
     4, 3, 3, 1 with the warm-up prompt cached) modelled at 71.4 ms against the twin's 66.6."""
-    from microbench.sglang_lab.twin import _run_model
+    from microbench.sglang_lab.twin import WARMUP_REQUESTS, _run_model
     from reports.model.settings_change import Change
     records, warnings = load_records(Path("/nonexistent"))
     inp = build_inputs(load_scenario("seed-pp8"), records, warnings)
     d = json.loads((FIX / "reps" / "rep1.twin.json").read_text())["data"]
     row = next(r for r in d["rows"] if r["setting"] == "recommended")
     got = _run_model(inp, 8, row["completed"], d["output_len"], row["waves"],
-                     (Change("--chunked-prefill-size", 2048),))
+                     (Change("--chunked-prefill-size", 2048),), cached_prompts=WARMUP_REQUESTS)
     assert got == pytest.approx(row["twin_tpot_ms"], rel=0.10)
     assert _run_model(inp, 8, 8, 32, [], ()) is not None        # no logged waves: one burst
+
+
+def test_the_table_gives_the_spread_of_repetitions():
+    from microbench.sglang_lab.twin_table import render
+    row = dict(flags=["--chunked-prefill-size", "8192"], model_tpot_ms=96.7,
+               twin_output_tok_per_s=60.0, model_tok_per_s=82.8, twin_ttft_ms=900.0,
+               completed=8, waves=[1, 7], model_slots=[8], concurrency=8)
+    rows = []
+    for rep, (base, chunk) in enumerate([(100.0, 60.0), (90.0, 50.0), (110.0, 55.0)], 1):
+        rows += [dict(row, setting="default", rep=rep, twin_tpot_ms=base,
+                      twin_decode_tok_per_s=8000.0 / base),
+                 dict(row, setting="recommended", rep=rep, twin_tpot_ms=chunk,
+                      twin_decode_tok_per_s=8000.0 / chunk, model_tok_per_s=146.0,
+                      flags=["--chunked-prefill-size", "2048"])]
+    out = render({"scenario": "seed-pp8", "pp": 8, "prompt_len": 1000, "output_len": 32,
+                  "calibration": {"k": 57}, "rows": rows})
+    spread = next(ln for ln in out.splitlines() if ln.startswith("default ") and "90.0-110.0" in ln)
+    assert spread.split()[1:5] == ["8", "3", "100.0", "90.0-110.0"] and "20%" in spread
+    # changes per repetition: +67%, +80%, +100%; the median +80%
+    assert "+80% (+67% to +100%)" in out and "+76%" in out

@@ -10,9 +10,11 @@ from reports.base.errors import CliError
 from reports.model.scenario.twin_check import change_of, matches, read_twin, twin_text
 
 
-def record(tmp_path, rows, scenario="seed-pp8", pp=8):
-    (tmp_path / "twin.json").write_text(json.dumps({"probe": "twin", "status": "ok", "data": {
-        "scenario": scenario, "pp": pp, "calibration": {"k": 60}, "rows": rows}}))
+def record(tmp_path, rows, scenario="seed-pp8", pp=8, **extra):
+    data = {"scenario": scenario, "pp": pp, "calibration": {"k": 60}, "rows": rows,
+            "hold": "stream"}
+    (tmp_path / "twin.json").write_text(json.dumps({"probe": "twin", "status": "ok",
+                                                    "data": {**data, **extra}}))
     return tmp_path
 
 
@@ -85,3 +87,86 @@ def test_a_twin_of_another_deployment_is_a_warning(tmp_path, capsys):
     assert "lab-pp2 (PP2)" in err and "not used" in err
     rep = json.loads((res / "o" / "report.json").read_text())
     assert rep["recommendation"]["twin"] is None
+
+
+def test_repetitions_are_set_against_the_default_of_their_own_repetition(tmp_path):
+    """Interleaved runs: each setting's run is compared with the default's run of the same
+    repetition; the report gives the median and the range."""
+    rows = []
+    for rep, (base, chunk) in enumerate([(80.0, 120.0), (100.0, 140.0), (90.0, 180.0)], 1):
+        rows += [dict(row("default", BASE, 8, base, 82.8), rep=rep),
+                 dict(row("recommended", CHUNK, 8, chunk, 146.0), rep=rep)]
+    rec = read_twin(record(tmp_path, rows))
+    (ch,) = rec.changes[change_of("--chunked-prefill-size", "2048")]
+    assert (ch.runs, ch.twin, ch.lo, ch.hi) == (3, pytest.approx(0.5), pytest.approx(0.4),
+                                                pytest.approx(1.0))
+    assert twin_text(rec, "--chunked-prefill-size", "2048") == (
+        "on SGLang's scheduler (twin, k = 60): +50% at C=8 (median of 3 runs, +40% to +100%; "
+        "model +76%)")
+    rows.append(dict(row("recommended", CHUNK, 8, 500.0, 146.0), rep=4))   # no default of rep 4
+    (ch,) = read_twin(record(tmp_path, rows)).changes[change_of("--chunked-prefill-size", "2048")]
+    assert ch.runs == 3
+
+
+def test_the_twin_verdict_supports_withdraws_or_corrects_the_models_figure(tmp_path):
+    from reports.model.scenario.twin_check import (AGREES, DIFFERS, LOSES, TwinChange, agrees,
+                                                   verdict)
+    assert agrees(TwinChange(8, 0.85, 0.76)) and agrees(TwinChange(32, 0.10, 0.07))
+    assert not agrees(TwinChange(8, 0.51, 1.09)) and not agrees(TwinChange(8, -0.10, 0.10))
+    rec = read_twin(record(tmp_path, [
+        row("default", BASE, 8, 80.0, 82.8), row("recommended", CHUNK, 8, 150.0, 146.0),
+        row("pair", PAIR, 8, 120.0, 172.0), row("default", BASE, 32, 260.0, 260.0),
+        row("recommended", CHUNK, 32, 250.0, 270.0)]))
+    assert verdict(rec, "--chunked-prefill-size + --pp-async-batch-depth", "2048 + 0") == DIFFERS
+    assert verdict(rec, "--chunked-prefill-size", "2048") == LOSES       # -4% at C=32
+    assert verdict(rec, "--pp-async-batch-depth", "0") is None
+    rows = [row("default", BASE, 8, 80.0, 82.8), row("recommended", CHUNK, 8, 150.0, 146.0)]
+    assert verdict(read_twin(record(tmp_path, rows)), "--chunked-prefill-size", "2048") == AGREES
+
+
+def _report(tmp_path, rows):
+    from reports.cli import main
+    res = record(tmp_path, rows)
+    assert main(["report", "--results", str(res), "--out", str(res / "o"), "--no-cache"]) == 0
+    return json.loads((res / "o" / "report.json").read_text()), (res / "o" / "report.md").read_text()
+
+
+def test_a_pair_no_better_than_the_single_setting_on_the_twin_is_not_recommended(tmp_path):
+    """The model's best pair gains more than the single setting, the twin gives it less: the
+    answer names the pair as not recommended, with the twin's figure."""
+    rep, md = _report(tmp_path, [
+        row("default", BASE, 8, 80.0, 82.8), row("recommended", CHUNK, 8, 148.0, 146.0),
+        row("pair", PAIR, 8, 120.0, 172.0)])
+    assert rep["recommendation"]["twin_verdict"] == "agrees"
+    assert rep["best_pair"]["twin_verdict"] == "no better than one setting"
+    answer = " ".join(rep["answer"])
+    assert "The model's best two settings together" in answer and "are not recommended" in answer
+    assert "Best two settings together" not in answer
+    assert "gained no more than --chunked-prefill-size 2048 alone: not recommended" in md
+
+
+def test_a_recommendation_that_loses_on_the_twin_is_withdrawn(tmp_path):
+    rep, md = _report(tmp_path, [
+        row("default", BASE, 8, 80.0, 82.8), row("recommended", CHUNK, 8, 70.0, 146.0)])
+    assert rep["recommendation"]["twin_verdict"] == "loses"
+    answer = " ".join(rep["answer"])
+    assert "The model's best single server setting" in answer
+    assert "it lost on SGLang's scheduler: not recommended" in answer
+    assert "The model's pick, not recommended: --chunked-prefill-size 2048" in md
+
+
+def test_a_twin_recorded_with_the_earlier_hold_is_flagged(tmp_path):
+    """A user's twin.json from before the hold ordered the PP messages on SGLang's schedule
+    stream is used, with a warning; the first stream-order records say so only in `emulated`."""
+    from reports.cli import main
+    rows = [row("default", BASE, 8, 80.0, 82.8), row("recommended", CHUNK, 8, 150.0, 146.0)]
+    old = {"hold": None, "mode": "async", "emulated": "device time as a GPU's: the CPU runs "
+           "ahead of the forward"}
+    assert not read_twin(record(tmp_path, rows, **old)).stream_order
+    assert read_twin(record(tmp_path, rows, **dict(old, emulated="the PP messages ordered on "
+                                                   "SGLang's schedule stream"))).stream_order
+    res = record(tmp_path, rows, **old)
+    assert main(["report", "--results", str(res), "--out", str(res / "o"), "--no-cache"]) == 0
+    rep = json.loads((res / "o" / "report.json").read_text())
+    assert any("earlier ppscope twin" in w for w in rep["warnings"])
+    assert rep["recommendation"]["twin"]                 # still used

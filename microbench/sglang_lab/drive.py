@@ -40,7 +40,10 @@ class BenchSpec:
 
 
 def bench_cmd(b: BenchSpec, *, concurrency: int, prompts: int, seed: int, out: Path,
-              request_rate: float | None = None) -> list[str]:
+              request_rate: float | None = None, flush_cache: bool = False) -> list[str]:
+    """bench_serving's command line. `flush_cache`: `--flush-cache`, SGLang's prefix cache emptied
+    after the warm-up request (the warm-up prompt is the run's first prompt, SGLang 0.5.23
+    benchmark/serving.py; without a flush its prefill is a cache hit)."""
     host, port = b.url.split("//", 1)[1].split(":")
     cmd = [str(b.python), "-m", "sglang.bench_serving", "--backend", "sglang", "--host", host,
            "--port", port, "--dataset-name", "random", "--dataset-path", str(b.dataset),
@@ -50,6 +53,8 @@ def bench_cmd(b: BenchSpec, *, concurrency: int, prompts: int, seed: int, out: P
            "--output-file", str(out), "--seed", str(seed), "--disable-tqdm"]
     if request_rate:
         cmd += ["--request-rate", str(request_rate)]
+    if flush_cache:
+        cmd += ["--flush-cache"]
     return cmd
 
 

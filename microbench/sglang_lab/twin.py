@@ -13,8 +13,10 @@ k comes from a calibration on the same server: bench_serving at C = 1 with no em
 (k = 0) gives this machine's own step; k is the smallest that keeps it under `HOST_SHARE` of the
 model's emulated step at C = 1 (capped by `--max-k`; the share reached is recorded). Then, per
 setting and concurrency, one bench_serving run (the scenario's prompt length, a short output
-stated in the record): the undilated TPOT beside the model's, and the micro-batches SGLang formed
-(its log's `Prefill batch, #new-seq` waves) beside the model's burst.
+stated in the record, `--flush-cache` so that the warm-up prompt's prefill is no cache hit): the
+undilated TPOT beside the model's, and the micro-batches SGLang formed (its log's `Prefill batch,
+#new-seq` waves) beside the model's burst. With repetitions, the settings are interleaved: each
+repetition starts every setting's server once more, in the same order, with its own seeds.
 
 The device time is emulated as a GPU's (`async`, boot/inject/ppscope_twin_hold.py): each rank's
 forwards run on an emulated device while its CPU goes on; the PP sends and receives are ordered
@@ -99,108 +101,120 @@ def _bench(server: LabServer, bench: drive.BenchSpec, out: Path, C: int, prompts
            seed: int) -> tuple[dict, list[int]]:
     start = server.log_size()
     drive.run_bench(bench, out / "bench.out", timeout_s=3600.0, concurrency=C, prompts=prompts,
-                    seed=seed, out=out / "bench.jsonl")
+                    seed=seed, out=out / "bench.jsonl", flush_cache=True)
     import json
     line = [ln for ln in (out / "bench.jsonl").read_text().splitlines() if ln.strip()][-1]
     return json.loads(line), waves(server.log_text(start))[WARMUP_REQUESTS:]
 
 
-def _run_model(inp, C: int, completed: int, output_len: int, logged: list[int], changes
-               ) -> float | None:
+def _run_model(inp, C: int, completed: int, output_len: int, logged: list[int], changes,
+               cached_prompts: int = 0) -> float | None:
     """The model of this very run (reports/model/sim/bench_transient.py): SGLang's first logged
-    wave admitted first, bench_serving's warm-up prompt served from the prefix cache (it is the
-    run's first prompt, `WARMUP_REQUESTS`); None when the run cannot be modelled."""
+    wave admitted first, every prompt prefilled whole (the twin flushes the cache after the
+    warm-up request; a run without the flush has `WARMUP_REQUESTS` prompts cached); None when
+    the run cannot be modelled."""
     from reports.model.sim.bench_transient import model_bench, waves_of
     try:
         return model_bench(inp, C, max(completed, 1), output_len, waves_of(logged, C),
-                           changes=changes, cached_prompts=WARMUP_REQUESTS).tpot_ms
+                           changes=changes, cached_prompts=cached_prompts).tpot_ms
     except ValueError:
         return None
 
 
 def run_twin(inp, settings: list[TwinSetting], concurrency: list[int], out: Path, lab_dir: Path,
              output_len: int, max_k: float, k: float | None = None,
-             mode: str = "async", keep=None) -> dict:
-    """Calibrate, then run each setting at each concurrency; returns the record's data.
-    `keep(data)`: called after every finished run with the record so far (write as you go)."""
+             mode: str = "async", keep=None, reps: int = 1) -> dict:
+    """Calibrate, then run each setting at each concurrency, `reps` times with the settings
+    interleaved; returns the record's data. `keep(data)`: called after every finished run with
+    the record so far (write as you go)."""
     import json
-    from reports.model.sim import loop_builder as lb
-    from reports.model.scenario.twin_costs import costs, model_of_twin
+    from reports.model.scenario.twin_costs import costs
     claim_lab_dir(lab_dir)
     python = ensure_venv(lab_dir, say)
     model = ensure_model(python, lab_dir, layers=inp.model.num_layers)
     dataset = sharegpt_file(lab_dir)
     out.mkdir(parents=True, exist_ok=True)
     cost_file = out / "twin-costs.json"      # the run's own: two twins never share one
-    bmax = max(64, max(concurrency))
-    table = costs(inp, 0.0, bmax, mode=mode)
+    table = costs(inp, 0.0, max(64, max(concurrency)), mode=mode)
     cost_file.write_text(json.dumps(table))
     tokens = max(concurrency) * (inp.prompt_len + output_len) + 4096
-    rows, calib = [], None
-    for si, st in enumerate(settings):
-        spec = ServerSpec(python=python, model=model, pp=inp.pp, device="cpu",
-                          extra_args=st.flags, max_total_tokens=max(16384, tokens),
-                          env={"PYTHONPATH": str(inject_path()),
-                               "PPSCOPE_TWIN_COSTS": str(cost_file)})
-        sdir = out / st.name
-        sdir.mkdir(parents=True, exist_ok=True)
-        say(f"starting SGLang pp={inp.pp} {' '.join(st.flags)} ({inp.pp} ranks on this "
-            "machine: 1-3 min)")
-        with LabServer(spec, sdir / "server.log", sdir / "traces") as server:
-            bench = drive.BenchSpec(python=python, url=server.url, model=model, dataset=dataset,
-                                    input_len=inp.prompt_len, output_len=output_len)
-            if calib is None and k is None:
-                say("calibration: C=1 with no emulated time (k = 0)")
-                cdir = out / "calibration"
-                cdir.mkdir(parents=True, exist_ok=True)
-                b, _ = _bench(server, bench, cdir, 1, 2, seed=7)
-                model_tpot = lb.run(inp, 1).tpot_ms
-                kk, share = calibrated_k(b["median_tpot_ms"], model_tpot, max_k)
-                calib = {"host_tpot_ms": b["median_tpot_ms"], "model_tpot_ms_c1": model_tpot,
-                         "k": kk, "host_share": share, "target_share": HOST_SHARE,
-                         "max_k": max_k}
-                say(f"this machine's own step {b['median_tpot_ms']:.0f} ms at C=1; model "
-                    f"{model_tpot:.1f} ms: k = {kk:g} (own step {share:.0%} of the emulated one)")
-            elif calib is None:
-                calib = {"k": k, "given": True}
-            table["k"] = calib["k"]
-            cost_file.write_text(json.dumps(table))
-            time.sleep(1.0)                  # the hold module re-reads the file within 0.5 s
-            for C in concurrency:
-                say(f"{st.name}: C={C}, {max(2, C)} prompts of {inp.prompt_len} tokens, "
-                    f"{output_len} out (k = {calib['k']:g})")
-                cdir = sdir / f"c{C}"
-                cdir.mkdir(parents=True, exist_ok=True)
-                seed = 100 + si * 1000 + C + zlib.crc32(st.name.encode()) % 97
-                b, w = _bench(server, bench, cdir, C, max(2, C), seed)
-                pred = lb.run(inp, C, changes=st.changes)
-                pred_cpu = model_of_twin(inp, C, changes=st.changes)
-                run_model = _run_model(inp, C, b["completed"], output_len, w, st.changes)
-                kk = calib["k"]
-                rows.append({
-                    "setting": st.name, "flags": list(st.flags), "concurrency": C,
-                    "twin_tpot_ms": b["median_tpot_ms"] / kk,
-                    "twin_output_tok_per_s": b["output_throughput"] * kk,
-                    "twin_decode_tok_per_s": C * 1000.0 * kk / b["median_tpot_ms"],
-                    "twin_ttft_ms": b["median_ttft_ms"] / kk, "completed": b["completed"],
-                    "waves": w, "model_tpot_ms": pred.tpot_ms,
-                    "model_cpu_forward_tpot_ms": pred_cpu.tpot_ms,
-                    "model_tok_per_s": pred.tok_per_s,
-                    "model_slots": [s for s in pred.slot_sizes if s],
-                    "run_model_tpot_ms": run_model,
-                })
-                say(f"{st.name} C={C}: TPOT {rows[-1]['twin_tpot_ms']:.1f} ms undilated "
-                    f"(model {pred.tpot_ms:.1f}); SGLang admitted {w}")
-                if keep is not None:
-                    keep(_data(inp, calib, output_len, rows, table, mode, done=False))
-                drive.wait_idle(server, timeout_s=600.0)
-    return _data(inp, calib, output_len, rows, table, mode, done=True)
+    rows: list[dict] = []
+    calib = None if k is None else {"k": k, "given": True}
+    for rep in range(reps):
+        for si, st in enumerate(settings):
+            spec = ServerSpec(python=python, model=model, pp=inp.pp, device="cpu",
+                              extra_args=st.flags, max_total_tokens=max(16384, tokens),
+                              env={"PYTHONPATH": str(inject_path()),
+                                   "PPSCOPE_TWIN_COSTS": str(cost_file)})
+            sdir = out / st.name / f"rep{rep + 1}" if reps > 1 else out / st.name
+            sdir.mkdir(parents=True, exist_ok=True)
+            say(f"starting SGLang pp={inp.pp} {' '.join(st.flags)} ({inp.pp} ranks on this "
+                f"machine: 1-3 min)" + (f"; repetition {rep + 1} of {reps}" if reps > 1 else ""))
+            with LabServer(spec, sdir / "server.log", sdir / "traces") as server:
+                bench = drive.BenchSpec(python=python, url=server.url, model=model,
+                                        dataset=dataset, input_len=inp.prompt_len,
+                                        output_len=output_len)
+                if calib is None:
+                    calib = _calibrate(inp, server, bench, out / "calibration", max_k)
+                table["k"] = calib["k"]
+                cost_file.write_text(json.dumps(table))
+                time.sleep(1.0)                  # the hold module re-reads the file within 0.5 s
+                for C in concurrency:
+                    seed = (100 + si * 1000 + C + zlib.crc32(st.name.encode()) % 97
+                            + rep * 7919)
+                    rows.append(_one_run(inp, st, C, server, bench, sdir / f"c{C}", seed,
+                                         calib["k"], output_len) | {"rep": rep + 1})
+                    if keep is not None:
+                        keep(_data(inp, calib, output_len, rows, table, mode, reps, done=False))
+                    drive.wait_idle(server, timeout_s=600.0)
+    return _data(inp, calib, output_len, rows, table, mode, reps, done=True)
 
 
-def _data(inp, calib, output_len, rows, table, mode, done: bool) -> dict:
+def _calibrate(inp, server: LabServer, bench: drive.BenchSpec, cdir: Path, max_k: float) -> dict:
+    """bench_serving at C = 1 with no emulated time: this machine's own step, and k."""
+    from reports.model.sim import loop_builder as lb
+    say("calibration: C=1 with no emulated time (k = 0)")
+    cdir.mkdir(parents=True, exist_ok=True)
+    b, _ = _bench(server, bench, cdir, 1, 2, seed=7)
+    model_tpot = lb.run(inp, 1).tpot_ms
+    kk, share = calibrated_k(b["median_tpot_ms"], model_tpot, max_k)
+    say(f"this machine's own step {b['median_tpot_ms']:.0f} ms at C=1; model "
+        f"{model_tpot:.1f} ms: k = {kk:g} (own step {share:.0%} of the emulated one)")
+    return {"host_tpot_ms": b["median_tpot_ms"], "model_tpot_ms_c1": model_tpot, "k": kk,
+            "host_share": share, "target_share": HOST_SHARE, "max_k": max_k}
+
+
+def _one_run(inp, st: TwinSetting, C: int, server: LabServer, bench: drive.BenchSpec,
+             cdir: Path, seed: int, k: float, output_len: int) -> dict:
+    """One bench_serving run at C on a started server: the record's row, undilated."""
+    from reports.model.sim import loop_builder as lb
+    from reports.model.scenario.twin_costs import model_of_twin
+    say(f"{st.name}: C={C}, {max(2, C)} prompts of {inp.prompt_len} tokens, {output_len} out "
+        f"(k = {k:g})")
+    cdir.mkdir(parents=True, exist_ok=True)
+    b, w = _bench(server, bench, cdir, C, max(2, C), seed)
+    pred = lb.run(inp, C, changes=st.changes)
+    row = {
+        "setting": st.name, "flags": list(st.flags), "concurrency": C,
+        "twin_tpot_ms": b["median_tpot_ms"] / k,
+        "twin_output_tok_per_s": b["output_throughput"] * k,
+        "twin_decode_tok_per_s": C * 1000.0 * k / b["median_tpot_ms"],
+        "twin_ttft_ms": b["median_ttft_ms"] / k, "completed": b["completed"],
+        "waves": w, "model_tpot_ms": pred.tpot_ms,
+        "model_cpu_forward_tpot_ms": model_of_twin(inp, C, changes=st.changes).tpot_ms,
+        "model_tok_per_s": pred.tok_per_s,
+        "model_slots": [s for s in pred.slot_sizes if s],
+        "run_model_tpot_ms": _run_model(inp, C, b["completed"], output_len, w, st.changes),
+    }
+    say(f"{st.name} C={C}: TPOT {row['twin_tpot_ms']:.1f} ms undilated (model "
+        f"{pred.tpot_ms:.1f}); SGLang admitted {w}")
+    return row
+
+
+def _data(inp, calib, output_len, rows, table, mode, reps: int, done: bool) -> dict:
     return {"scenario": inp.name, "pp": inp.pp, "calibration": calib, "output_len": output_len,
             "prompt_len": inp.prompt_len, "rows": list(rows), "costs": table, "complete": done,
-            "mode": mode,
+            "mode": mode, "reps": reps, "flush_cache": True, "hold": "stream",
             "emulated": "every forward, hop and host visit held to the deployment's time x k "
                         "(reports/model/scenario/twin_costs.py); "
                         + ("device time as a GPU's: the CPU runs ahead of the forward, "

@@ -54,8 +54,10 @@ def register(subparsers) -> None:
                    "(its `ppscope sglang` record) at k = 1, each decode forward held to its "
                    "traced time, alternating with the same server unheld, at the record's load "
                    "(record: results/twin-observed.json)")
-    p.add_argument("--reps", type=int, default=2, metavar="N",
-                   help="--observed: runs of each side, alternating (default 2)")
+    p.add_argument("--reps", type=int, default=None, metavar="N",
+                   help="repetitions, the settings interleaved: each repetition starts every "
+                   "setting's server again (default 1; with --observed, runs of each side, "
+                   "alternating, default 2)")
     p.add_argument("--raw", action="store_true",
                    help="--observed: hold the forwards to their traced times as they are "
                    "(default: the profiled window's own slowdown, from SGLang's log, taken off)")
@@ -68,15 +70,14 @@ def run_observed(args: argparse.Namespace) -> int:
     from reports.base.records import RecordError, write_json_atomic
     from microbench.sglang_lab.twin_observed import render, run_observed_twin
     from microbench.sglang_lab.venv import LabError
-    if not 1 <= args.reps <= 10:
-        raise CliError(f"--reps must be between 1 and 10, got {args.reps}")
+    reps = 2 if args.reps is None else args.reps
     rec = Path(args.observed)
     if not rec.is_file():
         raise CliError(f"--observed {rec}: no such file")
     results = Path(args.results) if args.results else results_dir()
     out = Path(args.out) if args.out else results / "twin-observed"
     try:
-        data = run_observed_twin(rec, out.resolve(), Path(args.lab_dir).resolve(), args.reps,
+        data = run_observed_twin(rec, out.resolve(), Path(args.lab_dir).resolve(), reps,
                                  raw=args.raw)
     except (LabError, RecordError, ValueError) as e:
         raise CliError(f"--observed {rec.name}: {str(e).splitlines()[0]}") from None
@@ -124,6 +125,8 @@ def settings_to_run(inp, names: list[str]):
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.reps is not None and not 1 <= args.reps <= 10:
+        raise CliError(f"--reps must be between 1 and 10, got {args.reps}")
     if args.observed:
         return run_observed(args)
     from reports.base.paths import results_dir
@@ -153,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
         write_json_atomic(partial, {"probe": "twin", "status": "partial", "data": data})
     try:
         data = run_twin(inp, settings, conc, out.resolve(), Path(args.lab_dir).resolve(),
-                        args.output_len, args.max_k, args.k, keep=keep)
+                        args.output_len, args.max_k, args.k, keep=keep, reps=args.reps or 1)
     except LabError as e:
         raise CliError(f"{e} (runs finished so far: {partial})") from None
     write_json_atomic(dest, {"probe": "twin", "status": "ok", "data": data})

@@ -2,8 +2,12 @@
 twin's TPOT and decode tok/s (undilated) beside the model's and the user's, with the
 micro-batches SGLang formed, and the model of that very run (its logged admission, prefill and
 the warm-up prompt's cache hit included: reports/model/sim/bench_transient.py); then each
-setting's change against the default, predicted by the model and measured on the twin."""
+setting's change against the default, predicted by the model and measured on the twin. With
+repetitions: a spread table (median TPOT and range per setting and C), and each change set
+against the default's run of the same repetition, as a median with its range."""
 from __future__ import annotations
+
+import statistics
 
 from tabulate import tabulate
 
@@ -22,34 +26,76 @@ def render(data: dict) -> str:
     head += (f"\nprompts of {data['prompt_len']} tokens, {data['output_len']} output tokens "
              "(decode TPOT compared; decode tok/s = C / TPOT)")
     observed = {int(c): v for c, v in data.get("observed") or []}
+    reps = any(r.get("rep", 1) > 1 for r in data["rows"])
     rows = []
     for r in data["rows"]:
         C = r["concurrency"]
         run = r.get("run_model_tpot_ms")
-        rows.append([r["setting"], C, f"{r['twin_tpot_ms']:.1f}", f"{r['model_tpot_ms']:.1f}",
+        rows.append([r["setting"]] + ([r.get("rep", 1)] if reps else []) + [
+                     C, f"{r['twin_tpot_ms']:.1f}", f"{r['model_tpot_ms']:.1f}",
                      _pct(r["model_tpot_ms"], r["twin_tpot_ms"]),
                      f"{run:.1f} ({_pct(run, r['twin_tpot_ms'])})" if run else "-",
                      f"{r['twin_decode_tok_per_s']:.1f}", f"{r['model_tok_per_s']:.1f}",
                      f"{observed[C]:.1f}" if r["setting"] == "default" and C in observed else "-",
                      " ".join(map(str, r["waves"])) or "-",
                      " ".join(map(str, r["model_slots"]))])
-    t1 = tabulate(rows, headers=["setting", "C", "twin TPOT ms", "model TPOT ms", "model vs twin",
+    t1 = tabulate(rows, headers=["setting"] + (["run"] if reps else []) + [
+                                 "C", "twin TPOT ms", "model TPOT ms", "model vs twin",
                                  "model of this run ms",
                                  "twin tok/s", "model tok/s", "observed tok/s",
-                                 "SGLang admitted (#new-seq)", "model micro-batches"])
-    base = {r["concurrency"]: r for r in data["rows"] if r["setting"] == "default"}
-    wi = []
-    for r in data["rows"]:
-        b = base.get(r["concurrency"])
-        if r["setting"] == "default" or b is None:
-            continue
-        wi.append([r["setting"], " ".join(r["flags"][-2:]), r["concurrency"],
-                   _pct(r["model_tok_per_s"], b["model_tok_per_s"]),
-                   _pct(r["twin_decode_tok_per_s"], b["twin_decode_tok_per_s"]),
-                   _pct(r["twin_output_tok_per_s"], b["twin_output_tok_per_s"])])
+                                 "SGLang admitted (#new-seq)", "model micro-batches"],
+                  disable_numparse=True)
     out = head + "\n\n" + t1
+    if reps:
+        out += "\n\n" + _spread_table(data["rows"])
+    wi = _what_if_rows(data["rows"])
     if wi:
         out += "\n\n" + tabulate(wi, headers=["what-if", "flag", "C", "model: tok/s change",
                                               "twin: decode tok/s change",
-                                              "twin: bench output tok/s change"])
+                                              "twin: bench output tok/s change"],
+                                   disable_numparse=True)
+    return out
+
+
+def _groups(rows: list[dict]) -> dict:
+    """(setting, C) -> that setting's runs at C, in run order."""
+    out: dict = {}
+    for r in rows:
+        out.setdefault((r["setting"], r["concurrency"]), []).append(r)
+    return out
+
+
+def _spread_table(rows: list[dict]) -> str:
+    """Per setting and C over the repetitions: the median TPOT and its range, the model's."""
+    t = []
+    for (name, C), got in _groups(rows).items():
+        tp = [r["twin_tpot_ms"] for r in got]
+        t.append([name, C, len(got), f"{statistics.median(tp):.1f}",
+                  f"{min(tp):.1f}-{max(tp):.1f}", f"{(max(tp) - min(tp)) / statistics.median(tp):.0%}",
+                  f"{got[0]['model_tpot_ms']:.1f}"])
+    return tabulate(t, headers=["setting", "C", "runs", "twin TPOT ms (median)", "range",
+                                "spread", "model TPOT ms"], disable_numparse=True)
+
+
+def _what_if_rows(rows: list[dict]) -> list[list]:
+    """Each setting's change against the default's run of the same repetition: the median over
+    the repetitions and, with more than one, the range."""
+    base = {(r["concurrency"], r.get("rep", 1)): r for r in rows if r["setting"] == "default"}
+    out = []
+    for (name, C), got in _groups(rows).items():
+        pairs = [(r, base[(C, r.get("rep", 1))]) for r in got
+                 if name != "default" and (C, r.get("rep", 1)) in base]
+        if not pairs:
+            continue
+        r0, b0 = pairs[0]
+
+        def change(key):
+            v = [r[key] / b[key] - 1 for r, b in pairs if r[key] and b[key]]
+            if not v:
+                return "-"
+            mid = f"{statistics.median(v):+.0%}"
+            return mid if len(v) == 1 else f"{mid} ({min(v):+.0%} to {max(v):+.0%})"
+        out.append([name, " ".join(r0["flags"][-2:]), C,
+                    _pct(r0["model_tok_per_s"], b0["model_tok_per_s"]),
+                    change("twin_decode_tok_per_s"), change("twin_output_tok_per_s")])
     return out

@@ -18,6 +18,7 @@ from reports.model.causes import BANDWIDTH, HYPOTHESES, label
 from reports.model.report_type import Report, ServerDiagnosis
 from reports.model.verdicts import Verdict
 from reports.model.settings_change import PACING, WhatIf
+from reports.model.scenario.twin_check import LOSES, verdict_clause
 from reports.render.table import Table
 
 # The settings that act on each cause (the what-if knobs of reports/model/scenario/whatifs.py): a row's
@@ -165,10 +166,12 @@ def _recommendation(rep: Report) -> str:
     cs = ", ".join(str(c) for c in rep.measured_concurrency)
     where = (f"no loss up to C={rec.checked_up_to}" if rec.checked_up_to and rec.loses_at is None
              else "see its range under What-ifs")
-    return (f"{scen}{'r' if scen else 'R'}ecommended: {rec.knob} {rec.setting}: C={e.concurrency} "
+    lead = "the model's pick, not recommended" if rec.twin_verdict == LOSES else "recommended"
+    lead = lead if scen else lead[0].upper() + lead[1:]
+    return (f"{scen}{lead}: {rec.knob} {rec.setting}: C={e.concurrency} "
             f"{e.baseline_tok_per_s:.1f} -> {e.predicted_tok_per_s:.1f} tok/s ({e.gain:+.0%}), "
             f"{rec.gain:+.0%} on the geometric mean over C={cs}, {where} "
-            f"({rec.twin or NOT_RUN}).")
+            f"({rec.twin or NOT_RUN}{verdict_clause(rec)}).")
 
 
 def _arrival(rep: Report) -> str | None:

@@ -23,6 +23,7 @@ from reports.base.schema import to_json
 from reports.model.report_type import (AttributionAt, Comparison, Report, ServerDiagnosis,
                                        ServerSummary)
 from reports.model.settings_change import WhatIf
+from reports.model.scenario.twin_check import DIFFERS, LOSES, verdict_clause
 from reports.render.answer_table import (DETAIL_TITLE, answer_sentences, answer_table)
 from reports.render.table import Table, md_grid
 
@@ -227,12 +228,14 @@ def whatif_lines(rep: Report) -> list[str]:
                    "setting that holds over the widest range of load (checked at powers of two "
                    "up to 4x the largest measured C: never a setting that caps the server below "
                    "its load), then to the better mixed load.")
+        if rec.twin_verdict in (LOSES, DIFFERS):
+            out[-1] += f" On the twin: {rec.twin}{verdict_clause(rec)}."
         pair = rep.best_pair
         if pair:
             peff = ", ".join(f"C={e.concurrency} {e.gain:+.0%}" for e in pair.effects)
             out.append(f"Best two settings together: {pair.knob} = {pair.setting} "
                        f"({pair.gain:+.1%} on the objective; {peff}; {_holds(pair)})"
-                       + (f"; {pair.twin}." if pair.twin else "."))
+                       + (f"; {pair.twin}{verdict_clause(pair, rec)}." if pair.twin else "."))
     else:
         out.append("No server setting improves the objective by more than 0.5% within the 2% "
                    "bound.")

@@ -12,6 +12,7 @@ report says so. A record that is not JSON or has not the twin's shape is a one-l
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -19,14 +20,28 @@ from reports.base.errors import CliError
 
 TWIN_FILE = "twin.json"
 MAX_BYTES = 16 << 20
+# the model's change agrees with the twin's when within 25% of it, or within 5 points of it
+# where both are that small (the twin's runs spread by several percent)
+TOLERANCE = 0.25
+FLOOR = 0.05
+LOSS = 0.02                # a loss beyond this on the twin withdraws a setting (as MAX_LOSS)
+# WhatIf.twin_verdict: the model's figure held on the twin at every C it ran; it did not (the
+# twin's figure is the one to expect); the twin lost over LOSS at some C (not recommended);
+# a pair that gained no more on the twin than the single setting it extends
+AGREES, DIFFERS, LOSES, NO_BETTER = "agrees", "differs", "loses", "no better than one setting"
 
 
 @dataclass(frozen=True)
 class TwinChange:
-    """One setting's change at one concurrency: measured on the twin, predicted by the model."""
+    """One setting's change at one concurrency: measured on the twin, predicted by the model.
+    With repetitions, each is set against the default's run of the same repetition; `twin` is
+    their median, `lo` and `hi` the range."""
     concurrency: int
-    twin: float            # relative change of decode tok/s on the twin
+    twin: float            # relative change of decode tok/s on the twin (median over runs)
     model: float           # the model's relative change of tok/s, in the same run's record
+    lo: float = 0.0
+    hi: float = 0.0
+    runs: int = 1
 
 
 @dataclass(frozen=True)
@@ -37,6 +52,7 @@ class TwinRecord:
     changes: dict          # frozenset of (flag, value) -> tuple[TwinChange, ...]
     source: str
     shipped: bool = False  # the scenario's own record in configs/records, not this user's run
+    stream_order: bool = True   # made with the hold that orders PP messages on SGLang's stream
 
 
 def _pairs(flags) -> dict[str, str]:
@@ -66,27 +82,41 @@ def _read(path: Path, source: str) -> TwinRecord:
         doc = json.loads(path.read_text(encoding="utf-8"))
         data = doc["data"]
         rows = data["rows"]
-        default = {r["concurrency"]: r for r in rows if r["setting"] == "default"}
+        default = {(r["concurrency"], r.get("rep", 1)): r for r in rows
+                   if r["setting"] == "default"}
         base_flags = _pairs(next(iter(default.values()))["flags"]) if default else {}
-        changes: dict = {}
+        runs: dict = {}          # (change, C) -> [(twin change, model change), ...]
         for r in rows:
-            b = default.get(r["concurrency"])
+            b = default.get((r["concurrency"], r.get("rep", 1)))
             if r["setting"] == "default" or b is None:
                 continue
             diff = frozenset((f, v) for f, v in _pairs(r["flags"]).items()
                              if base_flags.get(f) != v)
-            ch = TwinChange(int(r["concurrency"]),
-                            float(r["twin_decode_tok_per_s"]) / float(b["twin_decode_tok_per_s"]) - 1,
-                            float(r["model_tok_per_s"]) / float(b["model_tok_per_s"]) - 1)
-            changes[diff] = tuple(sorted(changes.get(diff, ()) + (ch,),
-                                         key=lambda c: c.concurrency))
+            runs.setdefault((diff, int(r["concurrency"])), []).append(
+                (float(r["twin_decode_tok_per_s"]) / float(b["twin_decode_tok_per_s"]) - 1,
+                 float(r["model_tok_per_s"]) / float(b["model_tok_per_s"]) - 1))
+        changes: dict = {}
+        for (diff, C), got in sorted(runs.items(), key=lambda kv: kv[0][1]):
+            twin = [t for t, _ in got]
+            changes[diff] = changes.get(diff, ()) + (TwinChange(
+                C, statistics.median(twin), got[0][1], min(twin), max(twin), len(twin)),)
         return TwinRecord(str(data["scenario"]), int(data["pp"]),
-                          float(data["calibration"]["k"]), changes, source)
+                          float(data["calibration"]["k"]), changes, source,
+                          stream_order=_stream_order(data))
     except CliError:
         raise
     except (OSError, ValueError, KeyError, TypeError, IndexError, ZeroDivisionError,
             StopIteration) as e:
         raise CliError(f"{path}: not a twin record ppscope wrote ({type(e).__name__})") from None
+
+
+def _stream_order(data: dict) -> bool:
+    """Whether the twin's hold ordered the PP sends and receives on SGLang's schedule stream
+    (`hold: "stream"` in the record; records of the first such ppscope say so only in their
+    `emulated` text). The hold before it let a relay leave before the relaying forward ended
+    and ran chunk 2048 at C = 8 about 10% fast."""
+    return (data.get("hold") == "stream" or data.get("mode") == "sync"
+            or "schedule stream" in str(data.get("emulated", "")))
 
 
 def change_of(knob: str, setting: str) -> frozenset:
@@ -100,9 +130,53 @@ def twin_text(rec: TwinRecord, knob: str, setting: str) -> str | None:
     got = rec.changes.get(change_of(knob, setting))
     if not got:
         return None
-    parts = ", ".join(f"{c.twin:+.0%} at C={c.concurrency} (model {c.model:+.0%})" for c in got)
+    parts = ", ".join(f"{c.twin:+.0%} at C={c.concurrency} ({_spread(c)}model {c.model:+.0%})"
+                      for c in got)
     where = ", shipped with ppscope" if rec.shipped else ""
     return f"on SGLang's scheduler (twin, k = {rec.k:g}{where}): {parts}"
+
+
+def agrees(c: TwinChange) -> bool:
+    """The model's change within TOLERANCE of the twin's (or FLOOR, for small changes)."""
+    return abs(c.model - c.twin) <= max(TOLERANCE * abs(c.twin), FLOOR)
+
+
+def verdict(rec: TwinRecord, knob: str, setting: str) -> str | None:
+    """AGREES, DIFFERS or LOSES for a what-if the twin ran; None when it did not run it."""
+    got = rec.changes.get(change_of(knob, setting))
+    if not got:
+        return None
+    if any(c.twin < -LOSS for c in got):
+        return LOSES
+    return AGREES if all(agrees(c) for c in got) else DIFFERS
+
+
+def no_better(rec: TwinRecord, pair, single) -> bool:
+    """The pair gained no more than the single setting on the twin at every C both ran (by the
+    twin's own spread: the pair's median within the single's range, or below it)."""
+    p = {c.concurrency: c for c in rec.changes.get(change_of(pair.knob, pair.setting), ())}
+    s = {c.concurrency: c for c in rec.changes.get(change_of(single.knob, single.setting), ())}
+    both = sorted(set(p) & set(s))
+    return bool(both) and all(p[C].twin <= max(s[C].twin, s[C].hi) for C in both)
+
+
+def verdict_clause(w, single=None) -> str:
+    """What the twin's verdict means for acting on `w` (a clause, '' when it agrees or never
+    ran); `single`: the setting a pair extends."""
+    v = w.twin_verdict
+    if v == DIFFERS:
+        return "; the model's figure is not what SGLang's scheduler gave: expect the twin's"
+    if v == LOSES:
+        return "; it lost on SGLang's scheduler: not recommended"
+    if v == NO_BETTER:
+        alone = f"{single.knob} {single.setting} alone" if single else "the single setting"
+        return f"; on SGLang's scheduler it gained no more than {alone}: not recommended"
+    return ""
+
+
+def _spread(c: TwinChange) -> str:
+    """'median of 3 runs, +45% to +58%; ' with repetitions, else ''."""
+    return (f"median of {c.runs} runs, {c.lo:+.0%} to {c.hi:+.0%}; " if c.runs > 1 else "")
 
 
 def matches(rec: TwinRecord, name: str, pp: int) -> str | None:
@@ -114,7 +188,9 @@ def matches(rec: TwinRecord, name: str, pp: int) -> str | None:
 
 
 def apply_twin(rep, rec: TwinRecord | None):
-    """The report with each what-if the twin ran saying what it measured (`WhatIf.twin`), and a
+    """The report with each what-if the twin ran saying what it measured (`WhatIf.twin`) and
+    whether that supports the model's figure (`WhatIf.twin_verdict`: the best pair NO_BETTER
+    when the twin gave it no more than the single setting), and a
     warning when the user's twin describes another deployment (a shipped record of another
     deployment is left out silently: it was never this user's). Rows the twin did not run keep
     None."""
@@ -123,8 +199,18 @@ def apply_twin(rep, rec: TwinRecord | None):
     why = matches(rec, rep.scenario, rep.deployment.pp)
     if why:
         return rep if rec.shipped else replace(rep, warnings=tuple(rep.warnings) + (why,))
+    if not rec.stream_order and not rec.shipped:
+        rep = replace(rep, warnings=tuple(rep.warnings) + (
+            f"{rec.source} was recorded by an earlier ppscope twin, whose hold did not order "
+            "the PP messages on SGLang's schedule stream (it ran chunk 2048 at C=8 about 10% "
+            "fast): run `ppscope twin` again",))
 
     def one(w):
-        return None if w is None else replace(w, twin=twin_text(rec, w.knob, w.setting))
+        return None if w is None else replace(w, twin=twin_text(rec, w.knob, w.setting),
+                                              twin_verdict=verdict(rec, w.knob, w.setting))
+    pair, single = one(rep.best_pair), one(rep.recommendation)
+    if (pair is not None and single is not None and pair.twin_verdict != LOSES
+            and no_better(rec, pair, single)):
+        pair = replace(pair, twin_verdict=NO_BETTER)
     return replace(rep, what_ifs=tuple(one(w) for w in rep.what_ifs),
-                   recommendation=one(rep.recommendation), best_pair=one(rep.best_pair))
+                   recommendation=single, best_pair=pair)
