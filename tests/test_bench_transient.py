@@ -1,7 +1,8 @@
 """A benchmark run modelled visit by visit (reports/model/sim/bench_transient.py), the pipeline
 model over a plan (pipeline_model.Plan) and the admission engine's record of a run
 (slots.RunRecord), held against the twin's recording of the seed's PP8 deployment on SGLang's own
-scheduler (configs/records/seed-pp8.twin.json: SGLang 0.5.23, 32 output tokens)."""
+scheduler (tests/fixtures/twin/cached/: the shipped record of the run before the twin flushed
+SGLang's prefix cache after bench_serving's warm-up; SGLang 0.5.23, 32 output tokens)."""
 import json
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from reports.model.sim.pipeline_model import Plan, simulate, simulate_plan, unif
 from reports.model.settings_change import Change
 from reports.model.scenario.inputs import build_inputs, load_records, load_scenario
 
-TWIN = Path(__file__).parents[1] / "configs" / "records" / "seed-pp8.twin.json"
+TWIN = Path(__file__).parent / "fixtures" / "twin" / "cached" / "seed-pp8.twin.json"
 OVERRIDES = {"default": (), "recommended": (Change("--chunked-prefill-size", 2048),),
              "pair": (Change("--chunked-prefill-size", 2048), Change("--pp-async-batch-depth", 0))}
 

@@ -97,7 +97,9 @@ def twin(tmp_path_factory):
                "--settings", "default", "--output-len", "8", "--k", "2", "--lab-dir",
                str(lab_dir), "--out", str(out / "art"), "--json", str(out / "twin.json")])
     assert rc == 0
-    return json.loads((out / "twin.json").read_text())["data"]
+    data = json.loads((out / "twin.json").read_text())["data"]
+    data["server_log"] = (out / "art" / "default" / "server.log").read_text(errors="replace")
+    return data
 
 
 def test_the_twin_runs_the_deployment_on_sglangs_scheduler(twin):
@@ -110,3 +112,5 @@ def test_the_twin_runs_the_deployment_on_sglangs_scheduler(twin):
     assert sum(row["model_slots"]) == 4
     assert row["twin_tpot_ms"] > 0 and row["model_tpot_ms"] > 0
     assert row["run_model_tpot_ms"] and row["run_model_tpot_ms"] > 0   # the model of this run
+    # bench_serving's --flush-cache: SGLang emptied its prefix cache after the warm-up request
+    assert twin["flush_cache"] and "Cache flushed successfully" in twin["server_log"]

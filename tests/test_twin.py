@@ -205,12 +205,13 @@ FIX = ROOT / "tests" / "fixtures" / "twin"
 
 
 def test_a_recorded_twin_keeps_its_books():
-    """The seed's twin as recorded (PP8, k = 60, SGLang 0.5.23 on the CPU): every row's figures
+    """The seed's twin as recorded (PP8, SGLang 0.5.23 on the CPU; the shipped record before the
+    cache flush, kept in tests/fixtures/twin/cached/): every row's figures
     are the bench's divided by k, the micro-batches are rank 0's own Prefill lines after the
     warm-up prompt, and the report's reader sets each setting's change beside the model's."""
     from reports.model.scenario.twin_check import read_twin, twin_text
     import shutil
-    doc = json.loads((ROOT / "configs" / "records" / "seed-pp8.twin.json").read_text())["data"]
+    doc = json.loads((FIX / "cached" / "seed-pp8.twin.json").read_text())["data"]
     cal = doc["calibration"]
     # k: the smallest that keeps this machine's own step under the target share, or the cap
     assert cal["host_share"] <= cal["target_share"] or cal["k"] == cal["max_k"]
@@ -226,7 +227,7 @@ def test_a_recorded_twin_keeps_its_books():
     assert logged[2:2 + n] == rec8["waves"]
     import tempfile
     with tempfile.TemporaryDirectory() as d:
-        shutil.copy(ROOT / "configs" / "records" / "seed-pp8.twin.json", Path(d) / "twin.json")
+        shutil.copy(FIX / "cached" / "seed-pp8.twin.json", Path(d) / "twin.json")
         tw = read_twin(Path(d))
     text = twin_text(tw, "--chunked-prefill-size", "2048")
     assert "+85% at C=8 (model +76%)" in text
@@ -291,3 +292,39 @@ def test_the_table_gives_the_spread_of_repetitions():
     assert spread.split()[1:5] == ["8", "3", "100.0", "90.0-110.0"] and "20%" in spread
     # changes per repetition: +67%, +80%, +100%; the median +80%
     assert "+80% (+67% to +100%)" in out and "+76%" in out
+
+
+def test_three_interleaved_runs_with_the_cache_flushed_support_both_settings(tmp_path):
+    """tests/fixtures/twin/flush/: default, chunk 2048 and the pair at C = 8, three interleaved
+    repetitions, bench_serving with --flush-cache. The report's reading of it: both changes
+    agree with the model (within 25%), the pair gains more than the single setting, and the
+    model of each run (every prompt prefilled) is within 10% of what SGLang's loop ran."""
+    import shutil
+    from microbench.sglang_lab.twin import _run_model
+    from microbench.sglang_lab.twin_table import render
+    from reports.model.scenario.twin_check import AGREES, change_of, no_better, read_twin, verdict
+    from reports.model.settings_change import Change
+    src = FIX / "flush" / "c8-reps3.twin.json"
+    d = json.loads(src.read_text())["data"]
+    assert d["flush_cache"] and d["reps"] == 3 and "schedule stream" in d["emulated"]
+    assert [r.get("rep") for r in d["rows"]] == [1, 1, 1, 2, 2, 2, 3, 3, 3]   # interleaved
+    shutil.copy(src, tmp_path / "twin.json")
+    rec = read_twin(tmp_path)
+    assert verdict(rec, "--chunked-prefill-size", "2048") == AGREES
+    assert verdict(rec, "--chunked-prefill-size + --pp-async-batch-depth", "2048 + 0") == AGREES
+    (pair,) = rec.changes[change_of("--chunked-prefill-size + --pp-async-batch-depth",
+                                    "2048 + 0")]
+    assert pair.runs == 3 and pair.lo <= pair.twin <= pair.hi
+    single = SimpleNamespace(knob="--chunked-prefill-size", setting="2048")
+    both = SimpleNamespace(knob="--chunked-prefill-size + --pp-async-batch-depth",
+                           setting="2048 + 0")
+    assert not no_better(rec, both, single)
+    records, warnings = load_records(Path("/nonexistent"))
+    inp = build_inputs(load_scenario("seed-pp8"), records, warnings)
+    changes = {"default": (), "recommended": (Change("--chunked-prefill-size", 2048),),
+               "pair": (Change("--chunked-prefill-size", 2048),
+                        Change("--pp-async-batch-depth", 0))}
+    for r in d["rows"]:
+        got = _run_model(inp, 8, r["completed"], d["output_len"], r["waves"], changes[r["setting"]])
+        assert got == pytest.approx(r["twin_tpot_ms"], rel=0.10), r
+    assert "--chunked-prefill-size 2048 --pp-async-batch-depth 0" in render(d)

@@ -95,7 +95,13 @@ def _what_if_rows(rows: list[dict]) -> list[list]:
                 return "-"
             mid = f"{statistics.median(v):+.0%}"
             return mid if len(v) == 1 else f"{mid} ({min(v):+.0%} to {max(v):+.0%})"
-        out.append([name, " ".join(r0["flags"][-2:]), C,
+        out.append([name, _changed(r0["flags"], b0["flags"]), C,
                     _pct(r0["model_tok_per_s"], b0["model_tok_per_s"]),
                     change("twin_decode_tok_per_s"), change("twin_output_tok_per_s")])
     return out
+
+
+def _changed(flags: list, base: list) -> str:
+    """The flags a setting changes against the default's, as SGLang flags."""
+    b = dict(zip(base[::2], base[1::2]))
+    return " ".join(f"{f} {v}" for f, v in zip(flags[::2], flags[1::2]) if b.get(f) != v) or "-"
