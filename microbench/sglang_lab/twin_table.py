@@ -78,15 +78,17 @@ def _spread_table(rows: list[dict]) -> str:
 
 
 def _what_if_rows(rows: list[dict]) -> list[list]:
-    """Each setting's change against the default's run of the same repetition: the median over
-    the repetitions and, with more than one, the range."""
+    """Each setting's change against the default's run of the same repetition (as the report
+    reads a record: reports/model/scenario/twin_check.py `with_default`, which this probe-side
+    table may not import): the median over the repetitions and, with more than one, the range."""
     base = {(r["concurrency"], r.get("rep", 1)): r for r in rows if r["setting"] == "default"}
+    by: dict = {}
+    for r in rows:
+        b = base.get((r["concurrency"], r.get("rep", 1)))
+        if r["setting"] != "default" and b is not None:
+            by.setdefault((r["setting"], r["concurrency"]), []).append((r, b))
     out = []
-    for (name, C), got in _groups(rows).items():
-        pairs = [(r, base[(C, r.get("rep", 1))]) for r in got
-                 if name != "default" and (C, r.get("rep", 1)) in base]
-        if not pairs:
-            continue
+    for (name, C), pairs in by.items():
         r0, b0 = pairs[0]
 
         def change(key):

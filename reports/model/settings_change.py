@@ -125,7 +125,8 @@ class WhatIf:
     # what the twin measured for this setting on SGLang's own scheduler (reports/model/
     # twin_check.py), None where the twin never ran it
     twin: str | None = None
-    # whether the twin supports the model's figure (twin_check.TWIN_VERDICTS), None where not run
+    # whether the twin supports the model's figure (twin_check's AGREES, DIFFERS, LOSES or
+    # NO_BETTER), None where the twin never ran it
     twin_verdict: str | None = None
     side: Literal["scenario", "observed server"] = "scenario"
     command: str | None = if_set()
