@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -114,3 +115,8 @@ def test_the_twin_runs_the_deployment_on_sglangs_scheduler(twin):
     assert row["run_model_tpot_ms"] and row["run_model_tpot_ms"] > 0   # the model of this run
     # bench_serving's --flush-cache: SGLang emptied its prefix cache after the warm-up request
     assert twin["flush_cache"] and "Cache flushed successfully" in twin["server_log"]
+    # the steady decode is read from SGLang's own log, on its millisecond clock (SGLANG_LOG_MS)
+    assert re.search(r"\d\d:\d\d:\d\d\.\d{3} PP0\] Decode batch", twin["server_log"])
+    assert "twin_steady_tpot_ms" in row
+    if row["twin_steady_tpot_ms"] is not None:
+        assert sum(row["steady_slots"]) == 4 and row["steady_cycles"] >= 3

@@ -124,10 +124,18 @@ def test_the_table_sets_twin_beside_model_and_observed():
                           model_tok_per_s=146.0, flags=["--chunked-prefill-size", "2048"])]}
     out = render(data)
     assert "k = 40" in out and "81.7" in out and "1 7" in out
-    assert "model of this run" in out and "-" in out.splitlines()[4]   # older rows: none
+    assert "model of the run" in out and "-" in out.splitlines()[4]   # older rows: none
     data["rows"][0]["run_model_tpot_ms"] = 101.2
     assert "101.2 (+1%)" in render(data)
     assert "+76%" in out and "+50%" in out       # model +76% (146 / 82.8), twin +50% (120 / 80)
+    # the steady decode (SGLang's log) beside the model's steady loop, and its change
+    data["rows"][0]["twin_steady_tpot_ms"] = 100.0
+    data["rows"][1]["twin_steady_tpot_ms"] = 58.0
+    out = render(data)
+    default = next(ln for ln in out.splitlines() if ln.startswith("default"))
+    assert "100.0" in default and "-3%" in default          # model 96.7 against 100.0
+    wi = next(ln for ln in out.splitlines() if ln.startswith("recommended") and "+76%" in ln)
+    assert wi.split()[4:6] == ["+76%", "+72%"]              # model; twin steady 100 / 58
 
 
 def test_the_cli_refuses_bad_input_in_one_line(capsys):
@@ -202,6 +210,62 @@ def test_async_device_time_travels_with_sglangs_messages(seed, hold, tmp_path, m
 
 
 FIX = ROOT / "tests" / "fixtures" / "twin"
+
+
+def test_the_outputs_event_is_recorded_at_their_receive_in_sglangs_parity_order(seed, hold,
+                                                                                 tmp_path,
+                                                                                 monkeypatch):
+    """SGLang 0.5.23 `_pp_send_recv_and_preprocess_output_tensors`: odd ranks receive the next
+    slot's outputs before they send, and the device-to-host event is recorded at the receive
+    (`copy_stream.wait_stream(schedule_stream)`). At depth 0 the last rank (odd) sends the
+    tokens of the forward it just launched (`q_event`): its sync must not wait for that forward,
+    or its GPU idles for the host work of every visit. Even ranks send first."""
+    import time
+    c = costs(seed, 1000.0, 8, mode="async")          # k = 1000: milliseconds become seconds
+    for r in c["ranks"]:
+        r["launch_us"] = 0.0
+    path = tmp_path / "twin-costs.json"
+    path.write_text(json.dumps(c))
+    monkeypatch.setenv("PPSCOPE_TWIN_COSTS", str(path))
+    last = len(c["ranks"]) - 1
+    batch = SimpleNamespace(forward_mode=SimpleNamespace(is_decode=lambda: True), batch_size=4,
+                            extend_num_tokens=None)
+    runner = SimpleNamespace(pp_group=SimpleNamespace(rank_in_group=last))
+    sched = SimpleNamespace(pp_group=SimpleNamespace(rank_in_group=last), mbs=[object()] * 2)
+    forward = hold._forward(lambda self, fb: "out")
+    launch = hold._launch(lambda self, mb, b, proxy: forward(runner, batch))
+    prepare = hold._prepare_outputs(lambda self: {"next_token_ids": 1})
+    send = hold._send(lambda self, d, **k: None)
+    early = time.monotonic()
+    recv = hold._recv_outputs(lambda self: ({hold.READY: early}, None))
+
+    def odd(self, first_mb, next_mb):
+        recv(self)
+        send(self, prepare(self), msg_type="output")
+        return None, None, None
+
+    def even(self, first_mb, next_mb):
+        send(self, prepare(self), msg_type="output")
+        recv(self)
+        return None, None, None
+
+    got = {}
+    for name, order in (("odd", odd), ("even", even)):
+        hold.reset_device()
+        launch(sched, 0, None, None)
+        end0 = hold._DEV["end"][0]
+        hold._results(order)(sched, 0, 1)
+        got[name] = (hold._DEV["d2h"], end0, hold._DEV["out_sent"])
+    d2h, end0, out_sent = got["odd"]
+    assert d2h == pytest.approx(early) and end0 - d2h > 1.0   # not behind the forward
+    assert out_sent > end0                    # the tokens leave once their forward ended
+    d2h, end0, _ = got["even"]
+    assert d2h >= end0                        # sent first: the event is behind the send
+    # outputs without a time (SGLang skipped the message): the event behind the stream's work
+    hold.reset_device()
+    launch(sched, 0, None, None)
+    hold._results(lambda self, a, b: (None, None, None))(sched, 0, 0)
+    assert hold._DEV["d2h"] == pytest.approx(hold._DEV["end"][0])
 
 
 def test_a_recorded_twin_keeps_its_books():

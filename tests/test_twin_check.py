@@ -35,10 +35,10 @@ def test_a_setting_is_matched_by_the_flags_it_changes(tmp_path):
         row("recommended", CHUNK, 1, 30.0, 30.9)]))
     assert rec.k == 60
     one = twin_text(rec, "--chunked-prefill-size", "2048")
-    assert one == ("on SGLang's scheduler (twin, k = 60): +0% at C=1 (model +0%), "
+    assert one == ("on SGLang's scheduler (twin, k = 60; bench_serving's TPOT): +0% at C=1 (model +0%), "
                    "+38% at C=8 (model +76%)")
     both = twin_text(rec, "--chunked-prefill-size + --pp-async-batch-depth", "2048 + 0")
-    assert both == "on SGLang's scheduler (twin, k = 60): +75% at C=8 (model +108%)"
+    assert both == "on SGLang's scheduler (twin, k = 60; bench_serving's TPOT): +75% at C=8 (model +108%)"
     assert twin_text(rec, "--pp-async-batch-depth", "0") is None        # never run on the twin
     assert change_of("--a + --b", "1 + 2") == frozenset({("--a", "1"), ("--b", "2")})
 
@@ -70,7 +70,7 @@ def test_the_report_says_what_the_twin_measured_beside_the_setting(tmp_path, cap
     rep = json.loads((res / "o" / "report.json").read_text())
     rec = rep["recommendation"]
     assert (rec["knob"], rec["setting"]) == ("--chunked-prefill-size", "2048")
-    text = "on SGLang's scheduler (twin, k = 60): +38% at C=8 (model +76%)"
+    text = "on SGLang's scheduler (twin, k = 60; bench_serving's TPOT): +38% at C=8 (model +76%)"
     assert rec["twin"] == text
     assert text in (res / "o" / "report.md").read_text()
     assert "twin, k = 60" in out                  # the terminal's answer says it too
@@ -101,7 +101,7 @@ def test_repetitions_are_set_against_the_default_of_their_own_repetition(tmp_pat
     assert (ch.runs, ch.twin, ch.lo, ch.hi) == (3, pytest.approx(0.5), pytest.approx(0.4),
                                                 pytest.approx(1.0))
     assert twin_text(rec, "--chunked-prefill-size", "2048") == (
-        "on SGLang's scheduler (twin, k = 60): +50% at C=8 (median of 3 runs, +40% to +100%; "
+        "on SGLang's scheduler (twin, k = 60; bench_serving's TPOT): +50% at C=8 (median of 3 runs, +40% to +100%; "
         "model +76%)")
     rows.append(dict(row("recommended", CHUNK, 8, 500.0, 146.0), rep=4))   # no default of rep 4
     (ch,) = read_twin(record(tmp_path, rows)).changes[change_of("--chunked-prefill-size", "2048")]
@@ -170,3 +170,19 @@ def test_a_twin_recorded_with_the_earlier_hold_is_flagged(tmp_path):
     rep = json.loads((res / "o" / "report.json").read_text())
     assert any("earlier ppscope twin" in w for w in rep["warnings"])
     assert rep["recommendation"]["twin"]                 # still used
+
+
+def test_the_steady_decode_is_the_twins_figure_where_every_run_has_one(tmp_path):
+    def steady(r, tpot):
+        return {**r, "twin_steady_tpot_ms": tpot}
+    rows = [steady(row("default", BASE, 32, 265.8, 265.7), 124.4),
+            steady(row("pair", PAIR, 32, 364.9, 426.9), 90.5),
+            steady(row("default", BASE, 8, 81.3, 82.8), 100.0),
+            row("pair", PAIR, 8, 154.9, 173.0)]          # no steady window in its log
+    rec = read_twin(record(tmp_path, rows))
+    at = {c.concurrency: c for c in rec.changes[change_of(
+        "--chunked-prefill-size + --pp-async-batch-depth", "2048 + 0")]}
+    assert at[32].basis == "steady" and at[32].twin == pytest.approx(124.4 / 90.5 - 1)
+    assert at[8].basis == "bench" and at[8].twin == pytest.approx(154.9 / 81.3 - 1)
+    text = twin_text(rec, "--chunked-prefill-size + --pp-async-batch-depth", "2048 + 0")
+    assert "steady decode where its log had one" in text and "+37% at C=32" in text

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from microbench.sglang_lab import drive
 from microbench.sglang_lab.server import LabServer, ServerSpec
+from microbench.sglang_lab.twin_steady import steady_decode
 from microbench.sglang_lab.venv import (claim_lab_dir, ensure_model, ensure_venv,
                                         inject_path, sharegpt_file)
 
@@ -98,13 +99,15 @@ def waves(log_text: str) -> list[int]:
 
 
 def _bench(server: LabServer, bench: drive.BenchSpec, out: Path, C: int, prompts: int,
-           seed: int) -> tuple[dict, list[int]]:
+           seed: int) -> tuple[dict, list[int], str]:
+    """bench_serving's result, the waves SGLang admitted and the log of the run."""
     start = server.log_size()
     drive.run_bench(bench, out / "bench.out", timeout_s=3600.0, concurrency=C, prompts=prompts,
                     seed=seed, out=out / "bench.jsonl", flush_cache=True)
     import json
     line = [ln for ln in (out / "bench.jsonl").read_text().splitlines() if ln.strip()][-1]
-    return json.loads(line), waves(server.log_text(start))[WARMUP_REQUESTS:]
+    text = server.log_text(start)
+    return json.loads(line), waves(text)[WARMUP_REQUESTS:], text
 
 
 def _run_model(inp, C: int, completed: int, output_len: int, logged: list[int], changes,
@@ -145,7 +148,9 @@ def run_twin(inp, settings: list[TwinSetting], concurrency: list[int], out: Path
             spec = ServerSpec(python=python, model=model, pp=inp.pp, device="cpu",
                               extra_args=st.flags, max_total_tokens=max(16384, tokens),
                               env={"PYTHONPATH": str(inject_path()),
-                                   "PPSCOPE_TWIN_COSTS": str(cost_file)})
+                                   "PPSCOPE_TWIN_COSTS": str(cost_file),
+                                   # the steady window is timed on the log's clock
+                                   "SGLANG_LOG_MS": "1"})
             sdir = out / st.name / f"rep{rep + 1}" if reps > 1 else out / st.name
             sdir.mkdir(parents=True, exist_ok=True)
             say(f"starting SGLang pp={inp.pp} {' '.join(st.flags)} ({inp.pp} ranks on this "
@@ -175,7 +180,7 @@ def _calibrate(inp, server: LabServer, bench: drive.BenchSpec, cdir: Path, max_k
     from reports.model.sim import loop_builder as lb
     say("calibration: C=1 with no emulated time (k = 0)")
     cdir.mkdir(parents=True, exist_ok=True)
-    b, _ = _bench(server, bench, cdir, 1, 2, seed=7)
+    b, _, _ = _bench(server, bench, cdir, 1, 2, seed=7)
     model_tpot = lb.run(inp, 1).tpot_ms
     kk, share = calibrated_k(b["median_tpot_ms"], model_tpot, max_k)
     say(f"this machine's own step {b['median_tpot_ms']:.0f} ms at C=1; model "
@@ -192,8 +197,9 @@ def _one_run(inp, st: TwinSetting, C: int, server: LabServer, bench: drive.Bench
     say(f"{st.name}: C={C}, {max(2, C)} prompts of {inp.prompt_len} tokens, {output_len} out "
         f"(k = {k:g})")
     cdir.mkdir(parents=True, exist_ok=True)
-    b, w = _bench(server, bench, cdir, C, max(2, C), seed)
+    b, w, log = _bench(server, bench, cdir, C, max(2, C), seed)
     pred = lb.run(inp, C, changes=st.changes)
+    steady = steady_decode(log, C)
     row = {
         "setting": st.name, "flags": list(st.flags), "concurrency": C,
         "twin_tpot_ms": b["median_tpot_ms"] / k,
@@ -205,8 +211,14 @@ def _one_run(inp, st: TwinSetting, C: int, server: LabServer, bench: drive.Bench
         "model_tok_per_s": pred.tok_per_s,
         "model_slots": [s for s in pred.slot_sizes if s],
         "run_model_tpot_ms": _run_model(inp, C, b["completed"], output_len, w, st.changes),
+        # the decode loop alone, all C requests decoding (SGLang's log; the model's quantity)
+        "twin_steady_tpot_ms": steady.tpot_ms / k if steady else None,
+        "steady_cycles": steady.cycles if steady else 0,
+        "steady_slots": list(steady.slots) if steady else [],
     }
-    say(f"{st.name} C={C}: TPOT {row['twin_tpot_ms']:.1f} ms undilated (model "
+    st_text = (f", steady decode {row['twin_steady_tpot_ms']:.1f} over {steady.cycles} rounds"
+               if steady else ", no steady window in the log")
+    say(f"{st.name} C={C}: TPOT {row['twin_tpot_ms']:.1f} ms undilated{st_text} (model "
         f"{pred.tpot_ms:.1f}); SGLang admitted {w}")
     return row
 

@@ -1,8 +1,10 @@
 """The twin's tables (`ppscope twin`, docs/BENCHMARKS.md): per setting and concurrency, the
 twin's TPOT and decode tok/s (undilated) beside the model's and the user's, with the
-micro-batches SGLang formed, and the model of that very run (its logged admission, prefill and
-the warm-up prompt's cache hit included: reports/model/sim/bench_transient.py); then each
-setting's change against the default, predicted by the model and measured on the twin. With
+micro-batches SGLang formed, the model of that very run (its logged admission and prefill
+included: reports/model/sim/bench_transient.py) beside bench_serving's TPOT, and the model's
+steady loop beside the twin's steady decode (SGLang's log, microbench/sglang_lab/twin_steady.py);
+then each setting's change against the default, predicted by the model and measured on the twin
+(the steady decode's change is the one the model's figure predicts). With
 repetitions: a spread table (median TPOT and range per setting and C), and each change set
 against the default's run of the same repetition, as a median with its range."""
 from __future__ import annotations
@@ -23,27 +25,32 @@ def render(data: dict) -> str:
     if "host_share" in cal:
         head += (f"; calibration: this machine's own step {cal['host_tpot_ms']:.0f} ms at C=1, "
                  f"{cal['host_share']:.0%} of the emulated step")
-    head += (f"\nprompts of {data['prompt_len']} tokens, {data['output_len']} output tokens "
-             "(decode TPOT compared; decode tok/s = C / TPOT)")
+    head += (f"\nprompts of {data['prompt_len']} tokens, {data['output_len']} output tokens; "
+             "twin TPOT: bench_serving's median (prefills of later prompts included), beside the "
+             "model of that run; twin steady: one decode round with every request decoding "
+             "(SGLang's log), beside the model's steady loop; tok/s = C / TPOT; SGLang admitted: "
+             "its log's Prefill batch #new-seq")
     observed = {int(c): v for c, v in data.get("observed") or []}
     reps = any(r.get("rep", 1) > 1 for r in data["rows"])
     rows = []
     for r in data["rows"]:
         C = r["concurrency"]
         run = r.get("run_model_tpot_ms")
+        steady = r.get("twin_steady_tpot_ms")
         rows.append([r["setting"]] + ([r.get("rep", 1)] if reps else []) + [
-                     C, f"{r['twin_tpot_ms']:.1f}", f"{r['model_tpot_ms']:.1f}",
-                     _pct(r["model_tpot_ms"], r["twin_tpot_ms"]),
+                     C, f"{r['twin_tpot_ms']:.1f}",
                      f"{run:.1f} ({_pct(run, r['twin_tpot_ms'])})" if run else "-",
+                     f"{steady:.1f}" if steady else "-", f"{r['model_tpot_ms']:.1f}",
+                     _pct(r["model_tpot_ms"], steady) if steady else "-",
                      f"{r['twin_decode_tok_per_s']:.1f}", f"{r['model_tok_per_s']:.1f}",
                      f"{observed[C]:.1f}" if r["setting"] == "default" and C in observed else "-",
                      " ".join(map(str, r["waves"])) or "-",
                      " ".join(map(str, r["model_slots"]))])
     t1 = tabulate(rows, headers=["setting"] + (["run"] if reps else []) + [
-                                 "C", "twin TPOT ms", "model TPOT ms", "model vs twin",
-                                 "model of this run ms",
+                                 "C", "twin TPOT ms", "model of the run",
+                                 "twin steady ms", "model ms", "model vs steady",
                                  "twin tok/s", "model tok/s", "observed tok/s",
-                                 "SGLang admitted (#new-seq)", "model micro-batches"],
+                                 "SGLang admitted", "model micro-batches"],
                   disable_numparse=True)
     out = head + "\n\n" + t1
     if reps:
@@ -51,7 +58,8 @@ def render(data: dict) -> str:
     wi = _what_if_rows(data["rows"])
     if wi:
         out += "\n\n" + tabulate(wi, headers=["what-if", "flag", "C", "model: tok/s change",
-                                              "twin: decode tok/s change",
+                                              "twin: steady decode change",
+                                              "twin: decode tok/s change (bench TPOT)",
                                               "twin: bench output tok/s change"],
                                    disable_numparse=True)
     return out
@@ -92,15 +100,25 @@ def _what_if_rows(rows: list[dict]) -> list[list]:
         r0, b0 = pairs[0]
 
         def change(key):
-            v = [r[key] / b[key] - 1 for r, b in pairs if r[key] and b[key]]
+            v = [_get(r, key) / _get(b, key) - 1 for r, b in pairs if _get(r, key) and _get(b, key)]
             if not v:
                 return "-"
             mid = f"{statistics.median(v):+.0%}"
             return mid if len(v) == 1 else f"{mid} ({min(v):+.0%} to {max(v):+.0%})"
         out.append([name, _changed(r0["flags"], b0["flags"]), C,
                     _pct(r0["model_tok_per_s"], b0["model_tok_per_s"]),
+                    change("steady_decode_tok_per_s"),
                     change("twin_decode_tok_per_s"), change("twin_output_tok_per_s")])
     return out
+
+
+def _get(row: dict, key: str) -> float | None:
+    """A row's figure; `steady_decode_tok_per_s` is C / the steady decode TPOT (None without a
+    steady window)."""
+    if key == "steady_decode_tok_per_s":
+        t = row.get("twin_steady_tpot_ms")
+        return row["concurrency"] * 1000.0 / t if t else None
+    return row[key]
 
 
 def _changed(flags: list, base: list) -> str:

@@ -4,7 +4,11 @@
 (its SGLang flags) and concurrency, the twin's decode TPOT and tok/s, undilated. Here a what-if
 row of the report (a knob and its value, or a pair of them) is matched to the twin's server whose
 flags differ from the default server's by exactly that change, and the change the twin measured
-(decode tok/s = C / TPOT, against the default at the same C) is set beside the model's.
+(decode tok/s = C / TPOT, against the default at the same C) is set beside the model's. The
+twin's TPOT is its steady decode where the record has one (microbench/sglang_lab/twin_steady.py:
+one round of the loop with every request decoding, read from SGLang's log), the quantity the
+model's steady loop predicts; records without it use bench_serving's median TPOT, whose short
+runs include the later prompts' prefills.
 
 A twin record of another deployment (scenario name or pipeline size) is not used, and the
 report says so. A record that is not JSON or has not the twin's shape is a one-line CliError.
@@ -29,6 +33,8 @@ LOSS = 0.02                # a loss beyond this on the twin withdraws a setting 
 # twin's figure is the one to expect); the twin lost over LOSS at some C (not recommended);
 # a pair that gained no more on the twin than the single setting it extends
 AGREES, DIFFERS, LOSES, NO_BETTER = "agrees", "differs", "loses", "no better than one setting"
+# TwinChange.basis
+STEADY, BENCH = "steady", "bench"
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,7 @@ class TwinChange:
     lo: float = 0.0
     hi: float = 0.0
     runs: int = 1
+    basis: str = "bench"   # STEADY: from the twin's steady decode; BENCH: bench_serving's TPOT
 
 
 @dataclass(frozen=True)
@@ -91,19 +98,19 @@ def _read(path: Path, source: str) -> TwinRecord:
             raise CliError(f"{path}: larger than {MAX_BYTES >> 20} MB; not a twin record")
         doc = json.loads(path.read_text(encoding="utf-8"))
         data = doc["data"]
-        runs: dict = {}          # (change, C) -> [(twin change, model change), ...]
+        runs: dict = {}          # (change, C) -> [(setting's row, default's row), ...]
         for r, b in with_default(data["rows"]):
             base_flags = _pairs(b["flags"])
             diff = frozenset((f, v) for f, v in _pairs(r["flags"]).items()
                              if base_flags.get(f) != v)
-            runs.setdefault((diff, int(r["concurrency"])), []).append(
-                (float(r["twin_decode_tok_per_s"]) / float(b["twin_decode_tok_per_s"]) - 1,
-                 float(r["model_tok_per_s"]) / float(b["model_tok_per_s"]) - 1))
+            runs.setdefault((diff, int(r["concurrency"])), []).append((r, b))
         changes: dict = {}
         for (diff, C), got in sorted(runs.items(), key=lambda kv: kv[0][1]):
-            twin = [t for t, _ in got]
+            basis, twin = twin_changes(got)
+            r0, b0 = got[0]
+            model = float(r0["model_tok_per_s"]) / float(b0["model_tok_per_s"]) - 1
             changes[diff] = changes.get(diff, ()) + (TwinChange(
-                C, statistics.median(twin), got[0][1], min(twin), max(twin), len(twin)),)
+                C, statistics.median(twin), model, min(twin), max(twin), len(twin), basis),)
         return TwinRecord(str(data["scenario"]), int(data["pp"]),
                           float(data["calibration"]["k"]), changes, source,
                           stream_order=_stream_order(data))
@@ -111,6 +118,18 @@ def _read(path: Path, source: str) -> TwinRecord:
         raise
     except (OSError, ValueError, KeyError, TypeError, IndexError, ZeroDivisionError) as e:
         raise CliError(f"{path}: not a twin record ppscope wrote ({type(e).__name__})") from None
+
+
+def twin_changes(pairs: list[tuple[dict, dict]]) -> tuple[str, list[float]]:
+    """The change of decode tok/s each setting's run measured against the default's run of its
+    repetition, on one basis for all: STEADY (the twin's steady decode, SGLang's log: every
+    request decoding, the quantity the model's figure is) where every run of both has one, else
+    BENCH (bench_serving's median TPOT, the later prompts' prefills included)."""
+    if all(r.get("twin_steady_tpot_ms") and b.get("twin_steady_tpot_ms") for r, b in pairs):
+        return STEADY, [float(b["twin_steady_tpot_ms"]) / float(r["twin_steady_tpot_ms"]) - 1
+                        for r, b in pairs]
+    return BENCH, [float(r["twin_decode_tok_per_s"]) / float(b["twin_decode_tok_per_s"]) - 1
+                   for r, b in pairs]
 
 
 def _stream_order(data: dict) -> bool:
@@ -136,7 +155,10 @@ def twin_text(rec: TwinRecord, knob: str, setting: str) -> str | None:
     parts = ", ".join(f"{c.twin:+.0%} at C={c.concurrency} ({_spread(c)}model {c.model:+.0%})"
                       for c in got)
     where = ", shipped with ppscope" if rec.shipped else ""
-    return f"on SGLang's scheduler (twin, k = {rec.k:g}{where}): {parts}"
+    basis = ("steady decode" if all(c.basis == STEADY for c in got) else
+             "bench_serving's TPOT" if all(c.basis == BENCH for c in got) else
+             "steady decode where its log had one")
+    return f"on SGLang's scheduler (twin, k = {rec.k:g}{where}; {basis}): {parts}"
 
 
 def agrees(c: TwinChange) -> bool:

@@ -30,9 +30,11 @@ Device time, two ways (the cost file's `mode`):
     GPU;
   - the CPU waits where SGLang's does on a GPU: at `d2h_event.synchronize()` before processing
     the next slot's results (`event_loop_pp`), until the copy stream's event, recorded after the
-    schedule stream's work (`copy_stream.wait_stream(schedule_stream)`), has passed. So it waits
-    for those tokens, for the hidden states of the slot just run, and for this rank's previous
-    forward, whose hidden-state send sits on the same stream.
+    schedule stream's work at the outputs' receive (`copy_stream.wait_stream(schedule_stream)`),
+    has passed. So it waits for those tokens, for the hidden states of the slot just run, and
+    for this rank's previous forward, whose hidden-state send sits on the same stream; not for
+    an output send queued after the receive (odd ranks receive first), so the last rank at
+    depth 0 does not wait for the forward it just launched.
 - `sync` (SGLang's CPU backend): `ModelRunner.forward` lasts k x the stage time from its start,
   and the hidden-state send is held k x the hop before it is posted.
 
@@ -110,7 +112,7 @@ READY = "__ppscope_ready__"
 # and output sends not yet committed (their arrival), and the next slot's device-to-host event
 def _idle_device() -> dict:
     return {"free": 0.0, "end": {}, "cur": None, "sched": 0.0, "proxy_sent": None,
-            "out_sent": None, "d2h": None}
+            "out_sent": None, "d2h": None, "received": False}
 
 
 _DEV = _idle_device()
@@ -235,22 +237,42 @@ def _prepare_outputs(fn):
 
 def _results(fn):
     """`_pp_commit_send_output_work_and_preprocess_output_tensors(next_first_rank_mb_id,
-    next_mb_id)`: the last output send committed, this iteration's sent and, when the next slot
-    has a batch, its outputs received on the schedule stream; the device-to-host event is
-    recorded behind everything on that stream."""
+    next_mb_id)`: the last output send committed, then this iteration's send and, when the next
+    slot has a batch, its outputs' receive, in SGLang's order by rank parity (even ranks send
+    first, odd ranks receive first: `_pp_send_recv_and_preprocess_output_tensors`). The receive
+    (`_recv_outputs`) records the device-to-host event; a receive whose outputs carry no time
+    (SGLang skipped the output message) records it here, behind the stream's work."""
     @functools.wraps(fn)
     def wrapped(self, next_first_rank_mb_id, next_mb_id, *a, **k):
         dev = _DEV
         if _async() and dev["out_sent"] is not None:
             dev["sched"] = max(dev["sched"], dev["out_sent"])
             dev["out_sent"] = None
+        dev["received"] = False
         out = fn(self, next_first_rank_mb_id, next_mb_id, *a, **k)
-        if _async() and self.mbs[next_mb_id] is not None:
-            ready = _ready_of(out[0]) if out and out[0] is not None else None
-            if ready is None:
-                ready = dev["end"].get(next_mb_id, 0.0)
-            dev["sched"] = max(dev["sched"], ready)
+        if _async() and self.mbs[next_mb_id] is not None and not dev["received"]:
+            dev["sched"] = max(dev["sched"], dev["end"].get(next_mb_id, 0.0))
             dev["d2h"] = dev["sched"]
+        return out
+    return wrapped
+
+
+def _recv_outputs(fn):
+    """`_pp_recv_dict_from_prev_stage()`: the next slot's outputs. Their receive holds the
+    schedule stream until they arrive, and the device-to-host event is recorded right behind
+    it (`copy_stream.wait_stream(schedule_stream)` in `_do_recv`), before anything queued later:
+    on an odd rank, before this iteration's output send, which on the last rank at depth 0
+    waits for the forward just launched (`q_event`)."""
+    @functools.wraps(fn)
+    def wrapped(self, *a, **k):
+        out = fn(self, *a, **k)
+        if _async():
+            ready = _ready_of(out[0] if isinstance(out, tuple) and out else out)
+            if ready is not None:
+                dev = _DEV
+                dev["sched"] = max(dev["sched"], ready)
+                dev["d2h"] = dev["sched"]
+                dev["received"] = True
         return out
     return wrapped
 
@@ -320,6 +342,7 @@ PATCHES = {
         ("Scheduler", "_pp_process_batch_result", _process),
         ("Scheduler", "_pp_prepare_tensor_dict", _prepare_outputs),
         ("Scheduler", "_pp_commit_send_output_work_and_preprocess_output_tensors", _results),
+        ("Scheduler", "_pp_recv_dict_from_prev_stage", _recv_outputs),
     ],
 }
 
