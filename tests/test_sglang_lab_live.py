@@ -53,6 +53,29 @@ def test_every_case_is_diagnosed_and_names_the_observed_server(lab):
         assert rep["observed_deployment"]["cuda_graphs"]["value"].startswith("off by setting")
 
 
+def test_every_token_the_lab_model_can_make_has_text_of_its_own(lab):
+    """bench_serving counts a token when its streamed chunk carries text: every id of the lab
+    model but the three special ones decodes (in the lab venv, by its own tokenizer) to complete
+    text, and config.json's vocab has no id beyond the tokenizer's."""
+    import subprocess
+    import sys
+    from microbench.sglang_lab.venv import ensure_model, ensure_venv
+    lab_dir = Path(os.environ.get("PPSCOPE_LAB_DIR", ROOT / ".lab"))
+    python = ensure_venv(lab_dir, print)
+    model = ensure_model(python, lab_dir)
+    probe = ("import json, sys; from transformers import AutoTokenizer\n"
+             "t = AutoTokenizer.from_pretrained(sys.argv[1])\n"
+             "v = json.load(open(sys.argv[1] + '/config.json'))['vocab_size']\n"
+             "bad = [i for i in range(v) if t.decode([i], skip_special_tokens=True) in ('',)\n"
+             "       or t.decode([i]).endswith('\\ufffd')]\n"
+             "print(json.dumps({'vocab': v, 'tokens': len(t), 'bad': bad}))\n")
+    out = subprocess.run([str(python), "-c", probe, str(model)], capture_output=True, text=True,
+                         timeout=300, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["vocab"] == got["tokens"] and got["bad"] == [0, 1, 2], (got, sys.executable)
+
+
 def test_the_slow_stage_is_named_first_with_its_size(lab):
     rows = {r["case"]: r for r in json.loads((lab / "summary.json").read_text())}
     slow = rows["slow-stage"]

@@ -206,6 +206,10 @@ def _one_run(inp, st: TwinSetting, C: int, server: LabServer, bench: drive.Bench
         "twin_output_tok_per_s": b["output_throughput"] * k,
         "twin_decode_tok_per_s": C * 1000.0 * k / b["median_tpot_ms"],
         "twin_ttft_ms": b["median_ttft_ms"] / k, "completed": b["completed"],
+        # bench_serving counts a token when its chunk carries text: the tokens it re-counted
+        # from the text beside those SGLang made (the lab model gives every token text)
+        "bench_text_tokens": b.get("total_output_tokens_retokenized"),
+        "bench_output_tokens": b.get("total_output_tokens"),
         "waves": w, "model_tpot_ms": pred.tpot_ms,
         "model_cpu_forward_tpot_ms": model_of_twin(inp, C, changes=st.changes).tpot_ms,
         "model_tok_per_s": pred.tok_per_s,

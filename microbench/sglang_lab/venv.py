@@ -27,6 +27,7 @@ HERE = Path(__file__).resolve().parent
 BOOT = HERE / "boot"
 REQUIREMENTS = HERE / "requirements-cpu.txt"
 MODEL_LAYERS = 4
+MODEL_VERSION = 2       # boot/ppscope_lab_make_model.py VERSION: the recipe of the model folder
 MARKER = ".ppscope-lab"
 STAMP = ".ppscope-lab-stamp"
 # What the lab makes in its folder, and nothing else: the venv, its install log, the fault control
@@ -181,17 +182,27 @@ def ensure_venv(lab_dir: Path, say=print) -> Path:
 
 
 def ensure_model(python: Path, lab_dir: Path, layers: int = MODEL_LAYERS) -> Path:
-    """The tiny Llama folder (config + a tokenizer trained here), made once."""
+    """The tiny Llama folder (config + a tokenizer trained here), made once; a folder an earlier
+    ppscope made to another recipe (boot/ppscope_lab_make_model.py VERSION) is made again."""
     model = lab_dir / f"model-llama-{layers}l"
-    if (model / "tokenizer.json").exists() and (model / "config.json").exists():
+    if _model_version(model) == MODEL_VERSION:
         return model
     log = lab_dir / "install.log"
     tmp = model.with_name(model.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     _run([str(python), str(BOOT / "ppscope_lab_make_model.py"), str(tmp), str(layers)], log,
          "making the lab model", 300)
+    shutil.rmtree(model, ignore_errors=True)
     tmp.rename(model)
     return model
+
+
+def _model_version(model: Path) -> int | None:
+    import json
+    try:
+        return int(json.loads((model / "ppscope-model.json").read_text())["version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def sharegpt_file(lab_dir: Path) -> Path:
