@@ -309,12 +309,12 @@ def test_the_built_in_report_carries_the_shipped_twin(tmp_path):
     rep = json.loads((out / "report.json").read_text())
     rec = rep["recommendation"]
     assert rec["setting"] == "2048" and "shipped with ppscope" in rec["twin"]
-    assert "+76% at C=8 (model +76%)" in rec["twin"] and rec["twin_verdict"] == "agrees"
+    assert "+87% at C=8 (model +76%)" in rec["twin"] and rec["twin_verdict"] == "agrees"
     assert "steady decode" in rec["twin"]
     md = (out / "report.md").read_text()
     table = md[:md.index("Biggest cause")]       # the answer table heads report.md
-    assert "--chunked-prefill-size 2048: +76% at C=8 (twin +76%)" in table
-    # the pair: +114% at C=8 against +109%, +66% at C=32 against +61%
+    assert "--chunked-prefill-size 2048: +76% at C=8 (twin +87%)" in table
+    # the pair: +127% at C=8 against +109%, +68% at C=32 against +61%
     assert rep["best_pair"]["twin_verdict"] == "agrees"
     assert "expect the twin's" not in " ".join(rep["answer"])
 
