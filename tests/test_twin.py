@@ -396,3 +396,43 @@ def test_three_interleaved_runs_with_the_cache_flushed_support_both_settings(tmp
         got = _run_model(inp, 8, r["completed"], d["output_len"], r["waves"], changes[r["setting"]])
         assert got == pytest.approx(r["twin_tpot_ms"], rel=0.10), r
     assert "--chunked-prefill-size 2048 --pp-async-batch-depth 0" in render(d)
+
+
+def test_repetitions_at_c32_and_c8_with_the_current_hold_and_tokenizer(tmp_path, seed):
+    """tests/fixtures/twin/current/: default, chunk 2048 and the pair at C = 32 and 8, interleaved
+    repetitions with the outputs' event at their receive and the lab model's tokenizer fixed
+    (k = 60). What SGLang did in every run: the burst split as it arrived (never one slot of 8
+    at C = 8), chunk 2048 admitting three at a time. The model of each run (SGLang's admission)
+    within 10% of bench_serving's TPOT (the pair at C = 32 in run 2: -7%, with 43 of 1024 tokens
+    reaching bench_serving without text: the lab model's special ids), the steady loop within
+    10% of the twin's steady round, and both what-ifs agree at both C."""
+    import shutil
+    from microbench.sglang_lab.twin import _run_model
+    from reports.model.scenario.twin_check import AGREES, read_twin, verdict
+    from reports.model.settings_change import Change
+    src = FIX / "current" / "c32-c8-reps.twin.json"
+    d = json.loads(src.read_text())["data"]
+    assert d["calibration"]["k"] == 60 and d["hold"] == "stream" and d["flush_cache"]
+    reps = max(r["rep"] for r in d["rows"])      # the run was stopped after two of three
+    assert reps == 2 and len(d["rows"]) == 6 * reps and not d["complete"]
+    assert [(r["rep"], r["setting"], r["concurrency"]) for r in d["rows"]] == [
+        (rep, s, C) for rep in range(1, reps + 1) for s in ("default", "recommended", "pair")
+        for C in (32, 8)]
+    changes = {"default": (), "recommended": (Change("--chunked-prefill-size", 2048),),
+               "pair": (Change("--chunked-prefill-size", 2048),
+                        Change("--pp-async-batch-depth", 0))}
+    for r in d["rows"]:
+        C = r["concurrency"]
+        assert sum(r["waves"]) >= C and r["completed"] == C
+        if r["setting"] == "default" and C == 8:
+            assert len(r["waves"]) >= 2            # the herd reached SGLang in two parts
+        if r["setting"] != "default":
+            assert max(r["waves"]) <= 3            # 2048 tokens: two prompts and a chunk
+        run = _run_model(seed, C, r["completed"], d["output_len"], r["waves"], changes[r["setting"]])
+        assert run == pytest.approx(r["twin_tpot_ms"], rel=0.10), r
+        steady = lb.run(seed, C, changes=changes[r["setting"]]).tpot_ms
+        assert steady == pytest.approx(r["twin_steady_tpot_ms"], rel=0.10), r
+    shutil.copy(src, tmp_path / "twin.json")
+    rec = read_twin(tmp_path)
+    assert verdict(rec, "--chunked-prefill-size", "2048") == AGREES
+    assert verdict(rec, "--chunked-prefill-size + --pp-async-batch-depth", "2048 + 0") == AGREES
