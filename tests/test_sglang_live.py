@@ -157,3 +157,40 @@ def test_unreachable():
     with pytest.raises(CliError, match="cannot reach server"):
         sglang_live.run_live(sglang_live.LiveConfig(url="http://127.0.0.1:9", concurrency=1,
                                                     max_tokens=2, timeout_s=2))
+
+
+def _write_in_two_parts(src, dst, pause_s):
+    """A rank's trace written as a slow exporter does: the first half, a pause, the rest."""
+    data = src.read_bytes()
+    with open(dst, "wb") as f:
+        f.write(data[:len(data) // 2])
+        f.flush()
+        time.sleep(pause_s)
+        f.write(data[len(data) // 2:])
+
+
+def test_a_trace_still_being_written_is_read_once_whole(fixtures, tmp_path):
+    """The writer pauses longer than the quiet window _wait_traces allows (a busy host): the
+    cut file is read again until it is whole, not reported as corrupt."""
+    src = fixtures / "traces" / "pp2" / "pp2_burst_c8-rank1.json.gz"
+    dst = tmp_path / "1.0-TP-0-PP-1.trace.json.gz"
+    th = threading.Thread(target=_write_in_two_parts, args=(src, dst, 3.0))
+    th.start()
+    try:
+        files = sglang_live._wait_traces(tmp_path, 5.0, quiet_s=0.4)
+        assert files == [dst] and dst.stat().st_size < src.stat().st_size   # cut, and taken
+        rank, got = sglang_live._read_written_trace(dst, time.monotonic() + 20, None)
+    finally:
+        th.join()
+    assert rank == 1 and got["nccl_recv"]["kernels"] == 6
+
+
+def test_a_trace_cut_for_good_still_fails_in_one_line(fixtures, tmp_path):
+    from microbench.sglang.trace import TraceError
+    data = (fixtures / "traces" / "pp2" / "pp2_burst_c8-rank0.json.gz").read_bytes()
+    dst = tmp_path / "1.0-TP-0-PP-0.trace.json.gz"
+    dst.write_bytes(data[:len(data) // 2])
+    t0 = time.monotonic()
+    with pytest.raises(TraceError, match="truncated"):
+        sglang_live._read_written_trace(dst, time.monotonic() + 1.0, None)
+    assert time.monotonic() - t0 < 10

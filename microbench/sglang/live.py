@@ -300,18 +300,33 @@ def _set_mmb(cfg: LiveConfig, n: int) -> str | None:
     return None
 
 
-def _wait_traces(d: Path, timeout_s: float) -> list[Path]:
-    """Traces appear when each rank finishes writing: wait until the set and sizes are stable."""
+def _wait_traces(d: Path, timeout_s: float, quiet_s: float = 1.0) -> list[Path]:
+    """Traces appear when each rank finishes writing: wait until the set and sizes have not
+    changed for `quiet_s`."""
     deadline = time.monotonic() + timeout_s
-    last = None
+    last, since = None, time.monotonic()
     while time.monotonic() < deadline:
         files = sorted(p for p in d.glob("*.json*") if p.is_file())
         sig = [(p.name, p.stat().st_size) for p in files]
-        if files and sig == last:
+        if sig != last:
+            last, since = sig, time.monotonic()
+        elif files and time.monotonic() - since >= quiet_s:
             return files
-        last = sig
         time.sleep(0.2)
     return sorted(p for p in d.glob("*.json*") if p.is_file())
+
+
+def _read_written_trace(path: Path, deadline: float, link_gbps: float | None):
+    """A rank's trace read once its writer has finished: a file cut short (a writer that paused
+    longer than _wait_traces waited) is read again until `deadline`; then its error stands."""
+    from microbench.sglang import trace as sglang_trace
+    while True:
+        try:
+            return sglang_trace.read_trace(path, link_gbps=link_gbps)
+        except sglang_trace.TraceError as e:
+            if "truncated" not in str(e) or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.5)
 
 
 def run_live(cfg: LiveConfig, link_gbps: float | None = None) -> dict:
@@ -334,7 +349,6 @@ def run_live(cfg: LiveConfig, link_gbps: float | None = None) -> dict:
 
 
 def _profile(cfg: LiveConfig, model: str, arrival: str, link_gbps: float | None) -> dict:
-    from microbench.sglang import trace as sglang_trace
     if not cfg.trace_dir:
         raise CliError("--profile needs --trace-dir (where the server writes its traces)")
     d = Path(cfg.trace_dir)
@@ -379,8 +393,9 @@ def _profile(cfg: LiveConfig, model: str, arrival: str, link_gbps: float | None)
     if not files:
         raise CliError(f"{d}: no new traces appeared after /stop_profile")
     tmp = {}
+    deadline = time.monotonic() + min(120.0, cfg.timeout_s)
     for i, p in enumerate(files):
-        r, a = sglang_trace.read_trace(p, link_gbps=link_gbps)
+        r, a = _read_written_trace(p, deadline, link_gbps)
         tmp[str(r if r is not None else i)] = a
     return {"trace_dir": str(d), "files": [p.name for p in files], "stop_profile": stop,
             "run": run, "traces": {"ranks": tmp}}
