@@ -212,6 +212,14 @@ def test_async_device_time_travels_with_sglangs_messages(seed, hold, tmp_path, m
 FIX = ROOT / "tests" / "fixtures" / "twin"
 
 
+def _setting_changes() -> dict:
+    """The twin's settings as the report's changes: the default, chunk 2048, and the pair."""
+    from reports.model.settings_change import Change
+    chunk = Change("--chunked-prefill-size", 2048)
+    return {"default": (), "recommended": (chunk,),
+            "pair": (chunk, Change("--pp-async-batch-depth", 0))}
+
+
 def test_the_outputs_event_is_recorded_at_their_receive_in_sglangs_parity_order(seed, hold,
                                                                                  tmp_path,
                                                                                  monkeypatch):
@@ -331,13 +339,12 @@ def test_the_twin_models_its_own_run():
     """Each twin row gets the model of that very run: rep 1's chunk-2048 run (SGLang admitted
     4, 3, 3, 1 with the warm-up prompt cached) modelled at 71.4 ms against the twin's 66.6."""
     from microbench.sglang_lab.twin import WARMUP_REQUESTS, _run_model
-    from reports.model.settings_change import Change
     records, warnings = load_records(Path("/nonexistent"))
     inp = build_inputs(load_scenario("seed-pp8"), records, warnings)
     d = json.loads((FIX / "reps" / "rep1.twin.json").read_text())["data"]
     row = next(r for r in d["rows"] if r["setting"] == "recommended")
     got = _run_model(inp, 8, row["completed"], d["output_len"], row["waves"],
-                     (Change("--chunked-prefill-size", 2048),), cached_prompts=WARMUP_REQUESTS)
+                     _setting_changes()["recommended"], cached_prompts=WARMUP_REQUESTS)
     assert got == pytest.approx(row["twin_tpot_ms"], rel=0.10)
     assert _run_model(inp, 8, 8, 32, [], ()) is not None        # no logged waves: one burst
 
@@ -371,7 +378,6 @@ def test_three_interleaved_runs_with_the_cache_flushed_support_both_settings(tmp
     from microbench.sglang_lab.twin import _run_model
     from microbench.sglang_lab.twin_table import render
     from reports.model.scenario.twin_check import AGREES, change_of, no_better, read_twin, verdict
-    from reports.model.settings_change import Change
     src = FIX / "flush" / "c8-reps3.twin.json"
     d = json.loads(src.read_text())["data"]
     assert d["flush_cache"] and d["reps"] == 3 and "schedule stream" in d["emulated"]
@@ -389,9 +395,7 @@ def test_three_interleaved_runs_with_the_cache_flushed_support_both_settings(tmp
     assert not no_better(rec, both, single)
     records, warnings = load_records(Path("/nonexistent"))
     inp = build_inputs(load_scenario("seed-pp8"), records, warnings)
-    changes = {"default": (), "recommended": (Change("--chunked-prefill-size", 2048),),
-               "pair": (Change("--chunked-prefill-size", 2048),
-                        Change("--pp-async-batch-depth", 0))}
+    changes = _setting_changes()
     for r in d["rows"]:
         got = _run_model(inp, 8, r["completed"], d["output_len"], r["waves"], changes[r["setting"]])
         assert got == pytest.approx(r["twin_tpot_ms"], rel=0.10), r
@@ -409,7 +413,6 @@ def test_repetitions_at_c32_and_c8_with_the_current_hold_and_tokenizer(tmp_path,
     import shutil
     from microbench.sglang_lab.twin import _run_model
     from reports.model.scenario.twin_check import AGREES, read_twin, verdict
-    from reports.model.settings_change import Change
     src = FIX / "current" / "c32-c8-reps.twin.json"
     d = json.loads(src.read_text())["data"]
     assert d["calibration"]["k"] == 60 and d["hold"] == "stream" and d["flush_cache"]
@@ -418,9 +421,7 @@ def test_repetitions_at_c32_and_c8_with_the_current_hold_and_tokenizer(tmp_path,
     assert [(r["rep"], r["setting"], r["concurrency"]) for r in d["rows"]] == [
         (rep, s, C) for rep in range(1, reps + 1) for s in ("default", "recommended", "pair")
         for C in (32, 8)]
-    changes = {"default": (), "recommended": (Change("--chunked-prefill-size", 2048),),
-               "pair": (Change("--chunked-prefill-size", 2048),
-                        Change("--pp-async-batch-depth", 0))}
+    changes = _setting_changes()
     for r in d["rows"]:
         C = r["concurrency"]
         assert sum(r["waves"]) >= C and r["completed"] == C
@@ -428,7 +429,8 @@ def test_repetitions_at_c32_and_c8_with_the_current_hold_and_tokenizer(tmp_path,
             assert len(r["waves"]) >= 2            # the herd reached SGLang in two parts
         if r["setting"] != "default":
             assert max(r["waves"]) <= 3            # 2048 tokens: two prompts and a chunk
-        run = _run_model(seed, C, r["completed"], d["output_len"], r["waves"], changes[r["setting"]])
+        run = _run_model(seed, C, r["completed"], d["output_len"], r["waves"],
+                         changes[r["setting"]])
         assert run == pytest.approx(r["twin_tpot_ms"], rel=0.10), r
         steady = lb.run(seed, C, changes=changes[r["setting"]]).tpot_ms
         assert steady == pytest.approx(r["twin_steady_tpot_ms"], rel=0.10), r

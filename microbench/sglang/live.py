@@ -323,8 +323,8 @@ def _read_written_trace(path: Path, deadline: float, link_gbps: float | None):
     while True:
         try:
             return sglang_trace.read_trace(path, link_gbps=link_gbps)
-        except sglang_trace.TraceError as e:
-            if "truncated" not in str(e) or time.monotonic() >= deadline:
+        except sglang_trace.TruncatedTrace:
+            if time.monotonic() >= deadline:
                 raise
         time.sleep(0.5)
 

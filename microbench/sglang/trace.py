@@ -103,6 +103,10 @@ class TraceError(CliError):
     pass
 
 
+class TruncatedTrace(TraceError):
+    """The file ends before the trace does: cut short, or still being written."""
+
+
 def _open_text(path: Path) -> io.TextIOBase:
     f = open_input(path, "Kineto trace", TraceError)
     try:
@@ -158,7 +162,7 @@ def iter_events(path: str | Path, meta: dict | None = None, shift_us: float = 0.
             while lb < 0:
                 more = f.read(CHUNK_CHARS)
                 if not more:
-                    raise TraceError(f"{path}: truncated trace (cut before the events)")
+                    raise TruncatedTrace(f"{path}: truncated trace (cut before the events)")
                 buf += more
                 lb = buf.find("[", k)
             pos, eof, n = lb + 1, False, 0
@@ -172,7 +176,7 @@ def iter_events(path: str | Path, meta: dict | None = None, shift_us: float = 0.
                     pos = _WS.match(buf, pos).end()
                 if pos >= len(buf):
                     if eof:
-                        raise TraceError(f"{path}: truncated trace (cut after {n} events)")
+                        raise TruncatedTrace(f"{path}: truncated trace (cut after {n} events)")
                     more = f.read(CHUNK_CHARS)
                     eof = not more
                     buf, pos = buf[pos:] + more, 0
@@ -187,7 +191,7 @@ def iter_events(path: str | Path, meta: dict | None = None, shift_us: float = 0.
                                      "any trace event)") from None
                 except (json.JSONDecodeError, StopIteration):
                     if eof:
-                        raise TraceError(f"{path}: truncated or corrupt trace "
+                        raise TruncatedTrace(f"{path}: truncated or corrupt trace "
                                          f"(event {n + 1} cannot be read)") from None
                     if len(buf) - pos > MAX_EVENT_CHARS:
                         raise TraceError(f"{path}: corrupt trace (event {n + 1} is not JSON)") \
@@ -212,7 +216,7 @@ def iter_events(path: str | Path, meta: dict | None = None, shift_us: float = 0.
                     if v is not None:
                         meta[key] = v
         except (EOFError, zlib.error, gzip.BadGzipFile, OSError) as e:
-            raise TraceError(f"{path}: truncated or corrupt gzip ({e})") from None
+            raise TruncatedTrace(f"{path}: truncated or corrupt gzip ({e})") from None
     finally:
         f.close()
 

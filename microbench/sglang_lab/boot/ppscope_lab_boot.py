@@ -25,13 +25,14 @@ def _torchvision_loads(torch) -> bool:
     import importlib.util
     spec = importlib.util.find_spec("torchvision")
     folder = os.path.dirname(spec.origin) if spec and spec.origin else None
-    for so in glob.glob(os.path.join(folder, "_C*.so")) if folder else []:
-        try:
-            torch.ops.load_library(so)
-            return True
-        except Exception:
-            return False
-    return False
+    libs = glob.glob(os.path.join(folder, "_C*.so")) if folder else []
+    if not libs:
+        return False
+    try:
+        torch.ops.load_library(libs[0])
+        return True
+    except Exception:
+        return False
 
 
 def _torchvision_schemas():
