@@ -7,6 +7,14 @@ ranks, `--attention-backend torch_native --disable-cuda-graph`, random weights
 SGLang ignores its thread binding and each rank would otherwise run torch's default threads; with
 one thread per rank repeated runs agree closely). On GPUs: the given installation, CUDA graphs on.
 
+A CPU server whose torch is a CUDA build (pip's default torch on Linux, so a lab venv made on a GPU
+host has one) sees no GPU (`CUDA_VISIBLE_DEVICES` empty) and finds no NCCL library: SGLang makes a
+PyNccl communicator for every group whose NCCL library loads (`init_model_parallel_group` in
+sglang/srt/distributed/parallel_state.py) and, with `--device cpu`, stops there ("Expected a cuda
+device, but got: cpu", device_communicators/pynccl.py). With a CPU torch SGLang finds no library
+and goes on without PyNccl; SGLang's own `SGLANG_NCCL_SO_PATH`, naming a library that is not there,
+makes it do the same (it logs one "Failed to load NCCL library" line per group and rank).
+
 Stopping: SIGTERM to the launch process (SGLang drains and exits its children, ~20 s), then
 SIGKILL to its process group after a bounded wait, so no process of the lab outlives it.
 """
@@ -18,11 +26,13 @@ import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 from microbench.sglang_lab.venv import LabError
 
 READY = "The server is fired up and ready to roll"
+NO_NCCL = "ppscope-lab-cpu-server-has-no-nccl"    # SGLANG_NCCL_SO_PATH on a CPU server: no such library
 
 
 def free_port() -> int:
@@ -68,8 +78,25 @@ def launch_env(spec: ServerSpec, trace_dir: Path) -> dict[str, str]:
         cores = os.cpu_count() or 1
         env.update(SGLANG_USE_CPU_ENGINE="1", OMP_NUM_THREADS="1",
                    SGLANG_CPU_OMP_THREADS_BIND="|".join(str(r % cores) for r in range(spec.pp)))
+        if torch_cuda_version(spec.python):     # see the module's docstring
+            env.update(CUDA_VISIBLE_DEVICES="", SGLANG_NCCL_SO_PATH=NO_NCCL)
     env.update(spec.env)
     return env
+
+
+@lru_cache(maxsize=8)
+def torch_cuda_version(python: Path) -> str | None:
+    """The CUDA version the torch of `python` was built for (torch.version.cuda), None for a CPU
+    build or where it cannot be read (then the server starts as on a CPU torch)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    try:
+        out = subprocess.run([str(python), "-c", "import torch; print(torch.version.cuda)"],
+                             capture_output=True, text=True, timeout=300, env=env,
+                             stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    last = (out.stdout.strip().splitlines() or [""])[-1]
+    return last if out.returncode == 0 and last[:1].isdigit() else None
 
 
 class LabServer:
