@@ -402,25 +402,13 @@ def test_three_interleaved_runs_with_the_cache_flushed_support_both_settings(tmp
     assert "--chunked-prefill-size 2048 --pp-async-batch-depth 0" in render(d)
 
 
-def test_repetitions_at_c32_and_c8_with_the_current_hold_and_tokenizer(tmp_path, seed):
-    """tests/fixtures/twin/current/: default, chunk 2048 and the pair at C = 32 and 8, interleaved
-    repetitions with the outputs' event at their receive and the lab model's tokenizer fixed
-    (k = 60). What SGLang did in every run: the burst split as it arrived (never one slot of 8
-    at C = 8), chunk 2048 admitting three at a time. The model of each run (SGLang's admission)
-    within 10% of bench_serving's TPOT (the pair at C = 32 in run 2: -7%, with 43 of 1024 tokens
-    reaching bench_serving without text: the lab model's special ids), the steady loop within
-    10% of the twin's steady round, and both what-ifs agree at both C."""
+def _check_current_runs(d: dict, seed, tmp_path, src: Path) -> None:
+    """What SGLang did in every run of a current-hold record, the model of each run and the
+    steady loop within 10% of the twin's, and both what-ifs agree."""
     import shutil
     from microbench.sglang_lab.twin import _run_model
     from reports.model.scenario.twin_check import AGREES, read_twin, verdict
-    src = FIX / "current" / "c32-c8-reps.twin.json"
-    d = json.loads(src.read_text())["data"]
     assert d["calibration"]["k"] == 60 and d["hold"] == "stream" and d["flush_cache"]
-    reps = max(r["rep"] for r in d["rows"])      # the run was stopped after two of three
-    assert reps == 2 and len(d["rows"]) == 6 * reps and not d["complete"]
-    assert [(r["rep"], r["setting"], r["concurrency"]) for r in d["rows"]] == [
-        (rep, s, C) for rep in range(1, reps + 1) for s in ("default", "recommended", "pair")
-        for C in (32, 8)]
     changes = _setting_changes()
     for r in d["rows"]:
         C = r["concurrency"]
@@ -438,3 +426,33 @@ def test_repetitions_at_c32_and_c8_with_the_current_hold_and_tokenizer(tmp_path,
     rec = read_twin(tmp_path)
     assert verdict(rec, "--chunked-prefill-size", "2048") == AGREES
     assert verdict(rec, "--chunked-prefill-size + --pp-async-batch-depth", "2048 + 0") == AGREES
+
+
+def test_repetitions_at_c32_and_c8_with_the_current_hold_and_tokenizer(tmp_path, seed):
+    """tests/fixtures/twin/current/: default, chunk 2048 and the pair at C = 32 and 8, interleaved
+    repetitions with the outputs' event at their receive and the lab model's tokenizer fixed
+    (k = 60). What SGLang did in every run: the burst split as it arrived (never one slot of 8
+    at C = 8), chunk 2048 admitting three at a time. The model of each run (SGLang's admission)
+    within 10% of bench_serving's TPOT (the pair at C = 32 in run 2: -7%, with 43 of 1024 tokens
+    reaching bench_serving without text: the lab model's special ids), the steady loop within
+    10% of the twin's steady round, and both what-ifs agree at both C."""
+    src = FIX / "current" / "c32-c8-reps.twin.json"
+    d = json.loads(src.read_text())["data"]
+    reps = max(r["rep"] for r in d["rows"])      # the run was stopped after two of three
+    assert reps == 2 and len(d["rows"]) == 6 * reps and not d["complete"]
+    assert [(r["rep"], r["setting"], r["concurrency"]) for r in d["rows"]] == [
+        (rep, s, C) for rep in range(1, reps + 1) for s in ("default", "recommended", "pair")
+        for C in (32, 8)]
+    _check_current_runs(d, seed, tmp_path, src)
+
+
+def test_third_repetition_at_c32(tmp_path, seed):
+    """The third repetition at C = 32 (the record above stopped after two), one run per setting,
+    k = 60: the default admitted as SGLang's default chunk allows (1 9 9 9 7), chunk 2048 and the
+    pair three at a time; the same checks as the two repetitions'."""
+    src = FIX / "current" / "c32-rep3.twin.json"
+    d = json.loads(src.read_text())["data"]
+    assert d["complete"] and [(r["setting"], r["concurrency"]) for r in d["rows"]] == [
+        ("default", 32), ("recommended", 32), ("pair", 32)]
+    assert d["rows"][0]["waves"][1:] == [9, 9, 9, 7]       # 8192 tokens: eight prompts and a chunk
+    _check_current_runs(d, seed, tmp_path, src)
