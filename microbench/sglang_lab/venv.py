@@ -27,7 +27,7 @@ HERE = Path(__file__).resolve().parent
 BOOT = HERE / "boot"
 REQUIREMENTS = HERE / "requirements-cpu.txt"
 MODEL_LAYERS = 4
-MODEL_VERSION = 2       # boot/ppscope_lab_make_model.py VERSION: the recipe of the model folder
+MODEL_VERSION = 3       # boot/ppscope_lab_make_model.py VERSION: the recipe of the model folder
 MARKER = ".ppscope-lab"
 STAMP = ".ppscope-lab-stamp"
 # What the lab makes in its folder, and nothing else: the venv, its install log, the fault control

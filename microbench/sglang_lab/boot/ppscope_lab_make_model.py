@@ -10,7 +10,12 @@ chunk with text is the TTFT), and SGLang's detokenizer holds back text that ends
 UTF-8 sequence. So the alphabet is the corpus's own ASCII characters (no lone high bytes) and the
 model's vocab_size is the tokenizer's: no id without a token. The first lab model (vocab 1024,
 468 tokens, all 256 byte symbols) gave 687 of its 1024 ids no text, and requests whose greedy
-tokens fell there showed their first token at the end of the run.
+tokens fell there showed their first token at the end of the run. The second still had three:
+`<unk>`, `<s>`, `</s>` (ids 0-2, kept for config.json's bos and eos ids) were special tokens, which
+SGLang's detokenizer skips (skip_special_tokens); a request whose greedy tokens began there had
+its TTFT late and its TPOT low (43 of 1024 tokens in one twin run). They are plain added tokens
+now, decoded as their own text; nothing declares a bos, eos or unk token to the tokenizer (the
+server's bench asks for a fixed output length and ignores eos).
 """
 import json
 import random
@@ -18,7 +23,7 @@ import sys
 from pathlib import Path
 
 VOCAB = 1024          # the most the trainer may make; the corpus gives fewer
-VERSION = 2           # ensure_model rebuilds a model folder of another version
+VERSION = 3           # ensure_model rebuilds a model folder of another version
 
 
 def config(layers: int, vocab: int) -> dict:
@@ -48,17 +53,18 @@ def tokenizer(out: Path) -> int:
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    special = ["<unk>", "<s>", "</s>"]
+    reserved = ["<unk>", "<s>", "</s>"]           # ids 0, 1, 2: config.json's bos and eos ids
     tok.train_from_iterator(corpus(), trainers.BpeTrainer(
-        vocab_size=VOCAB, special_tokens=special, show_progress=False))
-    tok.save(str(out / "tokenizer.json"))
+        vocab_size=VOCAB, special_tokens=reserved, show_progress=False))
+    spec = json.loads(tok.to_str())
+    for t in spec["added_tokens"]:
+        t["special"] = False                      # decoded as text: see the docstring
+    (out / "tokenizer.json").write_text(json.dumps(spec))
     (out / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
-        "unk_token": "<unk>", "model_max_length": 4096,
+        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 4096,
         "chat_template": "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n"
                          "{% endfor %}assistant:"}, indent=1))
-    (out / "special_tokens_map.json").write_text(json.dumps(
-        {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}))
+    (out / "special_tokens_map.json").write_text("{}")
     return tok.get_vocab_size()
 
 
