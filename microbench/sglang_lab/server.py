@@ -69,10 +69,16 @@ def launch_args(spec: ServerSpec, port: int) -> list[str]:
     return args + list(spec.extra_args)
 
 
-def launch_env(spec: ServerSpec, trace_dir: Path) -> dict[str, str]:
+def _own_env() -> dict[str, str]:
+    """This environment without ppscope's Python settings: the lab's interpreter runs as itself."""
     env = dict(os.environ)
-    for k in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME"):   # nothing of ppscope's environment
+    for k in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME"):
         env.pop(k, None)
+    return env
+
+
+def launch_env(spec: ServerSpec, trace_dir: Path) -> dict[str, str]:
+    env = _own_env()
     env.update(HF_HUB_OFFLINE="1", SGLANG_TORCH_PROFILER_DIR=str(trace_dir))
     if spec.device == "cpu":
         cores = os.cpu_count() or 1
@@ -88,10 +94,9 @@ def launch_env(spec: ServerSpec, trace_dir: Path) -> dict[str, str]:
 def torch_cuda_version(python: Path) -> str | None:
     """The CUDA version the torch of `python` was built for (torch.version.cuda), None for a CPU
     build or where it cannot be read (then the server starts as on a CPU torch)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     try:
         out = subprocess.run([str(python), "-c", "import torch; print(torch.version.cuda)"],
-                             capture_output=True, text=True, timeout=300, env=env,
+                             capture_output=True, text=True, timeout=300, env=_own_env(),
                              stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired):
         return None
