@@ -54,7 +54,7 @@ import math
 import re
 from statistics import median
 
-from microbench.sglang import forward_window
+from microbench.sglang import forward_window, window_blocks
 from microbench.sglang.intervals import length, merge, overlap
 from microbench.sglang.trace import STEP_RE, iter_events
 # the thread resumes this soon after a committed send completes (SGLang 0.5.23 lab traces, PP2:
@@ -267,6 +267,11 @@ def summarize(ev: dict, rank: int | None = None) -> dict:
     meta: list[tuple[int, float]] = []        # per iteration: metadata receives, blocked us
     slots, idle = idle_passes(starts, rg["scheduler.idle"])
     visits: list[tuple[int, str | None]] = []   # per visit in order: (batch size, mode)
+    # the model's inputs visit by visit, with the visit's start (window_blocks.py)
+    samples: dict[str, list[tuple[float, float]]] = {}
+
+    def sample(name: str, t: float, v: float) -> None:
+        samples.setdefault(name, []).append((t, v))
     for i in range(len(starts) - 1):
         if i in idle:
             visits.append((-1, None))            # an idle pass breaks the round
@@ -295,9 +300,11 @@ def summarize(ev: dict, rank: int | None = None) -> dict:
             # holds a batch (`process_batch_result` of `next_mb_id`): processing, not the
             # empty visit's own cost, so the model adds it once, as SGLang runs it
             host_e.append(host)
+            sample("host_empty", lo, host)
             visits.append((0, None))
             if proc_iv:
                 procs.append(proc)
+                sample("process", lo, proc)
             waits["relay"].append(relay)
             waits["commit"].append(commit)
             continue
@@ -315,8 +322,13 @@ def summarize(ev: dict, rank: int | None = None) -> dict:
                      "visit": i})
         if st and st[2] == "DECODE":
             host_b.append(host)
+            sample("host", lo, host)
+            sample("send", lo, send)
+            if st[3]:
+                sample(f"forward:{st[3]}", lo, min(run[1], hi) - run[0])
             if proc_iv:      # the next slot held a batch (else SGLang processes nothing)
                 procs.append(proc)
+                sample("process", lo, proc)
             spans.append(span)
             waits["relay"].append(relay)
             waits["output"].append(output)
@@ -375,6 +387,8 @@ def summarize(ev: dict, rank: int | None = None) -> dict:
                      "output": rg["send_res_dict_to_next_stage"]}
     out["_out_recv"] = [(s, e) for s, e in rg["recv_res_dict_from_prev_stage"]]
     out["_recvs"] = recvs
+    out["_samples"] = samples
+    out["_rounds"] = (len(starts) - 1) // max(1, slots or 1)
     return out
 
 
@@ -394,7 +408,7 @@ def cpu_loop_profile(ranks: dict[int, dict]) -> dict:
         d = ranks[r]
         up = order[k - 1]
         u = ranks[up]
-        vals = []
+        vals, times = [], []
         if k > 0:
             ends = sorted(e for _, e in u.get("_sends", {}).get("proxy", []))
             for f in d.get("_fwds", []):
@@ -402,6 +416,7 @@ def cpu_loop_profile(ranks: dict[int, dict]) -> dict:
                     h = _hop(f["input"], ends)
                     if h is not None:
                         vals.append(h)
+                        times.append(f["start"])
         elif len(order) > 1:
             ends = sorted(e for _, e in u.get("_sends", {}).get("output", []))
             recvs = _Sorted(d.get("_recvs", []))
@@ -411,15 +426,17 @@ def cpu_loop_profile(ranks: dict[int, dict]) -> dict:
                     h = _hop((inner[0][0], inner[-1][1]), ends)
                     if h is not None:
                         vals.append(h)
+                        times.append(lo)
         if vals:
             out["hops"][f"{up}->{r}"] = {"p50_us": _p50(vals), "mean_us": _mean(vals),
-                                         "n": len(vals)}
+                                         "n": len(vals), "_samples": list(zip(times, vals))}
     out["forwards"] = forward_window.keep({r: ranks[r].get("_fwds", []) for r in order})
     for r in order:
         d = dict(ranks[r])
         for key in ("_fwds", "_sends", "_out_recv", "_recvs"):
             d.pop(key, None)
         out["ranks"][str(r)] = d
+    window_blocks.attach(out, min((ranks[r].get("_rounds", 0) for r in order), default=0))
     out["pathologies"] = pathologies(out)
     return out
 

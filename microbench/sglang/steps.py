@@ -42,7 +42,7 @@ import re
 from pathlib import Path
 from statistics import median
 
-from microbench.sglang import forward_window
+from microbench.sglang import forward_window, window_blocks
 from microbench.sglang.intervals import length, merge, overlap
 from microbench.sglang.trace import (COMM_RE, DTYPE_BYTES, GPU_CATS, NOT_COMPUTE_RE,
                                      RECV_RE, SCHEDULER_RANGES, STEP_RE, iter_events)
@@ -310,6 +310,9 @@ def loop_profile(ranks: dict[int, dict]) -> dict:
         up_ends = ends[up] if len(order) > 1 else []
         host, hop, foreign, send_wait, eff = [], [], [], [], {}
         sync_wait, relay_wait = [], []
+        # the model's inputs forward by forward, with the forward's start (window_blocks.py)
+        smp: dict[str, list[tuple[float, float]]] = {}
+        hop_t: list[tuple[float, float]] = []
         for f in d.get("_fwds", []):
             data_at = f["recv"][1] if f["recv"] else None
             if f["recv"] and up_ends:
@@ -319,6 +322,7 @@ def loop_profile(ranks: dict[int, dict]) -> dict:
                     rs, re_ = f["recv"]
                     data_at = re_ if rs <= u else u + (re_ - rs)
                     hop.append(max(0.0, data_at - u))
+                    hop_t.append((f["start"], hop[-1]))
             ready = max(x for x in (data_at, f["prev_end"], f["cpu_ready"]) if x is not None)
             launch = min(f["launch"], f["start"])
             win = [(ready, launch)] if launch > ready else []
@@ -336,6 +340,13 @@ def loop_profile(ranks: dict[int, dict]) -> dict:
             send_wait.append(f["send_wait"])
             key = f["batch"] if f["batch"] is not None else 0
             eff.setdefault(key, []).append(f["end"] - f["start"] + fq)
+            for name, v in (("host", host[-1]), ("sync_wait", sync_w),
+                            ("relay_wait", relay_wait[-1]), ("foreign", fq),
+                            ("send_wait", f["send_wait"]), (f"forward:{key}", eff[key][-1]),
+                            (f"forward_busy:{key}", f["busy"])):
+                smp.setdefault(name, []).append((f["start"], v))
+        d["_samples"] = smp
+        d["_rounds"] = len(d.get("_fwds", [])) // max(1, len(order))
         d["host_us_p50"], d["host_us_mean"] = _p50(host), _mean(host)
         d["foreign_queue_us_mean"] = _mean(foreign)
         d["send_wait_us_mean"] = _mean(send_wait)
@@ -344,11 +355,14 @@ def loop_profile(ranks: dict[int, dict]) -> dict:
         d["forward_effective_us_by_batch"] = {str(b): _mean(v) for b, v in sorted(eff.items())}
         out["ranks"][str(r)] = d
         if hop:
-            out["hops"][f"{up}->{r}"] = {"p50_us": _p50(hop), "mean_us": _mean(hop), "n": len(hop)}
+            out["hops"][f"{up}->{r}"] = {"p50_us": _p50(hop), "mean_us": _mean(hop), "n": len(hop),
+                                         "_samples": hop_t}
     out["forwards"] = forward_window.keep({r: ranks[r].get("_fwds", []) for r in order})
     for d in out["ranks"].values():
         for k in ("_fwds", "_syncs", "_relay"):
             d.pop(k, None)
+    window_blocks.attach(out, min((d.get("_rounds", 0) for d in out["ranks"].values()),
+                                  default=0))
     return out
 
 

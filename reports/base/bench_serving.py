@@ -359,9 +359,21 @@ def observed_points(runs, label: str) -> tuple[dict[int, float], list[str]]:
              f"{_get(b, 'mean_concurrency')}, {float(_get(b, 'output_throughput')):.1f} tok/s) "
              "not used as an observed point" for b in uncapped]
     notes += [f"{label}: {len(v)} runs at C={c} ({', '.join(f'{x:.1f}' for x in v)} tok/s); "
-              f"the latest (the last in the file, {v[-1]:.1f} tok/s) is the observed point"
-              for c, v in dup]
-    return {c: float(_get(b, "output_throughput")) for c, b in points.items()}, notes
+              f"their mean ({sum(v) / len(v):.1f} tok/s) is the observed point, their spread "
+              "its interval" for c, v in dup]
+    per_c = runs_by_c(runs)
+    return {c: sum(per_c[c]) / len(per_c[c]) for c in points}, notes
+
+
+def runs_by_c(runs) -> dict[int, list[float]]:
+    """{max_concurrency: output tok/s of every run at it, in file order}: the repetitions an
+    observed point is the mean of (pyperf's rule: a value is the mean of its runs)."""
+    out: dict[int, list[float]] = {}
+    for b in runs:
+        v, c = _get(b, "output_throughput"), _get(b, "max_concurrency")
+        if v is not None and c is not None:
+            out.setdefault(int(c), []).append(float(v))
+    return out
 
 
 @dataclass(frozen=True)

@@ -266,6 +266,13 @@ class ServerDiagnosis:
     cpu_scale: float | None = None
     corrected_rows: tuple[CauseRow, ...] = ()
     corrected_answer: str | None = None
+    interval_level: float | None = None
+    modelled_step_ci: tuple[float, ...] | None = None
+    observed_step_ci: tuple[float, ...] | None = None
+    unexplained_ci: tuple[float, ...] | None = None
+    observed_runs: tuple[float, ...] = ()
+    within_noise: tuple[str, ...] = ()
+    interval_note: str | None = None
 
 
 @dataclass(frozen=True)

@@ -328,6 +328,10 @@ class LoopRank:
     # and one layer's mean time by micro-batch size (microbench/sglang/cpu_steps.py)
     layers_per_forward: int | None = ge(1, default=None)
     layer_us_by_batch: dict[str, float | None] = field(default_factory=dict)
+    # the traced window in blocks of equal wall time (microbench/sglang/window_blocks.py):
+    # quantity -> [sum, samples] per block, for the report's block bootstrap; {}: too short
+    # or read by an older version
+    blocks: dict[str, tuple[tuple[float, int], ...]] = field(default_factory=dict)
 
     def curve(self, name: str, cmax: int | None) -> dict[int, float]:
         """A by-batch dict as {batch: us}: decode sizes only (a prefill forward has
@@ -345,6 +349,7 @@ class LoopHop:
     p50_us: float | None = ge(0, default=None)
     mean_us: float | None = ge(0, default=None)
     n: int = ge(0, default=0)
+    blocks: tuple[tuple[float, int], ...] = ()   # [sum, samples] per block of the window
 
 
 @dataclass(frozen=True)
@@ -389,6 +394,8 @@ class LoopProfile:
     # a few rounds of every rank's forwards from the middle of the traced window, to draw the
     # loop as it ran (reports/render/observed_herd.py); capped, so the record stays small
     forwards: tuple[LoopForward, ...] = ()
+    # how many blocks of the window each rank's and hop's `blocks` hold (0: none)
+    block_count: int = ge(0, default=0)
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from reports.model.observed.bursts import BURST_SOURCE, wave_slot_sizes, first_b
 from reports.model.causes import CAUSES as CAUSES_BY_NAME, OBSERVED
 from reports.base.payloads.sglang import LoopProfile
 from reports.base.schema import to_json
+from reports.model.observed.resample import WindowBlocks, blocks_of
 from reports.model.sim.pipeline_model import LoopConfig, SimResult, simulate
 from reports.base.server_settings import slot_count
 
@@ -81,6 +82,9 @@ class Deployment:
     # layer_split.py moves layers between ranks with it); () / {}: not timed
     layers: tuple[int, ...] = ()
     layer_us: dict[int, float] = field(default_factory=dict)
+    # the traced window's blocks (reports/model/observed/resample.py): the intervals' source;
+    # None: the reader kept none (a short window, an older sglang.json)
+    blocks: WindowBlocks | None = None
 
     @property
     def occupied(self) -> int:
@@ -273,7 +277,7 @@ def from_evidence(loop: LoopProfile | None, *, concurrency: int | None, observed
         # inferred from the traces assumes the window ran C
         window_concurrency=window_load(rk[0], slot_count(pp, async_depth)
                                        if async_depth is not None else slots),
-        **_layers(rk))
+        blocks=blocks_of(loop, order), **_layers(rk))
 
 
 def _layers(rk) -> dict:

@@ -13,6 +13,13 @@ without it). The answer names the largest cause above `NAME_PCT` with its size a
 behind it (the slow rank's forward against the median rank's, the host time per visit against
 the forward, occupied slots per cycle against pp, the eager share, the hop against its transfer
 time); when none is above it, the answer is "nothing big".
+
+How sure (reports/model/observed/resample.py): every figure of the model (each cause's ms per
+step and size, the modelled step) gets a LEVEL interval from the traced window's block
+bootstrap, the observed step one from the bench runs at C (Student's t over the runs), and
+`unexplained` both combined. A cause is named only where its size's interval clears NAME_PCT;
+one whose point is above it and whose interval is not is "within noise", and the answer says
+what would decide it. A window the reader kept no blocks for is diagnosed as before, said so.
 """
 from __future__ import annotations
 
@@ -20,6 +27,7 @@ from dataclasses import dataclass, replace
 from statistics import median_low
 
 from reports.model.attribution import shapley
+from reports.model.observed import resample
 from reports.model.observed.bursts import BURST_SOURCE
 from reports.model.observed.deployment import (OBSERVED_CAUSES, LABELS, REFERENCE, Deployment,
                                                at_size, run, window_differs)
@@ -37,6 +45,8 @@ class CauseRow:
     share_pct: float | None        # of the observed (else modelled) step
     reference: str
     detail: str
+    ms_ci: tuple[float, ...] | None = None     # (lo, hi) at the diagnosis' interval level
+    size_ci: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,14 @@ class Diagnosis:
     cpu_scale: float | None = None
     corrected_rows: tuple[CauseRow, ...] = ()
     corrected_answer: str | None = None
+    # how sure (module docstring): the level, the intervals, where they come from
+    interval_level: float | None = None
+    modelled_step_ci: tuple[float, ...] | None = None
+    observed_step_ci: tuple[float, ...] | None = None
+    unexplained_ci: tuple[float, ...] | None = None
+    observed_runs: tuple[float, ...] = ()      # tok/s of each bench run at C
+    within_noise: tuple[str, ...] = ()         # causes above NAME_PCT whose interval is not
+    interval_note: str | None = None
 
 
 def details(dep: Deployment) -> dict[str, str]:
@@ -112,17 +130,25 @@ def details(dep: Deployment) -> dict[str, str]:
 SHARE_WORDING = 0.5
 
 
-def worded(ms: float, step: float) -> str:
+def span(ci, fmt: str = ".0f", unit: str = "%") -> str:
+    """" (lo-hi%)" for an interval, "" for none."""
+    if not ci:
+        return ""
+    lo, hi = ci
+    return f" ({lo:{fmt}}-{hi:{fmt}}{unit})" if lo >= 0 else f" ({lo:{fmt}} to {hi:{fmt}}{unit})"
+
+
+def worded(ms: float, step: float, ci=None) -> str:
     """A cause's size for people: its share of the step when it is most of it, else how much
-    slower it makes the server."""
+    slower it makes the server; `ci`: the size's interval (% slower)."""
     if step > 0 and ms >= SHARE_WORDING * step:
         return f"{100 * ms / step:.0f}% of the decode step ({ms:.2f} of {step:.2f} ms)"
-    return (f"makes the server {100 * ms / (step - ms):.0f}% slower ({ms:.2f} of {step:.2f} ms "
-            "per decode step)")
+    return (f"makes the server {100 * ms / (step - ms):.0f}% slower{span(ci)} ({ms:.2f} of "
+            f"{step:.2f} ms per decode step)")
 
 
-def _split(dep: Deployment, shape) -> tuple[list[CauseRow], float, float, str, tuple]:
-    """Shapley rows (largest first), modelled and reference step, the answer, named causes."""
+def _shapley_ms(dep: Deployment, shape) -> tuple[dict[str, float], float, float]:
+    """(cause -> ms per step, modelled step, reference step) of one deployment."""
     players = list(OBSERVED_CAUSES)
     memo: dict = {}
 
@@ -130,29 +156,67 @@ def _split(dep: Deployment, shape) -> tuple[list[CauseRow], float, float, str, t
         if on not in memo:
             memo[on] = run(dep, on, shape).tpot_ms
         return memo[on]
-
     split = shapley(players, step_ms)
-    full, ref = step_ms(frozenset(players)), step_ms(frozenset())
+    return split, step_ms(frozenset(players)), step_ms(frozenset())
+
+
+def _size(ms: float, base: float) -> float | None:
+    return 100 * ms / (base - ms) if base - ms > 1e-9 else None
+
+
+def window_intervals(dep: Deployment, shape) -> tuple[dict[str, tuple], dict[str, tuple],
+                                                      tuple | None]:
+    """({cause: ms interval}, {cause: size interval}, modelled step interval) from the
+    window's block bootstrap; empty where it kept no blocks."""
+    reps = [_shapley_ms(d, shape) for d in resample.replicates(dep)]
+    if not reps:
+        return {}, {}, None
+    ms = {c: resample.percentile_interval([r[0][c] for r in reps]) for c in OBSERVED_CAUSES}
+    size = {}
+    for c in OBSERVED_CAUSES:
+        v = [_size(r[0][c], r[1]) for r in reps]
+        if all(x is not None for x in v):
+            size[c] = resample.percentile_interval(v)
+    return ms, size, resample.percentile_interval([r[1] for r in reps])
+
+
+def _split(dep: Deployment, shape, cis=None
+           ) -> tuple[list[CauseRow], float, float, str, tuple, tuple]:
+    """Shapley rows (largest first), modelled and reference step, the answer, named causes,
+    causes within noise. `cis`: window_intervals(dep)'s (ms, size) intervals, or None."""
+    split, full, ref = _shapley_ms(dep, shape)
+    ms_ci, size_ci = cis or ({}, {})
     obs_tps = dep.observed_tok_per_s
     obs_step = dep.concurrency / obs_tps * 1e3 if obs_tps else None
     base = full  # sizes within the model of the observed loop; `unexplained` says how far off
     det = details(dep)
     rows = []
-    for c in players:
+    for c in OBSERVED_CAUSES:
         ms = split[c]
-        size = 100 * ms / (base - ms) if base - ms > 1e-9 else None
-        rows.append(CauseRow(c, LABELS[c], ms, size, 100 * ms / (obs_step or full),
-                             REFERENCE[c], det[c]))
+        rows.append(CauseRow(c, LABELS[c], ms, _size(ms, base), 100 * ms / (obs_step or full),
+                             REFERENCE[c], det[c], _rounded(ms_ci.get(c), 3),
+                             _rounded(size_ci.get(c), 1)))
     rows.sort(key=lambda r: -r.ms_per_step)
-    named = tuple(r.cause for r in rows if r.size_pct is not None and r.size_pct >= NAME_PCT)
+    big = [r for r in rows if r.size_pct is not None and r.size_pct >= NAME_PCT]
+    named = tuple(r.cause for r in big if r.size_ci is None or r.size_ci[0] >= NAME_PCT)
+    noise = tuple(r.cause for r in big if r.cause not in named)
     if named:
-        top = rows[0]
-        answer = f"{top.label}: {worded(top.ms_per_step, base)}; {top.detail}"
+        top = next(r for r in rows if r.cause == named[0])
+        answer = f"{top.label}: {worded(top.ms_per_step, base, top.size_ci)}; {top.detail}"
+    elif noise:
+        top = next(r for r in rows if r.cause == noise[0])
+        answer = (f"within noise: {top.label} {top.size_pct:.0f}%{span(top.size_ci)} could be "
+                  f"under {NAME_PCT:.0f}%; to decide: a longer traced window (this one: "
+                  f"{dep.blocks.count} blocks of the loop)")
     else:
         biggest = rows[0]
         answer = (f"nothing big: no cause is above {NAME_PCT:.0f}% (largest: {biggest.cause} "
-                  f"{biggest.size_pct or 0:.0f}%)")
-    return rows, full, ref, answer, named
+                  f"{biggest.size_pct or 0:.0f}%{span(biggest.size_ci)})")
+    return rows, full, ref, answer, named, noise
+
+
+def _rounded(ci, nd: int) -> tuple[float, ...] | None:
+    return None if ci is None else (round(ci[0], nd), round(ci[1], nd))
 
 
 def cpu_scaled(dep: Deployment, k: float) -> Deployment:
@@ -179,11 +243,48 @@ def cpu_corrected(dep: Deployment, obs_step: float, shape=None) -> float | None:
     return (lo + hi) / 2
 
 
-def diagnose(dep: Deployment, shape=None) -> Diagnosis:
-    rows, full, ref, answer, named = _split(dep, shape)
+def observed_intervals(C: int, runs, full: float, full_ci) -> tuple[tuple | None, tuple | None]:
+    """(observed step interval, unexplained interval), ms: the bench runs' t interval of their
+    mean tok/s as a step, and the unexplained part's (its two halves' widths added in
+    quadrature: the runs and the window vary independently). None under two runs."""
+    tps = resample.runs_interval(runs)
+    if tps is None or tps[0] <= 0:
+        return None, None
+    m = sum(runs) / len(runs)
+    obs, lo, hi = C / m * 1e3, C / tps[1] * 1e3, C / tps[0] * 1e3
+    mlo, mhi = full_ci if full_ci else (full, full)
+    u = obs - full
+    return ((round(lo, 3), round(hi, 3)),
+            (round(u - ((obs - lo) ** 2 + (mhi - full) ** 2) ** 0.5, 3),
+             round(u + ((hi - obs) ** 2 + (full - mlo) ** 2) ** 0.5, 3)))
+
+
+def _interval_note(dep: Deployment, runs) -> str:
+    w = (f"the traced window's block bootstrap ({dep.blocks.count} blocks, "
+         f"{resample.REPLICATES} replicates)" if dep.blocks is not None and dep.blocks.count
+         else None)
+    b = (f"the {len(runs)} bench_serving runs at C={dep.concurrency} (Student's t)"
+         if len(runs) >= 2 else None)
+    said = " and ".join(x for x in (w, b) if x)
+    lack = []
+    if w is None:
+        lack.append("the traced window kept no blocks (too short, or read by an older "
+                    "ppscope: read its traces again)")
+    if b is None:
+        lack.append(f"{len(runs) or 'no'} bench run{'' if len(runs) == 1 else 's'} at "
+                    f"C={dep.concurrency}: give two or more for the observed step's interval")
+    return (f"{100 * resample.LEVEL:.0f}% intervals" + (f" from {said}" if said else "")
+            + ("; none from " + "; ".join(lack) if lack else ""))
+
+
+def diagnose(dep: Deployment, shape=None, runs: tuple[float, ...] = ()) -> Diagnosis:
+    """The diagnosis of the observed loop; `runs`: tok/s of each bench run at its C."""
+    ms_ci, size_ci, full_ci = window_intervals(dep, shape)
+    rows, full, ref, answer, named, noise = _split(dep, shape, (ms_ci, size_ci))
     obs_tps = dep.observed_tok_per_s
     obs_step = dep.concurrency / obs_tps * 1e3 if obs_tps else None
     unexpl = obs_step - full if obs_step is not None else None
+    obs_ci, un_ci = observed_intervals(dep.concurrency, runs, full, full_ci)
     caveats = []
     if any(c in CPU_CAUSES for c in named):
         caveats.append("host and rank-chaining rows come from traces recorded under the PyTorch "
@@ -197,7 +298,7 @@ def diagnose(dep: Deployment, shape=None) -> Diagnosis:
                        "here is then too large by about as much")
         k = cpu_corrected(dep, obs_step, shape)
         if k is not None:   # an estimate: the split again with the CPU costs that meet it
-            c_rows, _, _, c_answer, _ = _split(cpu_scaled(dep, k), shape)
+            c_rows, _, _, c_answer, _, _ = _split(cpu_scaled(dep, k), shape)
             c_rows = tuple(c_rows)
             caveats.append(f"with the traced CPU costs (host work, relay waits) scaled by "
                            f"{k:.2f} the model meets the observed step (estimated, as if the "
@@ -213,7 +314,12 @@ def diagnose(dep: Deployment, shape=None) -> Diagnosis:
         rows=tuple(rows), unexplained_ms=unexpl,
         unexplained_pct=None if unexpl is None else 100 * unexpl / obs_step,
         answer=answer, named=named, caveats=tuple(caveats), cpu_scale=k,
-        corrected_rows=c_rows, corrected_answer=c_answer)
+        corrected_rows=c_rows, corrected_answer=c_answer,
+        interval_level=resample.LEVEL if (full_ci or obs_ci) else None,
+        modelled_step_ci=_rounded(full_ci, 3), observed_step_ci=obs_ci,
+        unexplained_ci=un_ci if unexpl is not None else None,
+        observed_runs=tuple(float(x) for x in runs), within_noise=noise,
+        interval_note=_interval_note(dep, runs))
 
 
 def time_split_rows(dep: Deployment) -> list[dict]:

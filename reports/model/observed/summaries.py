@@ -76,7 +76,7 @@ def diagnosis_summary(sg: SglangData, inp: Inputs, stage_cost: Record | None = N
     dep, shape, c_src, shape_src = got
     obs = dict(inp.observed)
     C = dep.concurrency
-    dg = diagnose(dep, shape)
+    dg = diagnose(dep, shape, _runs_at(sg, inp, C))
     # dg's concurrency is dep's, which is C: the part's own `concurrency` field
     return ServerDiagnosis(
         status="ok", concurrency_source=c_src,
@@ -93,6 +93,16 @@ def diagnosis_summary(sg: SglangData, inp: Inputs, stage_cost: Record | None = N
             dep.window_concurrency),
         time_split=tuple(RankTimeSplit(**r) for r in time_split_rows(dep)),
         **{f.name: getattr(dg, f.name) for f in fields(dg)})
+
+
+def _runs_at(sg: SglangData, inp: Inputs, C: int) -> tuple[float, ...]:
+    """tok/s of each bench run at C where the observed point is their mean (sglang.json's bench
+    runs); () where the point came from elsewhere (--observed, --bench: one figure each)."""
+    from reports.base.bench_serving import runs_by_c
+    src = inp.src("observed_tok_per_s")[1] if dict(inp.observed).get(C) else None
+    if not src or "sglang.json" not in str(src):
+        return ()
+    return tuple(runs_by_c(sg.bench).get(C, ()))
 
 
 def traced_server_whatifs(sg: SglangData | None):
