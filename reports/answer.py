@@ -51,7 +51,7 @@ def hypotheses_sentence(verdicts: tuple[Verdict, ...]) -> str:
         at = [a for a in v.at if a.concurrency]
         kinds = list(dict.fromkeys(a.verdict for a in at))
         if len(kinds) > 1:
-            rank = ("holds", "minor", "does not hold", "not enough evidence")
+            rank = ("holds", "minor", "within noise", "does not hold", "not enough evidence")
             text = "; ".join(f"{k} at {_where(at, k)}" for k in sorted(kinds, key=rank.index))
         elif at and v.verdict in ("holds", "minor") and len(at) > 1 and \
                 v.hypothesis != "bandwidth is not the limit":

@@ -65,6 +65,8 @@ OBSERVED = ("slow_stage", "host", "relay", "herd", "launch_gaps", "hop")
 # the link's utilisation; "holds" there means bandwidth is NOT the limit).
 # the words of a verdict (reports/model/verdicts.py)
 HOLDS, MINOR, NOT, UNKNOWN = "holds", "minor", "does not hold", "not enough evidence"
+# the evidence was read, and its interval straddles a threshold (reports/model/observed/resample.py)
+NOISE = "within noise"
 HERD = "thundering herd / uneven split"
 BANDWIDTH = "bandwidth is not the limit"
 GRAPHS = "CUDA-graph fallback"

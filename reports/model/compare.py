@@ -12,11 +12,22 @@ step (each side's rows add up to its modelled - reference); the part of the obse
 model does not reproduce is the change of `unexplained`, shown as its own row. Comparing sizes
 ("host makes it 22% slower") between runs would mislead when the baseline already had some of
 a cause; the growth is what the change did.
+
+How sure (change detection, as pyperf's compare_to and criterion do): with two or more bench
+runs on each side, the observed change gets Welch's t interval of the difference of the mean
+tok/s (reports/model/observed/resample.py LEVEL), as a change of the decode step; "no
+significant change" where it includes no change. Each cause's growth gets the interval of the
+joint split over pairs of replicates of the two traced windows (each side's block bootstrap,
+drawn independently); a cause is said to have grown only where its interval excludes zero. With
+one run on a side the run-to-run spread is unknown: the change is judged against SAME_PCT as
+before, and the answer says that more runs would decide it.
 """
 from __future__ import annotations
 
 import math
+from statistics import mean, variance
 
+from reports.model.observed import resample
 from reports.model.observed.deployment import window_differs
 from reports.model.observed.change_split import deployment_of, forward_rows, split_change
 from reports.model.report_type import (ChangeRow, Comparison, NotCompared, NotDiagnosed,
@@ -134,14 +145,16 @@ def compare(now: ServerDiagnosis | NotDiagnosed | None,
     def share(g: float) -> float | None:
         return 100 * g / delta if abs(delta) > 1e-9 else None
     rows = []
-    parts = _shapley_parts(now, base)
+    pair = _deployments(now, base)
+    parts = _shapley_parts(*pair) if pair is not None else None
     split = "shapley" if parts is not None else "difference"
     if parts is not None:
         growth, m_base, m_now = parts
+        g_ci = growth_intervals(*pair)
         for r in now.rows:
             g = growth.get(r.cause, 0.0)
             rows.append(ChangeRow(r.cause, r.label, then.get(r.cause, 0.0), r.ms_per_step, g,
-                                  share(g)))
+                                  share(g), g_ci.get(r.cause)))
         if kind == "observed":
             g = delta - (m_now - m_base)
             rows.append(ChangeRow("unexplained", "not reproduced by the model",
@@ -161,17 +174,38 @@ def compare(now: ServerDiagnosis | NotDiagnosed | None,
     rows.sort(key=lambda x: -abs(x.growth_ms))
     change = 100 * delta / s_base
     named = [x for x in rows if x.cause != "unexplained"]
-    if abs(change) < SAME_PCT:
+    runs = (len(base.observed_runs), len(now.observed_runs))
+    c_ci = (change_interval(base.observed_runs, now.observed_runs) if kind == "observed"
+            else None)
+    sig = None if c_ci is None else not (c_ci[0] <= 0.0 <= c_ci[1])
+    if c_ci is not None:
+        within = (f"{change:+.1f}% on the observed decode step, {_pct_span(c_ci)} at "
+                  f"{100 * resample.LEVEL:.0f}%, {runs[0]} run(s) then, {runs[1]} now")
+    if sig is False:
+        answer = f"against the baseline: no significant change ({within})"
+    elif sig is None and abs(change) < SAME_PCT:
         answer = (f"against the baseline: no clear change ({change:+.1f}% on the {kind} decode "
                   f"step, {s_base:.2f} -> {s_now:.2f} ms; below {SAME_PCT:.0f}%)")
     else:
-        top = max(named, key=lambda x: x.growth_ms if delta > 0 else -x.growth_ms)
+        sure = [x for x in named if x.growth_ci is None or not (x.growth_ci[0] <= 0.0 <=
+                                                                  x.growth_ci[1])]
         word = "slower" if delta > 0 else "faster"
-        sh = top.share_of_change_pct
         answer = (f"against the baseline: {abs(change):.0f}% {word} ({kind} decode step "
-                  f"{s_base:.2f} -> {s_now:.2f} ms); the largest change is {top.label}: "
-                  f"{top.growth_ms:+.2f} ms per step"
-                  + (f" ({sh:.0f}% of the change)" if sh is not None else ""))
+                  f"{s_base:.2f} -> {s_now:.2f} ms" + (f"; {_pct_span(c_ci)} at "
+                                                        f"{100 * resample.LEVEL:.0f}%"
+                                                        if c_ci else "") + ")")
+        top = max(sure, key=lambda x: x.growth_ms if delta > 0 else -x.growth_ms, default=None)
+        if top is None:
+            answer += "; no cause's growth is clear of the traced windows' noise"
+        else:
+            sh = top.share_of_change_pct
+            answer += (f"; the largest change is {top.label}: {top.growth_ms:+.2f} ms per step"
+                       + (f" ({top.growth_ci[0]:+.2f} to {top.growth_ci[1]:+.2f})"
+                          if top.growth_ci else "")
+                       + (f" ({sh:.0f}% of the change)" if sh is not None else ""))
+        if sig is None and kind == "observed":
+            answer += ("; one bench run on a side: its run-to-run spread is unknown, so this "
+                       "may be noise (two or more runs per side decide it)")
     for side, dg in (("this run", now), ("the baseline", base)):
         v = dg.deployment
         off = None if v is None else window_differs(v.window_concurrency, dg.concurrency,
@@ -179,21 +213,70 @@ def compare(now: ServerDiagnosis | NotDiagnosed | None,
         if off is not None:    # said first: the sizes then describe another load
             answer = f"{side}: {off}. {answer[0].upper()}{answer[1:]}"
     return Comparison("ok", label, kind, s_base, s_now, change, tuple(rows), answer,
-                      tuple(notes), forward_rows(now.deployment, base.deployment), split)
+                      tuple(notes), forward_rows(now.deployment, base.deployment), split,
+                      resample.LEVEL if c_ci or any(r.growth_ci for r in rows) else None,
+                      c_ci, sig, runs)
 
 
-def _shapley_parts(now: ServerDiagnosis, base: ServerDiagnosis
-                   ) -> tuple[dict[str, float], float, float] | None:
-    """reports/model/observed/change_split.py's joint split of the two loops, or None when either
-    report lacks the loop it needs or the loops differ in shape (pp, slots)."""
+def _pct_span(ci) -> str:
+    return f"{ci[0]:+.1f}% to {ci[1]:+.1f}%"
+
+
+def change_interval(base_runs, now_runs) -> tuple[float, float] | None:
+    """The decode step's change (% of the baseline's), LEVEL interval from the bench runs
+    (tok/s per run) on each side: Welch's t interval of the difference of the means
+    (Welch-Satterthwaite degrees of freedom), as a change of the step C / tok/s with the
+    baseline's mean held. None under two runs on a side."""
+    if len(base_runs) < 2 or len(now_runs) < 2:
+        return None
+    mb, mn = mean(base_runs), mean(now_runs)
+    vb, vn = variance(base_runs) / len(base_runs), variance(now_runs) / len(now_runs)
+    se = math.sqrt(vb + vn)
+    if se == 0:
+        d_lo = d_hi = mn - mb
+    else:
+        df = (vb + vn) ** 2 / (vb ** 2 / (len(base_runs) - 1) + vn ** 2 / (len(now_runs) - 1))
+        h = resample.t95(max(1, int(df))) * se
+        d_lo, d_hi = mn - mb - h, mn - mb + h
+
+    def step_change(d: float) -> float:     # tok/s mb -> mb + d: the step's change, %
+        return 100 * (mb / (mb + d) - 1) if mb + d > 0 else math.inf
+    return round(step_change(d_hi), 2), round(step_change(d_lo), 2)
+
+
+def _deployments(now: ServerDiagnosis, base: ServerDiagnosis):
+    """(this run's, the baseline's) Deployment, or None when either report lacks the loop a
+    joint split needs or the loops differ in shape (pp, slots)."""
     d_now = deployment_of(now.deployment, now.concurrency)
     d_base = deployment_of(base.deployment, base.concurrency)
     if d_now is None or d_base is None or (d_now.pp, d_now.slots) != (d_base.pp, d_base.slots):
         return None
+    return d_now, d_base
+
+
+def _shapley_parts(d_now, d_base) -> tuple[dict[str, float], float, float] | None:
+    """reports/model/observed/change_split.py's joint split of the two loops (None: it cannot
+    be modelled)."""
     try:
         return split_change(d_now, d_base)
     except ValueError:
         return None
+
+
+def growth_intervals(d_now, d_base) -> dict[str, tuple[float, float]]:
+    """cause -> LEVEL interval of its growth (ms per step): the joint split of replicate pairs,
+    each side's window resampled on its own (independent draws); {} where either window kept
+    no blocks."""
+    reps_now = resample.replicates(d_now)
+    reps_base = resample.replicates(d_base, seed=resample.SEED + 1)
+    if not reps_now or not reps_base:
+        return {}
+    got = [g for g in (_shapley_parts(a, b) for a, b in zip(reps_now, reps_base))
+           if g is not None]
+    if len(got) < len(reps_now) // 2:
+        return {}
+    return {c: tuple(round(x, 3) for x in resample.percentile_interval(
+        [g[0].get(c, 0.0) for g in got])) for c in got[0][0]}
 
 
 def compare_reports(rep, old, label: str) -> tuple[Comparison | NotCompared, list[str]]:

@@ -25,6 +25,7 @@ from reports.base.schema import Json, from_json, if_set, to_json
 from reports.model.scenario.arrival import Alternatives
 from reports.model.attribution import Row
 from reports.model.observed.diagnose import CauseRow
+from reports.model.observed.resample import WindowBlocks
 from reports.model.scenario.implied import ImpliedEfficiency
 from reports.model.scenario.inputs import Param
 from reports.model.observed.server_log import DpFigures
@@ -224,6 +225,9 @@ class ObservedLoop:
     send_us: tuple[float, ...] = ()
     process_us: tuple[float, ...] = ()
     window_concurrency: float | None = None      # requests in flight in the traced window
+    # the traced window's blocks, so that a later run's change gets its interval from both
+    # windows (reports/model/observed/resample.py); None: none kept
+    blocks: WindowBlocks | None = None
 
 
 @dataclass(frozen=True)
@@ -290,6 +294,7 @@ class ChangeRow:
     now_ms: float
     growth_ms: float
     share_of_change_pct: float | None
+    growth_ci: tuple[float, ...] | None = None   # (lo, hi) ms at the comparison's level
 
 
 @dataclass(frozen=True)
@@ -319,6 +324,12 @@ class Comparison:
     # "shapley": the change split by one Shapley split over the causes that differ between the
     # two runs' loops; "difference": each side's own split, subtracted
     split: str = "difference"
+    # how sure (reports/model/compare.py): the change's interval (% of the baseline step),
+    # whether it excludes no change, the bench runs on each side (baseline, this run)
+    interval_level: float | None = None
+    change_ci: tuple[float, ...] | None = None
+    significant: bool | None = None
+    runs: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,9 @@ from reports.base.partition import imbalance
 from reports.model.sim import loop_builder as lb
 from reports.model.attribution import Attribution
 from reports.model.observed.bursts import BURST_SOURCE
-from reports.model.causes import (BANDWIDTH, GRAPHS, HERD, HOLDS, HYPOTHESES, MINOR, NOT,
-                                   NUMA, ROUTING, STAGES, UNKNOWN)
+from reports.model.causes import (BANDWIDTH, GRAPHS, HERD, HOLDS, HYPOTHESES, MINOR, NOISE,
+                                   NOT, NUMA, ROUTING, STAGES, UNKNOWN)
+from reports.model.observed.diagnose import span
 from reports.base.payloads.sglang import SglangData
 from reports.base.records import Record
 from reports.model.scenario.inputs import Inputs
@@ -300,7 +301,9 @@ def numa_verdict(inp: Inputs, topo: Record | None, hop_share: float, C: int) -> 
 def observed_verdicts(diag) -> dict[str, Verdict]:
     """Verdicts decided by the diagnosis of the observed server (reports/model/observed/diagnose.py;
     `diag`: report.json's `diagnosis`, reports/model/report_type.py `ServerDiagnosis`):
-    a cause holds when it slows the server by >= 10%, does not hold under 3%."""
+    a cause holds when it slows the server by >= 10%, does not hold under 3%; where the
+    diagnosis has intervals, it holds only where the size's whole interval is >= 10%, and one
+    whose interval straddles 10% is within noise (reports/model/observed/diagnose.py)."""
     if diag is None or diag.status != "ok":
         return {}
     rows = {r.cause: r for r in diag.rows}
@@ -313,11 +316,16 @@ def observed_verdicts(diag) -> dict[str, Verdict]:
 
     def v(cause: str) -> str:
         size = rows[cause].size_pct or 0.0
-        return HOLDS if size >= 10 else (NOT if size < 3 else MINOR)
+        lo, hi = rows[cause].size_ci or (size, size)
+        if lo >= 10:
+            return HOLDS
+        if hi >= 10:        # the interval straddles the threshold that decides it
+            return NOISE
+        return NOT if size < 3 else MINOR
 
     def num(cause: str) -> str:
         r = rows[cause]
-        return f"slows the observed server by {r.size_pct or 0:.0f}%: {r.detail}"
+        return f"slows the observed server by {r.size_pct or 0:.0f}%{span(r.size_ci)}: {r.detail}"
     hop = rows["hop"]
     C = int(diag.concurrency)
 
@@ -330,9 +338,9 @@ def observed_verdicts(diag) -> dict[str, Verdict]:
                                        num("launch_gaps"), ev),
         STAGES: Verdict(STAGES, v("slow_stage"), num("slow_stage"), ev),
         BANDWIDTH: Verdict(
-            BANDWIDTH, {HOLDS: NOT, NOT: HOLDS}.get(v("hop"), MINOR),
+            BANDWIDTH, {HOLDS: NOT, NOT: HOLDS, NOISE: NOISE}.get(v("hop"), MINOR),
             f"hops and waits on communication slow the observed server by "
-            f"{hop.size_pct or 0:.0f}%: {hop.detail}", ev),
+            f"{hop.size_pct or 0:.0f}%{span(hop.size_ci)}: {hop.detail}", ev),
     }.items()}
 
 
@@ -372,7 +380,7 @@ def with_metrics(vs: list[Verdict], window) -> list[Verdict]:
 # Strength of a verdict on a harmful cause (the herd, graphs, ...): over the concurrencies it
 # takes the strongest, since a cause that holds at one measured C is a cause the user has.
 # BANDWIDTH is the other way round: it holds only where it holds at every C.
-_RANK = {HOLDS: 3, MINOR: 2, NOT: 1, UNKNOWN: 0}
+_RANK = {HOLDS: 3, MINOR: 2, NOISE: 1.5, NOT: 1, UNKNOWN: 0}
 
 
 def combine(per_c: list[Verdict], concurrencies: list[int]) -> Verdict:
@@ -385,7 +393,7 @@ def combine(per_c: list[Verdict], concurrencies: list[int]) -> Verdict:
     if not decided:
         pick = at[-1]
     elif first.hypothesis == BANDWIDTH:
-        pick = min(decided, key=lambda a: (-{HOLDS: 1, MINOR: 2, NOT: 3}[a.verdict],
+        pick = min(decided, key=lambda a: (-{HOLDS: 1, MINOR: 2, NOISE: 2.5, NOT: 3}[a.verdict],
                                            -a.concurrency))
     else:
         pick = max(decided, key=lambda a: (_RANK[a.verdict], a.share or 0.0, a.concurrency))

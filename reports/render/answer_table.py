@@ -87,6 +87,8 @@ def _strongest_c(v: Verdict) -> int | None:
 
 
 def what_to_do(rep: Report, v: Verdict) -> str:
+    if v.verdict == "within noise":
+        return "decide it: a longer traced window, more bench runs"
     if v.verdict == "not enough evidence":
         missing = next((c.strip() for c in v.number.split(";") if c.strip().startswith("no ")),
                        None)

@@ -76,7 +76,7 @@ ul.assume li{margin:3px 0}
 """
 
 VERDICT_CLASS = {"holds": "v-holds", "does not hold": "v-not", "minor": "v-minor",
-                 "not enough evidence": "v-unknown"}
+                 "not enough evidence": "v-unknown", "within noise": "v-unknown"}
 SOURCE_CLASS = {"measured": "s-measured", "estimated": "s-estimated", "observed": "s-observed",
                 "given": "s-given", "transferred": "s-transferred", "modelled": "s-modelled"}
 

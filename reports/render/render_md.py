@@ -22,6 +22,7 @@ from typing import Any
 from reports.base.schema import to_json
 from reports.model.report_type import (AttributionAt, Comparison, Report, ServerDiagnosis,
                                        ServerSummary)
+from reports.model.observed.diagnose import span
 from reports.model.settings_change import WhatIf
 from reports.model.scenario.twin_check import DIFFERS, LOSES, verdict_clause
 from reports.render.answer_table import (DETAIL_TITLE, answer_sentences, answer_table)
@@ -422,13 +423,16 @@ def diagnosis_table(rep: Report) -> Table:
     """The observed server's causes (reports/model/observed/diagnose.py), largest first, then the
     unexplained row."""
     dg = rep.diagnosed
-    rows = [(r.label, _f(r.ms_per_step, 2), _f(r.size_pct, 0) + "%",
-             r.reference, r.detail) for r in dg.rows]
+    rows = [(r.label, _f(r.ms_per_step, 2) + span(r.ms_ci, ".2f", ""),
+             _f(r.size_pct, 0) + "%" + span(r.size_ci), r.reference, r.detail) for r in dg.rows]
     if dg.unexplained_ms is not None:
-        rows.append(("unexplained (observed - modelled)", _f(dg.unexplained_ms, 2),
+        rows.append(("unexplained (observed - modelled)",
+                     _f(dg.unexplained_ms, 2) + span(dg.unexplained_ci, ".2f", ""),
                      _f(dg.unexplained_pct, 0) + "% of the step", "", ""))
-    return Table(("cause", "ms per decode step", "slowdown it causes", "reference (cause off)",
-                  "the numbers"), tuple(rows), (False, True, True, False, False))
+    lvl = f" ({100 * dg.interval_level:.0f}% interval)" if dg.interval_level else ""
+    return Table(("cause", f"ms per decode step{lvl}", f"slowdown it causes{lvl}",
+                  "reference (cause off)", "the numbers"), tuple(rows),
+                 (False, True, True, False, False))
 
 
 def time_split_table(rep: Report) -> Table:
@@ -440,10 +444,12 @@ def time_split_table(rep: Report) -> Table:
 
 
 def baseline_table(cmp_: Comparison) -> Table:
-    rows = [(r.label, _f(r.baseline_ms, 2), _f(r.now_ms, 2), f"{r.growth_ms:+.2f}",
+    rows = [(r.label, _f(r.baseline_ms, 2), _f(r.now_ms, 2), f"{r.growth_ms:+.2f}"
+             + (f" ({r.growth_ci[0]:+.2f} to {r.growth_ci[1]:+.2f})" if r.growth_ci else ""),
              "" if r.share_of_change_pct is None else f"{r.share_of_change_pct:.0f}%")
             for r in cmp_.rows]
-    return Table(("cause", "baseline ms/step", "this run ms/step", "change ms",
+    lvl = f" ({100 * cmp_.interval_level:.0f}% interval)" if cmp_.interval_level else ""
+    return Table(("cause", "baseline ms/step", "this run ms/step", f"change ms{lvl}",
                   "share of the step's change"), tuple(rows), (False, True, True, True, True))
 
 
@@ -505,6 +511,13 @@ def diagnosis_lines(rep: Report) -> list[str]:
             "communication wait, never busy):", "", md_table(time_split_table(rep)), ""]
     out += [f"- {n}" for n in dg.deployment.notes]
     out += [f"- Caveat: {c}." for c in dg.caveats]
+    if dg.interval_note:
+        obs = (f"; observed decode step {dg.observed_step_ms:.2f} ms"
+               f"{span(dg.observed_step_ci, '.2f', ' ms')} over "
+               f"{len(dg.observed_runs)} bench runs" if dg.observed_step_ci else "")
+        out += [f"- How sure: {dg.interval_note}; modelled decode step "
+                f"{dg.modelled_step_ms:.2f} ms{span(dg.modelled_step_ci, '.2f', ' ms')}{obs}. "
+                "A cause is named only where its interval clears the threshold."]
     w = rep.watch or {}
     hints = [h for h in (w.get("summary") or {}).get("hints", []) if h.get("holds")]
     if hints:  # corroboration only: NVML utilisation never overrules the traces

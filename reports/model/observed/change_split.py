@@ -49,7 +49,8 @@ def deployment_of(v: ObservedLoop, concurrency: int) -> Deployment | None:
         empty_us=tuple(v.empty_us), empty_relay_us=tuple(v.empty_relay_us) or zeros,
         hop_us=tuple(v.hop_us), send_wait_us=tuple(v.send_wait_us),
         graph_share=v.graph_share, concurrency=concurrency, observed_tok_per_s=None,
-        device=v.device, send_us=tuple(v.send_us), process_us=tuple(v.process_us))
+        device=v.device, send_us=tuple(v.send_us), process_us=tuple(v.process_us),
+        blocks=v.blocks)
 
 
 def _gaps(d: Deployment) -> tuple[dict[int, float], ...]:

@@ -138,11 +138,12 @@ def span(ci, fmt: str = ".0f", unit: str = "%") -> str:
     return f" ({lo:{fmt}}-{hi:{fmt}}{unit})" if lo >= 0 else f" ({lo:{fmt}} to {hi:{fmt}}{unit})"
 
 
-def worded(ms: float, step: float, ci=None) -> str:
+def worded(ms: float, step: float, ci=None, ms_ci=None) -> str:
     """A cause's size for people: its share of the step when it is most of it, else how much
-    slower it makes the server; `ci`: the size's interval (% slower)."""
+    slower it makes the server; `ci`: the size's interval (% slower), `ms_ci` the ms'."""
     if step > 0 and ms >= SHARE_WORDING * step:
-        return f"{100 * ms / step:.0f}% of the decode step ({ms:.2f} of {step:.2f} ms)"
+        return (f"{100 * ms / step:.0f}% of the decode step ({ms:.2f}"
+                + (f" ({ms_ci[0]:.2f}-{ms_ci[1]:.2f})" if ms_ci else "") + f" of {step:.2f} ms)")
     return (f"makes the server {100 * ms / (step - ms):.0f}% slower{span(ci)} ({ms:.2f} of "
             f"{step:.2f} ms per decode step)")
 
@@ -202,7 +203,8 @@ def _split(dep: Deployment, shape, cis=None
     noise = tuple(r.cause for r in big if r.cause not in named)
     if named:
         top = next(r for r in rows if r.cause == named[0])
-        answer = f"{top.label}: {worded(top.ms_per_step, base, top.size_ci)}; {top.detail}"
+        answer = (f"{top.label}: {worded(top.ms_per_step, base, top.size_ci, top.ms_ci)}; "
+                  f"{top.detail}")
     elif noise:
         top = next(r for r in rows if r.cause == noise[0])
         answer = (f"within noise: {top.label} {top.size_pct:.0f}%{span(top.size_ci)} could be "

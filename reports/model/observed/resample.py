@@ -132,12 +132,12 @@ def replicate(dep, blocks: WindowBlocks, w):
                    hop_us=hops, **kw)
 
 
-def replicates(dep, n: int = REPLICATES) -> list:
+def replicates(dep, n: int = REPLICATES, seed: int = SEED) -> list:
     """The deployment's bootstrap replicates ([] where its window kept no blocks)."""
     blocks = getattr(dep, "blocks", None)
     if blocks is None or not blocks.count:
         return []
-    return [replicate(dep, blocks, w) for w in draws(blocks.count, n)]
+    return [replicate(dep, blocks, w) for w in draws(blocks.count, n, seed)]
 
 
 def blocks_of(loop, order: list[str]) -> WindowBlocks | None:

@@ -90,7 +90,7 @@ def diagnosis_summary(sg: SglangData, inp: Inputs, stage_cost: Record | None = N
             tuple(dep.notes), f"forward at unobserved sizes: {shape_src}",
             tuple({str(b): v for b, v in c.items()} for c in dep.forward_busy),
             tuple(dep.empty_relay_us), tuple(dep.send_us), tuple(dep.process_us),
-            dep.window_concurrency),
+            dep.window_concurrency, dep.blocks),
         time_split=tuple(RankTimeSplit(**r) for r in time_split_rows(dep)),
         **{f.name: getattr(dg, f.name) for f in fields(dg)})
 
