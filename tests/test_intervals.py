@@ -219,3 +219,18 @@ def _report(tmp_path: Path, name: str, case: str, traces: str, bench_runs, basel
     assert main(argv) == 0
     return json.loads((d / "report.json").read_text()) if baseline is not None else \
         d / "report.json"
+
+
+def test_sizes_plan_rounds_measure_the_labs_own_noise():
+    from microbench.sglang_lab.cases import sizes_plan
+    one = [c.name for g in sizes_plan(2) for c in g.cases]
+    assert "clean-c8" in one and not any("control" in n for n in one)
+    plan = sizes_plan(2, rounds=3)
+    assert len(plan) == 3
+    for k, g in enumerate(plan, 1):
+        clean, control, *faults = g.cases
+        assert (clean.name, clean.baseline) == (f"clean-c8.{k}", "")
+        assert (control.name, control.baseline, control.fault) == (f"control-c8.{k}",
+                                                                   clean.name, "")
+        assert faults and all(c.baseline == clean.name and c.fault for c in faults)
+        assert all(c.reps >= 2 for c in g.cases)     # a spread on both sides of each pair

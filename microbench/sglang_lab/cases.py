@@ -74,20 +74,39 @@ def default_plan(pp: int = 2, quick: bool = False, depth: int = 0) -> tuple[Grou
     return (Group(name, pp, extra, cases),)
 
 
-def sizes_plan(pp: int = 2) -> tuple[Group, ...]:
+def sizes_plan(pp: int = 2, rounds: int = 1) -> tuple[Group, ...]:
     """Large faults, each sized against the clean run (`--baseline`): the slow stage x1.5 and
     x3 on the last rank, host delays of 4 and 20 ms per `get_next_batch_to_run` on rank 0 and
     on the last rank, and a window profiled at C = 1 while the benchmark runs at C = 8 (a
-    warm-up window: its first answer line must say the window is not the benchmark's load)."""
+    warm-up window: its first answer line must say the window is not the benchmark's load).
+
+    `rounds` > 1: the lab measures its own noise. Each round is a clean server, a second clean
+    server read against it (a control pair: `--baseline` must say "no significant change"),
+    then every fault against that round's clean server; two bench runs on every server, so
+    each side of every comparison has a spread (reports/model/compare.py). Cases are named
+    `<case>.<round>`; the rounds run one after the other, so a change of the machine's load
+    falls on the clean, control and fault servers of a round alike."""
     last = pp - 1
     c8 = 8
-    cases = [Case("clean-c8", c8, reps=2, baseline="")]
-    cases += [Case(f"slow-x{f:g}", c8, fault=f"slow-stage={last}:{f:g}", expect="slow_stage")
-              for f in (1.5, 3)]
-    cases += [Case(f"host-r{r}-{ms}ms", c8, fault=f"host-delay={r}:{ms * 1000}", expect="host")
-              for r in (0, last) for ms in (4, 20)]
-    cases.append(Case("warmup-window", c8, window_concurrency=1))
-    return (Group("sizes", pp, (), tuple(cases)),)
+    if rounds <= 1:
+        cases = [Case("clean-c8", c8, reps=2, baseline="")]
+        cases += [Case(f"slow-x{f:g}", c8, fault=f"slow-stage={last}:{f:g}", expect="slow_stage")
+                  for f in (1.5, 3)]
+        cases += [Case(f"host-r{r}-{ms}ms", c8, fault=f"host-delay={r}:{ms * 1000}",
+                       expect="host") for r in (0, last) for ms in (4, 20)]
+        cases.append(Case("warmup-window", c8, window_concurrency=1))
+        return (Group("sizes", pp, (), tuple(cases)),)
+    out = []
+    for k in range(1, rounds + 1):
+        clean = f"clean-c8.{k}"
+        cases = [Case(clean, c8, reps=2, baseline=""),
+                 Case(f"control-c8.{k}", c8, reps=2, baseline=clean)]
+        cases += [Case(f"slow-x{f:g}.{k}", c8, reps=2, fault=f"slow-stage={last}:{f:g}",
+                       expect="slow_stage", baseline=clean) for f in (1.5, 3)]
+        cases += [Case(f"host-r{r}-{ms}ms.{k}", c8, reps=2, fault=f"host-delay={r}:{ms * 1000}",
+                       expect="host", baseline=clean) for r in (0, last) for ms in (4, 20)]
+        out.append(Group(f"sizes-{k}", pp, (), tuple(cases)))
+    return tuple(out)
 
 
 # What-ifs checked on the server itself (reports/model/sim/bench_run.py): every "before" case

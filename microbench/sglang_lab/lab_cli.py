@@ -60,10 +60,12 @@ def register(subparsers) -> None:
                    "away (SGLANG_PP_LAYER_PARTITION), the servers alternating, C = 8, the "
                    "default server's window profiled with SGLang's defaults (stacks: the layers' "
                    "module events time them) (cases sp-*)")
-    p.add_argument("--rounds", type=int, default=2, metavar="N",
+    p.add_argument("--rounds", type=int, default=None, metavar="N",
                    help="--whatif-restart, --split: rounds of the alternating servers (default 2; every "
                    "round's default servers profiled, the before evidence of each, and the "
-                   "first round's others)")
+                   "first round's others); --sizes: rounds of a clean server, a control "
+                   "clean server and every fault, two bench runs each (default 1: the plan "
+                   "without controls)")
     p.add_argument("--list", action="store_true", help="print the plan and exit")
     p.add_argument("--sglang-python", default=None, metavar="PATH",
                    help="an existing SGLang installation's python (no install step; nothing is "
@@ -86,17 +88,18 @@ def _plan(args):
                        f"({os.cpu_count()}), got {args.pp}")
     if not 0 <= args.async_depth <= 64:
         raise CliError(f"--async-depth must be between 0 and 64, got {args.async_depth}")
+    if args.rounds is not None and not 1 <= args.rounds <= 10:
+        raise CliError(f"--rounds must be between 1 and 10, got {args.rounds}")
     if args.sizes:
-        plan = sizes_plan(args.pp)
+        plan = sizes_plan(args.pp, rounds=args.rounds or 1)
     elif args.whatif:
         plan = whatif_plan(args.pp)
     elif args.whatif_live:
         plan = whatif_live_plan(args.pp)
     elif args.whatif_restart or args.split:
-        if not 1 <= args.rounds <= 10:
-            raise CliError(f"--rounds must be between 1 and 10, got {args.rounds}")
-        plan = (split_plan(args.pp, rounds=args.rounds) if args.split else
-                whatif_restart_plan(args.pp, rounds=args.rounds))
+        rounds = args.rounds or 2
+        plan = (split_plan(args.pp, rounds=rounds) if args.split else
+                whatif_restart_plan(args.pp, rounds=rounds))
     else:
         plan = default_plan(args.pp, quick=args.quick, depth=args.async_depth)
     if args.reps is not None:

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from statistics import mean
 
+from reports.model.compare import change_interval
+
 
 def _bench(case_dir: Path) -> list[float]:
     """Output tok/s of each bench_serving run of the case (reports/base/bench_serving.py)."""
@@ -85,6 +87,13 @@ def summarise(out: Path) -> list[dict]:
             ("nothing big" if dg.get("status") == "ok" else None),
             "analysis_error": failed,
             "first_size_pct": first.get("size_pct") if first else None,
+            "first_size_ci": first.get("size_ci") if first else None,
+            # the measured slowdown's interval: Welch's t over both servers' bench runs
+            "slowdown_ci": change_interval(base, t) if t and base and case.get("baseline")
+            else None,
+            "significant": cmp_.get("significant"),
+            "moved_ci": ([100 * g / cmp_["baseline_step_ms"] for g in moved["growth_ci"]]
+                         if moved and moved.get("growth_ci") else None),
             "expect": case.get("expect") or "",
             "answer": dg.get("answer"),
             # against the baseline's diagnosis: the cause that grew most, and its growth as a
@@ -100,10 +109,16 @@ def summarise(out: Path) -> list[dict]:
 
 def render(rows: list[dict]) -> str:
     from tabulate import tabulate
+    def ci(x) -> str:
+        return f"{x[0]:.0f} to {x[1]:.0f}" if x else ""
+    sig = {True: "yes", False: "no", None: ""}
     return tabulate([[r["case"], r["concurrency"], r["fault"], r["tok_per_s"], r["runs"],
-                      r["spread_pct"], r["slowdown_pct"], r["first_cause"], r["first_size_pct"],
-                      r["moved_cause"], r["moved_pct"], r["unexplained_pct"], r["expect"]]
+                      r["spread_pct"], r["slowdown_pct"], ci(r.get("slowdown_ci")),
+                      sig[r.get("significant")], r["first_cause"], r["first_size_pct"],
+                      ci(r.get("first_size_ci")), r["moved_cause"], r["moved_pct"],
+                      ci(r.get("moved_ci")), r["unexplained_pct"], r["expect"]]
                      for r in rows],
                     headers=["case", "C", "fault", "tok/s", "runs", "spread %", "slowdown %",
-                             "first cause", "size %", "grew most vs baseline", "growth %",
+                             "90% interval", "significant", "first cause", "size %",
+                             "90% interval", "grew most vs baseline", "growth %", "90% interval",
                              "unexplained %", "expected"], floatfmt=".1f")
