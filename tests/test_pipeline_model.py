@@ -117,3 +117,37 @@ def test_idealised_return_is_designs_closed_form(sizes):
     m = sum(1 for s in sizes if s)
     assert simulate(cfg, sizes).tpot_ms * 1e3 == pytest.approx(
         cf.period_us([1000.0] * 8, m, 60, 60), rel=1e-9)
+
+
+def _uneven_loops():
+    """Loops whose ranks differ (stage, hop and CPU costs), in each of the loop's modes."""
+    from dataclasses import replace
+    base = LoopConfig(
+        stage_us=((0.0, 900.0, 950.0, 1010.0), (0.0, 1200.0, 1230.0, 1300.0),
+                  (0.0, 700.0, 760.0, 800.0)),
+        hop_us=((0.0, 40.0, 45.0, 52.0), (0.0, 70.0, 71.0, 90.0), (0.0, 15.0, 15.0, 15.0)),
+        async_depth=2, host_us=(30.0, 55.0, 20.0), empty_us=5.0, chain_us=12.5,
+        launch_us=(80.0, 60.0, 95.0), process_us=(40.0, 10.0, 25.0))
+    return [("held", base, [3, 0, 2, 1, 1]),
+            ("depth 0", replace(base, async_depth=0), [3, 2, 0]),
+            ("ideal return", replace(base, token_return=False), [1, 3, 0, 0, 2]),
+            ("traced host", replace(base, rank_host_us=(400.0, 150.0, 90.0)), [2, 2, 2, 0, 3]),
+            ("cpu forward", replace(base, cpu_forward=True, send_us=(20.0, 35.0, 0.0)),
+             [1, 1, 0, 3, 0])]
+
+
+@pytest.mark.parametrize("name,cfg,sizes", _uneven_loops(), ids=lambda x: x
+                         if isinstance(x, str) else "")
+def test_a_run_without_spans_stops_after_the_measured_rounds_with_the_same_times(name, cfg,
+                                                                                sizes):
+    # the last rank's forwards before `need` depend only on earlier messages: a run that stops
+    # there (no spans to draw) gives the full run's times exactly, and the same result
+    from reports.model.sim.pipeline_model import _drive
+    need = 6 * cfg.slots
+    full = _drive(cfg, sizes, need + 2 * cfg.slots + cfg.pp, None)
+    short = _drive(cfg, sizes, need + 2 * cfg.slots + cfg.pp, None, last_iters=need)
+    assert short == {j: e for j, e in full.items() if j < need}
+    with_spans, without = simulate(cfg, sizes, keep_spans=True), simulate(cfg, sizes)
+    assert (without.tok_per_s, without.tpot_ms, without.busy_frac) == \
+        (with_spans.tok_per_s, with_spans.tpot_ms, with_spans.busy_frac)
+    assert with_spans.spans and not without.spans

@@ -48,7 +48,8 @@ receives), only rank 0 waits for them (before that slot's next forward, then pro
 and no rank syncs on the next slot's outputs. Everything else is as above.
 
 How to read it: `simulate()` runs full rounds on every rank (ranks run ahead by a few iterations
-to feed the last ones) and measures the second half, once the loop is periodic.
+to feed the last ones) and measures the second half, once the loop is periodic; without spans
+to draw it stops once the last rank has run the measured rounds.
 `tok_per_s` = requests x rounds / elapsed time (last rank's forward ends), `tpot_ms` = one
 round, `busy_frac[i]` = GPU `i` busy / round. With no host costs it reproduces DESIGN.md's
 closed forms (`reports/model/sim/closed_form.py`) for one micro-batch, for depth 0 with no two
@@ -56,7 +57,8 @@ occupied slots adjacent, and for any placement with `token_return=False`; with d
 evenly spaced micro-batches, `closed_form.period_held_us` (the held send waits behind a later
 slot's hidden states). Adjacent occupied slots couple further (a forward waits for the next
 slot's tokens and for the last proxy send): the tests work two such cases by hand. Pure Python,
-no numpy; a message already posted is read without switching generators.
+no numpy; messages live in lists indexed by iteration, and a message already posted is read
+without switching generators.
 """
 from __future__ import annotations
 
@@ -163,13 +165,29 @@ class _Deadlock(RuntimeError):
     pass
 
 
-def _rank_loop(cfg: LoopConfig, r: int, sizes: list[int], iters: int, post, box: dict,
+class _Wires:
+    """Every message of one run, by kind and sending rank: a list indexed by the sender's
+    iteration (request lists, proxies, their acks: the receiver's post of the receive) or by
+    its output message number (outputs and their acks); None until posted. Each list has one
+    reader, so a blocked rank waits on one (list, index)."""
+
+    def __init__(self, pp: int, iters: int):
+        def rows():
+            return [[None] * iters for _ in range(pp)]
+        self.req, self.req_ack = rows(), rows()
+        self.proxy, self.proxy_ack = rows(), rows()
+        self.out, self.out_ack = rows(), rows()
+        self.tok = [None] * iters          # idealised return: iteration -> tokens at rank 0
+
+
+def _rank_loop(cfg: LoopConfig, r: int, sizes: list[int], iters: int, wires: _Wires,
                done_at: dict, spans: list | None, plan: "Plan | None" = None):
-    """One rank's event loop as a generator: yields the key of each message it blocks on and
-    is resumed with the message's value (reports/model/sim/pipeline_model.py module docstring);
-    a message already posted (`box`) is read without yielding. With a `plan`, iteration j runs
-    the plan's batch j (a decode of n requests, or a prefill of its tokens) instead of the
-    fixed slot sizes."""
+    """One rank's event loop as a generator: yields the (list, index) of each message it
+    blocks on and is resumed with the message's value (reports/model/sim/pipeline_model.py
+    module docstring); a message already posted is read without yielding. With a `plan`,
+    iteration j runs the plan's batch j (a decode of n requests, or a prefill of its tokens)
+    instead of the fixed slot sizes. `a if a > b else b` stands for max(b, a) throughout (the
+    same float, without a call: this loop is the report's hot path)."""
     p, S, depth = cfg.pp, cfg.slots, cfg.async_depth
     last = p - 1
     host, empty = cfg.cpu("host_us", r), cfg.cpu("empty_us", r)
@@ -178,11 +196,23 @@ def _rank_loop(cfg: LoopConfig, r: int, sizes: list[int], iters: int, post, box:
     on_cpu = cfg.cpu_forward
     send_cpu = float(cfg.send_us[r]) if cfg.send_us else 0.0
     prev = (r - 1) % p
+    # this rank's inbox (from rank r - 1, and the outputs from `prev`) and outbox, with the
+    # acks each side posts
+    req_in, req_in_ack = wires.req[prev], wires.req_ack[prev]
+    proxy_in, proxy_in_ack = wires.proxy[prev], wires.proxy_ack[prev]
+    req_out, req_out_ack = wires.req[r], wires.req_ack[r]
+    proxy_out, proxy_out_ack = wires.proxy[r], wires.proxy_ack[r]
+    out_in, out_in_ack = wires.out[prev], wires.out_ack[prev]
+    out_out, out_out_ack = wires.out[r], wires.out_ack[r]
+    tok = wires.tok
+    launch_first = depth == 0
+    send_first = r % 2 == 0
     t = gpu_free = sched = 0.0           # CPU clock, GPU free, schedule stream
     proxy_done = out_done = 0.0          # when this rank's last proxy / output send completed
     # gloo sends complete only once the peer posted its receive (rendezvous): the last send of
-    # each kind not yet committed, as (key of the receiver's post, time sent)
-    req_sent = proxy_sent = out_sent = None
+    # each kind not yet committed, as (index of the receiver's ack, time sent); -1: none
+    req_j = proxy_j = out_j = -1
+    req_t = proxy_t = out_t = 0.0
     mbs = [0] * S                        # this rank's batch size at its last visit of each slot
     held: deque = deque()                # last rank: (forward end, batch) not yet sent
     pp_out = None                        # outputs received last iteration: (ready, batch)
@@ -191,67 +221,88 @@ def _rank_loop(cfg: LoopConfig, r: int, sizes: list[int], iters: int, post, box:
         k = j % S
         if plan is None:
             n = sizes[k]
-            cost, hop_cost = (_at(stage, n), _at(hop, n)) if n else (0.0, 0.0)
+            cost, hop_cost = (stage[n], hop[n]) if n else (0.0, 0.0)
         else:
             n, tokens = plan.batch(j)
             cost, hop_cost = plan.costs(r, n, tokens) if n else (0.0, 0.0)
         if r > 0:                                            # 1. recv_requests
-            post(("ack", "req", r - 1, j), t)
-            key = ("req", r - 1, j)
-            v = box.get(key)
-            t = max(t, (v if v is not None else (yield key)) + chain)
+            req_in_ack[j] = t
+            v = req_in[j]
+            if v is None:
+                v = yield req_in, j
+            v += chain
+            if v > t:
+                t = v
         if r < last:
-            if req_sent is not None:                         # commit the last request list
-                v = box.get(req_sent[0])
-                t = max(t, max(v if v is not None else (yield req_sent[0]), req_sent[1]) + chain)
-            post(("req", r, j), t)
-            req_sent = (("ack", "req", r, j), t)
+            if req_j >= 0:                                   # commit the last request list
+                v = req_out_ack[req_j]
+                if v is None:
+                    v = yield req_out_ack, req_j
+                v = (req_t if req_t > v else v) + chain
+                if v > t:
+                    t = v
+            req_out[j] = t
+            req_j, req_t = j, t
         mbs[k] = n                                           # 2. get_next_batch_to_run
         t += host if n else empty
         if n and r > 0:                                      # 3. proxy receive
-            post(("ack", "proxy", r - 1, j), t)
-            key = ("proxy", r - 1, j)
-            v = box.get(key)
-            meta, data = v if v is not None else (yield key)
-            t = max(t, meta + chain)
-            sched = max(sched, data)
+            proxy_in_ack[j] = t
+            v = proxy_in[j]
+            if v is None:
+                v = yield proxy_in, j
+            meta, data = v
+            meta += chain
+            if meta > t:
+                t = meta
+            if data > sched:
+                sched = data
         if not cfg.token_return:                             # idealised return
             if n and r == 0 and j >= S:
-                key = ("tok", k, j - S)
-                v = box.get(key)
-                t = max(t, v if v is not None else (yield key)) + process
+                v = tok[j - S]
+                if v is None:
+                    v = yield tok, j - S
+                t = (v if v > t else t) + process
             if n:
                 t += launch
-                start = max(t, gpu_free, sched)
+                start = gpu_free if gpu_free > t else t
+                if sched > start:
+                    start = sched
                 end = start + cost
                 gpu_free = end
                 if on_cpu:
                     t = end
                 if r == last:
                     done_at[j] = end
-                    post(("tok", k, j), end + _at(tok_hop, n))
+                    tok[j] = end + _at(tok_hop, n)
                 if spans is not None:
                     spans.append(Span(r, k, n, start, end))
                 if r < last:
-                    sched = max(sched, end)
+                    if end > sched:
+                        sched = end
                     t += send_cpu
-                    post(("proxy", r, j), (t, max(sched, t) + hop_cost))
+                    proxy_out[j] = (t, (t if t > sched else sched) + hop_cost)
             continue
         nxt = mbs[(k + 1) % S]
         new_out = None
         d2h = None
         end = None
-        for phase in (("exchange", "launch") if depth > 0 else ("launch", "exchange")):
-            if phase == "launch":
-                sched = max(sched, proxy_done)               # commit the last proxy send
-                if proxy_sent is not None:
-                    v = box.get(proxy_sent[0])
-                    t = max(t, max(v if v is not None else (yield proxy_sent[0]),
-                                   proxy_sent[1]) + chain)
-                    proxy_sent = None
+        for launching in ((True, False) if launch_first else (False, True)):
+            if launching:
+                if proxy_done > sched:                       # commit the last proxy send
+                    sched = proxy_done
+                if proxy_j >= 0:
+                    v = proxy_out_ack[proxy_j]
+                    if v is None:
+                        v = yield proxy_out_ack, proxy_j
+                    v = (proxy_t if proxy_t > v else v) + chain
+                    if v > t:
+                        t = v
+                    proxy_j = -1
                 if n:                                        # 5. launch
                     t += launch
-                    start = max(t, gpu_free, sched)
+                    start = gpu_free if gpu_free > t else t
+                    if sched > start:
+                        start = sched
                     end = start + cost
                     gpu_free = end
                     if on_cpu:
@@ -262,47 +313,57 @@ def _rank_loop(cfg: LoopConfig, r: int, sizes: list[int], iters: int, post, box:
                     if spans is not None:
                         spans.append(Span(r, k, n, start, end))
                 continue
-            sched = max(sched, out_done)                     # commit the last output send
-            if out_sent is not None:
-                v = box.get(out_sent[0])
-                t = max(t, max(v if v is not None else (yield out_sent[0]), out_sent[1])
-                        + chain)
-                out_sent = None
-            for op in (("send", "recv") if r % 2 == 0 else ("recv", "send")):
-                if op == "send":                             # 4. exchange outputs
+            if out_done > sched:                             # commit the last output send
+                sched = out_done
+            if out_j >= 0:
+                v = out_out_ack[out_j]
+                if v is None:
+                    v = yield out_out_ack, out_j
+                v = (out_t if out_t > v else v) + chain
+                if v > t:
+                    t = v
+                out_j = -1
+            for sending in ((True, False) if send_first else (False, True)):
+                if sending:                                  # 4. exchange outputs
                     if r == last:
                         if mbs[(k + p) % S]:
                             fe, nn = held.popleft()
-                            sched = max(sched, fe)           # NCCL send waits for that forward
-                            out_done = max(sched, t) + _at(tok_hop, nn)
-                            post(("out", r, sent), (t, out_done, nn))
-                            out_sent = (("ack", "out", r, sent), t)
+                            if fe > sched:
+                                sched = fe                   # NCCL send waits for that forward
+                            out_done = (t if t > sched else sched) + _at(tok_hop, nn)
+                            out_out[sent] = (t, out_done, nn)
+                            out_j, out_t = sent, t
                             sent += 1
                     elif pp_out is not None:
-                        out_done = max(sched, t) + _at(tok_hop, pp_out[1])
-                        post(("out", r, sent), (t, out_done, pp_out[1]))
-                        out_sent = (("ack", "out", r, sent), t)
+                        out_done = (t if t > sched else sched) + _at(tok_hop, pp_out[1])
+                        out_out[sent] = (t, out_done, pp_out[1])
+                        out_j, out_t = sent, t
                         sent += 1
                 elif nxt:
-                    post(("ack", "out", prev, recvd), t)
-                    key = ("out", prev, recvd)
-                    v = box.get(key)
-                    meta, data, nn = v if v is not None else (yield key)
+                    out_in_ack[recvd] = t
+                    v = out_in[recvd]
+                    if v is None:
+                        v = yield out_in, recvd
+                    meta, data, nn = v
                     recvd += 1
-                    t = max(t, meta + chain)
-                    sched = max(sched, data)
+                    meta += chain
+                    if meta > t:
+                        t = meta
+                    if data > sched:
+                        sched = data
                     d2h = sched                              # copy stream waits the schedule
                     new_out = (sched, nn)                    # stream, then records the event
         if nxt:                                              # 6. d2h sync + process result
-            t = max(t, d2h) + process
+            t = (d2h if d2h > t else t) + process
             if r == 0 and plan is not None:                  # the client has those tokens
                 plan.processed[j + 1 - S] = t
         if n and r < last:                                   # 7. proxy send
-            sched = max(sched, end)                          # waits on the launch event
+            if end > sched:
+                sched = end                                  # waits on the launch event
             t += send_cpu
-            proxy_done = max(sched, t) + hop_cost
-            post(("proxy", r, j), (t, proxy_done))
-            proxy_sent = (("ack", "proxy", r, j), t)
+            proxy_done = (t if t > sched else sched) + hop_cost
+            proxy_out[j] = (t, proxy_done)
+            proxy_j, proxy_t = j, t
         pp_out = new_out
 
 
@@ -319,31 +380,35 @@ def simulate(cfg: LoopConfig, slot_sizes: Sequence[int], rounds: int | None = No
 
 
 def _drive(cfg: LoopConfig, sizes: list[int], iters: int, spans: list | None,
-           plan: "Plan | None" = None) -> dict[int, float]:
-    """Every rank's loop run for `iters` iterations, each generator resumed when the message it
-    blocks on is posted; returns when the last rank's forward of each iteration ended."""
-    box: dict = {}
-    parked: dict = {}
-    ready: deque = deque()
+           plan: "Plan | None" = None, last_iters: int | None = None) -> dict[int, float]:
+    """Every rank's loop run for `iters` iterations (the last rank for `last_iters`, when
+    given: the run then stops once the last rank is done), each blocked rank resumed once the
+    message it waits on is posted; returns when the last rank's forward of each iteration
+    ended. Messages are read as posted, so the order ranks are resumed in changes no time."""
+    wires = _Wires(cfg.pp, iters)
     done_at: dict[int, float] = {}
-
-    def post(key, val):
-        box[key] = val
-        if key in parked:
-            for g in parked.pop(key):
-                ready.append((g, val))
-
-    for r in range(cfg.pp):
-        ready.append((_rank_loop(cfg, r, sizes, iters, post, box, done_at, spans, plan), None))
-    while ready:
-        g, val = ready.popleft()
-        try:
-            key = g.send(val)
-            while key in box:
-                key = g.send(box[key])
-            parked.setdefault(key, []).append(g)
-        except StopIteration:
-            pass
+    last = cfg.pp - 1
+    gens = [_rank_loop(cfg, r, sizes, iters if r < last or last_iters is None else last_iters,
+                       wires, done_at, spans, plan) for r in range(cfg.pp)]
+    # each live rank's wait: (list, index) of the message it blocks on; (None, 0) to start
+    waits: list = [(None, 0)] * cfg.pp
+    moved = True
+    while moved:
+        moved = False
+        for r, w in enumerate(waits):
+            if w is None:
+                continue
+            box, i = w
+            v = None if box is None else box[i]
+            if box is not None and v is None:
+                continue
+            try:
+                waits[r] = gens[r].send(v)
+            except StopIteration:
+                if r == last and last_iters is not None:
+                    return done_at
+                waits[r] = None
+            moved = True
     return done_at
 
 
@@ -364,7 +429,10 @@ def _simulate(cfg: LoopConfig, slot_sizes: Sequence[int], rounds: int, keep_span
         return SimResult(0.0, 0.0, tuple(0.0 for _ in range(p)), tuple(sizes))
     spans: list | None = [] if keep_spans else None
     need = rounds * S
-    done_at = _drive(cfg, sizes, need + 2 * S + p, spans)
+    # the last rank's forwards up to `need` are all that is measured: without spans to draw,
+    # the run stops there (the other ranks' later iterations would change no time before it)
+    done_at = _drive(cfg, sizes, need + 2 * S + p, spans,
+                     last_iters=None if keep_spans else need)
     per_round = sum(1 for n in sizes if n > 0)
     its = sorted(j for j in done_at if j < need)
     if len(its) < rounds * per_round:
