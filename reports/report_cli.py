@@ -28,7 +28,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from reports.base.errors import CliError
-from reports.base.paths import results_dir
+from reports.base.paths import folder_error, json_path, results_dir
 
 if TYPE_CHECKING:   # the model's modules load only when a report is made (`ppscope --help`)
     from reports.model.report_type import Report
@@ -79,8 +79,9 @@ def handle(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else results
     sc = load_scenario(args.scenario)
     for what, d in (("--results", results), ("--out", out)):
-        if d.exists() and not d.is_dir():
-            raise CliError(f"{what} {d}: not a directory")
+        why = folder_error(d, what)     # a file, a symbolic-link loop, a dangling link
+        if why:
+            raise CliError(why)
     named = args.results or os.environ.get("PPSCOPE_RESULTS", "results") != "results"
     if named and not results.exists():  # a typo must not pass for "no records yet"
         raise CliError(f"--results {results}: no such folder (an empty folder means no "
@@ -95,14 +96,11 @@ def handle(args: argparse.Namespace) -> int:
     observed, osrc, workload = None, None, None
     if args.bench:  # same reader and rule as `ppscope sglang --bench` (reports/base/bench_serving.py)
         bench, osrc = read_bench(args.bench), Path(args.bench).name
-        warns += bench["notes"]                   # runs left out (0 completed requests)
+        warns += bench["notes"]        # runs left out, lines skipped, server_info missing
         observed, notes = observed_points(bench["runs"], osrc)
         warns += notes
         workload, notes = bench_workload(bench["runs"], osrc)
         warns += notes
-        if bench["lines_unrecognised"]:
-            warns.append(f"{osrc}: {bench['lines_unrecognised']} line(s) not bench_serving runs, "
-                         "skipped")
     if args.observed:
         observed, osrc, workload = parse_observed(args.observed), "--observed", None
     if observed is None:  # the user's own bench_serving runs, read into sglang.json
@@ -140,7 +138,7 @@ def handle(args: argparse.Namespace) -> int:
     # one result, one commit: every file rendered first, then written together (write_files),
     # so a failure on the way (a full disk) leaves the earlier report's files whole
     rep_json = json_text(rep.to_json())
-    write_files([(out / "report.json", rep_json), *([(args.json, rep_json)] if args.json else []),
+    write_files([(out / "report.json", rep_json), *([(json_path(args.json, "report.json"), rep_json)] if args.json else []),
                  (out / "report.md", render_md(rep, figures)),
                  *((out / f.file, f.png) for f in figures),
                  (out / "report.trace.json", json_text(chrome_trace(run.spans))),

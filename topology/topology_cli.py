@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from reports.base.errors import CliError
-from reports.base.paths import default_record_path
+from reports.base.paths import default_record_path, json_path
 
 DESCRIPTION = """\
 Map how the GPUs are wired and what moving a pipeline stage's hidden state costs.
@@ -35,7 +35,7 @@ def register(subparsers) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--from-nvidia-smi", metavar="FILE", dest="from_smi",
                    help="parse a saved `nvidia-smi topo -m` output instead of measuring")
-    p.add_argument("--json", metavar="OUT", type=Path, default=None,
+    p.add_argument("--json", metavar="OUT", default=None,
                    help="record path (default: results/topology.json)")
     p.add_argument("--pp", type=int, default=None,
                    help="pipeline size: use GPUs 0..PP-1 in order (default: all GPUs)")
@@ -124,7 +124,7 @@ def handle(args) -> int:
     from microbench.kit.probe_cli import save_waived
     from reports.base.records import save_record
 
-    out = args.json or default_record_path("topology")
+    out = json_path(args.json, default_record_path("topology"))
     gpus = _parse_gpus(args.gpus)
     _check_args(args)
     if args.from_smi:

@@ -6,7 +6,7 @@ import argparse
 
 from reports.base.errors import CliError
 from reports.base.sglang_defaults import MRR_MIN
-from reports.base.paths import default_record_path, results_dir
+from reports.base.paths import default_record_path, json_path, results_dir
 from reports.base.slots import POLICIES
 
 EPILOG = """\
@@ -207,7 +207,8 @@ def config_from_args(args, n_gpus: int, check_gpus: bool = True):
         collective_timeout_s=args.collective_timeout, timeout_s=timeout,
         profile_dir=((args.trace_dir or str(results_dir() / "dispatch_traces"))
                      if args.profile or serve else None),
-        json_path=str(args.json or default_record_path("dispatch_serve" if serve else "dispatch")),
+        json_path=str(json_path(args.json, default_record_path("dispatch_serve" if serve
+                                                                     else "dispatch"))),
         serve=f"{host}:{port}" if serve else None, serve_seconds=seconds if serve else None,
         trace_path=args.trace, torchrun_args=tuple(args.torchrun_args.split()),
         inject=tuple(args.inject), device=getattr(args, "device", "cuda"),

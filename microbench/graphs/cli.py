@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from microbench.kit.probe_cli import exit_status, run_measured
 from microbench.stage_cost.cli import check_number, int_list
 from reports.base.cuda_graphs import default_max_bs
 from reports.base.errors import CliError
-from reports.base.paths import default_record_path
+from reports.base.paths import default_record_path, json_path
 from reports.base.payloads.graphs import GraphsData
 
 
@@ -66,7 +65,7 @@ def config_from_args(args):
             mem = torch.cuda.get_device_properties(0).total_memory / 2**30  # binary GB
         # no GPU to ask (--plan, or measuring waived): the 90-160 GB class (RTX PRO 6000, H200)
         max_bs = default_max_bs(mem) if mem is not None else 256
-    out = Path(args.json) if args.json else default_record_path(gr.PROBE)
+    out = json_path(args.json, default_record_path(gr.PROBE))
     return gr.GraphsConfig(model=args.model, pp=args.pp, partition=args.partition,
                            batches=args.batches, max_bs=max_bs, user_batches=args.user_batches,
                            context_len=args.context, experts_sample=args.experts_sample,

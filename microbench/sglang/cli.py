@@ -470,11 +470,11 @@ def check_usable_traces(data: SglangData) -> None:
 
 def run_evidence(args: argparse.Namespace) -> int:
     import datetime as dt
-    from reports.base.paths import default_record_path
+    from reports.base.paths import default_record_path, json_path
     from reports.base.records import make_record, record_lock, save_record
     data = collect(args)
     check_usable_traces(data)
-    path = Path(getattr(args, "json", None) or default_record_path("sglang"))
+    path = json_path(getattr(args, "json", None), default_record_path("sglang"))
     shown = data   # the tables show what this run read
     with record_lock(path):   # read, merge, write: a second run at once waits, loses nothing
         data, kept = merge_earlier(data, args, path,
@@ -484,6 +484,9 @@ def run_evidence(args: argparse.Namespace) -> int:
         rec = make_record("sglang", data, argv=getattr(args, "argv", None))
         path, note = save_record(rec, path)
     print(render(shown))
+    for r, d in (shown.traces.ranks.items() if shown.traces else ()):
+        for w in d.warnings:     # after every check: a refusal is its one line alone
+            print(f"warning: trace {d.file} (rank {r}): {w}", file=sys.stderr)
     if kept:
         print(f"kept from the earlier {path.name}: " + ", ".join(
             f"{p} ({data.sources[p]})" for p in kept), file=sys.stderr)

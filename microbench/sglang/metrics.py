@@ -11,7 +11,10 @@ text file. Series without a `pp_rank` label go under rank "0"; the `tp_rank`, `m
 (`num_requests_total{is_streaming=true}`). Lines that are not samples
 (including NaN, infinite or negative values and buckets whose `le` is not a number) are
 counted in `lines_other`, never fatal (the names that read NaN are kept per rank in `nan`:
-SGLang 0.5.23 publishes `fwd_occupancy` as NaN outside a timed window); a file that is missing, a directory, binary or over
+SGLang 0.5.23 publishes `fwd_occupancy` as NaN outside a timed window; those whose value is not
+a number, infinite or negative in `bad`, for metrics_window.py to refuse a window of them);
+`process_start_s` holds the page's `process_start_time_seconds` values, where an exporter
+publishes them (SGLang 0.5.23's own multiprocess registry does not); a file that is missing, a directory, binary or over
 64 MB is a one-line CliError.
 
 The text parser is ppscope's own, not prometheus_client's: that library is SGLang's dependency,
@@ -73,10 +76,19 @@ def parse_metrics(text: str) -> dict:
     hist: dict[tuple[str, str], dict] = {}
     other = bad_le = 0
     nan: dict[str, set[str]] = {}
+    bad: dict[str, set[str]] = {}
+    started: set[float] = set()
     for line in text.splitlines():
         if not line.strip() or line.startswith("#"):
             continue
         m = _SAMPLE.match(line)
+        if m and m.group(1) == "process_start_time_seconds":
+            # prometheus_client's process collector (not on SGLang 0.5.23's multiprocess
+            # registry, but on other exporters' pages): one process lifetime, one value
+            try:
+                started.add(float(m.group(3)))
+            except ValueError:
+                pass
         if not m or not m.group(1).startswith("sglang:"):
             other += 1
             continue
@@ -85,11 +97,14 @@ def parse_metrics(text: str) -> dict:
             v = float(val)
         except ValueError:
             other += 1
+            bad.setdefault(labels.get("pp_rank", "0"), set()).add(name)
             continue
         if not (math.isfinite(v) and 0 <= v < 1e18):   # NaN, +Inf, negative, absurd: skipped
             other += 1
             if math.isnan(v):   # a gauge with no reading (fwd_occupancy between windows)
                 nan.setdefault(labels.get("pp_rank", "0"), set()).add(name)
+            else:               # no counter or gauge SGLang exports reads so
+                bad.setdefault(labels.get("pp_rank", "0"), set()).add(name)
             continue
         rank = labels.pop("pp_rank", "0")
         for k in ("tp_rank", "moe_ep_rank", "model_name", "engine_type"):
@@ -128,7 +143,9 @@ def parse_metrics(text: str) -> dict:
     if not ranks:
         raise CliError("no sglang: metrics found (is the server started with --enable-metrics?)")
     return {"ranks": ranks, "lines_other": other + bad_le,
-            "nan": {r: sorted(v) for r, v in sorted(nan.items())}}
+            "nan": {r: sorted(v) for r, v in sorted(nan.items())},
+            "bad": {r: sorted(v) for r, v in sorted(bad.items())},
+            "process_start_s": sorted(started)}
 
 
 def read_metrics(src: str) -> dict:

@@ -60,7 +60,6 @@ import bisect
 import gzip
 import io
 import json
-import logging
 import math
 import os
 import re
@@ -81,7 +80,6 @@ MAX_DUR_US = 86400e6     # a GPU event or range longer than a day is a corrupted
 MAX_TS_US = 1e17         # ~3000 years of microseconds: beyond any clock Kineto uses
 PARALLEL_MIN_BYTES = 4 << 20
 MAX_WORKERS = 8
-_log = logging.getLogger("ppscope.sglang.trace")
 SCHEDULER_RANGES = ("recv_requests", "send_reqs_to_next_stage", "get_next_batch_to_run",
                     "run_batch", "process_batch_result", "send_proxy_dict_to_next_stage",
                     "send_res_dict_to_next_stage", "recv_res_dict_from_prev_stage")
@@ -841,9 +839,7 @@ def read_traces(src, workers: int | None = None, **kw) -> Traces:
         if key in ranks:
             raise TraceError(f"{p}: a second trace for rank {key} (first: {ranks[key]['file']}); "
                              f"pass one profile's traces (files or a directory)")
-        ranks[key] = out
-        for w in out.get("warnings") or []:
-            _log.warning("trace %s (rank %s): %s", p.name, key, w)
+        ranks[key] = out       # its `warnings` are said by the caller once the run is kept
     from microbench.sglang.evidence import check_trace_ranks
     clock = check_trace_ranks(ranks, {str(r if r is not None else i): p for i, (p, (r, _))
                                       in enumerate(zip(files, results))})

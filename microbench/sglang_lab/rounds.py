@@ -70,7 +70,12 @@ def case_rows(case: Path) -> list[dict]:
     from reports.base.records import read_record
     from reports.model.sim import bench_run as ow
     from reports.model.observed.deployment import OBSERVED_CAUSES, run
-    sg = read_record(case / "sglang.json").payload
+    rec = read_record(case / "sglang.json")
+    if rec.probe != "sglang" or rec.payload is None:
+        raise ValueError(f"{case / 'sglang.json'}: a {rec.probe} record ({rec.status}), not "
+                         "`ppscope sglang`'s: read the case's traces into it (ppscope sglang "
+                         f"--traces {case / 'traces'} --json {case / 'sglang.json'})")
+    sg = rec.payload
     # the traced window's own loop (its costs; each phase's sizes are set below), so the log's
     # first burst, which would replace the traced sizes, is left out
     if sg.loop is not None:

@@ -66,7 +66,7 @@ def register(subparsers) -> None:
 
 def run_observed(args: argparse.Namespace) -> int:
     """`--observed`: microbench/sglang_lab/twin_observed.py."""
-    from reports.base.paths import results_dir
+    from reports.base.paths import json_path, results_dir
     from reports.base.records import RecordError, write_json_atomic
     from microbench.sglang_lab.twin_observed import render, run_observed_twin
     from microbench.sglang_lab.venv import LabError
@@ -81,7 +81,7 @@ def run_observed(args: argparse.Namespace) -> int:
                                  raw=args.raw)
     except (LabError, RecordError, ValueError) as e:
         raise CliError(f"--observed {rec.name}: {str(e).splitlines()[0]}") from None
-    dest = Path(args.json) if args.json else results / "twin-observed.json"
+    dest = json_path(args.json, results / "twin-observed.json")
     write_json_atomic(dest, {"probe": "twin-observed", "status": "ok", "data": data})
     print(render(data))
     print(f"wrote {dest}")
@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--reps must be between 1 and 10, got {args.reps}")
     if args.observed:
         return run_observed(args)
-    from reports.base.paths import results_dir
+    from reports.base.paths import json_path, results_dir
     from reports.base.records import write_json_atomic
     from reports.model.scenario.inputs import build_inputs, load_records, load_scenario
     from microbench.sglang_lab.twin import run_twin
@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
     conc = _ints(args.concurrency, "--concurrency") if args.concurrency else list(inp.concurrency)
     out = Path(args.out) if args.out else results / "twin"
     settings = settings_to_run(inp, names)
-    dest = Path(args.json) if args.json else results / "twin.json"
+    dest = json_path(args.json, results / "twin.json")
     partial = dest.with_name(dest.stem + ".partial.json")
 
     def keep(data):       # every finished run at once, beside the last complete record

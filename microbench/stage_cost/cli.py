@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import argparse
 import math
-from pathlib import Path
 
 from microbench.kit.probe_cli import exit_status, run_measured
 from reports.base.errors import CliError
-from reports.base.paths import default_record_path
+from reports.base.paths import default_record_path, json_path
 from reports.base.payloads.stage_cost import Routing, StageCostData
 
 
@@ -92,7 +91,7 @@ def config_from_args(args):
     check_number("--mem-bw", args.mem_bw, strict=True)
     if args.png_batch not in args.batches:
         raise CliError(f"--png-batch {args.png_batch} is not among --batches")
-    out = Path(args.json) if args.json else default_record_path(sc.PROBE)
+    out = json_path(args.json, default_record_path(sc.PROBE))
     cfg = sc.StageCostConfig(
         model=args.model, pp=args.pp, partition=args.partition, gpu=args.gpu, dtype=args.dtype,
         moe_backends=args.moe_backends,

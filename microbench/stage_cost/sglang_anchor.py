@@ -39,10 +39,9 @@ import dataclasses
 import math
 import sys
 import time
-from pathlib import Path
 
 from microbench.stage_cost.cli import int_list
-from reports.base.paths import default_record_path
+from reports.base.paths import default_record_path, json_path
 
 PROBE = "sglang_anchor"
 DEFAULT_SPLITS = 8          # SGLang's --triton-attention-num-kv-splits default (0.5.23)
@@ -225,7 +224,7 @@ def _run(a, m, decode_fwd, n_splits_fn, pdl: bool, sg_ver: str) -> int:
            "timing": "CUDA-graph replay over cache copies spanning 2x L2; per call",
            "floor_counts": "the batch's latent cache (kv_lora + rope, bf16) at the spec "
                            "bandwidth", "rows": []}
-    out = Path(a.json)
+    out = json_path(a.json, default_record_path(PROBE))
     t0 = time.perf_counter()
     g = torch.Generator(device=dev).manual_seed(0)
 

@@ -243,7 +243,7 @@ def read_bench(path: str | Path) -> dict:
     """{"runs": [...], "lines_unrecognised": n, "source": "jsonl" | "printed"}."""
     path = Path(path)
     text = _read_text(path)
-    runs, bad = [], 0
+    runs, bad, said = [], 0, []     # said: each run's output throughput as written
     if text.lstrip().startswith("{"):
         for line in text.splitlines():
             if not line.strip():
@@ -253,10 +253,10 @@ def read_bench(path: str | Path) -> dict:
             except (json.JSONDecodeError, RecursionError):
                 bad += 1
                 continue
-            out = d.get("output_throughput", d.get("output_token_throughput")) \
-                if isinstance(d, dict) else None
-            if _num(out) is not None:   # a run, with the one number every run has
+            if isinstance(d, dict) and ("output_throughput" in d or "output_token_throughput" in d):
+                # a run, with the one number every run has (kept or left out below, said)
                 runs.append(_normalise(d))
+                said.append(d.get("output_throughput", d.get("output_token_throughput")))
             else:
                 bad += 1
         source = "jsonl"
@@ -267,6 +267,7 @@ def read_bench(path: str | Path) -> dict:
             if "Serving Benchmark Result" in line:
                 if cur:
                     runs.append(_normalise(cur))
+                    said.append(cur.get("output_throughput"))
                 cur, pending = dict(pending), {}
                 continue
             if cur is None:
@@ -279,22 +280,33 @@ def read_bench(path: str | Path) -> dict:
                 cur[_LABELS[m.group(1)]] = m.group(2)
             elif line.startswith("=" * 10) and cur:
                 runs.append(_normalise(cur))
+                said.append(cur.get("output_throughput"))
                 cur = None
         if cur:
             runs.append(_normalise(cur))
+            said.append(cur.get("output_throughput"))
         source = "printed"
     if not runs:
         raise CliError(f"{path}: no bench_serving results found (neither JSONL runs nor a "
                        f"'Serving Benchmark Result' block)")
-    _one_server(path, runs)
-    notes = []
-    done = [r for r in runs if r.get("completed") != 0]
-    for i, r in enumerate(runs, 1):
+    notes = _one_server(path, runs)
+    if bad:
+        notes.append(f"{path}: {bad} line(s) that are not bench_serving runs (not JSON, or no "
+                     "output_throughput) skipped")
+    done = []
+    for i, (r, out) in enumerate(zip(runs, said), 1):
         if r.get("completed") == 0:    # no request finished: its tok/s is no throughput
             notes.append(f"{path}: run {i} (C={r.get('max_concurrency')}) completed 0 "
                          "requests: left out")
+        elif not r["output_throughput"]:   # 0, negative, NaN, a string: no throughput either
+            notes.append(f"{path}: run {i} (C={r.get('max_concurrency')}) output throughput "
+                         f"{str(out)[:24]} tok/s is not a throughput (a number > 0): left out")
+        else:
+            done.append(r)
     if not done:
-        raise CliError(f"{path}: every bench_serving run completed 0 requests")
+        why = ("completed 0 requests" if all(r.get("completed") == 0 for r in runs)
+               else "has no throughput (completed 0 requests, or output throughput not > 0)")
+        raise CliError(f"{path}: every bench_serving run {why}")
     runs = done
     runs.sort(key=lambda r: (r["concurrency"] is None, r["concurrency"] or 0))
     return {"file": str(path), "source": source, "runs": runs, "lines_unrecognised": bad,
@@ -304,9 +316,33 @@ def read_bench(path: str | Path) -> dict:
 _SERVER_ID = ("model", "device", "pp_size", "tp_size", "dp_size")   # what names one server
 
 
-def _one_server(path: Path, runs: list[dict]) -> None:
+def _backend_family(b) -> str | None:
+    """bench_serving's --backend without its API flavour: sglang, sglang-oai, sglang-native and
+    sglang-oai-chat all talk to an SGLang server; vllm, lmdeploy, trt... to another engine."""
+    return b.split("-")[0].lower() if isinstance(b, str) and b else None
+
+
+def _one_server(path: Path, runs: list[dict]) -> list[str]:
     """One bench file, one server: runs whose server_info names another model, device or
-    parallel layout are another server's, and one curve of both would be a wrong answer."""
+    parallel layout, or whose --backend is another engine, are another server's, and one curve
+    of both would be a wrong answer. Runs without server_info cannot be checked: said (notes)."""
+    fams = {}
+    for i, r in enumerate(runs, 1):
+        f = _backend_family(r.get("backend"))
+        if f is not None:
+            fams.setdefault(f, i)
+    if len(fams) > 1:
+        (a, i), (b, j) = sorted(fams.items(), key=lambda kv: kv[1])[:2]
+        raise CliError(f"{path}: runs of two servers (run {i} --backend {runs[i - 1]['backend']}, "
+                       f"run {j} --backend {runs[j - 1]['backend']}); give each server's runs in "
+                       "its own file")
+    without = [i for i, r in enumerate(runs, 1) if not r.get("server_info")]
+    notes = []
+    if without and len(runs) > 1:
+        who = ("no run carries server_info" if len(without) == len(runs) else
+               f"run(s) {_ints(without)} of {len(runs)} carry no server_info")
+        notes.append(f"{path}: {who} (SGLang's bench_serving writes the server's arguments "
+                     "beside each run): that the runs are of one server is not checked")
     first = None
     for i, r in enumerate(runs, 1):
         si = r.get("server_info")
@@ -321,6 +357,11 @@ def _one_server(path: Path, runs: list[dict]) -> None:
             said = ", ".join(f"{k} {first[1][k]} vs {ident[k]}" for k in diff)
             raise CliError(f"{path}: runs of two servers (run {first[0]} and run {i}: {said}); "
                            "give each server's runs in its own file")
+    return notes
+
+
+def _ints(xs: list[int]) -> str:
+    return ", ".join(map(str, xs[:8])) + (f" and {len(xs) - 8} more" if len(xs) > 8 else "")
 
 
 def _points(runs, dup: list | None = None) -> tuple[dict[int, object], list[object]]:

@@ -19,6 +19,36 @@ def default_record_path(probe: str) -> Path:
     return results_dir() / f"{probe}.json"
 
 
+def json_path(given: str | os.PathLike | None, default: str | os.PathLike) -> Path:
+    """Where `--json` writes: the path given, `default` when none; a folder (a path ending in
+    '/', or a directory already there) holds the record under the default's name, so
+    `--json out/` writes out/sglang.json, never a file named `out`. Every sub-command that
+    takes --json reads it here."""
+    if given is None or os.fspath(given) == "":
+        return Path(default)
+    s = os.fspath(given)
+    if s.endswith(("/", os.sep)) or os.path.isdir(s):
+        return Path(s) / Path(default).name
+    return Path(s)
+
+
+def folder_error(path: str | os.PathLike, what: str) -> str | None:
+    """Why `path` given as `what` (a folder) cannot be read as one, in one line; None where it
+    is a folder or is not there at all (the caller says what a missing folder means)."""
+    import errno
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return f"{what} {path}: a symbolic-link loop, not a folder"
+        if e.errno == errno.ENOENT and os.path.islink(path):
+            return f"{what} {path}: a symbolic link to {os.readlink(path)}, which is not there"
+        if e.errno != errno.ENOENT:
+            return f"{what} {path}: cannot be read ({e.strerror or type(e).__name__})"
+        return None
+    return None if os.path.isdir(path) else f"{what} {path}: not a directory"
+
+
 # ---- the user's input files -------------------------------------------------------------------
 # Every file a user names (a log, a trace, a bench output, a `topo -m` paste, a scenario, a model
 # config, a record in results/) is opened here: regular files only (a FIFO would block forever,

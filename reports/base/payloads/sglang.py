@@ -420,6 +420,9 @@ class MetricsWindow:
     seconds: float | None = ge(0, default=None)    # between the scrapes, when known
     ranks: dict[str, MetricsRank] = field(default_factory=dict)
     graph_capture_s: float | None = ge(0, default=None)   # startup_cuda_graph_time_seconds decode
+    # what the reader said of the scrapes: an export's window cut to where every series has
+    # samples, NaN samples skipped, idle time beyond the window (metrics_window.py)
+    caveats: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,7 @@ def window_table(w) -> str:
     return (head + "\n" + tabulate(rows, headers=[
         "pp rank", "loop s", "run_batch s", "fwd occupancy %", "bubble %", "bubble from",
         "idle s", "decode on graph/all"] + [f"{c} %" for c in cats], floatfmt=".1f")
-            + f"\n{CANNOT}")
+            + "".join(f"\ncaveat: {c}" for c in w.caveats) + f"\n{CANNOT}")
 
 
 def window_lines(w) -> list[str]:
@@ -103,6 +103,7 @@ def window_lines(w) -> list[str]:
         out[-1] += (f", bubble {'-' if b is None else f'{b:.0%}'} ({how}), fwd_occupancy {occ}, "
                     f"idle {'-' if r.idle_s is None else f'{r.idle_s:.1f} s'}, decode passes on a "
                     f"CUDA graph {r.decode_graph_passes:.0f} of {r.decode_passes:.0f}.")
+    out += [f"/metrics caveat [{LABEL}]: {c}." for c in w.caveats]
     return out + [CANNOT[0].upper() + CANNOT[1:] + "."]
 
 

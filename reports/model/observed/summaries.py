@@ -3,7 +3,7 @@
 whole run, the traced server's own what-ifs, and topology.json (`topology_summary`)."""
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 
 from reports.base.payloads.topology import HopCost, TopologyData
 from reports.base.payloads.sglang import SglangData
@@ -77,6 +77,9 @@ def diagnosis_summary(sg: SglangData, inp: Inputs, stage_cost: Record | None = N
     obs = dict(inp.observed)
     C = dep.concurrency
     dg = diagnose(dep, shape, _runs_at(sg, inp, C))
+    clock = unaligned_clocks(sg)
+    if clock:      # said with the answer itself: its hops and waits rest on one clock assumed
+        dg = replace(dg, answer=f"{dg.answer} (caveat: {clock})", caveats=(clock, *dg.caveats))
     # dg's concurrency is dep's, which is C: the part's own `concurrency` field
     return ServerDiagnosis(
         status="ok", concurrency_source=c_src,
@@ -103,6 +106,19 @@ def _runs_at(sg: SglangData, inp: Inputs, C: int) -> tuple[float, ...]:
     if not src or "sglang.json" not in str(src):
         return ()
     return tuple(runs_by_c(sg.bench).get(C, ()))
+
+
+def unaligned_clocks(sg: SglangData) -> str | None:
+    """The caveat when `ppscope sglang` could not align two ranks' trace clocks (evidence.py
+    `check_trace_ranks`: no offset, or several, fit their sends and receives): the figures that
+    compare ranks (hops, waits for another rank) rest on one clock assumed."""
+    clock = sg.traces.clock if sg.traces is not None else None   # Json: evidence.py's
+    pairs = list(clock.get("unaligned") or ()) if isinstance(clock, dict) else []
+    if not pairs:
+        return None
+    pairs = [str(p).replace("-", " and ") for p in pairs]
+    return (f"the clocks of PP ranks {'; '.join(pairs)} could not be aligned (ppscope sglang: "
+            "one clock assumed), so the hops and cross-rank waits may be off by their offset")
 
 
 def traced_server_whatifs(sg: SglangData | None):
