@@ -61,7 +61,7 @@ def register(subparsers) -> None:
     p.add_argument("--no-cache", action="store_true",
                    help="run the model afresh and keep nothing in the cache (by default the "
                    "model's runs and the plots are kept in $PPSCOPE_CACHE, else "
-                   "~/.cache/ppscope, keyed by a hash of every input and of ppscope's code)")
+                   "~/.cache/ppscope/report, keyed by a hash of every input and of ppscope's code)")
     p.set_defaults(func=handle)
 
 

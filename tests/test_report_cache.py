@@ -20,8 +20,8 @@ def test_cached_report_is_the_uncached_one(tmp_path, monkeypatch):
     monkeypatch.setenv("PPSCOPE_CACHE", str(tmp_path / "cache"))
     first = _report(tmp_path, "a")
     entries = sorted(p.name for p in (tmp_path / "cache").iterdir())
-    assert any(n.startswith("model-run-") for n in entries)
-    assert any(n.startswith("herd-png-") for n in entries)
+    assert any(n.startswith("ppscope-model-run-") for n in entries)
+    assert any(n.startswith("ppscope-herd-png-") for n in entries)
     again = _report(tmp_path, "b")
     fresh = _report(tmp_path, "c", "--no-cache")
     assert again == first == fresh
@@ -51,11 +51,11 @@ def test_a_broken_entry_is_recomputed(tmp_path, monkeypatch):
     import json
     get = lambda: disk_cache.cached("t", (1,), compute, "json", decode=json.loads)  # noqa: E731
     assert get() == {"v": 1} and get() == {"v": 1} and len(calls) == 1
-    (entry,) = tmp_path.glob("t-*.json")
+    (entry,) = tmp_path.glob("ppscope-t-*.json")
     entry.write_bytes(b'{"v": ')          # cut short
     assert get() == {"v": 1} and len(calls) == 2
     monkeypatch.setenv("PPSCOPE_CACHE", "off")
     assert get() == {"v": 1} and len(calls) == 3
     monkeypatch.setenv("PPSCOPE_CACHE", str(tmp_path))    # no value repr: never cached
     assert disk_cache.cached("t", (object(),), compute, "json", decode=json.loads) == {"v": 1}
-    assert len(calls) == 4 and len(list(tmp_path.glob("t-*"))) == 1
+    assert len(calls) == 4 and len(list(tmp_path.glob("ppscope-t-*"))) == 1

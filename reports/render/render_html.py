@@ -15,7 +15,6 @@ Plots use matplotlib's Agg backend, imported only here. Open the file in any bro
 """
 from __future__ import annotations
 
-import base64
 import html
 import io
 import math
@@ -24,6 +23,7 @@ from typing import Any
 from reports.model.sim.pipeline_model import Span
 from reports.model.report_type import (Comparison, Report, ServerDiagnosis, ServerSummary,
                                        TopologySummary)
+from reports.render.png_data import checked_png_uri, png_uri
 from reports.render.render_md import (DISPATCH_NOTE, MEASURED_NOTE, Table, attribution_table,
                                attribution_title, baseline_table, forward_table, diagnosis_table,
                                observed_loop_line, time_split_table, banner, dispatch_table, header_lines, report_title,
@@ -114,7 +114,7 @@ def _png(fig) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
     plt.close(fig)
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    return png_uri(buf.getvalue())
 
 
 def _plt():
@@ -256,7 +256,8 @@ def plot_links(topo: TopologySummary) -> str | None:
 def _cached(use_cache: bool, plot, *args) -> str:
     """plot(*args) (a data URI), kept in the disk cache (reports/base/disk_cache.py) by the
     plot's name, the repr of its arguments, matplotlib's version and the code version: a
-    report of the same numbers skips importing matplotlib altogether."""
+    report of the same numbers skips importing matplotlib altogether. The URI is pasted into
+    the page raw, so it is checked as a PNG's data URI, drawn or read back."""
     from importlib.metadata import PackageNotFoundError, version
 
     from reports.base.disk_cache import cached
@@ -265,7 +266,7 @@ def _cached(use_cache: bool, plot, *args) -> str:
     except PackageNotFoundError:
         mpl = None
     return cached(f"plot-{plot.__name__}", (args, mpl), lambda: plot(*args).encode(), "uri",
-                  decode=bytes.decode, enabled=use_cache)
+                  decode=lambda b: checked_png_uri(b.decode("ascii")), enabled=use_cache)
 
 
 def _fig(src: str, caption: str) -> str:
@@ -348,8 +349,7 @@ def answer_html(rep: Report, figures=()) -> list[str]:
     from reports.render.answer_table import (DETAIL_TITLE, answer_sentences, answer_table)
     o = ['<h2 id="answer" class="first">The answer</h2>', table_html(answer_table(rep))]
     for f in figures:
-        src = "data:image/png;base64," + base64.b64encode(f.png).decode()
-        o.append(_fig(src, f.caption))
+        o.append(_fig(png_uri(f.png), f.caption))
     o.append('<div class="answer">' + " ".join(_e(s) for s in answer_sentences(rep)) + "</div>")
     return o + [f"<h3>{_e(DETAIL_TITLE)}</h3><ol class=\"detail\">"
                 + "".join(f"<li>{_e(s)}</li>" for s in rep.answer) + "</ol>"]

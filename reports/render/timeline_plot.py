@@ -125,15 +125,17 @@ def _draw(plt, panels, width, xlabel) -> bytes:
 
 
 def cached_png(kind: str, key, draw, use_cache: bool = True) -> bytes:
-    """draw() kept in the disk cache under `key` and matplotlib's version."""
+    """draw() kept in the disk cache under `key` and matplotlib's version; a PNG, drawn or read
+    back (reports/render/png_data.py), or ValueError."""
     from importlib.metadata import PackageNotFoundError, version
 
     from reports.base.disk_cache import cached
+    from reports.render.png_data import checked_png
     try:
         mpl = version("matplotlib")
     except PackageNotFoundError:
         mpl = None
-    return cached(kind, (key, mpl), draw, "png", enabled=use_cache)
+    return cached(kind, (key, mpl), draw, "png", decode=checked_png, enabled=use_cache)
 
 
 def cached_herd_png(pair: HerdPair, use_cache: bool = True) -> bytes:
