@@ -419,3 +419,65 @@ def test_bench_file_with_a_byte_order_mark_is_read(tmp_path, capsys):
         assert rc == 0, err
         runs.append(json.loads(out.read_text())["data"]["bench"])
     assert runs[0] == runs[1] and runs[0]
+
+
+# ------------------------------------------- issue 55, item 6: outputs and entry points
+
+def test_rounds_on_a_record_of_another_probe_is_one_line(tmp_path, capsys):
+    from microbench.sglang_lab import rounds
+    c = _rounds_case(tmp_path)
+    shutil.copy(FIX / "h200x2" / "stage_cost.json", c / "sglang.json")
+    rc = rounds.main([str(c)])
+    one_line_error(rc, capsys.readouterr().err, "stage_cost record", "ppscope sglang")
+
+
+def test_a_refusal_of_unusable_traces_is_one_line_with_its_warnings(tmp_path):
+    # each rank's one event unreadable (skipped, a warning) and so nothing usable: the refusal
+    # alone, as a user's terminal shows it (a subprocess: pytest takes the warnings' logging)
+    d = tmp_path / "t"
+    d.mkdir()
+    bad = {"ph": "X", "name": "foo", "ts": "x", "dur": -2, "pid": 1, "tid": 1, "cat": "kernel"}
+    for r in (0, 1):
+        (d / f"p-TP-0-PP-{r}.trace.json").write_text(json.dumps({"traceEvents": [bad]}))
+    p = _cli(["sglang", "--traces", str(d), "--json", str(tmp_path / "s.json")], tmp_path)
+    one_line_error(p.returncode, p.stderr, "no usable event")
+    # a good run still says what it skipped, once the record is kept
+    ok = [json.loads(gzip.decompress((PP2 / f"pp2_burst_c8-rank{r}.json.gz").read_bytes()))
+          for r in (0, 1)]
+    for r, doc in enumerate(ok):
+        doc["traceEvents"].append(bad)
+        (tmp_path / f"g-rank{r}.json").write_text(json.dumps(doc))
+    p = _cli(["sglang", "--traces", str(tmp_path / "g-rank0.json"), str(tmp_path / "g-rank1.json"),
+              "--json", str(tmp_path / "g.json")], tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "warning: trace g-rank0.json (rank 0): 1 event(s) not readable" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("made", [False, True])
+def test_json_naming_a_folder_writes_the_default_name_in_it(tmp_path, capsys, made):
+    d = tmp_path / "newdir"
+    if made:
+        d.mkdir()
+    L = FIX / "sglang_lab" / "clean-c8"
+    rc, _, err = run(["sglang", "--bench", L / "bench.jsonl", "--json", f"{d}/"], capsys)
+    assert rc == 0, err
+    assert d.is_dir() and (d / "sglang.json").is_file()
+    rc, _, err = run(["report", "--results", d, "--out", tmp_path / "out", "--json",
+                      f"{tmp_path / 'rep'}/"], capsys)
+    assert rc == 0, err
+    assert (tmp_path / "rep" / "report.json").is_file()
+    rc, _, err = run(["topology", "--from-nvidia-smi", FIX / "topo" / "h200x2_nv18_vm.txt",
+                      "--no-png", "--json", f"{tmp_path / 'topo'}/"], capsys)
+    assert rc == 0, err
+    assert (tmp_path / "topo" / "topology.json").is_file()
+
+
+def test_results_through_a_symlink_loop_is_said(tmp_path, capsys):
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    rc, _, err = run(["report", "--results", loop], capsys)
+    one_line_error(rc, err, str(loop), "symbolic-link loop")
+    gone = tmp_path / "gone"
+    gone.symlink_to(tmp_path / "nowhere")
+    rc, _, err = run(["report", "--results", gone], capsys)
+    one_line_error(rc, err, str(gone), "nowhere", "not there")
