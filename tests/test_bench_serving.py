@@ -42,7 +42,8 @@ def test_sglang_and_report_paths_give_same_observed_points(tmp_path, fixtures, c
     assert {c["concurrency"]: c["observed"] for c in rep["concurrency"]
             if c["observed"] is not None} == via_report
     assert any("bench.jsonl: bench run without --max-concurrency" in w for w in rep["warnings"])
-    assert any("bench.jsonl: 1 line(s) not bench_serving runs" in w for w in rep["warnings"])
+    assert any("bench.jsonl: 1 line(s) that are not bench_serving runs" in w
+               for w in rep["warnings"])
 
 
 # --------------------------------------------------- SGLang 0.5.23's own --output-file JSONL
