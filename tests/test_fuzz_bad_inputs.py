@@ -396,10 +396,17 @@ def test_a_character_device_is_refused(tmp_path, capsys, flag):
 # --------------------------------------------------- 5. errors that name the right thing
 
 def test_a_folder_given_as_json_is_named(tmp_path, capsys):
+    # a folder given to --json holds the record under its default name (as `--json out/`,
+    # tests/test_fuzz_outputs.py); where that name is itself a folder, the error names it
     (tmp_path / "out").mkdir()
     rc, _, err = run(["sglang", "--log", FIX / "sglang" / "pp2_mixed.log", "--json",
                       tmp_path / "out"], capsys)
-    line = one_line_error(rc, err, str(tmp_path / "out"), "a directory")
+    assert rc == 0, err
+    assert (tmp_path / "out" / "sglang.json").is_file()
+    (tmp_path / "out2" / "sglang.json").mkdir(parents=True)
+    rc, _, err = run(["sglang", "--log", FIX / "sglang" / "pp2_mixed.log", "--json",
+                      tmp_path / "out2"], capsys)
+    line = one_line_error(rc, err, str(tmp_path / "out2" / "sglang.json"), "a directory")
     assert ".tmp" not in line
 
 

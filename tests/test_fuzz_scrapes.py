@@ -57,6 +57,18 @@ def verdict(tmp_path: Path, capsys) -> dict:
     return {v["hypothesis"]: v for v in rep["verdicts"]}["stage imbalance"]
 
 
+def live_window(tmp_path: Path, served: list[bytes], capsys) -> tuple[int, str, str]:
+    """`ppscope sglang --url ... --metrics-window 1` against a server answering `served` in turn."""
+    _Pages.served = served
+    srv = HTTPServer(("127.0.0.1", 0), _Pages)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        return run(["sglang", "--url", f"http://127.0.0.1:{srv.server_port}",
+                    "--metrics-window", "1", "--json", tmp_path / "sglang.json"], capsys)
+    finally:
+        srv.shutdown()
+
+
 # ------------------------------------------------------------- one server, one lifetime
 
 def test_a_second_scrape_of_another_launch_is_refused(tmp_path, capsys):
@@ -81,14 +93,7 @@ def test_process_start_times_that_differ_are_refused(tmp_path, capsys):
 def test_a_window_behind_a_load_balancer_is_refused(tmp_path, capsys):
     # `--url --metrics-window 1` where the second request reaches another server: 40 s of
     # loop per rank in a 1 s window (the report once said "stage imbalance" from it)
-    _Pages.served = [Path(p).read_bytes() for p in pages(SLOW)]
-    srv = HTTPServer(("127.0.0.1", 0), _Pages)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        rc, _, err = run(["sglang", "--url", f"http://127.0.0.1:{srv.server_port}",
-                          "--metrics-window", "1", "--json", tmp_path / "sglang.json"], capsys)
-    finally:
-        srv.shutdown()
+    rc, _, err = live_window(tmp_path, [Path(p).read_bytes() for p in pages(SLOW)], capsys)
     one_line_error(rc, err, "PP rank 0", "s window", "not of one server")
     assert not (tmp_path / "sglang.json").exists()
 
@@ -101,14 +106,7 @@ def test_idle_time_beyond_the_window_is_said(tmp_path, capsys):
     later = advanced(SLOW, 1 / 40).decode()
     later = re.sub(r'(category="idle",[^}]*pp_rank="0"[^}]*\} )\S+',
                    lambda m: m.group(1) + repr(float(idle0) + 600.0), later)
-    _Pages.served = [start.encode(), later.encode()]
-    srv = HTTPServer(("127.0.0.1", 0), _Pages)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        rc, out, err = run(["sglang", "--url", f"http://127.0.0.1:{srv.server_port}",
-                            "--metrics-window", "1", "--json", tmp_path / "sglang.json"], capsys)
-    finally:
-        srv.shutdown()
+    rc, out, err = live_window(tmp_path, [start.encode(), later.encode()], capsys)
     assert rc == 0, err
     cav = window_of(tmp_path / "sglang.json")["caveats"]
     assert any("PP rank 0" in c and "idle" in c for c in cav), cav
