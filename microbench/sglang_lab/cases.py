@@ -16,7 +16,7 @@ class Case:
     name: str
     concurrency: int
     fault: str = ""                 # PPSCOPE_LAB_FAULT grammar, e.g. "host-delay=0:3000"
-    hog_core: int | None = None     # an external CPU hog pinned to this core
+    hog_rank: int | None = None     # an external CPU hog on the core this rank is pinned to
     mmb: int | None = None          # pp_max_micro_batch_size through /set_internal_state
     request_rate: float | None = None   # bench_serving --request-rate (None: all at once)
     reps: int = 1                   # bench_serving repetitions (distinct seeds)
@@ -65,7 +65,7 @@ def default_plan(pp: int = 2, quick: bool = False, depth: int = 0) -> tuple[Grou
         Case("host-delay", c8, fault="host-delay=0:4000", expect="host"),
         Case("slow-stage", c8, fault=f"slow-stage={last}:2", expect="slow_stage"),
         Case("hop-delay", c8, fault="hop-delay=0:4000", expect="hop"),
-        Case("cpu-hog", c8, hog_core=last, expect="slow_stage"),
+        Case("cpu-hog", c8, hog_rank=last, expect="slow_stage"),
         Case("spread-mmb", c8, mmb=max(1, c8 // pp), baseline="clean-c8"),
         Case("staggered", c8, request_rate=16.0, baseline="clean-c8"),
         # the clean run again at the end: slowdowns are against both (the machine drifts)

@@ -15,7 +15,6 @@ show how much) and closes with `/stop_profile`. Every HTTP call has a deadline a
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import time
@@ -23,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from microbench.sglang.http import request as http_request
+from microbench.sglang_lab.lab_env import child_env
 from microbench.sglang_lab.venv import LabError
 
 INPUT_LEN = 64
@@ -37,6 +37,7 @@ class BenchSpec:
     dataset: Path
     input_len: int = INPUT_LEN
     output_len: int = OUTPUT_LEN
+    device: str = "cpu"          # the server's: a CPU run's client sees no GPU (lab_env.py)
 
 
 def bench_cmd(b: BenchSpec, *, concurrency: int, prompts: int, seed: int, out: Path,
@@ -58,18 +59,12 @@ def bench_cmd(b: BenchSpec, *, concurrency: int, prompts: int, seed: int, out: P
     return cmd
 
 
-def _bench_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(HF_HUB_OFFLINE="1")
-    return env
-
-
 def run_bench(b: BenchSpec, log: Path, timeout_s: float = 600.0, **kw) -> None:
     with open(log, "ab") as f:
         try:
             rc = subprocess.run(bench_cmd(b, **kw), stdout=f, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=_bench_env(), cwd=b.model.parent,
-                                timeout=timeout_s).returncode
+                                stdin=subprocess.DEVNULL, env=child_env(b.python, b.device),
+                                cwd=b.model.parent, timeout=timeout_s).returncode
         except subprocess.TimeoutExpired:
             raise LabError(f"bench_serving did not finish within {timeout_s:.0f} s (log: {log})") from None
     if rc != 0:
@@ -80,7 +75,8 @@ def start_bench(b: BenchSpec, log: Path, **kw) -> subprocess.Popen:
     f = open(log, "ab")
     try:
         return subprocess.Popen(bench_cmd(b, **kw), stdout=f, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=_bench_env(), cwd=b.model.parent)
+                                stdin=subprocess.DEVNULL, env=child_env(b.python, b.device),
+                                cwd=b.model.parent)
     finally:
         f.close()
 

@@ -40,7 +40,8 @@ def _say(msg: str) -> None:
 
 
 class _Hog:
-    """An external CPU hog: one process spinning on one core (another tenant on the host)."""
+    """An external CPU hog: one process spinning on one core (another tenant on the host), the
+    core the lab pinned the case's rank to (server.py, `rank_cores`)."""
 
     def __init__(self, core: int | None):
         self.core, self.proc = core, None
@@ -57,6 +58,15 @@ class _Hog:
             self.proc.kill()
             self.proc.wait(timeout=10)
         return False
+
+
+def _choices_line(server: LabServer) -> str:
+    c = server.choices
+    if c is None or not c.rank_cores:
+        return "SGLang's own thread binding and radix core (a GPU run)"
+    return (f"ranks pinned to cores {', '.join(map(str, c.rank_cores))}; SGLang's "
+            f"{c.tree_core} radix core ({c.tree_core_why})"
+            + ("; no GPU visible (a CUDA torch on a CPU run)" if c.gpu_hidden else ""))
 
 
 def _header(server: LabServer) -> str:
@@ -84,8 +94,9 @@ def run_case(case: Case, server: LabServer, bench: drive.BenchSpec, fault_file: 
     # its end give the case's own window (`ppscope sglang --metrics A --metrics B`)
     drive.scrape_metrics(server.url, tmp / "metrics-start.txt")
     seed0 = 1000 + zlib.crc32(case.name.encode()) % 100000
+    hog_core = hog_core_of(case, server)
     try:
-        with _Hog(case.hog_core):
+        with _Hog(hog_core):
             for k in range(case.reps):
                 _say(f"{case.name}: bench_serving C={case.concurrency} run {k + 1}/{case.reps}")
                 drive.run_bench(bench, blog, concurrency=case.concurrency,
@@ -135,6 +146,7 @@ def run_case(case: Case, server: LabServer, bench: drive.BenchSpec, fault_file: 
         "case": asdict(case), "pp": server.spec.pp, "device": server.spec.device,
         "extra_args": list(server.spec.extra_args), "pp_max_micro_batch_size": mmb,
         "env": {k: v for k, v in server.spec.env.items() if k.startswith("SGLANG_")},
+        "server": asdict(server.choices) if server.choices else None, "hog_core": hog_core,
         "started_unix": t0, "seconds": time.time() - t0,
         "input_len": bench.input_len, "output_len": bench.output_len})
     final = out / case.name
@@ -142,6 +154,17 @@ def run_case(case: Case, server: LabServer, bench: drive.BenchSpec, fault_file: 
         shutil.rmtree(final)
     tmp.rename(final)
     return final
+
+
+def hog_core_of(case: Case, server: LabServer) -> int | None:
+    """The core of the case's CPU hog: the one its rank is pinned to."""
+    if case.hog_rank is None:
+        return None
+    cores = server.choices.rank_cores if server.choices else ()
+    if not 0 <= case.hog_rank < len(cores):
+        raise LabError(f"{case.name}: the hog's rank {case.hog_rank} has no pinned core on this "
+                       f"server (pp={server.spec.pp}, {server.spec.device})")
+    return cores[case.hog_rank]
 
 
 def _default_mmb(server: LabServer) -> int | None:
@@ -233,7 +256,9 @@ def run_lab(cfg: LabConfig) -> int:
         shown = list(g.extra_args) + [f"{k}={v}" for k, v in g.env]
         _say(f"starting SGLang (pp={g.pp}, {cfg.device}{', ' + ' '.join(shown) if shown else ''})")
         with LabServer(spec, logdir / f"server-{g.name}.log", logdir / f"traces-{g.name}") as server:
-            bench = drive.BenchSpec(python=python, url=server.url, model=model, dataset=dataset)
+            bench = drive.BenchSpec(python=python, url=server.url, model=model, dataset=dataset,
+                                    device=cfg.device)
+            _say(_choices_line(server))
             header = _header(server)
             _say("warm-up")
             drive.run_bench(bench, logdir / "warmup.out", concurrency=4, prompts=4, seed=1, out=logdir / "warmup.jsonl")

@@ -128,8 +128,9 @@ def run(args: argparse.Namespace) -> int:
         for g in plan:
             for c in g.cases:
                 shown = ' '.join(list(g.extra_args) + [f'{k}={v}' for k, v in g.env])
+                hog = "" if c.hog_rank is None else f" hog on rank {c.hog_rank}'s core"
                 print(f"{c.name:12s} pp={g.pp}{' ' + shown if shown else ''} C={c.concurrency:<3d} {c.fault or ''}"
-                      f"{' hog on core %d' % c.hog_core if c.hog_core is not None else ''}"
+                      f"{hog}"
                       f"{' mmb=%d' % c.mmb if c.mmb else ''}"
                       f"{' rate=%g/s' % c.request_rate if c.request_rate else ''}")
         return 0

@@ -7,13 +7,18 @@ ranks, `--attention-backend torch_native --disable-cuda-graph`, random weights
 SGLang ignores its thread binding and each rank would otherwise run torch's default threads; with
 one thread per rank repeated runs agree closely). On GPUs: the given installation, CUDA graphs on.
 
-A CPU server whose torch is a CUDA build (pip's default torch on Linux, so a lab venv made on a GPU
-host has one) sees no GPU (`CUDA_VISIBLE_DEVICES` empty) and finds no NCCL library: SGLang makes a
-PyNccl communicator for every group whose NCCL library loads (`init_model_parallel_group` in
-sglang/srt/distributed/parallel_state.py) and, with `--device cpu`, stops there ("Expected a cuda
-device, but got: cpu", device_communicators/pynccl.py). With a CPU torch SGLang finds no library
-and goes on without PyNccl; SGLang's own `SGLANG_NCCL_SO_PATH`, naming a library that is not there,
-makes it do the same (it logs one "Failed to load NCCL library" line per group and rank).
+What the lab chooses for a CPU server (`ServerChoices`, recorded in every case's case.json):
+- no GPU visible where its torch is a CUDA build (`lab_env.py`, the same for every process the
+  lab starts);
+- SGLang's radix-tree core: its Python core where its Rust core fails a probe with this torch
+  (`tree_core.py`);
+- a core of its own for each rank (`rank_cores`): SGLang binds a CPU rank's threads only with its
+  own `sgl_kernel` on an AMX or arm64 host (`_init_cpu_threads_env`, distributed/bootstrap.py;
+  with the lab's stand-in it logs "init_cpu_threads_env ... disabled" and
+  `SGLANG_CPU_OMP_THREADS_BIND` has no effect), so the lab's boot code pins each scheduler
+  process to its rank's core (`boot/inject/ppscope_lab_pin.py`, `PPSCOPE_LAB_RANK_CORES`).
+  Unpinned, the OS moves the ranks between a many-core host's cores, and a CPU hog on one core
+  slows no rank.
 
 Stopping: SIGTERM to the launch process (SGLang drains and exits its children, ~20 s), then
 SIGKILL to its process group after a bounded wait, so no process of the lab outlives it.
@@ -26,13 +31,14 @@ import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 
+from microbench.sglang_lab.lab_env import NO_NCCL, child_env, hides_gpu, torch_cuda_version  # noqa: F401
+from microbench.sglang_lab.tree_core import TREE_CORE_ENV, choose_tree_core
 from microbench.sglang_lab.venv import LabError
 
 READY = "The server is fired up and ready to roll"
-NO_NCCL = "ppscope-lab-cpu-server-has-no-nccl"    # SGLANG_NCCL_SO_PATH on a CPU server: no such library
+RANK_CORES_ENV = "PPSCOPE_LAB_RANK_CORES"     # "C0,C1,...": the core of each rank (boot/inject/)
 
 
 def free_port() -> int:
@@ -69,39 +75,47 @@ def launch_args(spec: ServerSpec, port: int) -> list[str]:
     return args + list(spec.extra_args)
 
 
-def _own_env() -> dict[str, str]:
-    """This environment without ppscope's Python settings: the lab's interpreter runs as itself."""
-    env = dict(os.environ)
-    for k in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME"):
-        env.pop(k, None)
-    return env
+@dataclass(frozen=True)
+class ServerChoices:
+    """What the lab chose for one server (see the module's docstring); in every case.json."""
+    gpu_hidden: bool              # CUDA_VISIBLE_DEVICES empty for the server and its clients
+    tree_core: str | None         # SGLang's radix core: "rust" or "python"; None: SGLang's own
+    tree_core_why: str
+    rank_cores: tuple[int, ...]   # the core rank r is pinned to; () where none is pinned
 
 
-def launch_env(spec: ServerSpec, trace_dir: Path) -> dict[str, str]:
-    env = _own_env()
-    env.update(HF_HUB_OFFLINE="1", SGLANG_TORCH_PROFILER_DIR=str(trace_dir))
+def rank_cores(pp: int) -> tuple[int, ...]:
+    """A core of its own for each rank, in the order of the cores this process may use; with
+    fewer cores than ranks they are shared, round robin."""
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = list(range(os.cpu_count() or 1))
+    return tuple(cores[r % len(cores)] for r in range(pp))
+
+
+def server_choices(spec: ServerSpec) -> ServerChoices:
+    if spec.device != "cpu":
+        return ServerChoices(False, None, "a GPU run: SGLang's own choice", ())
+    core = choose_tree_core(spec.python, spec.env.get(TREE_CORE_ENV))
+    return ServerChoices(hides_gpu(spec.python, spec.device), core.backend, core.why,
+                         rank_cores(spec.pp))
+
+
+def launch_env(spec: ServerSpec, trace_dir: Path,
+               choices: ServerChoices | None = None) -> dict[str, str]:
+    choices = choices or server_choices(spec)
+    env = child_env(spec.python, spec.device)
+    env["SGLANG_TORCH_PROFILER_DIR"] = str(trace_dir)
     if spec.device == "cpu":
-        cores = os.cpu_count() or 1
+        cores = ",".join(map(str, choices.rank_cores))
         env.update(SGLANG_USE_CPU_ENGINE="1", OMP_NUM_THREADS="1",
-                   SGLANG_CPU_OMP_THREADS_BIND="|".join(str(r % cores) for r in range(spec.pp)))
-        if torch_cuda_version(spec.python):     # see the module's docstring
-            env.update(CUDA_VISIBLE_DEVICES="", SGLANG_NCCL_SO_PATH=NO_NCCL)
+                   SGLANG_CPU_OMP_THREADS_BIND=cores.replace(",", "|"),
+                   **{RANK_CORES_ENV: cores})
+        if choices.tree_core == "python":
+            env[TREE_CORE_ENV] = "python"
     env.update(spec.env)
     return env
-
-
-@lru_cache(maxsize=8)
-def torch_cuda_version(python: Path) -> str | None:
-    """The CUDA version the torch of `python` was built for (torch.version.cuda), None for a CPU
-    build or where it cannot be read (then the server starts as on a CPU torch)."""
-    try:
-        out = subprocess.run([str(python), "-c", "import torch; print(torch.version.cuda)"],
-                             capture_output=True, text=True, timeout=300, env=_own_env(),
-                             stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    last = (out.stdout.strip().splitlines() or [""])[-1]
-    return last if out.returncode == 0 and last[:1].isdigit() else None
 
 
 class LabServer:
@@ -111,6 +125,7 @@ class LabServer:
         self.spec, self.log_path, self.trace_dir = spec, log_path, trace_dir
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
+        self.choices: ServerChoices | None = None
 
     @property
     def url(self) -> str:
@@ -119,11 +134,13 @@ class LabServer:
     def start(self, timeout_s: float = 420.0) -> None:
         self.trace_dir.mkdir(parents=True, exist_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.choices = self.choices or server_choices(self.spec)
+        env = launch_env(self.spec, self.trace_dir, self.choices)
         log = open(self.log_path, "wb")
         try:
             self.proc = subprocess.Popen(launch_args(self.spec, self.port), stdout=log,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=launch_env(self.spec, self.trace_dir),
+                                         env=env,
                                          start_new_session=True, cwd=str(self.spec.cwd))
         except OSError as e:
             log.close()

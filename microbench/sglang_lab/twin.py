@@ -143,6 +143,7 @@ def run_twin(inp, settings: list[TwinSetting], concurrency: list[int], out: Path
     tokens = max(concurrency) * (inp.prompt_len + output_len) + 4096
     rows: list[dict] = []
     calib = None if k is None else {"k": k, "given": True}
+    choices = None
     for rep in range(reps):
         for si, st in enumerate(settings):
             spec = ServerSpec(python=python, model=model, pp=inp.pp, device="cpu",
@@ -156,6 +157,7 @@ def run_twin(inp, settings: list[TwinSetting], concurrency: list[int], out: Path
             say(f"starting SGLang pp={inp.pp} {' '.join(st.flags)} ({inp.pp} ranks on this "
                 f"machine: 1-3 min)" + (f"; repetition {rep + 1} of {reps}" if reps > 1 else ""))
             with LabServer(spec, sdir / "server.log", sdir / "traces") as server:
+                choices = server.choices
                 bench = drive.BenchSpec(python=python, url=server.url, model=model,
                                         dataset=dataset, input_len=inp.prompt_len,
                                         output_len=output_len)
@@ -170,9 +172,10 @@ def run_twin(inp, settings: list[TwinSetting], concurrency: list[int], out: Path
                     rows.append(_one_run(inp, st, C, server, bench, sdir / f"c{C}", seed,
                                          calib["k"], output_len) | {"rep": rep + 1})
                     if keep is not None:
-                        keep(_data(inp, calib, output_len, rows, table, mode, reps, done=False))
+                        keep(_data(inp, calib, output_len, rows, table, mode, reps, done=False,
+                                   choices=choices))
                     drive.wait_idle(server, timeout_s=600.0)
-    return _data(inp, calib, output_len, rows, table, mode, reps, done=True)
+    return _data(inp, calib, output_len, rows, table, mode, reps, done=True, choices=choices)
 
 
 def _calibrate(inp, server: LabServer, bench: drive.BenchSpec, cdir: Path, max_k: float) -> dict:
@@ -227,7 +230,9 @@ def _one_run(inp, st: TwinSetting, C: int, server: LabServer, bench: drive.Bench
     return row
 
 
-def _data(inp, calib, output_len, rows, table, mode, reps: int, done: bool) -> dict:
+def _data(inp, calib, output_len, rows, table, mode, reps: int, done: bool,
+          choices=None) -> dict:
+    from dataclasses import asdict
     return {"scenario": inp.name, "pp": inp.pp, "calibration": calib, "output_len": output_len,
             "prompt_len": inp.prompt_len, "rows": list(rows), "costs": table, "complete": done,
             "mode": mode, "reps": reps, "flush_cache": True, "hold": "stream",
@@ -237,5 +242,7 @@ def _data(inp, calib, output_len, rows, table, mode, reps: int, done: bool) -> d
                            "the PP messages ordered on SGLang's schedule stream"
                            if mode == "async" else "the forward holds its rank's CPU")
                         + "; prefill times estimated",
-            "observed": [list(p) for p in inp.observed]}
+            "observed": [list(p) for p in inp.observed],
+            # the lab's choices for its servers: ranks' cores, radix core, GPU hidden (server.py)
+            "server": asdict(choices) if choices else None}
 

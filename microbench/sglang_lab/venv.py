@@ -23,11 +23,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from microbench.sglang_lab.lab_env import child_env
+
 HERE = Path(__file__).resolve().parent
 BOOT = HERE / "boot"
 REQUIREMENTS = HERE / "requirements-cpu.txt"
 MODEL_LAYERS = 4
 MODEL_VERSION = 3       # boot/ppscope_lab_make_model.py VERSION: the recipe of the model folder
+# boot/ scripts the lab runs in its Python, never loaded there: not copied into the venv
+RUN_ONLY = ("_make_model.py", "_probe_tree_core.py")
 MARKER = ".ppscope-lab"
 STAMP = ".ppscope-lab-stamp"
 # What the lab makes in its folder, and nothing else: the venv, its install log, the fault control
@@ -46,13 +50,14 @@ def _fingerprint() -> str:
     return h.hexdigest()[:16]
 
 
-def _run(cmd: list[str], log: Path, what: str, timeout: float) -> None:
+def _run(cmd: list[str], log: Path, what: str, timeout: float,
+         env: dict[str, str] | None = None) -> None:
     with open(log, "a") as f:
         f.write(f"\n$ {' '.join(cmd)}\n")
         f.flush()
         try:
             rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout,
-                                stdin=subprocess.DEVNULL).returncode
+                                stdin=subprocess.DEVNULL, env=env).returncode
         except subprocess.TimeoutExpired:
             raise LabError(f"{what}: no answer within {timeout:.0f} s (log: {log})") from None
         except OSError as e:
@@ -135,7 +140,7 @@ def install_shims(python: Path, lab_dir: Path) -> Path:
     lab's own venv and load them from a .pth file. Never any other installation."""
     sp = _lab_site_packages(python, lab_dir)
     for p in BOOT.iterdir():
-        if p.name in ("__pycache__", "inject") or p.name.endswith("_make_model.py"):
+        if p.name in ("__pycache__", "inject") or p.name.endswith(RUN_ONLY):
             continue
         dst = sp / p.name
         if p.is_dir():
@@ -172,13 +177,18 @@ def ensure_venv(lab_dir: Path, say=print) -> Path:
         _run(pip + ["--no-deps", "-r", str(REQUIREMENTS)], log,
              "installing SGLang's packages into the lab venv", 1200)
         install_shims(python, lab_dir)
-        _run([str(python), "-c", "import sglang.srt.entrypoints.http_server, sglang.bench_serving"],
-             log, "importing SGLang in the lab venv", 600)
+        check_imports(python, log)
     except BaseException:
         shutil.rmtree(venv, ignore_errors=True)     # never a half-made venv taken for a good one
         raise
     stamp.write_text(want + "\n")
     return python
+
+
+def check_imports(python: Path, log: Path) -> None:
+    """SGLang's server and bench_serving import in the lab's Python, as the lab runs them."""
+    _run([str(python), "-c", "import sglang.srt.entrypoints.http_server, sglang.bench_serving"],
+         log, "importing SGLang in the lab venv", 600, env=child_env(python))
 
 
 def ensure_model(python: Path, lab_dir: Path, layers: int = MODEL_LAYERS) -> Path:
@@ -191,7 +201,7 @@ def ensure_model(python: Path, lab_dir: Path, layers: int = MODEL_LAYERS) -> Pat
     tmp = model.with_name(model.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     _run([str(python), str(BOOT / "ppscope_lab_make_model.py"), str(tmp), str(layers)], log,
-         "making the lab model", 300)
+         "making the lab model", 300, env=child_env(python))
     shutil.rmtree(model, ignore_errors=True)
     tmp.rename(model)
     return model

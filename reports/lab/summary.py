@@ -33,6 +33,13 @@ def read_case(case_dir: Path) -> dict:
     return case
 
 
+def _hog(case: dict) -> str:
+    """A CPU hog's case: on its rank's pinned core (today), or on a core (earlier records)."""
+    if case.get("hog_rank") is not None:
+        return f"cpu hog on rank {case['hog_rank']}'s core"
+    return f"cpu hog on core {case['hog_core']}" if case.get("hog_core") is not None else ""
+
+
 def analysis_error(case_dir: Path) -> str | None:
     """Why the case's last analysis (analysis.json, lab.analyse_case) failed; None when it did
     not fail or there is none."""
@@ -77,7 +84,7 @@ def summarise(out: Path) -> list[dict]:
             "modelled_step_ms": dg.get("modelled_step_ms"),
             "observed_step_ms": dg.get("observed_step_ms"),
             "case": d.name, "concurrency": case["concurrency"], "fault": case.get("fault") or
-            (f"cpu hog on core {case['hog_core']}" if case.get("hog_core") is not None else ""),
+            _hog(case),
             "tok_per_s": mean(t) if t else None, "runs": len(t),
             "spread_pct": 100 * (max(t) - min(t)) / mean(t) if len(t) > 1 else None,
             "slowdown_pct": 100 * (mean(base) / mean(t) - 1) if t and base and case.get("baseline")

@@ -1,11 +1,13 @@
 """Loaded at start-up by every Python process of a lab server: the lab puts this folder first on
 the server's `PYTHONPATH` (never in an installation's site-packages, so an SGLang you installed is
-driven as it is and nothing of it is touched). Three jobs:
+driven as it is and nothing of it is touched). Four jobs:
 
 1. `PPSCOPE_LAB_FAULT` or `PPSCOPE_LAB_FAULT_FILE` set: install the fault module
    (`ppscope_lab_faults.py`, beside this file) into this process. Unset: nothing happens.
 2. `PPSCOPE_TWIN_COSTS` set: install the twin's emulated device time (`ppscope_twin_hold.py`).
-3. Python imports one `sitecustomize`; this one shadows the environment's own. That one, if any,
+3. `PPSCOPE_LAB_RANK_CORES` set: pin each scheduler process to its rank's core
+   (`ppscope_lab_pin.py`).
+4. Python imports one `sitecustomize`; this one shadows the environment's own. That one, if any,
    is found on the rest of `sys.path` and run too, so the environment behaves as it did.
 """
 import importlib.machinery
@@ -37,6 +39,13 @@ def _twin() -> None:
         ppscope_twin_hold.install()
 
 
+def _pin() -> None:
+    if os.environ.get("PPSCOPE_LAB_RANK_CORES"):
+        import ppscope_lab_pin
+        ppscope_lab_pin.install()
+
+
 _chain()
 _faults()
 _twin()
+_pin()
