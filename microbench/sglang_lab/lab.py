@@ -35,7 +35,7 @@ class LabConfig:
     analyse: bool = True
 
 
-def _say(msg: str) -> None:
+def say(msg: str) -> None:
     print(f"sglang-lab: {msg}", file=sys.stderr, flush=True)
 
 
@@ -98,14 +98,14 @@ def run_case(case: Case, server: LabServer, bench: drive.BenchSpec, fault_file: 
     try:
         with _Hog(hog_core):
             for k in range(case.reps):
-                _say(f"{case.name}: bench_serving C={case.concurrency} run {k + 1}/{case.reps}")
+                say(f"{case.name}: bench_serving C={case.concurrency} run {k + 1}/{case.reps}")
                 drive.run_bench(bench, blog, concurrency=case.concurrency,
                                 prompts=2 * case.concurrency + 2, seed=seed0 + k,
                                 out=tmp / "bench.jsonl", request_rate=case.request_rate)
             windows = ([("traces", case.window_stacks)] if case.profile else []) + (
                 [("traces-stacks", True)] if case.stacks else [])
             for sub, stacks in windows:
-                _say(f"{case.name}: profiling a window ({'SGLang defaults: stacks, shapes' if stacks else 'no stacks, no shapes'})")
+                say(f"{case.name}: profiling a window ({'SGLang defaults: stacks, shapes' if stacks else 'no stacks, no shapes'})")
                 since = server.log_size()
                 p = drive.start_bench(bench, blog,
                                       concurrency=case.window_concurrency or case.concurrency,
@@ -129,7 +129,7 @@ def run_case(case: Case, server: LabServer, bench: drive.BenchSpec, fault_file: 
                 drive.wait_idle(server)
             drive.scrape_metrics(server.url, tmp / "metrics.txt")
             if case.live:
-                _say(f"{case.name}: ppscope's live probe C={case.concurrency}")
+                say(f"{case.name}: ppscope's live probe C={case.concurrency}")
                 r = subprocess.run([sys.executable, "-m", "reports.cli", "sglang", "--url",
                                     server.url, "--live-concurrency", str(case.concurrency),
                                     "--live-arrival", "burst", "--live-tokens", "64",
@@ -235,9 +235,9 @@ def run_lab(cfg: LabConfig) -> int:
     claim_lab_dir(cfg.lab_dir)
     if cfg.sglang_python:      # driven as it is: checked, never written into
         python = cfg.sglang_python
-        _say(f"using SGLang {check_sglang_python(python)} at {python} (nothing installed into it)")
+        say(f"using SGLang {check_sglang_python(python)} at {python} (nothing installed into it)")
     else:
-        python = ensure_venv(cfg.lab_dir, _say)
+        python = ensure_venv(cfg.lab_dir, say)
     cfg.out.mkdir(parents=True, exist_ok=True)
     model = cfg.model or ensure_model(python, cfg.lab_dir)
     dataset = sharegpt_file(cfg.lab_dir)
@@ -254,21 +254,21 @@ def run_lab(cfg: LabConfig) -> int:
                                                           **dict(g.env)})
         logdir = cfg.out / ".partial"
         shown = list(g.extra_args) + [f"{k}={v}" for k, v in g.env]
-        _say(f"starting SGLang (pp={g.pp}, {cfg.device}{', ' + ' '.join(shown) if shown else ''})")
+        say(f"starting SGLang (pp={g.pp}, {cfg.device}{', ' + ' '.join(shown) if shown else ''})")
         with LabServer(spec, logdir / f"server-{g.name}.log", logdir / f"traces-{g.name}") as server:
             bench = drive.BenchSpec(python=python, url=server.url, model=model, dataset=dataset,
                                     device=cfg.device)
-            _say(_choices_line(server))
+            say(_choices_line(server))
             header = _header(server)
-            _say("warm-up")
+            say("warm-up")
             drive.run_bench(bench, logdir / "warmup.out", concurrency=4, prompts=4, seed=1, out=logdir / "warmup.jsonl")
             mmb0 = _default_mmb(server)
             for case in cases:
                 done.append(run_case(case, server, bench, fault_file, mmb0, cfg.out, header))
-        _say(f"server stopped (group {g.name})")
+        say(f"server stopped (group {g.name})")
     if cfg.analyse:
         for d in order_for_analysis([d for d in done if (d / "traces").is_dir()]):
-            _say(f"{d.name}: ppscope sglang + ppscope report")
+            say(f"{d.name}: ppscope sglang + ppscope report")
             drive.write_json(d / "analysis.json", analyse_case(d))
     from reports.lab.summary import summarise, render
     rows = summarise(cfg.out)

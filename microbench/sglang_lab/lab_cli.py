@@ -15,6 +15,10 @@ examples:
   ppscope sglang-lab --sglang-python /opt/sglang/bin/python --device cuda \\
                      --model-path /models/llama-3-8b      # drive an existing SGLang on GPUs
 
+  a host without network (a GPU server): on a machine with an index, then on the host
+  ppscope sglang-lab --bundle lab.tar --python-version 3.12 --target-freeze host-freeze.txt
+  ppscope sglang-lab --from-bundle lab.tar --list           # install (no network), list, exit
+
 afterwards: ppscope report --results results/lab/<case>   (the case's report is already there)
 """
 
@@ -77,6 +81,28 @@ def register(subparsers) -> None:
                    help="cpu (default; gloo between ranks, graphs off) or cuda (CUDA graphs on)")
     p.add_argument("--analyse-only", action="store_true",
                    help="run no server: read the cases already in --out again")
+    b = p.add_argument_group("offline bundle (a host without network, e.g. a GPU server)")
+    b.add_argument("--bundle", default=None, metavar="FILE",
+                   help="on a machine with a package index: write the wheels of the lab's pinned "
+                   "packages into one file (a tar with a manifest of versions and sha256s), "
+                   "leaving out torch, torchvision, triton (the host's are used) and what "
+                   "--target-freeze already has; then exit")
+    b.add_argument("--python-version", default=None, metavar="X.Y",
+                   help="--bundle: the target's Python (default: this one's)")
+    b.add_argument("--platform", action="append", default=[], metavar="TAG",
+                   help="--bundle: the target's wheel platform, e.g. manylinux_2_34_x86_64 "
+                   "(widened to every manylinux tag that glibc accepts; repeatable; default: "
+                   "this machine's)")
+    b.add_argument("--target-freeze", default=None, metavar="FILE",
+                   help="--bundle: `python -m pip freeze` of the target's Python; packages it "
+                   "has at the pinned version are left out")
+    b.add_argument("--from-bundle", default=None, metavar="FILE",
+                   help="on the target, with no network: make the lab venv from FILE over the "
+                   "host's torch (pip --no-index), then run as usual (with --list: install, "
+                   "list, exit)")
+    b.add_argument("--host-python", default=None, metavar="PATH",
+                   help="--from-bundle: the Python whose torch the lab venv uses (default: the "
+                   "one running ppscope)")
     p.set_defaults(func=run)
 
 
@@ -116,6 +142,40 @@ def _plan(args):
     return plan, only
 
 
+def _bundle(args) -> int | None:
+    """--bundle: build and return 0; --from-bundle: install (the run goes on); else None."""
+    from microbench.sglang_lab.venv import LabError
+    built_for = [f"--{n.replace('_', '-')}" for n in ("python_version", "platform", "target_freeze")
+                 if getattr(args, n)]
+    if built_for and not args.bundle:
+        raise CliError(f"{', '.join(built_for)} only go with --bundle")
+    if args.host_python and not args.from_bundle:
+        raise CliError("--host-python only goes with --from-bundle")
+    if args.bundle and args.from_bundle:
+        raise CliError("--bundle builds a bundle, --from-bundle installs one: give one of them")
+    if args.from_bundle and args.sglang_python:
+        raise CliError("--from-bundle makes the lab's own venv; --sglang-python uses yours: "
+                       "give one of them")
+    try:
+        if args.bundle:
+            from microbench.sglang_lab.bundle import BundleSpec, build_bundle
+            from microbench.sglang_lab.lab import say
+            build_bundle(BundleSpec(
+                out=Path(args.bundle).resolve(), python_version=args.python_version,
+                platforms=tuple(args.platform),
+                target_freeze=Path(args.target_freeze) if args.target_freeze else None), say)
+            return 0
+        if args.from_bundle:
+            from microbench.sglang_lab.bundle_install import (default_host_python,
+                                                              install_from_bundle)
+            from microbench.sglang_lab.lab import say
+            host = Path(args.host_python) if args.host_python else default_host_python()
+            install_from_bundle(Path(args.from_bundle), Path(args.lab_dir).resolve(), host, say)
+    except LabError as e:
+        raise CliError(str(e)) from None
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     from reports.base.paths import results_dir
     from microbench.sglang_lab.lab import LabConfig, run_lab, analyse_case
@@ -123,6 +183,8 @@ def run(args: argparse.Namespace) -> int:
     from microbench.sglang_lab.drive import write_json
     from microbench.sglang_lab.venv import LabError
     plan, only = _plan(args)
+    if _bundle(args) == 0:
+        return 0
     out = Path(args.out) if args.out else results_dir() / "lab"
     if args.list:
         for g in plan:

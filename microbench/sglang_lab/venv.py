@@ -50,7 +50,16 @@ def _fingerprint() -> str:
     return h.hexdigest()[:16]
 
 
-def _run(cmd: list[str], log: Path, what: str, timeout: float,
+BUNDLE_STAMP = "bundle-"
+
+
+def bundle_fingerprint() -> str:
+    """The stamp of a venv made from an offline bundle over the host's torch
+    (bundle_install.py): the lab's pins, whatever torch the host has."""
+    return BUNDLE_STAMP + hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()[:16]
+
+
+def run_step(cmd: list[str], log: Path, what: str, timeout: float,
          env: dict[str, str] | None = None) -> None:
     with open(log, "a") as f:
         f.write(f"\n$ {' '.join(cmd)}\n")
@@ -160,21 +169,25 @@ def ensure_venv(lab_dir: Path, say=print) -> Path:
     python = venv / "bin" / "python"
     stamp = venv / STAMP
     want = _fingerprint()
-    if python.exists() and stamp.exists() and stamp.read_text().strip() == want:
+    have = stamp.read_text().strip() if python.exists() and stamp.exists() else ""
+    if have in (want, bundle_fingerprint()):
         install_shims(python, lab_dir)
         return python
+    if have.startswith(BUNDLE_STAMP):    # made offline: another install would need an index
+        raise LabError(f"{venv} was made from a bundle of other lab pins than this ppscope's; "
+                       "make a new bundle (--bundle) and install it (--from-bundle)")
     log = lab_dir / "install.log"
     log.write_text("")
     if venv.exists():    # the lab's own (claim_lab_dir: stamped, or in the lab's marked folder)
         shutil.rmtree(venv)
     say(f"installing SGLang 0.5.23 for CPU into {venv} (a few minutes; log: {log})")
     try:
-        _run([sys.executable, "-m", "venv", str(venv)], log, "making the lab venv", 300)
+        run_step([sys.executable, "-m", "venv", str(venv)], log, "making the lab venv", 300)
         stamp.write_text("installing\n")    # the lab's from here on, whatever happens next
         pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-        _run(pip + [os.environ.get("PPSCOPE_LAB_TORCH", "torch==2.13.0")], log,
+        run_step(pip + [os.environ.get("PPSCOPE_LAB_TORCH", "torch==2.13.0")], log,
              "installing torch into the lab venv", 1200)
-        _run(pip + ["--no-deps", "-r", str(REQUIREMENTS)], log,
+        run_step(pip + ["--no-deps", "-r", str(REQUIREMENTS)], log,
              "installing SGLang's packages into the lab venv", 1200)
         install_shims(python, lab_dir)
         check_imports(python, log)
@@ -187,7 +200,7 @@ def ensure_venv(lab_dir: Path, say=print) -> Path:
 
 def check_imports(python: Path, log: Path) -> None:
     """SGLang's server and bench_serving import in the lab's Python, as the lab runs them."""
-    _run([str(python), "-c", "import sglang.srt.entrypoints.http_server, sglang.bench_serving"],
+    run_step([str(python), "-c", "import sglang.srt.entrypoints.http_server, sglang.bench_serving"],
          log, "importing SGLang in the lab venv", 600, env=child_env(python))
 
 
@@ -200,7 +213,7 @@ def ensure_model(python: Path, lab_dir: Path, layers: int = MODEL_LAYERS) -> Pat
     log = lab_dir / "install.log"
     tmp = model.with_name(model.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    _run([str(python), str(BOOT / "ppscope_lab_make_model.py"), str(tmp), str(layers)], log,
+    run_step([str(python), str(BOOT / "ppscope_lab_make_model.py"), str(tmp), str(layers)], log,
          "making the lab model", 300, env=child_env(python))
     shutil.rmtree(model, ignore_errors=True)
     tmp.rename(model)
