@@ -250,3 +250,18 @@ def test_drift_with_fixed_lengths_keeps_the_split_with_lengths_that_differ_it_sp
     occupied = [sum(1 for s in snap if s) for snap in mixed.series]
     assert max(occupied) > 4 and len(set(mixed.series)) > 50
     assert len(mixed.sample(6)) == 6
+
+
+def test_a_burst_stops_at_the_visit_where_every_slot_is_full(monkeypatch):
+    # requests never leave a burst's slots: once no slot has room (the cap here), the visits
+    # left would place nobody, so the burst stops there with the rest unplaced
+    import reports.base.slots as slots
+    calls = []
+    real = slots.visit
+    monkeypatch.setattr(slots, "visit", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
+    cfg = SlotConfig(8, 8, 1, 2048, 8192)
+    assert burst_sizes(128, cfg, 1000) == [1] * 16
+    assert len(calls) == cfg.slots
+    calls.clear()
+    rows = SlotConfig(2, 2, 4, 6)     # 6 request rows: slots of 4 and 2, then no row is free
+    assert sum(burst_sizes(20, rows, 10)) == 6 and len(calls) <= rows.slots

@@ -308,8 +308,8 @@ def initial_assignment(arrival_times: Sequence[float], cfg: SlotConfig, policy: 
         for r in placed:
             out[r] = slot
         nxt += vis.taken
-        if nxt == len(order) and chunked is None:
-            break
+        if nxt == len(order) and chunked is None or _admits_nothing(st, cfg, policy):
+            break      # every request placed, or (requests never leave) no slot has room
     return out
 
 
