@@ -420,10 +420,12 @@ def _simulate(cfg: LoopConfig, slot_sizes: Sequence[int], rounds: int, keep_span
         raise ValueError(f"{len(sizes)} slot sizes for {S} slots")
     if any(n < 0 for n in sizes):
         raise ValueError("slot sizes must be >= 0")
-    for n in sizes:
-        if n:
-            for row in (*cfg.stage_us, *cfg.hop_us):
-                _at(row, n)
+    rows = (*cfg.stage_us, *cfg.hop_us)
+    if any(max(sizes, default=0) >= len(row) for row in rows):    # name the first one missing
+        for n in sizes:
+            if n:
+                for row in rows:
+                    _at(row, n)
     total = sum(sizes)
     if total == 0:
         return SimResult(0.0, 0.0, tuple(0.0 for _ in range(p)), tuple(sizes))
