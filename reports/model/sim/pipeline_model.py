@@ -63,7 +63,7 @@ without switching generators.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence, Union
 
 from reports.base.server_settings import slot_count
@@ -512,6 +512,22 @@ def simulate_plan(plan: Plan) -> dict[int, float]:
     if got < want:
         raise _Deadlock(f"plan stalled after {got} of {want} forwards on the last rank")
     return done_at
+
+
+def run_key(cfg: LoopConfig, slot_sizes: Sequence[int]) -> LoopConfig:
+    """What `simulate(cfg, slot_sizes)` reads of `cfg`: its cost tables only at the batch sizes
+    that run (in size order), every other field as it is. Two loops with the same key give the
+    same result, so a caller memoising runs (reports/model/sim/loop_builder.py) runs them once;
+    loops that differ only at sizes no slot holds (another graph padding of an unused size, a
+    table built to a larger size) are one run. `cfg` itself when a size has no cost."""
+    used = sorted({n for n in slot_sizes if n})
+    top = used[-1] if used else 0
+    if any(top >= len(row) for row in (*cfg.stage_us, *cfg.hop_us)):
+        return cfg
+
+    def at_used(rows):
+        return tuple(tuple(row[n] for n in used) for row in rows)
+    return replace(cfg, stage_us=at_used(cfg.stage_us), hop_us=at_used(cfg.hop_us))
 
 
 def uniform_loop(pp: int, async_depth: int, bmax: int, stage_us: Sequence[float] | float,
