@@ -446,8 +446,8 @@ def _admits_nothing(state: AdmitState, cfg: SlotConfig, policy: str) -> bool:
     in any slot; until a request leaves, that stays so."""
     if policy != "sglang" or state.chunk_left:
         return False
-    free = _free_rows(state, cfg)
-    return all(min(cfg.max_micro_batch - n, free) <= 0 for n in state.sizes)
+    # min(cap - running, free rows) <= 0 at every slot
+    return _free_rows(state, cfg) <= 0 or min(state.sizes) >= cfg.max_micro_batch
 
 
 def run_loop(cfg: SlotConfig, waves: Sequence[Wave], successor: Successor = Successor(),
