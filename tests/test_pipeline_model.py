@@ -151,3 +151,29 @@ def test_a_run_without_spans_stops_after_the_measured_rounds_with_the_same_times
     assert (without.tok_per_s, without.tpot_ms, without.busy_frac) == \
         (with_spans.tok_per_s, with_spans.tpot_ms, with_spans.busy_frac)
     assert with_spans.spans and not without.spans
+
+
+def test_loops_that_differ_only_at_sizes_no_slot_holds_are_one_run(monkeypatch):
+    # the simulator reads a cost table only at the batch sizes that run: a loop whose table
+    # differs at size 2 (unused) or goes further is the same run, one that differs at a used
+    # size is not; the model's memo (loop_builder._sim) runs each such loop once
+    from dataclasses import replace
+    from reports.model.sim import loop_builder as lb
+    from reports.model.sim.pipeline_model import run_key
+    a = uniform_loop(3, 2, 3, 1000.0, 60.0, 60.0, host_us=20.0)
+    other = tuple((0.0, c[1], 5.0, c[3]) for c in a.stage_us)           # size 2 differs
+    longer = uniform_loop(3, 2, 6, 1000.0, 60.0, 60.0, host_us=20.0)   # tables to size 6
+    used = tuple((0.0, c[1], c[2], 1.0) for c in a.stage_us)           # size 3 differs
+    sizes = (3, 0, 1, 0, 0)
+    assert run_key(a, sizes) == run_key(replace(a, stage_us=other), sizes) == \
+        run_key(longer, sizes)
+    assert run_key(a, sizes) != run_key(replace(a, stage_us=used), sizes)
+    assert run_key(a, sizes) != run_key(replace(a, host_us=21.0), sizes)
+    assert run_key(a, (9,)) is a                     # no cost for 9: simulate says so
+    runs = []
+    monkeypatch.setattr(lb, "simulate", lambda *x, **k: runs.append(x) or simulate(*x, **k))
+    monkeypatch.setattr(lb, "_SIMS", {})
+    got = [lb._sim(c, sizes, False) for c in (a, replace(a, stage_us=other), longer)]
+    assert len(runs) == 1 and got[0] == got[1] == got[2] == simulate(longer, sizes)
+    lb._sim(replace(a, stage_us=used), sizes, False)
+    assert len(runs) == 2

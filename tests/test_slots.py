@@ -217,12 +217,28 @@ def _naive_closed_loop(cfg, C, prompt_len, lens, reissue=2, rounds=60):
 
 @pytest.mark.parametrize("cfg,C,plen", [
     (SlotConfig(2, 2, 4), 5, 10), (SlotConfig(2, 2, 3, 5, 20), 6, 10),
-    (SlotConfig(3, 1, 8, None, 25), 7, 10), (SlotConfig(4, 4, 64, 2048, 8192), 16, 1000)])
+    (SlotConfig(3, 1, 8, None, 25), 7, 10), (SlotConfig(4, 4, 64, 2048, 8192), 16, 1000),
+    # every slot full while prompts wait: by the cap, by the request rows, with chunking
+    (SlotConfig(2, 2, 1), 9, 10), (SlotConfig(3, 1, 4, 6), 11, 10),
+    (SlotConfig(2, 2, 2, None, 25), 13, 10), (SlotConfig(8, 8, 1, 2048, 8192), 32, 1000)])
 @pytest.mark.parametrize("ratio", [1.0, 0.0])
 def test_closed_loop_event_skipping_matches_visit_by_visit(cfg, C, plen, ratio):
     occ = closed_loop(cfg, C, plen, 9, ratio, rounds=60, seed=3)
     lens = output_lengths(10000, 9, ratio, seed=3)
     assert list(occ.series) == _naive_closed_loop(cfg, C, plen, lens, rounds=60)
+
+
+def test_closed_loop_skips_the_visits_where_every_slot_is_full(monkeypatch):
+    # one request per slot and twice as many clients as slots: prompts always wait, and only
+    # a slot whose request finished admits; the visits between finishes are skipped, not run
+    import reports.base.slots as slots
+    calls = []
+    real = slots.visit
+    monkeypatch.setattr(slots, "visit", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
+    cfg = SlotConfig(8, 8, 1, 2048, 8192)
+    occ = closed_loop(cfg, 32, 1000, 1000, 0.0, rounds=2000)
+    assert len(occ.series) == 1000 and max(sum(s) for s in occ.series) == cfg.slots
+    assert len(calls) < 2000 * cfg.slots // 20
 
 
 def test_drift_with_fixed_lengths_keeps_the_split_with_lengths_that_differ_it_spreads():
@@ -234,3 +250,18 @@ def test_drift_with_fixed_lengths_keeps_the_split_with_lengths_that_differ_it_sp
     occupied = [sum(1 for s in snap if s) for snap in mixed.series]
     assert max(occupied) > 4 and len(set(mixed.series)) > 50
     assert len(mixed.sample(6)) == 6
+
+
+def test_a_burst_stops_at_the_visit_where_every_slot_is_full(monkeypatch):
+    # requests never leave a burst's slots: once no slot has room (the cap here), the visits
+    # left would place nobody, so the burst stops there with the rest unplaced
+    import reports.base.slots as slots
+    calls = []
+    real = slots.visit
+    monkeypatch.setattr(slots, "visit", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
+    cfg = SlotConfig(8, 8, 1, 2048, 8192)
+    assert burst_sizes(128, cfg, 1000) == [1] * 16
+    assert len(calls) == cfg.slots
+    calls.clear()
+    rows = SlotConfig(2, 2, 4, 6)     # 6 request rows: slots of 4 and 2, then no row is free
+    assert sum(burst_sizes(20, rows, 10)) == 6 and len(calls) <= rows.slots

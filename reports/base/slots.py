@@ -308,8 +308,8 @@ def initial_assignment(arrival_times: Sequence[float], cfg: SlotConfig, policy: 
         for r in placed:
             out[r] = slot
         nxt += vis.taken
-        if nxt == len(order) and chunked is None:
-            break
+        if nxt == len(order) and chunked is None or _admits_nothing(st, cfg, policy):
+            break      # every request placed, or (requests never leave) no slot has room
     return out
 
 
@@ -440,6 +440,16 @@ class RunRecord:
     requests: list = field(default_factory=list)
 
 
+def _admits_nothing(state: AdmitState, cfg: SlotConfig, policy: str) -> bool:
+    """No slot admits a waiting prompt at its visit, whatever waits: SGLang's rule with no
+    chunk pending (`_sglang_visit`) when the per-slot cap or the request rows leave no room
+    in any slot; until a request leaves, that stays so."""
+    if policy != "sglang" or state.chunk_left:
+        return False
+    # min(cap - running, free rows) <= 0 at every slot
+    return _free_rows(state, cfg) <= 0 or min(state.sizes) >= cfg.max_micro_batch
+
+
 def run_loop(cfg: SlotConfig, waves: Sequence[Wave], successor: Successor = Successor(),
              round_us=None, *, prompt_len: int | Callable[[int], int] = 1,
              output_len=lambda: 1,
@@ -508,7 +518,9 @@ def run_loop(cfg: SlotConfig, waves: Sequence[Wave], successor: Successor = Succ
         return memo[sizes]
 
     began: dict[int, tuple[int, int]] = {}   # client -> (first-token visit, output tokens)
-    plen = prompt_len if callable(prompt_len) else (lambda c, n=prompt_len: n)
+    # the waiting prompts' lengths at a visit: one length for all, or each client's own
+    waiting = ((lambda q: [prompt_len(c) for c in q]) if callable(prompt_len) else
+               (lambda q, n=prompt_len: [n] * len(q)))
 
     def finish(s: int, v: int, c: int) -> None:
         leaving[s] += 1
@@ -539,7 +551,7 @@ def run_loop(cfg: SlotConfig, waves: Sequence[Wave], successor: Successor = Succ
         running = st.sizes[s]
         if queue or st.chunk_left:
             had = chunked
-            vis = visit(st, [plen(c) for c in queue], s, cfg, policy, micro_batches)
+            vis = visit(st, waiting(queue), s, cfg, policy, micro_batches)
             joining = queue[:vis.taken]
             del queue[:vis.taken]
             if had is not None and (st.chunk_left == 0 or vis.taken):
@@ -554,7 +566,7 @@ def run_loop(cfg: SlotConfig, waves: Sequence[Wave], successor: Successor = Succ
                     heapq.heappush(heaps[s], (decoded[s] + left, c))
                 else:
                     finish(s, v, c)
-        sizes = tuple(len(h) for h in heaps)
+        sizes = tuple(map(len, heaps))
         d = visit_us(sizes)
         hold(sizes, d)
         if record is not None:
@@ -578,11 +590,13 @@ def run_loop(cfg: SlotConfig, waves: Sequence[Wave], successor: Successor = Succ
                 sent[c] = at
                 heapq.heappush(ready, (v + REISSUE_VISITS, at, c))
         if s == S - 1 and v // S >= warmup_rounds:
-            seen.append(tuple(len(h) for h in heaps))
+            seen.append(tuple(map(len, heaps)))
         # Jump to the next visit where anything can change: nothing is admitted while the
-        # queue is empty, and a slot only decodes until its next request finishes.
+        # queue is empty, or (times in visits, so a skipped stretch adds up exactly) while
+        # every slot is full, and a slot only decodes until its next request finishes.
         nxt = v + 1
-        if not queue and not st.chunk_left and not timed:
+        if not st.chunk_left and not timed and (
+                not queue or round_us is None and _admits_nothing(st, cfg, policy)):
             nxt = min(limit, ready[0][0] if ready else limit,
                       processed[0][0] if processed else limit)
             if end is not None:
@@ -602,7 +616,7 @@ def run_loop(cfg: SlotConfig, waves: Sequence[Wave], successor: Successor = Succ
                         first = v + 1 + (q - v - 1) % S
                         if first < nxt:
                             decoded[q] += (nxt - 1 - first) // S + 1
-                snap = tuple(len(h) for h in heaps)
+                snap = tuple(map(len, heaps))
                 d = visit_us(snap) * (nxt - v - 1)
                 hold(snap, d)
                 t += d

@@ -30,7 +30,7 @@ from typing import Sequence
 
 from reports.base.cuda_graphs import padded
 from reports.base.partition import pp_partition
-from reports.model.sim.pipeline_model import LoopConfig, SimResult, simulate
+from reports.model.sim.pipeline_model import LoopConfig, SimResult, run_key, simulate
 from reports.base.roofline import stage_floor
 from reports.base.interp import interp_log
 from reports.model.causes import SCENARIO
@@ -241,7 +241,9 @@ _SIMS: dict = {}
 
 
 def _sim(cfg: LoopConfig, sizes: tuple[int, ...], keep_spans: bool) -> SimResult:
-    key = (cfg, sizes, keep_spans)
+    # one run per loop as the simulator reads it (pipeline_model.run_key): Shapley's subsets
+    # and the what-ifs build many loops that differ only at batch sizes no slot holds
+    key = (run_key(cfg, sizes), sizes, keep_spans)
     if key not in _SIMS:
         if len(_SIMS) > 20000:
             _SIMS.clear()

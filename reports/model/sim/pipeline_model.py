@@ -63,7 +63,7 @@ without switching generators.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence, Union
 
 from reports.base.server_settings import slot_count
@@ -420,10 +420,12 @@ def _simulate(cfg: LoopConfig, slot_sizes: Sequence[int], rounds: int, keep_span
         raise ValueError(f"{len(sizes)} slot sizes for {S} slots")
     if any(n < 0 for n in sizes):
         raise ValueError("slot sizes must be >= 0")
-    for n in sizes:
-        if n:
-            for row in (*cfg.stage_us, *cfg.hop_us):
-                _at(row, n)
+    rows = (*cfg.stage_us, *cfg.hop_us)
+    if any(max(sizes, default=0) >= len(row) for row in rows):    # name the first one missing
+        for n in sizes:
+            if n:
+                for row in rows:
+                    _at(row, n)
     total = sum(sizes)
     if total == 0:
         return SimResult(0.0, 0.0, tuple(0.0 for _ in range(p)), tuple(sizes))
@@ -510,6 +512,22 @@ def simulate_plan(plan: Plan) -> dict[int, float]:
     if got < want:
         raise _Deadlock(f"plan stalled after {got} of {want} forwards on the last rank")
     return done_at
+
+
+def run_key(cfg: LoopConfig, slot_sizes: Sequence[int]) -> LoopConfig:
+    """What `simulate(cfg, slot_sizes)` reads of `cfg`: its cost tables only at the batch sizes
+    that run (in size order), every other field as it is. Two loops with the same key give the
+    same result, so a caller memoising runs (reports/model/sim/loop_builder.py) runs them once;
+    loops that differ only at sizes no slot holds (another graph padding of an unused size, a
+    table built to a larger size) are one run. `cfg` itself when a size has no cost."""
+    used = sorted({n for n in slot_sizes if n})
+    top = used[-1] if used else 0
+    if any(top >= len(row) for row in (*cfg.stage_us, *cfg.hop_us)):
+        return cfg
+
+    def at_used(rows):
+        return tuple(tuple(row[n] for n in used) for row in rows)
+    return replace(cfg, stage_us=at_used(cfg.stage_us), hop_us=at_used(cfg.hop_us))
 
 
 def uniform_loop(pp: int, async_depth: int, bmax: int, stage_us: Sequence[float] | float,
