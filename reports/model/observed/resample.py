@@ -94,8 +94,8 @@ def _shift(b: Blocks | None, w) -> float:
     """The replicate's mean less the whole window's (0 where the replicate drew no sample)."""
     if not b:
         return 0.0
-    rep, full = _mean(b, w), _mean(b, [1] * len(b))
-    return 0.0 if rep is None or full is None else rep - full
+    rep, n = _mean(b, w), sum(k for _, k in b)
+    return 0.0 if rep is None or not n else rep - sum(x for x, _ in b) / n
 
 
 # Deployment field (a per-rank tuple) -> the window quantity whose variation it takes
