@@ -108,7 +108,10 @@ def test_bench_jsonl_mixed_types_are_none_or_unrecognised(tmp_path):
         '{"output_throughput": "250", "max_concurrency": "16", "concurrency": 15.5}',
         '[1, 2, 3]', '{"output_throughput": 1e999}']))
     b = sglang_bench.read_bench(tmp_path / "b.jsonl")
-    assert b["lines_unrecognised"] == 3 and len(b["runs"]) == 2
+    # the list is no run at all; the two runs without a throughput are left out, each said
+    assert b["lines_unrecognised"] == 1 and len(b["runs"]) == 2
+    left_out = [n for n in b["notes"] if "is not a throughput" in n]
+    assert len(left_out) == 2 and "run 1 (C=8)" in left_out[0] and "inf" in left_out[1]
     r1, r2 = b["runs"]   # sorted: the run with no usable cap is keyed by nothing, last
     assert (r1["output_throughput"], r1["concurrency"], r1["mean_concurrency"]) == (250, 16, 15.5)
     assert r2["output_throughput"] == 100.5 and r2["concurrency"] is None
