@@ -162,10 +162,11 @@ def test_pasted_record_with_hops_labels_hop_cost_given(fixtures):
 
 
 def test_probed_topology_stays_measured(tmp_path, report_of):
-    # the 2x H200 record the topology probe wrote, under a 2x H200 scenario
+    # the 2x H200 record the topology probe wrote, under a 2x H200 scenario (a model whose
+    # weights fit two H200s: Kimi K2's 553 GiB do not)
     shutil.copy(ROOT / "tests" / "fixtures" / "h200x2" / "topology.json", tmp_path / "topology.json")
     sc = json.loads((ROOT / "configs" / "scenarios" / "seed-pp8.json").read_text())
-    sc.update(name="h200-pp2", gpu="h200", pp=2)
+    sc.update(name="h200-pp2", gpu="h200", pp=2, model="llama-3-70b")
     (tmp_path / "sc.json").write_text(json.dumps(sc))
     rep, md, _ = report_of(tmp_path, "--scenario", str(tmp_path / "sc.json"))
     assert rep["topology"]["source"] == "measured" and rep["topology"]["pasted"] is False

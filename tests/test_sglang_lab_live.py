@@ -104,8 +104,9 @@ def test_the_slow_stage_is_named_first_with_its_size(lab):
 
 @pytest.fixture(scope="module")
 def twin(tmp_path_factory):
-    """A short twin: the seed's model and costs at PP4 (depth 4), C = 4, 8 output tokens, a fixed
-    k = 2 (no calibration: this tier checks what SGLang did, not timing)."""
+    """A short twin: the seed's model and costs at PP4 (depth 4; TP 2, so that each stage's
+    weights fit its GPUs), C = 4, 8 output tokens, a fixed k = 2 (no calibration: this tier
+    checks what SGLang did, not timing)."""
     from microbench.sglang_lab.venv import LabError, ensure_venv
     lab_dir = Path(os.environ.get("PPSCOPE_LAB_DIR", ROOT / ".lab"))
     try:
@@ -115,7 +116,7 @@ def twin(tmp_path_factory):
     out = tmp_path_factory.mktemp("twin")
     sc = json.loads((ROOT / "configs" / "scenarios" / "seed-pp8.json").read_text())
     sc.update(name="seed-pp4", pp=4, async_depth=4, concurrency=[4], observed_tok_per_s={},
-              max_running_requests=16)
+              max_running_requests=16, tp=2)
     (out / "pp4.json").write_text(json.dumps(sc))
     from reports.cli import main
     rc = main(["twin", "--scenario", str(out / "pp4.json"), "--results", str(out / "results"),

@@ -95,7 +95,27 @@ def _ints(text: str, what: str) -> list[int]:
         raise CliError(f"{what}: expected integers separated by commas, got {text[:60]!r}") from None
     if not vals or any(not 1 <= v <= 256 for v in vals):
         raise CliError(f"{what}: each value between 1 and 256, got {text[:60]!r}")
+    _once(vals, what)
     return vals
+
+
+def _once(vals: list, what: str) -> None:
+    """A value given twice would run twice into the same artefacts folder (and the record
+    would hold two rows of one point): refused before anything starts."""
+    twice = sorted({str(v) for v in vals if vals.count(v) > 1})
+    if twice:
+        raise CliError(f"{what}: {', '.join(twice)[:60]} given twice; give each once "
+                       "(--reps repeats the runs)")
+
+
+def _setting_names(text: str) -> list[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in names if x not in SETTINGS]
+    if bad or not names:
+        shown = ", ".join(bad)[:60] or "empty list"
+        raise CliError(f"--settings: unknown {shown}; one or more of {', '.join(SETTINGS)}")
+    _once(names, "--settings")
+    return names
 
 
 def settings_to_run(inp, names: list[str]):
@@ -138,27 +158,29 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--output-len must be between 1 and 4096, got {args.output_len}")
     if not 1 <= args.max_k <= 1000 or (args.k is not None and not 1 <= args.k <= 1000):
         raise CliError("--k and --max-k must be between 1 and 1000")
-    names = [x.strip() for x in args.settings.split(",") if x.strip()]
-    bad = [x for x in names if x not in SETTINGS]
-    if bad or not names:
-        raise CliError(f"--settings: unknown {', '.join(bad) or 'empty list'}; one or more of "
-                       f"{', '.join(SETTINGS)}")
+    names = _setting_names(args.settings)
+    given = _ints(args.concurrency, "--concurrency") if args.concurrency else None
     results = Path(args.results) if args.results else results_dir()
     records, warnings = load_records(results)
     inp = build_inputs(load_scenario(args.scenario), records, warnings)
-    conc = _ints(args.concurrency, "--concurrency") if args.concurrency else list(inp.concurrency)
+    conc = given or list(inp.concurrency)
     out = Path(args.out) if args.out else results / "twin"
     settings = settings_to_run(inp, names)
     dest = json_path(args.json, results / "twin.json")
     partial = dest.with_name(dest.stem + ".partial.json")
 
+    kept = []             # whether this run wrote the partial record
+
     def keep(data):       # every finished run at once, beside the last complete record
         write_json_atomic(partial, {"probe": "twin", "status": "partial", "data": data})
+        kept.append(True)
     try:
         data = run_twin(inp, settings, conc, out.resolve(), Path(args.lab_dir).resolve(),
                         args.output_len, args.max_k, args.k, keep=keep, reps=args.reps or 1)
-    except LabError as e:
-        raise CliError(f"{e} (runs finished so far: {partial})") from None
+    except LabError as e:   # names the partial record only where this run wrote one
+        first = str(e).splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CliError(first + (f" (runs finished so far: {partial})" if kept else
+                                " (no run finished)")) from None
     write_json_atomic(dest, {"probe": "twin", "status": "ok", "data": data})
     partial.unlink(missing_ok=True)
     from microbench.sglang_lab.twin_table import render

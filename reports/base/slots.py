@@ -290,14 +290,31 @@ def initial_assignment(arrival_times: Sequence[float], cfg: SlotConfig, policy: 
     st = AdmitState.empty(cfg)
     nxt = 0            # index into `order` of the first request not yet taken
     chunked = None     # request being chunked
+    n_slots = cfg.slots
+    # SGLang's admission reads at most a micro-batch of the queue (`_sglang_visit`); `even`
+    # counts all of it
+    look = cfg.max_micro_batch + 1 if policy == "sglang" else len(order)
+    idle = 0           # visits in a row that changed nothing, every request arrived
+    arrived, last_t = 0, float("-inf")
     for v, t in enumerate(visit_times):
-        slot = v % cfg.slots
-        arrived = nxt
+        slot = v % n_slots
+        arrived = max(arrived, nxt) if t >= last_t else nxt   # times in order: scan on
+        last_t = t
         while arrived < len(order) and arrival_times[order[arrived]] <= t:
             arrived += 1
         had_chunk = chunked
-        vis = visit(st, [lens[i] for i in order[nxt:arrived]], slot, cfg, policy,
-                    micro_batches)
+        before = (st.chunk_left, st.sizes[slot])
+        vis = visit(st, [lens[i] for i in order[nxt:min(arrived, nxt + look)]], slot, cfg,
+                    policy, micro_batches)
+        # a visit depends only on the state, the queue and its slot: once a whole round of
+        # slots has changed nothing with every request arrived, every later round is the same
+        # (requests never leave), so the rest of the visits place no one (bounds the work of
+        # a burst far above the request rows to O(slots) visits, not O(slots x C))
+        still = (not vis.taken and before == (st.chunk_left, st.sizes[slot])
+                 and arrived == len(order))
+        idle = idle + 1 if still else 0
+        if idle >= n_slots:
+            break
         taken = order[nxt:nxt + vis.taken]
         placed = list(taken)
         if had_chunk is not None and (st.chunk_left == 0 or vis.taken):

@@ -19,6 +19,15 @@ The older names are still read.
 
 A `Scenario` is also a read-only mapping of its file form (new names), so an edited copy
 (`dict(scenario, pp=4)`) goes back through the same reader.
+
+Bounds: what the model answers in seconds, each stated in the error that refuses it.
+- `pp` from 1 to `MAX_PP` (16), and at most the model's layers (every stage holds one;
+  reports/model/scenario/inputs.py, which also refuses a deployment whose weights do not fit
+  its GPUs);
+- `async_depth` from 0 to `MAX_RANK_VISITS // pp - pp`: pp x (pp + async_depth) at most 512
+  rank visits per simulated round (56 at PP8, 16 at PP16);
+- `concurrency`: 1 to `MAX_POINTS` (8) values, each from 1 to `MAX_CONCURRENCY` (4096);
+- `estimates.zipf_s` from 0 to `MAX_ZIPF_S` (2).
 """
 from __future__ import annotations
 
@@ -35,6 +44,15 @@ from reports.base.roofline import DEFAULT_CONTEXT
 
 MAX_SCENARIO_BYTES = 4 << 20   # a scenario is a few kB
 MAX_CONCURRENCY = 4096         # the model simulates every request's slot: bound its work
+# What the model answers in seconds (module docstring, "Bounds"): the loop is simulated rank by
+# rank, every rank visiting every slot (pp + async_depth of them) each round, for every
+# concurrency, what-if and attribution switch; and the routing Monte-Carlo draws its tokens'
+# experts one by one, which a steep skew makes slow (the k-th most popular expert is drawn about
+# once in 1 / its share).
+MAX_PP = 16
+MAX_RANK_VISITS = 512          # pp x (pp + async_depth): rank visits per simulated round
+MAX_ZIPF_S = 2.0
+MAX_POINTS = 8                 # concurrencies in one scenario (each is simulated in full)
 SOURCE_KEY = "_scenario_file"  # file form: the path the scenario was read from
 _POS_INT = 1 << 40             # bound on counts (tokens, requests): beyond any deployment
 _SETTINGS = {  # optional integer settings: (lowest, highest)
@@ -193,13 +211,15 @@ def read_scenario(d: Mapping[str, Any], default_name: str = "scenario") -> Scena
             raise bad(key, "a preset name or a config path (a string)")
     if "name" in d and not isinstance(d["name"], str):
         raise bad("name", "a string")
-    if not _is_int(d["pp"]) or not 1 <= d["pp"] <= 1024:
-        raise bad("pp", "an integer from 1 to 1024")
-    if not _is_int(d["async_depth"]) or not 0 <= d["async_depth"] <= 1024:
-        raise bad("async_depth", "an integer from 0 to 1024")
+    if not _is_int(d["pp"]) or not 1 <= d["pp"] <= MAX_PP:
+        raise bad("pp", f"an integer from 1 to {MAX_PP} (and at most the model's layers)")
+    top_depth = MAX_RANK_VISITS // d["pp"] - d["pp"]
+    if not _is_int(d["async_depth"]) or not 0 <= d["async_depth"] <= top_depth:
+        raise bad("async_depth", f"an integer from 0 to {top_depth} at pp={d['pp']} "
+                                 f"(pp x (pp + async_depth) at most {MAX_RANK_VISITS})")
     conc = d["concurrency"]
-    if not isinstance(conc, (list, tuple)) or not conc:
-        raise bad("concurrency", "a non-empty list of concurrencies like [1, 8, 32]")
+    if not isinstance(conc, (list, tuple)) or not 1 <= len(conc) <= MAX_POINTS:
+        raise bad("concurrency", f"a list of 1 to {MAX_POINTS} concurrencies like [1, 8, 32]")
     for i, c in enumerate(conc):
         if not _is_int(c) or not 1 <= c <= MAX_CONCURRENCY:
             raise CliError(f"{where}: field 'concurrency[{i}]' must be an integer from 1 to "
@@ -263,6 +283,10 @@ def _estimates(est: dict, where: str) -> Estimates:
                     raise CliError(f"{where}: field 'estimates.efficiency_by_batch.{str(b)[:20]}'"
                                    f" must map a batch size to a fraction in (0, 1], got "
                                    f"{str(e)[:40]!r}")
+        elif k == "zipf_s" and not (_is_num(v) and 0 <= v <= MAX_ZIPF_S):
+            raise CliError(f"{where}: field 'estimates.zipf_s' must be a number from 0 to "
+                           f"{MAX_ZIPF_S:g} (expert-routing skew; 1 is already strong), got "
+                           f"{str(v)[:40]!r}")
         elif not (_is_num(v) and 0 <= v < 1e9):
             raise CliError(f"{where}: field 'estimates.{str(k)[:40]}' must be a number from 0 "
                            f"to 1e9, got {str(v)[:40]!r}")

@@ -40,6 +40,7 @@ from reports.model.scenario.arrival import arrival_from_log
 from reports.base.errors import CliError
 from reports.base.gpu_specs import GpuSpec, load_gpu, match_gpu
 from reports.base.model_config import ModelConfig, load_model
+from reports.base.partition import pp_partition
 from reports.base.paths import CONFIGS
 from reports.base.probes import NAMES
 from reports.base.records import (SCHEMA_VERSION, PayloadError, Record, RecordError,
@@ -233,9 +234,11 @@ def build_inputs(scenario: Scenario | Mapping[str, Any], records: dict[str, Reco
         gpu = load_gpu(sc.gpu)
     except (ValueError, OSError) as e:   # named by the file the user gave, not its `name`
         raise CliError(f"{sc.source or ch.file}: {str(e).splitlines()[0]}") from None
+    _layer_split(ch, model)
     arrival = _deployment_params(ch, records)
     prompt_len, output_len, range_ratio = _lengths(ch, workload, observed_src)
     settings = _server_params(ch, records, model, gpu)
+    _memory_fit(ch, records, model, gpu, settings, prompt_len + output_len)
     stage_eff, eff_curve = _kernel_efficiency(ch, records, model, gpu)
     hop_curve = _hop(ch, records, model)
     host, launch, process = _host(ch, records, gpu)
@@ -259,6 +262,55 @@ def build_inputs(scenario: Scenario | Mapping[str, Any], records: dict[str, Reco
         params=tuple(ch.params), warnings=tuple(ch.warn), records=tuple(dict.fromkeys(ch.used)),
         assumptions=sc.assumptions,
     )
+
+
+def _layer_split(ch: _Chain, model: ModelConfig) -> None:
+    """Every PP stage holds at least one layer (SGLang's `get_pp_indices`, reports/base/
+    partition.py), and a layer partition has one positive entry per stage summing to the
+    model's layers: else a one-line CliError naming the field."""
+    sc, where = ch.sc, ch.sc.source or ch.file
+    if sc.pp > model.num_layers:
+        raise CliError(f"{where}: field 'pp' must be an integer from 1 to {model.num_layers} "
+                       f"({model.name} has {model.num_layers} layers, each PP stage holds at "
+                       f"least one), got {sc.pp}")
+    try:
+        pp_partition(model.num_layers, sc.pp, sc.layer_partition)
+    except ValueError as e:
+        raise CliError(f"{where}: field 'layer_partition': {str(e).splitlines()[0]}") from None
+
+
+def _memory_fit(ch: _Chain, records: dict[str, Record], model: ModelConfig, gpu: GpuSpec,
+                settings: ServerSettings, one_request: int) -> None:
+    """The deployment must start: on every GPU, the weights of its stage (over tp) and
+    SGLang's reserve leave a KV pool of at least one request (prompt + output tokens), by
+    SGLang's own sizing (reports/base/sglang_defaults.py `estimate_kv`, the GPU's spec-sheet
+    memory). A deployment that cannot start has no loop to model, and no setting to recommend
+    for it: a one-line CliError saying so, with the smallest pp that fits. Where the user's
+    own server log shows the server running (sglang.json's start-up line), the server is the
+    evidence: a warning that the estimate says otherwise."""
+    sc, where = ch.sc, ch.sc.source or ch.file
+
+    def kv_at(pp: int, partition):
+        return estimate_kv(model, gpu.mem_gb, pp, tp=sc.tp, partition=partition,
+                           chunked_prefill_size=settings.chunked_prefill_size,
+                           context_len=sc.max_context_length, decode_graphs=sc.cuda_graphs)
+    kv = kv_at(sc.pp, sc.layer_partition)
+    if kv.token_capacity >= one_request:
+        return
+    text = (f"{model.name}'s weights do not fit at pp={sc.pp}"
+            + (f", tp={sc.tp}" if sc.tp > 1 else "")
+            + f" on {gpu.name} ({gpu.mem_gb:g} GB per GPU): {max(kv.weights_gib):.0f} GiB on "
+            f"the fullest stage leave a KV pool of {kv.token_capacity} tokens, under one "
+            f"request's {one_request}")
+    if _server_settings(records).get("max_running_requests") is not None:
+        ch.warn.append(f"{text} by ppscope's estimate, yet sglang.json's server log shows the "
+                       "server running: the estimate of its weights or memory is off")
+        return
+    fits = next((p for p in range(sc.pp + 1, model.num_layers + 1)
+                 if kv_at(p, None).token_capacity >= one_request), None)
+    raise CliError(f"{where}: {text}; a deployment that cannot start is not modelled ("
+                   + (f"pp={fits} is the smallest that fits" if fits else
+                      f"no pp up to {model.num_layers} fits this GPU") + ")")
 
 
 def _deployment_params(ch: _Chain, records: dict[str, Record]) -> str:

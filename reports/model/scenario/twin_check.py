@@ -11,19 +11,38 @@ model's steady loop predicts; records without it use bench_serving's median TPOT
 runs include the later prompts' prefills.
 
 A twin record of another deployment (scenario name or pipeline size) is not used, and the
-report says so. A record that is not JSON or has not the twin's shape is a one-line CliError.
+report says so. Every figure is checked on read: k a dilation the twin uses (`K_RANGE`, as
+`ppscope twin --k` takes), every TPOT and tok/s a finite positive number, every change between
+two settings within `MAX_RATIO` either way, each concurrency one the model runs; a record that
+breaks one, is not JSON or has not the twin's shape is a one-line CliError naming the file and
+the field. A record of a run that stopped early (`ppscope twin` keeps one as `twin.partial.json`:
+status `partial`, `complete: false`) is used for the runs it finished, and the report says so
+beside each figure and in a warning; a failed one (any other status) is not used, and the
+report says so.
 """
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from reports.base.errors import CliError
+from reports.model.scenario.file import MAX_CONCURRENCY, MAX_PP
 
 TWIN_FILE = "twin.json"
 MAX_BYTES = 16 << 20
+# the dilations `ppscope twin` runs at: its --k and --max-k (microbench/sglang_lab/twin_cli.py),
+# and a calibrated k is at least 1 (microbench/sglang_lab/twin.py `calibrated_k`)
+K_RANGE = (1.0, 1000.0)
+# a server setting changes decode tok/s by less than this factor either way (-99% to +9900%);
+# beyond it a figure is not one a run gives, and is refused before it is printed
+MAX_RATIO = 100.0
+MAX_FIGURE = 1e9           # TPOT in ms, tok/s: a bound far above any run, below overflow
+# TwinRecord.state: every run done; stopped early (its finished runs used, said); failed (not
+# used, said)
+COMPLETE, PARTIAL, FAILED = "complete", "partial", "failed"
 # the model's change agrees with the twin's when within 25% of it, or within 5 points of it
 # where both are that small (the twin's runs spread by several percent)
 TOLERANCE = 0.25
@@ -60,6 +79,8 @@ class TwinRecord:
     source: str
     shipped: bool = False  # the scenario's own record in configs/records, not this user's run
     stream_order: bool = True   # made with the hold that orders PP messages on SGLang's stream
+    state: str = COMPLETE       # COMPLETE, PARTIAL (the runs it finished) or FAILED (not used)
+    reason: str = ""            # a failed record's own reason, if it gives one
 
 
 def _pairs(flags) -> dict[str, str]:
@@ -92,12 +113,87 @@ def with_default(rows: list[dict]):
             yield r, b
 
 
+def _state(doc: dict, data: dict) -> str:
+    """COMPLETE, PARTIAL or FAILED, from the record's status and `complete` flag (records
+    without a status are the twin's own data, complete unless they say otherwise)."""
+    status = doc.get("status", "ok")
+    if status == "partial" or (status == "ok" and data.get("complete") is False):
+        return PARTIAL
+    return COMPLETE if status == "ok" else FAILED
+
+
+def _bad(path: Path, field: str, value, want: str) -> CliError:
+    shown = repr(value)
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    return CliError(f"{path}: {field} = {shown}, not {want}: not a twin record ppscope wrote")
+
+
+def _number(path: Path, field: str, value, lo: float, hi: float, want: str) -> float:
+    """`value` as a float in [lo, hi] (finite, not a bool), else a one-line CliError."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not math.isfinite(value) or not lo <= value <= hi):
+        raise _bad(path, field, value, want)
+    return float(value)
+
+
+def _figure(path: Path, field: str, value) -> float:
+    """A TPOT (ms) or a tok/s: finite, positive, below MAX_FIGURE."""
+    return _number(path, field, value, 1e-9, MAX_FIGURE, f"a positive number below {MAX_FIGURE:g}")
+
+
+def _integer(path: Path, field: str, value, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise _bad(path, field, value, f"an integer from {lo} to {hi}")
+    return value
+
+
+def _check_rows(path: Path, rows) -> None:
+    """Every row's concurrency, repetition and figures checked before any is used: a TPOT
+    (`*_ms`) or tok/s that is there is finite and positive (None: not measured); the two the
+    change is taken from are there."""
+    if not isinstance(rows, list):
+        raise _bad(path, "rows", rows, "a list of runs")
+    for i, r in enumerate(rows):
+        if not isinstance(r, dict):
+            raise _bad(path, f"rows[{i}]", r, "a run (an object)")
+        _integer(path, f"rows[{i}].concurrency", r.get("concurrency"), 1, MAX_CONCURRENCY)
+        _integer(path, f"rows[{i}].rep", r.get("rep", 1), 1, 1000)
+        if not isinstance(r.get("setting"), str):
+            raise _bad(path, f"rows[{i}].setting", r.get("setting"), "a setting's name")
+        for key in ("twin_decode_tok_per_s", "model_tok_per_s"):
+            _figure(path, f"rows[{i}].{key}", r.get(key))
+        for key, v in r.items():
+            if v is not None and (key.endswith("_ms") or key.endswith("_tok_per_s")):
+                _figure(path, f"rows[{i}].{key}", v)
+
+
+def _change(path: Path, ratio: float, what: str, C: int) -> float:
+    """A ratio of two settings' decode tok/s as a relative change, within `MAX_RATIO`."""
+    if not 1 / MAX_RATIO <= ratio <= MAX_RATIO:
+        raise CliError(f"{path}: {what} changes decode tok/s {ratio:.3g}x at C={C}, beyond "
+                       f"{1 / MAX_RATIO:g}x to {MAX_RATIO:g}x: not a twin record ppscope wrote")
+    return ratio - 1
+
+
 def _read(path: Path, source: str) -> TwinRecord:
     try:
         if path.stat().st_size > MAX_BYTES:
             raise CliError(f"{path}: larger than {MAX_BYTES >> 20} MB; not a twin record")
         doc = json.loads(path.read_text(encoding="utf-8"))
         data = doc["data"]
+        if doc.get("probe", "twin") != "twin":
+            raise CliError(f"{path}: a {str(doc['probe'])[:40]!r} record, not a twin record")
+        state = _state(doc, data)
+        scenario = str(data["scenario"])
+        pp = _integer(path, "pp", data["pp"], 1, MAX_PP)
+        if state == FAILED:      # not used: its figures are neither read nor checked
+            return TwinRecord(scenario, pp, 0.0, {}, source, state=FAILED,
+                              reason=f"status {str(doc.get('status'))[:20]}"
+                                     + (f": {str(doc['reason'])[:120]}" if doc.get("reason")
+                                        else ""))
+        k = _number(path, "calibration.k", data["calibration"]["k"], *K_RANGE,
+                    f"a dilation from {K_RANGE[0]:g} to {K_RANGE[1]:g} (ppscope twin --k)")
+        _check_rows(path, data["rows"])
         runs: dict = {}          # (change, C) -> [(setting's row, default's row), ...]
         for r, b in with_default(data["rows"]):
             base_flags = _pairs(b["flags"])
@@ -107,16 +203,19 @@ def _read(path: Path, source: str) -> TwinRecord:
         changes: dict = {}
         for (diff, C), got in sorted(runs.items(), key=lambda kv: kv[0][1]):
             basis, twin = twin_changes(got)
+            what = " + ".join(f"{f} {v}" for f, v in sorted(diff)) or "the default again"
+            twin = [_change(path, 1 + x, f"the twin's {what}", C) for x in twin]
             r0, b0 = got[0]
-            model = float(r0["model_tok_per_s"]) / float(b0["model_tok_per_s"]) - 1
+            model = _change(path, float(r0["model_tok_per_s"]) / float(b0["model_tok_per_s"]),
+                            f"the model's {what}", C)
             changes[diff] = changes.get(diff, ()) + (TwinChange(
                 C, statistics.median(twin), model, min(twin), max(twin), len(twin), basis),)
-        return TwinRecord(str(data["scenario"]), int(data["pp"]),
-                          float(data["calibration"]["k"]), changes, source,
-                          stream_order=_stream_order(data))
+        return TwinRecord(scenario, pp, k, changes, source,
+                          stream_order=_stream_order(data), state=state)
     except CliError:
         raise
-    except (OSError, ValueError, KeyError, TypeError, IndexError, ZeroDivisionError) as e:
+    except (OSError, ValueError, KeyError, TypeError, IndexError, ZeroDivisionError,
+            AttributeError) as e:
         raise CliError(f"{path}: not a twin record ppscope wrote ({type(e).__name__})") from None
 
 
@@ -154,7 +253,8 @@ def twin_text(rec: TwinRecord, knob: str, setting: str) -> str | None:
         return None
     parts = ", ".join(f"{c.twin:+.0%} at C={c.concurrency} ({_spread(c)}model {c.model:+.0%})"
                       for c in got)
-    where = ", shipped with ppscope" if rec.shipped else ""
+    where = (", shipped with ppscope" if rec.shipped else "") + (
+        ", a run stopped early" if rec.state == PARTIAL else "")
     basis = ("steady decode" if all(c.basis == STEADY for c in got) else
              "bench_serving's TPOT" if all(c.basis == BENCH for c in got) else
              "steady decode where its log had one")
@@ -217,10 +317,14 @@ def apply_twin(rep, rec: TwinRecord | None):
     whether that supports the model's figure (`WhatIf.twin_verdict`: the best pair NO_BETTER
     when the twin gave it no more than the single setting), and a
     warning when the user's twin describes another deployment (a shipped record of another
-    deployment is left out silently: it was never this user's). Rows the twin did not run keep
-    None."""
+    deployment is left out silently: it was never this user's), stopped early (its finished
+    runs used) or failed (not used). Rows the twin did not run keep None."""
     if rec is None:
         return rep
+    if rec.state == FAILED:
+        return replace(rep, warnings=tuple(rep.warnings) + (
+            f"{rec.source} is a failed twin run ({rec.reason}): not used; run `ppscope twin` "
+            "again",))
     why = matches(rec, rep.scenario, rep.deployment.pp)
     if why:
         return rep if rec.shipped else replace(rep, warnings=tuple(rep.warnings) + (why,))
@@ -229,6 +333,11 @@ def apply_twin(rep, rec: TwinRecord | None):
             f"{rec.source} was recorded by an earlier ppscope twin, whose hold did not order "
             "the PP messages on SGLang's schedule stream (it ran chunk 2048 at C=8 about 10% "
             "fast): run `ppscope twin` again",))
+    if rec.state == PARTIAL:
+        rep = replace(rep, warnings=tuple(rep.warnings) + (
+            f"{rec.source} is the record of a twin run that stopped early: the runs it finished "
+            "are used (each such figure says so), the settings and concurrencies it did not "
+            "reach were not checked on SGLang's scheduler",))
 
     def one(w):
         return None if w is None else replace(w, twin=twin_text(rec, w.knob, w.setting),
