@@ -226,7 +226,7 @@ def test_cli_bad_bundle_exits_2_in_one_line(tmp_path, capsys):
                       "--list"], capsys)
     one_line_error(rc, err, "--from-bundle")
     rc, _, err = run(["sglang-lab", "--python-version", "3.12", "--list"], capsys)
-    one_line_error(rc, err, "only go with --bundle")
+    one_line_error(rc, err, "only goes with --bundle")
     rc, _, err = run(["sglang-lab", "--from-bundle", junk, "--sglang-python", sys.executable],
                      capsys)
     one_line_error(rc, err, "give one of them")
@@ -302,3 +302,62 @@ def test_a_bundle_venv_of_other_pins_is_never_reinstalled_from_an_index(tmp_path
     with pytest.raises(LabError, match="make a new bundle"):
         venv.ensure_venv(lab, say=print)
     assert (lab / "venv" / "bin" / "python").exists()
+
+
+# --compact: stored wheels, SGLang's unused parts left out, xz
+
+
+def test_a_compact_bundle_is_xz_stored_trimmed_and_installs(tmp_path, pins, monkeypatch):
+    pins.write_text(PINS + "sglang==0.5.23\n")
+    big = b"0123456789abcdef" * 4096                  # compresses well: stored, then xz
+
+    def download(sel, spec, dest, log):
+        for n, v in sel.wanted:
+            w = _wheel(dest, n, v)
+            if n != "sglang":
+                continue
+            with zipfile.ZipFile(w) as z:             # add the parts TRIM names, RECORDed
+                members = {i.filename: z.read(i) for i in z.infolist()}
+            extra = {"sglang/__init__.py": b"", "sglang/multimodal_gen/runtime/big.py": big,
+                     "sglang/srt/rust_extensions/_grpc.cpython-312-x86_64-linux-gnu.so": big,
+                     "sglang/srt/rust_extensions/loader.py": b"KEPT = 1\n"}
+            record_name = next(k for k in members if k.endswith("RECORD"))
+            members[record_name] += "".join(f"{k},,\n" for k in extra).encode()
+            with zipfile.ZipFile(w, "w", zipfile.ZIP_DEFLATED) as z:
+                for k, data in {**members, **extra}.items():
+                    z.writestr(k, data)
+    monkeypatch.setattr(bundle, "download", download)
+    out, m = _build(tmp_path, compact=True)
+    assert m.compression == "xz" and len(m.trimmed) == 2
+    assert m.trimmed[0].startswith("sglang: sglang/multimodal_gen/* (") and "1 files" in m.trimmed[0]
+    with open(out, "rb") as f:
+        assert f.read(6) == b"\xfd7zXZ\x00"           # an xz stream
+    with tarfile.open(out) as tf:
+        sgl = next(p for p in m.packages if p.name == "sglang")
+        data = tf.extractfile(f"wheels/{sgl.file}").read()
+        assert hashlib.sha256(data).hexdigest() == sgl.sha256
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        names = z.namelist()
+        record = z.read(next(k for k in names if k.endswith("RECORD"))).decode()
+        assert all(i.compress_type == zipfile.ZIP_STORED for i in z.infolist())
+    assert "sglang/srt/rust_extensions/loader.py" in names
+    assert not [n for n in names if "multimodal_gen" in n or "_grpc" in n]
+    assert "multimodal_gen" not in record and "_grpc" not in record and "loader.py" in record
+    # it installs like any bundle: the kept parts there, the trimmed ones not
+    monkeypatch.setattr(bundle_install, "check_imports", lambda py, log: None)
+    said = []
+    py = bundle_install.install_from_bundle(out, tmp_path / "lab", _host(tmp_path), said.append)
+    assert any("a compact bundle: left out of it sglang: sglang/multimodal_gen/*" in s
+               for s in said)
+    got = subprocess.run([str(py), "-c", "import sglang.srt.rust_extensions.loader as l, "
+                          "importlib.util as u; print(l.KEPT, "
+                          "u.find_spec('sglang.multimodal_gen') is None)"],
+                         capture_output=True, text=True, env={"PATH": os.environ["PATH"]})
+    assert got.stdout.split() == ["1", "True"], got.stderr
+
+
+def test_compact_only_goes_with_bundle(capsys):
+    from reports.cli import main
+    assert main(["sglang-lab", "--compact", "--list"]) == 2
+    err = capsys.readouterr().err
+    assert "--compact only goes with --bundle" in err and err.count("\n") == 1

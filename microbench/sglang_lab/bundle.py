@@ -13,6 +13,14 @@ and writes them with a manifest into one tar file. Left out:
 The manifest (`manifest.json`) names each wheel with its package, version, size and sha256, what
 was left out and why, the Python and platforms it was made for, and a hash of the lab's pins.
 
+`--compact` makes the file about a third of the size, for a carry limit (a device's upload, a
+ticket's attachment): every wheel is repacked with its files stored uncompressed (the same files,
+so each wheel's RECORD hashes still hold), the parts of SGLang's wheel that a language-model
+server started as the lab starts it never loads are left out (TRIM, each with its reason; the
+install's import check and the lab's runs are the proof), and the tar is xz-compressed. Wheels
+are deflate-compressed one file at a time; xz over the stored files of all of them finds far more
+to share. The manifest lists what was left out.
+
 On the target, `ppscope sglang-lab --from-bundle FILE` (bundle_install.py) makes the lab's own
 venv over the host's torch with no network, then runs as usual.
 
@@ -31,6 +39,7 @@ import sys
 import tarfile
 import tempfile
 import time
+import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -43,6 +52,20 @@ PINS = "requirements.txt"           # the bundle's own pins: what the target ins
 WHEELS = "wheels"
 HOST_OWNED = ("torch", "torchvision", "triton")
 DOWNLOAD_TIMEOUT_S = 3600.0
+XZ_PRESET = 6                       # --compact: xz -9 gains 2% for twice the time here
+
+# --compact: what of a wheel the lab never loads, by package, with the reason. SGLang 0.5.23:
+# `sglang.launch_server` (HTTP, no --grpc-port, SGLANG_RUST_SERVER unset) and
+# `sglang.bench_serving` (Python client) import none of these.
+TRIM: dict[str, tuple[tuple[str, str], ...]] = {
+    "sglang": (
+        ("sglang/multimodal_gen/", "the diffusion runtime (sglang.multimodal_gen)"),
+        ("sglang/srt/rust_extensions/_server.", "the Rust HTTP server (SGLANG_RUST_SERVER)"),
+        ("sglang/srt/rust_extensions/_grpc.", "the gRPC server (--grpc-port)"),
+        ("sglang/srt/rust_extensions/_bench.", "the Rust bench client (sglang.benchmark)"),
+        ("sglang/srt/rust_extensions/_multimodal.", "the multimodal processors' Rust code"),
+    ),
+}
 
 
 def norm(name: str) -> str:
@@ -142,6 +165,8 @@ class Manifest:
     host_owned: tuple[str, ...]
     target_has: tuple[str, ...]
     made_unix: float
+    trimmed: tuple[str, ...] = ()    # --compact: "<package>: <path> (<reason>), N files, X MB"
+    compression: str = ""            # "xz" for --compact
     kind: str = KIND
     format: int = FORMAT
 
@@ -162,7 +187,8 @@ class Manifest:
             raise ValueError("a package file that is not a wheel's name")
         return Manifest(str(d["python_version"]), tuple(map(str, d["platforms"])),
                         str(d["lab_pins_sha256"]), pk, tuple(map(str, d["host_owned"])),
-                        tuple(map(str, d["target_has"])), float(d["made_unix"]))
+                        tuple(map(str, d["target_has"])), float(d["made_unix"]),
+                        tuple(map(str, d.get("trimmed", ()))), str(d.get("compression", "")))
 
 
 @dataclass(frozen=True)
@@ -171,6 +197,7 @@ class BundleSpec:
     python_version: str | None = None            # "3.12": the target's; None: this Python's
     platforms: tuple[str, ...] = ()              # the target's; (): this machine's
     target_freeze: Path | None = None
+    compact: bool = False                        # stored wheels, TRIM left out, xz
 
 
 def _check_spec(spec: BundleSpec) -> None:
@@ -206,6 +233,37 @@ def sha256_file(p: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def repack(wheel: Path, name: str) -> list[str]:
+    """--compact: rewrite `wheel` in place with its files stored, less TRIM[name]; returns what
+    was left out, one line per TRIM entry that matched. RECORD loses the lines of the files
+    left out, so the installed package's record lists only what is there."""
+    drop = TRIM.get(norm(name), ())
+    tmp = wheel.with_name(wheel.name + ".repack")
+    gone: dict[str, list[zipfile.ZipInfo]] = {prefix: [] for prefix, _ in drop}
+    with zipfile.ZipFile(wheel) as zin:
+        infos = zin.infolist()
+        for info in infos:
+            for prefix, _ in drop:
+                if info.filename.startswith(prefix):
+                    gone[prefix].append(info)
+        dropped = {i.filename for lst in gone.values() for i in lst}
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as zout:
+            for info in infos:
+                if info.filename in dropped:
+                    continue
+                data = zin.read(info)
+                if dropped and info.filename.endswith(".dist-info/RECORD"):
+                    data = "".join(ln for ln in data.decode().splitlines(True)
+                                   if ln.split(",", 1)[0] not in dropped).encode()
+                out = zipfile.ZipInfo(info.filename, info.date_time)
+                out.external_attr = info.external_attr
+                zout.writestr(out, data, zipfile.ZIP_STORED)
+    os.replace(tmp, wheel)
+    return [f"{name}: {prefix}* ({why}), {len(gone[prefix])} files, "
+            f"{sum(i.file_size for i in gone[prefix]) / 1e6:.1f} MB"
+            for prefix, why in drop if gone[prefix]]
 
 
 def download(sel: Selection, spec: BundleSpec, dest: Path, log: Path) -> None:
@@ -259,19 +317,29 @@ def build_bundle(spec: BundleSpec, say=print) -> Manifest:
         missing = [f"{n}=={v}" for n, v in sel.wanted if by_name.get(norm(n), (None,))[0] != v]
         if missing:
             raise LabError(f"pip download gave no wheel for {', '.join(missing[:3])}")
-        say(f"downloaded {len(files)} wheels in {time.monotonic() - t0:.0f} s; hashing and packing")
+        say(f"downloaded {len(files)} wheels in {time.monotonic() - t0:.0f} s; "
+            + ("repacking them stored" if spec.compact else "hashing and packing"))
+        trimmed: list[str] = []
+        if spec.compact:
+            for n, _ in sel.wanted:
+                trimmed += repack(by_name[norm(n)][1], n)
+            say(f"left out: {'; '.join(trimmed) or 'nothing'}; xz-compressing "
+                f"{sum(p.stat().st_size for _, p in by_name.values()) / 1e6:.0f} MB "
+                "(about a minute per 100 MB)")
         packages = tuple(Package(n, v, by_name[norm(n)][1].name,
                                  by_name[norm(n)][1].stat().st_size, sha256_file(by_name[norm(n)][1]))
                          for n, v in sel.wanted)
         manifest = Manifest(
             python_version=spec.python_version or "%d.%d" % sys.version_info[:2],
             platforms=spec.platforms, lab_pins_sha256=pins_hash(), packages=packages,
-            host_owned=sel.host_owned, target_has=sel.target_has, made_unix=time.time())
+            host_owned=sel.host_owned, target_has=sel.target_has, made_unix=time.time(),
+            trimmed=tuple(trimmed), compression="xz" if spec.compact else "")
         (Path(tmp) / MANIFEST).write_text(manifest.to_json())
         (Path(tmp) / PINS).write_text("".join(f"{n}=={v}\n" for n, v in sel.wanted))
         part = spec.out.with_name(spec.out.name + ".partial")
         try:
-            with tarfile.open(part, "w") as tf:
+            with (tarfile.open(part, "w:xz", preset=XZ_PRESET) if spec.compact
+                  else tarfile.open(part, "w")) as tf:
                 tf.add(Path(tmp) / MANIFEST, MANIFEST)
                 tf.add(Path(tmp) / PINS, PINS)
                 for pkg in packages:

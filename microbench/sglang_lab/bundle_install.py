@@ -116,6 +116,8 @@ def install_from_bundle(bundle: Path, lab_dir: Path, host_python: Path, say=prin
         if manifest.lab_pins_sha256 != pins_hash():
             raise LabError(f"--from-bundle {bundle} was made from other lab pins than this "
                            "ppscope's; make a new one with --bundle")
+        if manifest.trimmed:
+            say(f"a compact bundle: left out of it {'; '.join(manifest.trimmed)}")
         facts = host_facts(host_python)
         if facts["version"] != manifest.python_version:
             raise LabError(f"--from-bundle {bundle} holds wheels for Python "

@@ -96,6 +96,10 @@ def register(subparsers) -> None:
     b.add_argument("--target-freeze", default=None, metavar="FILE",
                    help="--bundle: `python -m pip freeze` of the target's Python; packages it "
                    "has at the pinned version are left out")
+    b.add_argument("--compact", action="store_true",
+                   help="--bundle: about a third of the size (for a carry limit): wheels repacked "
+                   "stored, the parts of SGLang's wheel the lab never loads left out (listed in "
+                   "the manifest), the file xz-compressed; slower to build")
     b.add_argument("--from-bundle", default=None, metavar="FILE",
                    help="on the target, with no network: make the lab venv from FILE over the "
                    "host's torch (pip --no-index), then run as usual (with --list: install, "
@@ -145,10 +149,12 @@ def _plan(args):
 def _bundle(args) -> int | None:
     """--bundle: build and return 0; --from-bundle: install (the run goes on); else None."""
     from microbench.sglang_lab.venv import LabError
-    built_for = [f"--{n.replace('_', '-')}" for n in ("python_version", "platform", "target_freeze")
+    built_for = [f"--{n.replace('_', '-')}" for n in ("python_version", "platform", "target_freeze",
+                                                          "compact")
                  if getattr(args, n)]
     if built_for and not args.bundle:
-        raise CliError(f"{', '.join(built_for)} only go with --bundle")
+        raise CliError(f"{', '.join(built_for)} only "
+                       f"{'goes' if len(built_for) == 1 else 'go'} with --bundle")
     if args.host_python and not args.from_bundle:
         raise CliError("--host-python only goes with --from-bundle")
     if args.bundle and args.from_bundle:
@@ -163,7 +169,8 @@ def _bundle(args) -> int | None:
             build_bundle(BundleSpec(
                 out=Path(args.bundle).resolve(), python_version=args.python_version,
                 platforms=tuple(args.platform),
-                target_freeze=Path(args.target_freeze) if args.target_freeze else None), say)
+                target_freeze=Path(args.target_freeze) if args.target_freeze else None,
+                compact=args.compact), say)
             return 0
         if args.from_bundle:
             from microbench.sglang_lab.bundle_install import (default_host_python,
