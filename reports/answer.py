@@ -66,12 +66,16 @@ def hypotheses_sentence(verdicts: tuple[Verdict, ...]) -> str:
 
 def bench_run_sentence(br: ModelledBenchRun) -> str:
     """The model of the observed loop over bench_serving's whole run against its tok/s."""
-    slow = (f", the traced window's profiler slowdown ({br.profiler_slowdown:.2f}x) taken off"
+    ci = br.profiler_slowdown_ci
+    slow = (f", the traced window's profiler slowdown ({br.profiler_slowdown:.2f}x"
+            + (f", {ci[0]:.2f}-{ci[1]:.2f}x" if ci else "") + ") taken off"
             if br.profiler_slowdown else "")
+    left = br.unexplained_ci
     return (f"Over bench_serving's whole run ({br.prompts} prompts: waves, the last below C, "
             f"a prefill visit per prompt){slow}, the model of the observed loop gives "
             f"{br.modelled_tok_per_s:.1f} tok/s against the observed "
-            f"{br.observed_tok_per_s:.1f}: {br.unexplained_pct:+.0f}% unexplained.")
+            f"{br.observed_tok_per_s:.1f}: {br.unexplained_pct:+.0f}%"
+            + (f" ({min(left):+.0f} to {max(left):+.0f}%)" if left else "") + " unexplained.")
 
 
 def server_whatifs_sentence(sw) -> str | None:

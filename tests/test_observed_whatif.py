@@ -139,6 +139,29 @@ def test_profiler_slowdown_from_the_decode_lines():
     assert slowdown(only_other_sizes) is None
 
 
+def test_profiler_slowdown_interval_holds_it_and_widens_with_jitter():
+    from microbench.sglang.profiler_cost import SlowdownReader
+    steady = SlowdownReader()
+    for ln in _log(24.0, 20.0).splitlines():
+        steady.feed(ln)
+    lo, hi = steady.interval(0.9, 100, 5)
+    assert lo == pytest.approx(1.2, rel=1e-3) and hi == pytest.approx(1.2, rel=1e-3)
+    # visits that vary inside the window: an interval around the slowdown, wider with the spread
+    jitter = [ln.replace("(token/s): 166.67", "(token/s): %.2f" % (4000 / (24 + (i % 5 - 2) * k)))
+              for k in (1.0, 4.0) for i, ln in enumerate(_log(24.0, 20.0).splitlines())]
+    half = len(jitter) // 2
+    widths = []
+    for part in (jitter[:half], jitter[half:]):
+        r = SlowdownReader()
+        for ln in part:
+            r.feed(ln)
+        lo, hi = r.interval(0.9, 100, 5)
+        assert lo <= r.result() <= hi and lo < hi
+        widths.append(hi - lo)
+    assert widths[1] > widths[0]
+    assert SlowdownReader().interval(0.9, 100, 5) is None          # no window: none
+
+
 def test_the_change_a_lab_case_made():
     from reports.lab.whatifs import change_of
     base = {"case": {"mmb": None, "request_rate": None}, "extra_args": []}

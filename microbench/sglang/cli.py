@@ -180,8 +180,10 @@ def collect(args: argparse.Namespace) -> SglangData:
         loop = _loop(args, data)
         if args.sglang_log:
             from microbench.sglang.profiler_cost import window_evidence
-            slow, bursts = window_evidence(_log_files(args.sglang_log))
-            loop = replace(loop, profiler_slowdown=slow, bursts=tuple(
+            from reports.model.observed.resample import LEVEL, REPLICATES, SEED
+            slow, slow_ci, bursts = window_evidence(_log_files(args.sglang_log), LEVEL,
+                                                    REPLICATES, SEED)
+            loop = replace(loop, profiler_slowdown=slow, profiler_slowdown_ci=slow_ci, bursts=tuple(
                 from_json(ArrivalBurst, b, f"loop.bursts[{i}]") for i, b in enumerate(bursts)))
         data = replace(data, loop=loop)
     if args.url and not _reads(args, "live"):

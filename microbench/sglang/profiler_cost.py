@@ -12,9 +12,17 @@ slowdown = sum over the window's lines of the median visit time at that line's `
 inside the window / the same outside it (both on the same rank, sizes seen at least `MIN_LINES`
 times outside), over the same sum with the outside medians: 1.0 = the window ran at the
 benchmark's speed. None without a window or without matching lines outside it.
+
+Its interval (`SlowdownReader.interval`): a block bootstrap of the same ratio. Each (rank,
+inside or outside, #running-req) group's visit times are cut, in log order, into blocks of
+about sqrt(n) consecutive lines (neighbouring visits share the host's state, so single lines
+would understate the spread); a replicate draws each group's blocks with replacement, and the
+interval is the central `level` of the replicates' slowdowns.
 """
 from __future__ import annotations
 
+import math
+import random
 import re
 from pathlib import Path
 from statistics import median
@@ -47,14 +55,55 @@ class SlowdownReader:
         if thr > 0 and bs > 0:
             self.dt.setdefault((r, self.inside.get(r, False), bs), []).append(bs / thr)
 
-    def result(self) -> float | None:
-        num = den = 0.0
+    def _pairs(self) -> list[tuple[list[float], list[float]]]:
+        """(inside, outside) visit times of every rank and size seen in both."""
+        out = []
         for (r, ins, bs), v in self.dt.items():
-            out = self.dt.get((r, False, bs))
-            if ins and out and len(out) >= self.min_lines:
-                num += len(v) * median(v)
-                den += len(v) * median(out)
-        return num / den if den else None
+            outside = self.dt.get((r, False, bs))
+            if ins and outside and len(outside) >= self.min_lines:
+                out.append((v, outside))
+        return out
+
+    def result(self) -> float | None:
+        return _ratio(self._pairs())
+
+    def interval(self, level: float, replicates: int, seed: int) -> tuple[float, float] | None:
+        """The slowdown's central `level` interval (module docstring); None where there is
+        no slowdown or fewer than 2 lines inside the window."""
+        pairs = self._pairs()
+        if not pairs or sum(len(v) for v, _ in pairs) < 2:
+            return None
+        rng = random.Random(seed)
+        got = sorted(x for x in (_ratio([(_redraw(v, rng), _redraw(o, rng)) for v, o in pairs])
+                                 for _ in range(replicates)) if x is not None)
+        if not got:
+            return None
+        a = (1 - level) / 2
+        return _quantile(got, a), _quantile(got, 1 - a)
+
+
+def _ratio(pairs: list[tuple[list[float], list[float]]]) -> float | None:
+    num = sum(len(v) * median(v) for v, _ in pairs)
+    den = sum(len(v) * median(o) for v, o in pairs)
+    return num / den if den else None
+
+
+def _redraw(values: list[float], rng: random.Random) -> list[float]:
+    """As many values, drawn as whole blocks of about sqrt(n) consecutive ones."""
+    n = len(values)
+    size = max(1, math.isqrt(n))
+    blocks = [values[i:i + size] for i in range(0, n, size)]
+    out: list[float] = []
+    while len(out) < n:
+        out += blocks[rng.randrange(len(blocks))]
+    return out[:n]
+
+
+def _quantile(v: list[float], q: float) -> float:
+    """Linear between order statistics of sorted `v`."""
+    x = q * (len(v) - 1)
+    i = int(x)
+    return v[i] if i + 1 >= len(v) else v[i] + (x - i) * (v[i + 1] - v[i])
 
 
 def slowdown(lines: Iterable[str], min_lines: int = MIN_LINES) -> float | None:
@@ -74,10 +123,11 @@ def log_lines(paths: Iterable[str | Path]) -> Iterator[str]:
                 yield raw.decode("utf-8", "replace")
 
 
-def window_evidence(paths: Iterable[str | Path]) -> tuple[float | None, list[dict]]:
-    """The profiled window's slowdown and the bursts of admission outside it
+def window_evidence(paths: Iterable[str | Path], level: float = 0.90, replicates: int = 100,
+                    seed: int = 0) -> tuple[float | None, tuple[float, float] | None, list[dict]]:
+    """The profiled window's slowdown, its interval and the bursts of admission outside it
     (microbench/sglang/arrival_bursts.py), in one pass over the given logs (plain text;
-    unreadable: None and [])."""
+    unreadable: None, None and [])."""
     from microbench.sglang.arrival_bursts import BurstReader
     slow, bursts = SlowdownReader(), BurstReader()
     try:
@@ -85,5 +135,5 @@ def window_evidence(paths: Iterable[str | Path]) -> tuple[float | None, list[dic
             slow.feed(ln)
             bursts.feed(ln)
     except OSError:
-        return None, []
-    return slow.result(), bursts.result()
+        return None, None, []
+    return slow.result(), slow.interval(level, replicates, seed), bursts.result()

@@ -194,11 +194,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     out = Path(args.out) if args.out else results_dir() / "lab"
     if args.list:
+        width = max((len(c.name) for g in plan for c in g.cases), default=12)
         for g in plan:
             for c in g.cases:
                 shown = ' '.join(list(g.extra_args) + [f'{k}={v}' for k, v in g.env])
                 hog = "" if c.hog_rank is None else f" hog on rank {c.hog_rank}'s core"
-                print(f"{c.name:12s} pp={g.pp}{' ' + shown if shown else ''} C={c.concurrency:<3d} {c.fault or ''}"
+                print(f"{c.name:{width}s} pp={g.pp}{' ' + shown if shown else ''} C={c.concurrency:<3d} {c.fault or ''}"
                       f"{hog}"
                       f"{' mmb=%d' % c.mmb if c.mmb else ''}"
                       f"{' rate=%g/s' % c.request_rate if c.request_rate else ''}")

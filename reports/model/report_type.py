@@ -198,6 +198,10 @@ class ModelledBenchRun:
     modelled_tok_per_s: float
     observed_tok_per_s: float | None
     unexplained_pct: float | None
+    # from the slowdown's interval (profiler_cost.SlowdownReader.interval); None: none
+    profiler_slowdown_ci: tuple[float, float] | None = None
+    modelled_ci: tuple[float, float] | None = None
+    unexplained_ci: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)

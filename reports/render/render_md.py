@@ -569,13 +569,18 @@ def bench_run_line(dg: ServerDiagnosis) -> str | None:
     br = dg.bench_run
     if br is None or br.unexplained_pct is None:
         return None
+    ci, left = br.profiler_slowdown_ci, br.unexplained_ci
     slow = (f"; the traced window ran {br.profiler_slowdown:.2f}x the benchmark's visit time "
-            "(the server's decode lines inside against outside it), taken off"
+            + (f"({ci[0]:.2f}-{ci[1]:.2f}x) " if ci else "")
+            + "(the server's decode lines inside against outside it), taken off"
             if br.profiler_slowdown else "")
     return (f"Over bench_serving's whole run ({br.prompts} prompts, mean in flight "
             f"{_f(br.mean_in_flight)}): the model of this loop {_f(br.run_tok_per_s)} tok/s"
-            f"{slow}: {_f(br.modelled_tok_per_s)} tok/s against the observed "
-            f"{_f(br.observed_tok_per_s)}, {br.unexplained_pct:+.0f}% unexplained.")
+            f"{slow}: {_f(br.modelled_tok_per_s)} tok/s"
+            + (f" ({_f(min(br.modelled_ci))}-{_f(max(br.modelled_ci))})" if br.modelled_ci else "")
+            + f" against the observed {_f(br.observed_tok_per_s)}, "
+            f"{br.unexplained_pct:+.0f}%"
+            + (f" ({min(left):+.0f} to {max(left):+.0f}%)" if left else "") + " unexplained.")
 
 
 def measure_lines(rep: Report) -> list[str]:

@@ -388,6 +388,8 @@ class LoopProfile:
     # the traced window's visits against the rest of the logged run: how much slower the
     # profiler made the loop it measured (microbench/sglang/profiler_cost.py); None: no log
     profiler_slowdown: float | None = ge(0, default=None)
+    # its interval (profiler_cost.SlowdownReader.interval, at the diagnosis' level); None: none
+    profiler_slowdown_ci: tuple[float, float] | None = None
     # the log's bursts of admission outside the traced window, in log order: how the
     # benchmark's arrivals were split into micro-batches (the traced window is its own run)
     bursts: tuple[ArrivalBurst, ...] = ()

@@ -144,9 +144,14 @@ def _bench_run(sg: SglangData, dep, observed: float | None) -> ModelledBenchRun 
     except (ValueError, TypeError):
         return None
     slow = sg.loop.profiler_slowdown if sg.loop is not None else None
+    slow_ci = sg.loop.profiler_slowdown_ci if sg.loop is not None and slow else None
     model = run.tok_per_s * (slow or 1.0)
+    model_ci = (run.tok_per_s * slow_ci[0], run.tok_per_s * slow_ci[1]) if slow_ci else None
+    left_ci = (tuple(100.0 * (1.0 - observed / m) for m in model_ci)
+               if model_ci and observed and min(model_ci) > 0 else None)
     return ModelledBenchRun(run.tok_per_s, run.mean_in_flight, load.prompts, slow, model, observed,
-                    100.0 * (1.0 - observed / model) if observed else None)
+                            100.0 * (1.0 - observed / model) if observed else None,
+                            slow_ci, model_ci, left_ci)
 
 
 def _moe_curve(rec: Record | None) -> list[tuple[int, float]]:
