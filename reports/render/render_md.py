@@ -576,7 +576,7 @@ def bench_run_line(dg: ServerDiagnosis) -> str | None:
             if br.profiler_slowdown else "")
     return (f"Over bench_serving's whole run ({br.prompts} prompts, mean in flight "
             f"{_f(br.mean_in_flight)}): the model of this loop {_f(br.run_tok_per_s)} tok/s"
-            f"{slow}: {_f(br.modelled_tok_per_s)} tok/s"
+            + (f"{slow}: {_f(br.modelled_tok_per_s)} tok/s" if slow else "")
             + (f" ({_f(min(br.modelled_ci))}-{_f(max(br.modelled_ci))})" if br.modelled_ci else "")
             + f" against the observed {_f(br.observed_tok_per_s)}, "
             f"{br.unexplained_pct:+.0f}%"
