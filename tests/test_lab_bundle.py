@@ -98,6 +98,20 @@ def test_the_bundle_holds_the_pins_less_the_hosts_torch_and_what_the_target_has(
     assert not list(tmp_path.glob("*.partial"))
 
 
+def test_target_copies_leave_out_what_the_target_has_at_any_version(tmp_path, pins,
+                                                                    fake_download):
+    freeze = tmp_path / "freeze.txt"
+    freeze.write_text("beta==2.5\ngamma==0.2\n")
+    out, m = _build(tmp_path, target_freeze=freeze, target_copies=True)
+    assert [p.name for p in m.packages] == ["alpha-pkg"]
+    assert m.target_has == ("beta==2.5",) and m.target_other == ("gamma==0.1 (target: 0.2)",)
+    with tarfile.open(out) as tf:
+        again = bundle.Manifest.from_json(tf.extractfile("manifest.json").read().decode())
+    assert again == m
+    with pytest.raises(LabError, match="--target-copies needs --target-freeze"):
+        _build(tmp_path / "x" if (tmp_path / "x").mkdir() is None else tmp_path, target_copies=True)
+
+
 def test_without_a_freeze_everything_but_the_hosts_torch(tmp_path, pins, fake_download):
     _, m = _build(tmp_path)
     assert [p.name for p in m.packages] == ["alpha-pkg", "beta", "gamma"]

@@ -9,7 +9,9 @@ and writes them with a manifest into one tar file. Left out:
 - torch, torchvision and triton: the host's own are used (they are built together: a
   torchvision or triton of the lab's pins would not match the host's torch);
 - every package the target already has at the pinned version (`pip freeze` of the target's
-  Python, `--target-freeze`).
+  Python, `--target-freeze`); with `--target-copies`, every package it has at any version (its
+  own copy is used: the manifest lists each version that differs from SGLang's pin, and the
+  install's import check of SGLang's server and bench_serving decides whether they serve).
 The manifest (`manifest.json`) names each wheel with its package, version, size and sha256, what
 was left out and why, the Python and platforms it was made for, and a hash of the lab's pins.
 
@@ -114,18 +116,25 @@ class Selection:
     wanted: tuple[tuple[str, str], ...]          # (name, version) to download
     host_owned: tuple[str, ...]                  # left out: the host's torch and its companions
     target_has: tuple[str, ...]                  # left out: the target has it at this version
+    target_other: tuple[str, ...] = ()           # left out: "name==pin (target: version)"
 
 
-def select(pins: list[tuple[str, str]], freeze: dict[str, str] | None) -> Selection:
-    wanted, host, has = [], [], []
+def select(pins: list[tuple[str, str]], freeze: dict[str, str] | None,
+           any_version: bool = False) -> Selection:
+    """What to download; `any_version` (--target-copies): the target's copy of a package at
+    another version is used too."""
+    wanted, host, has, other = [], [], [], []
     for name, version in pins:
+        theirs = freeze.get(norm(name)) if freeze is not None else None
         if norm(name) in HOST_OWNED:
             host.append(f"{name}=={version}")
-        elif freeze is not None and freeze.get(norm(name)) == version:
+        elif theirs == version:
             has.append(f"{name}=={version}")
+        elif theirs is not None and any_version:
+            other.append(f"{name}=={version} (target: {theirs})")
         else:
             wanted.append((name, version))
-    return Selection(tuple(wanted), tuple(host), tuple(has))
+    return Selection(tuple(wanted), tuple(host), tuple(has), tuple(other))
 
 
 def widen_platform(tag: str) -> list[str]:
@@ -166,6 +175,7 @@ class Manifest:
     target_has: tuple[str, ...]
     made_unix: float
     trimmed: tuple[str, ...] = ()    # --compact: "<package>: <path> (<reason>), N files, X MB"
+    target_other: tuple[str, ...] = ()   # --target-copies: "name==pin (target: version)"
     compression: str = ""            # "xz" for --compact
     kind: str = KIND
     format: int = FORMAT
@@ -188,7 +198,9 @@ class Manifest:
         return Manifest(str(d["python_version"]), tuple(map(str, d["platforms"])),
                         str(d["lab_pins_sha256"]), pk, tuple(map(str, d["host_owned"])),
                         tuple(map(str, d["target_has"])), float(d["made_unix"]),
-                        tuple(map(str, d.get("trimmed", ()))), str(d.get("compression", "")))
+                        trimmed=tuple(map(str, d.get("trimmed", ()))),
+                        compression=str(d.get("compression", "")),
+                        target_other=tuple(map(str, d.get("target_other", ()))))
 
 
 @dataclass(frozen=True)
@@ -198,6 +210,7 @@ class BundleSpec:
     platforms: tuple[str, ...] = ()              # the target's; (): this machine's
     target_freeze: Path | None = None
     compact: bool = False                        # stored wheels, TRIM left out, xz
+    target_copies: bool = False                  # the target's copy at any version is used
 
 
 def _check_spec(spec: BundleSpec) -> None:
@@ -295,7 +308,9 @@ def build_bundle(spec: BundleSpec, say=print) -> Manifest:
     """Download, check and pack; returns the manifest. The file appears only when complete."""
     _check_spec(spec)
     freeze = read_freeze(spec.target_freeze) if spec.target_freeze else None
-    sel = select(lab_pins(), freeze)
+    if spec.target_copies and freeze is None:
+        raise LabError("--target-copies needs --target-freeze: the target's packages")
+    sel = select(lab_pins(), freeze, spec.target_copies)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="ppscope-bundle-") as tmp:
         wheels = Path(tmp) / WHEELS
@@ -305,7 +320,9 @@ def build_bundle(spec: BundleSpec, say=print) -> Manifest:
             f"{spec.python_version or '%d.%d (this one)' % sys.version_info[:2]}"
             f" on {', '.join(spec.platforms) or 'this platform'} (left out: the host's "
             f"{', '.join(p.partition('==')[0] for p in sel.host_owned) or 'torch'} and "
-            f"{len(sel.target_has)} the target has)")
+            f"{len(sel.target_has)} the target has"
+            + (f", {len(sel.target_other)} it has at another version" if sel.target_other else "")
+            + ")")
         try:
             download(sel, spec, wheels, log)
         except LabError as e:
@@ -333,7 +350,8 @@ def build_bundle(spec: BundleSpec, say=print) -> Manifest:
             python_version=spec.python_version or "%d.%d" % sys.version_info[:2],
             platforms=spec.platforms, lab_pins_sha256=pins_hash(), packages=packages,
             host_owned=sel.host_owned, target_has=sel.target_has, made_unix=time.time(),
-            trimmed=tuple(trimmed), compression="xz" if spec.compact else "")
+            trimmed=tuple(trimmed), compression="xz" if spec.compact else "",
+            target_other=sel.target_other)
         (Path(tmp) / MANIFEST).write_text(manifest.to_json())
         (Path(tmp) / PINS).write_text("".join(f"{n}=={v}\n" for n, v in sel.wanted))
         part = spec.out.with_name(spec.out.name + ".partial")

@@ -116,6 +116,9 @@ def install_from_bundle(bundle: Path, lab_dir: Path, host_python: Path, say=prin
         if manifest.lab_pins_sha256 != pins_hash():
             raise LabError(f"--from-bundle {bundle} was made from other lab pins than this "
                            "ppscope's; make a new one with --bundle")
+        if manifest.target_other:
+            say(f"this host's own copies stand in for {len(manifest.target_other)} pinned "
+                f"package(s) at other versions: {', '.join(manifest.target_other)}")
         if manifest.trimmed:
             say(f"a compact bundle: left out of it {'; '.join(manifest.trimmed)}")
         facts = host_facts(host_python)

@@ -100,6 +100,10 @@ def register(subparsers) -> None:
                    help="--bundle: about a third of the size (for a carry limit): wheels repacked "
                    "stored, the parts of SGLang's wheel the lab never loads left out (listed in "
                    "the manifest), the file xz-compressed; slower to build")
+    b.add_argument("--target-copies", action="store_true",
+                   help="--bundle with --target-freeze: leave out every package the target has "
+                   "at any version (its copy is used; the manifest lists the versions that "
+                   "differ from SGLang's pins; the install's import check decides)")
     b.add_argument("--from-bundle", default=None, metavar="FILE",
                    help="on the target, with no network: make the lab venv from FILE over the "
                    "host's torch (pip --no-index), then run as usual (with --list: install, "
@@ -150,7 +154,7 @@ def _bundle(args) -> int | None:
     """--bundle: build and return 0; --from-bundle: install (the run goes on); else None."""
     from microbench.sglang_lab.venv import LabError
     built_for = [f"--{n.replace('_', '-')}" for n in ("python_version", "platform", "target_freeze",
-                                                          "compact")
+                                                          "compact", "target_copies")
                  if getattr(args, n)]
     if built_for and not args.bundle:
         raise CliError(f"{', '.join(built_for)} only "
@@ -170,7 +174,7 @@ def _bundle(args) -> int | None:
                 out=Path(args.bundle).resolve(), python_version=args.python_version,
                 platforms=tuple(args.platform),
                 target_freeze=Path(args.target_freeze) if args.target_freeze else None,
-                compact=args.compact), say)
+                compact=args.compact, target_copies=args.target_copies), say)
             return 0
         if args.from_bundle:
             from microbench.sglang_lab.bundle_install import (default_host_python,
