@@ -52,3 +52,21 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     assert rounds.main([str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "sglang.json" in err
+
+
+def test_a_case_is_read_as_soon_as_its_baseline_has_a_report(tmp_path):
+    """The lab reads each case right after it is measured where it can (its traces there, its
+    baseline's report written), so a run cut short keeps every case read so far."""
+    import json
+    from microbench.sglang_lab.lab import _ready
+
+    def case(name, baseline="", traces=True):
+        d = tmp_path / name
+        (d / "traces").mkdir(parents=True) if traces else d.mkdir(parents=True)
+        (d / "case.json").write_text(json.dumps({"case": {"name": name, "baseline": baseline}}))
+        return d
+    clean, fault = case("clean-c8.1"), case("slow-x3.1", baseline="clean-c8.1")
+    assert _ready(clean) and not _ready(fault)          # the fault waits for the clean report
+    (clean / "report.json").write_text("{}")
+    assert _ready(fault)
+    assert not _ready(case("no-window", traces=False))   # nothing traced: nothing to read

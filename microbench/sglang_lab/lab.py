@@ -208,6 +208,19 @@ def analyse_case(case_dir: Path) -> dict:
     return out
 
 
+def _ready(case_dir: Path) -> bool:
+    """A measured case can be read now: it has traces, and its baseline (if any) its report."""
+    if not (case_dir / "traces").is_dir():
+        return False
+    base = json.loads((case_dir / "case.json").read_text())["case"].get("baseline")
+    return not base or (case_dir.parent / base / "report.json").exists()
+
+
+def _analyse(case_dir: Path) -> None:
+    say(f"{case_dir.name}: ppscope sglang + ppscope report")
+    drive.write_json(case_dir / "analysis.json", analyse_case(case_dir))
+
+
 def order_for_analysis(dirs: list[Path]) -> list[Path]:
     """Baselines (cases with none) first: the others are read against their report."""
     def has_baseline(d: Path) -> bool:
@@ -243,7 +256,7 @@ def run_lab(cfg: LabConfig) -> int:
     dataset = sharegpt_file(cfg.lab_dir)
     fault_file = cfg.lab_dir / "fault"
     fault_file.write_text("")
-    done = []
+    done: list[Path] = []       # measured, not read yet
     for g in cfg.plan:
         cases = [c for c in g.cases if not cfg.only or c.name in cfg.only]
         if not cases:
@@ -265,11 +278,12 @@ def run_lab(cfg: LabConfig) -> int:
             mmb0 = _default_mmb(server)
             for case in cases:
                 done.append(run_case(case, server, bench, fault_file, mmb0, cfg.out, header))
+                if cfg.analyse and _ready(done[-1]):   # each case read as soon as it can be
+                    _analyse(done.pop())
         say(f"server stopped (group {g.name})")
     if cfg.analyse:
         for d in order_for_analysis([d for d in done if (d / "traces").is_dir()]):
-            say(f"{d.name}: ppscope sglang + ppscope report")
-            drive.write_json(d / "analysis.json", analyse_case(d))
+            _analyse(d)
     from reports.lab.summary import summarise, render
     rows = summarise(cfg.out)
     drive.write_json(cfg.out / "summary.json", rows)
