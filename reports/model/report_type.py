@@ -25,6 +25,7 @@ from reports.base.schema import Json, from_json, if_set, to_json
 from reports.model.scenario.arrival import Alternatives
 from reports.model.attribution import Row
 from reports.model.observed.diagnose import CauseRow
+from reports.model.observed.layer_split import SplitFix
 from reports.model.observed.resample import WindowBlocks
 from reports.model.scenario.implied import ImpliedEfficiency
 from reports.model.scenario.inputs import Param
@@ -277,6 +278,7 @@ class ServerDiagnosis:
     observed_runs: tuple[float, ...] = ()
     within_noise: tuple[str, ...] = ()
     interval_note: str | None = None
+    layer_split: SplitFix | None = None
 
 
 @dataclass(frozen=True)
