@@ -393,6 +393,9 @@ class Report:
     topology: TopologySummary | None = if_set()
     observed_deployment: dict[str, Json] | None = if_set()
     scenario_differs: str | None = if_set("observed_deployment")
+    # the built-in scenario set aside (no --scenario, and it is not the traced server): why;
+    # its sections then follow everything about the server (reports/scenario_aside.py)
+    scenario_aside: str | None = if_set()
     server: ServerSummary | None = if_set()
     diagnosis: ServerDiagnosis | NotDiagnosed | None = if_set("server")
     server_whatifs: ServerWhatIfs | None = if_set()   # the settings tried on the traced loop

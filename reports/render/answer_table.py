@@ -47,6 +47,8 @@ NO_SETTING: dict[str, str] = {
     "kernel_efficiency": "faster kernels for the layer (another backend or quantisation)",
     "token_return": "a shorter token return path",
 }
+# the answer table's name for a named cause no hypothesis settles
+ROW_NAMES = {"host": "host work", "relay": "rank chaining"}
 NOT_RUN = "not run on SGLang"
 DETAIL_TITLE = "In detail"      # the heading of the report's longer answer, under the table
 HEADERS = ("hypothesis", "verdict", "deciding number", "holds at", "what to do")
@@ -209,7 +211,7 @@ def _unheld_causes(rep: Report) -> list[tuple[str, ...]]:
         return []
     settled = {v.cause for v in rep.verdicts if _observed_row(rep, v) is not None}
     rows = {r.cause: r for r in dg.rows}
-    return [(_short(label(c)), "holds",
+    return [(ROW_NAMES.get(c, _short(label(c))), "holds",
              f"slows the observed server by {rows[c].size_pct or 0:.0f}%{span(rows[c].size_ci)}",
              f"C={dg.concurrency}", observed_what_to_do(rep, c))
             for c in dg.named if c not in settled and c in rows]
@@ -259,6 +261,10 @@ def _recommendation(rep: Report) -> str:
                 f"On your server's own loop (C={sw.concurrency}) no setting tried gains over "
                 f"{sw.no_change_pct:.0f}%")
         return f"{head} ({NOT_RUN}; tried: {tried})."
+    if rep.scenario_aside is not None:    # the scenario's what-ifs are not this server's
+        from reports.answer import server_whatifs_sentence
+        return server_whatifs_sentence(sw) or ("No setting was tried on your server's own "
+                                               "loop (no loop profile).")
     rec = rep.recommendation
     scen = f"In scenario {rep.scenario} (not your server): " if rep.scenario_differs else ""
     if rec is None:
@@ -317,6 +323,18 @@ def _shorten(text: str, width: int, lines: int = 2) -> str:
     return textwrap.shorten(text, width * lines, placeholder="...")
 
 
+def _head(text: str, width: int, lines: int = 2) -> str:
+    """`text` in at most `lines` lines of `width`, its start kept (the setting and its gain
+    come first): words are dropped from the end, "..." in their place."""
+    import textwrap
+    words = text.split()
+    for k in range(len(words), 0, -1):
+        t = " ".join(words[:k]) + ("" if k == len(words) else " ...")
+        if len(textwrap.wrap(t, width, break_on_hyphens=False)) <= lines:
+            return t
+    return textwrap.shorten(text, width, placeholder="...")
+
+
 def terminal_answer(rep: Report, width: int = 100) -> list[str]:
     """The table (cells wrapped to fit `width`) and the sentences, for the terminal."""
     import textwrap
@@ -326,7 +344,7 @@ def terminal_answer(rep: Report, width: int = 100) -> list[str]:
     # column widths that fit 100 columns with tabulate's two-space gaps; a deciding number is
     # cut to two lines here (report.md and report.html have it whole)
     widths = [15, 10, 26, 8, 31] if width >= 100 else [12, 9, 20, 8, 20]
-    rows = [[h, v, _shorten(n, widths[2]), w, d] for h, v, n, w, d in t.rows]
+    rows = [[h, v, _shorten(n, widths[2]), w, _head(d, widths[4])] for h, v, n, w, d in t.rows]
     text = tabulate(rows, headers=list(t.headers), tablefmt="simple",
                     disable_numparse=True, maxcolwidths=widths, maxheadercolwidths=widths)
     out = text.splitlines()
