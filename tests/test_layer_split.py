@@ -148,3 +148,25 @@ def test_the_lab_plan_alternates_the_splits_and_names_the_change():
     before = {"case": {}, "env": {}, "extra_args": []}
     assert change_of(after, before) == (LAYER_PARTITION, "3,1")
     assert change_of(before, before) is None
+
+
+def test_a_gpu_server_gets_its_split_from_the_models_layers():
+    # a PP2 H200 recording of the PP-loop probe with rank 1 slowed (tests/fixtures/h200x2), read
+    # by an older ppscope: `--model kimi-k2` named, its 61 layers read from the preset here
+    from reports.base.records import read_record
+    from reports.model.observed.deployment import OBSERVED_CAUSES, run
+    rec = read_record(Path(__file__).parent / "fixtures" / "h200x2" / "fault_cases" / "slow-stage"
+                      / "diag-even-c8-sglang.json")
+    dep = from_evidence(rec.payload.loop, concurrency=8, observed=None)
+    assert dep.device == "gpu" and ls.split_of(dep) == (30, 31) and not dep.layer_us
+    full = run(dep, frozenset(OBSERVED_CAUSES)).tpot_ms
+    fix = ls.split_fix(dep, full)
+    assert fix.now == "30,31" and fix.gain_pct > 0 and fix.gain_ci is None
+    # the split balances the model of the loop, not the forwards alone: rank 0's host work
+    # is on its critical path too, so no split one layer away runs a shorter step
+    best = tuple(int(x) for x in fix.value.split(","))
+    assert fix.step_ms == pytest.approx(run(ls.resplit(dep, fix.value),
+                                            frozenset(OBSERVED_CAUSES)).tpot_ms, abs=1e-3)
+    for n in ls.neighbours(best):
+        assert run(ls.resplit(dep, ls.text(n)), frozenset(OBSERVED_CAUSES)).tpot_ms >= \
+            fix.step_ms - 1e-3

@@ -109,8 +109,8 @@ def _no_setting(cause: str | None, tried: str = "", estimate: str = "") -> str:
     estimated unless `estimate` gives the model's own figure."""
     c = cause or ""
     what = NO_SETTING.get(c, "other hardware")
-    head = (f"no setting tried helps{tried}" if tried.startswith(" (") else
-            f"no setting modelled acts on it{tried}")
+    head = (f"no setting tried helps{tried}" if tried.startswith(" (") and "not tried" not in
+            tried else f"no setting modelled acts on it{tried}")
     return f"{head}; what would: {what}" + (f" ({estimate})" if estimate else
                                              " (not estimated)")
 
@@ -129,7 +129,7 @@ def _server_fix(rep: Report, cause: str) -> tuple[WhatIf | None, str]:
     sw = rep.server_whatifs
     if sw is None or sw.status != "ok":
         why = sw.reason if sw is not None and sw.reason else "no bench run in the evidence"
-        return None, f" that ppscope could model on this server ({why})"
+        return None, f" (settings not tried on this server: {why})"
     rows = [w for w in sw.rows if w.knob in FIXES.get(cause, ())]
     good = [w for w in rows if w.change_pct > sw.no_change_pct]
     if good:

@@ -297,18 +297,31 @@ def _layers(rk, loop: LoopProfile, on_cpu: bool) -> dict:
                 "layer_us": {b: sum(at_size(c, b) for c in curves) / len(curves)
                              for b in sizes},
                 "layers_from": "counted in the traces (module events, a window with stacks)"}
-    if not loop.num_layers:
+    total = loop.num_layers or _preset_layers(loop.model)
+    if not total:
         return {}
     from reports.base.partition import layer_counts
     try:
-        counts = layer_counts(loop.num_layers, len(rk), loop.layer_partition)
+        counts = layer_counts(total, len(rk), loop.layer_partition)
     except ValueError:
         return {}
     how = (f"SGLANG_PP_LAYER_PARTITION={loop.layer_partition} (as given)"
            if loop.layer_partition else
-           f"SGLang's even split of the model's {loop.num_layers} layers (get_pp_indices; "
+           f"SGLang's even split of the model's {total} layers (get_pp_indices; "
            "SGLANG_PP_LAYER_PARTITION not given)")
     return {"layers": tuple(counts), "layers_from": how}
+
+
+def _preset_layers(model: str | None) -> int | None:
+    """The layer count of the model `ppscope sglang --model` named, for a record written before
+    it kept the count itself; None where it cannot be read here."""
+    if not model:
+        return None
+    from reports.base.model_config import load_model
+    try:
+        return load_model(model).num_layers
+    except (OSError, ValueError):
+        return None
 
 
 # ------------------------------------------------------------------ switches and the model
