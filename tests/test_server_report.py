@@ -153,3 +153,12 @@ def test_a_scenario_given_by_the_user_is_not_set_aside(tmp_path):
     rep, _, md, _ = _report(tmp_path, "slow-stage", scenario="seed-pp8")
     assert rep.scenario_aside is None and ASIDE_TITLE not in md
     assert md.index("## Throughput") < md.index("## Verdicts on the hypotheses")
+
+
+def test_the_diagnosis_says_how_the_split_was_estimated(slow):
+    rep, _, md, html = slow
+    f = rep.diagnosed.layer_split
+    line = next(x for x in md.splitlines() if x.startswith("- Layer split for the slow stage"))
+    assert f"SGLANG_PP_LAYER_PARTITION={f.value} instead of {f.now}" in line
+    assert f.layers_from in line and f.cost_from in line
+    assert "Layer split for the slow stage" in html

@@ -26,7 +26,7 @@ from reports.model.report_type import (Comparison, Report, ServerDiagnosis, Serv
 from reports.render.png_data import checked_png_uri, png_uri
 from reports.render.render_md import (DISPATCH_NOTE, MEASURED_NOTE, Table, attribution_table,
                                attribution_title, baseline_table, forward_table, diagnosis_table,
-                               observed_loop_line, observed_lines, time_split_table, banner, dispatch_table, header_lines, report_title,
+                               observed_loop_line, observed_lines, layer_split_line, time_split_table, banner, dispatch_table, header_lines, report_title,
                                inputs_table, measured_timeline_table, micro_batch_table,
                                observed_line, server_bench_table, server_dp_table,
                                server_gpu_table, server_lines, server_log_table,
@@ -325,6 +325,7 @@ def diagnosis_html(rep: Report) -> list[str]:
           '<p class="meta">Time per rank over the traced window (waiting inside an NCCL receive '
           "is communication wait, never busy):</p>", table_html(time_split_table(rep))]
     notes = list(dg.deployment.notes) + [f"Caveat: {c}" for c in dg.caveats]
+    notes += [x for x in (layer_split_line(dg),) if x]
     if notes:
         o.append("<ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
     return o

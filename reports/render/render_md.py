@@ -497,6 +497,18 @@ def observed_loop_line(dg: ServerDiagnosis) -> str:
             "the traces (sizes the traces never ran: " + d.shape + ").")
 
 
+def layer_split_line(dg: ServerDiagnosis) -> str | None:
+    """The slow stage's layer split (reports/model/observed/layer_split.py) and how its layers
+    and their cost were known."""
+    f = dg.layer_split
+    if f is None:
+        return None
+    return (f"Layer split for the slow stage: SGLANG_PP_LAYER_PARTITION={f.value} instead of "
+            f"{f.now}, decode step {dg.modelled_step_ms:.2f} -> {f.step_ms:.2f} ms in the model "
+            f"of the loop, {f.gain_pct:+.0f}%{span(f.gain_ci)} tok/s; the layers each rank runs: "
+            f"{f.layers_from}; a layer's cost: {f.cost_from}.")
+
+
 def diagnosis_lines(rep: Report) -> list[str]:
     dg = rep.diagnosis
     if not dg:
@@ -511,6 +523,9 @@ def diagnosis_lines(rep: Report) -> list[str]:
             "communication wait, never busy):", "", md_table(time_split_table(rep)), ""]
     out += [f"- {n}" for n in dg.deployment.notes]
     out += [f"- Caveat: {c}." for c in dg.caveats]
+    split = layer_split_line(dg)
+    if split:
+        out.append(f"- {split}")
     if dg.interval_note:
         obs = (f"; observed decode step {dg.observed_step_ms:.2f} ms"
                f"{span(dg.observed_step_ci, '.2f', ' ms')} over "

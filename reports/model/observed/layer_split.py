@@ -57,9 +57,8 @@ def cost_from(dep: Deployment) -> str:
     """Which estimate of one layer's cost the split uses (module docstring)."""
     if dep.layer_us:
         return "one layer timed in the traces (module events), the mean over the ranks"
-    return ("each rank's forward over its layers (" + (dep.layers_from or "SGLang's rule")
-            + "; the embedding, lm_head and sampling are not timed apart, so they count as "
-            "layer work)")
+    return ("each rank's forward over its layers (the embedding, lm_head and sampling are "
+            "not timed apart, so they count as layer work)")
 
 
 def cost_note(dep: Deployment, b: int) -> str:
