@@ -109,6 +109,7 @@ def answer(rep: Report) -> list[str]:
     from reports.model.observed.server import headline
     head = headline(rep.observed_deployment)
     differs = rep.scenario_differs
+    aside = rep.scenario_aside is not None   # its own section says what the scenario is
     if isinstance(dg, ServerDiagnosis):  # the observed server first: its evidence decides
         un, br = dg.unexplained_pct, dg.bench_run
         tail = "" if un is None else (f" The model of the observed loop leaves {un:+.0f}% of "
@@ -121,7 +122,7 @@ def answer(rep: Report) -> list[str]:
         why = (dg.reason if dg is not None else None) or (
             "no loop profile: read its per-rank traces with `ppscope sglang --traces DIR`")
         lead.append(f"Your server ({head}): not diagnosed ({why}).")
-    if differs:
+    if differs and not aside:
         lead.append(differs[0].upper() + differs[1:] + ".")
     for C in user_c:
         rows = [r for r in atts[C].rows if r.cause != "unexplained"]
@@ -153,9 +154,13 @@ def answer(rep: Report) -> list[str]:
     if differs:   # the scenario's what-ifs are not advice for the traced server
         best, tp = None, None
         sw = server_whatifs_sentence(rep.server_whatifs)
-        out.append((sw + " " if sw else "") +
-                   "No server setting is recommended from the scenario model: it is not the "
-                   "traced server (pass --scenario with your deployment for its what-ifs).")
+        if aside:
+            out += [sw] if sw else []
+        else:
+            out.append((sw + " " if sw else "") +
+                       "No server setting is recommended from the scenario model: it is not "
+                       "the traced server (pass --scenario with your deployment for its "
+                       "what-ifs).")
     elif best:
         lost = best.twin_verdict == LOSES
         s = (("The model's best single server setting" if lost else "Best single server setting")
@@ -209,7 +214,7 @@ def answer(rep: Report) -> list[str]:
     elif not differs:
         out.append("No observed throughput given (--observed or --bench), so the unexplained "
                    "gap is not known.")
-    if rep.all_estimated:
+    if rep.all_estimated and not aside:
         tr = any(p.source == "transferred" for p in rep.params)
         out.append(f"Every figure except the observed tok/s is estimated"
                    f"{' or transferred from another GPU' if tr else ''}; run the probes on the "

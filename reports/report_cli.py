@@ -42,8 +42,10 @@ def register(subparsers) -> None:
                     "hypothesis, and what-ifs. Missing records fall back to estimates.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--results", default=None, help="records directory (default: results/)")
-    p.add_argument("--scenario", default="seed-pp8",
-                   help="scenario name in configs/scenarios or a path (default: seed-pp8)")
+    p.add_argument("--scenario", default=None,
+                   help="scenario name in configs/scenarios or a path (default: seed-pp8, set "
+                   "aside below the server's own sections where results/ holds a traced "
+                   "server of another deployment)")
     p.add_argument("--observed", default=None, metavar="C:TOKS,...",
                    help='observed decode tok/s per concurrency, e.g. "1:34,8:81.7,32:248.1"')
     p.add_argument("--bench", default=None, metavar="FILE",
@@ -77,7 +79,7 @@ def handle(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     results = Path(args.results) if args.results else results_dir()
     out = Path(args.out) if args.out else results
-    sc = load_scenario(args.scenario)
+    sc = load_scenario(args.scenario or DEFAULT_SCENARIO)
     for what, d in (("--results", results), ("--out", out)):
         why = folder_error(d, what)     # a file, a symbolic-link loop, a dangling link
         if why:
@@ -118,6 +120,9 @@ def handle(args: argparse.Namespace) -> int:
     if twin is None and sc.twin_record:   # the scenario's own shipped one
         twin = shipped_twin(sc.twin_record, sc.source or sc.name)
     rep = apply_twin(run.report, twin)
+    if args.scenario is None:          # the built-in scenario: aside where it is not the server
+        from reports.scenario_aside import set_aside
+        rep = set_aside(rep)
     if rep is not run.report:          # the prose says what the twin measured too
         from reports.answer import answer
         rep = replace(rep, answer=tuple(answer(rep)))
@@ -155,6 +160,7 @@ def handle(args: argparse.Namespace) -> int:
     return 0
 
 
+DEFAULT_SCENARIO = "seed-pp8"
 BASELINE_MAX_BYTES = 64 << 20   # a report.json is a few hundred kB; refuse anything huge
 
 

@@ -78,3 +78,31 @@ def test_odd_paths_and_sizes(argv, capsys, tmp_path):
         argv = argv + ["--json", str(tmp_path / "x.json")]
     rc, err = _run(argv, capsys)
     assert rc in (0, 2) and "Traceback" not in err and "internal error" not in err, err
+
+
+@pytest.mark.parametrize("value", ["a,b", "4", "3,3", "0,4", "4,0", "-1,5", "2,2,0", "", "2;2"])
+def test_a_bad_layer_partition_is_one_line_and_keeps_the_record(value, tmp_path, capsys):
+    # `ppscope sglang --layer-partition`, checked as SGLang's get_pp_indices checks it against
+    # the traced ranks (2) and the model's layers (4, from --model's config.json)
+    from pathlib import Path
+    lab = Path(__file__).parent / "fixtures" / "sglang_lab" / "slow-stage"
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                               "hidden_size": 256, "intermediate_size": 512,
+                               "num_hidden_layers": 4, "num_attention_heads": 4,
+                               "num_key_value_heads": 4, "vocab_size": 32000}))
+    out = tmp_path / "sglang.json"
+    out.write_text("good")
+    rc, err = _run(["sglang", "--traces", str(lab / "traces"), "--model", str(cfg),
+                    f"--layer-partition={value}", "--json", str(out)], capsys)
+    assert rc == 2 and "Traceback" not in err, err
+    assert len([ln for ln in err.splitlines() if ln.strip()]) == 1, err
+    assert out.read_text() == "good"
+
+
+def test_a_layer_partition_without_traces_is_refused(tmp_path, capsys):
+    from pathlib import Path
+    lab = Path(__file__).parent / "fixtures" / "sglang_lab" / "slow-stage"
+    rc, err = _run(["sglang", "--log", str(lab / "server.log"), "--layer-partition", "2,2",
+                    "--json", str(tmp_path / "x.json")], capsys)
+    assert rc == 2 and "--traces" in err and not (tmp_path / "x.json").exists()

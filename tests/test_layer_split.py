@@ -88,9 +88,38 @@ def test_neighbours_are_one_layer_away():
     assert set(ls.neighbours((7, 7, 8))) == {(8, 6, 8), (6, 8, 8), (7, 8, 7), (7, 6, 9)}
 
 
-def test_the_split_is_not_tried_on_a_gpu_server(dep):
-    gpu = replace(dep, device="gpu")
-    assert "CPU only" in ls.why_not(gpu)
+def test_without_stacks_the_layers_follow_sglangs_rule_over_the_models_layers():
+    # SGLang 0.5.23 get_pp_indices: SGLANG_PP_LAYER_PARTITION where set, else the even split
+    # with the last ranks one layer more
+    plain = _loop("traces")
+    for total, part, want in ((4, None, (2, 2)), (5, None, (2, 3)), (4, "3,1", (3, 1))):
+        loop = replace(plain, num_layers=total, layer_partition=part)
+        dep = from_evidence(loop, concurrency=8, observed=None)
+        assert ls.split_of(dep) == want and not dep.layer_us and ls.why_not(dep) is None
+        assert ("even split" in dep.layers_from) == (part is None)
+        assert "forward over its layers" in ls.cost_from(dep)
+
+
+def test_module_events_on_a_gpu_are_not_layer_times(stacks):
+    # on a GPU the module events time the launches: the split then rests on the forward
+    gpu = replace(stacks, device="gpu",
+                  ranks={r: replace(x, device=None) for r, x in stacks.ranks.items()})
+    dep = from_evidence(gpu, concurrency=8, observed=None)
+    assert dep.device == "gpu" and not dep.layer_us and ls.split_of(dep) is None
+    assert "--model" in ls.why_not(dep)
+    dep = from_evidence(replace(gpu, num_layers=4), concurrency=8, observed=None)
+    assert ls.split_of(dep) == (2, 2) and not dep.layer_us
+
+
+def test_a_split_from_the_forward_scales_each_ranks_forward_by_its_layers():
+    dep = from_evidence(replace(_loop("traces"), num_layers=4), concurrency=8, observed=None)
+    new = ls.resplit(dep, "3,1")
+    for r, k in ((0, 1.5), (1, 0.5)):
+        for b, v in dep.forward[r].items():
+            assert new.forward[r][b] == pytest.approx(v * k)
+            assert ls.layer_at(dep, b, r) == pytest.approx(v / 2)
+        for b, v in dep.forward_busy[r].items():
+            assert new.forward_busy[r][b] == pytest.approx(v * k)
 
 
 def test_the_observed_server_is_offered_the_split_and_it_is_predicted(dep):
@@ -119,3 +148,25 @@ def test_the_lab_plan_alternates_the_splits_and_names_the_change():
     before = {"case": {}, "env": {}, "extra_args": []}
     assert change_of(after, before) == (LAYER_PARTITION, "3,1")
     assert change_of(before, before) is None
+
+
+def test_a_gpu_server_gets_its_split_from_the_models_layers():
+    # a PP2 H200 recording of the PP-loop probe with rank 1 slowed (tests/fixtures/h200x2), read
+    # by an older ppscope: `--model kimi-k2` named, its 61 layers read from the preset here
+    from reports.base.records import read_record
+    from reports.model.observed.deployment import OBSERVED_CAUSES, run
+    rec = read_record(Path(__file__).parent / "fixtures" / "h200x2" / "fault_cases" / "slow-stage"
+                      / "diag-even-c8-sglang.json")
+    dep = from_evidence(rec.payload.loop, concurrency=8, observed=None)
+    assert dep.device == "gpu" and ls.split_of(dep) == (30, 31) and not dep.layer_us
+    full = run(dep, frozenset(OBSERVED_CAUSES)).tpot_ms
+    fix = ls.split_fix(dep, full)
+    assert fix.now == "30,31" and fix.gain_pct > 0 and fix.gain_ci is None
+    # the split balances the model of the loop, not the forwards alone: rank 0's host work
+    # is on its critical path too, so no split one layer away runs a shorter step
+    best = tuple(int(x) for x in fix.value.split(","))
+    assert fix.step_ms == pytest.approx(run(ls.resplit(dep, fix.value),
+                                            frozenset(OBSERVED_CAUSES)).tpot_ms, abs=1e-3)
+    for n in ls.neighbours(best):
+        assert run(ls.resplit(dep, ls.text(n)), frozenset(OBSERVED_CAUSES)).tpot_ms >= \
+            fix.step_ms - 1e-3

@@ -107,8 +107,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--link-gbps", type=float, default=None,
                    help="PP hop bandwidth, GB/s, to split NCCL receives into transfer vs waiting")
     g.add_argument("--model", default=None, metavar="PRESET",
-                   help="model preset (e.g. kimi-k2): its hidden size turns hidden-state "
-                        "receives into micro-batch sizes in the loop profile")
+                   help="model preset (e.g. kimi-k2) or the served model's config.json: its "
+                        "hidden size turns hidden-state receives into micro-batch sizes in the "
+                        "loop profile, its layer count gives the layers each rank runs (the "
+                        "report's layer split)")
+    g.add_argument("--layer-partition", default=None, metavar="A,B,...",
+                   help="the server's SGLANG_PP_LAYER_PARTITION, where it was set (default: "
+                        "SGLang's even split of the model's layers)")
     g.add_argument("--concurrency", type=int, default=None, metavar="C",
                    help="client streams while the traces were recorded (the bench run's "
                         "--max-concurrency); with --url --profile it is --live-concurrency")
@@ -147,6 +152,8 @@ def collect(args: argparse.Namespace) -> SglangData:
         raise CliError(f"--link-gbps must be a positive number, got {args.link_gbps}")
     if args.concurrency is not None and not 1 <= args.concurrency <= 1 << 16:
         raise CliError(f"--concurrency must be between 1 and 65536, got {args.concurrency}")
+    if getattr(args, "layer_partition", None) is not None and not args.sglang_traces:
+        raise CliError("--layer-partition describes the traced ranks: give --traces too")
     if not 1 <= args.slot_window <= 4096:
         raise CliError(f"--slot-window must be between 1 and 4096, got {args.slot_window}")
     if args.sglang_log:         # its ranks, slot_imbalance and log
@@ -217,16 +224,44 @@ def _log_files(paths) -> list[Path]:
     return out
 
 
-def _hidden(args: argparse.Namespace) -> int | None:
-    """Hidden size, to turn a hidden-state receive's element count into a micro-batch size:
-    the model preset's (`--model`), else None (then only rank 0's batch sizes are known)."""
+def _model(args: argparse.Namespace):
+    """The model of `--model` (a preset or a config.json), or None."""
     if getattr(args, "model", None):
         from reports.base.model_config import ConfigError, load_model
         try:
-            return load_model(args.model).hidden
+            return load_model(args.model)
         except (ConfigError, OSError, ValueError) as e:
             raise CliError(f"--model {args.model}: {str(e).splitlines()[0]}") from None
     return None
+
+
+def _hidden(args: argparse.Namespace) -> int | None:
+    """Hidden size, to turn a hidden-state receive's element count into a micro-batch size:
+    the model preset's (`--model`), else None (then only rank 0's batch sizes are known)."""
+    m = _model(args)
+    return m.hidden if m is not None else None
+
+
+def _layers(args: argparse.Namespace, pp: int) -> tuple[int | None, str | None]:
+    """(the model's layer count, the server's SGLANG_PP_LAYER_PARTITION) as given, the
+    partition checked as SGLang checks it (reports/base/partition.py) against the traced
+    ranks and the model's layers; a partition alone gives the layer count."""
+    from reports.base.partition import layer_counts
+    m = _model(args)
+    total = m.num_layers if m is not None else None
+    part = getattr(args, "layer_partition", None)
+    if part is None:
+        return total, None
+    try:
+        counts = [int(x) for x in str(part).split(",")]
+    except ValueError:
+        raise CliError(f"--layer-partition {part!r}: expected comma-separated integers like "
+                       "7,7,8") from None
+    try:
+        layer_counts(total if total is not None else sum(counts), pp, str(part))
+    except ValueError as e:
+        raise CliError(f"--layer-partition: {e}") from None
+    return total if total is not None else sum(counts), ",".join(map(str, counts))
 
 
 def _loop(args: argparse.Namespace, data: SglangData) -> LoopProfile:
@@ -247,8 +282,10 @@ def _loop(args: argparse.Namespace, data: SglangData) -> LoopProfile:
     caps = {b.max_concurrency for b in data.bench} - {None}
     if c is None and len(caps) == 1:
         c, c_from = caps.pop(), "bench_serving's --max-concurrency (--bench)"
+    total, part = _layers(args, len(loop.ranks))
     return replace(loop, concurrency=c, model=getattr(args, "model", None),
-                   link_gbps=args.link_gbps, concurrency_from=c_from if c else None)
+                   link_gbps=args.link_gbps, concurrency_from=c_from if c else None,
+                   num_layers=total, layer_partition=part)
 
 
 def render(data: SglangData) -> str:

@@ -25,6 +25,7 @@ from reports.base.schema import Json, from_json, if_set, to_json
 from reports.model.scenario.arrival import Alternatives
 from reports.model.attribution import Row
 from reports.model.observed.diagnose import CauseRow
+from reports.model.observed.layer_split import SplitFix
 from reports.model.observed.resample import WindowBlocks
 from reports.model.scenario.implied import ImpliedEfficiency
 from reports.model.scenario.inputs import Param
@@ -281,6 +282,7 @@ class ServerDiagnosis:
     observed_runs: tuple[float, ...] = ()
     within_noise: tuple[str, ...] = ()
     interval_note: str | None = None
+    layer_split: SplitFix | None = None
 
 
 @dataclass(frozen=True)
@@ -395,6 +397,9 @@ class Report:
     topology: TopologySummary | None = if_set()
     observed_deployment: dict[str, Json] | None = if_set()
     scenario_differs: str | None = if_set("observed_deployment")
+    # the built-in scenario set aside (no --scenario, and it is not the traced server): why;
+    # its sections then follow everything about the server (reports/scenario_aside.py)
+    scenario_aside: str | None = if_set()
     server: ServerSummary | None = if_set()
     diagnosis: ServerDiagnosis | NotDiagnosed | None = if_set("server")
     server_whatifs: ServerWhatIfs | None = if_set()   # the settings tried on the traced loop

@@ -17,20 +17,38 @@ import re
 from reports.model.causes import BANDWIDTH, HYPOTHESES, label
 from reports.model.report_type import Report, ServerDiagnosis
 from reports.model.verdicts import Verdict
-from reports.model.settings_change import PACING, WhatIf
+from reports.model.observed.diagnose import span
+from reports.model.settings_change import LAYER_PARTITION, PACING, REQUEST_RATE, TP_KNOB, WhatIf
 from reports.model.scenario.twin_check import LOSES, verdict_clause
 from reports.render.table import Table
 
-# The settings that act on each cause (the what-if knobs of reports/model/scenario/whatifs.py): a row's
-# "what to do" is the best what-if among them. Causes with no setting here (hops, routing) have
-# no launch flag that moves them in the model.
+# The settings that act on each cause (the what-if knobs of reports/model/scenario/whatifs.py
+# and reports/model/observed/whatifs.py): a row's "what to do" is the best what-if among them
+# that the model computed. A cause no setting moves in the model says so, and what would
+# (`NO_SETTING`): never a gain the model did not compute.
 FIXES: dict[str, tuple[str, ...]] = {
     "herd": ("--pp-max-micro-batch-size", "--chunked-prefill-size", "--max-running-requests",
-             PACING),
-    "slow_stage": ("SGLANG_PP_LAYER_PARTITION",),
+             PACING, REQUEST_RATE),
+    "slow_stage": (LAYER_PARTITION,),
     "launch_gaps": ("--cuda-graph-max-bs",),
     "token_return": ("--pp-async-batch-depth",),
+    # more micro-batches in flight: another slot's forward runs while a hop is on the wire
+    "hop": ("--pp-async-batch-depth",),
 }
+# what would help where no server setting does (not estimated unless a what-if says so)
+NO_SETTING: dict[str, str] = {
+    "hop": "faster links or fewer bytes per hop, or another layout such as TP",
+    "host": "a faster or less busy CPU core per rank",
+    "relay": "a faster or less busy CPU core on the rank the request list waits for",
+    "launch_gaps": "CUDA graphs covering the micro-batch sizes the server runs",
+    "herd": "requests that arrive spread out rather than together",
+    "slow_stage": "moving layers off the slow rank, or a faster device for it",
+    "routing_skew": "expert placement that spreads the hot experts",
+    "kernel_efficiency": "faster kernels for the layer (another backend or quantisation)",
+    "token_return": "a shorter token return path",
+}
+# the answer table's name for a named cause no hypothesis settles
+ROW_NAMES = {"host": "host work", "relay": "rank chaining"}
 NOT_RUN = "not run on SGLang"
 DETAIL_TITLE = "In detail"      # the heading of the report's longer answer, under the table
 HEADERS = ("hypothesis", "verdict", "deciding number", "holds at", "what to do")
@@ -86,6 +104,63 @@ def _strongest_c(v: Verdict) -> int | None:
     return max(at, key=lambda a: (a.share, a.concurrency)).concurrency if at else None
 
 
+def _no_setting(cause: str | None, tried: str = "", estimate: str = "") -> str:
+    """The plain cell where no modelled setting acts on `cause`: what would, said as not
+    estimated unless `estimate` gives the model's own figure."""
+    c = cause or ""
+    what = NO_SETTING.get(c, "other hardware")
+    head = (f"no setting tried helps{tried}" if tried.startswith(" (") and "not tried" not in
+            tried else f"no setting modelled acts on it{tried}")
+    return f"{head}; what would: {what}" + (f" ({estimate})" if estimate else
+                                             " (not estimated)")
+
+
+def _observed_row(rep: Report, v: Verdict):
+    """The diagnosis' row behind `v` where the observed server's diagnosis decided it."""
+    dg = rep.diagnosed
+    if dg is None or v.cause is None or "the observed server" not in v.number:
+        return None
+    return next((r for r in dg.rows if r.cause == v.cause), None)
+
+
+def _server_fix(rep: Report, cause: str) -> tuple[WhatIf | None, str]:
+    """The best of the settings tried on the observed server's own loop that acts on `cause`
+    and gains over the what-ifs' no-change bound, and (when none does) what was tried."""
+    sw = rep.server_whatifs
+    if sw is None or sw.status != "ok":
+        why = sw.reason if sw is not None and sw.reason else "no bench run in the evidence"
+        return None, f" (settings not tried on this server: {why})"
+    rows = [w for w in sw.rows if w.knob in FIXES.get(cause, ())]
+    good = [w for w in rows if w.change_pct > sw.no_change_pct]
+    if good:
+        return good[0], ""
+    tried = ", ".join(f"{w.command} {w.change_pct:+.0f}%" for w in rows)
+    return None, f" ({tried}, modelled)" if tried else ""
+
+
+def _split_cell(dg) -> str:
+    """The slow stage's cell on the observed server: the layer split of the diagnosis."""
+    f = dg.layer_split
+    if f is None:
+        return (f"{LAYER_PARTITION}: not estimated (the layers each rank runs are not in the "
+                "evidence: give `ppscope sglang` --model, the served model)")
+    return (f"{LAYER_PARTITION}={f.value} (now {f.now}): {f.gain_pct:+.0f}%{span(f.gain_ci)} "
+            f"at C={dg.concurrency} ({NOT_RUN})")
+
+
+def observed_what_to_do(rep: Report, cause: str) -> str:
+    """What to do about a cause the observed server's diagnosis names: a setting tried on its
+    own loop with its modelled gain, else plainly none, and what would."""
+    dg = rep.diagnosed
+    if cause == "slow_stage":
+        return _split_cell(dg)
+    w, tried = _server_fix(rep, cause)
+    if w is not None:
+        how = "client-side" if w.knob == REQUEST_RATE else NOT_RUN
+        return f"{w.command}: {w.change_pct:+.0f}% at C={dg.concurrency} ({how})"
+    return _no_setting(cause, tried)
+
+
 def what_to_do(rep: Report, v: Verdict) -> str:
     if v.verdict == "within noise":
         return "decide it: a longer traced window, more bench runs"
@@ -93,16 +168,29 @@ def what_to_do(rep: Report, v: Verdict) -> str:
         missing = next((c.strip() for c in v.number.split(";") if c.strip().startswith("no ")),
                        None)
         return f"measure it: {missing}" if missing else "measure it (Measure your server)"
-    if v.hypothesis == BANDWIDTH:
-        return "nothing" if v.verdict == "holds" else "faster links or fewer bytes per hop"
-    if v.verdict not in ("holds", "minor"):
+    hop_slow = v.hypothesis == BANDWIDTH and v.verdict != "holds"
+    if v.hypothesis == BANDWIDTH and not hop_slow:
         return "nothing"
+    if not hop_slow and v.verdict not in ("holds", "minor"):
+        return "nothing"
+    if _observed_row(rep, v) is not None:
+        return observed_what_to_do(rep, v.cause)
+    if hop_slow:
+        return _no_setting("hop", estimate=_tp_estimate(rep))
     w = best_fix(rep, v.cause)
     if w is None:
-        return f"no setting modelled for {_short(label(v.cause))}" if v.cause else "-"
+        return _no_setting(v.cause) if v.cause else "-"
     C = _strongest_c(v)
     how = "client-side" if w.knob == PACING else (_twin_at(w.twin, C) or NOT_RUN)
     return f"{w.knob} {w.setting}: {_gain_at(w, C)} ({how})"
+
+
+def _tp_estimate(rep: Report) -> str:
+    """The scenario model's own TP what-if, where it has one: TP estimated."""
+    tp = next((w for w in rep.what_ifs if w.knob == TP_KNOB), None)
+    if tp is None or rep.scenario_differs:
+        return ""
+    return f"TP {tp.setting}: {_gain_at(tp, None)} estimated, {NOT_RUN}"
 
 
 def _twin_at(twin: str | None, C: int | None) -> str | None:
@@ -115,9 +203,23 @@ def _twin_at(twin: str | None, C: int | None) -> str | None:
     return f"twin {m.group(1)}" if m else twin
 
 
+def _unheld_causes(rep: Report) -> list[tuple[str, ...]]:
+    """A row for each cause the observed server's diagnosis names that no hypothesis settles
+    (host work, rank chaining): named, so it gets its own "what to do"."""
+    dg = rep.diagnosed
+    if dg is None:
+        return []
+    settled = {v.cause for v in rep.verdicts if _observed_row(rep, v) is not None}
+    rows = {r.cause: r for r in dg.rows}
+    return [(ROW_NAMES.get(c, _short(label(c))), "holds",
+             f"slows the observed server by {rows[c].size_pct or 0:.0f}%{span(rows[c].size_ci)}",
+             f"C={dg.concurrency}", observed_what_to_do(rep, c))
+            for c in dg.named if c not in settled and c in rows]
+
+
 def answer_table(rep: Report) -> Table:
     rows = tuple((v.hypothesis, v.verdict, deciding_number(v), holds_at(v), what_to_do(rep, v))
-                 for v in _ordered(rep.verdicts))
+                 for v in _ordered(rep.verdicts)) + tuple(_unheld_causes(rep))
     return Table(HEADERS, rows, (False,) * len(HEADERS))
 
 
@@ -159,6 +261,10 @@ def _recommendation(rep: Report) -> str:
                 f"On your server's own loop (C={sw.concurrency}) no setting tried gains over "
                 f"{sw.no_change_pct:.0f}%")
         return f"{head} ({NOT_RUN}; tried: {tried})."
+    if rep.scenario_aside is not None:    # the scenario's what-ifs are not this server's
+        from reports.answer import server_whatifs_sentence
+        return server_whatifs_sentence(sw) or ("No setting was tried on your server's own "
+                                               "loop (no loop profile).")
     rec = rep.recommendation
     scen = f"In scenario {rep.scenario} (not your server): " if rep.scenario_differs else ""
     if rec is None:
@@ -217,6 +323,18 @@ def _shorten(text: str, width: int, lines: int = 2) -> str:
     return textwrap.shorten(text, width * lines, placeholder="...")
 
 
+def _head(text: str, width: int, lines: int = 2) -> str:
+    """`text` in at most `lines` lines of `width`, its start kept (the setting and its gain
+    come first): words are dropped from the end, "..." in their place."""
+    import textwrap
+    words = text.split()
+    for k in range(len(words), 0, -1):
+        t = " ".join(words[:k]) + ("" if k == len(words) else " ...")
+        if len(textwrap.wrap(t, width, break_on_hyphens=False)) <= lines:
+            return t
+    return textwrap.shorten(text, width, placeholder="...")
+
+
 def terminal_answer(rep: Report, width: int = 100) -> list[str]:
     """The table (cells wrapped to fit `width`) and the sentences, for the terminal."""
     import textwrap
@@ -226,7 +344,7 @@ def terminal_answer(rep: Report, width: int = 100) -> list[str]:
     # column widths that fit 100 columns with tabulate's two-space gaps; a deciding number is
     # cut to two lines here (report.md and report.html have it whole)
     widths = [15, 10, 26, 8, 31] if width >= 100 else [12, 9, 20, 8, 20]
-    rows = [[h, v, _shorten(n, widths[2]), w, d] for h, v, n, w, d in t.rows]
+    rows = [[h, v, _shorten(n, widths[2]), w, _head(d, widths[4])] for h, v, n, w, d in t.rows]
     text = tabulate(rows, headers=list(t.headers), tablefmt="simple",
                     disable_numparse=True, maxcolwidths=widths, maxheadercolwidths=widths)
     out = text.splitlines()

@@ -26,7 +26,7 @@ from reports.model.report_type import (Comparison, Report, ServerDiagnosis, Serv
 from reports.render.png_data import checked_png_uri, png_uri
 from reports.render.render_md import (DISPATCH_NOTE, MEASURED_NOTE, Table, attribution_table,
                                attribution_title, baseline_table, forward_table, diagnosis_table,
-                               observed_loop_line, time_split_table, banner, dispatch_table, header_lines, report_title,
+                               observed_loop_line, observed_lines, layer_split_line, time_split_table, banner, dispatch_table, header_lines, report_title,
                                inputs_table, measured_timeline_table, micro_batch_table,
                                observed_line, server_bench_table, server_dp_table,
                                server_gpu_table, server_lines, server_log_table,
@@ -325,6 +325,7 @@ def diagnosis_html(rep: Report) -> list[str]:
           '<p class="meta">Time per rank over the traced window (waiting inside an NCCL receive '
           "is communication wait, never busy):</p>", table_html(time_split_table(rep))]
     notes = list(dg.deployment.notes) + [f"Caveat: {c}" for c in dg.caveats]
+    notes += [x for x in (layer_split_line(dg),) if x]
     if notes:
         o.append("<ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
     return o
@@ -361,34 +362,44 @@ def render_html(rep: Report, spans: tuple[Span, ...] = (), measured=(), figures=
     `figures`: reports/render/timeline_plot.py `Figure`s shown under the answer table;
     `use_cache`: the plots drawn from the report's numbers alone come from the disk cache when
     the same numbers were drawn before (`_cached`)."""
+    from reports.scenario_aside import ASIDE_TITLE, evidence_banner
+    aside = rep.scenario_aside is not None
     toc = [("answer", "The answer")]
     if rep.diagnosis:
         toc.append(("diagnosis", "Diagnosis"))
     if rep.server_whatifs:
         toc.append(("server-whatifs", "What-ifs on your server"))
-    toc += [("throughput", "Throughput"), ("verdicts", "Verdicts")]
+    scen = [("throughput", "Throughput")]
+    toc += [] if aside else scen
+    toc.append(("verdicts", "Verdicts"))
     if rep.server:
         toc.append(("server", "Your server"))
     if rep.watch:
         toc.append(("watch", "GPU watch"))
-    toc += [("attribution", "Where the time goes"), ("whatifs", "What-ifs")]
+    scen += [("attribution", "Where the time goes"), ("whatifs", "What-ifs")]
     if rep.dispatch_validation:
-        toc.append(("dispatch", "Model vs probe"))
-    toc.append(("plots", "Stage cost & timeline"))
-    if rep.topology:
-        toc.append(("links", "Links"))
-    toc.append(("inputs", "Inputs"))
-    if rep.measure_your_server:
-        toc.append(("measure", MEASURE_TITLE))
+        scen.append(("dispatch", "Model vs probe"))
+    scen.append(("plots", "Stage cost & timeline"))
+    links = [("links", "Links")] if rep.topology else []
+    scen_tail = [("inputs", "Inputs")]
+    measure = [("measure", MEASURE_TITLE)] if rep.measure_your_server else []
+    if aside:
+        toc += links + measure      # the scenario's sections: before Measure, not in the bar
+    else:
+        toc += scen[1:] + links + scen_tail + measure
     toc.append(("glossary", GLOSSARY_TITLE))
     o = [f"<h1>{_e(report_title(rep))}</h1>"]
     o.append("<nav>" + "".join(f'<a href="#{a}">{_e(t)}</a>' for a, t in toc) + "</nav>")
-    if rep.all_estimated:
+    if aside:
+        o.append(f'<div class="banner">{_e(evidence_banner(rep))}</div>')
+    elif rep.all_estimated:
         o.append(f'<div class="banner">{_e(banner(rep))}</div>')
     else:
         o.append(f'<p class="meta">{_e(banner(rep))}</p>')
     o += answer_html(rep, figures)
-    o += [f'<p class="meta">{_e(line)}</p>' for line in header_lines(rep)]
+    n_obs = len(observed_lines(rep))
+    o += [f'<p class="meta">{_e(line)}</p>'
+          for line in (observed_lines(rep)[:1] if aside else header_lines(rep))]
     o += [f'<div class="warn">warning: {_e(w)}</div>' for w in rep.warnings]
     cmp_ = rep.baseline_comparison
     if cmp_:
@@ -403,16 +414,19 @@ def render_html(rep: Report, spans: tuple[Span, ...] = (), measured=(), figures=
     o += diagnosis_html(rep)
     o += server_whatif_html(rep)
 
-    o.append('<h2 id="throughput">Throughput (decode tok/s per concurrency C)</h2>')
-    o.append(f'<div class="row"><div>{table_html(throughput_table(rep))}</div>'
+    thr: list[str] = []
+    thr.append('<h2 id="throughput">Throughput (decode tok/s per concurrency C)</h2>')
+    thr.append(f'<div class="row"><div>{table_html(throughput_table(rep))}</div>'
              f'{_fig(_cached(use_cache, plot_throughput, rep), "tok/s vs concurrency: ideal / modelled / observed")}'
              "</div>")
     if rep.observed_source:
-        o.append(f'<p class="meta">{_e(observed_line(rep))}</p>')
+        thr.append(f'<p class="meta">{_e(observed_line(rep))}</p>')
     if rep.implied_efficiency:
-        o.append(f'<p class="meta">{_e(IMPLIED_LEAD)}</p><ul>'
+        thr.append(f'<p class="meta">{_e(IMPLIED_LEAD)}</p><ul>'
                  + "".join(f"<li>{_e(x.text)}</li>" for x in rep.implied_efficiency)
                  + "</ul>")
+
+    o += [] if aside else thr
 
     o.append('<h2 id="verdicts">Verdicts on the hypotheses</h2>')
     o.append(table_html(verdict_table(rep)))
@@ -421,80 +435,94 @@ def render_html(rep: Report, spans: tuple[Span, ...] = (), measured=(), figures=
     if rep.watch:
         o += watch_html(rep.watch)
 
-    o.append(f'<h2 id="attribution">{_e(ATTRIBUTION_TITLE)}</h2><p class="meta">Ideal -> modelled '
+    scn: list[str] = []
+    scn.append(f'<h2 id="attribution">{_e(ATTRIBUTION_TITLE)}</h2><p class="meta">Ideal -> modelled '
              "split over named causes by exact Shapley values (rows add up to the total); "
              "modelled -> observed is the unexplained row. tok/s columns are the change each "
              "cause makes.</p>")
     for a in rep.attribution:
-        o.append(f"<h3>{_e(attribution_title(a))}</h3>")
-        o.append(table_html(attribution_table(a), total_label="total: ideal -> modelled"))
+        scn.append(f"<h3>{_e(attribution_title(a))}</h3>")
+        scn.append(table_html(attribution_table(a), total_label="total: ideal -> modelled"))
 
-    o.append('<h2 id="whatifs">What-ifs (one server setting at every concurrency; best '
+    scn.append('<h2 id="whatifs">What-ifs (one server setting at every concurrency; best '
              'first)</h2>')
-    o += [f'<p class="meta">{_e(line)}</p>' for line in whatif_lines(rep)]
+    scn += [f'<p class="meta">{_e(line)}</p>' for line in whatif_lines(rep)]
     gain = [w for w in rep.what_ifs if w.gain > 0.005]
     rest = [w for w in rep.what_ifs if w.gain <= 0.005]
-    o.append(table_html(whatif_table(rep, gain)) if gain else
+    scn.append(table_html(whatif_table(rep, gain)) if gain else
              "<p>No single setting raises the objective by more than 0.5%.</p>")
     if rest:
-        o.append(f"<details><summary>{len(rest)} settings with no gain on the objective"
+        scn.append(f"<details><summary>{len(rest)} settings with no gain on the objective"
                  f"</summary>{table_html(whatif_table(rep, rest))}</details>")
 
     if rep.dispatch_validation:
-        o.append('<h2 id="dispatch">Model vs dispatch probe (same configuration)</h2>')
-        o.append(table_html(dispatch_table(rep)) + f'<p class="meta">{_e(DISPATCH_NOTE)}</p>')
+        scn.append('<h2 id="dispatch">Model vs dispatch probe (same configuration)</h2>')
+        scn.append(table_html(dispatch_table(rep)) + f'<p class="meta">{_e(DISPATCH_NOTE)}</p>')
     if rep.dispatch_micro_batches:
-        o.append("<h2>Micro-batch count (dispatch probe's configuration)</h2>")
-        o.append(table_html(micro_batch_table(rep)))
+        scn.append("<h2>Micro-batch count (dispatch probe's configuration)</h2>")
+        scn.append(table_html(micro_batch_table(rep)))
 
-    o.append(f'<h2 id="plots">{_e(STAGE_TITLE)}</h2><p class="meta">{_e(STAGE_NOTE)}</p>')
-    o.append(table_html(stage_cost_table(rep)))
+    scn.append(f'<h2 id="plots">{_e(STAGE_TITLE)}</h2><p class="meta">{_e(STAGE_NOTE)}</p>')
+    scn.append(table_html(stage_cost_table(rep)))
     sc = rep.stage_cost[-1]
-    o.append(_fig(_cached(use_cache, plot_stage_cost, rep), f"per-stage forward time vs roofline floor, micro-batch "
+    scn.append(_fig(_cached(use_cache, plot_stage_cost, rep), f"per-stage forward time vs roofline floor, micro-batch "
                                         f"of {sc.batch}"))
     if spans:
         top = max(rep.concurrency, key=lambda c: c.concurrency)
         win = 4 * top.predicted_tpot_ms
-        o.append(_fig(_cached(use_cache, plot_timeline, spans, win),
+        scn.append(_fig(_cached(use_cache, plot_timeline, spans, win),
                       f"simulated PP loop at C={top.concurrency}, first {win:.0f} ms (4 decode "
                       "steps): one bar per forward, colour = slot; full trace in "
                       "report.trace.json (open in Perfetto)"))
+    ev: list[str] = []
     if measured:
-        o.append(f"<h2>{_e(MEASURED_TITLE)}</h2>")
-        o.append(_fig(plot_measured(measured),
+        ev.append(f"<h2>{_e(MEASURED_TITLE)}</h2>")
+        ev.append(_fig(plot_measured(measured),
                       "measured PP loop (dispatch.trace.json): GPU forwards per stage, colour = "
                       "slot, number = requests in the micro-batch"))
-        o.append(table_html(measured_timeline_table(rep)) + f'<p class="meta">{_e(MEASURED_NOTE)}</p>')
+        ev.append(table_html(measured_timeline_table(rep)) + f'<p class="meta">{_e(MEASURED_NOTE)}</p>')
     if rep.topology:
         t = rep.topology
-        o.append(f'<h2 id="links">Links between GPUs (topology.json, {_e(t.source)})</h2>')
+        ev.append(f'<h2 id="links">Links between GPUs (topology.json, {_e(t.source)})</h2>')
         items = topology_lines(rep)
-        o += [f'<p class="meta">{_e(x)}</p>' for x in items if not x.startswith("- ")]
+        ev += [f'<p class="meta">{_e(x)}</p>' for x in items if not x.startswith("- ")]
         notes = [x[2:] for x in items if x.startswith("- ")]
         if notes:
-            o.append("<ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
+            ev.append("<ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
         if t.pipeline_hops:
-            o.append(table_html(topology_table(rep)))
+            ev.append(table_html(topology_table(rep)))
         img = plot_links(t)
         if img:
-            o.append(_fig(img, f"link type per GPU pair (nvidia-smi topo, {t.source}; "
+            ev.append(_fig(img, f"link type per GPU pair (nvidia-smi topo, {t.source}; "
                                "? = unknown) and measured PP hop cost at the smallest batch"))
 
+    tail: list[str] = []
     if rep.model_differs:
-        o.append('<h2 id="differs">Where the model differs from SGLang</h2><ul>'
+        tail.append('<h2 id="differs">Where the model differs from SGLang</h2><ul>'
                  + "".join(f"<li>{_e(d)}</li>" for d in rep.model_differs) + "</ul>")
-    o.append('<h2 id="inputs">Inputs</h2>')
-    o.append(table_html(inputs_table(rep)))
+    tail.append('<h2 id="inputs">Inputs</h2>')
+    tail.append(table_html(inputs_table(rep)))
     if rep.assumptions:
-        o.append("<h2>Scenario assumptions</h2><ul class=\"assume\">"
+        tail.append("<h2>Scenario assumptions</h2><ul class=\"assume\">"
                  + "".join(f"<li><b>{_e(k)}</b>: {_e(v)}</li>"
                            for k, v in rep.assumptions.items()) + "</ul>")
+    meas: list[str] = []
     steps = rep.measure_your_server
     if steps:
-        o.append(f'<h2 id="measure">{_e(MEASURE_TITLE)}</h2><p>{_e(MEASURE_LEAD)}</p><ol>'
+        meas.append(f'<h2 id="measure">{_e(MEASURE_TITLE)}</h2><p>{_e(MEASURE_LEAD)}</p><ol>'
                  + "".join(f"<li><p>{_e(st.why)}</p><pre><code>"
                            + "\n".join(_e(c) for c in st.commands) + "</code></pre></li>"
                            for st in steps) + "</ol>")
+    if aside:
+        o += ev
+        o.append(f'<h2 id="scenario">{_e(ASIDE_TITLE)}</h2><p>'
+                 f'{_e(rep.scenario_aside[0].upper() + rep.scenario_aside[1:])}. Everything '
+                 "from here to the glossary is that scenario's model, not your server (pass "
+                 "--scenario with your deployment to model it).</p>")
+        o += [f'<p class="meta">{_e(line)}</p>' for line in header_lines(rep)[n_obs:]]
+        o += thr + scn + tail + meas   # what to measure: partly the scenario's, after it
+    else:
+        o += scn + ev + tail + meas
     o.append(f'<h2 id="glossary">{_e(GLOSSARY_TITLE)}</h2><ul class="assume">'
              + "".join(f"<li><b>{_e(k)}</b>: {_e(v)}</li>" for k, v in glossary(rep))
              + "</ul>")

@@ -497,6 +497,18 @@ def observed_loop_line(dg: ServerDiagnosis) -> str:
             "the traces (sizes the traces never ran: " + d.shape + ").")
 
 
+def layer_split_line(dg: ServerDiagnosis) -> str | None:
+    """The slow stage's layer split (reports/model/observed/layer_split.py) and how its layers
+    and their cost were known."""
+    f = dg.layer_split
+    if f is None:
+        return None
+    return (f"Layer split for the slow stage: SGLANG_PP_LAYER_PARTITION={f.value} instead of "
+            f"{f.now}, decode step {dg.modelled_step_ms:.2f} -> {f.step_ms:.2f} ms in the model "
+            f"of the loop, {f.gain_pct:+.0f}%{span(f.gain_ci)} tok/s; the layers each rank runs: "
+            f"{f.layers_from}; a layer's cost: {f.cost_from}.")
+
+
 def diagnosis_lines(rep: Report) -> list[str]:
     dg = rep.diagnosis
     if not dg:
@@ -511,6 +523,9 @@ def diagnosis_lines(rep: Report) -> list[str]:
             "communication wait, never busy):", "", md_table(time_split_table(rep)), ""]
     out += [f"- {n}" for n in dg.deployment.notes]
     out += [f"- Caveat: {c}." for c in dg.caveats]
+    split = layer_split_line(dg)
+    if split:
+        out.append(f"- {split}")
     if dg.interval_note:
         obs = (f"; observed decode step {dg.observed_step_ms:.2f} ms"
                f"{span(dg.observed_step_ci, '.2f', ' ms')} over "
@@ -648,24 +663,83 @@ def answer_md(rep: Report, figures=()) -> list[str]:
     return out + [f"### {DETAIL_TITLE}", ""] + [f"- {s}" for s in rep.answer] + [""]
 
 
-def render_md(rep: Report, figures=()) -> str:
-    """`figures`: reports/render/timeline_plot.py `Figure`s shown under the answer table (their
-    PNG files sit beside report.md)."""
-    out = [f"# {report_title(rep)}", ""]
-    out += [f"**{banner(rep)}**" if rep.all_estimated else banner(rep), ""]
-    out += answer_md(rep, figures)
-    out += header_lines(rep) + [""]
-    out += [f"> warning: {w}  " for w in rep.warnings] + [""]
-    out += baseline_lines(rep)
-    out += diagnosis_lines(rep)
-    out += server_whatif_lines(rep)
-    out += ["## Throughput (decode tok/s per concurrency C)", "", md_table(throughput_table(rep)),
-            ""]
+def _throughput_md(rep: Report) -> list[str]:
+    out = ["## Throughput (decode tok/s per concurrency C)", "", md_table(throughput_table(rep)),
+           ""]
     if rep.observed_source:
         out += [observed_line(rep), ""]
     if rep.implied_efficiency:
         out += [IMPLIED_LEAD, ""]
         out += [f"- {x.text}" for x in rep.implied_efficiency] + [""]
+    return out
+
+
+def _scenario_md(rep: Report) -> list[str]:
+    """The scenario model's sections: where the time goes, what-ifs, dispatch, stage cost."""
+    out = [f"## {ATTRIBUTION_TITLE}", ""]
+    for a in rep.attribution:
+        out += [f"### {attribution_title(a)}", "", md_table(attribution_table(a)), ""]
+    out += ["## What-ifs (one server setting at every concurrency; best first)", ""]
+    out += [x for line in whatif_lines(rep) for x in (line, "")]
+    out += [md_table(whatif_table(rep)), ""]
+    if rep.dispatch_validation:
+        out += ["## Model vs dispatch probe (same configuration)", "",
+                md_table(dispatch_table(rep)), "", DISPATCH_NOTE, ""]
+    if rep.dispatch_micro_batches:
+        out += ["## Micro-batch count (dispatch probe's configuration)", "",
+                md_table(micro_batch_table(rep)), ""]
+    return out + [f"## {STAGE_TITLE}", "", STAGE_NOTE, "", md_table(stage_cost_table(rep)), ""]
+
+
+def _evidence_md(rep: Report) -> list[str]:
+    """Measured timelines and links: evidence of the user's machine."""
+    out = []
+    if rep.measured_timeline:
+        out += [f"## {MEASURED_TITLE}", "",
+                md_table(measured_timeline_table(rep)), "", MEASURED_NOTE, ""]
+    if rep.topology:
+        out += [f"## Links between GPUs (topology.json, {rep.topology.source})", ""]
+        lines = topology_lines(rep)   # paragraphs, then the parser's notes as a list
+        out += [x for line in lines for x in ([line] if line.startswith("- ") else [line, ""])]
+        if lines[-1].startswith("- "):
+            out.append("")
+        if rep.topology.pipeline_hops:
+            out += [md_table(topology_table(rep)), ""]
+    return out
+
+
+def _scenario_tail_md(rep: Report) -> list[str]:
+    out = []
+    if rep.model_differs:
+        out += ["## Where the model differs from SGLang", ""]
+        out += [f"- {d}" for d in rep.model_differs] + [""]
+    out += ["## Inputs", "", md_table(inputs_table(rep)), ""]
+    if rep.assumptions:
+        out += ["## Scenario assumptions", ""] + [f"- **{k}**: {v}"
+                                                  for k, v in rep.assumptions.items()]
+        out += [""]
+    return out
+
+
+def render_md(rep: Report, figures=()) -> str:
+    """`figures`: reports/render/timeline_plot.py `Figure`s shown under the answer table (their
+    PNG files sit beside report.md). With the built-in scenario set aside
+    (reports/scenario_aside.py) its sections follow everything about the server."""
+    from reports.scenario_aside import ASIDE_TITLE, evidence_banner
+    aside = rep.scenario_aside is not None
+    out = [f"# {report_title(rep)}", ""]
+    if aside:
+        out += [f"**{evidence_banner(rep)}**", ""]
+    else:
+        out += [f"**{banner(rep)}**" if rep.all_estimated else banner(rep), ""]
+    out += answer_md(rep, figures)
+    out += (observed_lines(rep)[:1] if aside else header_lines(rep)) + [""]
+    out += [f"> warning: {w}  " for w in rep.warnings] + [""]
+    out += baseline_lines(rep)
+    out += diagnosis_lines(rep)
+    out += server_whatif_lines(rep)
+    if not aside:
+        out += _throughput_md(rep)
     out += ["## Verdicts on the hypotheses", "", md_table(verdict_table(rep)), ""]
     if rep.server:
         out += ["## Your server (observed, sglang.json)", ""]
@@ -684,39 +758,20 @@ def render_md(rep: Report, figures=()) -> str:
     if rep.watch:  # GPU watch section: reports/render/watch_plot.py
         from reports.render.watch_plot import watch_md
         out += watch_md(rep.watch)
-    out += [f"## {ATTRIBUTION_TITLE}", ""]
-    for a in rep.attribution:
-        out += [f"### {attribution_title(a)}", "", md_table(attribution_table(a)), ""]
-    out += ["## What-ifs (one server setting at every concurrency; best first)", ""]
-    out += [x for line in whatif_lines(rep) for x in (line, "")]
-    out += [md_table(whatif_table(rep)), ""]
-    if rep.dispatch_validation:
-        out += ["## Model vs dispatch probe (same configuration)", "",
-                md_table(dispatch_table(rep)), "", DISPATCH_NOTE, ""]
-    if rep.dispatch_micro_batches:
-        out += ["## Micro-batch count (dispatch probe's configuration)", "",
-                md_table(micro_batch_table(rep)), ""]
-    out += [f"## {STAGE_TITLE}", "", STAGE_NOTE, "", md_table(stage_cost_table(rep)), ""]
-    if rep.measured_timeline:
-        out += [f"## {MEASURED_TITLE}", "",
-                md_table(measured_timeline_table(rep)), "", MEASURED_NOTE, ""]
-    if rep.topology:
-        out += [f"## Links between GPUs (topology.json, {rep.topology.source})", ""]
-        lines = topology_lines(rep)   # paragraphs, then the parser's notes as a list
-        out += [x for line in lines for x in ([line] if line.startswith("- ") else [line, ""])]
-        if lines[-1].startswith("- "):
-            out.append("")
-        if rep.topology.pipeline_hops:
-            out += [md_table(topology_table(rep)), ""]
-    if rep.model_differs:
-        out += ["## Where the model differs from SGLang", ""]
-        out += [f"- {d}" for d in rep.model_differs] + [""]
-    out += ["## Inputs", "", md_table(inputs_table(rep)), ""]
-    if rep.assumptions:
-        out += ["## Scenario assumptions", ""] + [f"- **{k}**: {v}"
-                                                  for k, v in rep.assumptions.items()]
-        out += [""]
-    out += measure_lines(rep)
+    if aside:
+        out += _evidence_md(rep)
+        out += [f"## {ASIDE_TITLE}", "", f"{rep.scenario_aside[0].upper()}"
+                f"{rep.scenario_aside[1:]}. Everything from here to the glossary is that "
+                "scenario's model, not your server (pass --scenario with your deployment to "
+                "model it).", ""]
+        out += [x for line in header_lines(rep)[len(observed_lines(rep)):]
+                for x in (line, "")]
+        # what to measure next follows it: its commands and reasons are partly the scenario's
+        out += _throughput_md(rep) + _scenario_md(rep) + _scenario_tail_md(rep)
+        out += measure_lines(rep)
+    else:
+        out += _scenario_md(rep) + _evidence_md(rep) + _scenario_tail_md(rep)
+        out += measure_lines(rep)
     out += [f"## {GLOSSARY_TITLE}", ""] + [f"- **{k}**: {v}" for k, v in glossary(rep)]
     # text from the evidence (file names, log fields) holds no HTML or link of its own
     from reports.base.text import markdown_safe

@@ -40,7 +40,9 @@ def terminal_summary(rep: Report, width: int = 100, results_label: str = "result
     from reports.render.answer_table import terminal_answer
     where = results_label.rstrip("/")
     out = []   # what the figures rest on first, one line (it names the results folder)
-    if rep.all_estimated and rep.server:
+    if rep.scenario_aside is not None:   # the estimates are the set-aside scenario's
+        pass
+    elif rep.all_estimated and rep.server:
         out.append(f"every model input is estimated (no probe records in {where}/); observed: "
                    "sglang.json")
     elif rep.all_estimated:

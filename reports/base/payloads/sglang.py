@@ -398,6 +398,11 @@ class LoopProfile:
     forwards: tuple[LoopForward, ...] = ()
     # how many blocks of the window each rank's and hop's `blocks` hold (0: none)
     block_count: int = ge(0, default=0)
+    # the served model's decoder layers (`ppscope sglang --model`: a preset or its config.json)
+    # and the server's SGLANG_PP_LAYER_PARTITION where it was set (`--layer-partition`): with
+    # SGLang's own rule they give the layers each rank runs (reports/base/partition.py)
+    num_layers: int | None = ge(1, default=None)
+    layer_partition: str | None = None
 
 
 @dataclass(frozen=True)

@@ -77,11 +77,14 @@ class Deployment:
     process_us: tuple[float, ...] = ()     # per rank, after the forward (CPU view only)
     # requests the traced window ran per round of the slot loop (window_load); None: unknown
     window_concurrency: float | None = None
-    # a window profiled with stacks (CPU view): each rank's decoder layers per forward, and one
-    # layer's time by micro-batch size, the mean over the ranks (reports/model/observed/
-    # layer_split.py moves layers between ranks with it); () / {}: not timed
+    # each rank's decoder layers per forward: counted in a window profiled with stacks (CPU
+    # view), else SGLang's partition rule over the model's layers (`layers_from` says which);
+    # ()`: unknown. `layer_us`: one layer's time by micro-batch size, the mean over the ranks,
+    # where the stacks time it (CPU view); {}: not timed, a layer's cost is then estimated from
+    # each rank's forward (reports/model/observed/layer_split.py moves layers between ranks)
     layers: tuple[int, ...] = ()
     layer_us: dict[int, float] = field(default_factory=dict)
+    layers_from: str | None = None
     # the traced window's blocks (reports/model/observed/resample.py): the intervals' source;
     # None: the reader kept none (a short window, an older sglang.json)
     blocks: WindowBlocks | None = None
@@ -277,17 +280,48 @@ def from_evidence(loop: LoopProfile | None, *, concurrency: int | None, observed
         # inferred from the traces assumes the window ran C
         window_concurrency=window_load(rk[0], slot_count(pp, async_depth)
                                        if async_depth is not None else slots),
-        blocks=blocks_of(loop, order), **_layers(rk))
+        blocks=blocks_of(loop, order), **_layers(rk, loop, on_cpu))
 
 
-def _layers(rk) -> dict:
-    """Deployment's `layers` and `layer_us` where every rank's decoder layers are timed."""
+def _layers(rk, loop: LoopProfile, on_cpu: bool) -> dict:
+    """Deployment's `layers`, `layer_us` and `layers_from`: the layers counted and timed where
+    a window with stacks times every rank's decoder layers on the CPU (on a GPU the module
+    events time the launches, not the device's work); else the layers SGLang's own rule gives
+    each rank (SGLang 0.5.23 srt/distributed/utils.py `get_pp_indices`: SGLANG_PP_LAYER_PARTITION
+    where set, else the even split, the last ranks one layer more; reports/base/partition.py)
+    over the model's layer count, where the evidence has it; else nothing."""
     curves = [x.curve("layer_us_by_batch", None) for x in rk]
-    if not all(x.layers_per_forward for x in rk) or not all(curves):
+    if on_cpu and all(x.layers_per_forward for x in rk) and all(curves):
+        sizes = sorted(set().union(*curves))
+        return {"layers": tuple(int(x.layers_per_forward) for x in rk),
+                "layer_us": {b: sum(at_size(c, b) for c in curves) / len(curves)
+                             for b in sizes},
+                "layers_from": "counted in the traces (module events, a window with stacks)"}
+    total = loop.num_layers or _preset_layers(loop.model)
+    if not total:
         return {}
-    sizes = sorted(set().union(*curves))
-    return {"layers": tuple(int(x.layers_per_forward) for x in rk),
-            "layer_us": {b: sum(at_size(c, b) for c in curves) / len(curves) for b in sizes}}
+    from reports.base.partition import layer_counts
+    try:
+        counts = layer_counts(total, len(rk), loop.layer_partition)
+    except ValueError:
+        return {}
+    how = (f"SGLANG_PP_LAYER_PARTITION={loop.layer_partition} (as given)"
+           if loop.layer_partition else
+           f"SGLang's even split of the model's {total} layers (get_pp_indices; "
+           "SGLANG_PP_LAYER_PARTITION not given)")
+    return {"layers": tuple(counts), "layers_from": how}
+
+
+def _preset_layers(model: str | None) -> int | None:
+    """The layer count of the model `ppscope sglang --model` named, for a record written before
+    it kept the count itself; None where it cannot be read here."""
+    if not model:
+        return None
+    from reports.base.model_config import load_model
+    try:
+        return load_model(model).num_layers
+    except (OSError, ValueError):
+        return None
 
 
 # ------------------------------------------------------------------ switches and the model

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from statistics import median_low
 
 from reports.model.attribution import shapley
-from reports.model.observed import resample
+from reports.model.observed import layer_split, resample
 from reports.model.observed.bursts import BURST_SOURCE
 from reports.model.observed.deployment import (OBSERVED_CAUSES, LABELS, REFERENCE, Deployment,
                                                at_size, run, window_differs)
@@ -76,6 +76,9 @@ class Diagnosis:
     observed_runs: tuple[float, ...] = ()      # tok/s of each bench run at C
     within_noise: tuple[str, ...] = ()         # causes above NAME_PCT whose interval is not
     interval_note: str | None = None
+    # where a slow stage is named: the layer split that balances the model of the loop
+    # (reports/model/observed/layer_split.py), with its predicted gain
+    layer_split: layer_split.SplitFix | None = None
 
 
 def details(dep: Deployment) -> dict[str, str]:
@@ -305,6 +308,8 @@ def diagnose(dep: Deployment, shape=None, runs: tuple[float, ...] = ()) -> Diagn
             caveats.append(f"with the traced CPU costs (host work, relay waits) scaled by "
                            f"{k:.2f} the model meets the observed step (estimated, as if the "
                            f"whole difference were profiler overhead): {c_answer}")
+    split = (layer_split.split_fix(dep, full, shape, resample.replicates(dep))
+             if "slow_stage" in named else None)
     off = window_differs(dep.window_concurrency, dep.concurrency, dep.forward[0])
     if off is not None:     # said first: every size below describes another load
         answer = f"{off}. Of that window: {answer}"
@@ -321,7 +326,7 @@ def diagnose(dep: Deployment, shape=None, runs: tuple[float, ...] = ()) -> Diagn
         modelled_step_ci=_rounded(full_ci, 3), observed_step_ci=obs_ci,
         unexplained_ci=un_ci if unexpl is not None else None,
         observed_runs=tuple(float(x) for x in runs), within_noise=noise,
-        interval_note=_interval_note(dep, runs))
+        interval_note=_interval_note(dep, runs), layer_split=split)
 
 
 def time_split_rows(dep: Deployment) -> list[dict]:

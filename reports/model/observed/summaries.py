@@ -37,7 +37,10 @@ def observed_deployment(sg: SglangData, inp: Inputs, stage_cost: Record | None =
         C, c_src = next(iter(obs)), "the one observed concurrency"
     # the served model's own shape, never the scenario's: a server whose model the evidence
     # does not name gets the nearest traced size (interpolated between sizes)
-    model = load_model(loop.model) if loop.model else None
+    try:        # a config.json given by path may not be on this machine: then unnamed
+        model = load_model(loop.model) if loop.model else None
+    except (OSError, ValueError):
+        model = None
     shape = moe_shape(model) if model is not None else None
     if shape is not None:
         shape_src = f"roofline MoE-layer bytes ratio of {model.name} (estimated)"

@@ -18,8 +18,9 @@ The candidates, each one change from the server's settings:
 - arrival pacing: bench_serving `--request-rate` at the rate the server finished requests in
   the modelled run before the change, where the run was a burst;
 - `SGLANG_PP_LAYER_PARTITION` (an environment variable of SGLang's, not a flag): the split a
-  local search reaches one layer at a time from the server's own, where a window profiled with
-  stacks times the layers on every rank (reports/model/observed/layer_split.py).
+  local search reaches one layer at a time from the server's own, where the layers each rank
+  runs are known: counted by a window profiled with stacks, else SGLang's own rule over the
+  model's layers (reports/model/observed/layer_split.py says how a layer's cost is estimated).
 
 Only where the run model was checked: on SGLang's own server on the CPU (the lab). On a GPU a
 prefill visit of long prompts costs far more than a decode visit, which the run charges alike
@@ -96,9 +97,8 @@ def candidates(server: ServerSettings, load: ow.Load, before: ow.Run,
     if best is not None:
         out.append(Candidate.one(LAYER_PARTITION, layer_split.text(best),
                                  f"layers {layer_split.text(best)} over the ranks instead of "
-                                 f"{layer_split.text(dep.layers)} (one layer timed "
-                                 f"{layer_split.layer_at(dep, max(dep.sizes)) / 1e3:.1f} ms at "
-                                 f"{max(dep.sizes)} requests)"))
+                                 f"{layer_split.text(dep.layers)} "
+                                 f"({layer_split.cost_note(dep, max(dep.sizes))})"))
     return out
 
 
