@@ -84,14 +84,29 @@ def test_a_replicate_that_draws_every_block_once_is_the_point(tmp_path):
 
 
 def test_welch_change_interval_by_hand():
-    # 100, 110 then; 80, 90 now: means 105 -> 85 (-20), se = sqrt(50/2 + 50/2) = 7.07,
-    # df = 2, t = 2.920: the tok/s difference -20 +- 20.65 includes 0, so the step's change does
+    # log tok/s: 100, 110 then; 80, 90 now. d = mean log then - mean log now (the step's log
+    # ratio), se from each side's variance of the logs, df by Welch-Satterthwaite, t from the
+    # table: the step's change is exp(d -+ t se) - 1, here an interval that holds no change
+    lb, ln = [math.log(100.0), math.log(110.0)], [math.log(80.0), math.log(90.0)]
+    d = sum(lb) / 2 - sum(ln) / 2
+    vb, vn = (lb[0] - lb[1]) ** 2 / 2 / 2, (ln[0] - ln[1]) ** 2 / 2 / 2
+    df = (vb + vn) ** 2 / (vb ** 2 + vn ** 2)
+    assert 1 < df < 2                                  # t of 1 degree of freedom: 6.314
+    h = 6.314 * math.sqrt(vb + vn)
     lo, hi = change_interval([100.0, 110.0], [80.0, 90.0])
-    h = 2.920 * math.sqrt(50.0)
-    assert lo == pytest.approx(100 * (105 / (85 + h) - 1), abs=0.01)
-    assert hi == pytest.approx(100 * (105 / (85 - h) - 1), abs=0.01)
+    assert lo == pytest.approx(100 * math.expm1(d - h), abs=0.01)
+    assert hi == pytest.approx(100 * math.expm1(d + h), abs=0.01)
     assert lo < 0 < hi
     assert change_interval([100.0], [80.0, 90.0]) is None
+
+
+def test_change_interval_is_finite_however_wide():
+    # two runs a side far apart (the lab's device rounds): the tok/s difference's interval
+    # crossed zero tok/s, a step change without bound that a report could not hold
+    lo, hi = change_interval([330.0, 410.0], [120.0, 290.0])
+    assert math.isfinite(lo) and math.isfinite(hi) and lo < 0 < hi
+    assert change_interval([300.0, 300.0], [200.0, 200.0]) == (50.0, 50.0)   # no spread
+    assert change_interval([300.0, 0.0], [200.0, 210.0]) is None
 
 
 # ---------------------------------------------------------------- the diagnosis

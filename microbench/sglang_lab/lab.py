@@ -198,7 +198,11 @@ def analyse_case(case_dir: Path) -> dict:
     base = case_dir.parent / (c.get("baseline") or "") / "report.json"
     if c.get("baseline") and base.exists():   # what the fault changed: reports/model/compare.py
         report += ["--baseline", str(base)]
-    for name, cmd in (("sglang", args), ("report", report)):
+    # a case brought back without its traces (a copy of the results): its sglang.json is read
+    steps = (("sglang", args), ("report", report))
+    if not (case_dir / "traces").is_dir() and (case_dir / "sglang.json").is_file():
+        steps = steps[1:]
+    for name, cmd in steps:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         (case_dir / f"{name}.out").write_text(r.stdout + r.stderr)
         out[f"{name}_rc"] = r.returncode

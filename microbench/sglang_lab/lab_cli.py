@@ -80,7 +80,9 @@ def register(subparsers) -> None:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cpu (default; gloo between ranks, graphs off) or cuda (CUDA graphs on)")
     p.add_argument("--analyse-only", action="store_true",
-                   help="run no server: read the cases already in --out again")
+                   help="run no server: read the cases already in --out again (a case "
+                   "without its traces, e.g. a copy brought back from another host: its "
+                   "sglang.json)")
     b = p.add_argument_group("offline bundle (a host without network, e.g. a GPU server)")
     b.add_argument("--bundle", default=None, metavar="FILE",
                    help="on a machine with a package index: write the wheels of the lab's pinned "
@@ -216,7 +218,8 @@ def run(args: argparse.Namespace) -> int:
             raise CliError(f"--{name.replace('_', '-')}: {v} does not exist")
     if args.analyse_only:
         dirs = sorted(d for d in out.glob("*") if (d / "case.json").exists()
-                      and (d / "traces").is_dir() and (not only or d.name in only))
+                      and ((d / "traces").is_dir() or (d / "sglang.json").is_file())
+                      and (not only or d.name in only))
         if not dirs:
             raise CliError(f"--analyse-only: no lab cases in {out}")
         from microbench.sglang_lab.lab import order_for_analysis

@@ -224,24 +224,24 @@ def _pct_span(ci) -> str:
 
 def change_interval(base_runs, now_runs) -> tuple[float, float] | None:
     """The decode step's change (% of the baseline's), LEVEL interval from the bench runs
-    (tok/s per run) on each side: Welch's t interval of the difference of the means
-    (Welch-Satterthwaite degrees of freedom), as a change of the step C / tok/s with the
-    baseline's mean held. None under two runs on a side."""
-    if len(base_runs) < 2 or len(now_runs) < 2:
+    (tok/s per run) on each side: Welch's t interval (Welch-Satterthwaite degrees of freedom)
+    of the difference of the mean log tok/s, so the step's ratio C / tok/s is always positive
+    and the interval finite however few the runs. None under two runs on a side, or a run
+    that is not a throughput."""
+    if len(base_runs) < 2 or len(now_runs) < 2 or min(*base_runs, *now_runs) <= 0:
         return None
-    mb, mn = mean(base_runs), mean(now_runs)
-    vb, vn = variance(base_runs) / len(base_runs), variance(now_runs) / len(now_runs)
+    lb, ln = [math.log(x) for x in base_runs], [math.log(x) for x in now_runs]
+    d = mean(lb) - mean(ln)                   # log of the step's ratio, this run / baseline
+    vb, vn = variance(lb) / len(lb), variance(ln) / len(ln)
     se = math.sqrt(vb + vn)
-    if se == 0:
-        d_lo = d_hi = mn - mb
-    else:
-        df = (vb + vn) ** 2 / (vb ** 2 / (len(base_runs) - 1) + vn ** 2 / (len(now_runs) - 1))
+    h = 0.0
+    if se > 0:
+        df = (vb + vn) ** 2 / (vb ** 2 / (len(lb) - 1) + vn ** 2 / (len(ln) - 1))
         h = resample.t95(max(1, int(df))) * se
-        d_lo, d_hi = mn - mb - h, mn - mb + h
-
-    def step_change(d: float) -> float:     # tok/s mb -> mb + d: the step's change, %
-        return 100 * (mb / (mb + d) - 1) if mb + d > 0 else math.inf
-    return round(step_change(d_hi), 2), round(step_change(d_lo), 2)
+    lo, hi = 100 * math.expm1(d - h), 100 * math.expm1(d + h)
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return None
+    return round(lo, 2), round(hi, 2)
 
 
 def _deployments(now: ServerDiagnosis, base: ServerDiagnosis):
