@@ -77,6 +77,14 @@ def _header(server: LabServer) -> str:
     return text[: text.find("\n", i) + 1] if i >= 0 else ""
 
 
+# Every bench_serving run of a case starts from an empty prefix cache (bench_serving's
+# --flush-cache, after its warm-up request): the cases of a group share one server, and without
+# it each run found the cache its predecessors left. Measured (docs/BENCHMARKS.md section 18):
+# on the lab's device rounds the same clean load fell 15-26% from a group's first runs to its
+# control case, a drift every fault of the group was measured against.
+FLUSH_CACHE = True
+
+
 def run_case(case: Case, server: LabServer, bench: drive.BenchSpec, fault_file: Path,
              default_mmb: int | None, out: Path, header: str) -> Path:
     tmp = out / ".partial" / case.name
@@ -101,7 +109,8 @@ def run_case(case: Case, server: LabServer, bench: drive.BenchSpec, fault_file: 
                 say(f"{case.name}: bench_serving C={case.concurrency} run {k + 1}/{case.reps}")
                 drive.run_bench(bench, blog, concurrency=case.concurrency,
                                 prompts=2 * case.concurrency + 2, seed=seed0 + k,
-                                out=tmp / "bench.jsonl", request_rate=case.request_rate)
+                                out=tmp / "bench.jsonl", request_rate=case.request_rate,
+                                flush_cache=FLUSH_CACHE)
             windows = ([("traces", case.window_stacks)] if case.profile else []) + (
                 [("traces-stacks", True)] if case.stacks else [])
             for sub, stacks in windows:
@@ -111,7 +120,7 @@ def run_case(case: Case, server: LabServer, bench: drive.BenchSpec, fault_file: 
                                       concurrency=case.window_concurrency or case.concurrency,
                                       prompts=2 * case.concurrency + 2, seed=seed0 + 50,
                                       out=tmp / f"bench-{sub}.jsonl",
-                                      request_rate=case.request_rate)
+                                      request_rate=case.request_rate, flush_cache=FLUSH_CACHE)
                 try:
                     drive.wait_load(server, since, case.window_concurrency or case.concurrency,
                                     lines=2 * server.spec.pp)
@@ -148,7 +157,8 @@ def run_case(case: Case, server: LabServer, bench: drive.BenchSpec, fault_file: 
         "env": {k: v for k, v in server.spec.env.items() if k.startswith("SGLANG_")},
         "server": asdict(server.choices) if server.choices else None, "hog_core": hog_core,
         "started_unix": t0, "seconds": time.time() - t0,
-        "input_len": bench.input_len, "output_len": bench.output_len})
+        "input_len": bench.input_len, "output_len": bench.output_len,
+        "flush_cache": FLUSH_CACHE})
     final = out / case.name
     if final.exists():
         shutil.rmtree(final)
@@ -261,6 +271,7 @@ def run_lab(cfg: LabConfig) -> int:
     fault_file = cfg.lab_dir / "fault"
     fault_file.write_text("")
     done: list[Path] = []       # measured, not read yet
+    failed: list[str] = []
     for g in cfg.plan:
         cases = [c for c in g.cases if not cfg.only or c.name in cfg.only]
         if not cases:
@@ -281,7 +292,12 @@ def run_lab(cfg: LabConfig) -> int:
             drive.run_bench(bench, logdir / "warmup.out", concurrency=4, prompts=4, seed=1, out=logdir / "warmup.jsonl")
             mmb0 = _default_mmb(server)
             for case in cases:
-                done.append(run_case(case, server, bench, fault_file, mmb0, cfg.out, header))
+                try:
+                    done.append(run_case(case, server, bench, fault_file, mmb0, cfg.out, header))
+                except LabError as e:     # one case's failure: said, the plan goes on
+                    say(f"{case.name}: failed, nothing kept: {e}")
+                    failed.append(case.name)
+                    continue
                 if cfg.analyse and _ready(done[-1]):   # each case read as soon as it can be
                     _analyse(done.pop())
         say(f"server stopped (group {g.name})")
@@ -292,4 +308,7 @@ def run_lab(cfg: LabConfig) -> int:
     rows = summarise(cfg.out)
     drive.write_json(cfg.out / "summary.json", rows)
     print(render(rows))
+    if failed:
+        say(f"{len(failed)} case(s) failed and were not kept: {', '.join(failed)}")
+        return 1
     return 0
