@@ -142,11 +142,36 @@ def _check_policy(policy: str) -> None:
         raise ValueError(f"unknown admission policy {policy!r}; choose from {', '.join(POLICIES)}")
 
 
+def spaced(slots: int, micro_batches: int) -> tuple[int, ...]:
+    """`micro_batches` of `slots` slots, evenly spaced in the round-robin (4 slots, 2
+    micro-batches -> (0, 2)), so the micro-batches sit one stage apart."""
+    m = max(1, min(int(micro_batches), slots))
+    return tuple((i * slots) // m for i in range(m))
+
+
 def even_slots(cfg: SlotConfig, micro_batches: int) -> tuple[int, ...]:
-    """The `micro_batches` slots the `even` policy fills, evenly spaced in the round-robin
-    (4 slots, 2 micro-batches -> (0, 2)), so the micro-batches sit one stage apart."""
-    m = max(1, min(int(micro_batches), cfg.slots))
-    return tuple((i * cfg.slots) // m for i in range(m))
+    """The `micro_batches` slots the `even` policy fills (`spaced` over the slot count)."""
+    return spaced(cfg.slots, micro_batches)
+
+
+def herd_off_sizes(sizes: Sequence[int], pp: int) -> tuple[int, ...]:
+    """The herd switched off, the one rule of both model pipelines (the scenario's and the
+    observed server's): the same requests in equal micro-batches, evenly spaced over the slots.
+    `sizes`: requests per slot, one entry per slot. The micro-batches are as many as the slots
+    the requests occupied, at least one per stage (`min(requests, pp)`), at most the slots.
+    SGLang visits every one of its `pp + depth` slots each round and requests never move
+    between slots (0.5.23 managers/scheduler_pp_mixin.py, `event_loop_pp`: `for mb_id in
+    range(self.pp_loop_size)`, each slot's own `running_mbs[mb_id]`): fewer micro-batches than
+    the occupied slots would idle a slot that ran requests, and would make a split that is
+    already even (2/2/2/2/2 at pp 4, depth 1) differ from itself."""
+    slots = len(sizes)
+    total = sum(int(n) for n in sizes)
+    occupied = sum(1 for n in sizes if n)
+    m = max(1, min(max(occupied, min(total, int(pp))), slots))
+    out = [0] * slots
+    for k, at in enumerate(spaced(slots, m)):
+        out[at] = total // m + (1 if k < total % m else 0)
+    return tuple(out)
 
 
 def even_micro_batches(total: int, cfg: SlotConfig, micro_batches: int | None = None) -> int:
