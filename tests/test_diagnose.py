@@ -7,6 +7,7 @@ fault, see that folder's README) check that each fault is found from its evidenc
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,11 @@ from microbench.sglang.steps import loop_profile, read_loop, summarize_steps
 from reports.base.model_config import load_model
 from reports.base.payloads.sglang import LoopProfile
 from reports.base.schema import from_json
-from reports.model.observed.deployment import (OBSERVED_CAUSES, Deployment, even_sizes, from_evidence, loop_config,
+from reports.model.observed.deployment import (OBSERVED_CAUSES, Deployment, from_evidence, loop_config,
                                       moe_shape, run)
 from reports.model.observed.diagnose import NAME_PCT, diagnose
+from reports.model.causes import SCENARIO
+from reports.model.sim.loop_builder import switched_sizes
 from reports.model.sim.pipeline_model import simulate
 
 FAULTS = Path(__file__).parent / "fixtures" / "traces" / "faults"
@@ -62,10 +65,40 @@ def test_loop_profile_splits_each_wait_exactly():
     assert "_fwds" not in r0p and "_syncs" not in r0p   # raw lists never reach the record
 
 
-def test_even_sizes_spaces_micro_batches():
-    assert even_sizes(8, 2, 4, 2) == (4, 0, 4, 0)
-    assert even_sizes(7, 3, 6, 3) == (3, 0, 2, 0, 2, 0)
-    assert even_sizes(2, 4, 4, 2) == (1, 0, 1, 0)   # never more micro-batches than requests
+def test_herd_off_is_one_rule_for_the_observed_loop_and_the_scenario():
+    """pp 4, depth 1 (5 slots), every slot occupied: the same 10 requests in 5 equal
+    micro-batches on both pipelines (the observed loop spread them over 4 and idled a slot)."""
+    off = frozenset(set(OBSERVED_CAUSES) - {"herd"})
+    four = ({1: 100.0, 2: 150.0, 3: 200.0, 4: 250.0},) * 4
+    dep = _dep(pp=4, slots=5, sizes=(4, 1, 1, 1, 3), forward=four, forward_busy=four,
+               host_us=(0.0,) * 4, relay_us=(0.0,) * 4, sync_wait_us=(0.0,) * 4,
+               empty_us=(0.0,) * 4, empty_relay_us=(0.0,) * 4, hop_us=(0.0,) * 4,
+               send_wait_us=(0.0,) * 4, concurrency=10)
+    _, observed = loop_config(dep, off)
+    assert observed == [2, 2, 2, 2, 2]
+    assert switched_sizes([4, 1, 1, 1, 3], frozenset(SCENARIO) - {"herd"}, 4) == observed
+    # an even split is its own herd-off: the herd then costs nothing
+    even = replace(dep, sizes=(2, 2, 2, 2, 2))
+    assert loop_config(even, off)[1] == [2, 2, 2, 2, 2]
+    # fewer occupied slots than stages: one micro-batch per stage, evenly spaced
+    assert loop_config(replace(dep, sizes=(8, 0, 0, 0, 0)), off)[1] == [2, 2, 2, 2, 0]
+
+
+def test_herd_off_of_the_labs_depth_1_recording():
+    """The lab's PP2 server at depth 1 (3 slots, tests/fixtures/sglang_lab/whatif/wi-d1-c8):
+    its log admitted the burst of 8 as 1, 2 and 5 into all three slots; with the herd off both
+    pipelines run those 8 in three micro-batches of 3, 3 and 2 (the observed one ran 4 and 4
+    and left a slot idle)."""
+    from microbench.sglang.arrival_bursts import bursts
+    from reports.base.slots import herd_off_sizes
+    from reports.model.observed.bursts import wave_slot_sizes
+    log = Path(__file__).parent / "fixtures" / "sglang_lab" / "whatif" / "wi-d1-c8" / "server.log"
+    burst = next(b for b in bursts(log.read_text(errors="replace").splitlines())
+                 if b["requests"] == 8)
+    sizes = wave_slot_sizes([tuple(w) for w in burst["waves"]], 3)
+    assert sizes == (1, 2, 5)
+    assert herd_off_sizes(sizes, 2) == (3, 3, 2)
+    assert switched_sizes(sizes, frozenset(), 2) == [3, 3, 2]
 
 
 def _dep(**kw) -> Deployment:

@@ -5,7 +5,7 @@ import pytest
 
 from reports.base.server_settings import default_max_micro_batch
 from reports.base.slots import (AdmitState, SlotConfig, Visit, admit, burst_sizes, closed_loop,
-                                even_micro_batches, even_slots, initial_assignment,
+                                even_micro_batches, even_slots, herd_off_sizes, initial_assignment,
                                 output_lengths, slot_action, slot_sizes_of, visit)
 
 
@@ -265,3 +265,14 @@ def test_a_burst_stops_at_the_visit_where_every_slot_is_full(monkeypatch):
     calls.clear()
     rows = SlotConfig(2, 2, 4, 6)     # 6 request rows: slots of 4 and 2, then no row is free
     assert sum(burst_sizes(20, rows, 10)) == 6 and len(calls) <= rows.slots
+
+
+def test_herd_off_keeps_the_requests_and_the_occupied_slots():
+    """The herd switched off (both model pipelines): the same requests in as many equal
+    micro-batches as the slots they occupied, at least min(requests, pp), evenly spaced."""
+    assert herd_off_sizes((4, 1, 1, 1, 3), 4) == (2, 2, 2, 2, 2)     # pp 4, depth 1: 5, not 4
+    assert herd_off_sizes((8, 0, 0, 0), 2) == (4, 0, 4, 0)          # one per stage
+    assert herd_off_sizes((7, 0, 0, 0, 0, 0), 3) == (3, 0, 2, 0, 2, 0)
+    assert herd_off_sizes((2, 0, 0, 0), 4) == (1, 0, 1, 0)          # never more than requests
+    assert herd_off_sizes((5, 0, 2), 2) == (4, 3, 0)                # pp 2, depth 1, 2 occupied
+    assert herd_off_sizes((0, 0, 0), 2) == (0, 0, 0)

@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from microbench.sglang_lab.twin import calibrated_k, server_flags, waves, with_flag
+from microbench.sglang_lab.twin import calibrated_k, waves, with_flag
+from reports.base.server_flags import server_args
 from reports.model.sim import loop_builder as lb
 from reports.model.scenario.inputs import build_inputs, load_records, load_scenario
 from reports.model.scenario.twin_costs import costs
@@ -91,7 +92,7 @@ def test_k_keeps_this_machines_step_under_the_stated_share():
 
 
 def test_settings_become_sglang_flags(seed):
-    flags = server_flags(seed)
+    flags = server_args(seed.server)
     assert flags[:2] == ("--pp-async-batch-depth", "8")
     assert "--chunked-prefill-size" in flags and "8192" in flags
     new = with_flag(flags, "--chunked-prefill-size", "2048")

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from microbench.sglang.steps import read_loop
-from microbench.sglang_lab.twin_observed import render, server_flags
+from microbench.sglang_lab.twin_observed import render
+from reports.base.server_flags import server_args
 from reports.cli import main
 from reports.model.observed.deployment import at_size, from_evidence
 from reports.model.observed.twin_costs import costs
@@ -46,9 +47,14 @@ def test_a_gpu_record_is_refused(dep):
 
 def test_the_server_flags_are_the_records_settings():
     s = ow.observed_settings(2, 1, rows=64, chunk=256)
-    f = server_flags(s)
+    f = server_args(s)
     assert f[:2] == ("--pp-async-batch-depth", "1")
     assert "--chunked-prefill-size" in f and "--max-running-requests" in f
+    # the cap SGLang derives from the rows is left to it, as the observed server left it; a
+    # cap the server was started with is passed on
+    assert "--pp-max-micro-batch-size" not in f
+    capped = server_args(ow.observed_settings(2, 1, cap=8, rows=64, chunk=256))
+    assert capped[-2:] == ("--pp-max-micro-batch-size", "8")
 
 
 def test_render_says_whether_the_target_is_met():

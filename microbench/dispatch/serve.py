@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from reports.base.server_flags import BY_SETTING, CAP
 from reports.base.server_settings import ServerSettings
 from reports.base.slots import AdmitState, SlotConfig, visit
 
@@ -112,7 +113,7 @@ class ServerArgs(ServerSettings):
         return self.model_path   # SGLang's default: the model path
 
     def as_dict(self) -> dict:
-        d = {k: getattr(self, k) for k in _INFO_KEYS}
+        d = {_server_arg(k): getattr(self, k) for k in _INFO_KEYS}
         d["served_model_name"] = self.served_model_name
         d["chunked_prefill_size"] = -1 if self.chunked_prefill_size is None \
             else self.chunked_prefill_size
@@ -120,6 +121,13 @@ class ServerArgs(ServerSettings):
         return d
 
 
+def _server_arg(name: str) -> str:
+    """SGLang's server_args name of a setting (reports/base/server_flags.py), else the name."""
+    f = BY_SETTING.get(name)
+    return f.server_arg if f is not None else name
+
+
+# the settings `/get_server_info` answers with, in its order
 _INFO_KEYS = ("model_path", "pp_size", "max_running_requests", "pp_max_micro_batch_size",
               "pp_async_batch_depth", "chunked_prefill_size", "max_prefill_tokens",
               "cuda_graph_max_bs", "disable_cuda_graph", "policy", "tp_size", "page_size")
@@ -354,8 +362,8 @@ class ServeState:
         """What SGLang returns per scheduler in `internal_states` (the settings as they are now)."""
         with self._cv:
             d = self.args.as_dict()
-            d.update(pp_max_micro_batch_size=self.mmb, last_gen_throughput=self.metrics.tput(),
-                     profiling=self.profiling)
+            d.update({CAP.server_arg: self.mmb, "last_gen_throughput": self.metrics.tput(),
+                      "profiling": self.profiling})
             return d
 
     def metrics_text(self) -> str:
@@ -470,12 +478,10 @@ class ServeScheduler:
         if c.kind == "set_internal_state":
             a = c.args
             upper = st.args.max_micro_batch_upper
-            if set(a) != {"pp_max_micro_batch_size"} or not 1 <= a[
-                    "pp_max_micro_batch_size"] <= upper:
+            if set(a) != {CAP.server_arg} or not 1 <= a[CAP.server_arg] <= upper:
                 st.answer(c.cid, 200, [False])   # SGLang: updated=False, HTTP 200
                 return None
-            return {"id": c.cid, "kind": c.kind, "args": {"pp_max_micro_batch_size": int(
-                a["pp_max_micro_batch_size"])}}
+            return {"id": c.cid, "kind": c.kind, "args": {CAP.server_arg: int(a[CAP.server_arg])}}
         if c.kind == "start_profile":
             if self.profiling:
                 st.answer(c.cid, 400, "Profiling is already in progress. Call /stop_profile "
@@ -606,7 +612,7 @@ class RankSide:
         kind, args, cid = ctl["kind"], ctl["args"], ctl.get("id")
         self.applied.append((it, kind, dict(args)))
         if kind == "set_internal_state":
-            self.mmb = args["pp_max_micro_batch_size"]
+            self.mmb = args[CAP.server_arg]
             if self.sched is not None:
                 self.sched.set_cap(self.mmb)
             self._answer(cid, 200, [True])

@@ -11,13 +11,16 @@ from typing import Iterable, Iterator
 
 
 from microbench.sglang.log_scan import MAX_LINE_BYTES, clean_block, open_blocks
+from reports.base.server_flags import SERVER_FLAGS
 
 
 # The scheduler's start-up line (SGLang 0.5.23 managers/scheduler.py, `Scheduler.__init__`):
 # "max_total_num_tokens=N, chunked_prefill_size=N, max_prefill_tokens=N,
 #  max_running_requests=N, context_len=N, available_gpu_mem=X GB"
-_SETTINGS_RE = re.compile(rb"\b(max_total_num_tokens|chunked_prefill_size|max_prefill_tokens|"
-                          rb"max_running_requests|context_len)=(-?\d{1,12})\b")
+# (the settings' keys from reports/base/server_flags.py, where each setting's names are)
+_STARTUP_KEYS = ("max_total_num_tokens", *(f.startup for f in SERVER_FLAGS if f.startup),
+                 "context_len")
+_SETTINGS_RE = re.compile(rb"\b(" + "|".join(_STARTUP_KEYS).encode() + rb")=(-?\d{1,12})\b")
 SETTINGS_BYTES = 8 << 20     # the start-up line is among a log's first lines: read no further
 
 
@@ -186,15 +189,13 @@ def _server_args_in(block: bytes) -> LoggedServerArgs | None:
     backend = dec.get("backend")
     if _typed(backend, str) is None:
         backend = get("cuda_graph_backend_decode")
-    ints = ("pp_size", "tp_size", "pp_async_batch_depth", "pp_max_micro_batch_size",
-            "max_running_requests", "chunked_prefill_size", "max_prefill_tokens")
     return LoggedServerArgs(
         form="dict" if text.startswith(b"{") else "ServerArgs(...)",
         device=_typed(get("device"), str), attention_backend=_typed(get("attention_backend"), str),
         disable_cuda_graph=_typed(get("disable_cuda_graph"), bool),
         decode_graph_backend=_typed(backend, str), cuda_graph_max_bs=max_bs,
         enable_torch_compile=_typed(get("enable_torch_compile"), bool),
-        **{k: _typed(get(k), int) for k in ints})
+        **{f.setting: _typed(get(f.server_arg), int) for f in SERVER_FLAGS})
 
 
 # Start-up lines that say decode graphs are off by a setting (SGLang 0.5.23 srt/arg_groups/):

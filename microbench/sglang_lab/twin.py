@@ -63,19 +63,6 @@ def say(msg: str) -> None:
     print(f"twin: {msg}", file=sys.stderr, flush=True)
 
 
-def server_flags(inp) -> tuple[str, ...]:
-    """The deployment's own settings as SGLang flags (reports/base/server_settings.py)."""
-    s = inp.server
-    out = ["--pp-async-batch-depth", str(s.pp_async_batch_depth)]
-    if s.chunked_prefill_size:
-        out += ["--chunked-prefill-size", str(s.chunked_prefill_size)]
-    if s.max_running_requests:
-        out += ["--max-running-requests", str(s.max_running_requests)]
-    if s.pp_max_micro_batch_size:
-        out += ["--pp-max-micro-batch-size", str(s.pp_max_micro_batch_size)]
-    return tuple(out)
-
-
 def with_flag(flags: tuple[str, ...], name: str, value: str) -> tuple[str, ...]:
     out, i = list(flags), 0
     while i < len(out):

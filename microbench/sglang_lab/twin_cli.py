@@ -121,9 +121,10 @@ def _setting_names(text: str) -> list[str]:
 def settings_to_run(inp, names: list[str]):
     """The twin's servers: the deployment, the report's recommendation and its best pair, as
     SGLang flags (server knobs only; pacing and TP are not server settings)."""
-    from microbench.sglang_lab.twin import TwinSetting, server_flags, with_flag
+    from microbench.sglang_lab.twin import TwinSetting, with_flag
+    from reports.base.server_flags import server_args
     from reports.model.scenario.whatifs import best_pair, recommendation, setting_of, what_ifs
-    base = server_flags(inp)
+    base = server_args(inp.server)
     out = [TwinSetting("default", base)] if "default" in names else []
     if not {"recommended", "pair"} & set(names):
         return out

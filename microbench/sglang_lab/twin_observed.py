@@ -21,20 +21,11 @@ from statistics import median
 from microbench.sglang_lab import drive
 from microbench.sglang_lab.server import LabServer, ServerSpec
 from microbench.sglang_lab.twin import say
+from reports.base.server_flags import server_args
 from microbench.sglang_lab.venv import (MODEL_LAYERS, claim_lab_dir, ensure_model, ensure_venv,
                                         inject_path, sharegpt_file)
 
 TARGET = 0.15
-
-
-def server_flags(server) -> tuple[str, ...]:
-    out = ["--pp-async-batch-depth", str(server.pp_async_batch_depth)]
-    for flag, v in (("--chunked-prefill-size", server.chunked_prefill_size),
-                    ("--max-running-requests", server.max_running_requests),
-                    ("--pp-max-micro-batch-size", server.max_micro_batch)):
-        if v:
-            out += [flag, str(v)]
-    return tuple(out)
 
 
 def held(stats: Path, pp: int) -> dict[str, float]:
@@ -73,7 +64,7 @@ def run_observed_twin(record: Path, out: Path, lab_dir: Path, reps: int = 2,
     out.mkdir(parents=True, exist_ok=True)
     cost_file = out / "twin-costs.json"
     cost_file.write_text(json.dumps(table))
-    flags = server_flags(server)
+    flags = server_args(server)     # the cap as the server was set, SGLang derives the rest
     spec = ServerSpec(python=python, model=model, pp=dep.pp, device="cpu", extra_args=flags,
                       env={"PYTHONPATH": str(inject_path()), "PPSCOPE_TWIN_COSTS": str(cost_file),
                            "PPSCOPE_TWIN_STATS": str(out / "hold-stats")})

@@ -142,11 +142,36 @@ def _check_policy(policy: str) -> None:
         raise ValueError(f"unknown admission policy {policy!r}; choose from {', '.join(POLICIES)}")
 
 
+def spaced(slots: int, micro_batches: int) -> tuple[int, ...]:
+    """`micro_batches` of `slots` slots, evenly spaced in the round-robin (4 slots, 2
+    micro-batches -> (0, 2)), so the micro-batches sit one stage apart."""
+    m = max(1, min(int(micro_batches), slots))
+    return tuple((i * slots) // m for i in range(m))
+
+
 def even_slots(cfg: SlotConfig, micro_batches: int) -> tuple[int, ...]:
-    """The `micro_batches` slots the `even` policy fills, evenly spaced in the round-robin
-    (4 slots, 2 micro-batches -> (0, 2)), so the micro-batches sit one stage apart."""
-    m = max(1, min(int(micro_batches), cfg.slots))
-    return tuple((i * cfg.slots) // m for i in range(m))
+    """The `micro_batches` slots the `even` policy fills (`spaced` over the slot count)."""
+    return spaced(cfg.slots, micro_batches)
+
+
+def herd_off_sizes(sizes: Sequence[int], pp: int) -> tuple[int, ...]:
+    """The herd switched off, the one rule of both model pipelines (the scenario's and the
+    observed server's): the same requests in equal micro-batches, evenly spaced over the slots.
+    `sizes`: requests per slot, one entry per slot. The micro-batches are as many as the slots
+    the requests occupied, at least one per stage (`min(requests, pp)`), at most the slots.
+    SGLang visits every one of its `pp + depth` slots each round and requests never move
+    between slots (0.5.23 managers/scheduler_pp_mixin.py, `event_loop_pp`: `for mb_id in
+    range(self.pp_loop_size)`, each slot's own `running_mbs[mb_id]`): fewer micro-batches than
+    the occupied slots would idle a slot that ran requests, and would make a split that is
+    already even (2/2/2/2/2 at pp 4, depth 1) differ from itself."""
+    slots = len(sizes)
+    total = sum(int(n) for n in sizes)
+    occupied = sum(1 for n in sizes if n)
+    m = max(1, min(max(occupied, min(total, int(pp))), slots))
+    out = [0] * slots
+    for k, at in enumerate(spaced(slots, m)):
+        out[at] = total // m + (1 if k < total % m else 0)
+    return tuple(out)
 
 
 def even_micro_batches(total: int, cfg: SlotConfig, micro_batches: int | None = None) -> int:
@@ -467,6 +492,180 @@ def _admits_nothing(state: AdmitState, cfg: SlotConfig, policy: str) -> bool:
     return _free_rows(state, cfg) <= 0 or min(state.sizes) >= cfg.max_micro_batch
 
 
+class _ClosedLoop:
+    """The state of one `run_loop` run and its steps, visit by visit (`run_loop`'s rules)."""
+
+    def __init__(self, cfg: SlotConfig, round_us, record: RunRecord | None, prompt_len,
+                 output_len, policy: str, micro_batches: int | None) -> None:
+        self.cfg, self.S, self.round_us, self.record = cfg, cfg.slots, round_us, record
+        self.output_len, self.policy, self.micro_batches = output_len, policy, micro_batches
+        S = self.S
+        self.st = AdmitState.empty(cfg)
+        # per slot: (finish at decode #, client) of each request decoding
+        self.heaps: list[list[tuple[int, int]]] = [[] for _ in range(S)]
+        self.decoded = [0] * S            # decodes slot s has run
+        self.leaving = [0] * S            # finished, holding their row until the slot's next visit
+        # (visit rank 0 processes the last token, client)
+        self.processed: list[tuple[int, int]] = []
+        self.ready: list[tuple[int, float, int]] = []   # (visit, not before, client)
+        self.timed: list[tuple[float, int]] = []        # (not before, client): visit reached
+        self.queue: list[int] = []        # clients waiting, in arrival order
+        self.sent: dict[int, float] = {}
+        self.chunked: int | None = None
+        self.seen: list[tuple[int, ...]] = []
+        self.held: dict[tuple[int, ...], float] = {}
+        self.t = self.end_us = self.latency = 0.0
+        self.completed = 0
+        self.prefills: list[tuple[int, int]] = []
+        self.memo: dict[tuple[int, ...], float] = {}
+        self.canon: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self.began: dict[int, tuple[int, int]] = {}   # client -> (first-token visit, output tokens)
+        # the waiting prompts' lengths at a visit: one length for all, or each client's own
+        self.waiting = ((lambda q: [prompt_len(c) for c in q]) if callable(prompt_len) else
+                        (lambda q, n=prompt_len: [n] * len(q)))
+
+    def send(self, waves: Sequence[Wave]) -> None:
+        for w in waves:
+            for _ in range(w.n):
+                c = len(self.sent)
+                self.sent[c] = w.at_us
+                heapq.heappush(self.ready, (w.visit, w.at_us, c))
+
+    def hold(self, sizes: tuple[int, ...], d: float) -> None:
+        if sizes not in self.canon:
+            rot = (sizes[k:] + sizes[:k] for k in range(self.S))
+            self.canon[sizes] = next((r for r in rot if r in self.held), sizes)
+        key = self.canon[sizes]
+        self.held[key] = self.held.get(key, 0.0) + d
+
+    def visit_us(self, sizes: tuple[int, ...]) -> float:
+        if self.round_us is None:
+            return 1.0
+        if sizes not in self.memo:
+            self.memo[sizes] = self.round_us(sizes) / self.S
+        return self.memo[sizes]
+
+    def finish(self, s: int, v: int, c: int) -> None:
+        self.leaving[s] += 1
+        heapq.heappush(self.processed, (v + self.S - 1, c))
+        if self.record is not None:
+            f, n = self.began.pop(c)
+            self.record.requests.append((f, v, n))
+
+    def arrive(self, v: int, s: int) -> None:
+        """Slot s's finished requests leave; the prompts that reached the scheduler wait."""
+        st = self.st
+        if self.leaving[s]:
+            st.sizes[s] -= self.leaving[s]
+            self.leaving[s] = 0
+        while self.ready and self.ready[0][0] <= v:
+            _, at, c = heapq.heappop(self.ready)
+            heapq.heappush(self.timed, (at, c))
+        if not self.queue and not st.chunk_left and not any(self.heaps) and not self.processed \
+                and self.timed and self.timed[0][0] > self.t:
+            self.t = self.timed[0][0]      # the server idles until the next prompt
+        while self.timed and self.timed[0][0] <= self.t:
+            self.queue.append(heapq.heappop(self.timed)[1])
+
+    def admit(self, v: int, s: int) -> Visit:
+        """The visit's admission (`visit`); the prompts whose prefill completes join slot s."""
+        st, queue = self.st, self.queue
+        if not (queue or st.chunk_left):
+            return Visit()
+        had = self.chunked
+        vis = visit(st, self.waiting(queue), s, self.cfg, self.policy, self.micro_batches)
+        joining = queue[:vis.taken]
+        del queue[:vis.taken]
+        if had is not None and (st.chunk_left == 0 or vis.taken):
+            joining.insert(0, had)
+            self.chunked = None
+        if st.chunk_left and vis.taken:
+            self.chunked = joining.pop()
+        for c in joining:  # prefill makes the first token
+            left = self.output_len() - 1
+            self.began[c] = (v, left + 1)
+            if left > 0:
+                heapq.heappush(self.heaps[s], (self.decoded[s] + left, c))
+            else:
+                self.finish(s, v, c)
+        return vis
+
+    def run(self, v: int, s: int, vis: Visit, running: int) -> None:
+        """Slot s prefills (prefill first) or decodes one token of each request; the clock
+        moves on by one visit."""
+        heaps = self.heaps
+        sizes = tuple(map(len, heaps))
+        d = self.visit_us(sizes)
+        self.hold(sizes, d)
+        if self.record is not None:
+            self.record.batches.append((vis.batch, vis.tokens) if vis.batch else (sizes[s], 0))
+        if vis.batch:
+            self.prefills.append((vis.batch, running))
+        elif heaps[s]:
+            self.decoded[s] += 1
+            h = heaps[s]
+            while h and h[0][0] <= self.decoded[s]:
+                self.finish(s, v, heapq.heappop(h)[1])
+        self.t += d
+
+    def deliver(self, v: int, total: int | None, successor: Successor) -> None:
+        """The clients that have their last token; their successors are sent."""
+        while self.processed and self.processed[0][0] <= v:
+            c = heapq.heappop(self.processed)[1]
+            self.completed += 1
+            self.end_us = self.t
+            self.latency += self.t - self.sent.pop(c)
+            if total is None or len(self.sent) + self.completed < total:
+                n = len(self.sent) + self.completed             # the next prompt's index
+                at = max(self.t, n * successor.interval_us)
+                self.sent[c] = at
+                heapq.heappush(self.ready, (v + REISSUE_VISITS, at, c))
+
+    def next_visit(self, v: int, end: int | None, limit: int, warmup_rounds: int) -> int:
+        """The next visit where anything can change: nothing is admitted while the queue is
+        empty, or (times in visits, so a skipped stretch adds up exactly) while every slot is
+        full, and a slot only decodes until its next request finishes. The skipped visits are
+        decoded and their snapshots taken."""
+        S, heaps, st = self.S, self.heaps, self.st
+        nxt = v + 1
+        if st.chunk_left or self.timed or (
+                self.queue and not (self.round_us is None
+                                    and _admits_nothing(st, self.cfg, self.policy))):
+            return nxt
+        nxt = min(limit, self.ready[0][0] if self.ready else limit,
+                  self.processed[0][0] if self.processed else limit)
+        if end is not None:
+            nxt = min(nxt, end)
+        for q in range(S):
+            first = v + 1 + (q - v - 1) % S          # the next visit of slot q
+            if self.leaving[q]:
+                nxt = min(nxt, first)
+            elif heaps[q]:
+                nxt = min(nxt, first + (heaps[q][0][0] - self.decoded[q] - 1) * S)
+        nxt = max(nxt, v + 1)
+        if nxt > v + 1:   # decode the skipped visits, take the skipped snapshots
+            if self.record is not None:
+                self.record.batches.extend((len(heaps[u % S]), 0) for u in range(v + 1, nxt))
+            for q in range(S):
+                if heaps[q]:
+                    first = v + 1 + (q - v - 1) % S
+                    if first < nxt:
+                        self.decoded[q] += (nxt - 1 - first) // S + 1
+            snap = tuple(map(len, heaps))
+            d = self.visit_us(snap) * (nxt - v - 1)
+            self.hold(snap, d)
+            self.t += d
+            r0, r1 = (v + 1) // S, nxt // S      # rounds whose last visit is skipped
+            for r in range(max(r0, warmup_rounds), r1):
+                if r * S + S - 1 < nxt and r * S + S - 1 > v:
+                    self.seen.append(snap)
+        return nxt
+
+    def result(self) -> LoopRun:
+        return LoopRun(tuple(self.seen), tuple(sorted(self.held.items(), key=lambda x: -x[1])),
+                       self.end_us, self.latency, self.completed, tuple(self.prefills))
+
+
 def run_loop(cfg: SlotConfig, waves: Sequence[Wave], successor: Successor = Successor(),
              round_us=None, *, prompt_len: int | Callable[[int], int] = 1,
              output_len=lambda: 1,
@@ -492,158 +691,29 @@ def run_loop(cfg: SlotConfig, waves: Sequence[Wave], successor: Successor = Succ
     waits for the next prompt.
     """
     S = cfg.slots
-    st = AdmitState.empty(cfg)
-    heaps: list[list[tuple[int, int]]] = [[] for _ in range(S)]  # (finish at decode #, client)
-    decoded = [0] * S            # decodes slot s has run
-    leaving = [0] * S            # finished, still holding their row until the slot's next visit
-    processed: list[tuple[int, int]] = []   # (visit rank 0 processes the last token, client)
-    ready: list[tuple[int, float, int]] = []   # (visit, not before, client)
-    timed: list[tuple[float, int]] = []        # (not before, client): visit reached
-    queue: list[int] = []        # clients waiting, in arrival order
-    sent: dict[int, float] = {}
-    for w in waves:
-        for _ in range(w.n):
-            c = len(sent)
-            sent[c] = w.at_us
-            heapq.heappush(ready, (w.visit, w.at_us, c))
+    loop = _ClosedLoop(cfg, round_us, record, prompt_len, output_len, policy, micro_batches)
+    loop.send(waves)
     total = successor.prompts
-    if total is not None and total <= len(sent):
-        total = len(sent)
-    chunked: int | None = None
-    seen: list[tuple[int, ...]] = []
-    held: dict[tuple[int, ...], float] = {}
+    if total is not None and total <= len(loop.sent):
+        total = len(loop.sent)
     end = rounds * S if rounds is not None else None
     limit = end if end is not None else 200000 * S
-    t = end_us = latency = 0.0
-    completed = 0
-    prefills: list[tuple[int, int]] = []
-    memo: dict[tuple[int, ...], float] = {}
-    canon: dict[tuple[int, ...], tuple[int, ...]] = {}
-
-    def hold(sizes: tuple[int, ...], d: float) -> None:
-        if sizes not in canon:
-            rot = (sizes[k:] + sizes[:k] for k in range(S))
-            canon[sizes] = next((r for r in rot if r in held), sizes)
-        key = canon[sizes]
-        held[key] = held.get(key, 0.0) + d
-
-    def visit_us(sizes: tuple[int, ...]) -> float:
-        if round_us is None:
-            return 1.0
-        if sizes not in memo:
-            memo[sizes] = round_us(sizes) / S
-        return memo[sizes]
-
-    began: dict[int, tuple[int, int]] = {}   # client -> (first-token visit, output tokens)
-    # the waiting prompts' lengths at a visit: one length for all, or each client's own
-    waiting = ((lambda q: [prompt_len(c) for c in q]) if callable(prompt_len) else
-               (lambda q, n=prompt_len: [n] * len(q)))
-
-    def finish(s: int, v: int, c: int) -> None:
-        leaving[s] += 1
-        heapq.heappush(processed, (v + S - 1, c))
-        if record is not None:
-            f, n = began.pop(c)
-            record.requests.append((f, v, n))
-
     v = 0
     while end is None or v < end:
-        if total is not None and completed >= total:
+        if total is not None and loop.completed >= total:
             break
         if v >= limit:
             raise ValueError("the modelled run did not finish (a setting admits nothing)")
         s = v % S
-        if leaving[s]:
-            st.sizes[s] -= leaving[s]
-            leaving[s] = 0
-        while ready and ready[0][0] <= v:
-            _, at, c = heapq.heappop(ready)
-            heapq.heappush(timed, (at, c))
-        if not queue and not st.chunk_left and not any(heaps) and not processed \
-                and timed and timed[0][0] > t:
-            t = timed[0][0]      # the server idles until the next prompt
-        while timed and timed[0][0] <= t:
-            queue.append(heapq.heappop(timed)[1])
-        vis = Visit()
-        running = st.sizes[s]
-        if queue or st.chunk_left:
-            had = chunked
-            vis = visit(st, waiting(queue), s, cfg, policy, micro_batches)
-            joining = queue[:vis.taken]
-            del queue[:vis.taken]
-            if had is not None and (st.chunk_left == 0 or vis.taken):
-                joining.insert(0, had)
-                chunked = None
-            if st.chunk_left and vis.taken:
-                chunked = joining.pop()
-            for c in joining:  # prefill makes the first token
-                left = output_len() - 1
-                began[c] = (v, left + 1)
-                if left > 0:
-                    heapq.heappush(heaps[s], (decoded[s] + left, c))
-                else:
-                    finish(s, v, c)
-        sizes = tuple(map(len, heaps))
-        d = visit_us(sizes)
-        hold(sizes, d)
-        if record is not None:
-            record.batches.append((vis.batch, vis.tokens) if vis.batch else (sizes[s], 0))
-        if vis.batch:
-            prefills.append((vis.batch, running))
-        elif heaps[s]:
-            decoded[s] += 1
-            h = heaps[s]
-            while h and h[0][0] <= decoded[s]:
-                finish(s, v, heapq.heappop(h)[1])
-        t += d
-        while processed and processed[0][0] <= v:   # the client has its last token
-            c = heapq.heappop(processed)[1]
-            completed += 1
-            end_us = t
-            latency += t - sent.pop(c)
-            if total is None or len(sent) + completed < total:
-                n = len(sent) + completed             # the next prompt's index
-                at = max(t, n * successor.interval_us)
-                sent[c] = at
-                heapq.heappush(ready, (v + REISSUE_VISITS, at, c))
+        loop.arrive(v, s)
+        running = loop.st.sizes[s]
+        vis = loop.admit(v, s)
+        loop.run(v, s, vis, running)
+        loop.deliver(v, total, successor)
         if s == S - 1 and v // S >= warmup_rounds:
-            seen.append(tuple(map(len, heaps)))
-        # Jump to the next visit where anything can change: nothing is admitted while the
-        # queue is empty, or (times in visits, so a skipped stretch adds up exactly) while
-        # every slot is full, and a slot only decodes until its next request finishes.
-        nxt = v + 1
-        if not st.chunk_left and not timed and (
-                not queue or round_us is None and _admits_nothing(st, cfg, policy)):
-            nxt = min(limit, ready[0][0] if ready else limit,
-                      processed[0][0] if processed else limit)
-            if end is not None:
-                nxt = min(nxt, end)
-            for q in range(S):
-                first = v + 1 + (q - v - 1) % S          # the next visit of slot q
-                if leaving[q]:
-                    nxt = min(nxt, first)
-                elif heaps[q]:
-                    nxt = min(nxt, first + (heaps[q][0][0] - decoded[q] - 1) * S)
-            nxt = max(nxt, v + 1)
-            if nxt > v + 1:   # decode the skipped visits, take the skipped snapshots
-                if record is not None:
-                    record.batches.extend((len(heaps[u % S]), 0) for u in range(v + 1, nxt))
-                for q in range(S):
-                    if heaps[q]:
-                        first = v + 1 + (q - v - 1) % S
-                        if first < nxt:
-                            decoded[q] += (nxt - 1 - first) // S + 1
-                snap = tuple(map(len, heaps))
-                d = visit_us(snap) * (nxt - v - 1)
-                hold(snap, d)
-                t += d
-                r0, r1 = (v + 1) // S, nxt // S      # rounds whose last visit is skipped
-                for r in range(max(r0, warmup_rounds), r1):
-                    if r * S + S - 1 < nxt and r * S + S - 1 > v:
-                        seen.append(snap)
-        v = nxt
-    return LoopRun(tuple(seen), tuple(sorted(held.items(), key=lambda x: -x[1])), end_us,
-                   latency, completed, tuple(prefills))
+            loop.seen.append(tuple(map(len, loop.heaps)))
+        v = loop.next_visit(v, end, limit, warmup_rounds)
+    return loop.result()
 
 
 def closed_loop(cfg: SlotConfig, C: int, prompt_len: int, output_len: int,

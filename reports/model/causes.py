@@ -48,7 +48,8 @@ CAUSES: dict[str, Cause] = {c.name: c for c in (
           "the last rank holds each micro-batch's sampled tokens for `async depth` iterations "
           "before sending them back; every rank syncs on them"),
     Cause("herd", "thundering herd (requests in too few or uneven micro-batches)",
-          "C requests in min(C, pp) equal micro-batches, evenly spaced over the slots",
+          "the same requests in equal micro-batches (one per occupied slot, at least "
+          "min(C, pp)), evenly spaced over the slots",
           "requests that arrive together are admitted into one slot (micro-batch) and stay "
           "there, so fewer micro-batches than stages are in flight and the GPUs take turns"),
     Cause("routing_skew", "expert-routing skew",

@@ -15,14 +15,12 @@ from dataclasses import dataclass, replace
 from typing import Literal, Sequence, Union
 
 from reports.base.schema import if_set
-
+from reports.base.server_flags import LOOP_FLAGS, flag_of
 from reports.base.server_settings import ServerSettings
 
-# The server flags a what-if changes, as the ServerSettings field each sets.
-SERVER_FLAGS = {"--pp-max-micro-batch-size": "pp_max_micro_batch_size",
-                "--pp-async-batch-depth": "pp_async_batch_depth",
-                "--chunked-prefill-size": "chunked_prefill_size",
-                "--max-running-requests": "max_running_requests"}
+# The server flags a what-if changes, as the ServerSettings field each sets (one table of
+# SGLang's names: reports/base/server_flags.py).
+SERVER_FLAGS = {f.flag: f.setting for f in LOOP_FLAGS}
 LAYER_PARTITION = "SGLANG_PP_LAYER_PARTITION"
 GRAPH_MAX_BS = "--cuda-graph-max-bs"
 PACING = "arrival pacing"                    # the scenario's clients paced evenly over the slots
@@ -31,8 +29,8 @@ TP_KNOB = "TP instead of PP (estimated)"
 OTHER_KNOBS = (LAYER_PARTITION, GRAPH_MAX_BS, PACING, REQUEST_RATE, TP_KNOB)
 # Every knob, in the tie-break order between settings of the same effect: the most direct
 # flag first.
-KNOBS = ("--pp-max-micro-batch-size", "--pp-async-batch-depth", "--chunked-prefill-size",
-         "--max-running-requests", LAYER_PARTITION, GRAPH_MAX_BS, PACING, REQUEST_RATE, TP_KNOB)
+KNOBS = tuple(flag_of(f) for f in ("pp_max_micro_batch_size", "pp_async_batch_depth",
+                                   "chunked_prefill_size", "max_running_requests")) + OTHER_KNOBS
 
 
 def knob_rank(knob: str) -> int:

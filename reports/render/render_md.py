@@ -812,7 +812,8 @@ def glossary(rep: Report) -> list[tuple[str, str]]:
         ("KV pool", "the GPU memory SGLang sets aside for the attention cache; its size bounds "
                     "max_running_requests."),
         ("ideal", "the scenario model with every cause off: roofline kernels, balanced stages, "
-                  "min(C, pp) micro-batches evenly spaced, free hops and host."),
+                  "the requests in equal micro-batches evenly spaced (one per occupied slot, at "
+                  "least min(C, pp)), free hops and host."),
         ("Shapley value", "a cause's average effect over every order of switching the causes on; "
                           "the rows add up to the gap and do not depend on an order."),
         ("share of gap", "a cause's Shapley value / (modelled - ideal). A negative share is a "

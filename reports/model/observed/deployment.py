@@ -43,6 +43,7 @@ from reports.base.schema import to_json
 from reports.model.observed.resample import WindowBlocks, blocks_of
 from reports.model.sim.pipeline_model import LoopConfig, SimResult, simulate
 from reports.base.server_settings import slot_count
+from reports.base.slots import herd_off_sizes
 
 
 @dataclass(frozen=True)
@@ -119,17 +120,6 @@ def at_size(curve: dict[int, float], b: int, shape=None) -> float:
         if s0 > 0:
             return v0 * shape(b) / s0
     return v0
-
-
-def even_sizes(total: int, m: int, slots: int, pp: int) -> tuple[int, ...]:
-    """`total` requests over m micro-batches, spaced evenly over the slot loop (SGLang visits
-    slots round-robin, so evenly spaced micro-batches keep every stage fed)."""
-    m = max(1, min(m, total, slots))
-    parts = [total // m + (1 if k < total % m else 0) for k in range(m)]
-    out = [0] * slots
-    for k, n in enumerate(parts):
-        out[(k * slots) // m] = n
-    return tuple(out)
 
 
 # the traced window's load is not the benchmark's when its requests in flight differ from C by
@@ -332,7 +322,7 @@ REFERENCE = {
     "slow_stage": "every rank at the lower median rank's forward time",
     "host": "no host work on the critical path",
     "relay": "the request list relayed without blocking",
-    "herd": "C requests in min(C, pp) equal micro-batches, evenly spaced",
+    "herd": CAUSES_BY_NAME["herd"].reference,
     "launch_gaps": "each forward as long as its kernels (no gaps between launches)",
     "hop": "hops cost nothing, nothing waits on communication",
 }
@@ -346,7 +336,7 @@ def loop_config(dep: Deployment, on: frozenset, shape=None) -> tuple[LoopConfig,
     are slow: the held send then queues behind a late receive the real loop never waited on."""
     sizes = list(dep.sizes)
     if "herd" not in on:
-        sizes = list(even_sizes(sum(sizes), min(dep.pp, sum(sizes)), dep.slots, dep.pp))
+        sizes = list(herd_off_sizes(sizes, dep.pp))
     bmax = max(sizes)
     # forward = busy (kernels + queueing behind foreign work) + launch gaps; a slow stage is a
     # rank whose busy time is above the others', launch gaps are their own cause

@@ -30,11 +30,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from reports.base.server_flags import BY_FLAG
 from reports.base.server_settings import ServerSettings
 from reports.model.observed import layer_split
 from reports.model.observed.deployment import Deployment
 from reports.model.sim import bench_run as ow
-from reports.model.settings_change import LAYER_PARTITION, REQUEST_RATE, Candidate, WhatIf, effect
+from reports.model.settings_change import (LAYER_PARTITION, REQUEST_RATE, Candidate, Change,
+                                           WhatIf, effect)
 
 NO_CHANGE_PCT = 2.0     # below this, the change is within what the model can tell apart
 
@@ -59,10 +61,14 @@ class ServerWhatIfs:
         return good[0] if good else None
 
 
-def _command(knob: str, value) -> str:
-    if knob == LAYER_PARTITION:
-        return f"{knob}={value} in the server's environment"
-    return f"bench_serving {REQUEST_RATE} {value}" if knob == REQUEST_RATE else f"{knob} {value}"
+def _command(change: Change) -> str:
+    """The change as it is made: an environment variable of the server, bench_serving's
+    pacing, or the server's flag (reports/base/server_flags.py)."""
+    if change.flag == LAYER_PARTITION:
+        return f"{change.flag}={change.value} in the server's environment"
+    if change.flag == REQUEST_RATE:
+        return f"bench_serving {REQUEST_RATE} {change.value}"
+    return f"{BY_FLAG[change.flag].flag} {change.value}"
 
 
 def candidates(server: ServerSettings, load: ow.Load, before: ow.Run,
@@ -105,7 +111,7 @@ def candidates(server: ServerSettings, load: ow.Load, before: ow.Run,
 def _row(c: Candidate, C: int, before: ow.Run, after: ow.Run) -> WhatIf:
     e = effect(C, before.tok_per_s, after.tok_per_s)
     return WhatIf(c.knob, c.shown, (e,), None, e.gain, e.gain, c.changes[0].server, c.note,
-                  side="observed server", command=_command(c.knob, c.value),
+                  side="observed server", command=_command(c.changes[0]),
                   sizes_before=tuple(before.steady_sizes), sizes_after=tuple(after.steady_sizes))
 
 

@@ -10,7 +10,7 @@ Each switch turns one named effect on (as measured/estimated) or off (ideal):
 | hop | hops cost nothing | hop cost by batch |
 | host | no CPU time, no gloo latency | CPU per slot visit (schedule, launch, result, empty visit) + the relay's gloo messages |
 | token_return | tokens straight back to rank 0 | SGLang's return: held `depth` iterations on the last rank, queued on the schedule stream, every rank synced on the next slot's outputs |
-| herd | C requests in min(C, pp) equal micro-batches, evenly spaced | the admission rule's sizes |
+| herd | the same requests in equal micro-batches, evenly spaced (`slots.herd_off_sizes`) | the admission rule's sizes |
 | routing_skew | uniform routing | Zipf skew from the scenario |
 
 The names are the causes of reports/model/causes.py, shared with the observed diagnosis.
@@ -37,8 +37,8 @@ from reports.model.causes import SCENARIO
 from reports.model.scenario.inputs import Inputs
 from reports.model.settings_change import (GRAPH_MAX_BS, LAYER_PARTITION, PACING, Change,
                                            apply, value_of)
-from reports.base.server_settings import ServerSettings, slot_count
-from reports.base.slots import (SlotConfig, burst_sizes, closed_loop, even_slots,
+from reports.base.server_settings import ServerSettings
+from reports.base.slots import (SlotConfig, burst_sizes, closed_loop, herd_off_sizes,
                                 initial_assignment, slot_sizes_of)
 
 SWITCHES = SCENARIO
@@ -179,27 +179,11 @@ def admitted_sizes(inp: Inputs, C: int, changes: Sequence[Change] = (),
     return list(occupancy(inp, C, changes, arrival)[0][0])
 
 
-def _place(sizes: list[int], n_slots: int, pp: int, depth: int) -> list[int]:
-    """Put micro-batches in evenly spaced slots of the round-robin."""
-    cfg = SlotConfig(pp, depth, max(1, max(sizes) if sizes else 1))
-    pos = even_slots(cfg, len(sizes))
-    out = [0] * n_slots
-    for p, s in zip(pos, sizes):
-        out[p] = s
-    return out
-
-
-def switched_sizes(inp: Inputs, actual: list[int], on: frozenset, depth: int) -> list[int]:
-    """Slot sizes under the herd switch: as admitted, or (off) the same requests in at least
-    min(C, pp) equal micro-batches, evenly spaced over the slots."""
-    if "herd" in on:
-        return list(actual)
-    n_slots = slot_count(inp.pp, depth)
-    occupied = [s for s in actual if s > 0]
-    total = sum(occupied)
-    m = min(max(len(occupied), min(total, inp.pp)), n_slots)
-    sizes = [total // m + (1 if k < total % m else 0) for k in range(m)]
-    return _place(sizes, n_slots, inp.pp, depth)
+def switched_sizes(actual: Sequence[int], on: frozenset, pp: int) -> list[int]:
+    """Slot sizes under the herd switch: as admitted, or (off) the same requests in equal
+    micro-batches, evenly spaced over the slots (`slots.herd_off_sizes`, the observed
+    diagnosis's rule too)."""
+    return list(actual) if "herd" in on else list(herd_off_sizes(actual, pp))
 
 
 def loop_config(inp: Inputs, on: frozenset, bmax: int, *, depth: int | None = None,
@@ -230,7 +214,7 @@ def build(inp: Inputs, C: int, on: frozenset = ALL_ON, *, changes: Sequence[Chan
     ch = Changed.of(inp, changes, arrival)
     out = []
     for sizes, w in occupancy(inp, C, changes, arrival):
-        sz = switched_sizes(inp, list(sizes), on, ch.depth)
+        sz = switched_sizes(sizes, on, inp.pp)
         cfg = loop_config(inp, on, max(sz), depth=ch.depth, partition=ch.partition,
                           graph_max_bs=ch.graph_max_bs, mrr=ch.server.max_running_requests)
         out.append((cfg, sz, w))
