@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from reports.lab import calibration
 
 
@@ -72,3 +74,15 @@ def test_bad_folders_are_one_line_exit_2(tmp_path, capsys):
     assert calibration.main([str(tmp_path / "none")]) == 2
     err = capsys.readouterr().err
     assert "not a lab results folder" in err
+
+
+def test_faults_against_the_control_case(tmp_path):
+    out = tmp_path / "lab"
+    _case(out, "clean-c8.1", [300.0, 260.0])                    # drifting down to the control
+    _case(out, "control-c8.1", [250.0, 250.0], baseline="clean-c8.1", report=_cmp(False))
+    _case(out, "host-r0-4ms.1", [200.0, 200.0], baseline="clean-c8.1", expect="host",
+          report=_cmp(True, "host", [9.0, 11.0]))               # growth 22.5-27.5% of 40 ms
+    by_clean = {r.case: r for r in calibration.outcomes(out)}["host-r0-4ms.1"]
+    by_ctl = {r.case: r for r in calibration.outcomes(out, against_control=True)}["host-r0-4ms.1"]
+    assert by_clean.slowdown_pct == pytest.approx(40.0) and by_clean.holds is False
+    assert by_ctl.slowdown_pct == pytest.approx(25.0) and by_ctl.holds is True

@@ -11,7 +11,7 @@ What is known in the lab, and so what each interval should contain:
   whose slowdown is under twice the clean case's own spread are counted apart: there the noise
   is as large as the fault, and "within noise" or a right size are both right answers.
 
-`python -m reports.lab.calibration OUT [OUT ...] [--md]` reads each OUT's cases (their
+`python -m reports.lab.calibration OUT [OUT ...] [--md] [--against-control]` reads each OUT's cases (their
 report.json, as `reports.lab.summary` does) and prints the table; `--json FILE` keeps the rows.
 """
 from __future__ import annotations
@@ -48,7 +48,10 @@ def _holds(ci, value: float | None) -> bool | None:
     return min(ci) <= value <= max(ci)
 
 
-def outcomes(out: Path) -> list[Outcome]:
+def outcomes(out: Path, against_control: bool = False) -> list[Outcome]:
+    """`against_control`: a fault's measured slowdown set against its round's control case
+    (the clean load measured just before the faults) instead of its clean case; for rounds
+    whose clean load drifted between the two (docs/BENCHMARKS.md section 18)."""
     rows = {r["case"]: r for r in summarise(out)}
     got = []
     for name, r in rows.items():
@@ -61,6 +64,11 @@ def outcomes(out: Path) -> list[Outcome]:
             kind, known = "control", 0.0
             holds = _holds(r.get("slowdown_ci"), 0.0)
         else:
+            ctl = rows.get("control-" + base.split("-", 1)[1]) if against_control else None
+            if ctl and ctl.get("tok_per_s") and r.get("tok_per_s"):
+                r = {**r, "slowdown_pct": 100 * (ctl["tok_per_s"] / r["tok_per_s"] - 1),
+                     "slowdown_ci": None}
+                spread = ctl.get("spread_pct")
             big = spread is not None and r["slowdown_pct"] >= 2 * spread
             kind, known = ("fault" if big else "fault (small)"), r["slowdown_pct"]
             holds = _holds(r.get("moved_ci"), known) if r.get("moved_cause") == r.get("expect") \
@@ -144,14 +152,15 @@ def main(argv: list[str] | None = None) -> int:
     folders = [Path(a) for i, a in enumerate(argv)
                if not a.startswith("--") and (i == 0 or argv[i - 1] != "--json")]
     if not folders:
-        print("usage: python -m reports.lab.calibration OUT [OUT ...] [--md] [--json FILE]",
+        print("usage: python -m reports.lab.calibration OUT [OUT ...] [--md] [--json FILE] "
+              "[--against-control]",
               file=sys.stderr)
         return 2
     bad = [str(f) for f in folders if not f.is_dir()]
     if bad:
         print(f"calibration: {bad[0]} is not a lab results folder", file=sys.stderr)
         return 2
-    rows = [o for f in folders for o in outcomes(f)]
+    rows = [o for f in folders for o in outcomes(f, "--against-control" in argv)]
     print(render(rows, "--md" in argv))
     if js:
         Path(js).write_text(json.dumps([asdict(r) for r in rows], indent=1))
