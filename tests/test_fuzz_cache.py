@@ -58,7 +58,7 @@ def made(tmp_path_factory) -> dict:
     another user's report (their own scenario, PP4, and their --observed)."""
     base = tmp_path_factory.mktemp("made")
     scenario = json.loads((ROOT / "configs" / "scenarios" / "seed-pp8.json").read_text())
-    (base / "theirs.json").write_text(json.dumps({**scenario, "name": "theirs", "pp": 4}))
+    (base / "theirs.json").write_text(json.dumps({**scenario, "name": "theirs", "pp": 4, "tp": 2}))
     other = ("--scenario", str(base / "theirs.json"), "--observed", "1:10,8:20,32:30")
     for cache, name, extra in ((None, "fresh", ()), (base / "seed", "seeded", ()),
                                (base / "other", "other", other)):
