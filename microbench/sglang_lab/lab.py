@@ -79,9 +79,9 @@ def _header(server: LabServer) -> str:
 
 # Every bench_serving run of a case starts from an empty prefix cache (bench_serving's
 # --flush-cache, after its warm-up request): the cases of a group share one server, and without
-# it each run found the cache its predecessors left. Measured (docs/BENCHMARKS.md section 18):
-# on the lab's device rounds the same clean load fell 15-26% from a group's first runs to its
-# control case, a drift every fault of the group was measured against.
+# it each run found the cache its predecessors left. On the lab's 16-core rounds without it
+# (docs/BENCHMARKS.md section 21) the same clean load fell 15-26% from a group's first runs to
+# its control case, a drift every fault of the group was measured against.
 FLUSH_CACHE = True
 
 
