@@ -7,7 +7,8 @@ import pytest
 
 from microbench.dispatch import serve as SV
 from microbench.sglang.log_startup import LoggedServerArgs, startup
-from reports.base.server_flags import (BY_FLAG, CAP, LOOP_FLAGS, SERVER_FLAGS, server_args)
+from reports.base.server_flags import (BY_FLAG, CAP, HOST_FLAGS, LOOP_FLAGS, SERVER_FLAGS,
+                                       server_args)
 from reports.base.server_settings import ServerSettings
 from reports.model import settings_change as SC
 from reports.model.observed import whatifs as sw
@@ -114,6 +115,20 @@ def test_the_graph_capture_size_is_said_with_sglangs_flag():
         assert all(k in table or k in SC.OTHER_KNOBS for k in knobs), knobs
     assert [k for k in SC.OTHER_KNOBS if k.startswith("--")] == [SC.GRAPH_MAX_BS,
                                                                  SC.REQUEST_RATE]
+
+
+def test_the_host_work_settings_are_named_not_knobs():
+    """SGLang 0.5.23's fields (srt/arg_groups/fields/observability.py `decode_log_interval`
+    default 40, `enable_metrics` default False; serving.py `stream_interval` default 1;
+    schedule.py `scheduler_recv_interval` default 1): named in the table under SGLang's flag,
+    and never a what-if knob (the model holds no cost for them)."""
+    assert [f.flag for f in HOST_FLAGS] == ["--decode-log-interval", "--enable-metrics",
+                                            "--stream-interval", "--scheduler-recv-interval"]
+    for f in HOST_FLAGS:
+        assert f.flag == "--" + f.server_arg.replace("_", "-")
+        assert f.flag not in SC.KNOBS and f not in SERVER_FLAGS
+        with pytest.raises(ValueError):
+            SC.check(SC.Change(f.flag, 1))
 
 
 @pytest.mark.parametrize("key", ["cuda_graph_max_bs_decode", "cuda_graph_max_bs"])

@@ -74,6 +74,17 @@ SHAPE_FLAGS = (
 GRAPH_MAX_BS_FLAG = ServerFlag("cuda_graph_max_bs", "--cuda-graph-max-bs-decode",
                                "cuda_graph_max_bs_decode", older_arg="cuda_graph_max_bs")
 SERVER_FLAGS = LOOP_FLAGS + SHAPE_FLAGS + (GRAPH_MAX_BS_FLAG,)
+# Settings that change the host work of a decode step (docs/MODEL.md, "Settings that act on host
+# work and hops"): named here so the lab and the report say them under SGLang's names; not
+# `ServerSettings` fields and not what-if knobs, since the model holds no cost for them apart
+# from the host time it observes (SGLang 0.5.23 srt/arg_groups/fields/observability.py,
+# serving.py, schedule.py). ppscope's recipe starts SGLang with the first two set.
+HOST_FLAGS = (
+    ServerFlag("decode_log_interval", "--decode-log-interval", "decode_log_interval"),
+    ServerFlag("enable_metrics", "--enable-metrics", "enable_metrics"),
+    ServerFlag("stream_interval", "--stream-interval", "stream_interval"),
+    ServerFlag("scheduler_recv_interval", "--scheduler-recv-interval", "scheduler_recv_interval"),
+)
 BY_FLAG = {f.flag: f for f in SERVER_FLAGS}
 BY_SETTING = {f.setting: f for f in SERVER_FLAGS}
 CAP = BY_SETTING["pp_max_micro_batch_size"]
