@@ -188,7 +188,7 @@ def test_info_models_health_routes(served):
     info = json.loads(raw)
     for k, v in (("pp_size", 2), ("max_running_requests", 32), ("pp_max_micro_batch_size", 16),
                  ("pp_async_batch_depth", 2), ("chunked_prefill_size", 8192),
-                 ("cuda_graph_max_bs", 32), ("disable_cuda_graph", False),
+                 ("cuda_graph_max_bs_decode", 32), ("disable_cuda_graph", False),
                  ("model_path", "kimi-k2")):
         assert info[k] == v, k
     assert info["internal_states"][0]["pp_max_micro_batch_size"] == 16
@@ -497,7 +497,7 @@ def test_start_serving_from_the_loop_config():
         assert _raw(url, "GET", "/health")[0] == 503   # stages not built yet
         info = json.loads(_raw(url, "GET", "/get_server_info")[1])
         assert (info["pp_size"], info["pp_max_micro_batch_size"], info["pp_async_batch_depth"],
-                info["cuda_graph_max_bs"], info["policy"]) == (2, 24, 2, 24, "even")
+                info["cuda_graph_max_bs_decode"], info["policy"]) == (2, 24, 2, 24, "even")
     finally:
         state.close("test over")
         server.shutdown()

@@ -148,6 +148,8 @@ def test_md_order_and_answer(tmp_path):
                               "transferred")
     for s in ans:
         assert f"- {s}" in md
+    # SGLang 0.5.23's flag for the decode graphs' capture size (it has no --cuda-graph-max-bs)
+    assert "(--cuda-graph-max-bs-decode " in md and "--cuda-graph-max-bs " not in md
 
 
 def test_herd_share_is_a_number_that_matches_its_row(tmp_path):

@@ -7,7 +7,8 @@ import pytest
 
 from microbench.dispatch import serve as SV
 from microbench.sglang.log_startup import LoggedServerArgs, startup
-from reports.base.server_flags import (BY_FLAG, CAP, LOOP_FLAGS, SERVER_FLAGS, server_args)
+from reports.base.server_flags import (BY_FLAG, CAP, HOST_FLAGS, LOOP_FLAGS, SERVER_FLAGS,
+                                       server_args)
 from reports.base.server_settings import ServerSettings
 from reports.model import settings_change as SC
 from reports.model.observed import whatifs as sw
@@ -17,7 +18,8 @@ from reports.model.sim import bench_run as ow
 # - the server_args fields: srt/arg_groups/fields/parallel.py (`Parallel`: tp_size, pp_size,
 #   pp_max_micro_batch_size default None, pp_async_batch_depth default 0) and
 #   srt/arg_groups/fields/schedule.py (`Schedule`: max_running_requests, chunked_prefill_size,
-#   max_prefill_tokens);
+#   max_prefill_tokens) and srt/arg_groups/fields/exec_.py (`cuda_graph_max_bs_decode`; there
+#   is no `cuda_graph_max_bs` field, so no `--cuda-graph-max-bs` flag);
 # - the flag of a field: srt/arg_groups/arg_utils.py `_field_to_cli_name`,
 #   "--" + name.replace("_", "-");
 # - the scheduler's start-up line: srt/managers/scheduler.py `Scheduler.__init__`,
@@ -37,6 +39,7 @@ SGLANG_0_5_23 = {   # setting: (flag, server_args field, start-up line key, live
     "tp_size": ("--tp-size", "tp_size", None, False),
     "max_prefill_tokens": ("--max-prefill-tokens", "max_prefill_tokens", "max_prefill_tokens",
                            False),
+    "cuda_graph_max_bs": ("--cuda-graph-max-bs-decode", "cuda_graph_max_bs_decode", None, False),
 }
 
 
@@ -77,7 +80,7 @@ def test_the_flags_read_back_from_the_start_up_lines(tmp_path):
     """A server started with `server_args`' flags logs them under the table's server_args names;
     the log reader gives back the same settings."""
     s = ServerSettings(2, 1, max_running_requests=48, pp_max_micro_batch_size=6,
-                       chunked_prefill_size=512, max_prefill_tokens=4096)
+                       chunked_prefill_size=512, max_prefill_tokens=4096, cuda_graph_max_bs=24)
     args = server_args(s, SERVER_FLAGS)
     given = {BY_FLAG[args[i]].server_arg: int(args[i + 1]) for i in range(0, len(args), 2)}
     log = tmp_path / "server.log"
@@ -100,11 +103,51 @@ def test_the_serve_mode_answers_under_the_server_args_names():
     assert info[CAP.server_arg] == 4
 
 
+def test_the_graph_capture_size_is_said_with_sglangs_flag():
+    """The advice, the scenario's inputs and the answer table's fixes name
+    `--cuda-graph-max-bs-decode` (SGLang 0.5.23 has no `--cuda-graph-max-bs`), taken from the
+    table, never a literal of their own."""
+    from reports.render import answer_table as AT
+    assert SC.GRAPH_MAX_BS == "--cuda-graph-max-bs-decode"
+    assert AT.FIXES["launch_gaps"] == (SC.GRAPH_MAX_BS,)
+    table = {f.flag for f in SERVER_FLAGS}
+    for knobs in AT.FIXES.values():
+        assert all(k in table or k in SC.OTHER_KNOBS for k in knobs), knobs
+    assert [k for k in SC.OTHER_KNOBS if k.startswith("--")] == [SC.GRAPH_MAX_BS,
+                                                                 SC.REQUEST_RATE]
+
+
+def test_the_host_work_settings_are_named_not_knobs():
+    """SGLang 0.5.23's fields (srt/arg_groups/fields/observability.py `decode_log_interval`
+    default 40, `enable_metrics` default False; serving.py `stream_interval` default 1;
+    schedule.py `scheduler_recv_interval` default 1): named in the table under SGLang's flag,
+    and never a what-if knob (the model holds no cost for them)."""
+    assert [f.flag for f in HOST_FLAGS] == ["--decode-log-interval", "--enable-metrics",
+                                            "--stream-interval", "--scheduler-recv-interval"]
+    for f in HOST_FLAGS:
+        assert f.flag == "--" + f.server_arg.replace("_", "-")
+        assert f.flag not in SC.KNOBS and f not in SERVER_FLAGS
+        with pytest.raises(ValueError):
+            SC.check(SC.Change(f.flag, 1))
+
+
+@pytest.mark.parametrize("key", ["cuda_graph_max_bs_decode", "cuda_graph_max_bs"])
+def test_the_graph_capture_size_reads_from_this_and_older_logs(tmp_path, key):
+    """0.5.23's `server_args=` dict names the flag's field (and the resolved
+    cuda_graph_config); older SGLang's `ServerArgs(...)` line named it `cuda_graph_max_bs`."""
+    log = tmp_path / "server.log"
+    line = (f"server_args={{'pp_size': 2, '{key}': 48}}" if key.endswith("decode")
+            else f"server_args=ServerArgs(pp_size=2, {key}=48, disable_cuda_graph=False)")
+    log.write_text(f"[2026-01-01 00:00:00] {line}\n")
+    assert startup([log]).server_args.cuda_graph_max_bs == 48
+
+
 @pytest.mark.parametrize("flag, value, command", [
     ("--pp-async-batch-depth", 1, "--pp-async-batch-depth 1"),
     ("--pp-max-micro-batch-size", 4, "--pp-max-micro-batch-size 4"),
     (SC.REQUEST_RATE, 2.5, "bench_serving --request-rate 2.5"),
     (SC.LAYER_PARTITION, "3,1", "SGLANG_PP_LAYER_PARTITION=3,1 in the server's environment"),
+    (SC.GRAPH_MAX_BS, 64, "--cuda-graph-max-bs-decode 64"),
 ])
 def test_the_observed_what_ifs_say_the_command(flag, value, command):
     assert sw._command(SC.Change(flag, value)) == command

@@ -50,7 +50,7 @@ def test_every_setting_at_every_measured_concurrency_none_current(seed, rows):
                "--chunked-prefill-size": str(seed.chunked_prefill_size),
                "--max-running-requests": str(seed.max_running_requests),
                "SGLANG_PP_LAYER_PARTITION": "7,7,7,8,8,8,8,8",
-               "--cuda-graph-max-bs": str(seed.graph_max_bs)}
+               "--cuda-graph-max-bs-decode": str(seed.graph_max_bs)}
     for w in rows:
         assert [e.concurrency for e in w.effects] == cs
         assert current.get(w.knob) != w.setting

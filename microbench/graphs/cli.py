@@ -24,7 +24,7 @@ def register(sub) -> None:
     p.add_argument("--batches", type=int_list, default=gr.DEFAULT_BATCHES,
                    help="micro-batch sizes to time, comma-separated (default: "
                         f"{','.join(map(str, gr.DEFAULT_BATCHES))})")
-    p.add_argument("--max-bs", type=int, help="SGLang --cuda-graph-max-bs (default: SGLang's "
+    p.add_argument("--max-bs", type=int, help="SGLang --cuda-graph-max-bs-decode (default: SGLang's "
                    "default for this GPU's memory, else 256)")
     p.add_argument("--user-batches", type=int_list, default=(),
                    help="micro-batch sizes your server runs, e.g. 1,4,32: flagged if eager")

@@ -11,7 +11,7 @@ from typing import Iterable, Iterator
 
 
 from microbench.sglang.log_scan import MAX_LINE_BYTES, clean_block, open_blocks
-from reports.base.server_flags import SERVER_FLAGS
+from reports.base.server_flags import GRAPH_MAX_BS_FLAG, LOOP_FLAGS, SERVER_FLAGS, SHAPE_FLAGS
 
 
 # The scheduler's start-up line (SGLang 0.5.23 managers/scheduler.py, `Scheduler.__init__`):
@@ -184,8 +184,10 @@ def _server_args_in(block: bytes) -> LoggedServerArgs | None:
     if not isinstance(dec, dict):   # the regular-expression read, or no such argument
         m = re.search(rb"'cuda_graph_config': \{'decode': \{([^{}]{0,400})", text)
         dec = {k: _sa_key(m.group(1), k) for k in ("backend", "max_bs")} if m else {}
-    max_bs = next((v for v in (dec.get("max_bs"), get("cuda_graph_max_bs_decode"),
-                               get("cuda_graph_max_bs")) if _typed(v, int) is not None), None)
+    # resolved into cuda_graph_config (0.5.23), else the flag's own field, else the older key
+    g = GRAPH_MAX_BS_FLAG
+    max_bs = next((v for v in (dec.get("max_bs"), get(g.server_arg), get(g.older_arg))
+                   if _typed(v, int) is not None), None)
     backend = dec.get("backend")
     if _typed(backend, str) is None:
         backend = get("cuda_graph_backend_decode")
@@ -195,7 +197,7 @@ def _server_args_in(block: bytes) -> LoggedServerArgs | None:
         disable_cuda_graph=_typed(get("disable_cuda_graph"), bool),
         decode_graph_backend=_typed(backend, str), cuda_graph_max_bs=max_bs,
         enable_torch_compile=_typed(get("enable_torch_compile"), bool),
-        **{f.setting: _typed(get(f.server_arg), int) for f in SERVER_FLAGS})
+        **{f.setting: _typed(get(f.server_arg), int) for f in LOOP_FLAGS + SHAPE_FLAGS})
 
 
 # Start-up lines that say decode graphs are off by a setting (SGLang 0.5.23 srt/arg_groups/):

@@ -3,8 +3,9 @@
 A change to the server is a flag under SGLang's own name (SGLang 0.5.23 server_args.py,
 arg_groups/fields/) and a value, applied to `ServerSettings` (`apply`). The knobs that are not
 server settings are listed apart (`OTHER_KNOBS`): the layer partition (an environment variable),
-arrival pacing (the clients, not the server), the CUDA-graph capture size (a stage-cost input of
-the scenario model, not an admission setting) and TP instead of PP (another deployment). The
+arrival pacing (the clients, not the server), the CUDA-graph capture size (SGLang's
+`--cuda-graph-max-bs-decode`: a stage-cost input of the scenario model, not an admission
+setting) and TP instead of PP (another deployment). The
 scenario's what-ifs (reports/model/scenario/whatifs.py) and the observed server's
 (reports/model/observed/whatifs.py) draw their candidates from `KNOBS` and hand them to the
 simulator as `Change`s.
@@ -15,14 +16,14 @@ from dataclasses import dataclass, replace
 from typing import Literal, Sequence, Union
 
 from reports.base.schema import if_set
-from reports.base.server_flags import LOOP_FLAGS, flag_of
+from reports.base.server_flags import GRAPH_MAX_BS_FLAG, LOOP_FLAGS, flag_of
 from reports.base.server_settings import ServerSettings
 
 # The server flags a what-if changes, as the ServerSettings field each sets (one table of
 # SGLang's names: reports/base/server_flags.py).
 SERVER_FLAGS = {f.flag: f.setting for f in LOOP_FLAGS}
 LAYER_PARTITION = "SGLANG_PP_LAYER_PARTITION"
-GRAPH_MAX_BS = "--cuda-graph-max-bs"
+GRAPH_MAX_BS = GRAPH_MAX_BS_FLAG.flag               # --cuda-graph-max-bs-decode
 PACING = "arrival pacing"                    # the scenario's clients paced evenly over the slots
 REQUEST_RATE = "--request-rate"              # the observed run's bench_serving pacing
 TP_KNOB = "TP instead of PP (estimated)"

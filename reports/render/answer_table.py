@@ -18,22 +18,26 @@ from reports.model.causes import BANDWIDTH, HYPOTHESES, label
 from reports.model.report_type import Report, ServerDiagnosis
 from reports.model.verdicts import Verdict
 from reports.model.observed.diagnose import span
-from reports.model.settings_change import LAYER_PARTITION, PACING, REQUEST_RATE, TP_KNOB, WhatIf
+from reports.base.server_flags import flag_of
+from reports.model.settings_change import (GRAPH_MAX_BS, LAYER_PARTITION, PACING, REQUEST_RATE,
+                                           TP_KNOB, WhatIf)
 from reports.model.scenario.twin_check import LOSES, verdict_clause
 from reports.render.table import Table
 
 # The settings that act on each cause (the what-if knobs of reports/model/scenario/whatifs.py
-# and reports/model/observed/whatifs.py): a row's "what to do" is the best what-if among them
-# that the model computed. A cause no setting moves in the model says so, and what would
-# (`NO_SETTING`): never a gain the model did not compute.
+# and reports/model/observed/whatifs.py, SGLang's flags from the one table,
+# reports/base/server_flags.py): a row's "what to do" is the best what-if among them that the
+# model computed. A cause no setting moves in the model says so, and what would (`NO_SETTING`):
+# never a gain the model did not compute.
+_DEPTH = flag_of("pp_async_batch_depth")
 FIXES: dict[str, tuple[str, ...]] = {
-    "herd": ("--pp-max-micro-batch-size", "--chunked-prefill-size", "--max-running-requests",
-             PACING, REQUEST_RATE),
+    "herd": (flag_of("pp_max_micro_batch_size"), flag_of("chunked_prefill_size"),
+             flag_of("max_running_requests"), PACING, REQUEST_RATE),
     "slow_stage": (LAYER_PARTITION,),
-    "launch_gaps": ("--cuda-graph-max-bs",),
-    "token_return": ("--pp-async-batch-depth",),
+    "launch_gaps": (GRAPH_MAX_BS,),
+    "token_return": (_DEPTH,),
     # more micro-batches in flight: another slot's forward runs while a hop is on the wire
-    "hop": ("--pp-async-batch-depth",),
+    "hop": (_DEPTH,),
 }
 # what would help where no server setting does (not estimated unless a what-if says so)
 NO_SETTING: dict[str, str] = {

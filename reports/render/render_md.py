@@ -20,10 +20,11 @@ from typing import Any
 
 
 from reports.base.schema import to_json
+from reports.base.server_flags import flag_of
 from reports.model.report_type import (AttributionAt, Comparison, Report, ServerDiagnosis,
                                        ServerSummary)
 from reports.model.observed.diagnose import span
-from reports.model.settings_change import WhatIf
+from reports.model.settings_change import GRAPH_MAX_BS, WhatIf
 from reports.model.scenario.twin_check import DIFFERS, LOSES, verdict_clause
 from reports.render.answer_table import (DETAIL_TITLE, answer_sentences, answer_table)
 from reports.render.table import Table, md_grid
@@ -87,9 +88,9 @@ def header_lines(rep: Report) -> list[str]:
     d = rep.deployment
     dep = (("Scenario model: " if rep.observed_deployment else "") +
            f"{d.model} on {d.pp}x {d.gpu}" + (f" ({d.memory})" if d.memory else "") +
-           f": --pp-size {d.pp}, --pp-async-batch-depth {d.async_depth}, "
-           f"--pp-max-micro-batch-size {d.max_micro_batch}, CUDA graphs "
-           f"{'on' if d.cuda_graphs else 'off'} (--cuda-graph-max-bs {d.graph_max_bs}), "
+           f": {flag_of('pp_size')} {d.pp}, {flag_of('pp_async_batch_depth')} {d.async_depth}, "
+           f"{flag_of('pp_max_micro_batch_size')} {d.max_micro_batch}, CUDA graphs "
+           f"{'on' if d.cuda_graphs else 'off'} ({GRAPH_MAX_BS} {d.graph_max_bs}), "
            f"{d.arrival} arrivals, mean context {d.context_len} tokens.")
     by: dict[str, list[str]] = {}
     for p in rep.params:
@@ -803,7 +804,7 @@ def glossary(rep: Report) -> list[tuple[str, str]]:
         ("NCCL", "NVIDIA's GPU communication library; it carries the hidden states between stages."),
         ("CUDA graph / eager", "a decode step replayed from a captured CUDA graph launches in one "
                                "call; eager runs launch every kernel from Python (slower for "
-                               "small batches); SGLang captures sizes up to --cuda-graph-max-bs."),
+                               f"small batches); SGLang captures sizes up to {GRAPH_MAX_BS}."),
         ("roofline floor", f"the time a perfect kernel needs: the bytes it must move over the "
                            f"GPU's {mem} bandwidth or its FLOPs over peak, whichever is larger."),
         ("kernel efficiency", "roofline floor / kernel time (1.0 = at the floor)."),

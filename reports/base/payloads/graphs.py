@@ -36,7 +36,7 @@ class GraphsData:
     SCHEMA_VERSION: ClassVar[int] = 1
     model: str
     pp: int = ge(1)
-    max_bs: int = ge(1)                                   # --cuda-graph-max-bs
+    max_bs: int = ge(1)                                   # --cuda-graph-max-bs-decode
     capture_sizes: tuple[int, ...] = ge(1, default=())
     prefill_path: str = ""
     stage_layers: tuple[int, ...] = ge(0, default=())

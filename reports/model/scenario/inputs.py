@@ -48,6 +48,7 @@ from reports.base.records import (SCHEMA_VERSION, PayloadError, Record, RecordEr
 from reports.base.sglang_defaults import (MAX_PREFILL_TOKENS, SGLANG_VERSION,
                                           default_chunked_prefill_size, default_decode_max_bs,
                                           estimate_kv, gpu_mem_mib)
+from reports.base.server_flags import GRAPH_MAX_BS_FLAG
 from reports.base.server_settings import ServerSettings, SettingsNames
 from reports.model.scenario.file import (MAX_CONCURRENCY, Scenario, load_scenario,  # noqa: F401
                                          read_scenario)   # load_scenario: the CLI's entry
@@ -553,7 +554,7 @@ def _graphs(ch: _Chain, records: dict[str, Record], gpu) -> tuple[tuple, int]:
     gr = records.get("graphs")
     if sc.graph_max_bs:
         max_bs = sc.graph_max_bs
-        bs_p = (ch.label("graph_max_bs"), f, ch.note("graph_max_bs", "--cuda-graph-max-bs"))
+        bs_p = (ch.label("graph_max_bs"), f, ch.note("graph_max_bs", GRAPH_MAX_BS_FLAG.flag))
     else:
         given_mrr = sc.max_running_requests
         max_bs = default_decode_max_bs(gpu_mem_mib(gpu.mem_gb), sc.tp,

@@ -24,7 +24,7 @@ Knobs (SGLang 0.5.23 server arguments, arg_groups/fields/*.py):
   lower the slowest stage at the largest slot;
 - arrival pacing (a client-side change, not a flag, so never the recommended setting): requests
   spread one micro-batch per stage;
-- `--cuda-graph-max-bs`, only when some slot runs eager;
+- `--cuda-graph-max-bs-decode`, only when some slot runs eager;
 - TP instead of PP of the same GPUs (estimated: every GPU reads 1/pp of each layer, plus two ring
   all-reduces of the hidden state per layer, costed from the measured NCCL transport time per
   message size when topology.json has it, else from a stated PCIe estimate). A deployment
