@@ -99,7 +99,7 @@ def handle(args: argparse.Namespace) -> int:
     if args.bench:  # same reader and rule as `ppscope sglang --bench` (reports/base/bench_serving.py)
         bench, osrc = read_bench(args.bench), Path(args.bench).name
         warns += bench["notes"]        # runs left out, lines skipped, server_info missing
-        observed, notes = observed_points(bench["runs"], osrc)
+        observed, notes = observed_points(bench["runs"], osrc, repeats=False)
         warns += notes
         workload, notes = bench_workload(bench["runs"], osrc)
         warns += notes

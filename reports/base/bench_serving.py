@@ -390,10 +390,11 @@ def _get(b, key: str):
     return b.get(key) if isinstance(b, dict) else getattr(b, key)
 
 
-def observed_points(runs, label: str) -> tuple[dict[int, float], list[str]]:
+def observed_points(runs, label: str, repeats: bool = True) -> tuple[dict[int, float], list[str]]:
     """Runs (dicts as `read_bench` gives them, or sglang.json's typed `BenchRun`s) ->
     ({max_concurrency: output tok/s}, notes). Observed numbers only: nothing here feeds the
-    model."""
+    model. `repeats`: a note for several runs at one C (`ppscope sglang` says it when it reads
+    them; the report says it in its "How sure" line, where they give the point's interval)."""
     dup: list = []
     points, uncapped = _points(runs, dup)
     notes = [f"{label}: bench run without --max-concurrency (mean concurrency "
@@ -401,7 +402,7 @@ def observed_points(runs, label: str) -> tuple[dict[int, float], list[str]]:
              "not used as an observed point" for b in uncapped]
     notes += [f"{label}: {len(v)} runs at C={c} ({', '.join(f'{x:.1f}' for x in v)} tok/s); "
               f"their mean ({sum(v) / len(v):.1f} tok/s) is the observed point, their spread "
-              "its interval" for c, v in dup]
+              "its interval" for c, v in dup if repeats]
     per_c = runs_by_c(runs)
     return {c: sum(per_c[c]) / len(per_c[c]) for c in points}, notes
 

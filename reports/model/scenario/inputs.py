@@ -607,7 +607,7 @@ def observed_from_sglang(rec: Record | None) -> tuple[dict[int, float], list[str
     by the same rule as `--bench` (reports/base/bench_serving.py `observed_points`)."""
     if rec is None:
         return {}, []
-    return observed_points(rec.payload.bench, "sglang.json")
+    return observed_points(rec.payload.bench, "sglang.json", repeats=False)
 
 
 def parse_observed(text: str) -> dict[int, float]:
