@@ -533,7 +533,11 @@ def diagnosis_lines(rep: Report) -> list[str]:
                f"{len(dg.observed_runs)} bench runs" if dg.observed_step_ci else "")
         out += [f"- How sure: {dg.interval_note}; modelled decode step "
                 f"{dg.modelled_step_ms:.2f} ms{span(dg.modelled_step_ci, '.2f', ' ms')}{obs}. "
-                "A cause is named only where its interval clears the threshold."]
+                "A cause is named only where its interval clears the threshold. A cause's "
+                "interval holds the traced window's own sampling noise, not the model's error: "
+                "on the lab's fault rounds the sizes missed by 20-60 points against intervals "
+                "of a few (docs/BENCHMARKS.md section 21), so read it as the window's "
+                "precision, not the size's accuracy."]
     w = rep.watch or {}
     hints = [h for h in (w.get("summary") or {}).get("hints", []) if h.get("holds")]
     if hints:  # corroboration only: NVML utilisation never overrules the traces
