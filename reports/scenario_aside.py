@@ -55,7 +55,17 @@ def set_aside(rep: Report) -> Report:
         return rep
     return replace(rep, scenario_aside=(f"the built-in {scenario_line(rep)}: "
                                         f"{rep.scenario_differs}"),
-                   verdicts=tuple(_server_verdict(v) for v in rep.verdicts))
+                   verdicts=tuple(_server_verdict(v) for v in rep.verdicts),
+                   server=_server_alone(rep.server))
+
+
+def _server_alone(srv):
+    """The "Your server" section without the scenario's modelled busy per rank (another
+    deployment's figures beside the server's own) and the note that explained them."""
+    if srv is None:
+        return None
+    return replace(srv, ranks=tuple(replace(r, modelled_busy_pct={}) for r in srv.ranks),
+                   notes=tuple(n for n in srv.notes if "the scenario has pp=" not in n))
 
 
 def evidence_banner(rep: Report) -> str:

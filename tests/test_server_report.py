@@ -147,6 +147,15 @@ def test_the_built_in_scenario_steps_aside_on_a_servers_report(slow):
     # a hypothesis only the scenario's model judged is not a verdict on this server
     routing = next(v for v in rep.verdicts if v.hypothesis == "MoE routing imbalance")
     assert routing.verdict == "not enough evidence"
+    # "Your server" holds no modelled busy of the scenario's PP8 beside the server's PP2
+    assert all(not r.modelled_busy_pct for r in rep.server.ranks)
+    assert not [n for n in rep.server.notes if "the scenario has pp=" in n]
+    assert "modelled compute %" not in md and "the scenario has pp=" not in md
+
+
+def test_a_given_scenario_keeps_its_modelled_busy_beside_the_server(tmp_path):
+    rep, _, _, _ = _report(tmp_path, "clean-c8", scenario="seed-pp8")
+    assert any(r.modelled_busy_pct for r in rep.server.ranks)
 
 
 def test_a_scenario_given_by_the_user_is_not_set_aside(tmp_path):

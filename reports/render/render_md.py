@@ -281,7 +281,8 @@ def server_gpu_table(rep: Report) -> Table:
     """Per PP rank: where the GPU's time went in the traces (compute / NCCL transfer / NCCL wait
     / idle: waiting inside a receive is never called busy), next to the model's compute share."""
     srv = rep.server
-    cs = [str(c.concurrency) for c in rep.concurrency]
+    cs = [str(c.concurrency) for c in rep.concurrency     # none where the scenario steps aside
+          if any(str(c.concurrency) in r.modelled_busy_pct for r in srv.ranks)]
     rows = []
     for r in srv.ranks:
         g, e = r.graph_kernels, r.eager_kernels
