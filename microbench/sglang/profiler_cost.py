@@ -101,7 +101,6 @@ def _redraw(values: list[float], rng: random.Random) -> list[float]:
     return out[:n]
 
 
-
 def slowdown(lines: Iterable[str], min_lines: int = MIN_LINES) -> float | None:
     """The profiled window's slowdown (module docstring) from a log's lines."""
     reader = SlowdownReader(min_lines)

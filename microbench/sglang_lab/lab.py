@@ -222,11 +222,16 @@ def analyse_case(case_dir: Path) -> dict:
     return out
 
 
+def _baseline(case_dir: Path) -> str:
+    """The case's baseline case's name ("" for none), from its case.json."""
+    return json.loads((case_dir / "case.json").read_text())["case"].get("baseline") or ""
+
+
 def _ready(case_dir: Path) -> bool:
     """A measured case can be read now: it has traces, and its baseline (if any) its report."""
     if not (case_dir / "traces").is_dir():
         return False
-    base = json.loads((case_dir / "case.json").read_text())["case"].get("baseline")
+    base = _baseline(case_dir)
     return not base or (case_dir.parent / base / "report.json").exists()
 
 
@@ -237,9 +242,7 @@ def _analyse(case_dir: Path) -> None:
 
 def order_for_analysis(dirs: list[Path]) -> list[Path]:
     """Baselines (cases with none) first: the others are read against their report."""
-    def has_baseline(d: Path) -> bool:
-        return bool(json.loads((d / "case.json").read_text())["case"].get("baseline"))
-    return sorted(dirs, key=has_baseline)
+    return sorted(dirs, key=lambda d: bool(_baseline(d)))
 
 
 def _stop_on_sigterm() -> None:
