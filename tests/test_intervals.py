@@ -176,6 +176,11 @@ def test_fault_pair_grows_its_cause_clear_of_zero(tmp_path):
     c = now["baseline_comparison"]
     host = next(r for r in c["rows"] if r["cause"] == "host")
     assert host["growth_ci"][0] > 0 and c["split"] == "shapley"
+    # the windows' noise alone, widened by the model's error the lab measured (shipped record)
+    w = host["growth_window_ci"]
+    assert host["growth_ci"][0] <= w[0] < w[1] <= host["growth_ci"][1]
+    assert host["growth_ci"][1] - host["growth_ci"][0] > w[1] - w[0]
+    assert c["model_error"].startswith("the lab's PP2 CPU server")
     assert "the largest change is host work" in c["answer"]
     # one run on a side: its spread is unknown, and the answer says it may be noise
     assert c["significant"] is None and "one bench run on a side" in c["answer"]

@@ -86,3 +86,45 @@ def test_faults_against_the_control_case(tmp_path):
     by_ctl = {r.case: r for r in calibration.outcomes(out, against_control=True)}["host-r0-4ms.1"]
     assert by_clean.slowdown_pct == pytest.approx(40.0) and by_clean.holds is False
     assert by_ctl.slowdown_pct == pytest.approx(25.0) and by_ctl.holds is True
+
+
+def _round(out: Path, k: int, slow_toks: float, growth_ci) -> None:
+    _case(out, f"clean-c8.{k}", [200.0, 202.0])
+    _case(out, f"slow-x3.{k}", [slow_toks, slow_toks + 1], baseline=f"clean-c8.{k}",
+          expect="slow_stage", report=_cmp(True, "slow_stage", growth_ci))
+
+
+def test_model_error_record_and_leave_one_round_out(tmp_path, capsys):
+    out = tmp_path / "lab"
+    # measured slowdowns 201/100.5 - 1 = 100%, 201/150.5 - 1 = 34%, 201/120.5 - 1 = 67% against
+    # growths of 50% of a 40 ms step (20 ms): ratios 2.0, 0.67 and 1.33
+    for k, toks in ((1, 100.0), (2, 150.0), (3, 120.0)):
+        _round(out, k, toks, [19.0, 21.0])
+    rows = calibration.outcomes(out)
+    assert sum(bool(r.holds) for r in rows) == 0          # the windows' noise alone: 48-53%
+    err = calibration.model_error_of(rows, "a test machine", "cmd")
+    host = {c.cause: c for c in err.causes}
+    assert host["slow_stage"].cases == 3 and host["pooled"].cases == 3
+    assert host["slow_stage"].ratio_lo < 1.33 < host["slow_stage"].ratio_hi
+    # judged by the band of the same rounds, the middle round is held
+    judged = {r.case: r for r in calibration.judged(rows, err)}
+    assert judged["slow-x3.3"].holds is True
+    # left out, a round's extreme ratio falls outside the others' band
+    cv = {r.case: r for r in calibration.cross_validated(rows)}
+    assert cv["slow-x3.1"].holds is False and cv["slow-x3.3"].holds is True
+    rec = tmp_path / "m.json"
+    assert calibration.main([str(out), "--model-error", str(rec), "--machine", "here"]) == 0
+    assert json.loads(rec.read_text())["measured_on"] == "here"
+    assert str(tmp_path) not in rec.read_text()
+    assert calibration.main([str(out), "--apply", str(rec)]) == 0
+    assert "coverage: nominal 90%" in capsys.readouterr().out
+
+
+def test_model_error_needs_a_machine_and_faults(tmp_path):
+    out = tmp_path / "lab"
+    _case(out, "clean-c8.1", [200.0, 202.0])
+    with pytest.raises(calibration.CliError):
+        calibration.main([str(out), "--model-error", str(tmp_path / "m.json")])
+    with pytest.raises(calibration.CliError):
+        calibration.main([str(out), "--model-error", str(tmp_path / "m.json"), "--machine", "x"])
+    assert not (tmp_path / "m.json").exists()

@@ -13,15 +13,24 @@ What is known in the lab, and so what each interval should contain:
 
 `python -m reports.lab.calibration OUT [OUT ...] [--md] [--against-control]` reads each OUT's cases (their
 report.json, as `reports.lab.summary` does) and prints the table; `--json FILE` keeps the rows.
+
+The model's error (reports/model/model_error.py): `--model-error FILE --machine TEXT` writes the
+record of the ratios measured slowdown / modelled growth over the faults (expected cause grown
+most, slowdown at least twice the clean spread); `--apply FILE` judges every growth interval as
+the windows' noise widened by FILE's bands (an out-of-sample check: a record measured on other
+rounds); `--cross-validate` does so round by round, each round judged by the band of all the
+others (leave one round out), the coverage a shipped record can be expected to give.
 """
 from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from reports.base.errors import CliError
 from reports.lab.summary import summarise
+from reports.model.model_error import POOLED, ModelError, band_of, read, widened
 from reports.model.observed.resample import LEVEL
 
 
@@ -40,6 +49,7 @@ class Outcome:
     moved_cause: str | None
     moved_ci: tuple[float, float] | None    # the growth's interval, % of the clean step
     holds: bool | None                     # the interval holds what is known (module doc)
+    moved_window_ci: tuple[float, float] | None = None   # the windows' noise alone
 
 
 def _holds(ci, value: float | None) -> bool | None:
@@ -76,7 +86,7 @@ def outcomes(out: Path, against_control: bool = False) -> list[Outcome]:
         got.append(Outcome(out.name, name, kind, r.get("expect") or "", r["slowdown_pct"],
                            _pair(r.get("slowdown_ci")), spread, r.get("significant"),
                            r.get("first_cause"), r.get("moved_cause"), _pair(r.get("moved_ci")),
-                           holds))
+                           holds, _pair(r.get("moved_window_ci") or r.get("moved_ci"))))
     return got
 
 
@@ -109,6 +119,64 @@ def tally(rows: list[Outcome]) -> Tally:
         len(ctl), sum(r.significant is False for r in ctl), sum(bool(r.holds) for r in ctl),
         len(big), sum(r.first_cause == r.expect for r in big), sum(bool(r.holds) for r in big),
         len(small), sum(r.first_cause != r.expect or bool(r.holds) for r in small))
+
+
+def _ratio(r: Outcome) -> float | None:
+    """Measured slowdown / the expected cause's modelled growth (the windows' interval's
+    middle), for a fault that stands out of the noise and whose expected cause grew most."""
+    ci = r.moved_window_ci
+    if r.kind != "fault" or r.moved_cause != r.expect or not ci or r.slowdown_pct is None:
+        return None
+    mid = (ci[0] + ci[1]) / 2
+    return r.slowdown_pct / mid if mid > 0 and r.slowdown_pct > 0 else None
+
+
+def model_error_of(rows: list[Outcome], measured_on: str, command: str) -> ModelError:
+    """The record of the model's error over `rows`: a band per expected cause and a pooled one."""
+    by: dict[str, list[float]] = {}
+    for r in rows:
+        x = _ratio(r)
+        if x is not None:
+            by.setdefault(r.expect, []).append(x)
+    if not by:
+        raise CliError("calibration: no fault stands out of its clean run's noise with its "
+                       "expected cause grown most: no model error to measure")
+    causes = [band_of(c, v, LEVEL) for c, v in sorted(by.items())]
+    causes.append(band_of(POOLED, [x for v in by.values() for x in v], LEVEL))
+    return ModelError(LEVEL, measured_on, command, tuple(causes))
+
+
+def judged(rows: list[Outcome], err: ModelError) -> list[Outcome]:
+    """Every fault's growth interval as the windows' noise widened by `err`, and whether it
+    holds the measured slowdown (controls as they were)."""
+    out = []
+    for r in rows:
+        if r.kind == "control" or not r.moved_window_ci:
+            out.append(r)
+            continue
+        ci, _ = widened(r.moved_cause or "", r.moved_window_ci, err)
+        holds = _holds(ci, r.slowdown_pct) if r.moved_cause == r.expect else False
+        out.append(replace(r, moved_ci=ci, holds=holds))
+    return out
+
+
+def _round(r: Outcome) -> tuple[str, str]:
+    return r.folder, r.case.rsplit(".", 1)[-1] if "." in r.case else ""
+
+
+def cross_validated(rows: list[Outcome]) -> list[Outcome]:
+    """Each round judged by the band measured on every other round (leave one round out)."""
+    out = []
+    for key in dict.fromkeys(_round(r) for r in rows):
+        rest = [r for r in rows if _round(r) != key]
+        mine = [r for r in rows if _round(r) == key]
+        try:
+            err = model_error_of(rest, "", "")
+        except CliError:
+            out += mine
+            continue
+        out += judged(mine, err)
+    return out
 
 
 def _pct(x: float | None) -> str:
@@ -146,24 +214,49 @@ def render(rows: list[Outcome], md: bool = False) -> str:
     return "\n".join(lines)
 
 
+USAGE = ("usage: python -m reports.lab.calibration OUT [OUT ...] [--md] [--json FILE] "
+         "[--against-control] [--model-error FILE --machine TEXT | --apply FILE | "
+         "--cross-validate]")
+_VALUED = ("--json", "--model-error", "--machine", "--apply")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    js = argv[argv.index("--json") + 1] if "--json" in argv else None
+    opt = {}
+    for k in _VALUED:
+        if k in argv:
+            i = argv.index(k)
+            if i + 1 >= len(argv):
+                raise CliError(f"calibration: {k} needs a value")
+            opt[k] = argv[i + 1]
     folders = [Path(a) for i, a in enumerate(argv)
-               if not a.startswith("--") and (i == 0 or argv[i - 1] != "--json")]
+               if not a.startswith("--") and (i == 0 or argv[i - 1] not in _VALUED)]
     if not folders:
-        print("usage: python -m reports.lab.calibration OUT [OUT ...] [--md] [--json FILE] "
-              "[--against-control]",
-              file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return 2
     bad = [str(f) for f in folders if not f.is_dir()]
     if bad:
         print(f"calibration: {bad[0]} is not a lab results folder", file=sys.stderr)
         return 2
+    if "--model-error" in opt and "--machine" not in opt:
+        raise CliError("calibration: --model-error needs --machine TEXT (where the lab ran)")
     rows = [o for f in folders for o in outcomes(f, "--against-control" in argv)]
+    if "--apply" in opt:
+        rows = judged(rows, read(Path(opt["--apply"])))
+    elif "--cross-validate" in argv:
+        rows = cross_validated(rows)
     print(render(rows, "--md" in argv))
-    if js:
-        Path(js).write_text(json.dumps([asdict(r) for r in rows], indent=1))
+    if "--json" in opt:
+        Path(opt["--json"]).write_text(json.dumps([asdict(r) for r in rows], indent=1))
+    if "--model-error" in opt:
+        cmd = ("python -m reports.lab.calibration " + " ".join(f.name for f in folders)
+               + (" --against-control" if "--against-control" in argv else "")
+               + f" --model-error {Path(opt['--model-error']).name} --machine '...'")
+        err = model_error_of(rows, opt["--machine"], cmd)
+        Path(opt["--model-error"]).write_text(json.dumps(err.to_dict(), indent=1) + "\n")
+        for c in err.causes:
+            print(f"model error, {c.cause}: measured / modelled {c.ratio_lo:.2f} to "
+                  f"{c.ratio_hi:.2f} (median {c.ratio_median:.2f}, {c.cases} cases)")
     return 0
 
 

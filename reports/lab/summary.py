@@ -101,6 +101,10 @@ def summarise(out: Path) -> list[dict]:
             "significant": cmp_.get("significant"),
             "moved_ci": ([100 * g / cmp_["baseline_step_ms"] for g in moved["growth_ci"]]
                          if moved and moved.get("growth_ci") else None),
+            # the windows' noise alone (the model's error measured in the lab not added)
+            "moved_window_ci": ([100 * g / cmp_["baseline_step_ms"]
+                                 for g in moved.get("growth_window_ci") or moved["growth_ci"]]
+                                if moved and moved.get("growth_ci") else None),
             "expect": case.get("expect") or "",
             "answer": dg.get("answer"),
             # against the baseline's diagnosis: the cause that grew most, and its growth as a

@@ -18,7 +18,9 @@ runs on each side, the observed change gets Welch's t interval of the difference
 tok/s (reports/model/observed/resample.py LEVEL), as a change of the decode step; "no
 significant change" where it includes no change. Each cause's growth gets the interval of the
 joint split over pairs of replicates of the two traced windows (each side's block bootstrap,
-drawn independently); a cause is said to have grown only where its interval excludes zero. With
+drawn independently), widened by the model's own error on a cause's size as the lab measured
+it (reports/model/model_error.py: the windows' noise alone held the lab's measured slowdowns in
+1 of 23 faults); a cause is said to have grown only where its interval excludes zero. With
 one run on a side the run-to-run spread is unknown: the change is judged against SAME_PCT as
 before, and the answer says that more runs would decide it.
 """
@@ -27,6 +29,7 @@ from __future__ import annotations
 import math
 from statistics import mean, variance
 
+from reports.model import model_error
 from reports.model.observed import resample
 from reports.model.observed.deployment import window_differs
 from reports.model.observed.change_split import deployment_of, forward_rows, split_change
@@ -148,13 +151,18 @@ def compare(now: ServerDiagnosis | NotDiagnosed | None,
     pair = _deployments(now, base)
     parts = _shapley_parts(*pair) if pair is not None else None
     split = "shapley" if parts is not None else "difference"
+    err = None
     if parts is not None:
         growth, m_base, m_now = parts
         g_ci = growth_intervals(*pair)
+        err = model_error.shipped() if g_ci else None
         for r in now.rows:
             g = growth.get(r.cause, 0.0)
+            w_ci = g_ci.get(r.cause)
+            ci = (tuple(round(x, 3) for x in model_error.widened(r.cause, w_ci, err)[0])
+                  if w_ci else None)
             rows.append(ChangeRow(r.cause, r.label, then.get(r.cause, 0.0), r.ms_per_step, g,
-                                  share(g), g_ci.get(r.cause)))
+                                  share(g), ci, w_ci))
         if kind == "observed":
             g = delta - (m_now - m_base)
             rows.append(ChangeRow("unexplained", "not reproduced by the model",
@@ -215,7 +223,7 @@ def compare(now: ServerDiagnosis | NotDiagnosed | None,
     return Comparison("ok", label, kind, s_base, s_now, change, tuple(rows), answer,
                       tuple(notes), forward_rows(now.deployment, base.deployment), split,
                       resample.LEVEL if c_ci or any(r.growth_ci for r in rows) else None,
-                      c_ci, sig, runs)
+                      c_ci, sig, runs, err.measured_on if err else "")
 
 
 def _pct_span(ci) -> str:

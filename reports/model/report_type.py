@@ -301,6 +301,9 @@ class ChangeRow:
     growth_ms: float
     share_of_change_pct: float | None
     growth_ci: tuple[float, ...] | None = None   # (lo, hi) ms at the comparison's level
+    # the traced windows' noise alone; growth_ci adds the model's error measured in the lab
+    # (reports/model/model_error.py), where there is a record of it
+    growth_window_ci: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -336,6 +339,8 @@ class Comparison:
     change_ci: tuple[float, ...] | None = None
     significant: bool | None = None
     runs: tuple[int, ...] = ()
+    # where the model's error added to the growths' intervals was measured ("": not added)
+    model_error: str = ""
 
 
 @dataclass(frozen=True)

@@ -478,6 +478,11 @@ def baseline_lines(rep: Report) -> list[str]:
             f"Each cause in ms per decode step in both runs (each run's own split); {how}: the "
             "growths add up to the modelled step's change, `unexplained` takes the rest of the "
             "observed change.", ""]
+    if c.model_error:
+        out += [f"A change's interval holds the traced windows' noise and the model's own error "
+                f"on a cause's size as the lab measured it ({c.model_error}; "
+                "configs/records/model-error.json): a range for what the benchmark will "
+                "measure, not for the windows alone.", ""]
     if c.forward_rows:
         out += ["Forward time per rank at the same micro-batch size (the traces of both runs): "
                 "a forward slowed by contention, clocks or a slower kernel shows here.", "",
@@ -538,7 +543,9 @@ def diagnosis_lines(rep: Report) -> list[str]:
                 "interval holds the traced window's own sampling noise, not the model's error: "
                 "on the lab's fault rounds the sizes missed by 20-60 points against intervals "
                 "of a few (docs/BENCHMARKS.md section 21), so read it as the window's "
-                "precision, not the size's accuracy."]
+                "precision, not the size's accuracy. Against a baseline (`--baseline`), each "
+                "growth's interval adds that error as the lab measured it "
+                "(configs/records/model-error.json)."]
     w = rep.watch or {}
     hints = [h for h in (w.get("summary") or {}).get("hints", []) if h.get("holds")]
     if hints:  # corroboration only: NVML utilisation never overrules the traces
