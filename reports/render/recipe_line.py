@@ -3,12 +3,12 @@
 server as the lab measured it, or that it is not measured; and whether the figures include it.
 The recipe's cost is never taken off the diagnosis: where its interval holds zero the line says
 so, where the interval excludes zero it says the figures include it. `recipe_line` for report.md
-and report.html, `recipe_terminal_line` within TERMINAL_CHARS for the terminal's answer."""
+and report.html, `recipe_clause` for the terminal's server line (reports/render/terminal.py)."""
 from __future__ import annotations
 
 from reports.model.report_type import RecipeNote
 
-TERMINAL_CHARS = 100
+CLAUSE_CHARS = 46
 
 
 def _change(rc) -> str:
@@ -38,11 +38,12 @@ def recipe_line(note: RecipeNote) -> str:
             f"({note.record}): {_included(rc)}.")
 
 
-def recipe_terminal_line(note: RecipeNote) -> str:
-    """One line of at most TERMINAL_CHARS."""
+def recipe_clause(note: RecipeNote) -> str:
+    """The terminal's clause, tagged as the server line tags its sources ([log], [traces]):
+    short enough to join that line without adding one to the terminal's answer (at most
+    CLAUSE_CHARS for any figure a record may hold, recipe_cost.py `COST_RANGE`)."""
     rc = note.measured
     if rc is None:
-        return "ppscope's recipe (metrics, a log line per step): cost not measured; not taken off"
-    tail = "the figures include it" if rc.significant else "not taken off"
-    # within TERMINAL_CHARS for any figure a record may hold (recipe_cost.py `COST_RANGE`)
-    return f"ppscope's recipe: {_change(rc)} decode step in the lab; {tail}"
+        return "recipe's cost [lab]: not measured"
+    return (f"recipe's cost [lab] {rc.cost_pct:+.1f}%, "
+            + ("in the figures" if rc.significant else "not taken off"))
