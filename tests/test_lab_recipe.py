@@ -512,3 +512,11 @@ def test_the_report_of_a_server_log_says_the_recipes_cost_within_25_lines(
     html = (tmp_path / "out" / "report.html").read_text()
     assert recipe_line(rep.recipe) in md
     assert "measured in the lab on 16-core box" in html
+
+
+def test_the_lab_reads_its_recipe_cases_again_without_a_server(tmp_path, capsys):
+    from reports.cli import main
+    out = lab_folder(tmp_path)
+    assert main(["sglang-lab", "--recipe", "--analyse-only", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "all 3 rounds" in text and "--enable-metrics --decode-log-interval 1" in text
