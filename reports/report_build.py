@@ -24,7 +24,7 @@ from dataclasses import replace
 from reports.model.sim import loop_builder as lb
 from reports.model.attribution import attribute
 from reports.base.records import Record
-from reports.model.report_type import (REPORT_SCHEMA, AttributionAt, Level, Report,
+from reports.model.report_type import (REPORT_SCHEMA, AttributionAt, Level, RecipeNote, Report,
                                        ScenarioDeployment, StageCostAt)
 from reports.model.scenario.inputs import Inputs
 from reports.model.scenario.validate_dispatch import micro_batch_choices, validate
@@ -91,7 +91,7 @@ def build_report(inp: Inputs, records: dict[str, Record],
                 if sg is not None else None),
         diagnosis=(diagnosis_summary(sg, inp, records.get("stage_cost")) if sg is not None
                    else None),
-        server_whatifs=traced_server_whatifs(sg))
+        server_whatifs=traced_server_whatifs(sg), recipe=recipe_note(sg))
     if "watch" in records:  # GPU watch: observed (NVML) hints, reports/model/observed/watch_summary.py
         from reports.model.observed.watch_summary import watch_section
         rep = replace(rep, watch=watch_section(records["watch"]))
@@ -109,6 +109,17 @@ def build_report(inp: Inputs, records: dict[str, Record],
         rep, [C for C, _ in inp.observed] or list(inp.concurrency), inp.pp,
         model=inp.model.name, mla=inp.model.attention == "mla")))
     return replace(rep, answer=tuple(answer(rep)))
+
+
+def recipe_note(sg) -> RecipeNote | None:
+    """ppscope's recipe and its cost as the lab measured it (the record shipped as
+    configs/records/recipe-cost.json, read through its checks; not measured where there is
+    none), where the report reads the server's log; None where it does not."""
+    if sg is None or sg.log is None:
+        return None
+    from reports.base.recipe_cost import SHIPPED_LABEL, shipped_recipe_cost
+    from reports.base.server_flags import RECIPE_ARGS
+    return RecipeNote(RECIPE_ARGS, SHIPPED_LABEL, shipped_recipe_cost())
 
 
 def _memory_kind(source: str) -> str | None:

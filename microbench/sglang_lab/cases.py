@@ -40,6 +40,18 @@ class Group:
     extra_args: tuple[str, ...] = ()
     cases: tuple[Case, ...] = field(default_factory=tuple)
     env: tuple[tuple[str, str], ...] = ()    # the server's environment, e.g. the layer split
+    # started with ppscope's recipe (--enable-metrics --decode-log-interval 1, as every lab
+    # server); False: SGLang's defaults (server.py `ServerSpec.recipe`): no /metrics and a
+    # decode line in 40, so its cases may hold no profiled window and no live probe
+    recipe: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.recipe:
+            reads = [c.name for c in self.cases if c.profile or c.stacks or c.live]
+            if reads:
+                raise ValueError(f"group {self.name}: {', '.join(reads)} profile or probe the "
+                                 "server, which reads /metrics and every decode line: a server "
+                                 "without ppscope's recipe has neither")
 
 
 def default_plan(pp: int = 2, quick: bool = False, depth: int = 0) -> tuple[Group, ...]:
@@ -225,4 +237,28 @@ def split_plan(pp: int = 2, layers: int = 4, rounds: int = 2, C: int = 8
             out.append(Group(f"sp-{tag}-{k}", pp, (), (
                 Case(f"sp-{tag}-c{C}.{k}", C, baseline=f"sp-base-c{C}", profile=False),),
                 env=((PARTITION_ENV, sp),)))
+    return tuple(out)
+
+
+RECIPE_C = 8
+RECIPE_REPS = 2
+
+
+def recipe_plan(pp: int = 2, rounds: int = 3) -> tuple[Group, ...]:
+    """What ppscope's recipe (`--enable-metrics --decode-log-interval 1`, with which every other
+    plan starts its servers) costs the server: per round a server with SGLang's defaults
+    (neither flag: no /metrics, a decode log line every 40 steps) then one with the recipe,
+    the servers alternating so that a change of the machine's load falls on both sides alike;
+    C = 8, two bench_serving runs on each, nothing profiled (a window would need the recipe's
+    readings, and would cost more than the recipe). Cases `rc-sglang-c8.<k>` and
+    `rc-recipe-c8.<k>`, the recipe case read against its round's defaults case
+    (`python -m reports.lab.recipe OUT`)."""
+    out = []
+    for k in range(1, rounds + 1):
+        base = f"rc-sglang-c{RECIPE_C}.{k}"
+        out.append(Group(f"rc-sglang-{k}", pp, (), (
+            Case(base, RECIPE_C, reps=RECIPE_REPS, baseline="", profile=False),), recipe=False))
+        out.append(Group(f"rc-recipe-{k}", pp, (), (
+            Case(f"rc-recipe-c{RECIPE_C}.{k}", RECIPE_C, reps=RECIPE_REPS, baseline=base,
+                 profile=False),)))
     return tuple(out)

@@ -24,6 +24,7 @@ from pathlib import Path
 from microbench.sglang.http import request as http_request
 from microbench.sglang_lab.lab_env import child_env
 from microbench.sglang_lab.venv import LabError
+from reports.base.server_flags import RECIPE_ARGS
 
 INPUT_LEN = 64
 OUTPUT_LEN = 128
@@ -115,6 +116,13 @@ def scrape_metrics(url: str, dest: Path) -> None:
     dest.write_bytes(http_call(url, "GET", "/metrics", None, 30.0))
 
 
+def recipe_only(server, what: str) -> None:
+    """A LabError when `server` runs without ppscope's recipe (server.py `ServerSpec.recipe`)."""
+    if not server.spec.recipe:
+        raise LabError(f"{what} needs a server started with ppscope's recipe "
+                       f"({' '.join(RECIPE_ARGS)})")
+
+
 NEW_SEQ_RE = re.compile(r"\bPP0\] Prefill batch.*?#new-seq: (\d+)")
 
 
@@ -122,7 +130,9 @@ def wait_load(server, since: int, concurrency: int, lines: int, timeout_s: float
     """Until the load has reached C: rank 0's log shows C + 1 requests admitted after byte
     `since` (`Prefill batch, #new-seq`; bench_serving sends one warm-up request first), then
     `lines` more decode lines. A window opened earlier holds the warm-up's and the ramp's
-    micro-batches, not the load the benchmark measures."""
+    micro-batches, not the load the benchmark measures. Refused on a server without
+    ppscope's recipe: its decode lines come one in 40 steps (`recipe_only`)."""
+    recipe_only(server, "waiting for the load by its decode lines")
     deadline = time.monotonic() + timeout_s
     mark = None
     while time.monotonic() < deadline:
@@ -137,7 +147,9 @@ def wait_load(server, since: int, concurrency: int, lines: int, timeout_s: float
 
 def wait_idle(server, timeout_s: float = 60.0) -> None:
     """Until no request runs on any rank (`sglang:num_running_reqs` 0 in /metrics, read by
-    microbench/sglang/metrics.py)."""
+    microbench/sglang/metrics.py). Refused on a server without ppscope's recipe: it has no
+    /metrics, and the wait would end at once on its 404, not when the server is idle."""
+    recipe_only(server, "waiting for the server to be idle by /metrics")
     from microbench.sglang.metrics import parse_metrics
     from reports.base.errors import CliError
     deadline = time.monotonic() + timeout_s

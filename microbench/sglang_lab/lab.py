@@ -19,6 +19,7 @@ from microbench.sglang_lab.cases import Case, Group
 from microbench.sglang_lab.server import LabServer, ServerSpec
 from microbench.sglang_lab.venv import (LabError, check_sglang_python, claim_lab_dir,
                                         ensure_model, ensure_venv, inject_path, sharegpt_file)
+from reports.base.server_flags import RECIPE_ARGS
 
 PROFILE_S = 2.5
 
@@ -87,6 +88,14 @@ FLUSH_CACHE = True
 
 def run_case(case: Case, server: LabServer, bench: drive.BenchSpec, fault_file: Path,
              default_mmb: int | None, out: Path, header: str) -> Path:
+    # a server without ppscope's recipe (cases.recipe_plan's baseline) has no /metrics and logs
+    # one decode line in 40: nothing here reads either from it, and a case that would is refused
+    # before it starts (its profiled window waits on decode lines and /metrics, the live probe
+    # scrapes /metrics)
+    recipe = server.spec.recipe
+    if not recipe and (case.profile or case.stacks or case.live):
+        raise LabError(f"{case.name}: a profiled window or the live probe on a server started "
+                       f"without ppscope's recipe ({' '.join(RECIPE_ARGS)})")
     tmp = out / ".partial" / case.name
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -100,7 +109,8 @@ def run_case(case: Case, server: LabServer, bench: drive.BenchSpec, fault_file: 
     start = server.log_size()
     # /metrics holds counters since the server started: a scrape at the case's start and one at
     # its end give the case's own window (`ppscope sglang --metrics A --metrics B`)
-    drive.scrape_metrics(server.url, tmp / "metrics-start.txt")
+    if recipe:
+        drive.scrape_metrics(server.url, tmp / "metrics-start.txt")
     seed0 = 1000 + zlib.crc32(case.name.encode()) % 100000
     hog_core = hog_core_of(case, server)
     try:
@@ -136,7 +146,8 @@ def run_case(case: Case, server: LabServer, bench: drive.BenchSpec, fault_file: 
                             p.kill()
                             p.wait()
                 drive.wait_idle(server)
-            drive.scrape_metrics(server.url, tmp / "metrics.txt")
+            if recipe:
+                drive.scrape_metrics(server.url, tmp / "metrics.txt")
             if case.live:
                 say(f"{case.name}: ppscope's live probe C={case.concurrency}")
                 r = subprocess.run([sys.executable, "-m", "reports.cli", "sglang", "--url",
@@ -155,6 +166,7 @@ def run_case(case: Case, server: LabServer, bench: drive.BenchSpec, fault_file: 
         "case": asdict(case), "pp": server.spec.pp, "device": server.spec.device,
         "extra_args": list(server.spec.extra_args), "pp_max_micro_batch_size": mmb,
         "env": {k: v for k, v in server.spec.env.items() if k.startswith("SGLANG_")},
+        "recipe": recipe,     # started with --enable-metrics --decode-log-interval 1
         "server": asdict(server.choices) if server.choices else None, "hog_core": hog_core,
         "started_unix": t0, "seconds": time.time() - t0,
         "input_len": bench.input_len, "output_len": bench.output_len,
@@ -282,9 +294,10 @@ def run_lab(cfg: LabConfig) -> int:
         spec = ServerSpec(python=python, model=model, pp=g.pp, device=cfg.device,
                           extra_args=g.extra_args, env={"PPSCOPE_LAB_FAULT_FILE": str(fault_file),
                                                           "PYTHONPATH": str(inject_path()),
-                                                          **dict(g.env)})
+                                                          **dict(g.env)}, recipe=g.recipe)
         logdir = cfg.out / ".partial"
-        shown = list(g.extra_args) + [f"{k}={v}" for k, v in g.env]
+        shown = list(g.extra_args) + [f"{k}={v}" for k, v in g.env] + (
+            [] if g.recipe else ["SGLang's defaults (no recipe)"])
         say(f"starting SGLang (pp={g.pp}, {cfg.device}{', ' + ' '.join(shown) if shown else ''})")
         with LabServer(spec, logdir / f"server-{g.name}.log", logdir / f"traces-{g.name}") as server:
             bench = drive.BenchSpec(python=python, url=server.url, model=model, dataset=dataset,

@@ -64,8 +64,15 @@ def register(subparsers) -> None:
                    "away (SGLANG_PP_LAYER_PARTITION), the servers alternating, C = 8, the "
                    "default server's window profiled with SGLang's defaults (stacks: the layers' "
                    "module events time them) (cases sp-*)")
+    p.add_argument("--recipe", action="store_true",
+                   help="what ppscope's recipe (--enable-metrics --decode-log-interval 1, with "
+                   "which every other plan starts SGLang) costs the server: per round a server "
+                   "with SGLang's defaults (neither flag) then one with the recipe, C = 8, two "
+                   "bench runs each, nothing profiled (cases rc-*; the table at the end, again "
+                   "with `python -m reports.lab.recipe OUT`)")
     p.add_argument("--rounds", type=int, default=None, metavar="N",
-                   help="--whatif-restart, --split: rounds of the alternating servers (default 2; every "
+                   help="--recipe: rounds of the two servers (default 3); "
+                   "--whatif-restart, --split: rounds of the alternating servers (default 2; every "
                    "round's default servers profiled, the before evidence of each, and the "
                    "first round's others); --sizes: rounds of a clean server, a control "
                    "clean server and every fault, two bench runs each (default 1: the plan "
@@ -116,8 +123,12 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+# the plans other than the default one, by their flag
+PLANS = ("quick", "sizes", "whatif", "whatif_live", "whatif_restart", "split", "recipe")
+
+
 def _plan(args):
-    from microbench.sglang_lab.cases import (default_plan, sizes_plan, split_plan,
+    from microbench.sglang_lab.cases import (default_plan, recipe_plan, sizes_plan, split_plan,
                                              whatif_live_plan, whatif_plan, whatif_restart_plan)
     if not 2 <= args.pp <= max(2, os.cpu_count() or 2):
         raise CliError(f"--pp must be between 2 and the number of cores "
@@ -126,7 +137,12 @@ def _plan(args):
         raise CliError(f"--async-depth must be between 0 and 64, got {args.async_depth}")
     if args.rounds is not None and not 1 <= args.rounds <= 10:
         raise CliError(f"--rounds must be between 1 and 10, got {args.rounds}")
-    if args.sizes:
+    plans = [f"--{n.replace('_', '-')}" for n in PLANS if getattr(args, n)]
+    if len(plans) > 1:
+        raise CliError(f"{' and '.join(plans)} are two plans: give one of them")
+    if args.recipe:
+        plan = recipe_plan(args.pp, rounds=args.rounds or 3)
+    elif args.sizes:
         plan = sizes_plan(args.pp, rounds=args.rounds or 1)
     elif args.whatif:
         plan = whatif_plan(args.pp)
@@ -203,7 +219,8 @@ def run(args: argparse.Namespace) -> int:
         width = max((len(c.name) for g in plan for c in g.cases), default=12)
         for g in plan:
             for c in g.cases:
-                shown = ' '.join(list(g.extra_args) + [f'{k}={v}' for k, v in g.env])
+                shown = ' '.join(list(g.extra_args) + [f'{k}={v}' for k, v in g.env]
+                                 + ([] if g.recipe else ["SGLang's defaults (no recipe)"]))
                 hog = "" if c.hog_rank is None else f" hog on rank {c.hog_rank}'s core"
                 print(f"{c.name:{width}s} pp={g.pp}{' ' + shown if shown else ''} C={c.concurrency:<3d} {c.fault or ''}"
                       f"{hog}"
@@ -216,6 +233,9 @@ def run(args: argparse.Namespace) -> int:
         v = getattr(args, name)
         if v and not Path(v).exists():
             raise CliError(f"--{name.replace('_', '-')}: {v} does not exist")
+    if args.analyse_only and args.recipe:    # nothing of the plan is profiled: only its table
+        _recipe_table(args, out)
+        return 0
     if args.analyse_only:
         dirs = sorted(d for d in out.glob("*") if (d / "case.json").exists()
                       and ((d / "traces").is_dir() or (d / "sglang.json").is_file())
@@ -248,7 +268,16 @@ def run(args: argparse.Namespace) -> int:
     except LabError as e:
         raise CliError(str(e)) from None
     _whatif_table(args, out)
+    _recipe_table(args, out)
     return rc
+
+
+def _recipe_table(args, out: Path) -> None:
+    """With the recipe plan: its cost per round and over all (reports/lab/recipe.py)."""
+    if not args.recipe:
+        return
+    from reports.lab.recipe import recipe_cost, render
+    print(render(*recipe_cost(out)))
 
 
 def _whatif_table(args, out: Path) -> None:

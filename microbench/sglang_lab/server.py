@@ -1,6 +1,9 @@
 """Start SGLang's own server for the lab, and stop it by its PID.
 
-`sglang.launch_server` on 127.0.0.1 with `--pp-size N --enable-metrics --decode-log-interval 1`.
+`sglang.launch_server` on 127.0.0.1 with `--pp-size N` and ppscope's recipe, `--enable-metrics
+--decode-log-interval 1` (reports/base/server_flags.py `RECIPE_ARGS`), unless the server is the
+recipe's own baseline (`ServerSpec.recipe` False: SGLang's defaults, no /metrics, a decode log
+line every 40 steps; cases.py `recipe_plan`).
 On a CPU (`device="cpu"`): SGLang's CPU engine (`SGLANG_USE_CPU_ENGINE=1`), gloo between the PP
 ranks, `--attention-backend torch_native --disable-cuda-graph`, random weights
 (`--load-format dummy`), one OpenMP thread per rank (`OMP_NUM_THREADS=1`: on an AVX2-only host
@@ -36,6 +39,7 @@ from pathlib import Path
 from microbench.sglang_lab.lab_env import NO_NCCL, child_env, hides_gpu, torch_cuda_version  # noqa: F401
 from microbench.sglang_lab.tree_core import TREE_CORE_ENV, choose_tree_core
 from microbench.sglang_lab.venv import LabError
+from reports.base.server_flags import RECIPE_ARGS
 
 READY = "The server is fired up and ready to roll"
 RANK_CORES_ENV = "PPSCOPE_LAB_RANK_CORES"     # "C0,C1,...": the core of each rank (boot/inject/)
@@ -56,6 +60,9 @@ class ServerSpec:
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     max_total_tokens: int = 16384
+    # started with ppscope's recipe (RECIPE_ARGS); False: SGLang's defaults, whose server has no
+    # /metrics and logs one decode line in 40, so nothing of the lab may read either from it
+    recipe: bool = True
 
     @property
     def cwd(self) -> Path:
@@ -66,8 +73,9 @@ class ServerSpec:
 
 def launch_args(spec: ServerSpec, port: int) -> list[str]:
     args = [str(spec.python), "-m", "sglang.launch_server", "--model-path", spec.model.name,
-            "--pp-size", str(spec.pp), "--tp-size", "1", "--host", "127.0.0.1", "--port", str(port),
-            "--enable-metrics", "--decode-log-interval", "1"]
+            "--pp-size", str(spec.pp), "--tp-size", "1", "--host", "127.0.0.1", "--port", str(port)]
+    if spec.recipe:
+        args += RECIPE_ARGS
     if spec.device == "cpu":
         args += ["--load-format", "dummy", "--device", "cpu", "--disable-cuda-graph",
                  "--attention-backend", "torch_native", "--max-total-tokens",

@@ -85,6 +85,14 @@ HOST_FLAGS = (
     ServerFlag("stream_interval", "--stream-interval", "stream_interval"),
     ServerFlag("scheduler_recv_interval", "--scheduler-recv-interval", "scheduler_recv_interval"),
 )
+HOST_BY_SETTING = {f.setting: f for f in HOST_FLAGS}
+# ppscope's recipe: what its readings of a server need SGLang to be started with. SGLang's
+# defaults are metrics off (no /metrics endpoint) and a decode log line every 40 decode steps
+# (SGLang 0.5.23 srt/arg_groups/fields/observability.py: `enable_metrics = False`,
+# `decode_log_interval = 40`); the log reader reads every decode step's slot size, so one line
+# per step. `python -m reports.lab.recipe` reads what the recipe costs the server.
+RECIPE_ARGS = (HOST_BY_SETTING["enable_metrics"].flag,
+               HOST_BY_SETTING["decode_log_interval"].flag, "1")
 BY_FLAG = {f.flag: f for f in SERVER_FLAGS}
 BY_SETTING = {f.setting: f for f in SERVER_FLAGS}
 CAP = BY_SETTING["pp_max_micro_batch_size"]

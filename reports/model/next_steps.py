@@ -4,7 +4,8 @@ describes (its pipeline size, the concurrencies the user measured, the concurren
 herd is modelled), with every value filled in and ppscope called the way it runs here
 (reports/base/invocation.py), so that each command runs as pasted or stops with one line
 naming what is missing (a GPU, a server, SGLang). SGLang flags and endpoints as in SGLang 0.5.x
-(`srt/server_args.py`: `--enable-metrics`, `--pp-max-micro-batch-size`;
+(`srt/server_args.py`: `--pp-max-micro-batch-size`; ppscope's recipe flags from
+reports/base/server_flags.py `RECIPE_ARGS`;
 `srt/entrypoints/http_server.py`: `/start_profile`, `/stop_profile`, `/metrics`,
 `/set_internal_state`; the profiler writes one Kineto trace per rank under
 `SGLANG_TORCH_PROFILER_DIR`); `python3 -m sglang.bench_serving --output-file` appends one JSON
@@ -13,6 +14,7 @@ line per run.
 from __future__ import annotations
 
 from reports.base.invocation import ppscope_command, python_command
+from reports.base.server_flags import RECIPE_ARGS
 from reports.model.report_type import Report, ServerDiagnosis, Step
 
 URL = "http://127.0.0.1:30000"
@@ -69,8 +71,8 @@ def next_steps(rep: Report, concurrencies: list[int], pp: int, model: str = "kim
             "requests arrived). Set MODEL_PATH to your model first.",
             (f"export SGLANG_TORCH_PROFILER_DIR={TRACES}",
              'python3 -m sglang.launch_server --model-path "${MODEL_PATH:?set MODEL_PATH to '
-             f'your model}}" --pp-size {pp} --host 127.0.0.1 --port 30000 --enable-metrics '
-             "--decode-log-interval 1 2>&1 | tee server.log")))
+             f'your model}}" --pp-size {pp} --host 127.0.0.1 --port 30000 '
+             f"{' '.join(RECIPE_ARGS)} 2>&1 | tee server.log")))
     out.append(Step(
         "Measure throughput at each concurrency you care about (one bench_serving run per C, "
         "appended to bench.jsonl); the report takes the observed tok/s from this file (never "

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from reports.base.payloads.sglang import Dist, SlotImbalance
+from reports.base.recipe_cost import RecipeCost
 from reports.base.schema import Json, from_json, if_set, to_json
 from reports.model.scenario.arrival import Alternatives
 from reports.model.attribution import Row
@@ -187,6 +188,16 @@ class ServerSummary:
     busy_over_time: dict[str, BusyOverTime]     # by PP rank
     notes: tuple[str, ...]
     metrics_lines: tuple[str, ...] = ()   # the /metrics window (reports/model/observed/metrics_verdicts.py)
+
+
+@dataclass(frozen=True)
+class RecipeNote:
+    """ppscope's recipe on a report that reads the server's log (report_build `recipe_note`):
+    the flags the log's readings need, and what the lab measured them to cost the server
+    (reports/base/recipe_cost.py, the record shipped as `record`); None: not measured."""
+    flags: tuple[str, ...]
+    record: str
+    measured: RecipeCost | None = None
 
 
 @dataclass(frozen=True)
@@ -414,6 +425,8 @@ class Report:
     measure_your_server: tuple[Step, ...] = ()
     answer: tuple[str, ...] = ()
     measured_timeline: tuple[TimelineSummary, ...] | None = if_set()
+    # where the report reads the server's log: what ppscope's recipe costs (report_build)
+    recipe: RecipeNote | None = if_set()
 
     def to_json(self) -> dict:
         """The report.json dict (tuples as lists, parts without evidence left out)."""

@@ -367,6 +367,9 @@ def server_lines(rep: Report) -> list[str]:
     out += srv.moe_kernel_lines
     out += srv.attention_lines
     out += srv.metrics_lines
+    if rep.recipe is not None:    # the log's readings need the recipe: what it costs
+        from reports.render.recipe_line import recipe_line
+        out.append(recipe_line(rep.recipe))
     return out + [f"Note: {n}." for n in srv.notes]
 
 

@@ -1,5 +1,6 @@
 """The report in the terminal: the answer table and its sentences (reports/render/answer_table.py),
-one line on the user's server when sglang.json is there, and where the rest is. At most 25 lines
+one line on the user's server when sglang.json is there (with the cost of ppscope's recipe where
+its log is read), and where the rest is. At most 25 lines
 at 100 columns for the built-in scenario and a server's evidence (tests/test_report_render.py);
 the what-ifs, the attribution and the timelines are in report.md and report.html.
 """
@@ -51,6 +52,9 @@ def terminal_summary(rep: Report, width: int = 100, results_label: str = "result
                    f"{where}/)")
     out += terminal_answer(rep, width)
     srv = server_line(rep)
+    if rep.recipe is not None:   # the log's readings need the recipe: what it costs
+        from reports.render.recipe_line import recipe_clause
+        srv = (srv + "; " if srv else "") + recipe_clause(rep.recipe)
     if srv:
         out += textwrap.wrap(srv, width, subsequent_indent="  ")
     return "\n".join(out)
