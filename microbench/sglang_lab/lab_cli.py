@@ -64,10 +64,17 @@ def register(subparsers) -> None:
                    "away (SGLANG_PP_LAYER_PARTITION), the servers alternating, C = 8, the "
                    "default server's window profiled with SGLang's defaults (stacks: the layers' "
                    "module events time them) (cases sp-*)")
+    p.add_argument("--fixes", action="store_true",
+                   help="the report's fix for each fault, applied and measured: SGLang's "
+                   "defaults with a slow stage on each rank, a slow hop and a host delay (two "
+                   "bench runs each, profiled), then the same fault with one layer moved off the "
+                   "slow rank (SGLANG_PP_LAYER_PARTITION) or --pp-async-batch-depth 1, the "
+                   "servers alternating (cases fx-*; the table at the end, again with "
+                   "`python -m reports.lab.fixes OUT`)")
     p.add_argument("--rounds", type=int, default=None, metavar="N",
-                   help="--whatif-restart, --split: rounds of the alternating servers (default 2; every "
-                   "round's default servers profiled, the before evidence of each, and the "
-                   "first round's others); --sizes: rounds of a clean server, a control "
+                   help="--whatif-restart, --split, --fixes: rounds of the alternating servers (default 2; every "
+                   "round's default servers profiled, the before evidence of each, and, with "
+                   "--whatif-restart, the first round's others); --sizes: rounds of a clean server, a control "
                    "clean server and every fault, two bench runs each (default 1: the plan "
                    "without controls)")
     p.add_argument("--list", action="store_true", help="print the plan and exit")
@@ -117,7 +124,7 @@ def register(subparsers) -> None:
 
 
 def _plan(args):
-    from microbench.sglang_lab.cases import (default_plan, sizes_plan, split_plan,
+    from microbench.sglang_lab.cases import (default_plan, fixes_plan, sizes_plan, split_plan,
                                              whatif_live_plan, whatif_plan, whatif_restart_plan)
     if not 2 <= args.pp <= max(2, os.cpu_count() or 2):
         raise CliError(f"--pp must be between 2 and the number of cores "
@@ -126,12 +133,15 @@ def _plan(args):
         raise CliError(f"--async-depth must be between 0 and 64, got {args.async_depth}")
     if args.rounds is not None and not 1 <= args.rounds <= 10:
         raise CliError(f"--rounds must be between 1 and 10, got {args.rounds}")
+    _fixes_alone(args)
     if args.sizes:
         plan = sizes_plan(args.pp, rounds=args.rounds or 1)
     elif args.whatif:
         plan = whatif_plan(args.pp)
     elif args.whatif_live:
         plan = whatif_live_plan(args.pp)
+    elif args.fixes:
+        plan = fixes_plan(args.pp, layers=_fixes_layers(args), rounds=args.rounds or 2)
     elif args.whatif_restart or args.split:
         rounds = args.rounds or 2
         plan = (split_plan(args.pp, rounds=rounds) if args.split else
@@ -232,6 +242,7 @@ def run(args: argparse.Namespace) -> int:
         write_json(out / "summary.json", rows)
         print(render(rows))
         _whatif_table(args, out)
+        _fixes_table(args, out)
         failed = [r["case"] for r in rows
                   if r.get("analysis_error") and r["case"] in {d.name for d in dirs}]
         if failed:
@@ -248,6 +259,7 @@ def run(args: argparse.Namespace) -> int:
     except LabError as e:
         raise CliError(str(e)) from None
     _whatif_table(args, out)
+    _fixes_table(args, out)
     return rc
 
 
@@ -260,3 +272,41 @@ def _whatif_table(args, out: Path) -> None:
     w, lp = whatif_rows(out), loop_rows(out)
     write_json(out / "whatifs.json", {"whatifs": w, "loop": lp})
     print(render(w, lp))
+
+
+def _fixes_alone(args) -> None:
+    """--fixes is a plan of its own: another plan's flag with it is refused, not dropped."""
+    if not args.fixes:
+        return
+    others = [f"--{n.replace('_', '-')}" for n in ("quick", "sizes", "whatif", "whatif_live",
+                                                    "whatif_restart", "split")
+              if getattr(args, n)]
+    if others:
+        raise CliError(f"--fixes is a plan of its own: give it without {', '.join(others)}")
+
+
+def _fixes_layers(args) -> int:
+    """The served model's decoder layers, which the split the lab applies is made from: the
+    lab's tiny model's, else those of --model-path's config.json."""
+    from microbench.sglang_lab.venv import MODEL_LAYERS
+    if not args.model_path:
+        return MODEL_LAYERS
+    from reports.base.model_config import ConfigError, load_model
+    cfg = Path(args.model_path) / "config.json"
+    try:
+        return load_model(cfg).num_layers
+    except (ConfigError, OSError, ValueError) as e:
+        raise CliError(f"--fixes: the layers of --model-path are not known ({cfg}: "
+                       f"{str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+
+
+def _fixes_table(args, out: Path) -> None:
+    """With --fixes: the report's fix for each fault against what it measured
+    (reports/lab/fixes.py), printed and kept as OUT/fixes.json."""
+    if not args.fixes:
+        return
+    from microbench.sglang_lab.drive import write_json
+    from reports.lab.fixes import fix_rows, render
+    rows = fix_rows(out)
+    write_json(out / "fixes.json", [r.to_json() for r in rows])
+    print(render(rows))

@@ -10,7 +10,7 @@ from statistics import mean
 from reports.model.compare import change_interval
 
 
-def _bench(case_dir: Path) -> list[float]:
+def bench_tok_per_s(case_dir: Path) -> list[float]:
     """Output tok/s of each bench_serving run of the case (reports/base/bench_serving.py)."""
     from reports.base.bench_serving import read_bench
     p = case_dir / "bench.jsonl"
@@ -63,7 +63,7 @@ def summarise(out: Path) -> list[dict]:
     rows, tok = [], {}
     dirs = sorted(d for d in out.iterdir() if (d / "case.json").exists())
     for d in dirs:
-        tok[d.name] = _bench(d)
+        tok[d.name] = bench_tok_per_s(d)
     for d in dirs:
         case = read_case(d)
         t = tok[d.name]

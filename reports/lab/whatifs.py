@@ -34,6 +34,7 @@ import sys
 from pathlib import Path
 from statistics import median
 
+from reports.lab.summary import bench_tok_per_s
 from reports.model.settings_change import LAYER_PARTITION
 
 TARGET_REL = 0.25
@@ -41,15 +42,6 @@ TARGET_REL = 0.25
 
 def _case(d: Path) -> dict:
     return json.loads((d / "case.json").read_text())
-
-
-def _tok(d: Path) -> list[float]:
-    from reports.base.bench_serving import read_bench
-    p = d / "bench.jsonl"
-    if not p.exists():
-        return []
-    return [float(r["output_throughput"]) for r in read_bench(str(p))["runs"]
-            if r.get("output_throughput") is not None]
 
 
 def change_of(after: dict, before: dict) -> tuple[str, object] | None:
@@ -94,7 +86,7 @@ def loop_rows(out: Path, records: Path | None = None) -> list[dict]:
     for d in sorted(p for p in out.iterdir() if (rec / p.name / "sglang.json").exists()):
         c = _case(d)
         dep, server, load, _ = _evidence(rec / d.name / "sglang.json")
-        tok = _tok(d)
+        tok = bench_tok_per_s(d)
         if not tok:
             continue
         meas = median(tok)
@@ -158,8 +150,8 @@ def whatif_rows(out: Path, records: Path | None = None) -> list[dict]:
         if ch is None:
             continue
         knob, value = ch
-        a = [x for d in dirs for x in _tok(d)]
-        b = [x for d in by[base] for x in _tok(d)]
+        a = [x for d in dirs for x in bench_tok_per_s(d)]
+        b = [x for d in by[base] for x in bench_tok_per_s(d)]
         if not a or not b:
             continue
         dep, server, load, _ = _evidence(ev)
