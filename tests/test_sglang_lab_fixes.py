@@ -267,6 +267,25 @@ def test_a_split_other_than_the_reports_is_said_with_both_and_not_judged(lab_out
     assert "no: report 3,1, lab 1,3" in fixes.render([r])
 
 
+def test_a_split_the_report_could_not_estimate_is_said_and_not_judged(reports_, tmp_path):
+    # the report of a window without stacks whose layers were not given: no layer_split
+    rep = json.loads(reports_["slow-stage"].read_text())
+    del rep["diagnosis"]["layer_split"]
+    rep["server_whatifs"]["rows"] = [r for r in rep["server_whatifs"]["rows"]
+                                     if r["knob"] != LAYER_PARTITION]
+    (tmp_path / "report.json").write_text(json.dumps(rep))
+    out = tmp_path / "lab"
+    _case(out, "fx-slow1-c8.1", "slow-stage=1:2", [100.0, 104.0], expect="slow_stage",
+          report=tmp_path / "report.json")
+    _case(out, "fx-slow1-split-c8.1", "slow-stage=1:2", [120.0, 124.0],
+          baseline="fx-slow1-c8.1", env={PARTITION_ENV: "3,1"})
+    (r,) = fixes.fix_rows(out)
+    assert r.fix.value is None and "not estimated" in r.fix.note
+    assert r.applied_is_reports is False and r.predicted_pct is None and r.right_sign is None
+    text = fixes.render([r])
+    assert f"{LAYER_PARTITION}: not estimated" in text and "no: report none" in text
+
+
 def test_host_work_has_no_server_setting_and_nothing_is_applied(lab_out):
     out, _ = lab_out
     r = {x.before: x for x in fixes.fix_rows(out)}["fx-host-c8.2"]

@@ -59,7 +59,7 @@ class ReportFix:
     note: str = ""
 
     def text(self) -> str:
-        if self.knob is None:
+        if self.knob is None or self.value is None or self.gain_pct is None:
             return self.note
         ci = f" ({self.gain_ci[0]:+.1f} to {self.gain_ci[1]:+.1f})" if self.gain_ci else ""
         tried = "" if self.offered else " (tried, not offered: gains too little)"
