@@ -31,6 +31,10 @@ class Case:
     # the profiled window's own load, when it is not the benchmark's: a window that holds
     # another C (a warm-up, a tail), which the report must say is not the benchmark's load
     window_concurrency: int | None = None
+    # the server's layers per rank ("2,2": SGLANG_PP_LAYER_PARTITION, else SGLang's even split
+    # of the model's layers), given to `ppscope sglang --layer-partition` so that the report
+    # can offer the layer split from a window without module events ("": not given)
+    layer_partition: str = ""
 
 
 @dataclass(frozen=True)
@@ -261,4 +265,56 @@ def recipe_plan(pp: int = 2, rounds: int = 3) -> tuple[Group, ...]:
         out.append(Group(f"rc-recipe-{k}", pp, (), (
             Case(f"rc-recipe-c{RECIPE_C}.{k}", RECIPE_C, reps=RECIPE_REPS, baseline=base,
                  profile=False),)))
+    return tuple(out)
+
+
+def _one_layer_off(base: list[int], rank: int) -> str:
+    """`base` with one layer moved off `rank` onto its neighbour (the next rank; the last
+    rank's onto the one before it), as SGLANG_PP_LAYER_PARTITION writes it."""
+    c = list(base)
+    c[rank] -= 1
+    c[rank + 1 if rank + 1 < len(c) else rank - 1] += 1
+    return ",".join(map(str, c))
+
+
+def fixes_plan(pp: int = 2, layers: int = 4, rounds: int = 2, C: int = 8
+               ) -> tuple[Group, ...]:
+    """The report's fix for each fault, applied and measured (reports/lab/fixes.py). Per round,
+    the servers alternating so that a change of the machine's load falls on every side alike:
+    SGLang's defaults with each fault in turn, two bench runs each, each profiled (the before
+    evidence the report's fix is read from: `fx-slow<last>`, `fx-slow0`, `fx-hop`, `fx-host`);
+    then the fix the report can give, on a server of its own with the same fault, measured
+    against that default case (not profiled): one layer moved off the slow rank
+    (SGLANG_PP_LAYER_PARTITION, from the model's `layers` and pp as SGLang splits them), and
+    `--pp-async-batch-depth 1` for the slow hop. The host delay has no server setting in the
+    report (render/answer_table.py NO_SETTING): nothing is applied to it.
+
+    The default servers' cases carry the even split (`layer_partition`): their windows are
+    profiled without stacks, so the layers each rank runs come from SGLang's rule, and one
+    layer's cost from each rank's own forward (the slow stage's fault stretches the whole
+    forward, reports/model/observed/layer_split.py)."""
+    from reports.base.partition import layer_counts
+    last = pp - 1
+    base = layer_counts(layers, pp)
+    even = ",".join(map(str, base))
+    faults = ((f"slow{last}", f"slow-stage={last}:2", "slow_stage"),
+              ("slow0", "slow-stage=0:2", "slow_stage"),
+              ("hop", "hop-delay=0:4000", "hop"),
+              ("host", "host-delay=0:4000", "host"))
+    fault_of = {tag: f for tag, f, _ in faults}
+    reps = 2
+    out = []
+    for k in range(1, rounds + 1):
+        out.append(Group(f"fx-default-{k}", pp, (), tuple(
+            Case(f"fx-{tag}-c{C}.{k}", C, fault=f, reps=reps, baseline="", expect=cause,
+                 layer_partition=even) for tag, f, cause in faults)))
+        for rank in (last, 0):
+            tag, split = f"slow{rank}", _one_layer_off(base, rank)
+            out.append(Group(f"fx-{tag}-split-{k}", pp, (), (
+                Case(f"fx-{tag}-split-c{C}.{k}", C, fault=fault_of[tag], reps=reps,
+                     baseline=f"fx-{tag}-c{C}.{k}", expect="slow_stage", profile=False,
+                     layer_partition=split),), env=((PARTITION_ENV, split),)))
+        out.append(Group(f"fx-hop-depth1-{k}", pp, ("--pp-async-batch-depth", "1"), (
+            Case(f"fx-hop-depth1-c{C}.{k}", C, fault=fault_of["hop"], reps=reps,
+                 baseline=f"fx-hop-c{C}.{k}", expect="hop", profile=False),)))
     return tuple(out)

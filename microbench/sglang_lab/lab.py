@@ -215,6 +215,8 @@ def analyse_case(case_dir: Path) -> dict:
                  str(case_dir / "traces"), "--metrics", *metrics,
                  "--bench", str(case_dir / "bench.jsonl"), "--concurrency", str(c["concurrency"]),
                  "--json", str(case_dir / "sglang.json")]
+    if c.get("layer_partition"):     # the layers each rank runs (cases.py), for the split
+        args += ["--layer-partition", c["layer_partition"]]
     out = {}
     report = py + ["report", "--results", str(case_dir)]
     base = case_dir.parent / (c.get("baseline") or "") / "report.json"

@@ -70,11 +70,19 @@ def register(subparsers) -> None:
                    "with SGLang's defaults (neither flag) then one with the recipe, C = 8, two "
                    "bench runs each, nothing profiled (cases rc-*; the table at the end, again "
                    "with `python -m reports.lab.recipe OUT`)")
+    p.add_argument("--fixes", action="store_true",
+                   help="the report's fix for each fault, applied and measured: SGLang's "
+                   "defaults with a slow stage on each rank, a slow hop and a host delay (two "
+                   "bench runs each, profiled), then the same fault with one layer moved off the "
+                   "slow rank (SGLANG_PP_LAYER_PARTITION) or --pp-async-batch-depth 1, the "
+                   "servers alternating (cases fx-*; the table at the end, again with "
+                   "`python -m reports.lab.fixes OUT`)")
     p.add_argument("--rounds", type=int, default=None, metavar="N",
                    help="--recipe: rounds of the two servers (default 3); "
-                   "--whatif-restart, --split: rounds of the alternating servers (default 2; every "
-                   "round's default servers profiled, the before evidence of each, and the "
-                   "first round's others); --sizes: rounds of a clean server, a control "
+                   "--whatif-restart, --split, --fixes: rounds of the alternating servers "
+                   "(default 2; every round's default servers profiled, the before evidence of "
+                   "each, and, with --whatif-restart, the first round's others); --sizes: rounds "
+                   "of a clean server, a control "
                    "clean server and every fault, two bench runs each (default 1: the plan "
                    "without controls)")
     p.add_argument("--list", action="store_true", help="print the plan and exit")
@@ -124,12 +132,14 @@ def register(subparsers) -> None:
 
 
 # the plans other than the default one, by their flag
-PLANS = ("quick", "sizes", "whatif", "whatif_live", "whatif_restart", "split", "recipe")
+PLANS = ("quick", "sizes", "whatif", "whatif_live", "whatif_restart", "split", "recipe",
+         "fixes")
 
 
 def _plan(args):
-    from microbench.sglang_lab.cases import (default_plan, recipe_plan, sizes_plan, split_plan,
-                                             whatif_live_plan, whatif_plan, whatif_restart_plan)
+    from microbench.sglang_lab.cases import (default_plan, fixes_plan, recipe_plan, sizes_plan,
+                                             split_plan, whatif_live_plan, whatif_plan,
+                                             whatif_restart_plan)
     if not 2 <= args.pp <= max(2, os.cpu_count() or 2):
         raise CliError(f"--pp must be between 2 and the number of cores "
                        f"({os.cpu_count()}), got {args.pp}")
@@ -148,6 +158,8 @@ def _plan(args):
         plan = whatif_plan(args.pp)
     elif args.whatif_live:
         plan = whatif_live_plan(args.pp)
+    elif args.fixes:
+        plan = fixes_plan(args.pp, layers=_fixes_layers(args), rounds=args.rounds or 2)
     elif args.whatif_restart or args.split:
         rounds = args.rounds or 2
         plan = (split_plan(args.pp, rounds=rounds) if args.split else
@@ -252,6 +264,7 @@ def run(args: argparse.Namespace) -> int:
         write_json(out / "summary.json", rows)
         print(render(rows))
         _whatif_table(args, out)
+        _fixes_table(args, out)
         failed = [r["case"] for r in rows
                   if r.get("analysis_error") and r["case"] in {d.name for d in dirs}]
         if failed:
@@ -269,6 +282,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     _whatif_table(args, out)
     _recipe_table(args, out)
+    _fixes_table(args, out)
     return rc
 
 
@@ -289,3 +303,30 @@ def _whatif_table(args, out: Path) -> None:
     w, lp = whatif_rows(out), loop_rows(out)
     write_json(out / "whatifs.json", {"whatifs": w, "loop": lp})
     print(render(w, lp))
+
+
+def _fixes_layers(args) -> int:
+    """The served model's decoder layers, which the split the lab applies is made from: the
+    lab's tiny model's, else those of --model-path's config.json."""
+    from microbench.sglang_lab.venv import MODEL_LAYERS
+    if not args.model_path:
+        return MODEL_LAYERS
+    from reports.base.model_config import ConfigError, load_model
+    cfg = Path(args.model_path) / "config.json"
+    try:
+        return load_model(cfg).num_layers
+    except (ConfigError, OSError, ValueError) as e:
+        raise CliError(f"--fixes: the layers of --model-path are not known ({cfg}: "
+                       f"{str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+
+
+def _fixes_table(args, out: Path) -> None:
+    """With --fixes: the report's fix for each fault against what it measured
+    (reports/lab/fixes.py), printed and kept as OUT/fixes.json."""
+    if not args.fixes:
+        return
+    from microbench.sglang_lab.drive import write_json
+    from reports.lab.fixes import fix_rows, render
+    rows = fix_rows(out)
+    write_json(out / "fixes.json", [r.to_json() for r in rows])
+    print(render(rows))
