@@ -7,7 +7,7 @@ import json
 import pytest
 
 from reports.cli import main
-from reports.model.sim import loop_builder as lb
+from reports.model.scenario import loop_builder as lb
 from reports.model.causes import HERD, HYPOTHESES
 from reports.model.sim.pipeline_model import Span
 from reports.model.report_type import Report

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from reports.cli import main
-from reports.model.sim import bench_run as ow
+from reports.model.observed import bench_run as ow
 from reports.model.observed import whatifs as sw
 from reports.model.settings_change import WhatIf, effect
 

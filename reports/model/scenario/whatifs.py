@@ -36,7 +36,7 @@ import math
 from dataclasses import replace
 from typing import Sequence
 
-from reports.model.sim import loop_builder as lb
+from reports.model.scenario import loop_builder as lb
 from reports.base.cuda_graphs import capture_sizes
 from reports.base.interp import interp_linear
 from reports.base.partition import layer_counts

@@ -517,7 +517,7 @@ def simulate_plan(plan: Plan) -> dict[int, float]:
 def run_key(cfg: LoopConfig, slot_sizes: Sequence[int]) -> LoopConfig:
     """What `simulate(cfg, slot_sizes)` reads of `cfg`: its cost tables only at the batch sizes
     that run (in size order), every other field as it is. Two loops with the same key give the
-    same result, so a caller memoising runs (reports/model/sim/loop_builder.py) runs them once;
+    same result, so a caller memoising runs (reports/model/scenario/loop_builder.py) runs them once;
     loops that differ only at sizes no slot holds (another graph padding of an unused size, a
     table built to a larger size) are one run. `cfg` itself when a size has no cost."""
     used = sorted({n for n in slot_sizes if n})
