@@ -30,7 +30,7 @@ from reports.model.scenario.inputs import Inputs
 from reports.model.checks.validate_dispatch import micro_batch_choices, validate
 from reports.model.verdicts import verdicts
 from reports.model.scenario.whatifs import (OBJECTIVE, best_pair, measured_concurrency, recommendation,
-                                  setting_of, transport_points, what_ifs)
+                                  transport_points, what_ifs)
 from reports.answer import answer
 from reports.model.summaries import (traced_server_whatifs, diagnosis_summary, server_summary,
                                             topology_summary)
@@ -75,7 +75,7 @@ def build_report(inp: Inputs, records: dict[str, Record],
                                         tuple(a.rows)) for a in atts),
         what_ifs=tuple(wis), objective=OBJECTIVE,
         measured_concurrency=tuple(measured_concurrency(inp)),
-        recommendation=rec, best_pair=best_pair(inp, wis, setting_of(inp)),
+        recommendation=rec, best_pair=best_pair(inp, wis),
         model_differs=MODEL_DIFFERS,
         stage_cost=tuple(StageCostAt(b, lb.stage_cost_us(inp, lb.ALL_ON, b),
                                    lb.stage_cost_us(inp, frozenset({"stage_imbalance"}), b))

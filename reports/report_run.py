@@ -106,15 +106,14 @@ def _observed(inp, records: dict) -> Lanes | None:
 
 def _herd(inp, rep: Report) -> HerdPair | None:
     from reports.model.scenario import loop_builder as lb
-    from reports.model.scenario.whatifs import setting_of
     if not rep.concurrency:
         return None
     C, share = herd_concurrency(rep)
     now = lb.run(inp, C, keep_spans=True)
     before = Lanes("as deployed", now.tok_per_s, tuple(now.slot_sizes), now.spans)
     rec, after = rep.recommendation, None
-    st = setting_of(inp).get((rec.knob, rec.setting)) if rec else None
-    if st is not None:
+    st = rec.changes if rec else ()
+    if st:
         res = lb.run(inp, C, keep_spans=True, changes=st)
         after = Lanes(f"{rec.knob} {rec.setting}", res.tok_per_s, tuple(res.slot_sizes),
                       res.spans)

@@ -179,7 +179,7 @@ def test_recommendation_loses_nowhere_it_claims_to_hold(tmp_path):
     rec = wi.recommendation(rows)
     assert rec is not None and rec.checked_up_to == 4 * 32
     assert rec.mixed.gain >= -wi.MAX_LOSS
-    ov = wi.setting_of(inp)[(rec.knob, rec.setting)]
+    ov = rec.changes
     top = rec.checked_up_to if rec.loses_at is None else rec.holds_up_to
     for C in wi.range_cs(inp):
         if C <= top:

@@ -112,7 +112,8 @@ def _row(c: Candidate, C: int, before: ow.Run, after: ow.Run) -> WhatIf:
     e = effect(C, before.tok_per_s, after.tok_per_s)
     return WhatIf(c.knob, c.shown, (e,), None, e.gain, e.gain, c.changes[0].server, c.note,
                   side="observed server", command=_command(c.changes[0]),
-                  sizes_before=tuple(before.steady_sizes), sizes_after=tuple(after.steady_sizes))
+                  sizes_before=tuple(before.steady_sizes), sizes_after=tuple(after.steady_sizes),
+                  changes=c.changes)
 
 
 def _not(reason: str) -> ServerWhatIfs:
