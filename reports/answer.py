@@ -9,7 +9,7 @@ from reports.model.report_type import (ModelledBenchRun,
                                        Report, ServerDiagnosis)
 from reports.model.verdicts import Verdict, VerdictAt
 from reports.model.settings_change import TP_KNOB, WhatIf
-from reports.model.scenario.twin_check import DIFFERS, LOSES, NO_BETTER, verdict_clause
+from reports.model.checks.twin_check import DIFFERS, LOSES, NO_BETTER, verdict_clause
 
 
 def _pct(x: float) -> str:

@@ -15,24 +15,24 @@ and the rule that combines them; every figure observed, with its source),
 with its effect at each measured concurrency, unexplained gap). `assumptions` adds, for each
 server setting the user did not give, what depends on the value assumed; `model_differs` lists
 where the model is still simpler than SGLang. This module assembles; the summaries of the
-evidence are reports/model/observed/summaries.py, the bisection reports/model/scenario/setting_dependencies.py.
+evidence are reports/model/summaries.py, the bisection reports/model/scenario/setting_dependencies.py.
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
-from reports.model.sim import loop_builder as lb
+from reports.model.scenario import loop_builder as lb
 from reports.model.attribution import attribute
 from reports.base.records import Record
 from reports.model.report_type import (REPORT_SCHEMA, AttributionAt, Level, RecipeNote, Report,
                                        ScenarioDeployment, StageCostAt)
 from reports.model.scenario.inputs import Inputs
-from reports.model.scenario.validate_dispatch import micro_batch_choices, validate
+from reports.model.checks.validate_dispatch import micro_batch_choices, validate
 from reports.model.verdicts import verdicts
 from reports.model.scenario.whatifs import (OBJECTIVE, best_pair, measured_concurrency, recommendation,
-                                  setting_of, transport_points, what_ifs)
+                                  transport_points, what_ifs)
 from reports.answer import answer
-from reports.model.observed.summaries import (traced_server_whatifs, diagnosis_summary, server_summary,
+from reports.model.summaries import (traced_server_whatifs, diagnosis_summary, server_summary,
                                             topology_summary)
 from reports.model.scenario.setting_dependencies import setting_dependencies
 
@@ -75,7 +75,7 @@ def build_report(inp: Inputs, records: dict[str, Record],
                                         tuple(a.rows)) for a in atts),
         what_ifs=tuple(wis), objective=OBJECTIVE,
         measured_concurrency=tuple(measured_concurrency(inp)),
-        recommendation=rec, best_pair=best_pair(inp, wis, setting_of(inp)),
+        recommendation=rec, best_pair=best_pair(inp, wis),
         model_differs=MODEL_DIFFERS,
         stage_cost=tuple(StageCostAt(b, lb.stage_cost_us(inp, lb.ALL_ON, b),
                                    lb.stage_cost_us(inp, frozenset({"stage_imbalance"}), b))

@@ -115,7 +115,7 @@ def handle(args: argparse.Namespace) -> int:
     baseline = read_baseline(args.baseline) if args.baseline else None
     inp = build_inputs(sc, records, warns, observed, osrc, workload=workload)
     run = model_run(inp, records, baseline, use_cache=not args.no_cache)
-    from reports.model.scenario.twin_check import apply_twin, read_twin, shipped_twin
+    from reports.model.checks.twin_check import apply_twin, read_twin, shipped_twin
     twin = read_twin(results)          # what SGLang's scheduler said: the user's twin run, else
     if twin is None and sc.twin_record:   # the scenario's own shipped one
         twin = shipped_twin(sc.twin_record, sc.source or sc.name)

@@ -77,7 +77,7 @@ def herd_concurrency(rep: Report) -> tuple[int, float | None]:
 
 
 def _compute(inp, records: dict, baseline) -> ModelRun:
-    from reports.model.sim import loop_builder as lb
+    from reports.model.scenario import loop_builder as lb
     from reports.report_build import build_report
     rep = build_report(inp, records, baseline)
     spans = {C: lb.run(inp, C, keep_spans=True).spans for C in inp.concurrency}
@@ -88,7 +88,7 @@ def _observed(inp, records: dict) -> Lanes | None:
     """The model of the traced server's loop (the diagnosis' `modelled` run, every observed
     cause on) with its forwards; None without traced forwards or a loop it can model."""
     from reports.model.observed.deployment import OBSERVED_CAUSES, NoLoopEvidence, run
-    from reports.model.observed.summaries import observed_deployment
+    from reports.model.summaries import observed_deployment
     rec = records.get("sglang")
     sg = rec.payload if rec is not None else None
     if sg is None or sg.loop is None or not sg.loop.forwards:
@@ -105,16 +105,15 @@ def _observed(inp, records: dict) -> Lanes | None:
 
 
 def _herd(inp, rep: Report) -> HerdPair | None:
-    from reports.model.sim import loop_builder as lb
-    from reports.model.scenario.whatifs import setting_of
+    from reports.model.scenario import loop_builder as lb
     if not rep.concurrency:
         return None
     C, share = herd_concurrency(rep)
     now = lb.run(inp, C, keep_spans=True)
     before = Lanes("as deployed", now.tok_per_s, tuple(now.slot_sizes), now.spans)
     rec, after = rep.recommendation, None
-    st = setting_of(inp).get((rec.knob, rec.setting)) if rec else None
-    if st is not None:
+    st = rec.changes if rec else ()
+    if st:
         res = lb.run(inp, C, keep_spans=True, changes=st)
         after = Lanes(f"{rec.knob} {rec.setting}", res.tok_per_s, tuple(res.slot_sizes),
                       res.spans)

@@ -3,8 +3,9 @@ import itertools
 
 import pytest
 
-from reports.model.sim import loop_builder as lb
-from reports.model.attribution import attribute, shapley
+from reports.model.scenario import loop_builder as lb
+from reports.base.shapley import shapley
+from reports.model.attribution import attribute
 from reports.model.scenario.inputs import build_inputs, load_scenario
 
 

@@ -1,4 +1,4 @@
-"""A benchmark run modelled visit by visit (reports/model/sim/bench_transient.py), the pipeline
+"""A benchmark run modelled visit by visit (reports/model/scenario/bench_transient.py), the pipeline
 model over a plan (pipeline_model.Plan) and the admission engine's record of a run
 (slots.RunRecord), held against the twin's recording of the seed's PP8 deployment on SGLang's own
 scheduler (tests/fixtures/twin/cached/: the shipped record of the run before the twin flushed
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from reports.base.slots import RunRecord, SlotConfig, Successor, Wave, run_loop
-from reports.model.sim.bench_transient import model_bench, waves_of
+from reports.model.scenario.bench_transient import model_bench, waves_of
 from reports.model.sim.pipeline_model import Plan, simulate, simulate_plan, uniform_loop
 from reports.model.settings_change import Change
 from reports.model.scenario.inputs import build_inputs, load_records, load_scenario

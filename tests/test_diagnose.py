@@ -20,7 +20,7 @@ from reports.model.observed.deployment import (OBSERVED_CAUSES, Deployment, from
                                       moe_shape, run)
 from reports.model.observed.diagnose import NAME_PCT, diagnose
 from reports.model.causes import SCENARIO
-from reports.model.sim.loop_builder import switched_sizes
+from reports.model.scenario.loop_builder import switched_sizes
 from reports.model.sim.pipeline_model import simulate
 
 FAULTS = Path(__file__).parent / "fixtures" / "traces" / "faults"

@@ -13,7 +13,7 @@ import json
 import pytest
 
 from reports.base.errors import CliError
-from reports.model.scenario.twin_check import apply_twin, read_twin, twin_text
+from reports.model.checks.twin_check import apply_twin, read_twin, twin_text
 
 BASE = ["--pp-async-batch-depth", "8", "--chunked-prefill-size", "8192"]
 CHUNK = ["--pp-async-batch-depth", "8", "--chunked-prefill-size", "2048"]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from reports.model.sim import loop_builder as lb
+from reports.model.scenario import loop_builder as lb
 from reports.model.scenario.implied import MISS_PCT, _scaled, implied_efficiency
 from reports.model.scenario.inputs import build_inputs, load_scenario
 

@@ -18,7 +18,7 @@ from reports.lab.whatifs import change_of
 from reports.model.observed import layer_split as ls
 from reports.model.observed.deployment import from_evidence
 from reports.model.settings_change import LAYER_PARTITION
-from reports.model.sim import bench_run as ow
+from reports.model.observed import bench_run as ow
 
 LAB = Path(__file__).parent / "fixtures" / "sglang_lab" / "clean-c8"
 

@@ -127,3 +127,84 @@ def test_every_registered_command_is_a_module_that_obeys_the_layering():
     # and the console script imports nothing of the probe side by itself: only by these names
     assert not [m for m, _ in _imports(mods["reports.cli"])
                 if m.split(".")[0] in ("microbench", "topology")]
+
+
+# reports/model's floors, bottom up. A module imports only its own floor or one below; of the
+# two pipelines on floor 1, the scenario's and the observed server's, neither imports the other.
+# The top files not named here (the report's type, verdicts, attribution, compare, next steps,
+# summaries) are the top floor; causes.py and settings_change.py import nothing of the model,
+# and both pipelines and the simulator name causes and settings changes, so they are the ground.
+MODEL = "reports.model"
+FLOORS = {"sim": 0, "causes": 0, "settings_change": 0,
+          "scenario": 1, "observed": 1,
+          "checks": 2}
+TOP = 3
+# An old name kept after its module moved: the file holds only the re-export its last importer
+# (outside this package's floors, or a file not yet changed) reads. It goes when nobody imports
+# it (`test_every_old_name_is_still_imported`).
+OLD_NAMES = {
+    "reports.model.sim.loop_builder": "microbench.sglang_lab.twin",
+    "reports.model.sim.bench_transient": "microbench.sglang_lab.twin",
+    "reports.model.sim.bench_run": "microbench.sglang_lab.twin_observed",
+    "reports.model.scenario.validate_dispatch": "reports.model.report_type",
+}
+# Arrows up that wait on a file being changed elsewhere: change_split builds report_type's
+# ForwardRow and reads its ObservedLoop; it goes to the top floor beside compare.py, its only
+# importer. `test_every_waiting_arrow_still_exists` drops a line once its arrow is gone.
+WAITING = {("reports.model.observed.change_split", "reports.model.report_type")}
+
+
+def _room(name: str) -> str:
+    """The folder of reports/model a module sits in, or its own name for a top file."""
+    return name.split(".")[2]
+
+
+def _floor(name: str) -> int:
+    return FLOORS.get(_room(name), TOP)
+
+
+def _model_arrows() -> set[tuple[str, str]]:
+    """Every import inside reports/model between two of its modules (a function's imports too):
+    `from pkg import mod` points at the module, `from mod import name` at mod."""
+    mods = _modules()
+    out = set()
+    for name, f in mods.items():
+        if not name.startswith(MODEL + "."):
+            continue
+        for mod, names in _imports(f):
+            for t in [f"{mod}.{n}" if f"{mod}.{n}" in mods else mod for n in names] or [mod]:
+                if t.startswith(MODEL + ".") and t in mods and t != name:
+                    out.add((name, t))
+    return out
+
+
+def _only_reexports(f: Path) -> bool:
+    body = ast.parse(f.read_text()).body
+    return all(isinstance(s, ast.ImportFrom) or (isinstance(s, ast.Expr)
+               and isinstance(s.value, ast.Constant)) for s in body)
+
+
+def test_the_model_imports_down_its_floors_and_the_pipelines_never_each_other():
+    mods = _modules()
+    kept = {n for n in OLD_NAMES if n in mods and _only_reexports(mods[n])}
+    bad = []
+    for a, b in sorted(_model_arrows() - WAITING):
+        if a in kept or _room(a) == _room(b):
+            continue
+        if _floor(b) > _floor(a):
+            bad.append(f"{a} imports {b}: up from floor {_floor(a)} to {_floor(b)}")
+        elif _floor(a) == _floor(b) == 1:
+            bad.append(f"{a} imports {b}: the two pipelines never import each other")
+    assert not bad, bad
+
+
+def test_every_old_name_is_still_imported_and_holds_only_its_reexport():
+    mods = _modules()
+    for old, importer in OLD_NAMES.items():
+        assert old in mods and _only_reexports(mods[old]), old
+        assert any(m == old or old in (f"{m}.{n}" for n in names)
+                   for m, names in _imports(mods[importer])), f"{importer} no longer imports {old}"
+
+
+def test_every_waiting_arrow_still_exists():
+    assert WAITING <= _model_arrows(), WAITING - _model_arrows()

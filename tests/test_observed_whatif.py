@@ -1,4 +1,4 @@
-"""What-ifs of the model of the observed loop (reports/model/sim/bench_run.py): bench_serving's
+"""What-ifs of the model of the observed loop (reports/model/observed/bench_run.py): bench_serving's
 closed-loop run over the observed loop, round by round, with SGLang's admission rule.
 
 Hand-made loops whose round time is known (each case works the number out), and the lab's
@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from reports.model.sim import bench_run as ow
+from reports.model.observed import bench_run as ow
 from reports.model.settings_change import Change
 from reports.model.observed.bursts import wave_slot_sizes, wave_visits
 from reports.model.observed.deployment import Deployment

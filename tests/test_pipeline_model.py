@@ -158,7 +158,7 @@ def test_loops_that_differ_only_at_sizes_no_slot_holds_are_one_run(monkeypatch):
     # differs at size 2 (unused) or goes further is the same run, one that differs at a used
     # size is not; the model's memo (loop_builder._sim) runs each such loop once
     from dataclasses import replace
-    from reports.model.sim import loop_builder as lb
+    from reports.model.scenario import loop_builder as lb
     from reports.model.sim.pipeline_model import run_key
     a = uniform_loop(3, 2, 3, 1000.0, 60.0, 60.0, host_us=20.0)
     other = tuple((0.0, c[1], 5.0, c[3]) for c in a.stage_us)           # size 2 differs

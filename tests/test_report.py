@@ -123,7 +123,7 @@ def _probe_record(measured_tok_s: float):
 
 
 def test_dispatch_validation_in_sglang_loop_order():
-    from reports.model.scenario.validate_dispatch import validate
+    from reports.model.checks.validate_dispatch import validate
     # SGLang's order: the last rank sends slot 0's tokens behind slot 2's hidden states, which
     # reach it as rank 0's slot-2 forward ends; rank 0 syncs on them, then spends 100 + 200 +
     # 200 us of CPU before slot 0's forward: P = 2 x (2000 + 500) = 5000 us -> 8 / 5 ms
@@ -138,7 +138,7 @@ def test_dispatch_validation_in_sglang_loop_order():
 
 def test_dispatch_validation_uses_each_runs_own_cpu_and_spares_the_token_hop():
     from reports.base.records import make_record as mk
-    from reports.model.scenario.validate_dispatch import validate
+    from reports.model.checks.validate_dispatch import validate
     rec = _probe_record(1600.0)
     data = json.loads(json.dumps(rec.data))
     # a second run of the same sizes whose rank 0 spends 1100 us more per busy visit:
@@ -165,7 +165,7 @@ def test_dispatch_validation_uses_each_runs_own_cpu_and_spares_the_token_hop():
 
 
 def test_micro_batch_choices_predict_more_slots_lose():
-    from reports.model.scenario.validate_dispatch import micro_batch_choices
+    from reports.model.checks.validate_dispatch import micro_batch_choices
     rows = {c.micro_batches: c for c in micro_batch_choices(_probe_record(1600.0))}
     # m=1: one slot of 8 (b=8 not measured: flat extrapolation) R = 500 + 2000 + 1500 -> 2000
     assert rows[1].slot_sizes == (8, 0, 0, 0) and rows[1].interpolated

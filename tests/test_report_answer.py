@@ -7,12 +7,11 @@ import json
 import pytest
 
 from reports.cli import main
-from reports.model.sim import loop_builder as lb
+from reports.model.scenario import loop_builder as lb
 from reports.model.causes import HERD, HYPOTHESES
 from reports.model.sim.pipeline_model import Span
 from reports.model.report_type import Report
 from reports.model.scenario.inputs import build_inputs, load_scenario
-from reports.model.scenario.whatifs import setting_of
 from reports.render.answer_table import (HEADERS, NOT_RUN, answer_sentences, answer_table,
                                          deciding_number)
 from reports.render.timeline_plot import herd_caption, slots_text, window
@@ -70,7 +69,7 @@ def test_herd_pair_is_the_models_own_runs(seed_run):
     rec = rep.recommendation
     eff = next(e for e in rec.effects if e.concurrency == C)
     assert pair.after.tok_per_s == pytest.approx(eff.predicted_tok_per_s)
-    st = setting_of(inp)[(rec.knob, rec.setting)]
+    st = rec.changes
     assert pair.after.spans == lb.run(inp, C, keep_spans=True, changes=st).spans
     assert {s.rank for s in pair.before.spans} == set(range(inp.pp))
     cap = herd_caption(pair, "src")

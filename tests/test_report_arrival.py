@@ -6,7 +6,7 @@ import re
 
 from reports.base.records import read_record
 from reports.cli import main
-from reports.model.sim import loop_builder as lb
+from reports.model.scenario import loop_builder as lb
 from reports.base.schema import to_json
 from reports.model.scenario.arrival import alternatives, arrival_from_log, sentence
 from reports.model.scenario.inputs import build_inputs, load_scenario

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from reports.model.sim import loop_builder as lb
+from reports.model.scenario import loop_builder as lb
 from reports.cli import main
 from reports.base.payloads.topology import HopCost, TopoGpu, TopologyData, TransportPoint
 from reports.base.records import make_record, write_record
@@ -171,7 +171,7 @@ def test_herd_share_is_a_number_that_matches_its_row(tmp_path):
 
 
 def test_recommendation_loses_nowhere_it_claims_to_hold(tmp_path):
-    from reports.model.sim import loop_builder as lb
+    from reports.model.scenario import loop_builder as lb
     from reports.model.scenario import whatifs as wi
     from reports.model.scenario.inputs import build_inputs, load_scenario
     inp = build_inputs(load_scenario("seed-pp8"), {})
@@ -179,7 +179,7 @@ def test_recommendation_loses_nowhere_it_claims_to_hold(tmp_path):
     rec = wi.recommendation(rows)
     assert rec is not None and rec.checked_up_to == 4 * 32
     assert rec.mixed.gain >= -wi.MAX_LOSS
-    ov = wi.setting_of(inp)[(rec.knob, rec.setting)]
+    ov = rec.changes
     top = rec.checked_up_to if rec.loses_at is None else rec.holds_up_to
     for C in wi.range_cs(inp):
         if C <= top:

@@ -3,7 +3,7 @@ from dataclasses import replace
 
 import pytest
 
-from reports.model.sim import loop_builder as lb
+from reports.model.scenario import loop_builder as lb
 from reports.model.attribution import attribute
 from reports.base.payloads.stage_cost import LayerPoint, StageCostData
 from reports.base.records import make_record

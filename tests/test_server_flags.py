@@ -12,7 +12,7 @@ from reports.base.server_flags import (BY_FLAG, CAP, HOST_FLAGS, LOOP_FLAGS, SER
 from reports.base.server_settings import ServerSettings
 from reports.model import settings_change as SC
 from reports.model.observed import whatifs as sw
-from reports.model.sim import bench_run as ow
+from reports.model.observed import bench_run as ow
 
 # SGLang 0.5.23, read from its wheel:
 # - the server_args fields: srt/arg_groups/fields/parallel.py (`Parallel`: tp_size, pp_size,

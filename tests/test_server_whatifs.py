@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from reports.cli import main
-from reports.model.sim import bench_run as ow
+from reports.model.observed import bench_run as ow
 from reports.model.observed import whatifs as sw
 from reports.model.settings_change import WhatIf, effect
 
@@ -157,3 +157,12 @@ def test_it_says_where_the_first_prompts_came_from(record):
     assert got.arrivals.startswith("as the benchmark's first burst was admitted")
     no_log = dataclasses.replace(record, loop=dataclasses.replace(record.loop, bursts=()))
     assert "traced window's micro-batches" in sw.server_whatifs(no_log).arrivals
+
+
+def test_each_observed_row_carries_the_change_it_tried(record):
+    got = sw.server_whatifs(record)
+    for r in got.rows:
+        (c,) = r.changes
+        assert (c.flag, str(c.value)) == (r.knob, r.setting)
+    d1 = next(r for r in got.rows if (r.knob, r.setting) == ("--pp-async-batch-depth", "1"))
+    assert d1.changes[0].value == 1 and d1.changes[0].server

@@ -4,7 +4,7 @@ and report one row type."""
 import pytest
 
 from reports.base.server_settings import ServerSettings
-from reports.model.sim import bench_run as ow
+from reports.model.observed import bench_run as ow
 from reports.model.observed import whatifs as sw
 from reports.model.settings_change import (KNOBS, OTHER_KNOBS, SERVER_FLAGS, Change, apply,
                                            check)

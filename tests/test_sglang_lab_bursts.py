@@ -52,7 +52,7 @@ def _rows(records) -> dict:
 
 def test_depth_whatifs_follow_the_servers_own_groups(records):
     from reports.base.records import read_record
-    from reports.model.sim import bench_run as ow
+    from reports.model.observed import bench_run as ow
     rows = _rows(records)
     sg = read_record(records / BEFORE / "sglang.json").payload
     dep, server, load, _ = ow.from_sglang(sg)

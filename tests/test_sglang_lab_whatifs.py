@@ -6,7 +6,7 @@ SGLang 0.5.23's `launch_server --pp-size 2 --device cpu` with its defaults (`wi-
 profiled) and with one setting changed (`wi-<setting>-c<C>`: bench_serving only), C = 1, 8, 16,
 three bench_serving runs each; the live settings also interleaved with their before runs
 (`wl-<setting>-c<C>.<k>`). Four profiled windows kept only their bench runs (size). From each before case's evidence alone the model predicts the
-change (reports/model/sim/bench_run.py); bench_serving measured it. docs/BENCHMARKS.md
+change (reports/model/observed/bench_run.py); bench_serving measured it. docs/BENCHMARKS.md
 section 15 holds the table these fixtures reproduce.
 """
 from __future__ import annotations
@@ -90,7 +90,7 @@ def test_each_setting_change_is_predicted_from_the_before_case_alone(records):
 
 
 def test_the_model_of_the_observed_loop_against_bench_serving(records):
-    from reports.model.scenario.validate_dispatch import TARGET_PCT, validate_sglang_case
+    from reports.model.checks.validate_dispatch import TARGET_PCT, validate_sglang_case
     checks = {case: validate_sglang_case(records / case) for case in PROFILED}
     assert all(c.profiler_slowdown is not None for c in checks.values())
     outside = {case for case, c in checks.items() if abs(c.diff_pct) > TARGET_PCT}
@@ -103,7 +103,7 @@ def test_the_model_of_the_observed_loop_against_bench_serving(records):
 
 
 def test_validate_dispatch_checks_sglang_lab_cases_first(records, capsys):
-    from reports.model.scenario.validate_dispatch import main as vmain
+    from reports.model.checks.validate_dispatch import main as vmain
     case = records / "wi-d2-c8"
     rc = vmain([str(case)])
     out = capsys.readouterr().out

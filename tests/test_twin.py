@@ -12,7 +12,7 @@ import pytest
 
 from microbench.sglang_lab.twin import calibrated_k, waves, with_flag
 from reports.base.server_flags import server_args
-from reports.model.sim import loop_builder as lb
+from reports.model.scenario import loop_builder as lb
 from reports.model.scenario.inputs import build_inputs, load_records, load_scenario
 from reports.model.scenario.twin_costs import costs
 
@@ -282,7 +282,7 @@ def test_a_recorded_twin_keeps_its_books():
     cache flush, kept in tests/fixtures/twin/cached/): every row's figures
     are the bench's divided by k, the micro-batches are rank 0's own Prefill lines after the
     warm-up prompt, and the report's reader sets each setting's change beside the model's."""
-    from reports.model.scenario.twin_check import read_twin, twin_text
+    from reports.model.checks.twin_check import read_twin, twin_text
     import shutil
     doc = json.loads((FIX / "cached" / "seed-pp8.twin.json").read_text())["data"]
     cal = doc["calibration"]
@@ -378,7 +378,7 @@ def test_three_interleaved_runs_with_the_cache_flushed_support_both_settings(tmp
     import shutil
     from microbench.sglang_lab.twin import _run_model
     from microbench.sglang_lab.twin_table import render
-    from reports.model.scenario.twin_check import AGREES, change_of, no_better, read_twin, verdict
+    from reports.model.checks.twin_check import AGREES, change_of, no_better, read_twin, verdict
     src = FIX / "flush" / "c8-reps3.twin.json"
     d = json.loads(src.read_text())["data"]
     assert d["flush_cache"] and d["reps"] == 3 and "schedule stream" in d["emulated"]
@@ -408,7 +408,7 @@ def _check_current_runs(d: dict, seed, tmp_path, src: Path) -> None:
     steady loop within 10% of the twin's, and both what-ifs agree."""
     import shutil
     from microbench.sglang_lab.twin import _run_model
-    from reports.model.scenario.twin_check import AGREES, read_twin, verdict
+    from reports.model.checks.twin_check import AGREES, read_twin, verdict
     assert d["calibration"]["k"] == 60 and d["hold"] == "stream" and d["flush_cache"]
     changes = _setting_changes()
     for r in d["rows"]:

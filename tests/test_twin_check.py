@@ -7,7 +7,7 @@ import json
 import pytest
 
 from reports.base.errors import CliError
-from reports.model.scenario.twin_check import change_of, matches, read_twin, twin_text
+from reports.model.checks.twin_check import change_of, matches, read_twin, twin_text
 
 
 def record(tmp_path, rows, scenario="seed-pp8", pp=8, **extra):
@@ -109,7 +109,7 @@ def test_repetitions_are_set_against_the_default_of_their_own_repetition(tmp_pat
 
 
 def test_the_twin_verdict_supports_withdraws_or_corrects_the_models_figure(tmp_path):
-    from reports.model.scenario.twin_check import (AGREES, DIFFERS, LOSES, TwinChange, agrees,
+    from reports.model.checks.twin_check import (AGREES, DIFFERS, LOSES, TwinChange, agrees,
                                                    verdict)
     assert agrees(TwinChange(8, 0.85, 0.76)) and agrees(TwinChange(32, 0.10, 0.07))
     assert not agrees(TwinChange(8, 0.51, 1.09)) and not agrees(TwinChange(8, -0.10, 0.10))

@@ -14,7 +14,7 @@ from reports.base.server_flags import server_args
 from reports.cli import main
 from reports.model.observed.deployment import at_size, from_evidence
 from reports.model.observed.twin_costs import costs
-from reports.model.sim import bench_run as ow
+from reports.model.observed import bench_run as ow
 
 LAB = Path(__file__).parent / "fixtures" / "sglang_lab" / "clean-c8" / "traces"
 

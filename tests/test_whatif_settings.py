@@ -4,7 +4,7 @@ import math
 import pytest
 
 from reports.base.sglang_defaults import estimate_kv
-from reports.model.sim import loop_builder as lb
+from reports.model.scenario import loop_builder as lb
 from reports.model.scenario import whatifs as wi
 from reports.model.scenario.inputs import build_inputs, load_scenario
 

@@ -19,7 +19,7 @@ is its own run, with its own burst, and not the benchmark's.
     bursts(lines) -> [{"waves": [[new_seq, running_req], ...], "requests": N}, ...]
 
 in log order, rank 0 (the rank that admits; every rank logs the same admission). The what-if
-model (reports/model/sim/bench_run.py) replays the first burst of C requests.
+model (reports/model/observed/bench_run.py) replays the first burst of C requests.
 """
 from __future__ import annotations
 

@@ -390,7 +390,7 @@ def _render_loop(loop: LoopProfile) -> str:
 def _bursts_line(loop: LoopProfile) -> str:
     """The benchmark's first burst of C requests as the log admitted it (arrival_bursts.py):
     the micro-batches the run kept, beside the traced window's own."""
-    from reports.model.sim.bench_run import waves_text
+    from reports.model.observed.bench_run import waves_text
     c = loop.concurrency
     b = next((b for b in loop.bursts if b.requests == c), None)
     if b is None:

@@ -130,7 +130,7 @@ def check_trace_ranks(ranks: dict[str, dict], paths: dict[str, Path]) -> dict | 
     if not notes:
         return None
     # unaligned: neighbouring ranks ("0-1") whose offset was not corrected (one clock
-    # assumed): the report carries it into its answer (reports/model/observed/summaries.py)
+    # assumed): the report carries it into its answer (reports/model/summaries.py)
     return {"offsets_us": {k: v for k, v in offsets.items() if v}, "notes": notes,
             "unaligned": unaligned}
 

@@ -1,6 +1,6 @@
 """The PP-loop probe's fault switches (`ppscope dispatch --inject`), parsed in one place: the
 probe (microbench/dispatch/pp_loop.py) applies them, the dispatch validation
-(reports/model/scenario/validate_dispatch.py) reads them back from the record's settings."""
+(reports/model/checks/validate_dispatch.py) reads them back from the record's settings."""
 from __future__ import annotations
 
 

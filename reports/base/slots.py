@@ -22,8 +22,8 @@ managers/scheduler.py, `get_next_batch_to_run` / `_get_new_batch_prefill_raw` /
   (REISSUE_VISITS): with lengths that differ, occupancy drifts away from the first split.
 
 `run_loop` is the one closed-loop run (arrival waves, bench_serving's successor rule, a
-round-time callback): the scenario model's drift (`closed_loop`, reports/model/sim/loop_builder.py)
-and the observed what-ifs (reports/model/sim/bench_run.py `bench_run`) both run it; the
+round-time callback): the scenario model's drift (`closed_loop`, reports/model/scenario/loop_builder.py)
+and the observed what-ifs (reports/model/observed/bench_run.py `bench_run`) both run it; the
 PP-loop probe admits with `visit` at each of its visits.
 
 Two admission policies:

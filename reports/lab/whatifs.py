@@ -1,5 +1,5 @@
 """The what-if plan's table: each setting's change predicted from the "before" case alone
-against the change bench_serving measured (cases.whatif_plan, reports/model/sim/bench_run.py).
+against the change bench_serving measured (cases.whatif_plan, reports/model/observed/bench_run.py).
 
 Per after case (a setting changed against its before case, SGLang's defaults at the same C):
 the model runs bench_serving's run over the observed loop of the default server's profiled
@@ -63,7 +63,7 @@ def change_of(after: dict, before: dict) -> tuple[str, object] | None:
 
 def _evidence(p: Path):
     from reports.base.records import read_record
-    from reports.model.sim import bench_run as ow
+    from reports.model.observed import bench_run as ow
     return ow.from_sglang(read_record(p).payload)
 
 
@@ -80,7 +80,7 @@ def _spread(v: list[float]) -> float | None:
 def loop_rows(out: Path, records: Path | None = None) -> list[dict]:
     """The model of the observed loop against bench_serving, per profiled case
     (`records/<case>/sglang.json`, `ppscope sglang`'s record of it; default: in the case)."""
-    from reports.model.sim import bench_run as ow
+    from reports.model.observed import bench_run as ow
     rec = records or out
     rows = []
     for d in sorted(p for p in out.iterdir() if (rec / p.name / "sglang.json").exists()):
@@ -119,7 +119,7 @@ def groups(out: Path) -> dict[str, list[Path]]:
 
 def whatif_rows(out: Path, records: Path | None = None) -> list[dict]:
     """Predicted against measured change per after case (module docstring)."""
-    from reports.model.sim import bench_run as ow
+    from reports.model.observed import bench_run as ow
     rec = records or out
     by = groups(out)
 

@@ -1,6 +1,6 @@
 """Where the time goes: ideal -> modelled gap split over named causes by exact Shapley values.
 
-`value(S)` is the pipeline model with the switches in S on (reports/model/sim/loop_builder.py). A cause's
+`value(S)` is the pipeline model with the switches in S on (reports/model/scenario/loop_builder.py). A cause's
 Shapley value is the average, over all orders of turning the switches on, of the change it
 makes: sum over subsets S not holding it of |S|!(n-|S|-1)!/n! * (v(S+i) - v(S)). The rows add
 up to v(all) - v(none) exactly and do not depend on any order. We compute it twice: on the time
@@ -12,12 +12,11 @@ account for. A negative value there means the system ran faster than the model s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import combinations
-from math import factorial
-from typing import Callable, Hashable, Sequence
+from typing import Sequence
 
-from reports.model.sim import loop_builder as lb
+from reports.model.scenario import loop_builder as lb
 from reports.model.causes import label
+from reports.base.shapley import shapley
 from reports.model.scenario.inputs import Inputs
 
 # which model input each cause draws on (for evidence + measured/estimated)
@@ -37,32 +36,6 @@ MODELLED = {
     "herd": "SGLang 0.5.23's admission (reports/base/slots.py, after schedule_policy.py "
             "PrefillAdder) on the scenario's arrival",
 }
-
-
-def shapley(players: Sequence[Hashable], value: Callable[[frozenset], float]
-            ) -> dict[Hashable, float]:
-    """Exact Shapley values (2^n evaluations; fine for n <= 10)."""
-    n = len(players)
-    if n > 10:
-        raise ValueError(f"exact Shapley over {n} players is too slow; use <= 10")
-    memo: dict[frozenset, float] = {}
-
-    def v(s: frozenset) -> float:
-        if s not in memo:
-            memo[s] = value(s)
-        return memo[s]
-
-    w = [factorial(k) * factorial(n - k - 1) / factorial(n) for k in range(n)]
-    out = {}
-    for p in players:
-        others = [q for q in players if q != p]
-        tot = 0.0
-        for k in range(n):
-            for s in combinations(others, k):
-                fs = frozenset(s)
-                tot += w[k] * (v(fs | {p}) - v(fs))
-        out[p] = tot
-    return out
 
 
 @dataclass(frozen=True)

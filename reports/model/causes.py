@@ -2,7 +2,7 @@
 the verdicts, the what-ifs and every renderer use these names and labels.
 
 A cause is one effect the pipeline model can switch off (its `reference`: what "off" means).
-The scenario model (reports/model/sim/loop_builder.py) switches all of them; the model of an
+The scenario model (reports/model/scenario/loop_builder.py) switches all of them; the model of an
 observed loop (reports/model/observed/deployment.py) the ones its evidence can tell apart
 (`OBSERVED`). Each of the user's hypotheses is settled by one cause (`HYPOTHESES`), so a
 verdict always cites that cause's row.

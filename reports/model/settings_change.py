@@ -106,7 +106,11 @@ class WhatIf:
     """One setting tried on one side: the scenario's (reports/model/scenario/whatifs.py: every measured
     concurrency in `effects`, the mixed load, the range where it holds) or the observed
     server's (reports/model/observed/whatifs.py: bench_serving's run at its concurrency, one
-    effect, with the command to change and the slot sizes held longest before and after)."""
+    effect, with the command to change and the slot sizes held longest before and after).
+    `knob` and `setting` are the row as shown ("a + b" for two settings together); `changes`
+    are what the model applied, the setting itself (empty for TP instead of PP, another
+    deployment rather than a change of this one, and in a report written before they were
+    kept)."""
     knob: str
     setting: str
     effects: tuple[Effect, ...]
@@ -131,6 +135,7 @@ class WhatIf:
     command: str | None = if_set()
     sizes_before: tuple[int, ...] | None = if_set()
     sizes_after: tuple[int, ...] | None = if_set()
+    changes: tuple[Change, ...] = ()
 
     @property
     def before_tok_per_s(self) -> float:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from reports.base.partition import imbalance
-from reports.model.sim import loop_builder as lb
+from reports.model.scenario import loop_builder as lb
 from reports.model.attribution import Attribution
 from reports.model.observed.bursts import BURST_SOURCE
 from reports.model.causes import (BANDWIDTH, GRAPHS, HERD, HOLDS, HYPOTHESES, MINOR, NOISE,

@@ -21,7 +21,7 @@ from reports.model.observed.diagnose import span
 from reports.base.server_flags import flag_of
 from reports.model.settings_change import (GRAPH_MAX_BS, LAYER_PARTITION, PACING, REQUEST_RATE,
                                            TP_KNOB, WhatIf)
-from reports.model.scenario.twin_check import LOSES, verdict_clause
+from reports.model.checks.twin_check import LOSES, verdict_clause
 from reports.render.table import Table
 
 # The settings that act on each cause (the what-if knobs of reports/model/scenario/whatifs.py

@@ -25,7 +25,7 @@ from reports.model.report_type import (AttributionAt, Comparison, Report, Server
                                        ServerSummary)
 from reports.model.observed.diagnose import span
 from reports.model.settings_change import GRAPH_MAX_BS, WhatIf
-from reports.model.scenario.twin_check import DIFFERS, LOSES, verdict_clause
+from reports.model.checks.twin_check import DIFFERS, LOSES, verdict_clause
 from reports.render.answer_table import (DETAIL_TITLE, answer_sentences, answer_table)
 from reports.render.table import Table, md_grid
 

@@ -3,7 +3,7 @@
 # 0, pp and 2*pp, eager and CUDA graphs, C = 1/8/32/64, SGLang's admission (burst; 1000-token
 # prompts, chunked prefill 8192) and the even policy; then the same at depth pp with each fault
 # switch. Every record is then checked against the pipeline model rebuilt from the record alone
-# (reports/model/scenario/validate_dispatch.py; target: within 10% at every point). From the repo root:
+# (reports/model/checks/validate_dispatch.py; target: within 10% at every point). From the repo root:
 #   bash docs/runs/h200x2-model/run_matrix.sh OUTDIR
 # The recorded cases in docs/ predate the probe's SGLang-shaped loop (docs/runs/h200x2/README.md,
 # "Which probe"); this script runs today's probe.
@@ -27,4 +27,4 @@ done
 run d2-slow-stage --async-depth 2 --inject slow-stage=1:1.5
 run d2-host-delay --async-depth 2 --inject host-delay=0:1000
 run d2-hop-delay --async-depth 2 --inject hop-delay=500
-$PY -m reports.model.scenario.validate_dispatch "$OUT"/*.json | tee "$OUT/validate.txt"
+$PY -m reports.model.checks.validate_dispatch "$OUT"/*.json | tee "$OUT/validate.txt"

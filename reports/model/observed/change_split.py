@@ -7,7 +7,7 @@ modelled change, and per rank the forward at the same micro-batch size then and 
 How it is split: each cause owns part of the loop's inputs (FIELDS). `value(S)` is the model of
 the observed loop (reports/model/observed/deployment.py `run`, every cause on) with the inputs of the
 causes in S taken from this run and the rest from the baseline; a cause's share is its exact
-Shapley value over the causes whose inputs differ (reports/model/attribution.py `shapley`). The
+Shapley value over the causes whose inputs differ (reports/base/shapley.py). The
 shares add up to value(all) - value(none), the modelled change, in any order of the causes.
 Subtracting each side's own split (the cause's size against an ideal loop, then and now)
 undersizes a large fault: a cause interacts with the others (a slow rank also lengthens the
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from reports.model.attribution import shapley
+from reports.base.shapley import shapley
 from reports.model.observed.deployment import OBSERVED_CAUSES, Deployment, at_size, run
 from reports.model.report_type import ForwardRow, ObservedLoop
 

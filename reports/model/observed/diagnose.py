@@ -3,7 +3,7 @@
 Input: the `Deployment` the evidence describes (reports/model/observed/deployment.py). The pipeline model
 of that loop, with every cause as observed, gives `modelled`; with every cause at its reference
 (deployment.REFERENCE) it gives `reference`. The gap is split over the causes by exact Shapley
-values (reports/model/attribution.shapley) on the time per decode step, so the rows add up to
+values (reports/base/shapley.py) on the time per decode step, so the rows add up to
 modelled - reference; `unexplained` = observed - modelled is its own row, and its size is said
 on every run.
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from statistics import median_low
 
-from reports.model.attribution import shapley
+from reports.base.shapley import shapley
 from reports.model.observed import layer_split, resample
 from reports.model.observed.bursts import BURST_SOURCE
 from reports.model.observed.deployment import (OBSERVED_CAUSES, LABELS, REFERENCE, Deployment,

@@ -4,7 +4,7 @@ The scenario's what-ifs (reports/model/scenario/whatifs.py) describe the scenari
 server that was traced (`ppscope sglang` with its traces, log and bench_serving runs) this module
 tries the same settings on the model of that server's own loop: bench_serving's whole run over
 the observed loop, before and after one change, with SGLang's admission rule
-(reports/model/sim/bench_run.py). The figures are the model's change of bench_serving's tok/s;
+(reports/model/observed/bench_run.py). The figures are the model's change of bench_serving's tok/s;
 docs/BENCHMARKS.md section 15 sets them beside SGLang's own server measured before and after.
 
 The candidates, each one change from the server's settings:
@@ -34,7 +34,7 @@ from reports.base.server_flags import BY_FLAG
 from reports.base.server_settings import ServerSettings
 from reports.model.observed import layer_split
 from reports.model.observed.deployment import Deployment
-from reports.model.sim import bench_run as ow
+from reports.model.observed import bench_run as ow
 from reports.model.settings_change import (LAYER_PARTITION, REQUEST_RATE, Candidate, Change,
                                            WhatIf, effect)
 
@@ -112,7 +112,8 @@ def _row(c: Candidate, C: int, before: ow.Run, after: ow.Run) -> WhatIf:
     e = effect(C, before.tok_per_s, after.tok_per_s)
     return WhatIf(c.knob, c.shown, (e,), None, e.gain, e.gain, c.changes[0].server, c.note,
                   side="observed server", command=_command(c.changes[0]),
-                  sizes_before=tuple(before.steady_sizes), sizes_after=tuple(after.steady_sizes))
+                  sizes_before=tuple(before.steady_sizes), sizes_after=tuple(after.steady_sizes),
+                  changes=c.changes)
 
 
 def _not(reason: str) -> ServerWhatIfs:

@@ -1,2 +1,3 @@
-"""The scenario's side: the deployment a user describes (inputs, file), its what-ifs,
-arrival, implied efficiency, the checks against the probe and the twin."""
+"""The scenario's side: the deployment a user describes (inputs, file), its loop built for the
+simulator (loop_builder), its what-ifs, arrival, implied efficiency, a short run visit by visit
+(bench_transient) and the twin's costs. It never imports the observed side."""

@@ -65,7 +65,7 @@ class Alternatives:
 def alternatives(inp, observed: dict[int, float], run) -> Alternatives:
     """Modelled tok/s under each arrival at every concurrency; which one the observed tok/s
     is nearer; the concurrencies where the arrival changes the answer. `run(C, arrival)`: the
-    pipeline model's result (reports/model/sim/loop_builder.py `run`)."""
+    pipeline model's result (reports/model/scenario/loop_builder.py `run`)."""
     rows, differs = [], []
     for C in inp.concurrency:
         res = {a: run(C, a) for a in ARRIVALS}

@@ -3,7 +3,7 @@ with the same slot split at every modelled concurrency (a bisection)."""
 from __future__ import annotations
 
 
-from reports.model.sim import loop_builder as lb
+from reports.model.scenario import loop_builder as lb
 from reports.model.scenario.inputs import Inputs
 from reports.base.slots import burst_sizes
 

@@ -2,7 +2,7 @@
 
 The twin (microbench/sglang_lab/twin.py) runs SGLang's own PP server at a deployment's settings
 and holds every rank's forward to that deployment's stage time. The times are the ones the
-pipeline model uses (reports/model/sim/loop_builder.py, all effects on), so the twin and the model
+pipeline model uses (reports/model/scenario/loop_builder.py, all effects on), so the twin and the model
 differ only in the loop:
 
 - decode: `loop_config(...).stage_us[rank][b]`: the stage's floor over its efficiency at b,
@@ -24,7 +24,7 @@ from __future__ import annotations
 from reports.base.interp import interp_log
 from reports.base.partition import pp_partition
 from reports.base.roofline import stage_floor
-from reports.model.sim import loop_builder as lb
+from reports.model.scenario import loop_builder as lb
 from reports.model.scenario.inputs import Inputs
 
 PREFILL_TOKENS = (1, 16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384)

@@ -36,7 +36,7 @@ import math
 from dataclasses import replace
 from typing import Sequence
 
-from reports.model.sim import loop_builder as lb
+from reports.model.scenario import loop_builder as lb
 from reports.base.cuda_graphs import capture_sizes
 from reports.base.interp import interp_linear
 from reports.base.partition import layer_counts
@@ -144,7 +144,8 @@ def what_ifs(inp: Inputs, transport: Sequence[tuple[float, float]] | None = None
             dropped[knob] = dropped.get(knob, 0) + 1
             continue
         mixed = _effect(Cm, base_mixed, lb.run(mixed_inp, Cm, changes=ov).tok_per_s)
-        out.append(_row(knob, cand.shown, eff, mixed, cand.note, server=knob != PACING))
+        out.append(_row(knob, cand.shown, eff, mixed, cand.note, server=knob != PACING,
+                        changes=ov))
     for knob, n in dropped.items():
         out = [replace(w, note=w.note + f" ({n} other setting(s) of this knob change nothing)")
                if w.knob == knob else w for w in out]
@@ -157,27 +158,29 @@ def what_ifs(inp: Inputs, transport: Sequence[tuple[float, float]] | None = None
                     "one batch of C; " + "; ".join(notes), server=False))
     out = sorted(out, key=lambda w: (not w.eligible, -round(w.gain, 9), _rank(w.knob),
                                      w.setting))
-    settings = setting_of(inp)
     top = [w for w in out if w.eligible][:TOP_CHECKED]
-    checked = {id(w): holds_range(inp, w, settings[(w.knob, w.setting)]) for w in top}
+    checked = {id(w): holds_range(inp, w) for w in top}
     return [checked.get(id(w), w) for w in out]
 
 
 def setting_of(inp: Inputs) -> dict[tuple[str, str], tuple[Change, ...]]:
-    """(knob, setting shown) -> the changes, for every candidate."""
+    """(knob, setting shown) -> the changes, for every candidate, rebuilt from the candidates.
+    A row carries its own (`WhatIf.changes`); this map is kept only for the twin's driver
+    (microbench/sglang_lab/twin_cli.py), which still looks rows up by their display strings."""
     return {(c.knob, c.shown): c.changes for c in candidates(inp)}
 
 
 _rank = knob_rank   # tie-break between settings of the same effect (settings_change.KNOBS)
 
 
-def _row(knob, shown, eff, mixed, note, server: bool) -> WhatIf:
+def _row(knob, shown, eff, mixed, note, server: bool, changes: tuple[Change, ...] = ()
+         ) -> WhatIf:
     geo = math.exp(sum(math.log(max(e.predicted_tok_per_s, 1e-12) /
                                 max(e.baseline_tok_per_s, 1e-12)) for e in eff) / len(eff))
     worst = min(e.gain for e in eff)
     mixed_ok = mixed is None or mixed.gain >= -MAX_LOSS   # the mixed load is inside the rule
     return WhatIf(knob, shown, eff, mixed, geo - 1, worst,
-                  server and worst >= -MAX_LOSS and mixed_ok, note)
+                  server and worst >= -MAX_LOSS and mixed_ok, note, changes=changes)
 
 
 # The range a setting is checked over: powers of two up to RANGE_FACTOR x the largest measured
@@ -193,9 +196,9 @@ def range_cs(inp: Inputs) -> list[int]:
                   | set(measured_concurrency(inp)))
 
 
-def holds_range(inp: Inputs, w: WhatIf, ov: Sequence[Change]) -> WhatIf:
+def holds_range(inp: Inputs, w: WhatIf) -> WhatIf:
     """`w` with the concurrency range where it loses no more than MAX_LOSS (`range_cs`)."""
-    Cs = range_cs(inp)
+    Cs, ov = range_cs(inp), w.changes
     up_to, lost = None, None
     for C in Cs:
         e = _effect(C, lb.run(inp, C).tok_per_s, lb.run(inp, C, changes=ov).tok_per_s)
@@ -224,10 +227,10 @@ def recommendation(rows: Sequence[WhatIf]) -> WhatIf | None:
     return min((w for w in ok if w.gain >= best - TIE), key=_tie_key)
 
 
-def best_pair(inp: Inputs, rows: Sequence[WhatIf],
-              settings: dict[tuple[str, str], tuple[Change, ...]]) -> WhatIf | None:
+def best_pair(inp: Inputs, rows: Sequence[WhatIf], settings: object = None) -> WhatIf | None:
     """The best two server settings of different knobs applied together, among each server
-    knob's best row; judged by the same objective and rule as one setting."""
+    knob's best row; judged by the same objective and rule as one setting. Each row brings its
+    own changes; `settings` (the `setting_of` map the twin's driver still passes) is not read."""
     Cs = measured_concurrency(inp)
     base = {C: lb.run(inp, C).tok_per_s for C in Cs}
     mixed_inp = replace(inp, range_ratio=MIXED_RANGE_RATIO)
@@ -242,12 +245,12 @@ def best_pair(inp: Inputs, rows: Sequence[WhatIf],
         for b in cands[i + 1:]:
             if a.knob == b.knob:
                 continue
-            ov = settings[(a.knob, a.setting)] + settings[(b.knob, b.setting)]
+            ov = a.changes + b.changes
             eff = tuple(_effect(C, base[C], lb.run(inp, C, changes=ov).tok_per_s) for C in Cs)
             mixed = _effect(max(Cs), base_mixed, lb.run(mixed_inp, max(Cs), changes=ov).tok_per_s)
             w = _row(f"{a.knob} + {b.knob}", f"{a.setting} + {b.setting}", eff, mixed,
-                     "two settings together", server=True)
-            out.append(holds_range(inp, w, ov) if w.eligible else w)
+                     "two settings together", server=True, changes=ov)
+            out.append(holds_range(inp, w) if w.eligible else w)
     return recommendation(out)
 
 

@@ -1,2 +1,2 @@
-"""The simulator: SGLang's PP loop as events (pipeline_model), its closed form, the
-scenario's loop builder and bench_serving's whole run over a loop (bench_run)."""
+"""The simulator every pipeline stands on: SGLang's PP loop as events (pipeline_model) and its
+closed form. It imports nothing else of the model (tests/test_layering.py)."""

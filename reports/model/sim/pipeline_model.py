@@ -179,6 +179,33 @@ class _Wires:
         self.out, self.out_ack = rows(), rows()
         self.tok = [None] * iters          # idealised return: iteration -> tokens at rank 0
 
+    def of(self, r: int) -> tuple[list, ...]:
+        """Rank r's sends and the acks of their receivers: request lists, proxies, outputs."""
+        return (self.req[r], self.req_ack[r], self.proxy[r], self.proxy_ack[r], self.out[r],
+                self.out_ack[r])
+
+
+def _forward(t: float, gpu_free: float, sched: float, cost: float, on_cpu: bool,
+             spans: list | None, r: int, k: int, n: int) -> tuple[float, float]:
+    """One forward launched at CPU time t (its launch cost already added): it starts once the
+    GPU is free and the schedule stream has reached it, and runs `cost`; a forward on the CPU
+    holds the CPU until it ends. Returns (the CPU's time after the launch, the forward's end)."""
+    start = gpu_free if gpu_free > t else t
+    if sched > start:
+        start = sched
+    end = start + cost
+    if spans is not None:
+        spans.append(Span(r, k, n, start, end))
+    return (end if on_cpu else t), end
+
+
+def _arrived(t: float, sched: float, meta: float, data: float, chain: float
+             ) -> tuple[float, float]:
+    """A receive's metadata reaches the CPU (after the chain) and its data the schedule stream:
+    (CPU time, schedule stream) once both wait for it."""
+    meta += chain
+    return (meta if meta > t else t), (data if data > sched else sched)
+
 
 def _rank_loop(cfg: LoopConfig, r: int, sizes: list[int], iters: int, wires: _Wires,
                done_at: dict, spans: list | None, plan: "Plan | None" = None):
@@ -188,25 +215,16 @@ def _rank_loop(cfg: LoopConfig, r: int, sizes: list[int], iters: int, wires: _Wi
     iteration j runs the plan's batch j (a decode of n requests, or a prefill of its tokens)
     instead of the fixed slot sizes. `a if a > b else b` stands for max(b, a) throughout (the
     same float, without a call: this loop is the report's hot path)."""
-    p, S, depth = cfg.pp, cfg.slots, cfg.async_depth
-    last = p - 1
+    p, S, depth, last = cfg.pp, cfg.slots, cfg.async_depth, cfg.pp - 1
     host, empty = cfg.cpu("host_us", r), cfg.cpu("empty_us", r)
     launch, process = cfg.cpu("launch_us", r), cfg.cpu("process_us", r)
     chain, stage, hop, tok_hop = cfg.chain_us, cfg.stage_us[r], cfg.hop_us[r], cfg.hop_us[last]
-    on_cpu = cfg.cpu_forward
-    send_cpu = float(cfg.send_us[r]) if cfg.send_us else 0.0
+    on_cpu, send_cpu = cfg.cpu_forward, (float(cfg.send_us[r]) if cfg.send_us else 0.0)
     prev = (r - 1) % p
-    # this rank's inbox (from rank r - 1, and the outputs from `prev`) and outbox, with the
-    # acks each side posts
-    req_in, req_in_ack = wires.req[prev], wires.req_ack[prev]
-    proxy_in, proxy_in_ack = wires.proxy[prev], wires.proxy_ack[prev]
-    req_out, req_out_ack = wires.req[r], wires.req_ack[r]
-    proxy_out, proxy_out_ack = wires.proxy[r], wires.proxy_ack[r]
-    out_in, out_in_ack = wires.out[prev], wires.out_ack[prev]
-    out_out, out_out_ack = wires.out[r], wires.out_ack[r]
+    # this rank's inbox (rank r - 1's sends) and outbox, with the acks each side posts
+    req_in, req_in_ack, proxy_in, proxy_in_ack, out_in, out_in_ack = wires.of(prev)
+    req_out, req_out_ack, proxy_out, proxy_out_ack, out_out, out_out_ack = wires.of(r)
     tok = wires.tok
-    launch_first = depth == 0
-    send_first = r % 2 == 0
     t = gpu_free = sched = 0.0           # CPU clock, GPU free, schedule stream
     proxy_done = out_done = 0.0          # when this rank's last proxy / output send completed
     # gloo sends complete only once the peer posted its receive (rendezvous): the last send of
@@ -250,12 +268,7 @@ def _rank_loop(cfg: LoopConfig, r: int, sizes: list[int], iters: int, wires: _Wi
             v = proxy_in[j]
             if v is None:
                 v = yield proxy_in, j
-            meta, data = v
-            meta += chain
-            if meta > t:
-                t = meta
-            if data > sched:
-                sched = data
+            t, sched = _arrived(t, sched, v[0], v[1], chain)
         if not cfg.token_return:                             # idealised return
             if n and r == 0 and j >= S:
                 v = tok[j - S]
@@ -263,30 +276,20 @@ def _rank_loop(cfg: LoopConfig, r: int, sizes: list[int], iters: int, wires: _Wi
                     v = yield tok, j - S
                 t = (v if v > t else t) + process
             if n:
-                t += launch
-                start = gpu_free if gpu_free > t else t
-                if sched > start:
-                    start = sched
-                end = start + cost
+                t, end = _forward(t + launch, gpu_free, sched, cost, on_cpu, spans, r, k, n)
                 gpu_free = end
-                if on_cpu:
-                    t = end
                 if r == last:
                     done_at[j] = end
                     tok[j] = end + _at(tok_hop, n)
-                if spans is not None:
-                    spans.append(Span(r, k, n, start, end))
-                if r < last:
+                else:
                     if end > sched:
                         sched = end
                     t += send_cpu
                     proxy_out[j] = (t, (t if t > sched else sched) + hop_cost)
             continue
         nxt = mbs[(k + 1) % S]
-        new_out = None
-        d2h = None
-        end = None
-        for launching in ((True, False) if launch_first else (False, True)):
+        new_out = d2h = end = None
+        for launching in ((True, False) if depth == 0 else (False, True)):
             if launching:
                 if proxy_done > sched:                       # commit the last proxy send
                     sched = proxy_done
@@ -299,19 +302,11 @@ def _rank_loop(cfg: LoopConfig, r: int, sizes: list[int], iters: int, wires: _Wi
                         t = v
                     proxy_j = -1
                 if n:                                        # 5. launch
-                    t += launch
-                    start = gpu_free if gpu_free > t else t
-                    if sched > start:
-                        start = sched
-                    end = start + cost
+                    t, end = _forward(t + launch, gpu_free, sched, cost, on_cpu, spans, r, k, n)
                     gpu_free = end
-                    if on_cpu:
-                        t = end
                     if r == last:
                         held.append((end, n))
                         done_at[j] = end
-                    if spans is not None:
-                        spans.append(Span(r, k, n, start, end))
                 continue
             if out_done > sched:                             # commit the last output send
                 sched = out_done
@@ -323,20 +318,19 @@ def _rank_loop(cfg: LoopConfig, r: int, sizes: list[int], iters: int, wires: _Wi
                 if v > t:
                     t = v
                 out_j = -1
-            for sending in ((True, False) if send_first else (False, True)):
+            for sending in ((True, False) if r % 2 == 0 else (False, True)):  # even ranks send first
                 if sending:                                  # 4. exchange outputs
+                    nn = None
                     if r == last:
                         if mbs[(k + p) % S]:
                             fe, nn = held.popleft()
                             if fe > sched:
                                 sched = fe                   # NCCL send waits for that forward
-                            out_done = (t if t > sched else sched) + _at(tok_hop, nn)
-                            out_out[sent] = (t, out_done, nn)
-                            out_j, out_t = sent, t
-                            sent += 1
                     elif pp_out is not None:
-                        out_done = (t if t > sched else sched) + _at(tok_hop, pp_out[1])
-                        out_out[sent] = (t, out_done, pp_out[1])
+                        nn = pp_out[1]
+                    if nn is not None:
+                        out_done = (t if t > sched else sched) + _at(tok_hop, nn)
+                        out_out[sent] = (t, out_done, nn)
                         out_j, out_t = sent, t
                         sent += 1
                 elif nxt:
@@ -344,15 +338,10 @@ def _rank_loop(cfg: LoopConfig, r: int, sizes: list[int], iters: int, wires: _Wi
                     v = out_in[recvd]
                     if v is None:
                         v = yield out_in, recvd
-                    meta, data, nn = v
                     recvd += 1
-                    meta += chain
-                    if meta > t:
-                        t = meta
-                    if data > sched:
-                        sched = data
+                    t, sched = _arrived(t, sched, v[0], v[1], chain)
                     d2h = sched                              # copy stream waits the schedule
-                    new_out = (sched, nn)                    # stream, then records the event
+                    new_out = (sched, v[2])                  # stream, then records the event
         if nxt:                                              # 6. d2h sync + process result
             t = (d2h if d2h > t else t) + process
             if r == 0 and plan is not None:                  # the client has those tokens
@@ -517,7 +506,7 @@ def simulate_plan(plan: Plan) -> dict[int, float]:
 def run_key(cfg: LoopConfig, slot_sizes: Sequence[int]) -> LoopConfig:
     """What `simulate(cfg, slot_sizes)` reads of `cfg`: its cost tables only at the batch sizes
     that run (in size order), every other field as it is. Two loops with the same key give the
-    same result, so a caller memoising runs (reports/model/sim/loop_builder.py) runs them once;
+    same result, so a caller memoising runs (reports/model/scenario/loop_builder.py) runs them once;
     loops that differ only at sizes no slot holds (another graph padding of an unused size, a
     table built to a larger size) are one run. `cfg` itself when a size has no cost."""
     used = sorted({n for n in slot_sizes if n})

@@ -134,11 +134,11 @@ def traced_server_whatifs(sg: SglangData | None):
 
 
 def _bench_run(sg: SglangData, dep, observed: float | None) -> ModelledBenchRun | None:
-    """The observed loop over bench_serving's whole run (reports/model/sim/bench_run.py:
+    """The observed loop over bench_serving's whole run (reports/model/observed/bench_run.py:
     its waves, the last one below C, prefill visits), the traced window's profiler slowdown
     taken off (LoopProfile.profiler_slowdown): the modelled tok/s set against bench_serving's,
     and what is left unexplained (% of the observed step, as `unexplained_pct`)."""
-    from reports.model.sim import bench_run as ow
+    from reports.model.observed import bench_run as ow
     if not sg.bench or dep.device != "cpu":
         return None
     try:
