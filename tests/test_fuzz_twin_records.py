@@ -179,7 +179,7 @@ def test_a_complete_record_says_nothing_more(tmp_path, seed_report):
 @pytest.fixture
 def no_lab(monkeypatch):
     """Anything that would start installing or running SGLang fails the test."""
-    import microbench.sglang_lab.twin as twin
+    import microbench.sglang_lab.twin.run as twin
     import microbench.sglang_lab.venv as venv
 
     def never(*a, **k):
@@ -205,7 +205,7 @@ def test_a_point_given_twice_is_refused_before_anything_starts(tmp_path, capsys,
 
 def _twin_failing(tmp_path, capsys, monkeypatch, finished: int) -> str:
     """`ppscope twin` whose run fails after `finished` runs (LabError)."""
-    import microbench.sglang_lab.twin as twin
+    import microbench.sglang_lab.twin.run as twin
     from microbench.sglang_lab.venv import LabError
     from reports.cli import main
 

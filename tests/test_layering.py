@@ -88,10 +88,10 @@ ANALYSIS = ("reports.model", "reports.render", "reports.report_build", "reports.
             "reports.answer", "reports.lab")
 
 # The lab's driver: it starts SGLang's server and runs ppscope's own model beside it (lab,
-# twin, the twin's held-out check); rounds splits a traced window with microbench/sglang's
-# reader before modelling it.
-LAB_DRIVER = ("microbench.sglang_lab.lab", "microbench.sglang_lab.twin",
-              "microbench.sglang_lab.twin_observed", "microbench.sglang_lab.rounds")
+# twin, the twin's held-out check); rounds reads a traced window with microbench/sglang's
+# reader and hands it to its analysis (reports/lab/rounds.py).
+LAB_DRIVER = ("microbench.sglang_lab.lab", "microbench.sglang_lab.twin.run",
+              "microbench.sglang_lab.twin.observed", "microbench.sglang_lab.rounds")
 
 
 def _command_module(name: str) -> bool:

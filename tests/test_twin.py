@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from microbench.sglang_lab.twin import calibrated_k, waves, with_flag
+from microbench.sglang_lab.twin.run import calibrated_k, waves, with_flag
 from reports.base.server_flags import server_args
 from reports.model.sim import loop_builder as lb
 from reports.model.scenario.inputs import build_inputs, load_records, load_scenario
@@ -113,7 +113,7 @@ def test_the_waves_are_read_from_rank_0s_prefill_lines():
 
 
 def test_the_table_sets_twin_beside_model_and_observed():
-    from microbench.sglang_lab.twin_table import render
+    from microbench.sglang_lab.twin.table import render
     row = dict(flags=["--chunked-prefill-size", "8192"], twin_tpot_ms=100.0, model_tpot_ms=96.7,
                twin_output_tok_per_s=60.0, twin_decode_tok_per_s=80.0, model_tok_per_s=82.8,
                twin_ttft_ms=900.0, completed=8, waves=[1, 7], model_slots=[8])
@@ -339,7 +339,7 @@ def test_the_built_in_report_carries_the_shipped_twin(tmp_path):
 def test_the_twin_models_its_own_run():
     """Each twin row gets the model of that very run: rep 1's chunk-2048 run (SGLang admitted
     4, 3, 3, 1 with the warm-up prompt cached) modelled at 71.4 ms against the twin's 66.6."""
-    from microbench.sglang_lab.twin import WARMUP_REQUESTS, _run_model
+    from microbench.sglang_lab.twin.run import WARMUP_REQUESTS, _run_model
     records, warnings = load_records(Path("/nonexistent"))
     inp = build_inputs(load_scenario("seed-pp8"), records, warnings)
     d = json.loads((FIX / "reps" / "rep1.twin.json").read_text())["data"]
@@ -351,7 +351,7 @@ def test_the_twin_models_its_own_run():
 
 
 def test_the_table_gives_the_spread_of_repetitions():
-    from microbench.sglang_lab.twin_table import render
+    from microbench.sglang_lab.twin.table import render
     row = dict(flags=["--chunked-prefill-size", "8192"], model_tpot_ms=96.7,
                twin_output_tok_per_s=60.0, model_tok_per_s=82.8, twin_ttft_ms=900.0,
                completed=8, waves=[1, 7], model_slots=[8], concurrency=8)
@@ -376,8 +376,8 @@ def test_three_interleaved_runs_with_the_cache_flushed_support_both_settings(tmp
     agree with the model (within 25%), the pair gains more than the single setting, and the
     model of each run (every prompt prefilled) is within 10% of what SGLang's loop ran."""
     import shutil
-    from microbench.sglang_lab.twin import _run_model
-    from microbench.sglang_lab.twin_table import render
+    from microbench.sglang_lab.twin.run import _run_model
+    from microbench.sglang_lab.twin.table import render
     from reports.model.scenario.twin_check import AGREES, change_of, no_better, read_twin, verdict
     src = FIX / "flush" / "c8-reps3.twin.json"
     d = json.loads(src.read_text())["data"]
@@ -407,7 +407,7 @@ def _check_current_runs(d: dict, seed, tmp_path, src: Path) -> None:
     """What SGLang did in every run of a current-hold record, the model of each run and the
     steady loop within 10% of the twin's, and both what-ifs agree."""
     import shutil
-    from microbench.sglang_lab.twin import _run_model
+    from microbench.sglang_lab.twin.run import _run_model
     from reports.model.scenario.twin_check import AGREES, read_twin, verdict
     assert d["calibration"]["k"] == 60 and d["hold"] == "stream" and d["flush_cache"]
     changes = _setting_changes()

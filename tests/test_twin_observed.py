@@ -1,4 +1,4 @@
-"""The twin's held-out check (microbench/sglang_lab/twin_observed.py): the cost file written
+"""The twin's held-out check (microbench/sglang_lab/twin/observed.py): the cost file written
 from an observed record, its rendering, and the CLI's bad input. The run itself starts SGLang
 (docs/BENCHMARKS.md section 17, held-out check); here only what needs no server."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from microbench.sglang.steps import read_loop
-from microbench.sglang_lab.twin_observed import render
+from microbench.sglang_lab.twin.observed import render
 from reports.base.server_flags import server_args
 from reports.cli import main
 from reports.model.observed.deployment import at_size, from_evidence
@@ -86,7 +86,7 @@ def test_the_windows_own_slowdown_is_taken_off_the_holds(dep):
 def test_the_hold_counts_the_forwards_it_lengthened(tmp_path, monkeypatch):
     import importlib.util
     import time
-    from microbench.sglang_lab.twin_observed import held
+    from microbench.sglang_lab.twin.observed import held
     inject = Path(__file__).resolve().parents[1] / "microbench" / "sglang_lab" / "boot" / "inject"
     monkeypatch.syspath_prepend(str(inject))
     spec = importlib.util.spec_from_file_location("twin_hold_stats", inject / "ppscope_twin_hold.py")

@@ -1,5 +1,5 @@
 """The twin's device times for an observed server: its own traced forwards, for the held-out
-check of the twin (microbench/sglang_lab/twin_observed.py).
+check of the twin (microbench/sglang_lab/twin/observed.py).
 
 The scenario's twin holds each forward to the model's stage time (reports/model/scenario/
 twin_costs.py). The observed server's twin holds each rank's decode forward to the forward time

@@ -1,11 +1,11 @@
 """What the twin measured, for the report: each what-if setting's change on SGLang's own scheduler.
 
-`ppscope twin` (microbench/sglang_lab/twin.py) writes `results/twin.json`: per server setting
+`ppscope twin` (microbench/sglang_lab/twin/run.py) writes `results/twin.json`: per server setting
 (its SGLang flags) and concurrency, the twin's decode TPOT and tok/s, undilated. Here a what-if
 row of the report (a knob and its value, or a pair of them) is matched to the twin's server whose
 flags differ from the default server's by exactly that change, and the change the twin measured
 (decode tok/s = C / TPOT, against the default at the same C) is set beside the model's. The
-twin's TPOT is its steady decode where the record has one (microbench/sglang_lab/twin_steady.py:
+twin's TPOT is its steady decode where the record has one (microbench/sglang_lab/twin/steady.py:
 one round of the loop with every request decoding, read from SGLang's log), the quantity the
 model's steady loop predicts; records without it use bench_serving's median TPOT, whose short
 runs include the later prompts' prefills.
@@ -33,8 +33,8 @@ from reports.model.scenario.file import MAX_CONCURRENCY, MAX_PP
 
 TWIN_FILE = "twin.json"
 MAX_BYTES = 16 << 20
-# the dilations `ppscope twin` runs at: its --k and --max-k (microbench/sglang_lab/twin_cli.py),
-# and a calibrated k is at least 1 (microbench/sglang_lab/twin.py `calibrated_k`)
+# the dilations `ppscope twin` runs at: its --k and --max-k (microbench/sglang_lab/twin/cli.py),
+# and a calibrated k is at least 1 (microbench/sglang_lab/twin/run.py `calibrated_k`)
 K_RANGE = (1.0, 1000.0)
 # a server setting changes decode tok/s by less than this factor either way (-99% to +9900%);
 # beyond it a figure is not one a run gives, and is refused before it is printed

@@ -1,6 +1,6 @@
 """The twin's device times: the model's own per-stage figures, written for SGLang's processes.
 
-The twin (microbench/sglang_lab/twin.py) runs SGLang's own PP server at a deployment's settings
+The twin (microbench/sglang_lab/twin/run.py) runs SGLang's own PP server at a deployment's settings
 and holds every rank's forward to that deployment's stage time. The times are the ones the
 pipeline model uses (reports/model/sim/loop_builder.py, all effects on), so the twin and the model
 differ only in the loop:

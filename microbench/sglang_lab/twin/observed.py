@@ -20,7 +20,7 @@ from statistics import median
 
 from microbench.sglang_lab import drive
 from microbench.sglang_lab.server import LabServer, ServerSpec
-from microbench.sglang_lab.twin import say
+from microbench.sglang_lab.twin.run import say
 from reports.base.server_flags import server_args
 from microbench.sglang_lab.venv import (MODEL_LAYERS, claim_lab_dir, ensure_model, ensure_venv,
                                         inject_path, sharegpt_file)

@@ -2,7 +2,7 @@
 twin's TPOT and decode tok/s (undilated) beside the model's and the user's, with the
 micro-batches SGLang formed, the model of that very run (its logged admission and prefill
 included: reports/model/sim/bench_transient.py) beside bench_serving's TPOT, and the model's
-steady loop beside the twin's steady decode (SGLang's log, microbench/sglang_lab/twin_steady.py);
+steady loop beside the twin's steady decode (SGLang's log, microbench/sglang_lab/twin/steady.py);
 then each setting's change against the default, predicted by the model and measured on the twin
 (the steady decode's change is the one the model's figure predicts). With
 repetitions: a spread table (median TPOT and range per setting and C), and each change set

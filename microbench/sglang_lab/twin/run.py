@@ -38,7 +38,7 @@ from pathlib import Path
 
 from microbench.sglang_lab import drive
 from microbench.sglang_lab.server import LabServer, ServerSpec
-from microbench.sglang_lab.twin_steady import steady_decode
+from microbench.sglang_lab.twin.steady import steady_decode
 from microbench.sglang_lab.venv import (claim_lab_dir, ensure_model, ensure_venv,
                                         inject_path, sharegpt_file)
 
