@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from microbench.sglang_lab.twin.run import calibrated_k, waves, with_flag
+from reports.base.payloads.twin import TwinCosts, write_costs
+from reports.base.schema import from_json
 from reports.base.server_flags import server_args
 from reports.model.sim import loop_builder as lb
 from reports.model.scenario.inputs import build_inputs, load_records, load_scenario
@@ -37,8 +40,10 @@ def hold(tmp_path, monkeypatch):
     return mod
 
 
-def test_the_device_times_are_the_models_own(seed):
-    c = costs(seed, 40.0, 32)
+def test_the_device_times_are_the_models_own(seed, tmp_path):
+    written = write_costs(tmp_path / "twin-costs.json", costs(seed, 32), 40.0)
+    c = json.loads((tmp_path / "twin-costs.json").read_text())     # as the hold reads it
+    assert from_json(TwinCosts, c) == written
     cfg = lb.loop_config(seed, lb.ALL_ON, 32)
     assert c["k"] == 40.0
     # SGLang's own split of Kimi's 61 layers over 8 ranks (the last 61 % 8 ranks get one more)
@@ -56,9 +61,9 @@ def test_the_device_times_are_the_models_own(seed):
 
 
 def test_the_hold_turns_a_batch_into_its_time(seed, hold, tmp_path, monkeypatch):
-    c = costs(seed, 2.0, 16)
     path = tmp_path / "twin-costs.json"
-    path.write_text(json.dumps(c))
+    write_costs(path, costs(seed, 16), 2.0)
+    c = json.loads(path.read_text())
     monkeypatch.setenv("PPSCOPE_TWIN_COSTS", str(path))
     mode = lambda decode: SimpleNamespace(is_decode=lambda: decode)  # noqa: E731
     r3 = c["ranks"][3]
@@ -159,11 +164,11 @@ def test_async_device_time_travels_with_sglangs_messages(seed, hold, tmp_path, m
     hidden states of the slot just run, this rank's previous forward (behind its hidden-state
     send). SGLang 0.5.23 scheduler_pp_mixin.py, its default path (SGLANG_PP_COMM_OVERLAP off)."""
     import time
-    c = costs(seed, 1000.0, 8, mode="async")          # k = 1000: milliseconds become seconds
-    for r in c["ranks"]:
-        r["launch_us"] = 0.0
+    c = costs(seed, 8, mode="async")
+    c = replace(c, ranks=tuple(replace(r, launch_us=0.0) for r in c.ranks))
     path = tmp_path / "twin-costs.json"
-    path.write_text(json.dumps(c))
+    write_costs(path, c, 1000.0)                      # k = 1000: milliseconds become seconds
+    c = json.loads(path.read_text())
     monkeypatch.setenv("PPSCOPE_TWIN_COSTS", str(path))
     mode = SimpleNamespace(is_decode=lambda: True)
     batch = SimpleNamespace(forward_mode=mode, batch_size=1, extend_num_tokens=None)
@@ -230,11 +235,11 @@ def test_the_outputs_event_is_recorded_at_their_receive_in_sglangs_parity_order(
     tokens of the forward it just launched (`q_event`): its sync must not wait for that forward,
     or its GPU idles for the host work of every visit. Even ranks send first."""
     import time
-    c = costs(seed, 1000.0, 8, mode="async")          # k = 1000: milliseconds become seconds
-    for r in c["ranks"]:
-        r["launch_us"] = 0.0
+    c = costs(seed, 8, mode="async")
+    c = replace(c, ranks=tuple(replace(r, launch_us=0.0) for r in c.ranks))
     path = tmp_path / "twin-costs.json"
-    path.write_text(json.dumps(c))
+    write_costs(path, c, 1000.0)                      # k = 1000: milliseconds become seconds
+    c = json.loads(path.read_text())
     monkeypatch.setenv("PPSCOPE_TWIN_COSTS", str(path))
     last = len(c["ranks"]) - 1
     batch = SimpleNamespace(forward_mode=SimpleNamespace(is_decode=lambda: True), batch_size=4,
@@ -457,3 +462,21 @@ def test_third_repetition_at_c32(tmp_path, seed):
         ("default", 32), ("recommended", 32), ("pair", 32)]
     assert d["rows"][0]["waves"][1:] == [9, 9, 9, 7]       # 8192 tokens: eight prompts and a chunk
     _check_current_runs(d, seed, tmp_path, src)
+
+
+def test_the_cost_file_is_one_payload_written_at_the_runs_k(seed, tmp_path):
+    """Both builders give the times alone (k is not theirs), the one writer sets k, and a cost
+    file read back is checked field by field."""
+    from reports.base.schema import SchemaError
+    table = costs(seed, 8)
+    assert isinstance(table, TwinCosts) and table.k == 0.0
+    path = tmp_path / "twin-costs.json"
+    at60 = write_costs(path, table, 60.0)
+    assert at60 == replace(table, k=60.0)
+    assert from_json(TwinCosts, json.loads(path.read_text())) == at60
+    bad = json.loads(path.read_text())
+    bad["ranks"][2]["decode_us"][3] = -1.0
+    with pytest.raises(SchemaError, match=r"ranks\[2\]\.decode_us\[3\]"):
+        from_json(TwinCosts, bad)
+    with pytest.raises(SchemaError, match="mode"):
+        from_json(TwinCosts, dict(bad, mode="gpu"))

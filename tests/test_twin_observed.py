@@ -10,6 +10,7 @@ import pytest
 
 from microbench.sglang.steps import read_loop
 from microbench.sglang_lab.twin.observed import render
+from reports.base.schema import to_json
 from reports.base.server_flags import server_args
 from reports.cli import main
 from reports.model.observed.deployment import at_size, from_evidence
@@ -26,8 +27,8 @@ def dep():
 
 
 def test_each_rank_is_held_to_its_own_traced_forward(dep):
-    t = costs(dep, 16, k=1.0)
-    assert t["mode"] == "sync" and t["k"] == 1.0 and len(t["ranks"]) == dep.pp
+    t = to_json(costs(dep, 16))
+    assert t["mode"] == "sync" and t["k"] == 0.0 and len(t["ranks"]) == dep.pp
     for r, row in enumerate(t["ranks"]):
         assert len(row["decode_us"]) == 17 and row["decode_us"][0] == 0.0
         for b in (1, 2, 6, 16):
@@ -74,7 +75,7 @@ def test_a_missing_record_is_a_one_line_error(tmp_path, capsys):
 
 
 def test_the_windows_own_slowdown_is_taken_off_the_holds(dep):
-    full, half = costs(dep, 8), costs(dep, 8, scale=0.5)
+    full, half = to_json(costs(dep, 8)), to_json(costs(dep, 8, scale=0.5))
     assert half["forward_scale"] == 0.5
     for a, b in zip(full["ranks"], half["ranks"]):
         assert b["decode_us"][6] == pytest.approx(a["decode_us"][6] / 2, abs=1e-3)

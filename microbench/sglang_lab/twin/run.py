@@ -117,7 +117,7 @@ def run_twin(inp, settings: list[TwinSetting], concurrency: list[int], out: Path
     """Calibrate, then run each setting at each concurrency, `reps` times with the settings
     interleaved; returns the record's data. `keep(data)`: called after every finished run with
     the record so far (write as you go)."""
-    import json
+    from reports.base.payloads.twin import write_costs
     from reports.model.scenario.twin_costs import costs
     claim_lab_dir(lab_dir)
     python = ensure_venv(lab_dir, say)
@@ -125,8 +125,9 @@ def run_twin(inp, settings: list[TwinSetting], concurrency: list[int], out: Path
     dataset = sharegpt_file(lab_dir)
     out.mkdir(parents=True, exist_ok=True)
     cost_file = out / "twin-costs.json"      # the run's own: two twins never share one
-    table = costs(inp, 0.0, max(64, max(concurrency)), mode=mode)
-    cost_file.write_text(json.dumps(table))
+    table = costs(inp, max(64, max(concurrency)), mode=mode)
+    # nothing emulated (k = 0) until the calibration has chosen k; a given k from the start
+    written = write_costs(cost_file, table, 0.0 if k is None else k)
     tokens = max(concurrency) * (inp.prompt_len + output_len) + 4096
     rows: list[dict] = []
     calib = None if k is None else {"k": k, "given": True}
@@ -150,19 +151,18 @@ def run_twin(inp, settings: list[TwinSetting], concurrency: list[int], out: Path
                                         output_len=output_len)
                 if calib is None:
                     calib = _calibrate(inp, server, bench, out / "calibration", max_k)
-                table["k"] = calib["k"]
-                cost_file.write_text(json.dumps(table))
-                time.sleep(1.0)                  # the hold module re-reads the file within 0.5 s
+                    written = write_costs(cost_file, table, calib["k"])
+                    time.sleep(1.0)              # the hold module re-reads the file within 0.5 s
                 for C in concurrency:
                     seed = (100 + si * 1000 + C + zlib.crc32(st.name.encode()) % 97
                             + rep * 7919)
                     rows.append(_one_run(inp, st, C, server, bench, sdir / f"c{C}", seed,
                                          calib["k"], output_len) | {"rep": rep + 1})
                     if keep is not None:
-                        keep(_data(inp, calib, output_len, rows, table, mode, reps, done=False,
-                                   choices=choices))
+                        keep(_data(inp, calib, output_len, rows, written, mode, reps,
+                                   done=False, choices=choices))
                     drive.wait_idle(server, timeout_s=600.0)
-    return _data(inp, calib, output_len, rows, table, mode, reps, done=True, choices=choices)
+    return _data(inp, calib, output_len, rows, written, mode, reps, done=True, choices=choices)
 
 
 def _calibrate(inp, server: LabServer, bench: drive.BenchSpec, cdir: Path, max_k: float) -> dict:
@@ -217,11 +217,13 @@ def _one_run(inp, st: TwinSetting, C: int, server: LabServer, bench: drive.Bench
     return row
 
 
-def _data(inp, calib, output_len, rows, table, mode, reps: int, done: bool,
+def _data(inp, calib, output_len, rows, written, mode, reps: int, done: bool,
           choices=None) -> dict:
     from dataclasses import asdict
+    from reports.base.schema import to_json
     return {"scenario": inp.name, "pp": inp.pp, "calibration": calib, "output_len": output_len,
-            "prompt_len": inp.prompt_len, "rows": list(rows), "costs": table, "complete": done,
+            "prompt_len": inp.prompt_len, "rows": list(rows), "costs": to_json(written),
+            "complete": done,
             "mode": mode, "reps": reps, "flush_cache": True, "hold": "stream",
             "emulated": "every forward, hop and host visit held to the deployment's time x k "
                         "(reports/model/scenario/twin_costs.py); "
