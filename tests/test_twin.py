@@ -480,3 +480,18 @@ def test_the_cost_file_is_one_payload_written_at_the_runs_k(seed, tmp_path):
         from_json(TwinCosts, bad)
     with pytest.raises(SchemaError, match="mode"):
         from_json(TwinCosts, dict(bad, mode="gpu"))
+
+
+def test_the_model_of_each_run_is_set_beside_it_after_the_runs(seed):
+    """The measurement takes no model figure; `model_figures` gives them after the runs, the
+    very numbers the shipped record holds (configs/records/seed-pp8.twin.json: one run of each
+    setting)."""
+    from microbench.sglang_lab.twin.run import TwinSetting, model_figures
+    d = json.loads((ROOT / "configs" / "records" / "seed-pp8.twin.json").read_text())["data"]
+    changes = _setting_changes()
+    picked = {r["setting"]: r for r in d["rows"] if r["concurrency"] == 8}
+    assert set(picked) == set(changes)
+    for name, row in picked.items():
+        got = model_figures(seed, TwinSetting(name, tuple(row["flags"]), changes[name]), row,
+                            d["output_len"])
+        assert got == {k: pytest.approx(row[k], rel=1e-9) for k in got}, name

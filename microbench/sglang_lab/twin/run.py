@@ -115,8 +115,9 @@ def run_twin(inp, settings: list[TwinSetting], concurrency: list[int], out: Path
              output_len: int, max_k: float, k: float | None = None,
              mode: str = "async", keep=None, reps: int = 1) -> dict:
     """Calibrate, then run each setting at each concurrency, `reps` times with the settings
-    interleaved; returns the record's data. `keep(data)`: called after every finished run with
-    the record so far (write as you go)."""
+    interleaved; then the model of every run (`model_figures`); returns the record's data.
+    `keep(data)`: called after every finished run with the record so far (write as you go: its
+    runs modelled as it is written, each run once)."""
     from reports.base.payloads.twin import write_costs
     from reports.model.scenario.twin_costs import costs
     claim_lab_dir(lab_dir)
@@ -129,7 +130,14 @@ def run_twin(inp, settings: list[TwinSetting], concurrency: list[int], out: Path
     # nothing emulated (k = 0) until the calibration has chosen k; a given k from the start
     written = write_costs(cost_file, table, 0.0 if k is None else k)
     tokens = max(concurrency) * (inp.prompt_len + output_len) + 4096
-    rows: list[dict] = []
+    measured: list[tuple[TwinSetting, dict]] = []
+    rows: list[dict] = []       # the measured runs with their model, in run order
+
+    def record(done: bool) -> dict:
+        for st, run in measured[len(rows):]:
+            rows.append(run | model_figures(inp, st, run, output_len))
+        return _data(inp, calib, output_len, rows, written, mode, reps, done=done,
+                     choices=choices)
     calib = None if k is None else {"k": k, "given": True}
     choices = None
     for rep in range(reps):
@@ -156,13 +164,13 @@ def run_twin(inp, settings: list[TwinSetting], concurrency: list[int], out: Path
                 for C in concurrency:
                     seed = (100 + si * 1000 + C + zlib.crc32(st.name.encode()) % 97
                             + rep * 7919)
-                    rows.append(_one_run(inp, st, C, server, bench, sdir / f"c{C}", seed,
-                                         calib["k"], output_len) | {"rep": rep + 1})
+                    measured.append((st, _one_run(inp, st, C, server, bench, sdir / f"c{C}",
+                                                  seed, calib["k"], output_len)
+                                     | {"rep": rep + 1}))
                     if keep is not None:
-                        keep(_data(inp, calib, output_len, rows, written, mode, reps,
-                                   done=False, choices=choices))
+                        keep(record(done=False))
                     drive.wait_idle(server, timeout_s=600.0)
-    return _data(inp, calib, output_len, rows, written, mode, reps, done=True, choices=choices)
+    return record(done=True)
 
 
 def _calibrate(inp, server: LabServer, bench: drive.BenchSpec, cdir: Path, max_k: float) -> dict:
@@ -181,14 +189,12 @@ def _calibrate(inp, server: LabServer, bench: drive.BenchSpec, cdir: Path, max_k
 
 def _one_run(inp, st: TwinSetting, C: int, server: LabServer, bench: drive.BenchSpec,
              cdir: Path, seed: int, k: float, output_len: int) -> dict:
-    """One bench_serving run at C on a started server: the record's row, undilated."""
-    from reports.model.sim import loop_builder as lb
-    from reports.model.scenario.twin_costs import model_of_twin
+    """One bench_serving run at C on a started server: the record's row as measured,
+    undilated (the model's figures are set beside it after the runs: `model_figures`)."""
     say(f"{st.name}: C={C}, {max(2, C)} prompts of {inp.prompt_len} tokens, {output_len} out "
         f"(k = {k:g})")
     cdir.mkdir(parents=True, exist_ok=True)
     b, w, log = _bench(server, bench, cdir, C, max(2, C), seed)
-    pred = lb.run(inp, C, changes=st.changes)
     steady = steady_decode(log, C)
     row = {
         "setting": st.name, "flags": list(st.flags), "concurrency": C,
@@ -200,11 +206,7 @@ def _one_run(inp, st: TwinSetting, C: int, server: LabServer, bench: drive.Bench
         # from the text beside those SGLang made (the lab model gives every token text)
         "bench_text_tokens": b.get("total_output_tokens_retokenized"),
         "bench_output_tokens": b.get("total_output_tokens"),
-        "waves": w, "model_tpot_ms": pred.tpot_ms,
-        "model_cpu_forward_tpot_ms": model_of_twin(inp, C, changes=st.changes).tpot_ms,
-        "model_tok_per_s": pred.tok_per_s,
-        "model_slots": [s for s in pred.slot_sizes if s],
-        "run_model_tpot_ms": _run_model(inp, C, b["completed"], output_len, w, st.changes),
+        "waves": w,
         # the decode loop alone, all C requests decoding (SGLang's log; the model's quantity)
         "twin_steady_tpot_ms": steady.tpot_ms / k if steady else None,
         "steady_cycles": steady.cycles if steady else 0,
@@ -212,9 +214,25 @@ def _one_run(inp, st: TwinSetting, C: int, server: LabServer, bench: drive.Bench
     }
     st_text = (f", steady decode {row['twin_steady_tpot_ms']:.1f} over {steady.cycles} rounds"
                if steady else ", no steady window in the log")
-    say(f"{st.name} C={C}: TPOT {row['twin_tpot_ms']:.1f} ms undilated{st_text} (model "
-        f"{pred.tpot_ms:.1f}); SGLang admitted {w}")
+    say(f"{st.name} C={C}: TPOT {row['twin_tpot_ms']:.1f} ms undilated{st_text}; SGLang "
+        f"admitted {w}")
     return row
+
+
+def model_figures(inp, st: TwinSetting, run: dict, output_len: int) -> dict:
+    """The model's figures for one finished run (`_one_run`'s row): its steady loop at the
+    run's C and setting, that loop with the forward holding the CPU (`model_of_twin`), and the
+    model of this very run from the waves SGLang admitted (`_run_model`)."""
+    from reports.model.sim import loop_builder as lb
+    from reports.model.scenario.twin_costs import model_of_twin
+    C = run["concurrency"]
+    pred = lb.run(inp, C, changes=st.changes)
+    return {"model_tpot_ms": pred.tpot_ms,
+            "model_cpu_forward_tpot_ms": model_of_twin(inp, C, changes=st.changes).tpot_ms,
+            "model_tok_per_s": pred.tok_per_s,
+            "model_slots": [s for s in pred.slot_sizes if s],
+            "run_model_tpot_ms": _run_model(inp, C, run["completed"], output_len, run["waves"],
+                                            st.changes)}
 
 
 def _data(inp, calib, output_len, rows, written, mode, reps: int, done: bool,
