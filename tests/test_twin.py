@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from microbench.sglang_lab.twin.run import calibrated_k, waves, with_flag
-from reports.base.payloads.twin import TwinCosts, write_costs
+from reports.base.payloads.twin import TwinCosts, TwinData, write_costs
 from reports.base.schema import from_json
 from reports.base.server_flags import server_args
 from reports.model.sim import loop_builder as lb
@@ -128,16 +128,16 @@ def test_the_table_sets_twin_beside_model_and_observed():
             "rows": [dict(row, setting="default", concurrency=8),
                      dict(row, setting="recommended", concurrency=8, twin_decode_tok_per_s=120.0,
                           model_tok_per_s=146.0, flags=["--chunked-prefill-size", "2048"])]}
-    out = render(data)
+    out = render(from_json(TwinData, data))
     assert "k = 40" in out and "81.7" in out and "1 7" in out
     assert "model of the run" in out and "-" in out.splitlines()[4]   # older rows: none
     data["rows"][0]["run_model_tpot_ms"] = 101.2
-    assert "101.2 (+1%)" in render(data)
+    assert "101.2 (+1%)" in render(from_json(TwinData, data))
     assert "+76%" in out and "+50%" in out       # model +76% (146 / 82.8), twin +50% (120 / 80)
     # the steady decode (SGLang's log) beside the model's steady loop, and its change
     data["rows"][0]["twin_steady_tpot_ms"] = 100.0
     data["rows"][1]["twin_steady_tpot_ms"] = 58.0
-    out = render(data)
+    out = render(from_json(TwinData, data))
     default = next(ln for ln in out.splitlines() if ln.startswith("default"))
     assert "100.0" in default and "-3%" in default          # model 96.7 against 100.0
     wi = next(ln for ln in out.splitlines() if ln.startswith("recommended") and "+76%" in ln)
@@ -367,8 +367,8 @@ def test_the_table_gives_the_spread_of_repetitions():
                  dict(row, setting="recommended", rep=rep, twin_tpot_ms=chunk,
                       twin_decode_tok_per_s=8000.0 / chunk, model_tok_per_s=146.0,
                       flags=["--chunked-prefill-size", "2048"])]
-    out = render({"scenario": "seed-pp8", "pp": 8, "prompt_len": 1000, "output_len": 32,
-                  "calibration": {"k": 57}, "rows": rows})
+    out = render(from_json(TwinData, {"scenario": "seed-pp8", "pp": 8, "prompt_len": 1000,
+                                      "output_len": 32, "calibration": {"k": 57}, "rows": rows}))
     spread = next(ln for ln in out.splitlines() if ln.startswith("default ") and "90.0-110.0" in ln)
     assert spread.split()[1:5] == ["8", "3", "100.0", "90.0-110.0"] and "20%" in spread
     # changes per repetition: +67%, +80%, +100%; the median +80%
@@ -405,7 +405,8 @@ def test_three_interleaved_runs_with_the_cache_flushed_support_both_settings(tmp
     for r in d["rows"]:
         got = _run_model(inp, 8, r["completed"], d["output_len"], r["waves"], changes[r["setting"]])
         assert got == pytest.approx(r["twin_tpot_ms"], rel=0.10), r
-    assert "--chunked-prefill-size 2048 --pp-async-batch-depth 0" in render(d)
+    assert ("--chunked-prefill-size 2048 --pp-async-batch-depth 0"
+            in render(from_json(TwinData, d)))
 
 
 def _check_current_runs(d: dict, seed, tmp_path, src: Path) -> None:

@@ -152,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
         return run_observed(args)
     from reports.base.paths import json_path, results_dir
     from reports.base.records import write_json_atomic
+    from reports.base.schema import SchemaError, to_json
     from reports.model.scenario.inputs import build_inputs, load_records, load_scenario
     from microbench.sglang_lab.twin.run import run_twin
     from microbench.sglang_lab.venv import LabError
@@ -173,16 +174,16 @@ def run(args: argparse.Namespace) -> int:
     kept = []             # whether this run wrote the partial record
 
     def keep(data):       # every finished run at once, beside the last complete record
-        write_json_atomic(partial, {"probe": "twin", "status": "partial", "data": data})
+        write_json_atomic(partial, {"probe": "twin", "status": "partial", "data": to_json(data)})
         kept.append(True)
     try:
         data = run_twin(inp, settings, conc, out.resolve(), Path(args.lab_dir).resolve(),
                         args.output_len, args.max_k, args.k, keep=keep, reps=args.reps or 1)
-    except LabError as e:   # names the partial record only where this run wrote one
+    except (LabError, SchemaError) as e:   # names the partial record only where one was written
         first = str(e).splitlines()[0] if str(e).strip() else type(e).__name__
         raise CliError(first + (f" (runs finished so far: {partial})" if kept else
                                 " (no run finished)")) from None
-    write_json_atomic(dest, {"probe": "twin", "status": "ok", "data": data})
+    write_json_atomic(dest, {"probe": "twin", "status": "ok", "data": to_json(data)})
     partial.unlink(missing_ok=True)
     from microbench.sglang_lab.twin.table import render
     print(render(data))

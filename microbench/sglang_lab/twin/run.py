@@ -39,6 +39,7 @@ from pathlib import Path
 from microbench.sglang_lab import drive
 from microbench.sglang_lab.server import LabServer, ServerSpec
 from microbench.sglang_lab.twin.steady import steady_decode
+from reports.base.payloads.twin import TwinData
 from microbench.sglang_lab.venv import (claim_lab_dir, ensure_model, ensure_venv,
                                         inject_path, sharegpt_file)
 
@@ -113,7 +114,7 @@ def _run_model(inp, C: int, completed: int, output_len: int, logged: list[int], 
 
 def run_twin(inp, settings: list[TwinSetting], concurrency: list[int], out: Path, lab_dir: Path,
              output_len: int, max_k: float, k: float | None = None,
-             mode: str = "async", keep=None, reps: int = 1) -> dict:
+             mode: str = "async", keep=None, reps: int = 1) -> TwinData:
     """Calibrate, then run each setting at each concurrency, `reps` times with the settings
     interleaved; then the model of every run (`model_figures`); returns the record's data.
     `keep(data)`: called after every finished run with the record so far (write as you go: its
@@ -133,7 +134,7 @@ def run_twin(inp, settings: list[TwinSetting], concurrency: list[int], out: Path
     measured: list[tuple[TwinSetting, dict]] = []
     rows: list[dict] = []       # the measured runs with their model, in run order
 
-    def record(done: bool) -> dict:
+    def record(done: bool) -> TwinData:
         for st, run in measured[len(rows):]:
             rows.append(run | model_figures(inp, st, run, output_len))
         return _data(inp, calib, output_len, rows, written, mode, reps, done=done,
@@ -236,10 +237,11 @@ def model_figures(inp, st: TwinSetting, run: dict, output_len: int) -> dict:
 
 
 def _data(inp, calib, output_len, rows, written, mode, reps: int, done: bool,
-          choices=None) -> dict:
+          choices=None) -> TwinData:
+    """The record's data, checked as every reader reads it (reports/base/payloads/twin.py)."""
     from dataclasses import asdict
-    from reports.base.schema import to_json
-    return {"scenario": inp.name, "pp": inp.pp, "calibration": calib, "output_len": output_len,
+    from reports.base.schema import from_json, to_json
+    return from_json(TwinData, {"scenario": inp.name, "pp": inp.pp, "calibration": calib, "output_len": output_len,
             "prompt_len": inp.prompt_len, "rows": list(rows), "costs": to_json(written),
             "complete": done,
             "mode": mode, "reps": reps, "flush_cache": True, "hold": "stream",
@@ -251,5 +253,5 @@ def _data(inp, calib, output_len, rows, written, mode, reps: int, done: bool,
                         + "; prefill times estimated",
             "observed": [list(p) for p in inp.observed],
             # the lab's choices for its servers: ranks' cores, radix core, GPU hidden (server.py)
-            "server": asdict(choices) if choices else None}
+            "server": asdict(choices) if choices else None})
 

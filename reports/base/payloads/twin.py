@@ -125,8 +125,8 @@ class TwinData:
     mode: Literal["async", "sync"] = "async"
     reps: int = ge(1, default=1)
     flush_cache: bool = False
-    hold: str = ""                # "stream": the hold orders PP messages on SGLang's stream
-    emulated: str = ""            # what was emulated, in words
+    hold: str | None = None       # "stream": the hold orders PP messages on SGLang's stream
+    emulated: str | None = None   # what was emulated, in words
     observed: tuple[tuple[int, float], ...] = ()  # the user's (C, tok/s)
     server: Json = None           # the lab's choices for its servers (server.py)
 
