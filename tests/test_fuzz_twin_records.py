@@ -179,7 +179,7 @@ def test_a_complete_record_says_nothing_more(tmp_path, seed_report):
 @pytest.fixture
 def no_lab(monkeypatch):
     """Anything that would start installing or running SGLang fails the test."""
-    import microbench.sglang_lab.twin as twin
+    import microbench.sglang_lab.twin.run as twin
     import microbench.sglang_lab.venv as venv
 
     def never(*a, **k):
@@ -205,7 +205,7 @@ def test_a_point_given_twice_is_refused_before_anything_starts(tmp_path, capsys,
 
 def _twin_failing(tmp_path, capsys, monkeypatch, finished: int) -> str:
     """`ppscope twin` whose run fails after `finished` runs (LabError)."""
-    import microbench.sglang_lab.twin as twin
+    import microbench.sglang_lab.twin.run as twin
     from microbench.sglang_lab.venv import LabError
     from reports.cli import main
 
@@ -233,3 +233,46 @@ def test_a_failure_after_a_run_names_the_partial_record_it_wrote(tmp_path, capsy
     partial = tmp_path / "twin.partial.json"
     assert f"runs finished so far: {partial}" in err and partial.is_file()
     assert json.loads(partial.read_text())["status"] == "partial"
+
+
+# ------------------------------------------------------------------ the record's shape
+
+def test_every_twin_record_shipped_or_kept_reads_as_its_payload():
+    """The shipped record, the runs kept in docs/runs and the test records, old and new, read
+    as `TwinData` (fields added since have defaults that say so)."""
+    from pathlib import Path
+    from reports.base.payloads.twin import TwinData
+    from reports.base.schema import from_json
+    root = Path(__file__).resolve().parents[1]
+    files = ([root / "configs" / "records" / "seed-pp8.twin.json"]
+             + sorted((root / "docs" / "runs").glob("cpu-twin-*/twin.json"))
+             + sorted((root / "tests" / "fixtures" / "twin").rglob("*.twin.json")))
+    assert len(files) >= 10
+    for f in files:
+        d = from_json(TwinData, json.loads(f.read_text())["data"])
+        assert d.rows and d.calibration.k >= 1 and d.costs.ranks, f
+
+
+@pytest.mark.parametrize("key, value, field", [
+    ("waves", ["7"], "rows[1].waves[0]"), ("flags", "--chunked-prefill-size 2048", "rows[1].flags"),
+    ("steady_cycles", -3, "rows[1].steady_cycles"), ("completed", 8.5, "rows[1].completed"),
+    ("mystery", 1, "rows[1].mystery")])
+def test_a_row_of_another_shape_is_one_line(tmp_path, key, value, field):
+    rows = good_rows()
+    rows[1][key] = value
+    refused(write(tmp_path, rows), field)
+
+
+@pytest.mark.parametrize("costs, field", [
+    ({"mode": "gpu"}, "costs.mode"), ({"ranks": "eight"}, "costs.ranks"),
+    ({"hop_us": [1.0, -2.0]}, "costs.hop_us[1]")])
+def test_a_cost_table_of_another_shape_is_one_line_and_exit_2(tmp_path, capsys, costs, field):
+    from reports.cli import main
+    table = {"k": 60.0, "mode": "async", "ranks": [], "hop_us": [0.0], "layer_split": [8],
+             "sources": {}}
+    write(tmp_path, costs={**table, **costs})
+    refused(tmp_path, field)
+    rc = main(["report", "--results", str(tmp_path), "--out", str(tmp_path / "o"), "--no-cache"])
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert rc == 2 and len(err) == 1 and field in err[0], err
+    assert not (tmp_path / "o" / "report.json").exists()

@@ -144,8 +144,9 @@ def test_the_lab_plan_alternates_the_splits_and_names_the_change():
     assert envs == [None, "3,1", "1,3", None, "3,1", "1,3"]
     base = next(c for c in plan[0].cases)
     assert base.window_stacks and base.profile
-    after = {"case": {}, "env": {PARTITION_ENV: "3,1"}, "extra_args": []}
-    before = {"case": {}, "env": {}, "extra_args": []}
+    from reports.base.payloads.lab_case import CasePlan, LabCase
+    after = LabCase(CasePlan(8), env={PARTITION_ENV: "3,1"})
+    before = LabCase(CasePlan(8))
     assert change_of(after, before) == (LAYER_PARTITION, "3,1")
     assert change_of(before, before) is None
 

@@ -88,10 +88,10 @@ ANALYSIS = ("reports.model", "reports.render", "reports.report_build", "reports.
             "reports.answer", "reports.lab")
 
 # The lab's driver: it starts SGLang's server and runs ppscope's own model beside it (lab,
-# twin, the twin's held-out check); rounds splits a traced window with microbench/sglang's
-# reader before modelling it.
-LAB_DRIVER = ("microbench.sglang_lab.lab", "microbench.sglang_lab.twin",
-              "microbench.sglang_lab.twin_observed", "microbench.sglang_lab.rounds")
+# twin, the twin's held-out check); rounds reads a traced window with microbench/sglang's
+# reader and hands it to its analysis (reports/lab/rounds.py).
+LAB_DRIVER = ("microbench.sglang_lab.lab", "microbench.sglang_lab.twin.run",
+              "microbench.sglang_lab.twin.observed", "microbench.sglang_lab.rounds")
 
 
 def _command_module(name: str) -> bool:
@@ -139,19 +139,6 @@ FLOORS = {"sim": 0, "causes": 0, "settings_change": 0,
           "scenario": 1, "observed": 1,
           "checks": 2}
 TOP = 3
-# An old name kept after its module moved: the file holds only the re-export its last importer
-# (outside this package's floors, or a file not yet changed) reads. It goes when nobody imports
-# it (`test_every_old_name_is_still_imported`).
-OLD_NAMES = {
-    "reports.model.sim.loop_builder": "microbench.sglang_lab.twin",
-    "reports.model.sim.bench_transient": "microbench.sglang_lab.twin",
-    "reports.model.sim.bench_run": "microbench.sglang_lab.twin_observed",
-    "reports.model.scenario.validate_dispatch": "reports.model.report_type",
-}
-# Arrows up that wait on a file being changed elsewhere: change_split builds report_type's
-# ForwardRow and reads its ObservedLoop; it goes to the top floor beside compare.py, its only
-# importer. `test_every_waiting_arrow_still_exists` drops a line once its arrow is gone.
-WAITING = {("reports.model.observed.change_split", "reports.model.report_type")}
 
 
 def _room(name: str) -> str:
@@ -178,18 +165,10 @@ def _model_arrows() -> set[tuple[str, str]]:
     return out
 
 
-def _only_reexports(f: Path) -> bool:
-    body = ast.parse(f.read_text()).body
-    return all(isinstance(s, ast.ImportFrom) or (isinstance(s, ast.Expr)
-               and isinstance(s.value, ast.Constant)) for s in body)
-
-
 def test_the_model_imports_down_its_floors_and_the_pipelines_never_each_other():
-    mods = _modules()
-    kept = {n for n in OLD_NAMES if n in mods and _only_reexports(mods[n])}
     bad = []
-    for a, b in sorted(_model_arrows() - WAITING):
-        if a in kept or _room(a) == _room(b):
+    for a, b in sorted(_model_arrows()):
+        if _room(a) == _room(b):
             continue
         if _floor(b) > _floor(a):
             bad.append(f"{a} imports {b}: up from floor {_floor(a)} to {_floor(b)}")
@@ -198,13 +177,3 @@ def test_the_model_imports_down_its_floors_and_the_pipelines_never_each_other():
     assert not bad, bad
 
 
-def test_every_old_name_is_still_imported_and_holds_only_its_reexport():
-    mods = _modules()
-    for old, importer in OLD_NAMES.items():
-        assert old in mods and _only_reexports(mods[old]), old
-        assert any(m == old or old in (f"{m}.{n}" for n in names)
-                   for m, names in _imports(mods[importer])), f"{importer} no longer imports {old}"
-
-
-def test_every_waiting_arrow_still_exists():
-    assert WAITING <= _model_arrows(), WAITING - _model_arrows()

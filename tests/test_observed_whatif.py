@@ -163,14 +163,12 @@ def test_profiler_slowdown_interval_holds_it_and_widens_with_jitter():
 
 
 def test_the_change_a_lab_case_made():
+    from reports.base.payloads.lab_case import CasePlan, LabCase
     from reports.lab.whatifs import change_of
-    base = {"case": {"mmb": None, "request_rate": None}, "extra_args": []}
-    assert change_of({"case": {"mmb": 4, "request_rate": None}, "extra_args": []}, base) == \
-        ("--pp-max-micro-batch-size", 4)
-    assert change_of({"case": {"mmb": None, "request_rate": 16.0}, "extra_args": []}, base) == \
-        ("--request-rate", 16.0)
-    assert change_of({"case": {"mmb": None, "request_rate": None},
-                      "extra_args": ["--pp-async-batch-depth", "1"]}, base) == \
+    base = LabCase(CasePlan(8))
+    assert change_of(LabCase(CasePlan(8, mmb=4)), base) == ("--pp-max-micro-batch-size", 4)
+    assert change_of(LabCase(CasePlan(8, request_rate=16.0)), base) == ("--request-rate", 16.0)
+    assert change_of(LabCase(CasePlan(8), extra_args=("--pp-async-batch-depth", "1")), base) == \
         ("--pp-async-batch-depth", 1)
     assert change_of(base, base) is None
 

@@ -1,10 +1,12 @@
-"""The round per slot pattern (microbench/sglang_lab/rounds.py): hand-made visits, and a real
+"""The round per slot pattern (reports/lab/rounds.py, its command microbench/sglang_lab/rounds.py):
+hand-made visits, and a real
 recording of SGLang's depth-2 server at C = 1 (tests/fixtures/sglang_lab/restart/wr-d2-c1.1)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from microbench.sglang_lab import rounds
+from reports.lab.rounds import phases
 from reports.cli import main as ppscope
 
 FIX = Path(__file__).parent / "fixtures" / "sglang_lab" / "restart" / "wr-d2-c1.1"
@@ -25,10 +27,10 @@ def test_phases_split_the_window_by_pattern():
     for _ in range(8):
         vs.append((t, 0))
         t += 1_000
-    ph = rounds.phases(vs, 4)
+    ph = phases(vs, 4)
     assert [(p.pattern, p.rounds, p.round_ms) for p in ph] == [
         ((4, 3, 1, 4), 3, 80.0), ((1, 0, 0, 0), 4, 20.0)]
-    assert rounds.phases(vs[:8], 4) == []          # two rounds: a transition, not a phase
+    assert phases(vs[:8], 4) == []          # two rounds: a transition, not a phase
 
 
 def test_a_real_depth2_window_is_read_and_modelled(tmp_path):

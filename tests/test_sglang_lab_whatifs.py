@@ -116,6 +116,7 @@ def test_the_restart_plan_alternates_the_servers_and_profiles_its_own_before_cas
     # each restart setting on its own server, the servers alternating round by round, so that a
     # change of the machine's load falls on every side; the before evidence is this pass's own
     from microbench.sglang_lab.cases import whatif_restart_plan
+    from reports.base.payloads.lab_case import CasePlan, LabCase
     from reports.lab.whatifs import change_of
     plan = whatif_restart_plan(pp=2, rounds=2)
     names = [g.name for g in plan]
@@ -133,8 +134,9 @@ def test_the_restart_plan_alternates_the_servers_and_profiles_its_own_before_cas
     # every after case names its before case and changes exactly one setting against it
     for g in plan[1:5]:
         for c in g.cases:
-            after = {"case": {"baseline": c.baseline}, "extra_args": list(g.extra_args)}
-            before = {"case": {}, "extra_args": []}
+            after = LabCase(CasePlan(c.concurrency, baseline=c.baseline),
+                            extra_args=tuple(g.extra_args))
+            before = LabCase(CasePlan(c.concurrency))
             knob, value = change_of(after, before)
             assert c.baseline == f"wr-base-c{c.concurrency}"
             assert knob in g.extra_args and str(value) in g.extra_args

@@ -18,7 +18,7 @@ import pytest
 from reports.base.payloads.sglang import SglangData
 from reports.base.schema import from_json
 from reports.cli import main
-from reports.model.observed.change_split import deployment_of, mixed, split_change
+from reports.model.change_split import deployment_of, mixed, split_change
 from reports.model.compare import compare
 from reports.model.observed.deployment import (OBSERVED_CAUSES, Deployment, at_size, from_evidence, loop_config, run,
                                       window_differs)

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from microbench.sglang_lab.twin import calibrated_k, waves, with_flag
+from microbench.sglang_lab.twin.run import calibrated_k, waves, with_flag
+from reports.base.payloads.twin import TwinCosts, TwinData, write_costs
+from reports.base.schema import from_json
 from reports.base.server_flags import server_args
 from reports.model.scenario import loop_builder as lb
 from reports.model.scenario.inputs import build_inputs, load_records, load_scenario
@@ -37,8 +40,10 @@ def hold(tmp_path, monkeypatch):
     return mod
 
 
-def test_the_device_times_are_the_models_own(seed):
-    c = costs(seed, 40.0, 32)
+def test_the_device_times_are_the_models_own(seed, tmp_path):
+    written = write_costs(tmp_path / "twin-costs.json", costs(seed, 32), 40.0)
+    c = json.loads((tmp_path / "twin-costs.json").read_text())     # as the hold reads it
+    assert from_json(TwinCosts, c) == written
     cfg = lb.loop_config(seed, lb.ALL_ON, 32)
     assert c["k"] == 40.0
     # SGLang's own split of Kimi's 61 layers over 8 ranks (the last 61 % 8 ranks get one more)
@@ -56,9 +61,9 @@ def test_the_device_times_are_the_models_own(seed):
 
 
 def test_the_hold_turns_a_batch_into_its_time(seed, hold, tmp_path, monkeypatch):
-    c = costs(seed, 2.0, 16)
     path = tmp_path / "twin-costs.json"
-    path.write_text(json.dumps(c))
+    write_costs(path, costs(seed, 16), 2.0)
+    c = json.loads(path.read_text())
     monkeypatch.setenv("PPSCOPE_TWIN_COSTS", str(path))
     mode = lambda decode: SimpleNamespace(is_decode=lambda: decode)  # noqa: E731
     r3 = c["ranks"][3]
@@ -113,7 +118,7 @@ def test_the_waves_are_read_from_rank_0s_prefill_lines():
 
 
 def test_the_table_sets_twin_beside_model_and_observed():
-    from microbench.sglang_lab.twin_table import render
+    from microbench.sglang_lab.twin.table import render
     row = dict(flags=["--chunked-prefill-size", "8192"], twin_tpot_ms=100.0, model_tpot_ms=96.7,
                twin_output_tok_per_s=60.0, twin_decode_tok_per_s=80.0, model_tok_per_s=82.8,
                twin_ttft_ms=900.0, completed=8, waves=[1, 7], model_slots=[8])
@@ -123,16 +128,16 @@ def test_the_table_sets_twin_beside_model_and_observed():
             "rows": [dict(row, setting="default", concurrency=8),
                      dict(row, setting="recommended", concurrency=8, twin_decode_tok_per_s=120.0,
                           model_tok_per_s=146.0, flags=["--chunked-prefill-size", "2048"])]}
-    out = render(data)
+    out = render(from_json(TwinData, data))
     assert "k = 40" in out and "81.7" in out and "1 7" in out
     assert "model of the run" in out and "-" in out.splitlines()[4]   # older rows: none
     data["rows"][0]["run_model_tpot_ms"] = 101.2
-    assert "101.2 (+1%)" in render(data)
+    assert "101.2 (+1%)" in render(from_json(TwinData, data))
     assert "+76%" in out and "+50%" in out       # model +76% (146 / 82.8), twin +50% (120 / 80)
     # the steady decode (SGLang's log) beside the model's steady loop, and its change
     data["rows"][0]["twin_steady_tpot_ms"] = 100.0
     data["rows"][1]["twin_steady_tpot_ms"] = 58.0
-    out = render(data)
+    out = render(from_json(TwinData, data))
     default = next(ln for ln in out.splitlines() if ln.startswith("default"))
     assert "100.0" in default and "-3%" in default          # model 96.7 against 100.0
     wi = next(ln for ln in out.splitlines() if ln.startswith("recommended") and "+76%" in ln)
@@ -159,11 +164,11 @@ def test_async_device_time_travels_with_sglangs_messages(seed, hold, tmp_path, m
     hidden states of the slot just run, this rank's previous forward (behind its hidden-state
     send). SGLang 0.5.23 scheduler_pp_mixin.py, its default path (SGLANG_PP_COMM_OVERLAP off)."""
     import time
-    c = costs(seed, 1000.0, 8, mode="async")          # k = 1000: milliseconds become seconds
-    for r in c["ranks"]:
-        r["launch_us"] = 0.0
+    c = costs(seed, 8, mode="async")
+    c = replace(c, ranks=tuple(replace(r, launch_us=0.0) for r in c.ranks))
     path = tmp_path / "twin-costs.json"
-    path.write_text(json.dumps(c))
+    write_costs(path, c, 1000.0)                      # k = 1000: milliseconds become seconds
+    c = json.loads(path.read_text())
     monkeypatch.setenv("PPSCOPE_TWIN_COSTS", str(path))
     mode = SimpleNamespace(is_decode=lambda: True)
     batch = SimpleNamespace(forward_mode=mode, batch_size=1, extend_num_tokens=None)
@@ -230,11 +235,11 @@ def test_the_outputs_event_is_recorded_at_their_receive_in_sglangs_parity_order(
     tokens of the forward it just launched (`q_event`): its sync must not wait for that forward,
     or its GPU idles for the host work of every visit. Even ranks send first."""
     import time
-    c = costs(seed, 1000.0, 8, mode="async")          # k = 1000: milliseconds become seconds
-    for r in c["ranks"]:
-        r["launch_us"] = 0.0
+    c = costs(seed, 8, mode="async")
+    c = replace(c, ranks=tuple(replace(r, launch_us=0.0) for r in c.ranks))
     path = tmp_path / "twin-costs.json"
-    path.write_text(json.dumps(c))
+    write_costs(path, c, 1000.0)                      # k = 1000: milliseconds become seconds
+    c = json.loads(path.read_text())
     monkeypatch.setenv("PPSCOPE_TWIN_COSTS", str(path))
     last = len(c["ranks"]) - 1
     batch = SimpleNamespace(forward_mode=SimpleNamespace(is_decode=lambda: True), batch_size=4,
@@ -339,7 +344,7 @@ def test_the_built_in_report_carries_the_shipped_twin(tmp_path):
 def test_the_twin_models_its_own_run():
     """Each twin row gets the model of that very run: rep 1's chunk-2048 run (SGLang admitted
     4, 3, 3, 1 with the warm-up prompt cached) modelled at 71.4 ms against the twin's 66.6."""
-    from microbench.sglang_lab.twin import WARMUP_REQUESTS, _run_model
+    from microbench.sglang_lab.twin.run import WARMUP_REQUESTS, _run_model
     records, warnings = load_records(Path("/nonexistent"))
     inp = build_inputs(load_scenario("seed-pp8"), records, warnings)
     d = json.loads((FIX / "reps" / "rep1.twin.json").read_text())["data"]
@@ -351,7 +356,7 @@ def test_the_twin_models_its_own_run():
 
 
 def test_the_table_gives_the_spread_of_repetitions():
-    from microbench.sglang_lab.twin_table import render
+    from microbench.sglang_lab.twin.table import render
     row = dict(flags=["--chunked-prefill-size", "8192"], model_tpot_ms=96.7,
                twin_output_tok_per_s=60.0, model_tok_per_s=82.8, twin_ttft_ms=900.0,
                completed=8, waves=[1, 7], model_slots=[8], concurrency=8)
@@ -362,8 +367,8 @@ def test_the_table_gives_the_spread_of_repetitions():
                  dict(row, setting="recommended", rep=rep, twin_tpot_ms=chunk,
                       twin_decode_tok_per_s=8000.0 / chunk, model_tok_per_s=146.0,
                       flags=["--chunked-prefill-size", "2048"])]
-    out = render({"scenario": "seed-pp8", "pp": 8, "prompt_len": 1000, "output_len": 32,
-                  "calibration": {"k": 57}, "rows": rows})
+    out = render(from_json(TwinData, {"scenario": "seed-pp8", "pp": 8, "prompt_len": 1000,
+                                      "output_len": 32, "calibration": {"k": 57}, "rows": rows}))
     spread = next(ln for ln in out.splitlines() if ln.startswith("default ") and "90.0-110.0" in ln)
     assert spread.split()[1:5] == ["8", "3", "100.0", "90.0-110.0"] and "20%" in spread
     # changes per repetition: +67%, +80%, +100%; the median +80%
@@ -376,8 +381,8 @@ def test_three_interleaved_runs_with_the_cache_flushed_support_both_settings(tmp
     agree with the model (within 25%), the pair gains more than the single setting, and the
     model of each run (every prompt prefilled) is within 10% of what SGLang's loop ran."""
     import shutil
-    from microbench.sglang_lab.twin import _run_model
-    from microbench.sglang_lab.twin_table import render
+    from microbench.sglang_lab.twin.run import _run_model
+    from microbench.sglang_lab.twin.table import render
     from reports.model.checks.twin_check import AGREES, change_of, no_better, read_twin, verdict
     src = FIX / "flush" / "c8-reps3.twin.json"
     d = json.loads(src.read_text())["data"]
@@ -400,14 +405,15 @@ def test_three_interleaved_runs_with_the_cache_flushed_support_both_settings(tmp
     for r in d["rows"]:
         got = _run_model(inp, 8, r["completed"], d["output_len"], r["waves"], changes[r["setting"]])
         assert got == pytest.approx(r["twin_tpot_ms"], rel=0.10), r
-    assert "--chunked-prefill-size 2048 --pp-async-batch-depth 0" in render(d)
+    assert ("--chunked-prefill-size 2048 --pp-async-batch-depth 0"
+            in render(from_json(TwinData, d)))
 
 
 def _check_current_runs(d: dict, seed, tmp_path, src: Path) -> None:
     """What SGLang did in every run of a current-hold record, the model of each run and the
     steady loop within 10% of the twin's, and both what-ifs agree."""
     import shutil
-    from microbench.sglang_lab.twin import _run_model
+    from microbench.sglang_lab.twin.run import _run_model
     from reports.model.checks.twin_check import AGREES, read_twin, verdict
     assert d["calibration"]["k"] == 60 and d["hold"] == "stream" and d["flush_cache"]
     changes = _setting_changes()
@@ -457,3 +463,36 @@ def test_third_repetition_at_c32(tmp_path, seed):
         ("default", 32), ("recommended", 32), ("pair", 32)]
     assert d["rows"][0]["waves"][1:] == [9, 9, 9, 7]       # 8192 tokens: eight prompts and a chunk
     _check_current_runs(d, seed, tmp_path, src)
+
+
+def test_the_cost_file_is_one_payload_written_at_the_runs_k(seed, tmp_path):
+    """Both builders give the times alone (k is not theirs), the one writer sets k, and a cost
+    file read back is checked field by field."""
+    from reports.base.schema import SchemaError
+    table = costs(seed, 8)
+    assert isinstance(table, TwinCosts) and table.k == 0.0
+    path = tmp_path / "twin-costs.json"
+    at60 = write_costs(path, table, 60.0)
+    assert at60 == replace(table, k=60.0)
+    assert from_json(TwinCosts, json.loads(path.read_text())) == at60
+    bad = json.loads(path.read_text())
+    bad["ranks"][2]["decode_us"][3] = -1.0
+    with pytest.raises(SchemaError, match=r"ranks\[2\]\.decode_us\[3\]"):
+        from_json(TwinCosts, bad)
+    with pytest.raises(SchemaError, match="mode"):
+        from_json(TwinCosts, dict(bad, mode="gpu"))
+
+
+def test_the_model_of_each_run_is_set_beside_it_after_the_runs(seed):
+    """The measurement takes no model figure; `model_figures` gives them after the runs, the
+    very numbers the shipped record holds (configs/records/seed-pp8.twin.json: one run of each
+    setting)."""
+    from microbench.sglang_lab.twin.run import TwinSetting, model_figures
+    d = json.loads((ROOT / "configs" / "records" / "seed-pp8.twin.json").read_text())["data"]
+    changes = _setting_changes()
+    picked = {r["setting"]: r for r in d["rows"] if r["concurrency"] == 8}
+    assert set(picked) == set(changes)
+    for name, row in picked.items():
+        got = model_figures(seed, TwinSetting(name, tuple(row["flags"]), changes[name]), row,
+                            d["output_len"])
+        assert got == {k: pytest.approx(row[k], rel=1e-9) for k in got}, name

@@ -1,4 +1,4 @@
-"""The twin's held-out check (microbench/sglang_lab/twin_observed.py): the cost file written
+"""The twin's held-out check (microbench/sglang_lab/twin/observed.py): the cost file written
 from an observed record, its rendering, and the CLI's bad input. The run itself starts SGLang
 (docs/BENCHMARKS.md section 17, held-out check); here only what needs no server."""
 from __future__ import annotations
@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from microbench.sglang.steps import read_loop
-from microbench.sglang_lab.twin_observed import render
+from microbench.sglang_lab.twin.observed import render
+from reports.base.schema import to_json
 from reports.base.server_flags import server_args
 from reports.cli import main
 from reports.model.observed.deployment import at_size, from_evidence
@@ -26,8 +27,8 @@ def dep():
 
 
 def test_each_rank_is_held_to_its_own_traced_forward(dep):
-    t = costs(dep, 16, k=1.0)
-    assert t["mode"] == "sync" and t["k"] == 1.0 and len(t["ranks"]) == dep.pp
+    t = to_json(costs(dep, 16))
+    assert t["mode"] == "sync" and t["k"] == 0.0 and len(t["ranks"]) == dep.pp
     for r, row in enumerate(t["ranks"]):
         assert len(row["decode_us"]) == 17 and row["decode_us"][0] == 0.0
         for b in (1, 2, 6, 16):
@@ -74,7 +75,7 @@ def test_a_missing_record_is_a_one_line_error(tmp_path, capsys):
 
 
 def test_the_windows_own_slowdown_is_taken_off_the_holds(dep):
-    full, half = costs(dep, 8), costs(dep, 8, scale=0.5)
+    full, half = to_json(costs(dep, 8)), to_json(costs(dep, 8, scale=0.5))
     assert half["forward_scale"] == 0.5
     for a, b in zip(full["ranks"], half["ranks"]):
         assert b["decode_us"][6] == pytest.approx(a["decode_us"][6] / 2, abs=1e-3)
@@ -86,7 +87,7 @@ def test_the_windows_own_slowdown_is_taken_off_the_holds(dep):
 def test_the_hold_counts_the_forwards_it_lengthened(tmp_path, monkeypatch):
     import importlib.util
     import time
-    from microbench.sglang_lab.twin_observed import held
+    from microbench.sglang_lab.twin.observed import held
     inject = Path(__file__).resolve().parents[1] / "microbench" / "sglang_lab" / "boot" / "inject"
     monkeypatch.syspath_prepend(str(inject))
     spec = importlib.util.spec_from_file_location("twin_hold_stats", inject / "ppscope_twin_hold.py")

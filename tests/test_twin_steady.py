@@ -1,4 +1,4 @@
-"""The twin's steady decode read from SGLang's log (microbench/sglang_lab/twin_steady.py).
+"""The twin's steady decode read from SGLang's log (microbench/sglang_lab/twin/steady.py).
 
 Fixtures: tests/fixtures/twin/logs/, rank 0's batch lines of three twin runs of the seed's PP8
 deployment on SGLang 0.5.23's own scheduler (this project's twin, k = 60, 32 output tokens, the
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from microbench.sglang_lab.twin_steady import MIN_CYCLES, steady_decode
+from microbench.sglang_lab.twin.steady import MIN_CYCLES, steady_decode
 
 LOGS = Path(__file__).parent / "fixtures" / "twin" / "logs"
 

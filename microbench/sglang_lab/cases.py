@@ -125,7 +125,7 @@ def sizes_plan(pp: int = 2, rounds: int = 1) -> tuple[Group, ...]:
     return tuple(out)
 
 
-# What-ifs checked on the server itself (reports/model/sim/bench_run.py): every "before" case
+# What-ifs checked on the server itself (reports/model/observed/bench_run.py): every "before" case
 # (SGLang's defaults, `wi-base-c<C>`) is profiled; an "after" case changes one setting and is
 # only measured (its tok/s against the before case's, the model's prediction from the before
 # case's evidence alone). Settings chosen to change something on the lab's tiny server.

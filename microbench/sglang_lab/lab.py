@@ -162,7 +162,7 @@ def run_case(case: Case, server: LabServer, bench: drive.BenchSpec, fault_file: 
         fault_file.write_text("")
     end = server.log_size()
     (tmp / "server.log").write_text(header + server.log_text(start, end))
-    drive.write_json(tmp / "case.json", {
+    drive.write_json(tmp / "case.json", lab_case({
         "case": asdict(case), "pp": server.spec.pp, "device": server.spec.device,
         "extra_args": list(server.spec.extra_args), "pp_max_micro_batch_size": mmb,
         "env": {k: v for k, v in server.spec.env.items() if k.startswith("SGLANG_")},
@@ -170,12 +170,19 @@ def run_case(case: Case, server: LabServer, bench: drive.BenchSpec, fault_file: 
         "server": asdict(server.choices) if server.choices else None, "hog_core": hog_core,
         "started_unix": t0, "seconds": time.time() - t0,
         "input_len": bench.input_len, "output_len": bench.output_len,
-        "flush_cache": FLUSH_CACHE})
+        "flush_cache": FLUSH_CACHE}))
     final = out / case.name
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
     return final
+
+
+def lab_case(d: dict) -> dict:
+    """case.json's content, checked as its readers read it (reports/base/payloads/lab_case.py)."""
+    from reports.base.payloads.lab_case import LabCase
+    from reports.base.schema import from_json, to_json
+    return to_json(from_json(LabCase, d, "case.json"))
 
 
 def hog_core_of(case: Case, server: LabServer) -> int | None:

@@ -1,119 +1,28 @@
-"""The round per slot pattern in a traced window of SGLang's CPU server, against the model of it.
-
-A lab window (or any `ppscope sglang` record of SGLang's CPU traces) often holds several phases:
-the benchmark's full rounds, then its tail. Each phase has its own slot pattern (requests per
-slot, in visit order) and its own round. This reads both from rank 0's trace: every loop
-iteration (`recv_requests` to the next) is one visit, sized by the `step[DECODE bs=N]` span it
-holds (0 for an empty slot); `slots` consecutive visits are one round (SGLang 0.5.23
-managers/scheduler_pp_mixin.py, `event_loop_pp`: `pp_loop_size` slots visited round-robin).
-Rounds with the same pattern in a row are one phase; its traced round is the median over them.
-
-Beside it, the model of the same record (reports/model/observed/deployment.py, the costs the report
-uses, which are means over the whole window) run with that phase's pattern. The model's miss
-per phase says whether the loop's mechanics or the costs are off: a phase modelled fast and
-another slow from the same costs means the costs differ by phase (two shared cores, a busier
-machine in the full rounds), not a missing step of the loop.
-
-    python -m microbench.sglang_lab.rounds OUT/<case> [...]     # case folders with
-                                                                 # traces/ and sglang.json
+"""`python -m microbench.sglang_lab.rounds OUT/<case> [...]`: the round per slot pattern in each
+case's traced window against the model of it (the analysis: reports/lab/rounds.py). This side
+reads rank 0's trace with microbench/sglang's reader, which the analysis side may not import.
 """
 from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass, replace
 from pathlib import Path
-from statistics import median
 
-MIN_ROUNDS = 3      # a phase shorter than this is a transition, not a phase
-
-
-@dataclass(frozen=True)
-class Phase:
-    pattern: tuple[int, ...]     # requests per slot, in the order the window visited them
-    rounds: int
-    round_ms: float              # traced, median over the phase's rounds
+from reports.lab.rounds import case_record, phase_rows, rank0_trace, render, visits_of
 
 
 def visits(trace: Path) -> list[tuple[float, int]]:
     """(start us, decode batch size or 0) per loop iteration of one rank's trace."""
     from microbench.sglang.cpu_steps import collect
-    return _visits(collect(trace))
-
-
-def _visits(ev: dict) -> list[tuple[float, int]]:
-    starts = [s for s, _ in ev["ranges"]["recv_requests"]]
-    steps = [(s, b) for s, _, mode, b in ev["steps"] if mode == "DECODE"]
-    out, j = [], 0
-    for lo, hi in zip(starts, starts[1:]):
-        while j < len(steps) and steps[j][0] < lo:
-            j += 1
-        out.append((lo, steps[j][1] if j < len(steps) and steps[j][0] < hi else 0))
-    return out
-
-
-def phases(vs: list[tuple[float, int]], slots: int) -> list[Phase]:
-    """Consecutive rounds with the same pattern (and at least one request), MIN_ROUNDS or more."""
-    runs: list[tuple[tuple[int, ...], list[float]]] = []
-    for k in range(0, len(vs) - slots, slots):
-        pat = tuple(n for _, n in vs[k:k + slots])
-        dt = (vs[k + slots][0] - vs[k][0]) / 1e3
-        if runs and runs[-1][0] == pat:
-            runs[-1][1].append(dt)
-        else:
-            runs.append((pat, [dt]))
-    return [Phase(p, len(d), median(d)) for p, d in runs if any(p) and len(d) >= MIN_ROUNDS]
+    return visits_of(collect(trace))
 
 
 def case_rows(case: Path) -> list[dict]:
     """Each phase of the case's traced window: traced round, modelled round, the difference."""
-    from reports.base.records import read_record
-    from reports.model.sim import bench_run as ow
-    from reports.model.observed.deployment import OBSERVED_CAUSES, run
-    rec = read_record(case / "sglang.json")
-    if rec.probe != "sglang" or rec.payload is None:
-        raise ValueError(f"{case / 'sglang.json'}: a {rec.probe} record ({rec.status}), not "
-                         "`ppscope sglang`'s: read the case's traces into it (ppscope sglang "
-                         f"--traces {case / 'traces'} --json {case / 'sglang.json'})")
-    sg = rec.payload
-    # the traced window's own loop (its costs; each phase's sizes are set below), so the log's
-    # first burst, which would replace the traced sizes, is left out
-    if sg.loop is not None:
-        sg = replace(sg, loop=replace(sg.loop, bursts=()))
-    dep, server, _, _ = ow.from_sglang(sg)
-    traces = sorted((case / "traces").glob("*PP-0*"))
-    if not traces:
-        raise ValueError(f"{case}: no rank-0 trace in traces/")
     from microbench.sglang.cpu_steps import collect
-    ev = collect(traces[0])
-    _same_run(case, sg, traces[0], len(ev["ranges"]["recv_requests"]), ev["events"])
-    rows = []
-    for ph in phases(_visits(ev), dep.slots):
-        m = run(replace(dep, sizes=ph.pattern), frozenset(OBSERVED_CAUSES)).tpot_ms
-        rows.append({"case": case.name, "depth": server.pp_async_batch_depth,
-                     "pattern": "-".join(map(str, ph.pattern)), "rounds": ph.rounds,
-                     "traced_round_ms": ph.round_ms, "modelled_round_ms": m,
-                     "diff_pct": 100 * (m / ph.round_ms - 1)})
-    return rows
-
-
-def _same_run(case: Path, sg, trace: Path, loops: int, events: int) -> None:
-    """The record's model and the trace's rounds must be of one run: the record read this very
-    file (its name holds SGLang's profile id) and counted as many events and loop iterations
-    in it."""
-    rec = case / "sglang.json"
-    r0 = (sg.traces.ranks.get("0") if sg.traces is not None else None)
-    if r0 is None or sg.loop is None:
-        raise ValueError(f"{rec}: no rank-0 trace read into it (ppscope sglang --traces "
-                         f"{case / 'traces'} --json {rec})")
-    if r0.file != trace.name:
-        raise ValueError(f"{trace}: not the rank-0 trace {rec} was read from ({r0.file}): "
-                         "another run's; read this run's traces into it")
-    counted = ((r0.scheduler_ranges_us or {}).get("recv_requests") or {}).get("count")
-    if (counted is not None and counted != loops) or (r0.events and r0.events != events):
-        raise ValueError(f"{trace.name}: {events} events and {loops} loop iterations, but "
-                         f"{rec.name} counted {r0.events} and {counted} in its {r0.file}: "
-                         "another run's trace under the same name")
+    sg = case_record(case)
+    trace = rank0_trace(case)
+    return phase_rows(case, sg, trace, collect(trace))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,7 +38,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(cases: list[Path]) -> int:
-    from tabulate import tabulate
     from reports.base.errors import CliError
     from reports.base.records import RecordError
     rows = []
@@ -140,10 +48,7 @@ def _main(cases: list[Path]) -> int:
             rows += case_rows(c)
         except (ValueError, RecordError) as e:   # a trace's error is a CliError already
             raise CliError(str(e)) from None
-    print(tabulate([[r["case"], r["depth"], r["pattern"], r["rounds"], r["traced_round_ms"],
-                     r["modelled_round_ms"], r["diff_pct"]] for r in rows],
-                   headers=["case", "depth", "slot pattern", "rounds", "traced round ms",
-                            "modelled ms", "model vs trace %"], floatfmt=".1f"))
+    print(render(rows))
     return 0
 
 

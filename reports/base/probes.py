@@ -28,7 +28,7 @@ PROBES: tuple[Probe, ...] = (
     Probe("watch", None, None),          # `ppscope sglang --watch` writes it
 )
 # Commands that are not probes: the lab (SGLang's own server under test) and the report.
-OTHER_COMMANDS = ("microbench.sglang_lab.lab_cli", "microbench.sglang_lab.twin_cli",
+OTHER_COMMANDS = ("microbench.sglang_lab.lab_cli", "microbench.sglang_lab.twin.cli",
                   "reports.report_cli")
 NAMES = tuple(p.name for p in PROBES)
 

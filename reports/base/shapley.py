@@ -1,6 +1,6 @@
 """The exact Shapley split of a change over named players, shared by both splits of the model:
 the scenario's causes (reports/model/attribution.py) and the observed server's
-(reports/model/observed/diagnose.py, change_split.py).
+(reports/model/observed/diagnose.py, reports/model/change_split.py).
 
 A player's value is the average, over all orders of turning the players on, of the change it
 makes: sum over subsets S not holding it of |S|!(n-|S|-1)!/n! * (v(S+i) - v(S)). The values add

@@ -96,7 +96,7 @@ def _pair(x) -> tuple[float, float] | None:
 
 def _baseline_of(case_dir: Path) -> str:
     from reports.lab.summary import read_case
-    return read_case(case_dir).get("baseline") or ""
+    return read_case(case_dir).case.baseline or ""
 
 
 @dataclass(frozen=True)

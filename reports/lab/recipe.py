@@ -37,12 +37,7 @@ MAX_MACHINE = 200        # characters of --machine
 def _started_with_recipe(case_dir: Path) -> bool:
     """case.json's `recipe` (lab.py writes it; a lab case without it predates the recipe plan
     and ran with the recipe, as every lab server did)."""
-    from reports.base.paths import read_input_json
-    d = read_input_json(case_dir / "case.json", "lab case.json", 1 << 20)
-    v = d.get("recipe", True)
-    if not isinstance(v, bool):
-        raise CliError(f"{case_dir / 'case.json'}: recipe = {v!r}, not true or false")
-    return v
+    return read_case(case_dir).recipe
 
 
 def _sides(out: Path) -> tuple[int, dict[int, dict[str, list[float]]]]:
@@ -58,16 +53,16 @@ def _sides(out: Path) -> tuple[int, dict[int, dict[str, list[float]]]]:
         if not m:
             continue
         side, C, k = m.group(1), int(m.group(2)), int(m.group(3))
-        case = read_case(d)
-        if case["concurrency"] != C:
-            raise CliError(f"{d / 'case.json'}: concurrency {case['concurrency']}, but the case "
+        case = read_case(d).case
+        if case.concurrency != C:
+            raise CliError(f"{d / 'case.json'}: concurrency {case.concurrency}, but the case "
                            f"is named for C={C}")
         if _started_with_recipe(d) != (side == "recipe"):
             raise CliError(f"{d / 'case.json'}: its server was started "
                            f"{'with' if side == 'sglang' else 'without'} the recipe, but the "
                            f"case is named for the {side} side")
-        if side == "recipe" and case.get("baseline") != f"rc-sglang-c{C}.{k}":
-            raise CliError(f"{d / 'case.json'}: baseline {case.get('baseline')!r}, not its "
+        if side == "recipe" and case.baseline != f"rc-sglang-c{C}.{k}":
+            raise CliError(f"{d / 'case.json'}: baseline {case.baseline!r}, not its "
                            f"round's defaults case rc-sglang-c{C}.{k}")
         cs.add(C)
         by.setdefault(k, {}).setdefault(side, []).extend(bench_tok_per_s(d))

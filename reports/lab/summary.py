@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from statistics import mean
 
+from reports.base.payloads.lab_case import CasePlan, LabCase
 from reports.model.compare import change_interval
 
 
@@ -20,24 +21,29 @@ def bench_tok_per_s(case_dir: Path) -> list[float]:
             if r.get("output_throughput") is not None]
 
 
-def read_case(case_dir: Path) -> dict:
-    """The case of `case_dir/case.json` (cases.py's fields); a one-line CliError naming the
-    file when it is not a lab case (garbage, another file, a case without its concurrency)."""
+def read_case(case_dir: Path) -> LabCase:
+    """`case_dir/case.json` (reports/base/payloads/lab_case.py); a one-line CliError naming the
+    file when it is not a lab case (garbage, another file, a case without its concurrency, a
+    field of another type)."""
     from reports.base.errors import CliError
     from reports.base.paths import read_input_json
+    from reports.base.schema import SchemaError, from_json
     p = case_dir / "case.json"
     d = read_input_json(p, "lab case.json", 1 << 20)
     case = d.get("case") if isinstance(d, dict) else None
     if not isinstance(case, dict) or type(case.get("concurrency")) is not int:
         raise CliError(f"{p}: not a lab case.json (no case with its concurrency)")
-    return case
+    try:            # a file another lab may have written: keys it does not know are skipped
+        return from_json(LabCase, d, "case.json", lax=True)
+    except SchemaError as e:
+        raise CliError(f"{p}: {e}: not a lab case.json") from None
 
 
-def _hog(case: dict) -> str:
+def _hog(case: CasePlan) -> str:
     """A CPU hog's case: on its rank's pinned core (today), or on a core (earlier records)."""
-    if case.get("hog_rank") is not None:
-        return f"cpu hog on rank {case['hog_rank']}'s core"
-    return f"cpu hog on core {case['hog_core']}" if case.get("hog_core") is not None else ""
+    if case.hog_rank is not None:
+        return f"cpu hog on rank {case.hog_rank}'s core"
+    return f"cpu hog on core {case.hog_core}" if case.hog_core is not None else ""
 
 
 def analysis_error(case_dir: Path) -> str | None:
@@ -65,10 +71,10 @@ def summarise(out: Path) -> list[dict]:
     for d in dirs:
         tok[d.name] = bench_tok_per_s(d)
     for d in dirs:
-        case = read_case(d)
+        case = read_case(d).case
         t = tok[d.name]
         # the baseline measured at the start of the plan and again at its end (drift check)
-        base = tok.get(case.get("baseline") or "", []) + tok.get(f"{case.get('baseline')}-end", [])
+        base = tok.get(case.baseline or "", []) + tok.get(f"{case.baseline}-end", [])
         failed = analysis_error(d)   # then its report.json is an earlier analysis's: not shown
         rep = {} if failed else _report(d)
         dg = rep.get("diagnosis") or {}
@@ -83,11 +89,10 @@ def summarise(out: Path) -> list[dict]:
         rows.append({
             "modelled_step_ms": dg.get("modelled_step_ms"),
             "observed_step_ms": dg.get("observed_step_ms"),
-            "case": d.name, "concurrency": case["concurrency"], "fault": case.get("fault") or
-            _hog(case),
+            "case": d.name, "concurrency": case.concurrency, "fault": case.fault or _hog(case),
             "tok_per_s": mean(t) if t else None, "runs": len(t),
             "spread_pct": 100 * (max(t) - min(t)) / mean(t) if len(t) > 1 else None,
-            "slowdown_pct": 100 * (mean(base) / mean(t) - 1) if t and base and case.get("baseline")
+            "slowdown_pct": 100 * (mean(base) / mean(t) - 1) if t and base and case.baseline
             else None,
             "diagnosis": "failed" if failed else dg.get("status"),
             "first_cause": "analysis failed" if failed else first["cause"] if first else
@@ -96,7 +101,7 @@ def summarise(out: Path) -> list[dict]:
             "first_size_pct": first.get("size_pct") if first else None,
             "first_size_ci": first.get("size_ci") if first else None,
             # the measured slowdown's interval: Welch's t over both servers' bench runs
-            "slowdown_ci": change_interval(base, t) if t and base and case.get("baseline")
+            "slowdown_ci": change_interval(base, t) if t and base and case.baseline
             else None,
             "significant": cmp_.get("significant"),
             "moved_ci": ([100 * g / cmp_["baseline_step_ms"] for g in moved["growth_ci"]]
@@ -105,7 +110,7 @@ def summarise(out: Path) -> list[dict]:
             "moved_window_ci": ([100 * g / cmp_["baseline_step_ms"]
                                  for g in moved.get("growth_window_ci") or moved["growth_ci"]]
                                 if moved and moved.get("growth_ci") else None),
-            "expect": case.get("expect") or "",
+            "expect": case.expect or "",
             "answer": dg.get("answer"),
             # against the baseline's diagnosis: the cause that grew most, and its growth as a
             # share of the baseline's observed step (the model's slowdown from that cause)

@@ -35,28 +35,30 @@ from pathlib import Path
 from statistics import median
 
 from reports.lab.summary import bench_tok_per_s
+from reports.base.payloads.lab_case import LabCase
 from reports.model.settings_change import LAYER_PARTITION
 
 TARGET_REL = 0.25
 
 
-def _case(d: Path) -> dict:
-    return json.loads((d / "case.json").read_text())
+def _case(d: Path) -> LabCase:
+    from reports.lab.summary import read_case
+    return read_case(d)
 
 
-def change_of(after: dict, before: dict) -> tuple[str, object] | None:
+def change_of(after: LabCase, before: LabCase) -> tuple[str, object] | None:
     """(knob, value) the after case changed against its before case."""
-    a, b = after["case"], before["case"]
-    if a.get("mmb") and a["mmb"] != b.get("mmb"):
-        return "--pp-max-micro-batch-size", a["mmb"]
-    if a.get("request_rate") != b.get("request_rate"):
-        return "--request-rate", a.get("request_rate")
-    part = (after.get("env") or {}).get(LAYER_PARTITION)
-    if part and part != (before.get("env") or {}).get(LAYER_PARTITION):
+    a, b = after.case, before.case
+    if a.mmb and a.mmb != b.mmb:
+        return "--pp-max-micro-batch-size", a.mmb
+    if a.request_rate != b.request_rate:
+        return "--request-rate", a.request_rate
+    part = after.env.get(LAYER_PARTITION)
+    if part and part != before.env.get(LAYER_PARTITION):
         return LAYER_PARTITION, part
-    args = list(after.get("extra_args") or [])
+    args = list(after.extra_args)
     for knob in ("--pp-async-batch-depth", "--max-running-requests", "--chunked-prefill-size"):
-        if knob in args and knob not in (before.get("extra_args") or []):
+        if knob in args and knob not in before.extra_args:
             return knob, int(args[args.index(knob) + 1])
     return None
 
@@ -103,7 +105,7 @@ def loop_rows(out: Path, records: Path | None = None) -> list[dict]:
             "profiler_slowdown": slow,
             "modelled_tok_per_s": corr,
             "diff_pct": 100 * (corr / meas - 1) if corr else None,
-            "extra_args": c.get("extra_args") or [],
+            "extra_args": list(c.extra_args),
         })
     return rows
 
@@ -141,8 +143,8 @@ def whatif_rows(out: Path, records: Path | None = None) -> list[dict]:
     rows = []
     for name, dirs in sorted(by.items()):
         c = _case(dirs[0])
-        base = c["case"].get("baseline")
-        evs = windows(c["case"]["concurrency"]) if base in by else []
+        base = c.case.baseline
+        evs = windows(c.case.concurrency) if base in by else []
         if not evs:
             continue
         ev = evs[0]

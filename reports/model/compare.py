@@ -32,7 +32,7 @@ from statistics import mean, variance
 from reports.model import model_error
 from reports.model.observed import resample
 from reports.model.observed.deployment import window_differs
-from reports.model.observed.change_split import deployment_of, forward_rows, split_change
+from reports.model.change_split import deployment_of, forward_rows, split_change
 from reports.model.report_type import (ChangeRow, Comparison, NotCompared, NotDiagnosed,
                                        ServerDiagnosis)
 
@@ -263,7 +263,7 @@ def _deployments(now: ServerDiagnosis, base: ServerDiagnosis):
 
 
 def _shapley_parts(d_now, d_base) -> tuple[dict[str, float], float, float] | None:
-    """reports/model/observed/change_split.py's joint split of the two loops (None: it cannot
+    """reports/model/change_split.py's joint split of the two loops (None: it cannot
     be modelled)."""
     try:
         return split_change(d_now, d_base)

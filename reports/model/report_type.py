@@ -32,7 +32,7 @@ from reports.model.scenario.implied import ImpliedEfficiency
 from reports.model.scenario.inputs import Param
 from reports.model.observed.server_log import DpFigures
 from reports.model.observed.whatifs import ServerWhatIfs
-from reports.model.scenario.validate_dispatch import Check, MicroBatchChoice
+from reports.model.checks.validate_dispatch import Check, MicroBatchChoice
 from reports.model.verdicts import Verdict
 from reports.model.settings_change import WhatIf
 
@@ -235,7 +235,7 @@ class ObservedLoop:
     notes: tuple[str, ...]
     shape: str
     # the rest of the deployment, so that a later run can split its change against this one
-    # (reports/model/observed/change_split.py); empty in a report written before they were kept
+    # (reports/model/change_split.py); empty in a report written before they were kept
     forward_busy_us: tuple[dict[str, float], ...] = ()
     empty_relay_us: tuple[float, ...] = ()
     send_us: tuple[float, ...] = ()

@@ -1,11 +1,12 @@
 """What the twin measured, for the report: each what-if setting's change on SGLang's own scheduler.
 
-`ppscope twin` (microbench/sglang_lab/twin.py) writes `results/twin.json`: per server setting
+`ppscope twin` (microbench/sglang_lab/twin/run.py) writes `results/twin.json` (its data:
+reports/base/payloads/twin.py `TwinData`): per server setting
 (its SGLang flags) and concurrency, the twin's decode TPOT and tok/s, undilated. Here a what-if
 row of the report (a knob and its value, or a pair of them) is matched to the twin's server whose
 flags differ from the default server's by exactly that change, and the change the twin measured
 (decode tok/s = C / TPOT, against the default at the same C) is set beside the model's. The
-twin's TPOT is its steady decode where the record has one (microbench/sglang_lab/twin_steady.py:
+twin's TPOT is its steady decode where the record has one (microbench/sglang_lab/twin/steady.py:
 one round of the loop with every request decoding, read from SGLang's log), the quantity the
 model's steady loop predicts; records without it use bench_serving's median TPOT, whose short
 runs include the later prompts' prefills.
@@ -29,12 +30,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from reports.base.errors import CliError
+from reports.base.payloads.twin import TwinData, TwinRow
+from reports.base.schema import SchemaError, from_json
 from reports.model.scenario.file import MAX_CONCURRENCY, MAX_PP
 
 TWIN_FILE = "twin.json"
 MAX_BYTES = 16 << 20
-# the dilations `ppscope twin` runs at: its --k and --max-k (microbench/sglang_lab/twin_cli.py),
-# and a calibrated k is at least 1 (microbench/sglang_lab/twin.py `calibrated_k`)
+# the dilations `ppscope twin` runs at: its --k and --max-k (microbench/sglang_lab/twin/cli.py),
+# and a calibrated k is at least 1 (microbench/sglang_lab/twin/run.py `calibrated_k`)
 K_RANGE = (1.0, 1000.0)
 # a server setting changes decode tok/s by less than this factor either way (-99% to +9900%);
 # beyond it a figure is not one a run gives, and is refused before it is printed
@@ -101,16 +104,6 @@ def shipped_twin(name: str, sc_file: str) -> TwinRecord:
     if not path.is_file():
         raise CliError(f"{sc_file}: twin_record {name!r}: no such file in configs/records")
     return replace(_read(path, f"configs/records/{name}"), shipped=True)
-
-
-def with_default(rows: list[dict]):
-    """Each row of a setting with the default's row of the same concurrency and repetition
-    (`rep`, 1 in records without repetitions); rows with no such default are left out."""
-    base = {(r["concurrency"], r.get("rep", 1)): r for r in rows if r["setting"] == "default"}
-    for r in rows:
-        b = base.get((r["concurrency"], r.get("rep", 1)))
-        if r["setting"] != "default" and b is not None:
-            yield r, b
 
 
 def _state(doc: dict, data: dict) -> str:
@@ -194,24 +187,25 @@ def _read(path: Path, source: str) -> TwinRecord:
         k = _number(path, "calibration.k", data["calibration"]["k"], *K_RANGE,
                     f"a dilation from {K_RANGE[0]:g} to {K_RANGE[1]:g} (ppscope twin --k)")
         _check_rows(path, data["rows"])
+        typed = _typed(path, data)
         runs: dict = {}          # (change, C) -> [(setting's row, default's row), ...]
-        for r, b in with_default(data["rows"]):
-            base_flags = _pairs(b["flags"])
-            diff = frozenset((f, v) for f, v in _pairs(r["flags"]).items()
+        for r, b in typed.with_default():
+            base_flags = _pairs(b.flags)
+            diff = frozenset((f, v) for f, v in _pairs(r.flags).items()
                              if base_flags.get(f) != v)
-            runs.setdefault((diff, int(r["concurrency"])), []).append((r, b))
+            runs.setdefault((diff, r.concurrency), []).append((r, b))
         changes: dict = {}
         for (diff, C), got in sorted(runs.items(), key=lambda kv: kv[0][1]):
             basis, twin = twin_changes(got)
             what = " + ".join(f"{f} {v}" for f, v in sorted(diff)) or "the default again"
             twin = [_change(path, 1 + x, f"the twin's {what}", C) for x in twin]
             r0, b0 = got[0]
-            model = _change(path, float(r0["model_tok_per_s"]) / float(b0["model_tok_per_s"]),
+            model = _change(path, r0.model_tok_per_s / b0.model_tok_per_s,
                             f"the model's {what}", C)
             changes[diff] = changes.get(diff, ()) + (TwinChange(
                 C, statistics.median(twin), model, min(twin), max(twin), len(twin), basis),)
         return TwinRecord(scenario, pp, k, changes, source,
-                          stream_order=_stream_order(data), state=state)
+                          stream_order=_stream_order(typed), state=state)
     except CliError:
         raise
     except (OSError, ValueError, KeyError, TypeError, IndexError, ZeroDivisionError,
@@ -219,25 +213,31 @@ def _read(path: Path, source: str) -> TwinRecord:
         raise CliError(f"{path}: not a twin record ppscope wrote ({type(e).__name__})") from None
 
 
-def twin_changes(pairs: list[tuple[dict, dict]]) -> tuple[str, list[float]]:
+def _typed(path: Path, data: dict) -> TwinData:
+    """The record's data as its payload (reports/base/payloads/twin.py), every field checked
+    (its figures were checked above, in the words the report uses)."""
+    try:
+        return from_json(TwinData, data, "data")
+    except SchemaError as e:
+        raise CliError(f"{path}: {e}: not a twin record ppscope wrote") from None
+
+
+def twin_changes(pairs: list[tuple[TwinRow, TwinRow]]) -> tuple[str, list[float]]:
     """The change of decode tok/s each setting's run measured against the default's run of its
     repetition, on one basis for all: STEADY (the twin's steady decode, SGLang's log: every
     request decoding, the quantity the model's figure is) where every run of both has one, else
     BENCH (bench_serving's median TPOT, the later prompts' prefills included)."""
-    if all(r.get("twin_steady_tpot_ms") and b.get("twin_steady_tpot_ms") for r, b in pairs):
-        return STEADY, [float(b["twin_steady_tpot_ms"]) / float(r["twin_steady_tpot_ms"]) - 1
-                        for r, b in pairs]
-    return BENCH, [float(r["twin_decode_tok_per_s"]) / float(b["twin_decode_tok_per_s"]) - 1
-                   for r, b in pairs]
+    if all(r.twin_steady_tpot_ms and b.twin_steady_tpot_ms for r, b in pairs):
+        return STEADY, [b.twin_steady_tpot_ms / r.twin_steady_tpot_ms - 1 for r, b in pairs]
+    return BENCH, [r.twin_decode_tok_per_s / b.twin_decode_tok_per_s - 1 for r, b in pairs]
 
 
-def _stream_order(data: dict) -> bool:
+def _stream_order(data: TwinData) -> bool:
     """Whether the twin's hold ordered the PP sends and receives on SGLang's schedule stream
     (`hold: "stream"` in the record; records of the first such ppscope say so only in their
     `emulated` text). The hold before it let a relay leave before the relaying forward ended
     and ran chunk 2048 at C = 8 about 10% fast."""
-    return (data.get("hold") == "stream" or data.get("mode") == "sync"
-            or "schedule stream" in str(data.get("emulated", "")))
+    return data.hold == "stream" or data.mode == "sync" or "schedule stream" in (data.emulated or "")
 
 
 def change_of(knob: str, setting: str) -> frozenset:

@@ -1,5 +1,5 @@
 """The twin's device times for an observed server: its own traced forwards, for the held-out
-check of the twin (microbench/sglang_lab/twin_observed.py).
+check of the twin (microbench/sglang_lab/twin/observed.py).
 
 The scenario's twin holds each forward to the model's stage time (reports/model/scenario/
 twin_costs.py). The observed server's twin holds each rank's decode forward to the forward time
@@ -22,6 +22,7 @@ much long; the slowdown is the whole visit's, taken as the forward's.
 """
 from __future__ import annotations
 
+from reports.base.payloads.twin import RankCosts, TwinCosts
 from reports.model.observed.deployment import Deployment, at_size
 
 SOURCES = {
@@ -32,9 +33,10 @@ SOURCES = {
 }
 
 
-def costs(dep: Deployment, bmax: int, k: float = 1.0, scale: float = 1.0) -> dict:
-    """The hold module's cost file (microbench/sglang_lab/boot/inject/ppscope_twin_hold.py);
-    `scale`: every forward's factor (1 / the window's profiler slowdown, module docstring)."""
+def costs(dep: Deployment, bmax: int, scale: float = 1.0) -> TwinCosts:
+    """The hold module's times (microbench/sglang_lab/boot/inject/ppscope_twin_hold.py; the twin
+    writes them at its k, reports/base/payloads/twin.py `write_costs`); `scale`: every
+    forward's factor (1 / the window's profiler slowdown, module docstring)."""
     if not 0 < scale <= 1:
         raise ValueError(f"scale must be in (0, 1], got {scale}")
     if dep.device != "cpu":
@@ -42,11 +44,10 @@ def costs(dep: Deployment, bmax: int, k: float = 1.0, scale: float = 1.0) -> dic
                          f"record's forwards ran on {dep.device}")
     ranks = []
     for r in range(dep.pp):
-        ranks.append({
-            "decode_us": [0.0] + [round(scale * at_size(dep.forward[r], b), 3)
-                                  for b in range(1, bmax + 1)],
-            "prefill_tokens": [1, 2], "prefill_us": [0.0, 0.0], "lm_head_seq_us": 0.0,
-            "host_us": 0.0, "empty_us": 0.0, "launch_us": 0.0, "process_us": 0.0,
-        })
-    return {"k": float(k), "mode": "sync", "ranks": ranks, "hop_us": [0.0] * (bmax + 1),
-            "layer_split": list(dep.layers), "forward_scale": scale, "sources": SOURCES}
+        ranks.append(RankCosts(
+            decode_us=(0.0,) + tuple(round(scale * at_size(dep.forward[r], b), 3)
+                                     for b in range(1, bmax + 1)),
+            prefill_tokens=(1, 2), prefill_us=(0.0, 0.0), lm_head_seq_us=0.0,
+            host_us=0.0, empty_us=0.0, launch_us=0.0, process_us=0.0))
+    return TwinCosts(mode="sync", ranks=tuple(ranks), hop_us=(0.0,) * (bmax + 1),
+                     layer_split=tuple(dep.layers), forward_scale=scale, sources=SOURCES)

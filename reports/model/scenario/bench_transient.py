@@ -43,21 +43,21 @@ def waves_of(new_seqs: Sequence[int], C: int) -> list[Wave]:
     return [Wave(first, 0)] + ([Wave(C - first, 1)] if C > first else [])
 
 
-def _prefill_fn(table: dict):
-    """The prefill forward of each rank from the twin's cost table (interpolated over tokens,
-    lm_head once per sequence), as the twin's hold module computes it."""
-    ranks = table["ranks"]
+def _prefill_fn(table):
+    """The prefill forward of each rank from the twin's cost table (`TwinCosts`, interpolated
+    over tokens, lm_head once per sequence), as the twin's hold module computes it."""
+    ranks = table.ranks
 
     def us(r: int, tokens: int, n: int) -> float:
         row = ranks[r]
-        xs, ys = row["prefill_tokens"], row["prefill_us"]
+        xs, ys = row.prefill_tokens, row.prefill_us
         if tokens <= xs[0]:
             body = ys[0] * tokens / xs[0]
         else:
             i = min(bisect.bisect_left(xs, tokens), len(xs) - 1)
             x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
             body = y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
-        return body + row["lm_head_seq_us"] * n
+        return body + row.lm_head_seq_us * n
     return us
 
 
@@ -81,7 +81,7 @@ def model_bench(inp: Inputs, C: int, prompts: int, output_len: int,
     bmax = max([n for n, _ in rec.batches] + [1])
     loop = lb.loop_config(inp, lb.ALL_ON, bmax, depth=depth, partition=partition,
                           graph_max_bs=ch.graph_max_bs, mrr=ch.server.max_running_requests)
-    table = costs(inp, 1.0, bmax, partition=partition)
+    table = costs(inp, bmax, partition=partition)
     plan = Plan(loop, tuple(rec.batches), _prefill_fn(table))
     simulate_plan(plan)
     got = plan.processed

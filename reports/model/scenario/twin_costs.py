@@ -1,6 +1,6 @@
 """The twin's device times: the model's own per-stage figures, written for SGLang's processes.
 
-The twin (microbench/sglang_lab/twin.py) runs SGLang's own PP server at a deployment's settings
+The twin (microbench/sglang_lab/twin/run.py) runs SGLang's own PP server at a deployment's settings
 and holds every rank's forward to that deployment's stage time. The times are the ones the
 pipeline model uses (reports/model/scenario/loop_builder.py, all effects on), so the twin and the model
 differ only in the loop:
@@ -17,12 +17,14 @@ differ only in the loop:
   as the largest decode batch); the last rank's lm_head runs once per sequence (SGLang computes
   prefill logits for the last token of each prompt only). Estimated, and labelled so.
 
-`costs(inp, k)` is JSON-ready; the twin's hold module reads it (boot/inject/ppscope_twin_hold.py).
+`costs(inp, bmax)` gives the times (reports/base/payloads/twin.py `TwinCosts`); the twin writes them
+at its dilation k (`write_costs`) for its hold module (boot/inject/ppscope_twin_hold.py).
 """
 from __future__ import annotations
 
 from reports.base.interp import interp_log
 from reports.base.partition import pp_partition
+from reports.base.payloads.twin import MODES, RankCosts, TwinCosts
 from reports.base.roofline import stage_floor
 from reports.model.scenario import loop_builder as lb
 from reports.model.scenario.inputs import Inputs
@@ -46,12 +48,10 @@ def _prefill_us(inp: Inputs, stage, tokens: int, eff: float) -> tuple[float, flo
     return body / eff, head / eff
 
 
-MODES = ("async", "sync")
-
-
-def costs(inp: Inputs, k: float, bmax: int, partition: str | None = None,
-          mode: str = "async") -> dict:
-    """`mode`: `async`, a GPU's device time (the CPU runs ahead of the forward, as SGLang's does
+def costs(inp: Inputs, bmax: int, partition: str | None = None,
+          mode: str = "async") -> TwinCosts:
+    """The model's times for decode batches up to `bmax` (k is the twin run's: `write_costs`).
+    `mode`: `async`, a GPU's device time (the CPU runs ahead of the forward, as SGLang's does
     on a GPU); `sync`, SGLang's CPU backend (the forward holds its rank's CPU)."""
     if mode not in MODES:
         raise ValueError(f"mode: one of {MODES}, got {mode!r}")
@@ -63,17 +63,17 @@ def costs(inp: Inputs, k: float, bmax: int, partition: str | None = None,
     ranks = []
     for r, st in enumerate(stages):
         pre = [_prefill_us(inp, st, t, eff) for t in PREFILL_TOKENS]
-        ranks.append({
-            "layers": st.num_layers,
-            "decode_us": [round(v, 3) for v in cfg.stage_us[r]],
-            "prefill_tokens": list(PREFILL_TOKENS),
-            "prefill_us": [round(body, 3) for body, _ in pre],
-            "lm_head_seq_us": round(pre[0][1], 3),
-            "host_us": inp.host_us + inp.chain_us, "empty_us": inp.empty_us + inp.chain_us,
-            "launch_us": inp.launch_us, "process_us": inp.process_us,
-        })
-    return {"k": float(k), "mode": mode, "ranks": ranks, "hop_us": [round(v, 3) for v in cfg.hop_us[0]],
-            "layer_split": [st.num_layers for st in stages], "sources": SOURCES}
+        ranks.append(RankCosts(
+            layers=st.num_layers,
+            decode_us=tuple(round(v, 3) for v in cfg.stage_us[r]),
+            prefill_tokens=PREFILL_TOKENS,
+            prefill_us=tuple(round(body, 3) for body, _ in pre),
+            lm_head_seq_us=round(pre[0][1], 3),
+            host_us=inp.host_us + inp.chain_us, empty_us=inp.empty_us + inp.chain_us,
+            launch_us=inp.launch_us, process_us=inp.process_us))
+    return TwinCosts(mode=mode, ranks=tuple(ranks),
+                     hop_us=tuple(round(v, 3) for v in cfg.hop_us[0]),
+                     layer_split=tuple(st.num_layers for st in stages), sources=SOURCES)
 
 
 def model_of_twin(inp: Inputs, C: int, changes=()):

@@ -41,7 +41,8 @@ Device time, two ways (the cost file's `mode`):
 Stage times: decode by micro-batch size (`forward_batch.batch_size`), prefill by its tokens
 (`extend_num_tokens`) and sequences.
 
-The cost file (written by `microbench/sglang_lab/twin.py` from the model's own figures) holds,
+The cost file (reports/base/payloads/twin.py `TwinCosts`, written by its `write_costs` from the
+model's own figures; this module runs inside SGLang's processes and reads it as JSON) holds,
 per rank: `decode_us` (index = micro-batch size), `prefill_tokens` / `prefill_us` (a table over
 tokens, interpolated), `lm_head_seq_us`, and `host_us`, `empty_us`, `process_us`, `launch_us`;
 `hop_us` (index = micro-batch size) and `k` (0: no emulated time, the calibration). The rank is SGLang's own (`pp_group.rank_in_group`).

@@ -38,7 +38,8 @@ from pathlib import Path
 
 from microbench.sglang_lab import drive
 from microbench.sglang_lab.server import LabServer, ServerSpec
-from microbench.sglang_lab.twin_steady import steady_decode
+from microbench.sglang_lab.twin.steady import steady_decode
+from reports.base.payloads.twin import TwinData
 from microbench.sglang_lab.venv import (claim_lab_dir, ensure_model, ensure_venv,
                                         inject_path, sharegpt_file)
 
@@ -99,11 +100,11 @@ def _bench(server: LabServer, bench: drive.BenchSpec, out: Path, C: int, prompts
 
 def _run_model(inp, C: int, completed: int, output_len: int, logged: list[int], changes,
                cached_prompts: int = 0) -> float | None:
-    """The model of this very run (reports/model/sim/bench_transient.py): SGLang's first logged
+    """The model of this very run (reports/model/scenario/bench_transient.py): SGLang's first logged
     wave admitted first, every prompt prefilled whole (the twin flushes the cache after the
     warm-up request; a run without the flush has `WARMUP_REQUESTS` prompts cached); None when
     the run cannot be modelled."""
-    from reports.model.sim.bench_transient import model_bench, waves_of
+    from reports.model.scenario.bench_transient import model_bench, waves_of
     try:
         return model_bench(inp, C, max(completed, 1), output_len, waves_of(logged, C),
                            changes=changes, cached_prompts=cached_prompts).tpot_ms
@@ -113,11 +114,12 @@ def _run_model(inp, C: int, completed: int, output_len: int, logged: list[int], 
 
 def run_twin(inp, settings: list[TwinSetting], concurrency: list[int], out: Path, lab_dir: Path,
              output_len: int, max_k: float, k: float | None = None,
-             mode: str = "async", keep=None, reps: int = 1) -> dict:
+             mode: str = "async", keep=None, reps: int = 1) -> TwinData:
     """Calibrate, then run each setting at each concurrency, `reps` times with the settings
-    interleaved; returns the record's data. `keep(data)`: called after every finished run with
-    the record so far (write as you go)."""
-    import json
+    interleaved; then the model of every run (`model_figures`); returns the record's data.
+    `keep(data)`: called after every finished run with the record so far (write as you go: its
+    runs modelled as it is written, each run once)."""
+    from reports.base.payloads.twin import write_costs
     from reports.model.scenario.twin_costs import costs
     claim_lab_dir(lab_dir)
     python = ensure_venv(lab_dir, say)
@@ -125,10 +127,18 @@ def run_twin(inp, settings: list[TwinSetting], concurrency: list[int], out: Path
     dataset = sharegpt_file(lab_dir)
     out.mkdir(parents=True, exist_ok=True)
     cost_file = out / "twin-costs.json"      # the run's own: two twins never share one
-    table = costs(inp, 0.0, max(64, max(concurrency)), mode=mode)
-    cost_file.write_text(json.dumps(table))
+    table = costs(inp, max(64, max(concurrency)), mode=mode)
+    # nothing emulated (k = 0) until the calibration has chosen k; a given k from the start
+    written = write_costs(cost_file, table, 0.0 if k is None else k)
     tokens = max(concurrency) * (inp.prompt_len + output_len) + 4096
-    rows: list[dict] = []
+    measured: list[tuple[TwinSetting, dict]] = []
+    rows: list[dict] = []       # the measured runs with their model, in run order
+
+    def record(done: bool) -> TwinData:
+        for st, run in measured[len(rows):]:
+            rows.append(run | model_figures(inp, st, run, output_len))
+        return _data(inp, calib, output_len, rows, written, mode, reps, done=done,
+                     choices=choices)
     calib = None if k is None else {"k": k, "given": True}
     choices = None
     for rep in range(reps):
@@ -150,24 +160,23 @@ def run_twin(inp, settings: list[TwinSetting], concurrency: list[int], out: Path
                                         output_len=output_len)
                 if calib is None:
                     calib = _calibrate(inp, server, bench, out / "calibration", max_k)
-                table["k"] = calib["k"]
-                cost_file.write_text(json.dumps(table))
-                time.sleep(1.0)                  # the hold module re-reads the file within 0.5 s
+                    written = write_costs(cost_file, table, calib["k"])
+                    time.sleep(1.0)              # the hold module re-reads the file within 0.5 s
                 for C in concurrency:
                     seed = (100 + si * 1000 + C + zlib.crc32(st.name.encode()) % 97
                             + rep * 7919)
-                    rows.append(_one_run(inp, st, C, server, bench, sdir / f"c{C}", seed,
-                                         calib["k"], output_len) | {"rep": rep + 1})
+                    measured.append((st, _one_run(inp, st, C, server, bench, sdir / f"c{C}",
+                                                  seed, calib["k"], output_len)
+                                     | {"rep": rep + 1}))
                     if keep is not None:
-                        keep(_data(inp, calib, output_len, rows, table, mode, reps, done=False,
-                                   choices=choices))
+                        keep(record(done=False))
                     drive.wait_idle(server, timeout_s=600.0)
-    return _data(inp, calib, output_len, rows, table, mode, reps, done=True, choices=choices)
+    return record(done=True)
 
 
 def _calibrate(inp, server: LabServer, bench: drive.BenchSpec, cdir: Path, max_k: float) -> dict:
     """bench_serving at C = 1 with no emulated time: this machine's own step, and k."""
-    from reports.model.sim import loop_builder as lb
+    from reports.model.scenario import loop_builder as lb
     say("calibration: C=1 with no emulated time (k = 0)")
     cdir.mkdir(parents=True, exist_ok=True)
     b, _, _ = _bench(server, bench, cdir, 1, 2, seed=7)
@@ -181,14 +190,12 @@ def _calibrate(inp, server: LabServer, bench: drive.BenchSpec, cdir: Path, max_k
 
 def _one_run(inp, st: TwinSetting, C: int, server: LabServer, bench: drive.BenchSpec,
              cdir: Path, seed: int, k: float, output_len: int) -> dict:
-    """One bench_serving run at C on a started server: the record's row, undilated."""
-    from reports.model.sim import loop_builder as lb
-    from reports.model.scenario.twin_costs import model_of_twin
+    """One bench_serving run at C on a started server: the record's row as measured,
+    undilated (the model's figures are set beside it after the runs: `model_figures`)."""
     say(f"{st.name}: C={C}, {max(2, C)} prompts of {inp.prompt_len} tokens, {output_len} out "
         f"(k = {k:g})")
     cdir.mkdir(parents=True, exist_ok=True)
     b, w, log = _bench(server, bench, cdir, C, max(2, C), seed)
-    pred = lb.run(inp, C, changes=st.changes)
     steady = steady_decode(log, C)
     row = {
         "setting": st.name, "flags": list(st.flags), "concurrency": C,
@@ -200,11 +207,7 @@ def _one_run(inp, st: TwinSetting, C: int, server: LabServer, bench: drive.Bench
         # from the text beside those SGLang made (the lab model gives every token text)
         "bench_text_tokens": b.get("total_output_tokens_retokenized"),
         "bench_output_tokens": b.get("total_output_tokens"),
-        "waves": w, "model_tpot_ms": pred.tpot_ms,
-        "model_cpu_forward_tpot_ms": model_of_twin(inp, C, changes=st.changes).tpot_ms,
-        "model_tok_per_s": pred.tok_per_s,
-        "model_slots": [s for s in pred.slot_sizes if s],
-        "run_model_tpot_ms": _run_model(inp, C, b["completed"], output_len, w, st.changes),
+        "waves": w,
         # the decode loop alone, all C requests decoding (SGLang's log; the model's quantity)
         "twin_steady_tpot_ms": steady.tpot_ms / k if steady else None,
         "steady_cycles": steady.cycles if steady else 0,
@@ -212,16 +215,35 @@ def _one_run(inp, st: TwinSetting, C: int, server: LabServer, bench: drive.Bench
     }
     st_text = (f", steady decode {row['twin_steady_tpot_ms']:.1f} over {steady.cycles} rounds"
                if steady else ", no steady window in the log")
-    say(f"{st.name} C={C}: TPOT {row['twin_tpot_ms']:.1f} ms undilated{st_text} (model "
-        f"{pred.tpot_ms:.1f}); SGLang admitted {w}")
+    say(f"{st.name} C={C}: TPOT {row['twin_tpot_ms']:.1f} ms undilated{st_text}; SGLang "
+        f"admitted {w}")
     return row
 
 
-def _data(inp, calib, output_len, rows, table, mode, reps: int, done: bool,
-          choices=None) -> dict:
+def model_figures(inp, st: TwinSetting, run: dict, output_len: int) -> dict:
+    """The model's figures for one finished run (`_one_run`'s row): its steady loop at the
+    run's C and setting, that loop with the forward holding the CPU (`model_of_twin`), and the
+    model of this very run from the waves SGLang admitted (`_run_model`)."""
+    from reports.model.scenario import loop_builder as lb
+    from reports.model.scenario.twin_costs import model_of_twin
+    C = run["concurrency"]
+    pred = lb.run(inp, C, changes=st.changes)
+    return {"model_tpot_ms": pred.tpot_ms,
+            "model_cpu_forward_tpot_ms": model_of_twin(inp, C, changes=st.changes).tpot_ms,
+            "model_tok_per_s": pred.tok_per_s,
+            "model_slots": [s for s in pred.slot_sizes if s],
+            "run_model_tpot_ms": _run_model(inp, C, run["completed"], output_len, run["waves"],
+                                            st.changes)}
+
+
+def _data(inp, calib, output_len, rows, written, mode, reps: int, done: bool,
+          choices=None) -> TwinData:
+    """The record's data, checked as every reader reads it (reports/base/payloads/twin.py)."""
     from dataclasses import asdict
-    return {"scenario": inp.name, "pp": inp.pp, "calibration": calib, "output_len": output_len,
-            "prompt_len": inp.prompt_len, "rows": list(rows), "costs": table, "complete": done,
+    from reports.base.schema import from_json, to_json
+    return from_json(TwinData, {"scenario": inp.name, "pp": inp.pp, "calibration": calib, "output_len": output_len,
+            "prompt_len": inp.prompt_len, "rows": list(rows), "costs": to_json(written),
+            "complete": done,
             "mode": mode, "reps": reps, "flush_cache": True, "hold": "stream",
             "emulated": "every forward, hop and host visit held to the deployment's time x k "
                         "(reports/model/scenario/twin_costs.py); "
@@ -231,5 +253,5 @@ def _data(inp, calib, output_len, rows, table, mode, reps: int, done: bool,
                         + "; prefill times estimated",
             "observed": [list(p) for p in inp.observed],
             # the lab's choices for its servers: ranks' cores, radix core, GPU hidden (server.py)
-            "server": asdict(choices) if choices else None}
+            "server": asdict(choices) if choices else None})
 

@@ -20,7 +20,9 @@ from statistics import median
 
 from microbench.sglang_lab import drive
 from microbench.sglang_lab.server import LabServer, ServerSpec
-from microbench.sglang_lab.twin import say
+from microbench.sglang_lab.twin.run import say
+from reports.base.payloads.twin import write_costs
+from reports.base.schema import to_json
 from reports.base.server_flags import server_args
 from microbench.sglang_lab.venv import (MODEL_LAYERS, claim_lab_dir, ensure_model, ensure_venv,
                                         inject_path, sharegpt_file)
@@ -52,18 +54,18 @@ def run_observed_twin(record: Path, out: Path, lab_dir: Path, reps: int = 2,
                       raw: bool = False) -> dict:
     from reports.base.records import read_record
     from reports.model.observed.twin_costs import costs
-    from reports.model.sim import bench_run as ow
+    from reports.model.observed import bench_run as ow
     sg = read_record(record).payload
     dep, server, load, measured = ow.from_sglang(sg)
     slow = sg.loop.profiler_slowdown if sg.loop is not None else None
     scale = 1.0 / slow if slow and slow > 1.0 and not raw else 1.0
-    table = costs(dep, max(64, load.concurrency), k=0.0, scale=scale)
+    table = costs(dep, max(64, load.concurrency), scale=scale)
     claim_lab_dir(lab_dir)
     python = ensure_venv(lab_dir, say)
     model = ensure_model(python, lab_dir, layers=sum(dep.layers) or MODEL_LAYERS)
     out.mkdir(parents=True, exist_ok=True)
     cost_file = out / "twin-costs.json"
-    cost_file.write_text(json.dumps(table))
+    written = write_costs(cost_file, table, 0.0)
     flags = server_args(server)     # the cap as the server was set, SGLang derives the rest
     spec = ServerSpec(python=python, model=model, pp=dep.pp, device="cpu", extra_args=flags,
                       env={"PYTHONPATH": str(inject_path()), "PPSCOPE_TWIN_COSTS": str(cost_file),
@@ -80,8 +82,7 @@ def run_observed_twin(record: Path, out: Path, lab_dir: Path, reps: int = 2,
                         out=out / "warmup.jsonl")
         for rep in range(1, reps + 1):
             for side, k in (("server", 0.0), ("twin", 1.0)):
-                table["k"] = k
-                cost_file.write_text(json.dumps(table))
+                written = write_costs(cost_file, table, k)
                 time.sleep(1.0)              # the hold module re-reads the file within 0.5 s
                 say(f"{side} (k = {k:g}) run {rep}/{reps}: C={load.concurrency}, "
                     f"{load.prompts} prompts")
@@ -106,7 +107,7 @@ def run_observed_twin(record: Path, out: Path, lab_dir: Path, reps: int = 2,
             "within_target": abs(t / s - 1.0) <= TARGET, "target_pct": 100 * TARGET,
             # per twin run, summed over the ranks: forwards, those the hold lengthened, seconds
             "holds": holds,
-            "costs": table}
+            "costs": to_json(written)}
 
 
 def render(d: dict) -> str:

@@ -1,5 +1,5 @@
 """`ppscope twin`: a deployment's PP loop on SGLang's own scheduler, device time emulated
-(microbench/sglang_lab/twin.py)."""
+(microbench/sglang_lab/twin/run.py)."""
 from __future__ import annotations
 
 import argparse
@@ -65,10 +65,10 @@ def register(subparsers) -> None:
 
 
 def run_observed(args: argparse.Namespace) -> int:
-    """`--observed`: microbench/sglang_lab/twin_observed.py."""
+    """`--observed`: microbench/sglang_lab/twin/observed.py."""
     from reports.base.paths import json_path, results_dir
     from reports.base.records import RecordError, write_json_atomic
-    from microbench.sglang_lab.twin_observed import render, run_observed_twin
+    from microbench.sglang_lab.twin.observed import render, run_observed_twin
     from microbench.sglang_lab.venv import LabError
     reps = 2 if args.reps is None else args.reps
     rec = Path(args.observed)
@@ -121,7 +121,7 @@ def _setting_names(text: str) -> list[str]:
 def settings_to_run(inp, names: list[str]):
     """The twin's servers: the deployment, the report's recommendation and its best pair, as
     SGLang flags (server knobs only; pacing and TP are not server settings)."""
-    from microbench.sglang_lab.twin import TwinSetting, with_flag
+    from microbench.sglang_lab.twin.run import TwinSetting, with_flag
     from reports.base.server_flags import server_args
     from reports.model.scenario.whatifs import best_pair, recommendation, setting_of, what_ifs
     base = server_args(inp.server)
@@ -152,8 +152,9 @@ def run(args: argparse.Namespace) -> int:
         return run_observed(args)
     from reports.base.paths import json_path, results_dir
     from reports.base.records import write_json_atomic
+    from reports.base.schema import SchemaError, to_json
     from reports.model.scenario.inputs import build_inputs, load_records, load_scenario
-    from microbench.sglang_lab.twin import run_twin
+    from microbench.sglang_lab.twin.run import run_twin
     from microbench.sglang_lab.venv import LabError
     if not 1 <= args.output_len <= 4096:
         raise CliError(f"--output-len must be between 1 and 4096, got {args.output_len}")
@@ -173,18 +174,18 @@ def run(args: argparse.Namespace) -> int:
     kept = []             # whether this run wrote the partial record
 
     def keep(data):       # every finished run at once, beside the last complete record
-        write_json_atomic(partial, {"probe": "twin", "status": "partial", "data": data})
+        write_json_atomic(partial, {"probe": "twin", "status": "partial", "data": to_json(data)})
         kept.append(True)
     try:
         data = run_twin(inp, settings, conc, out.resolve(), Path(args.lab_dir).resolve(),
                         args.output_len, args.max_k, args.k, keep=keep, reps=args.reps or 1)
-    except LabError as e:   # names the partial record only where this run wrote one
+    except (LabError, SchemaError) as e:   # names the partial record only where one was written
         first = str(e).splitlines()[0] if str(e).strip() else type(e).__name__
         raise CliError(first + (f" (runs finished so far: {partial})" if kept else
                                 " (no run finished)")) from None
-    write_json_atomic(dest, {"probe": "twin", "status": "ok", "data": data})
+    write_json_atomic(dest, {"probe": "twin", "status": "ok", "data": to_json(data)})
     partial.unlink(missing_ok=True)
-    from microbench.sglang_lab.twin_table import render
+    from microbench.sglang_lab.twin.table import render
     print(render(data))
     print(f"wrote {dest}")
     return 0
