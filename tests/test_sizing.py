@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from types import SimpleNamespace
 
 from reports.base.payloads.sglang import SglangData
 from reports.base.schema import from_json
@@ -178,6 +179,7 @@ def test_the_lab_window_waits_for_c_admitted_requests(monkeypatch):
 
     class Server:
         calls = 0
+        spec = SimpleNamespace(recipe=True)     # started with ppscope's recipe (server.py)
 
         def log_text(self, since=0):
             self.calls += 1
