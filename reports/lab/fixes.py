@@ -27,7 +27,6 @@ writes, is a one-line error (exit 2).
 """
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -36,6 +35,7 @@ from statistics import mean
 from reports.base.errors import CliError
 from reports.lab.summary import analysis_error, bench_tok_per_s, read_case
 from reports.lab.whatifs import change_of
+from reports.base.payloads.lab_case import LabCase
 from reports.model.compare import change_interval
 from reports.model.report_type import REPORT_SCHEMA, Report
 from reports.model.settings_change import LAYER_PARTITION
@@ -99,10 +99,9 @@ def _setting(knob: str, value) -> str:
     return f"{knob}={value}" if knob == LAYER_PARTITION else f"{knob} {value}"
 
 
-def _case_json(d: Path) -> dict:
-    """The whole case.json (read_case checks it is a lab case: one line naming it if not)."""
-    read_case(d)
-    return json.loads((d / "case.json").read_text())
+def _case_json(d: Path) -> LabCase:
+    """The case's case.json (read_case checks it is a lab case: one line naming it if not)."""
+    return read_case(d)
 
 
 def read_report(d: Path) -> Report | None:
@@ -185,16 +184,16 @@ def fix_rows(out: Path) -> list[FixRow]:
     if not dirs:
         raise CliError(f"{out}: no fix cases ({PREFIX}*/case.json; `ppscope sglang-lab --fixes`)")
     cases = {d.name: _case_json(d) for d in dirs}
-    befores = [d for d in dirs if not cases[d.name]["case"].get("baseline")]
-    befores.sort(key=lambda d: (_round_no(d.name), cases[d.name].get("started_unix") or 0.0,
+    befores = [d for d in dirs if not cases[d.name].case.baseline]
+    befores.sort(key=lambda d: (_round_no(d.name), cases[d.name].started_unix or 0.0,
                                 d.name))
     rows = []
     for b in befores:
         cb = cases[b.name]
-        afters = [d for d in dirs if cases[d.name]["case"].get("baseline") == b.name]
+        afters = [d for d in dirs if cases[d.name].case.baseline == b.name]
         failed = analysis_error(b)
         rep = None if failed else read_report(b)
-        cause = cb["case"].get("expect") or _first_cause(rep) or ""
+        cause = cb.case.expect or _first_cause(rep) or ""
         fix = report_fix(rep, cause, "analysis failed" if failed else "not analysed (no "
                          "report.json)")
         first = "analysis failed" if failed else _first_cause(rep)
@@ -205,7 +204,7 @@ def fix_rows(out: Path) -> list[FixRow]:
     return rows
 
 
-def _row(b: Path, a: Path | None, cb: dict, ca: dict | None, cause: str, first: str | None,
+def _row(b: Path, a: Path | None, cb: LabCase, ca: LabCase | None, cause: str, first: str | None,
          rep: Report | None, fix: ReportFix, tb: list[float]) -> FixRow:
     ta = bench_tok_per_s(a) if a is not None else []
     ch = change_of(ca, cb) if ca is not None else None
@@ -220,7 +219,7 @@ def _row(b: Path, a: Path | None, cb: dict, ca: dict | None, cause: str, first: 
     if meas is not None and pred is not None:
         within = (pci[0] <= meas <= pci[1] if pci else abs(meas - pred) <= WITHIN_POINTS)
     return FixRow(
-        round=b.name.rpartition(".")[2] if "." in b.name else "", fault=cb["case"].get("fault")
+        round=b.name.rpartition(".")[2] if "." in b.name else "", fault=cb.case.fault
         or "", cause=cause, before=b.name, after=a.name if a is not None else None,
         first_cause=first, fix=fix, applied_knob=knob, applied_value=value,
         applied_is_reports=((fix.knob, fix.value) == (knob, value)) if knob else None,
