@@ -362,14 +362,8 @@ def answer_html(rep: Report, figures=()) -> list[str]:
                 + "".join(f"<li>{_e(s)}</li>" for s in rep.answer) + "</ol>"]
 
 
-def render_html(rep: Report, spans: tuple[Span, ...] = (), measured=(), figures=(),
-                use_cache: bool = True) -> str:
-    """`measured`: MeasuredTimeline tuple from reports.render.measured_timeline (may be empty);
-    `figures`: reports/render/timeline_plot.py `Figure`s shown under the answer table;
-    `use_cache`: the plots drawn from the report's numbers alone come from the disk cache when
-    the same numbers were drawn before (`_cached`)."""
-    from reports.scenario_aside import ASIDE_TITLE, evidence_banner
-    aside = rep.scenario_aside is not None
+def _toc(rep: Report, aside: bool) -> list[tuple[str, str]]:
+    """The page's sections, in the order the navigation bar lists them."""
     toc = [("answer", "The answer")]
     if rep.diagnosis:
         toc.append(("diagnosis", "Diagnosis"))
@@ -394,32 +388,10 @@ def render_html(rep: Report, spans: tuple[Span, ...] = (), measured=(), figures=
     else:
         toc += scen[1:] + links + scen_tail + measure
     toc.append(("glossary", GLOSSARY_TITLE))
-    o = [f"<h1>{_e(report_title(rep))}</h1>"]
-    o.append("<nav>" + "".join(f'<a href="#{a}">{_e(t)}</a>' for a, t in toc) + "</nav>")
-    if aside:
-        o.append(f'<div class="banner">{_e(evidence_banner(rep))}</div>')
-    elif rep.all_estimated:
-        o.append(f'<div class="banner">{_e(banner(rep))}</div>')
-    else:
-        o.append(f'<p class="meta">{_e(banner(rep))}</p>')
-    o += answer_html(rep, figures)
-    n_obs = len(observed_lines(rep))
-    o += [f'<p class="meta">{_e(line)}</p>'
-          for line in (observed_lines(rep)[:1] if aside else header_lines(rep))]
-    o += [f'<div class="warn">warning: {_e(w)}</div>' for w in rep.warnings]
-    cmp_ = rep.baseline_comparison
-    if cmp_:
-        o.append(f'<h2 id="baseline">Against the baseline</h2><p class="meta">'
-                 f'Baseline: {_e(cmp_.baseline)}</p>')
-        o.append(f"<p><b>{_e(cmp_.answer)}</b></p>{table_html(baseline_table(cmp_))}"
-                 if isinstance(cmp_, Comparison) else f"<p>Not compared: {_e(cmp_.reason)}</p>")
-        if isinstance(cmp_, Comparison) and cmp_.forward_rows:
-            o.append("<p>Forward time per rank at the same micro-batch size</p>"
-                     + table_html(forward_table(cmp_)))
+    return toc
 
-    o += diagnosis_html(rep)
-    o += server_whatif_html(rep)
 
+def _throughput_html(rep: Report, use_cache: bool) -> list[str]:
     thr: list[str] = []
     thr.append('<h2 id="throughput">Throughput (decode tok/s per concurrency C)</h2>')
     thr.append(f'<div class="row"><div>{table_html(throughput_table(rep))}</div>'
@@ -431,16 +403,10 @@ def render_html(rep: Report, spans: tuple[Span, ...] = (), measured=(), figures=
         thr.append(f'<p class="meta">{_e(IMPLIED_LEAD)}</p><ul>'
                  + "".join(f"<li>{_e(x.text)}</li>" for x in rep.implied_efficiency)
                  + "</ul>")
+    return thr
 
-    o += [] if aside else thr
 
-    o.append('<h2 id="verdicts">Verdicts on the hypotheses</h2>')
-    o.append(table_html(verdict_table(rep)))
-    if rep.server:
-        o += server_html(rep)
-    if rep.watch:
-        o += watch_html(rep.watch)
-
+def _scenario_html(rep: Report, spans, use_cache: bool) -> list[str]:
     scn: list[str] = []
     scn.append(f'<h2 id="attribution">{_e(ATTRIBUTION_TITLE)}</h2><p class="meta">Ideal -> modelled '
              "split over named causes by exact Shapley values (rows add up to the total); "
@@ -480,6 +446,10 @@ def render_html(rep: Report, spans: tuple[Span, ...] = (), measured=(), figures=
                       f"simulated PP loop at C={top.concurrency}, first {win:.0f} ms (4 decode "
                       "steps): one bar per forward, colour = slot; full trace in "
                       "report.trace.json (open in Perfetto)"))
+    return scn
+
+
+def _evidence_html(rep: Report, measured) -> list[str]:
     ev: list[str] = []
     if measured:
         ev.append(f"<h2>{_e(MEASURED_TITLE)}</h2>")
@@ -501,7 +471,10 @@ def render_html(rep: Report, spans: tuple[Span, ...] = (), measured=(), figures=
         if img:
             ev.append(_fig(img, f"link type per GPU pair (nvidia-smi topo, {t.source}; "
                                "? = unknown) and measured PP hop cost at the smallest batch"))
+    return ev
 
+
+def _tail_html(rep: Report) -> tuple[list[str], list[str]]:
     tail: list[str] = []
     if rep.model_differs:
         tail.append('<h2 id="differs">Where the model differs from SGLang</h2><ul>'
@@ -519,6 +492,57 @@ def render_html(rep: Report, spans: tuple[Span, ...] = (), measured=(), figures=
                  + "".join(f"<li><p>{_e(st.why)}</p><pre><code>"
                            + "\n".join(_e(c) for c in st.commands) + "</code></pre></li>"
                            for st in steps) + "</ol>")
+    return tail, meas
+
+
+def render_html(rep: Report, spans: tuple[Span, ...] = (), measured=(), figures=(),
+                use_cache: bool = True) -> str:
+    """`measured`: MeasuredTimeline tuple from reports.render.measured_timeline (may be empty);
+    `figures`: reports/render/timeline_plot.py `Figure`s shown under the answer table;
+    `use_cache`: the plots drawn from the report's numbers alone come from the disk cache when
+    the same numbers were drawn before (`_cached`)."""
+    from reports.scenario_aside import ASIDE_TITLE, evidence_banner
+    aside = rep.scenario_aside is not None
+    toc = _toc(rep, aside)
+    o = [f"<h1>{_e(report_title(rep))}</h1>"]
+    o.append("<nav>" + "".join(f'<a href="#{a}">{_e(t)}</a>' for a, t in toc) + "</nav>")
+    if aside:
+        o.append(f'<div class="banner">{_e(evidence_banner(rep))}</div>')
+    elif rep.all_estimated:
+        o.append(f'<div class="banner">{_e(banner(rep))}</div>')
+    else:
+        o.append(f'<p class="meta">{_e(banner(rep))}</p>')
+    o += answer_html(rep, figures)
+    n_obs = len(observed_lines(rep))
+    o += [f'<p class="meta">{_e(line)}</p>'
+          for line in (observed_lines(rep)[:1] if aside else header_lines(rep))]
+    o += [f'<div class="warn">warning: {_e(w)}</div>' for w in rep.warnings]
+    cmp_ = rep.baseline_comparison
+    if cmp_:
+        o.append(f'<h2 id="baseline">Against the baseline</h2><p class="meta">'
+                 f'Baseline: {_e(cmp_.baseline)}</p>')
+        o.append(f"<p><b>{_e(cmp_.answer)}</b></p>{table_html(baseline_table(cmp_))}"
+                 if isinstance(cmp_, Comparison) else f"<p>Not compared: {_e(cmp_.reason)}</p>")
+        if isinstance(cmp_, Comparison) and cmp_.forward_rows:
+            o.append("<p>Forward time per rank at the same micro-batch size</p>"
+                     + table_html(forward_table(cmp_)))
+
+    o += diagnosis_html(rep)
+    o += server_whatif_html(rep)
+
+    thr = _throughput_html(rep, use_cache)
+    o += [] if aside else thr
+
+    o.append('<h2 id="verdicts">Verdicts on the hypotheses</h2>')
+    o.append(table_html(verdict_table(rep)))
+    if rep.server:
+        o += server_html(rep)
+    if rep.watch:
+        o += watch_html(rep.watch)
+
+    scn = _scenario_html(rep, spans, use_cache)
+    ev = _evidence_html(rep, measured)
+    tail, meas = _tail_html(rep)
     if aside:
         o += ev
         o.append(f'<h2 id="scenario">{_e(ASIDE_TITLE)}</h2><p>'
