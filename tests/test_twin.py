@@ -496,3 +496,16 @@ def test_the_model_of_each_run_is_set_beside_it_after_the_runs(seed):
         got = model_figures(seed, TwinSetting(name, tuple(row["flags"]), changes[name]), row,
                             d["output_len"])
         assert got == {k: pytest.approx(row[k], rel=1e-9) for k in got}, name
+
+
+def test_the_twins_servers_come_from_the_rows_own_changes(seed):
+    """The recommendation's and the pair's servers are started from each WhatIf's own changes
+    (no display strings split): the flags the shipped record's servers ran with."""
+    from microbench.sglang_lab.twin.cli import settings_to_run
+    got = {s.name: s for s in settings_to_run(seed, ["default", "recommended", "pair"])}
+    shipped = json.loads((Path(__file__).resolve().parents[1] / "configs" / "records"
+                          / "seed-pp8.twin.json").read_text())["data"]["rows"]
+    for row in shipped:
+        assert list(got[row["setting"]].flags) == row["flags"], row["setting"]
+    assert [(c.flag, c.value) for c in got["pair"].changes] == [
+        ("--chunked-prefill-size", 2048), ("--pp-async-batch-depth", 0)]

@@ -123,24 +123,23 @@ def settings_to_run(inp, names: list[str]):
     SGLang flags (server knobs only; pacing and TP are not server settings)."""
     from microbench.sglang_lab.twin.run import TwinSetting, with_flag
     from reports.base.server_flags import server_args
-    from reports.model.scenario.whatifs import best_pair, recommendation, setting_of, what_ifs
+    from reports.model.scenario.whatifs import best_pair, recommendation, what_ifs
     base = server_args(inp.server)
     out = [TwinSetting("default", base)] if "default" in names else []
     if not {"recommended", "pair"} & set(names):
         return out
     rows = what_ifs(inp)
-    settings = setting_of(inp)
-    picks = [("recommended", recommendation(rows)), ("pair", best_pair(inp, rows, settings))]
+    picks = [("recommended", recommendation(rows)), ("pair", best_pair(inp, rows))]
     for name, w in picks:
         if name not in names or w is None:
             continue
-        flags, ov = base, ()
-        for knob, shown in zip(w.knob.split(" + "), w.setting.split(" + ")):
-            if not knob.startswith("--"):
-                raise CliError(f"the {name} setting {knob} {shown} is not a server flag the twin "
-                               "can start with")
-            flags = with_flag(flags, knob, shown)
-            ov += settings[(knob, shown)]
+        flags = base
+        for c in w.changes:            # the row's own settings changes (WhatIf.changes)
+            if not c.server:
+                raise CliError(f"the {name} setting {c.flag} {c.value} is not a server flag "
+                               "the twin can start with")
+            flags = with_flag(flags, c.flag, str(c.value))
+        ov = tuple(w.changes)
         out.append(TwinSetting(name, flags, ov, source=f"{w.knob} {w.setting}"))
     return out
 

@@ -163,13 +163,6 @@ def what_ifs(inp: Inputs, transport: Sequence[tuple[float, float]] | None = None
     return [checked.get(id(w), w) for w in out]
 
 
-def setting_of(inp: Inputs) -> dict[tuple[str, str], tuple[Change, ...]]:
-    """(knob, setting shown) -> the changes, for every candidate, rebuilt from the candidates.
-    A row carries its own (`WhatIf.changes`); this map is kept only for the twin's driver
-    (microbench/sglang_lab/twin_cli.py), which still looks rows up by their display strings."""
-    return {(c.knob, c.shown): c.changes for c in candidates(inp)}
-
-
 _rank = knob_rank   # tie-break between settings of the same effect (settings_change.KNOBS)
 
 
@@ -227,10 +220,10 @@ def recommendation(rows: Sequence[WhatIf]) -> WhatIf | None:
     return min((w for w in ok if w.gain >= best - TIE), key=_tie_key)
 
 
-def best_pair(inp: Inputs, rows: Sequence[WhatIf], settings: object = None) -> WhatIf | None:
+def best_pair(inp: Inputs, rows: Sequence[WhatIf]) -> WhatIf | None:
     """The best two server settings of different knobs applied together, among each server
     knob's best row; judged by the same objective and rule as one setting. Each row brings its
-    own changes; `settings` (the `setting_of` map the twin's driver still passes) is not read."""
+    own changes."""
     Cs = measured_concurrency(inp)
     base = {C: lb.run(inp, C).tok_per_s for C in Cs}
     mixed_inp = replace(inp, range_ratio=MIXED_RANGE_RATIO)
