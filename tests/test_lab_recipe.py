@@ -435,9 +435,17 @@ class TestBadRecords:
 
 # ---- the report's line ----------------------------------------------------------------------
 
-def test_no_shipped_record_means_not_measured():
-    assert not rcmod.SHIPPED.exists()      # the figure is the lab's to write, never invented
+def test_no_shipped_record_means_not_measured(tmp_path, monkeypatch):
+    monkeypatch.setattr(rcmod, "SHIPPED", tmp_path / "absent.json")
     assert rcmod.shipped_recipe_cost() is None
+
+
+def test_the_shipped_record_is_the_labs_measurement():
+    """configs/records/recipe-cost.json, written by `reports.lab.recipe --json` from the lab's
+    --recipe plan on the GPU host (docs/BENCHMARKS.md section 22), reads through its checks."""
+    rc = rcmod.shipped_recipe_cost()
+    assert rc is not None and rc.concurrency == 8 and rc.rounds
+    assert "16-core" in rc.machine
 
 
 def _note(tmp_path, rounds=None) -> RecipeNote:
@@ -479,6 +487,7 @@ def test_the_terminal_clause_fits_for_any_figure_a_record_holds(tmp_path):
 
 def test_the_note_is_there_only_where_the_report_reads_a_server_log(tmp_path, monkeypatch):
     from reports.report_build import recipe_note
+    monkeypatch.setattr(rcmod, "SHIPPED", tmp_path / "absent.json")
     assert recipe_note(None) is None
     assert recipe_note(SimpleNamespace(log=None)) is None
     note = recipe_note(SimpleNamespace(log=object()))
