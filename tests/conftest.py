@@ -133,6 +133,23 @@ def check_report(rep: dict) -> None:
     assert json.dumps(typed.to_json()) == json.dumps(rep), "report.json does not round-trip"
 
 
+def refuses(read, path: Path, content: str | bytes, match: str) -> None:
+    """`read(path)` of a file that holds `content`: a CliError whose message matches `match`."""
+    from reports.base.errors import CliError
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    with pytest.raises(CliError, match=match):
+        read(path)
+
+
+@pytest.fixture
+def refused():
+    """`refuses`, for a test that reads bad files."""
+    return refuses
+
+
 @pytest.fixture
 def check_report_schema():
     """A report dict checked against its type, `check_report` (AssertionError names the field

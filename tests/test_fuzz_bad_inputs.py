@@ -16,12 +16,13 @@ import socket
 import subprocess
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from fake_http import QuietHandler
 
 from reports.base.errors import CliError
 from reports.cli import main
@@ -171,26 +172,16 @@ def test_topology_bad_hidden_never_replaces_the_record(tmp_path, capsys):
 # ------------------------------------------------ 2. the live probe believes no server
 
 def _fake_server(mode: str):
-    class H(BaseHTTPRequestHandler):
-        def log_message(self, *a):
-            pass
-
-        def _send(self, code: int, ctype: str, body: bytes) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
+    class H(QuietHandler):
         def do_GET(self):
-            self._send(200, "application/json", b'{"data": [{"id": "m"}]}')
+            self.reply(200, b'{"data": [{"id": "m"}]}')
 
         def do_POST(self):
             self.rfile.read(int(self.headers.get("Content-Length", 0)))
             if mode == "not_json":
-                return self._send(200, "text/event-stream", b"data: hello there\n\n")
+                return self.reply(200, b"data: hello there\n\n", "text/event-stream")
             if mode == "html":
-                return self._send(200, "text/html", b"<html><body>Sign in</body></html>")
+                return self.reply(200, b"<html><body>Sign in</body></html>", "text/html")
             chunk = {"infinity": b'data: {"choices": [{"text": "a", "logprob": Infinity}]}\n\n',
                      "utf8": b'data: {"choices": [{"text": "\xff\xfe"}]}\n\n',
                      "null_choice": b'data: {"choices": [null]}\n\n',

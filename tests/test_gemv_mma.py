@@ -7,6 +7,22 @@ from cuda_host import check_parses  # noqa: E402
 from microbench.kernels import gemv_mma as G  # noqa: E402
 
 
+def _cuda_generator(seed: int):
+    """A seeded CUDA generator; the test is skipped where the kernel cannot run."""
+    if why := G.available():
+        pytest.skip(why)
+    return torch.Generator(device="cuda").manual_seed(seed)
+
+
+def _bf16(g, *shape: int, scale: float = 1.0):
+    """Normal bf16 values times `scale` on the GPU, from generator `g`."""
+    return (torch.randn(*shape, device="cuda", generator=g) * scale).to(torch.bfloat16)
+
+
+def _rel_err(y, ref) -> float:
+    return float((y.float() - ref).norm() / ref.norm())
+
+
 @pytest.mark.parametrize("ksplit,unroll,nt,rms", [(1, 1, 1, 0), (4, 2, 1, 0), (16, 2, 2, 0),
                                                   (8, 4, 2, 0), (32, 4, 1, 0), (1, 1, 1, 1),
                                                   (4, 1, 2, 1)])
@@ -82,51 +98,43 @@ def test_fits_says_why_not():
 
 @pytest.mark.gpu
 def test_gpu_gemv_against_float32():
-    if why := G.available():
-        pytest.skip(why)
-    g = torch.Generator(device="cuda").manual_seed(3)
+    g = _cuda_generator(3)
     for n, k, b in [(2112, 7168, 1), (12288, 1536, 5), (7168, 8192, 16), (48, 192, 9)]:
-        w = torch.randn(n, k, device="cuda", generator=g).to(torch.bfloat16)
-        x = torch.randn(b, k, device="cuda", generator=g).to(torch.bfloat16)
+        w = _bf16(g, n, k)
+        x = _bf16(g, b, k)
         ref = G.reference(x, w)
         for cfg in (None, G.GemvConfig(1, 1, 2), G.GemvConfig(16, 4, 2),
                     G.GemvConfig(4, 2, 1, 8), G.GemvConfig(32, 1, 1, 8)):
             y = G.gemv(x, w, cfg=cfg)
-            err = float((y.float() - ref).norm() / ref.norm())
+            err = _rel_err(y, ref)
             assert err < 1e-2, (n, k, b, cfg, err)
 
 
 @pytest.mark.gpu
 def test_gpu_gemv_with_rmsnorm_folded_in():
     # gemv(x, w * nw, rms_eps) == RMSNorm(x, nw) @ w^T, x a strided view (MLA's q latent)
-    if why := G.available():
-        pytest.skip(why)
+    g = _cuda_generator(5)        # skipped first where the kernel cannot run
     from microbench.kernels.common import rmsnorm
-
-    g = torch.Generator(device="cuda").manual_seed(5)
     for n, k, b in [(12288, 1536, 1), (12288, 1536, 8), (4096, 1536, 13), (64, 512, 3)]:
-        w = torch.randn(n, k, device="cuda", generator=g).to(torch.bfloat16)
+        w = _bf16(g, n, k)
         nw = torch.rand(k, device="cuda", generator=g).add_(0.5).to(torch.bfloat16)
-        a = (torch.randn(b, k + 576, device="cuda", generator=g) * 3).to(torch.bfloat16)
+        a = _bf16(g, b, k + 576, scale=3)
         ref = G.reference(rmsnorm(a[:, :k].float(), nw.float()), w)
         wn = (w.float() * nw.float()).to(torch.bfloat16)
         for cfg in (None, G.GemvConfig(1, 1, 2), G.GemvConfig(16, 2, 2), G.GemvConfig(4, 1, 1, 8)):
             y = G.gemv(a[:, :k], wn, cfg=cfg, rms_eps=1e-6)
-            err = float((y.float() - ref).norm() / ref.norm())
+            err = _rel_err(y, ref)
             assert err < 1e-2, (n, k, b, cfg, err)
 
 
 @pytest.mark.gpu
 def test_gpu_gemv_side_job_writes_the_normed_row():
     # gemv(.., side=) also writes RMSNorm(src[:, :k]) * w and src's tail into a strided dst
-    if why := G.available():
-        pytest.skip(why)
+    g = _cuda_generator(6)        # skipped first where the kernel cannot run
     from microbench.kernels.common import rmsnorm
-
-    g = torch.Generator(device="cuda").manual_seed(6)
     for b in (1, 3, 8):
-        a = (torch.randn(b, 1536 + 576, device="cuda", generator=g) * 2).to(torch.bfloat16)
-        w = torch.randn(12288, 1536, device="cuda", generator=g).to(torch.bfloat16)
+        a = _bf16(g, b, 1536 + 576, scale=2)
+        w = _bf16(g, 12288, 1536)
         nw = torch.rand(512, device="cuda", generator=g).add_(0.5).to(torch.bfloat16)
         cache = torch.zeros(b, 7, 576, device="cuda", dtype=torch.bfloat16)
         G.gemv(a[:, :1536], w, rms_eps=1e-6, side=(a[:, 1536:], nw, cache[:, -1], 512))
@@ -141,12 +149,10 @@ def test_gpu_gemv_side_job_writes_the_normed_row():
 @pytest.mark.gpu
 def test_gpu_gemv_batched_strided_in_place():
     # MLA's absorbed W_uv: per head, x [h, b, kl] in, each head's columns of [b, h * vd] out
-    if why := G.available():
-        pytest.skip(why)
-    g = torch.Generator(device="cuda").manual_seed(4)
+    g = _cuda_generator(4)
     h, b, kl, vd, nope = 8, 3, 512, 128, 128
-    wkvb = torch.randn(h, nope + vd, kl, device="cuda", generator=g).to(torch.bfloat16)
-    lat = torch.randn(h, b, kl, device="cuda", generator=g).to(torch.bfloat16)
+    wkvb = _bf16(g, h, nope + vd, kl)
+    lat = _bf16(g, h, b, kl)
     out = torch.full((b, h * vd), float("nan"), device="cuda", dtype=torch.bfloat16)
     G.gemv(lat, wkvb[:, nope:], out=out.view(b, h, vd).transpose(0, 1))
     ref = G.reference(lat, wkvb[:, nope:]).transpose(0, 1).reshape(b, h * vd)

@@ -29,17 +29,25 @@ def _one_line(capsys) -> str:
     return err
 
 
+def _planned_then_no_gpu(tmp_path, capsys, monkeypatch, probe, argv) -> str:
+    """A GPU probe's `--plan` record, then a run of it where `probe.available` finds no GPU:
+    exit 2 with one line naming why, and the planned record kept; that line."""
+    out = tmp_path / f"{argv[0].replace('-', '_')}.json"
+    assert main([*argv, "--plan", "--json", str(out)]) == 0
+    good = out.read_text()
+    monkeypatch.setattr(probe, "available", lambda: "no CUDA GPU visible")
+    assert main([*argv, "--json", str(out)]) == 2
+    err = _one_line(capsys)
+    assert "needs a GPU (no CUDA GPU visible)" in err
+    assert out.read_text() == good
+    return err
+
+
 # ---- stage-cost ----
 
 def test_stage_cost_without_gpu_leaves_waived_beside_ok(tmp_path, capsys, monkeypatch):
-    out = tmp_path / "stage_cost.json"
-    assert main(["stage-cost", *DENSE, "--plan", "--json", str(out)]) == 0
-    good = out.read_text()
-    monkeypatch.setattr(sc, "available", lambda: "no CUDA GPU visible")
-    assert main(["stage-cost", *DENSE, "--json", str(out)]) == 2
-    err = _one_line(capsys)
-    assert "needs a GPU (no CUDA GPU visible)" in err and "stage_cost.waived.json" in err
-    assert out.read_text() == good
+    err = _planned_then_no_gpu(tmp_path, capsys, monkeypatch, sc, ["stage-cost", *DENSE])
+    assert "stage_cost.waived.json" in err
     w = read_record(tmp_path / "stage_cost.waived.json")
     assert w.status == "waived" and "needs a GPU" in w.reason
 
@@ -119,14 +127,8 @@ GRAPHS = ["--model", "kimi-k2", "--pp", "8", "--batches", "1,8", "--max-bs", "25
 
 
 def test_graphs_without_gpu_leaves_waived_beside_ok(tmp_path, capsys, monkeypatch):
-    out = tmp_path / "graphs.json"
-    assert main(["graphs", *GRAPHS, "--plan", "--json", str(out)]) == 0
-    good = out.read_text()
-    monkeypatch.setattr(gr, "available", lambda: "no CUDA GPU visible")
-    assert main(["graphs", *GRAPHS, "--json", str(out)]) == 2
-    err = _one_line(capsys)
-    assert "needs a GPU (no CUDA GPU visible)" in err and "--plan" in err
-    assert out.read_text() == good
+    err = _planned_then_no_gpu(tmp_path, capsys, monkeypatch, gr, ["graphs", *GRAPHS])
+    assert "--plan" in err
     assert read_record(tmp_path / "graphs.waived.json").status == "waived"
 
 

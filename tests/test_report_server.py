@@ -274,6 +274,16 @@ def test_unreadable_trace_is_a_warning(tmp_path, fixtures, capsys, report_of):
 
 # -- which MoE kernel the server ran (its start-up lines, microbench/sglang/log.py) ---------------
 
+def _report_with_log(tmp_path, fixtures, report_of, key, value):
+    """The report of sglang.json whose log read `value` as `key`: report.json (its server part
+    carries `value`) and report.md."""
+    def edit(d):
+        d["log"][key] = value
+    rep, out = report_of(tmp_path, _results(tmp_path, fixtures, "sglang.json", edit=edit))
+    assert rep["server"][key] == value
+    return rep, (out / "report.md").read_text()
+
+
 @pytest.mark.parametrize("mk,want,absent", [
     ({"scheme": "CompressedTensorsWNA16MarlinMoEMethod", "kernel": "marlin"},
      ["MoE kernel [log]: SGLang picked CompressedTensorsWNA16MarlinMoEMethod, i.e. the Marlin",
@@ -287,11 +297,7 @@ def test_unreadable_trace_is_a_warning(tmp_path, fixtures, capsys, report_of):
     ({}, [], ["MoE kernel [log]"]),
 ])
 def test_report_names_the_servers_moe_kernel(tmp_path, fixtures, mk, want, absent, report_of):
-    def edit(d):
-        d["log"]["moe_kernel"] = mk
-    rep, out = report_of(tmp_path, _results(tmp_path, fixtures, "sglang.json", edit=edit))
-    assert rep["server"]["moe_kernel"] == mk
-    md = (out / "report.md").read_text()
+    rep, md = _report_with_log(tmp_path, fixtures, report_of, "moe_kernel", mk)
     for w in want:
         assert w in md
     for a in absent:
@@ -308,11 +314,7 @@ def test_report_names_the_servers_moe_kernel(tmp_path, fixtures, mk, want, absen
     ({}, [], ["Attention backend [log]"]),
 ])
 def test_report_names_the_servers_attention_backend(tmp_path, fixtures, ab, want, absent, report_of):
-    def edit(d):
-        d["log"]["attention_backend"] = ab
-    rep, out = report_of(tmp_path, _results(tmp_path, fixtures, "sglang.json", edit=edit))
-    assert rep["server"]["attention_backend"] == ab
-    md = (out / "report.md").read_text()
+    rep, md = _report_with_log(tmp_path, fixtures, report_of, "attention_backend", ab)
     lines = " ".join(rep["server"]["attention_lines"])
     for w in want:
         assert w in md and w in lines

@@ -88,8 +88,10 @@ def test_a_not_diagnosed_part_keeps_its_shape():
 def test_the_diagnosis_part_mirrors_diagnose_s_diagnosis():
     import typing
 
-    from reports.model.observed.diagnose import Diagnosis
+    from reports.model.observed.diagnose import Diagnosis, DiagnosisFigures
     from reports.model.report_type import ServerDiagnosis
+    # one declaration of the figures, both types built on it
+    assert issubclass(ServerDiagnosis, DiagnosisFigures) and issubclass(Diagnosis, DiagnosisFigures)
     own = [f.name for f in fields(ServerDiagnosis)]
     theirs = [f.name for f in fields(Diagnosis)]
     assert own[own.index("time_split") + 1:] == theirs[1:] and own[1] == theirs[0]

@@ -42,13 +42,9 @@ def test_bench_printed_cap_above_block(fixtures):
     assert b["runs"][1]["p99_itl_ms"] == 300.0
 
 
-def test_bench_errors(tmp_path):
-    (tmp_path / "e.txt").write_text("")
-    with pytest.raises(CliError, match="empty"):
-        sglang_bench.read_bench(tmp_path / "e.txt")
-    (tmp_path / "x.txt").write_text("hello\n")
-    with pytest.raises(CliError, match="no bench_serving results"):
-        sglang_bench.read_bench(tmp_path / "x.txt")
+def test_bench_errors(tmp_path, refused):
+    refused(sglang_bench.read_bench, tmp_path / "e.txt", "", "empty")
+    refused(sglang_bench.read_bench, tmp_path / "x.txt", "hello\n", "no bench_serving results")
 
 
 def test_metrics_per_rank(fixtures):

@@ -5,9 +5,10 @@ import json
 import shutil
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
+from fake_http import QuietHandler
 
 from microbench.sglang import live as sglang_live
 from reports.base.errors import CliError
@@ -19,37 +20,26 @@ TOKENS = 8
 def _server(mode: str, fixtures=None):
     state = {"grid0": None, "n": 0, "lock": threading.Lock(), "mmb": []}
 
-    class H(BaseHTTPRequestHandler):
-        def log_message(self, *a):
-            pass
-
-        def _json(self, code, obj):
-            b = json.dumps(obj).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(b)))
-            self.end_headers()
-            self.wfile.write(b)
-
+    class H(QuietHandler):
         def do_GET(self):
-            self._json(200, {"data": [{"id": "fake-model"}]})
+            self.reply(200, {"data": [{"id": "fake-model"}]})
 
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
             if self.path == "/set_internal_state":
                 state["mmb"].append(body["server_args"]["pp_max_micro_batch_size"])
-                return self._json(200, {"success": True})
+                return self.reply(200, {"success": True})
             if self.path == "/start_profile":
                 state["out"] = body["output_dir"]
                 state["profile_at"] = time.perf_counter()
-                return self._json(200, {"success": True})
+                return self.reply(200, {"success": True})
             if self.path == "/stop_profile":
                 for r in (0, 1):
                     shutil.copy(fixtures / "traces" / "pp2" / f"pp2_burst_c8-rank{r}.json.gz",
                                 f"{state['out']}/p-TP-0-PP-{r}.trace.json.gz")
-                return self._json(200, {"success": True})
+                return self.reply(200, {"success": True})
             if mode == "error":
-                return self._json(503, {"error": "overloaded"})
+                return self.reply(503, {"error": "overloaded"})
             assert body["stream"] is True and body["ignore_eos"] is True
             with state["lock"]:
                 if state["grid0"] is None:

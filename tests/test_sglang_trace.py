@@ -90,29 +90,18 @@ def test_small_chunks_give_same_answer(fixtures, monkeypatch):
     assert big == small
 
 
-def test_truncated_and_bad_traces(fixtures, tmp_path):
+def test_truncated_and_bad_traces(fixtures, tmp_path, refused):
     raw = gzip.decompress((fixtures / "traces" / "pp2" / "pp2_burst_c8-rank0.json.gz").read_bytes())
-    (tmp_path / "cut.json").write_bytes(raw[: len(raw) // 2])
-    with pytest.raises(CliError, match="truncated"):
-        sglang_trace.read_trace(tmp_path / "cut.json")
+    read = sglang_trace.read_trace
+    refused(read, tmp_path / "cut.json", raw[: len(raw) // 2], "truncated")
     gz = gzip.compress(raw)
-    (tmp_path / "cut.json.gz").write_bytes(gz[: len(gz) // 2])
-    with pytest.raises(CliError, match="truncated|corrupt"):
-        sglang_trace.read_trace(tmp_path / "cut.json.gz")
-    (tmp_path / "empty.json").write_text("")
-    with pytest.raises(CliError, match="empty"):
-        sglang_trace.read_trace(tmp_path / "empty.json")
-    (tmp_path / "x.json").write_text('{"foo": 1}')
-    with pytest.raises(CliError, match="no traceEvents"):
-        sglang_trace.read_trace(tmp_path / "x.json")
+    refused(read, tmp_path / "cut.json.gz", gz[: len(gz) // 2], "truncated|corrupt")
+    refused(read, tmp_path / "empty.json", "", "empty")
+    refused(read, tmp_path / "x.json", '{"foo": 1}', "no traceEvents")
     with pytest.raises(CliError, match="no such trace directory"):
         sglang_trace.read_traces(tmp_path / "nope")
-    (tmp_path / "gzempty.json.gz").write_bytes(gzip.compress(b""))
-    with pytest.raises(CliError, match="empty"):
-        sglang_trace.read_trace(tmp_path / "gzempty.json.gz")
-    (tmp_path / "junk.json.gz").write_bytes(b"\x1f\x8b" + b"not gzip at all")
-    with pytest.raises(CliError, match="corrupt gzip"):
-        sglang_trace.read_trace(tmp_path / "junk.json.gz")
+    refused(read, tmp_path / "gzempty.json.gz", gzip.compress(b""), "empty")
+    refused(read, tmp_path / "junk.json.gz", b"\x1f\x8b" + b"not gzip at all", "corrupt gzip")
 
 
 def test_two_profiles_in_one_dir_is_an_error(fixtures, tmp_path):

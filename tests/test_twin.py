@@ -156,6 +156,17 @@ def test_the_cli_refuses_bad_input_in_one_line(capsys):
 
 
 
+def _async_costs_at_k_1000(seed, tmp_path, monkeypatch) -> dict:
+    """The async costs of 8 ranks with no launch time, written at k = 1000 (milliseconds become
+    seconds) where the hold reads them; the file as the hold reads it."""
+    c = costs(seed, 8, mode="async")
+    c = replace(c, ranks=tuple(replace(r, launch_us=0.0) for r in c.ranks))
+    path = tmp_path / "twin-costs.json"
+    write_costs(path, c, 1000.0)
+    monkeypatch.setenv("PPSCOPE_TWIN_COSTS", str(path))
+    return json.loads(path.read_text())
+
+
 def test_async_device_time_travels_with_sglangs_messages(seed, hold, tmp_path, monkeypatch):
     """Two ranks' emulated devices on fakes of SGLang's objects: the forward returns at once,
     the hidden states carry their ready time (forward end + hop), the next rank's forward
@@ -164,12 +175,7 @@ def test_async_device_time_travels_with_sglangs_messages(seed, hold, tmp_path, m
     hidden states of the slot just run, this rank's previous forward (behind its hidden-state
     send). SGLang 0.5.23 scheduler_pp_mixin.py, its default path (SGLANG_PP_COMM_OVERLAP off)."""
     import time
-    c = costs(seed, 8, mode="async")
-    c = replace(c, ranks=tuple(replace(r, launch_us=0.0) for r in c.ranks))
-    path = tmp_path / "twin-costs.json"
-    write_costs(path, c, 1000.0)                      # k = 1000: milliseconds become seconds
-    c = json.loads(path.read_text())
-    monkeypatch.setenv("PPSCOPE_TWIN_COSTS", str(path))
+    c = _async_costs_at_k_1000(seed, tmp_path, monkeypatch)
     mode = SimpleNamespace(is_decode=lambda: True)
     batch = SimpleNamespace(forward_mode=mode, batch_size=1, extend_num_tokens=None)
     runner = SimpleNamespace(pp_group=SimpleNamespace(rank_in_group=0))
@@ -235,12 +241,7 @@ def test_the_outputs_event_is_recorded_at_their_receive_in_sglangs_parity_order(
     tokens of the forward it just launched (`q_event`): its sync must not wait for that forward,
     or its GPU idles for the host work of every visit. Even ranks send first."""
     import time
-    c = costs(seed, 8, mode="async")
-    c = replace(c, ranks=tuple(replace(r, launch_us=0.0) for r in c.ranks))
-    path = tmp_path / "twin-costs.json"
-    write_costs(path, c, 1000.0)                      # k = 1000: milliseconds become seconds
-    c = json.loads(path.read_text())
-    monkeypatch.setenv("PPSCOPE_TWIN_COSTS", str(path))
+    c = _async_costs_at_k_1000(seed, tmp_path, monkeypatch)
     last = len(c["ranks"]) - 1
     batch = SimpleNamespace(forward_mode=SimpleNamespace(is_decode=lambda: True), batch_size=4,
                             extend_num_tokens=None)

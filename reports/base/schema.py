@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 import types
 import typing
 from dataclasses import field
@@ -58,8 +57,9 @@ def _written(obj: Any, f: dataclasses.Field) -> bool:
 
 @lru_cache(maxsize=None)
 def _hints(cls: type) -> dict[str, Any]:
-    mod = sys.modules[cls.__module__].__dict__
-    return typing.get_type_hints(cls, globalns=mod)
+    # each field's annotation read in the module of the class that declares it (a base may
+    # live in another module: report_type's ServerDiagnosis and diagnose's DiagnosisFigures)
+    return typing.get_type_hints(cls)
 
 
 def _describe(tp: Any) -> str:

@@ -25,8 +25,7 @@ from reports.base.recipe_cost import RecipeCost
 from reports.base.schema import Json, from_json, if_set, to_json
 from reports.model.scenario.arrival import Alternatives
 from reports.model.attribution import Row
-from reports.model.observed.diagnose import CauseRow
-from reports.model.observed.layer_split import SplitFix
+from reports.model.observed.diagnose import DiagnosisFigures
 from reports.model.observed.resample import WindowBlocks
 from reports.model.scenario.implied import ImpliedEfficiency
 from reports.model.scenario.inputs import Param
@@ -258,12 +257,9 @@ class RankTimeSplit:
 
 
 @dataclass(frozen=True)
-class ServerDiagnosis:
-    """The observed server diagnosed from its own evidence: the inputs it was read from, then
-    reports/model/observed/diagnose.py's `Diagnosis` field for field (its `concurrency` second). The
-    fields are declared again rather than nested because the file has them flat, in this
-    order; report_build fills them from the `Diagnosis` by name, and a test holds the two
-    lists equal, so a field added there fails here instead of going missing."""
+class ServerInputs:
+    """What the observed server was diagnosed from, at which concurrency (`ServerDiagnosis`'s
+    first fields)."""
     status: Literal["ok"]
     concurrency: int
     concurrency_source: str
@@ -271,29 +267,14 @@ class ServerDiagnosis:
     observed_source: str | None
     deployment: ObservedLoop
     time_split: tuple[RankTimeSplit, ...]
-    observed_tok_per_s: float | None
-    modelled_tok_per_s: float
-    reference_tok_per_s: float
-    observed_step_ms: float | None
-    modelled_step_ms: float
-    reference_step_ms: float
-    rows: tuple[CauseRow, ...]
-    unexplained_ms: float | None
-    unexplained_pct: float | None
-    answer: str
-    named: tuple[str, ...]
-    caveats: tuple[str, ...] = ()
-    cpu_scale: float | None = None
-    corrected_rows: tuple[CauseRow, ...] = ()
-    corrected_answer: str | None = None
-    interval_level: float | None = None
-    modelled_step_ci: tuple[float, ...] | None = None
-    observed_step_ci: tuple[float, ...] | None = None
-    unexplained_ci: tuple[float, ...] | None = None
-    observed_runs: tuple[float, ...] = ()
-    within_noise: tuple[str, ...] = ()
-    interval_note: str | None = None
-    layer_split: SplitFix | None = None
+
+
+@dataclass(frozen=True)
+class ServerDiagnosis(DiagnosisFigures, ServerInputs):
+    """The observed server diagnosed from its own evidence: the inputs it was read from
+    (`ServerInputs`, its `concurrency` second), then reports/model/observed/diagnose.py's
+    `DiagnosisFigures` (dataclass fields run from the last base to the first). The file has
+    them flat, in this order; report_build fills them from the `Diagnosis` by name."""
 
 
 @dataclass(frozen=True)

@@ -50,8 +50,14 @@ class CauseRow:
 
 
 @dataclass(frozen=True)
-class Diagnosis:
+class AtConcurrency:
     concurrency: int
+
+
+@dataclass(frozen=True)
+class DiagnosisFigures:
+    """What a diagnosis found at its concurrency; report.json's diagnosis part has these fields
+    too, after its own (reports/model/report_type.py `ServerDiagnosis`)."""
     observed_tok_per_s: float | None
     modelled_tok_per_s: float
     reference_tok_per_s: float
@@ -79,6 +85,12 @@ class Diagnosis:
     # where a slow stage is named: the layer split that balances the model of the loop
     # (reports/model/observed/layer_split.py), with its predicted gain
     layer_split: layer_split.SplitFix | None = None
+
+
+@dataclass(frozen=True)
+class Diagnosis(DiagnosisFigures, AtConcurrency):
+    """The diagnosis at one concurrency: `concurrency`, then the figures (dataclass fields run
+    from the last base to the first)."""
 
 
 def details(dep: Deployment) -> dict[str, str]:
