@@ -75,18 +75,25 @@ def _inclusion(E: int, k: int, zipf_s: float) -> tuple[float, ...]:
     t = np.exp(x)                                                # [G]
     p = -np.expm1(-np.outer(w, t))                               # [E, G] P(T_j < t)
     # Poisson-binomial counts truncated to 0..k-1, prefix over experts 0..e-1 and suffix
-    # over e+1..E-1, so "all but e" is one convolution (no unstable deconvolution).
-    pre = np.zeros((E + 1, k, t.size))
-    suf = np.zeros((E + 1, k, t.size))
-    pre[0, 0] = suf[E, 0] = 1.0
+    # over e+1..E-1, so "all but e" is one convolution (no unstable deconvolution). The
+    # prefixes are kept, the suffix is carried down from the last expert: one [E, k, G] array
+    # instead of three (the same sums in the same order, a fifth of the memory to touch).
+    pre = np.empty((E, k, t.size))
+    cur = np.zeros((k, t.size))
+    cur[0] = 1.0
     for e in range(E):
-        pre[e + 1] = pre[e] * (1 - p[e])
-        pre[e + 1, 1:] += pre[e, :-1] * p[e]
-        j = E - 1 - e
-        suf[j] = suf[j + 1] * (1 - p[j])
-        suf[j, 1:] += suf[j + 1, :-1] * p[j]
-    suf_cdf = np.cumsum(suf[1:], axis=1)                         # [E, k, G] P(count <= c)
-    fewer = np.einsum("eag,eag->eg", pre[:E], suf_cdf[:, ::-1])  # P(others fired < k by t)
+        pre[e] = cur
+        nxt = cur * (1 - p[e])
+        nxt[1:] += cur[:-1] * p[e]
+        cur = nxt
+    fewer = np.empty((E, t.size))                                # P(others fired < k by t)
+    suf = np.zeros((k, t.size))
+    suf[0] = 1.0
+    for j in range(E - 1, -1, -1):
+        fewer[j] = np.einsum("ag,ag->g", pre[j], np.cumsum(suf, axis=0)[::-1])
+        nxt = suf * (1 - p[j])
+        nxt[1:] += suf[:-1] * p[j]
+        suf = nxt
     f = w[:, None] * np.exp(-np.outer(w, t)) * fewer * t         # integrand in x = log t
     q = (1 - np.exp(-w * t_lo)) + np.sum((f[:, 1:] + f[:, :-1]) * 0.5 * np.diff(x), axis=1)
     return tuple(np.minimum(q, 1.0).tolist())
