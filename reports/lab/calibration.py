@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from reports.base.errors import CliError
-from reports.lab.summary import summarise
+from reports.lab.summary import read_case, summarise
 from reports.model.model_error import POOLED, ModelError, band_of, read, widened
 from reports.model.observed.resample import LEVEL
 
@@ -95,7 +95,6 @@ def _pair(x) -> tuple[float, float] | None:
 
 
 def _baseline_of(case_dir: Path) -> str:
-    from reports.lab.summary import read_case
     return read_case(case_dir).case.baseline or ""
 
 

@@ -99,11 +99,6 @@ def _setting(knob: str, value) -> str:
     return f"{knob}={value}" if knob == LAYER_PARTITION else f"{knob} {value}"
 
 
-def _case_json(d: Path) -> LabCase:
-    """The case's case.json (read_case checks it is a lab case: one line naming it if not)."""
-    return read_case(d)
-
-
 def read_report(d: Path) -> Report | None:
     """The case's report.json; None where the case has none; a one-line CliError naming the
     file where it is not a report this ppscope reads."""
@@ -183,7 +178,7 @@ def fix_rows(out: Path) -> list[FixRow]:
                   and (d / "case.json").exists())
     if not dirs:
         raise CliError(f"{out}: no fix cases ({PREFIX}*/case.json; `ppscope sglang-lab --fixes`)")
-    cases = {d.name: _case_json(d) for d in dirs}
+    cases = {d.name: read_case(d) for d in dirs}   # one line naming a bad one
     befores = [d for d in dirs if not cases[d.name].case.baseline]
     befores.sort(key=lambda d: (_round_no(d.name), cases[d.name].started_unix or 0.0,
                                 d.name))

@@ -34,12 +34,6 @@ CASE_RE = re.compile(r"rc-(recipe|sglang)-c(\d+)\.(\d+)")
 MAX_MACHINE = 200        # characters of --machine
 
 
-def _started_with_recipe(case_dir: Path) -> bool:
-    """case.json's `recipe` (lab.py writes it; a lab case without it predates the recipe plan
-    and ran with the recipe, as every lab server did)."""
-    return read_case(case_dir).recipe
-
-
 def _sides(out: Path) -> tuple[int, dict[int, dict[str, list[float]]]]:
     """(C, {round: {"recipe": runs, "sglang": runs}}) of the rc-* cases in `out`, each checked
     against its case.json: the side its name says, its round's defaults case as the recipe
@@ -53,11 +47,12 @@ def _sides(out: Path) -> tuple[int, dict[int, dict[str, list[float]]]]:
         if not m:
             continue
         side, C, k = m.group(1), int(m.group(2)), int(m.group(3))
-        case = read_case(d).case
+        rec = read_case(d)        # a case without `recipe` predates the plan: it ran with it
+        case = rec.case
         if case.concurrency != C:
             raise CliError(f"{d / 'case.json'}: concurrency {case.concurrency}, but the case "
                            f"is named for C={C}")
-        if _started_with_recipe(d) != (side == "recipe"):
+        if rec.recipe != (side == "recipe"):
             raise CliError(f"{d / 'case.json'}: its server was started "
                            f"{'with' if side == 'sglang' else 'without'} the recipe, but the "
                            f"case is named for the {side} side")
