@@ -224,3 +224,26 @@ def test_slot_sizes_come_from_the_rounds_that_held_the_most_requests():
     # no slot count, or fewer full forwards than slots: no claim
     assert cpu_steps.full_rounds(steady, None) == {}
     assert cpu_steps.full_rounds([(3, "DECODE"), (0, None)], 2) == {}
+
+
+def test_the_phases_every_visit_runs_are_measured_apart():
+    # recv_requests (50 us) and get_next_batch_to_run (gnb) run on every visit, batch or not
+    # (SGLang's event_loop_pp); 200 us of get_next_batch_to_run blocked in a receive is
+    # waiting, not work. A host delay inside get_next_batch_to_run shows in both.
+    ranges, steps, recvs = [], [], []
+    t = 0.0
+    for k in range(8):
+        if k % 2 == 0:
+            rcv = [(t + 100, t + 300)]
+            rg, st, t2 = _iteration(t, fwd=5000, bs=4, gnb=20_000.0, recv=rcv, span=30_000.0)
+            recvs += rcv
+        else:
+            rg, st, t2 = _iteration(t, gnb=19_000.0, span=20_000.0)
+        ranges += rg
+        steps += st
+        t = t2
+    ranges.append(("recv_requests", t, t + 50))
+    d = cpu_steps.summarize(_ev(ranges, steps, recvs), rank=0)
+    assert d["host_us_every_visit_mean"] == pytest.approx(50 + 20_000 - 200)
+    assert d["host_us_every_visit_empty_mean"] == pytest.approx(50 + 19_000)
+    assert d["host_us_empty_mean"] == pytest.approx(20_000)

@@ -51,7 +51,12 @@ def test_each_round_runs_the_faults_on_the_defaults_then_each_fix_on_its_own_ser
             f"fx-slow0-split-c8.{k}": ({PARTITION_ENV: "1,3"}, (), f"fx-slow0-c8.{k}",
                                        "slow-stage=0:2"),
             f"fx-hop-depth1-c8.{k}": ({}, (DEPTH, "1"), f"fx-hop-c8.{k}", "hop-delay=0:4000")}
-        assert all(not c.profile and c.reps == 2 for _, _, c in after.values())
+        # the split servers are profiled too (each rank's forward after the split); the
+        # depth server only measured
+        assert {n: c.profile for n, (_, _, c) in after.items() if n.endswith(f".{k}")} == {
+            f"fx-slow1-split-c8.{k}": True, f"fx-slow0-split-c8.{k}": True,
+            f"fx-hop-depth1-c8.{k}": False}
+        assert all(c.reps == 2 and not c.window_stacks for _, _, c in after.values())
     assert not any(c.fault.startswith("host") and c.baseline for g in plan for c in g.cases)
 
 

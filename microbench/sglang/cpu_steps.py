@@ -65,6 +65,8 @@ COMMIT_TAIL_US = 300.0
 RANGES = ("recv_requests", "send_reqs_to_next_stage", "get_next_batch_to_run", "run_batch",
           "process_batch_result", "send_proxy_dict_to_next_stage", "send_res_dict_to_next_stage",
           "recv_res_dict_from_prev_stage", "scheduler.idle")
+# the phases of `event_loop_pp` that run on every visit, whether the slot holds a batch or not
+EVERY_VISIT = ("recv_requests", "send_reqs_to_next_stage", "get_next_batch_to_run")
 # a decoder layer's module event, as torch's Python tracer names it (`nn.Module: <class>_<i>`)
 LAYER_RE = re.compile(r"nn\.Module: \w*DecoderLayer_\d+$")
 
@@ -261,6 +263,7 @@ def summarize(ev: dict, rank: int | None = None) -> dict:
     rb = rg["run_batch"]
     rb_starts = [s for s, _ in rb]
     fwds, host_b, host_e = [], [], []
+    every_b, every_e = [], []                 # the phases every visit runs (EVERY_VISIT)
     waits: dict[str, list] = {"relay": [], "input": [], "output": [], "commit": []}
     sends, procs, spans = [], [], []
     per_tensor: list[list[float]] = []        # each decode forward's input receives (#19582)
@@ -295,11 +298,14 @@ def summarize(ev: dict, rank: int | None = None) -> dict:
         run = rb[j] if j < len(rb) and rb[j][0] < hi else None
         fwd_len = (min(run[1], hi) - run[0]) if run else 0.0
         host = max(0.0, span - fwd_len - b_total - send - proc)
+        every_iv = merge([iv for k in EVERY_VISIT for iv in R[k].clip(lo, hi)])
+        every = length(every_iv) - overlap(merge(blocked), every_iv)
         if run is None:
             # an empty slot's visit still processes the next slot's outputs when that slot
             # holds a batch (`process_batch_result` of `next_mb_id`): processing, not the
             # empty visit's own cost, so the model adds it once, as SGLang runs it
             host_e.append(host)
+            every_e.append(every)
             sample("host_empty", lo, host)
             visits.append((0, None))
             if proc_iv:
@@ -322,6 +328,7 @@ def summarize(ev: dict, rank: int | None = None) -> dict:
                      "visit": i})
         if st and st[2] == "DECODE":
             host_b.append(host)
+            every_b.append(every)
             sample("host", lo, host)
             sample("send", lo, send)
             if st[3]:
@@ -365,6 +372,8 @@ def summarize(ev: dict, rank: int | None = None) -> dict:
         "range_counts": {k: len(v) for k, v in rg.items() if v},
         "host_us_p50": _p50(host_b), "host_us_mean": _mean(host_b),
         "host_us_empty_p50": _p50(host_e), "host_us_empty_mean": _mean(host_e),
+        "host_us_every_visit_mean": _mean(every_b),
+        "host_us_every_visit_empty_mean": _mean(every_e),
         # waiting is the model's to reproduce, not a cost: none of it feeds the host time
         "relay_wait_us_mean": 0.0, "relay_wait_us_empty_mean": 0.0,
         "sync_wait_us_mean": 0.0, "send_wait_us_mean": 0.0, "foreign_queue_us_mean": 0.0,

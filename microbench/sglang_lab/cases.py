@@ -292,7 +292,9 @@ def fixes_plan(pp: int = 2, layers: int = 4, rounds: int = 2, C: int = 8
     The default servers' cases carry the even split (`layer_partition`): their windows are
     profiled without stacks, so the layers each rank runs come from SGLang's rule, and one
     layer's cost from each rank's own forward (the slow stage's fault stretches the whole
-    forward, reports/model/observed/layer_split.py)."""
+    forward, reports/model/observed/layer_split.py). The split servers are profiled the same
+    way: each rank's forward after the split, against the what-if's estimate of it
+    (reports/lab/split_forwards.py)."""
     from reports.base.partition import layer_counts
     last = pp - 1
     base = layer_counts(layers, pp)
@@ -312,7 +314,7 @@ def fixes_plan(pp: int = 2, layers: int = 4, rounds: int = 2, C: int = 8
             tag, split = f"slow{rank}", _one_layer_off(base, rank)
             out.append(Group(f"fx-{tag}-split-{k}", pp, (), (
                 Case(f"fx-{tag}-split-c{C}.{k}", C, fault=fault_of[tag], reps=reps,
-                     baseline=f"fx-{tag}-c{C}.{k}", expect="slow_stage", profile=False,
+                     baseline=f"fx-{tag}-c{C}.{k}", expect="slow_stage",
                      layer_partition=split),), env=((PARTITION_ENV, split),)))
         out.append(Group(f"fx-hop-depth1-{k}", pp, ("--pp-async-batch-depth", "1"), (
             Case(f"fx-hop-depth1-c{C}.{k}", C, fault=fault_of["hop"], reps=reps,

@@ -301,6 +301,11 @@ class LoopRank:
     host_us_mean: float | None = ge(0, default=None)
     host_us_empty_p50: float | None = ge(0, default=None)
     host_us_empty_mean: float | None = ge(0, default=None)
+    # the phases SGLang runs on every visit, batch or not (recv_requests,
+    # send_reqs_to_next_stage, get_next_batch_to_run; CPU view): on visits with a decode
+    # forward, and on empty visits (microbench/sglang/cpu_steps.py EVERY_VISIT)
+    host_us_every_visit_mean: float | None = ge(0, default=None)
+    host_us_every_visit_empty_mean: float | None = ge(0, default=None)
     relay_wait_us_mean: float | None = ge(0, default=None)
     relay_wait_us_empty_mean: float | None = ge(0, default=None)
     sync_wait_us_mean: float | None = ge(0, default=None)

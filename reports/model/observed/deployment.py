@@ -241,6 +241,9 @@ def from_evidence(loop: LoopProfile | None, *, concurrency: int | None, observed
 
     def per_rank(name: str) -> tuple[float, ...]:
         return tuple(float(getattr(x, name) or 0.0) for x in rk)
+    empty = empty_visit_us(rk, order, 0 in sizes, notes)
+    if empty is not None:
+        src["empty visits"] = "estimated"
     hop = []
     for k, r in enumerate(order):
         nxt = order[(k + 1) % pp]
@@ -255,7 +258,8 @@ def from_evidence(loop: LoopProfile | None, *, concurrency: int | None, observed
     return Deployment(
         pp=pp, slots=slots, sizes=sizes, forward=tuple(fw), forward_busy=tuple(fb),
         host_us=per_rank("host_us_mean"), relay_us=per_rank("relay_wait_us_mean"),
-        sync_wait_us=per_rank("sync_wait_us_mean"), empty_us=per_rank("host_us_empty_mean"),
+        sync_wait_us=per_rank("sync_wait_us_mean"),
+        empty_us=empty if empty is not None else per_rank("host_us_empty_mean"),
         empty_relay_us=per_rank("relay_wait_us_empty_mean"), hop_us=tuple(hop),
         send_wait_us=per_rank("send_wait_us_mean"),
         graph_share=sum(x.graph_forwards for x in rk) / f if f else None,
@@ -271,6 +275,34 @@ def from_evidence(loop: LoopProfile | None, *, concurrency: int | None, observed
         window_concurrency=window_load(rk[0], slot_count(pp, async_depth)
                                        if async_depth is not None else slots),
         blocks=blocks_of(loop, order), **_layers(rk, loop, on_cpu))
+
+
+def empty_visit_us(rk, order, needed: bool, notes: list[str]) -> tuple[float, ...] | None:
+    """Each rank's CPU per empty visit where the traced window saw none (every slot held a
+    batch), else None (the observed means are used). SGLang runs the whole visit on an empty
+    slot too (`event_loop_pp`), so a rank's host work in `recv_requests`, the request relay
+    and `get_next_batch_to_run` (its scheduler's own delay included) is spent there as well;
+    what the empty visit skips is the batch's own preparation. Estimated as the midpoint of
+    its two bounds seen on the visits with a batch: those phases alone (below) and the whole
+    visit's host work (above). `needed`: the modelled loop has an empty slot, so the estimate
+    matters (said in a note)."""
+    if any(x.iterations_empty for x in rk):
+        return None
+    lo = [x.host_us_every_visit_mean for x in rk]
+    hi = [x.host_us_mean for x in rk]
+    if any(v is None for v in lo + hi):
+        if needed:
+            notes.append("empty visits: the traced window saw none and its reader measured no "
+                         "phase every visit runs; taken as no CPU work")
+        return None
+    est = tuple((a + b) / 2 for a, b in zip(lo, hi))
+    if needed:
+        notes.append("empty visits: the traced window saw none (every slot held a batch); "
+                     "each rank's CPU per empty visit estimated from its visits with a batch, "
+                     "between the phases every visit runs and the whole visit's host work: "
+                     + ", ".join(f"rank {r} {e:.0f} us ({a:.0f}-{b:.0f})"
+                                 for r, e, a, b in zip(order, est, lo, hi)))
+    return est
 
 
 def _layers(rk, loop: LoopProfile, on_cpu: bool) -> dict:
