@@ -1,0 +1,72 @@
+"""reports/lab/split_forwards.py: each rank's forward before and after a layer split, against
+the split what-if's "forward x n'/n" estimate. Cases as the lab writes them (case.json, and a
+sglang.json record with each rank's forwards by micro-batch size)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from reports.base.errors import CliError
+from reports.base.records import make_record, write_record
+from reports.lab import split_forwards as sf
+
+
+def _case(root, name, partition, baseline="", fwd=None):
+    d = root / name
+    d.mkdir()
+    (d / "case.json").write_text(json.dumps({
+        "case": {"name": name, "concurrency": 8, "baseline": baseline, "fault": "slow-stage=1:2",
+                 "expect": "slow_stage", "layer_partition": partition, "reps": 2},
+        "device": "cpu", "env": {"SGLANG_PP_LAYER_PARTITION": partition}, "extra_args": [],
+        "input_len": 64, "output_len": 128, "pp": 2, "seconds": 10.0,
+        "started_unix": 1.0 + len(baseline)}))
+    if fwd is not None:
+        ranks = {str(r): {"rank": r, "device": "cpu", "forwards": 10, "iterations": 20,
+                          "forward_us_by_batch": {str(b): v for b, v in c.items()},
+                          "forward_effective_us_by_batch": {str(b): v for b, v in c.items()}}
+                 for r, c in fwd.items()}
+        write_record(make_record("sglang", {"loop": {"ranks": ranks}}), d / "sglang.json")
+    return d
+
+
+def test_a_split_pair_gives_each_ranks_layer_cost_and_the_estimates_error(tmp_path):
+    # rank 0: 1 ms of other work + 2 layers of 1 ms -> 3 layers: 3 -> 4 ms; rank 1 (x2): 2 x
+    # (1 + 2 x 1) = 6 -> 2 x (1 + 1) = 4 ms. The estimate x n'/n gives 4.5 and 3 ms.
+    _case(tmp_path, "fx-slow1-c8.1", "2,2", fwd={0: {4: 3000.0, 8: 5000.0}, 1: {4: 6000.0}})
+    _case(tmp_path, "fx-slow1-split-c8.1", "3,1", baseline="fx-slow1-c8.1",
+          fwd={0: {4: 4000.0}, 1: {4: 4000.0}})
+    rows = sf.rows(tmp_path)
+    assert [(r.rank, r.batch, r.layers) for r in rows] == [(0, 4, (2, 3)), (1, 4, (2, 1))]
+    r0, r1 = rows
+    assert r0.layer_us == pytest.approx(1000) and r0.other_share == pytest.approx(1 / 3)
+    assert r0.predicted_us == pytest.approx(4500) and r0.error_pct == pytest.approx(12.5)
+    assert r1.layer_us == pytest.approx(2000) and r1.other_share == pytest.approx(1 / 3)
+    assert r1.predicted_us == pytest.approx(3000) and r1.error_pct == pytest.approx(-25)
+    text = sf.render(rows)
+    assert "fx-slow1-c8.1 -> fx-slow1-split-c8.1" in text and "2 -> 3" in text
+
+
+def test_no_profiled_pair_is_a_one_line_error(tmp_path):
+    _case(tmp_path, "fx-slow1-c8.1", "2,2", fwd={0: {4: 3000.0}, 1: {4: 6000.0}})
+    _case(tmp_path, "fx-slow1-split-c8.1", "3,1", baseline="fx-slow1-c8.1")   # not profiled
+    with pytest.raises(CliError, match="no profiled pair"):
+        sf.rows(tmp_path)
+    with pytest.raises(CliError, match="not a lab results folder"):
+        sf.rows(tmp_path / "absent")
+
+
+def test_a_bad_partition_names_the_case(tmp_path):
+    _case(tmp_path, "fx-slow1-c8.1", "2,2", fwd={0: {4: 3000.0}, 1: {4: 6000.0}})
+    _case(tmp_path, "fx-slow1-split-c8.1", "3,x", baseline="fx-slow1-c8.1",
+          fwd={0: {4: 4000.0}, 1: {4: 4000.0}})
+    with pytest.raises(CliError, match="fx-slow1-split-c8.1"):
+        sf.rows(tmp_path)
+
+
+def test_the_command_line(tmp_path, capsys):
+    assert sf.main([]) == 2
+    _case(tmp_path, "a", "2,2", fwd={0: {4: 3000.0}, 1: {4: 6000.0}})
+    _case(tmp_path, "b", "1,3", baseline="a", fwd={0: {4: 2000.0}, 1: {4: 8000.0}})
+    assert sf.main([str(tmp_path), "--md"]) == 0
+    assert "| a -> b |" in capsys.readouterr().out
