@@ -9,11 +9,13 @@ and its errors name a partial record only where this run wrote one. Every record
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
 from reports.base.errors import CliError
-from reports.model.checks.twin_check import apply_twin, read_twin, twin_text
+from reports.model.checks.twin_check import apply_twin, key_of, read_twin, twin_text
+from reports.model.settings_change import Change
 
 BASE = ["--pp-async-batch-depth", "8", "--chunked-prefill-size", "8192"]
 CHUNK = ["--pp-async-batch-depth", "8", "--chunked-prefill-size", "2048"]
@@ -90,8 +92,12 @@ def test_a_figure_left_out_as_none_is_not_measured(tmp_path):
     rows[0]["twin_steady_tpot_ms"] = rows[1]["twin_steady_tpot_ms"] = None
     rows[1]["run_model_tpot_ms"] = None
     rec = read_twin(write(tmp_path, rows))
-    assert twin_text(rec, "--chunked-prefill-size", "2048").endswith(
-        "+38% at C=8 (model +76%)")
+    w = SimpleNamespace(knob="--chunked-prefill-size", setting="2048",
+                        changes=(Change("--chunked-prefill-size", 2048),))
+    assert twin_text(rec, w).endswith("+38% at C=8 (model +76%)")
+    # a what-if of a report written before what-ifs kept their changes: its shown strings
+    old = SimpleNamespace(knob="--chunked-prefill-size", setting="2048", changes=())
+    assert key_of(old) == key_of(w) and twin_text(rec, old) == twin_text(rec, w)
 
 
 @pytest.mark.parametrize("twin, model, who", [(1e-6, 82.8, "the twin's"),

@@ -65,7 +65,8 @@ def test_a_case_is_read_as_soon_as_its_baseline_has_a_report(tmp_path):
     def case(name, baseline="", traces=True):
         d = tmp_path / name
         (d / "traces").mkdir(parents=True) if traces else d.mkdir(parents=True)
-        (d / "case.json").write_text(json.dumps({"case": {"name": name, "baseline": baseline}}))
+        (d / "case.json").write_text(json.dumps({"case": {"name": name, "baseline": baseline,
+                                                             "concurrency": 8}}))
         return d
     clean, fault = case("clean-c8.1"), case("slow-x3.1", baseline="clean-c8.1")
     assert _ready(clean) and not _ready(fault)          # the fault waits for the clean report

@@ -23,6 +23,15 @@ ROOT = Path(__file__).resolve().parents[1]
 LAB = ROOT / "tests" / "fixtures" / "sglang_lab"
 
 
+def whatif_row(knob: str, setting: str):
+    """A what-if row as the report carries it: shown strings and the changes applied."""
+    from types import SimpleNamespace
+    from reports.model.settings_change import Change
+    changes = tuple(Change(f.strip(), v.strip()) for f, v in zip(knob.split(" + "),
+                                                                  setting.split(" + ")))
+    return SimpleNamespace(knob=knob, setting=setting, changes=changes)
+
+
 @pytest.fixture(scope="module")
 def seed():
     recs, warn = load_records(Path("/nonexistent-results"))
@@ -308,7 +317,7 @@ def test_a_recorded_twin_keeps_its_books():
     with tempfile.TemporaryDirectory() as d:
         shutil.copy(FIX / "cached" / "seed-pp8.twin.json", Path(d) / "twin.json")
         tw = read_twin(Path(d))
-    text = twin_text(tw, "--chunked-prefill-size", "2048")
+    text = twin_text(tw, whatif_row("--chunked-prefill-size", "2048"))
     assert "+85% at C=8 (model +76%)" in text
 
 
@@ -391,8 +400,8 @@ def test_three_interleaved_runs_with_the_cache_flushed_support_both_settings(tmp
     assert [r.get("rep") for r in d["rows"]] == [1, 1, 1, 2, 2, 2, 3, 3, 3]   # interleaved
     shutil.copy(src, tmp_path / "twin.json")
     rec = read_twin(tmp_path)
-    assert verdict(rec, "--chunked-prefill-size", "2048") == AGREES
-    assert verdict(rec, "--chunked-prefill-size + --pp-async-batch-depth", "2048 + 0") == AGREES
+    assert verdict(rec, whatif_row("--chunked-prefill-size", "2048")) == AGREES
+    assert verdict(rec, whatif_row("--chunked-prefill-size + --pp-async-batch-depth", "2048 + 0")) == AGREES
     (pair,) = rec.changes[change_of("--chunked-prefill-size + --pp-async-batch-depth",
                                     "2048 + 0")]
     assert pair.runs == 3 and pair.lo <= pair.twin <= pair.hi
@@ -432,8 +441,8 @@ def _check_current_runs(d: dict, seed, tmp_path, src: Path) -> None:
         assert steady == pytest.approx(r["twin_steady_tpot_ms"], rel=0.10), r
     shutil.copy(src, tmp_path / "twin.json")
     rec = read_twin(tmp_path)
-    assert verdict(rec, "--chunked-prefill-size", "2048") == AGREES
-    assert verdict(rec, "--chunked-prefill-size + --pp-async-batch-depth", "2048 + 0") == AGREES
+    assert verdict(rec, whatif_row("--chunked-prefill-size", "2048")) == AGREES
+    assert verdict(rec, whatif_row("--chunked-prefill-size + --pp-async-batch-depth", "2048 + 0")) == AGREES
 
 
 def test_repetitions_at_c32_and_c8_with_the_current_hold_and_tokenizer(tmp_path, seed):

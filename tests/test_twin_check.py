@@ -10,6 +10,15 @@ from reports.base.errors import CliError
 from reports.model.checks.twin_check import change_of, matches, read_twin, twin_text
 
 
+def whatif_row(knob: str, setting: str):
+    """A what-if row as the report carries it: shown strings and the changes applied."""
+    from types import SimpleNamespace
+    from reports.model.settings_change import Change
+    changes = tuple(Change(f.strip(), v.strip()) for f, v in zip(knob.split(" + "),
+                                                                  setting.split(" + ")))
+    return SimpleNamespace(knob=knob, setting=setting, changes=changes)
+
+
 def record(tmp_path, rows, scenario="seed-pp8", pp=8, **extra):
     data = {"scenario": scenario, "pp": pp, "calibration": {"k": 60}, "rows": rows,
             "hold": "stream"}
@@ -34,12 +43,12 @@ def test_a_setting_is_matched_by_the_flags_it_changes(tmp_path):
         row("pair", PAIR, 8, 140.0, 172.0), row("default", BASE, 1, 30.0, 30.9),
         row("recommended", CHUNK, 1, 30.0, 30.9)]))
     assert rec.k == 60
-    one = twin_text(rec, "--chunked-prefill-size", "2048")
+    one = twin_text(rec, whatif_row("--chunked-prefill-size", "2048"))
     assert one == ("on SGLang's scheduler (twin, k = 60; bench_serving's TPOT): +0% at C=1 (model +0%), "
                    "+38% at C=8 (model +76%)")
-    both = twin_text(rec, "--chunked-prefill-size + --pp-async-batch-depth", "2048 + 0")
+    both = twin_text(rec, whatif_row("--chunked-prefill-size + --pp-async-batch-depth", "2048 + 0"))
     assert both == "on SGLang's scheduler (twin, k = 60; bench_serving's TPOT): +75% at C=8 (model +108%)"
-    assert twin_text(rec, "--pp-async-batch-depth", "0") is None        # never run on the twin
+    assert twin_text(rec, whatif_row("--pp-async-batch-depth", "0")) is None        # never run on the twin
     assert change_of("--a + --b", "1 + 2") == frozenset({("--a", "1"), ("--b", "2")})
 
 
@@ -100,7 +109,7 @@ def test_repetitions_are_set_against_the_default_of_their_own_repetition(tmp_pat
     (ch,) = rec.changes[change_of("--chunked-prefill-size", "2048")]
     assert (ch.runs, ch.twin, ch.lo, ch.hi) == (3, pytest.approx(0.5), pytest.approx(0.4),
                                                 pytest.approx(1.0))
-    assert twin_text(rec, "--chunked-prefill-size", "2048") == (
+    assert twin_text(rec, whatif_row("--chunked-prefill-size", "2048")) == (
         "on SGLang's scheduler (twin, k = 60; bench_serving's TPOT): +50% at C=8 (median of 3 runs, +40% to +100%; "
         "model +76%)")
     rows.append(dict(row("recommended", CHUNK, 8, 500.0, 146.0), rep=4))   # no default of rep 4
@@ -117,11 +126,11 @@ def test_the_twin_verdict_supports_withdraws_or_corrects_the_models_figure(tmp_p
         row("default", BASE, 8, 80.0, 82.8), row("recommended", CHUNK, 8, 150.0, 146.0),
         row("pair", PAIR, 8, 120.0, 172.0), row("default", BASE, 32, 260.0, 260.0),
         row("recommended", CHUNK, 32, 250.0, 270.0)]))
-    assert verdict(rec, "--chunked-prefill-size + --pp-async-batch-depth", "2048 + 0") == DIFFERS
-    assert verdict(rec, "--chunked-prefill-size", "2048") == LOSES       # -4% at C=32
-    assert verdict(rec, "--pp-async-batch-depth", "0") is None
+    assert verdict(rec, whatif_row("--chunked-prefill-size + --pp-async-batch-depth", "2048 + 0")) == DIFFERS
+    assert verdict(rec, whatif_row("--chunked-prefill-size", "2048")) == LOSES       # -4% at C=32
+    assert verdict(rec, whatif_row("--pp-async-batch-depth", "0")) is None
     rows = [row("default", BASE, 8, 80.0, 82.8), row("recommended", CHUNK, 8, 150.0, 146.0)]
-    assert verdict(read_twin(record(tmp_path, rows)), "--chunked-prefill-size", "2048") == AGREES
+    assert verdict(read_twin(record(tmp_path, rows)), whatif_row("--chunked-prefill-size", "2048")) == AGREES
 
 
 def _report(tmp_path, rows):
@@ -184,5 +193,5 @@ def test_the_steady_decode_is_the_twins_figure_where_every_run_has_one(tmp_path)
         "--chunked-prefill-size + --pp-async-batch-depth", "2048 + 0")]}
     assert at[32].basis == "steady" and at[32].twin == pytest.approx(124.4 / 90.5 - 1)
     assert at[8].basis == "bench" and at[8].twin == pytest.approx(154.9 / 81.3 - 1)
-    text = twin_text(rec, "--chunked-prefill-size + --pp-async-batch-depth", "2048 + 0")
+    text = twin_text(rec, whatif_row("--chunked-prefill-size + --pp-async-batch-depth", "2048 + 0"))
     assert "steady decode where its log had one" in text and "+37% at C=32" in text

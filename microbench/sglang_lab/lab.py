@@ -20,6 +20,7 @@ from microbench.sglang_lab.server import LabServer, ServerSpec
 from microbench.sglang_lab.venv import (LabError, check_sglang_python, claim_lab_dir,
                                         ensure_model, ensure_venv, inject_path, sharegpt_file)
 from reports.base.server_flags import RECIPE_ARGS
+from reports.lab.summary import read_case
 
 PROFILE_S = 2.5
 
@@ -214,20 +215,24 @@ def _default_mmb(server: LabServer) -> int | None:
 
 def analyse_case(case_dir: Path) -> dict:
     """`ppscope sglang` then `ppscope report` on one case's artefacts; their verdict."""
-    c = json.loads((case_dir / "case.json").read_text())["case"]
+    from reports.base.errors import CliError
+    try:
+        c = read_case(case_dir).case
+    except CliError as e:
+        return {"error": str(e)}
     py = [sys.executable, "-m", "reports.cli"]
     start = case_dir / "metrics-start.txt"
     metrics = ([str(start)] if start.exists() else []) + [str(case_dir / "metrics.txt")]
     args = py + ["sglang", "--log", str(case_dir / "server.log"), "--traces",
                  str(case_dir / "traces"), "--metrics", *metrics,
-                 "--bench", str(case_dir / "bench.jsonl"), "--concurrency", str(c["concurrency"]),
+                 "--bench", str(case_dir / "bench.jsonl"), "--concurrency", str(c.concurrency),
                  "--json", str(case_dir / "sglang.json")]
-    if c.get("layer_partition"):     # the layers each rank runs (cases.py), for the split
-        args += ["--layer-partition", c["layer_partition"]]
+    if c.layer_partition:     # the layers each rank runs (cases.py), for the split
+        args += ["--layer-partition", c.layer_partition]
     out = {}
     report = py + ["report", "--results", str(case_dir)]
-    base = case_dir.parent / (c.get("baseline") or "") / "report.json"
-    if c.get("baseline") and base.exists():   # what the fault changed: reports/model/compare.py
+    base = case_dir.parent / (c.baseline or "") / "report.json"
+    if c.baseline and base.exists():   # what the fault changed: reports/model/compare.py
         report += ["--baseline", str(base)]
     # a case brought back without its traces (a copy of the results): its sglang.json is read
     steps = (("sglang", args), ("report", report))
@@ -245,7 +250,7 @@ def analyse_case(case_dir: Path) -> dict:
 
 def _baseline(case_dir: Path) -> str:
     """The case's baseline case's name ("" for none), from its case.json."""
-    return json.loads((case_dir / "case.json").read_text())["case"].get("baseline") or ""
+    return read_case(case_dir).case.baseline or ""
 
 
 def _ready(case_dir: Path) -> bool:

@@ -241,14 +241,24 @@ def _stream_order(data: TwinData) -> bool:
 
 
 def change_of(knob: str, setting: str) -> frozenset:
-    """A what-if row's change as (flag, value) pairs: "--a + --b", "1 + 2" for a pair."""
+    """A row's change as (flag, value) pairs from its shown strings ("--a + --b", "1 + 2"):
+    a what-if of a report written before what-ifs kept their changes."""
     return frozenset(zip((k.strip() for k in knob.split(" + ")),
                          (s.strip() for s in setting.split(" + "))))
 
 
-def twin_text(rec: TwinRecord, knob: str, setting: str) -> str | None:
+def key_of(w) -> frozenset:
+    """A what-if's change as the twin's record keys it: (flag, value) pairs, from the changes
+    the model applied (`WhatIf.changes`), else from the row's shown strings."""
+    changes = getattr(w, "changes", None)
+    if changes:
+        return frozenset((c.flag, str(c.value)) for c in changes)
+    return change_of(w.knob, w.setting)
+
+
+def twin_text(rec: TwinRecord, w) -> str | None:
     """'on SGLang's scheduler (twin): +38% at C=8 (model +76%)', or None when not run."""
-    got = rec.changes.get(change_of(knob, setting))
+    got = rec.changes.get(key_of(w))
     if not got:
         return None
     parts = ", ".join(f"{c.twin:+.0%} at C={c.concurrency} ({_spread(c)}model {c.model:+.0%})"
@@ -266,9 +276,9 @@ def agrees(c: TwinChange) -> bool:
     return abs(c.model - c.twin) <= max(TOLERANCE * abs(c.twin), FLOOR)
 
 
-def verdict(rec: TwinRecord, knob: str, setting: str) -> str | None:
+def verdict(rec: TwinRecord, w) -> str | None:
     """AGREES, DIFFERS or LOSES for a what-if the twin ran; None when it did not run it."""
-    got = rec.changes.get(change_of(knob, setting))
+    got = rec.changes.get(key_of(w))
     if not got:
         return None
     if any(c.twin < -LOSS for c in got):
@@ -279,8 +289,8 @@ def verdict(rec: TwinRecord, knob: str, setting: str) -> str | None:
 def no_better(rec: TwinRecord, pair, single) -> bool:
     """The pair gained no more than the single setting on the twin at every C both ran (by the
     twin's own spread: the pair's median within the single's range, or below it)."""
-    p = {c.concurrency: c for c in rec.changes.get(change_of(pair.knob, pair.setting), ())}
-    s = {c.concurrency: c for c in rec.changes.get(change_of(single.knob, single.setting), ())}
+    p = {c.concurrency: c for c in rec.changes.get(key_of(pair), ())}
+    s = {c.concurrency: c for c in rec.changes.get(key_of(single), ())}
     both = sorted(set(p) & set(s))
     return bool(both) and all(p[C].twin <= s[C].hi for C in both)
 
@@ -340,8 +350,8 @@ def apply_twin(rep, rec: TwinRecord | None):
             "reach were not checked on SGLang's scheduler",))
 
     def one(w):
-        return None if w is None else replace(w, twin=twin_text(rec, w.knob, w.setting),
-                                              twin_verdict=verdict(rec, w.knob, w.setting))
+        return None if w is None else replace(w, twin=twin_text(rec, w),
+                                              twin_verdict=verdict(rec, w))
     pair, single = one(rep.best_pair), one(rep.recommendation)
     if (pair is not None and single is not None and pair.twin_verdict != LOSES
             and no_better(rec, pair, single)):
