@@ -15,7 +15,6 @@ from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
-
 from reports.base.records import read_record
 from reports.model.observed import bench_run as ow
 from reports.model.observed.deployment import empty_visit_us
