@@ -70,3 +70,18 @@ def test_the_command_line(tmp_path, capsys):
     _case(tmp_path, "b", "1,3", baseline="a", fwd={0: {4: 2000.0}, 1: {4: 8000.0}})
     assert sf.main([str(tmp_path), "--md"]) == 0
     assert "| a -> b |" in capsys.readouterr().out
+
+
+def test_the_lab_recording_of_a_split_off_a_slow_last_rank():
+    # the --fixes plan on the 2-core machine, round 1 (SGLang 0.5.23's CPU server, PP2, the
+    # 4-layer Llama, rank 1's forward x2): 2,2 against 3,1, both profiled without stacks. The
+    # last rank's forward holds work that stays on it (lm_head, logits, SGLang's own per-forward
+    # work): one layer off shrank it by far less than half, the what-if's x n'/n estimate
+    from pathlib import Path
+    root = Path(__file__).parent / "fixtures" / "sglang_lab" / "fixes"
+    rs = sf.rows(root)
+    assert {(r.rank, r.layers) for r in rs} == {(0, (2, 3)), (1, (2, 1))}
+    for r in rs:
+        assert r.layer_us is not None and r.layer_us > 0
+        if r.rank == 1:
+            assert r.after_us > r.predicted_us and r.other_share > 0.25
