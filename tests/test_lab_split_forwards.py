@@ -85,3 +85,15 @@ def test_the_lab_recording_of_a_split_off_a_slow_last_rank():
         assert r.layer_us is not None and r.layer_us > 0
         if r.rank == 1:
             assert r.after_us > r.predicted_us and r.other_share > 0.25
+
+
+def test_a_size_the_after_window_never_ran_is_interpolated_and_said(tmp_path):
+    # the before window ran 4 and 4, the after window 1 and 7 (another herd split): the after
+    # forward at 4 is interpolated between 1 and 7; a size outside the after range is left out
+    _case(tmp_path, "a", "2,2", fwd={0: {4: 3000.0, 8: 5000.0}, 1: {4: 6000.0}})
+    _case(tmp_path, "b", "3,1", baseline="a", fwd={0: {1: 3000.0, 7: 5000.0},
+                                                  1: {1: 3000.0, 7: 6000.0}})
+    rs = sf.rows(tmp_path)
+    assert [(r.rank, r.batch, r.interpolated) for r in rs] == [(0, 4, True), (1, 4, True)]
+    assert rs[0].after_us == pytest.approx(4000) and rs[1].after_us == pytest.approx(4500)
+    assert "(interpolated)" in sf.render(rs)

@@ -7,7 +7,9 @@ For each pair of profiled lab cases whose servers differ only in `SGLANG_PP_LAYE
 sglang.json: the `--fixes` plan's split cases), per rank and per decode micro-batch size both
 windows ran:
 
-- the forward before (n layers) and after (n' layers), measured (mean us, CPU view);
+- the forward before (n layers) and after (n' layers), measured (mean us, CPU view; where
+  the after window ran no micro-batch of a size the before window ran, interpolated between
+  the sizes on either side of it, and said);
 - the forward after as the what-if predicts it from the before window alone (x n'/n);
 - one layer's cost as the two servers imply it: (after - before) / (n' - n), and the part of
   the before forward that is not layer work: before - n x that layer (SGLang's own work per
@@ -26,6 +28,7 @@ from pathlib import Path
 from reports.base.errors import CliError
 from reports.base.partition import layer_counts
 from reports.lab.summary import read_case
+from reports.model.observed.deployment import at_size
 
 USAGE = "usage: python -m reports.lab.split_forwards OUT [--md]"
 
@@ -42,6 +45,8 @@ class RankForward:
     predicted_us: float       # before x n'/n (the what-if's "from the forward" estimate)
     layer_us: float | None    # (after - before) / (n' - n); None where n' == n
     other_share: float | None  # (before - n x layer) / before
+    interpolated: bool = False  # the after window ran no micro-batch of this size: its forward
+    #                             interpolated between the sizes on either side it ran
 
     @property
     def error_pct(self) -> float:
@@ -94,13 +99,16 @@ def rows(out: Path) -> list[RankForward]:
         if n0 == n1 or sum(n0) != sum(n1):
             continue
         for r in sorted(before):
-            for b in sorted(set(before[r]) & set(after.get(r, {}))):
-                fb, fa = before[r][b], after[r][b]
+            a = after.get(r, {})
+            for b in sorted(before[r]):
+                if b not in a and not (a and min(a) < b < max(a)):
+                    continue
+                fb, fa = before[r][b], (a[b] if b in a else at_size(a, b))
                 dn = n1[r] - n0[r]
                 layer = (fa - fb) / dn if dn else None
                 other = (fb - n0[r] * layer) / fb if layer is not None and fb else None
                 found.append(RankForward(f"{base} -> {name}", r, b, (n0[r], n1[r]), fb, fa,
-                                         fb * n1[r] / n0[r], layer, other))
+                                         fb * n1[r] / n0[r], layer, other, b not in a))
     if not found:
         raise CliError(f"{out}: no profiled pair of cases that differ only in their layer "
                        "split (`ppscope sglang-lab --fixes` runs them)")
@@ -111,7 +119,8 @@ def render(rs: list[RankForward], fmt: str = "simple") -> str:
     from tabulate import tabulate
     return tabulate(
         [[r.pair, r.rank, r.batch, f"{r.layers[0]} -> {r.layers[1]}",
-          f"{r.before_us / 1e3:.2f}", f"{r.after_us / 1e3:.2f}",
+          f"{r.before_us / 1e3:.2f}",
+          f"{r.after_us / 1e3:.2f}" + (" (interpolated)" if r.interpolated else ""),
           f"{r.predicted_us / 1e3:.2f} ({r.error_pct:+.0f}%)",
           "-" if r.layer_us is None else f"{r.layer_us / 1e3:.2f}",
           "-" if r.other_share is None else f"{100 * r.other_share:.0f}%"] for r in rs],
