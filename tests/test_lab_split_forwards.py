@@ -4,6 +4,7 @@ sglang.json record with each rank's forwards by micro-batch size)."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -89,11 +90,14 @@ def test_the_lab_recording_of_a_split_off_a_slow_last_rank():
 
 def test_a_size_the_after_window_never_ran_is_interpolated_and_said(tmp_path):
     # the before window ran 4 and 4, the after window 1 and 7 (another herd split): the after
-    # forward at 4 is interpolated between 1 and 7; a size outside the after range is left out
+    # forward at 4 is interpolated between 1 and 7 (in log b, as the model interpolates a
+    # curve: deployment.at_size); a size outside the after range is left out
     _case(tmp_path, "a", "2,2", fwd={0: {4: 3000.0, 8: 5000.0}, 1: {4: 6000.0}})
     _case(tmp_path, "b", "3,1", baseline="a", fwd={0: {1: 3000.0, 7: 5000.0},
                                                   1: {1: 3000.0, 7: 6000.0}})
     rs = sf.rows(tmp_path)
     assert [(r.rank, r.batch, r.interpolated) for r in rs] == [(0, 4, True), (1, 4, True)]
-    assert rs[0].after_us == pytest.approx(4000) and rs[1].after_us == pytest.approx(4500)
+    w = math.log(4) / math.log(7)
+    assert rs[0].after_us == pytest.approx(3000 + 2000 * w)
+    assert rs[1].after_us == pytest.approx(3000 + 3000 * w)
     assert "(interpolated)" in sf.render(rs)

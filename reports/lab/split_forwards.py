@@ -9,7 +9,7 @@ windows ran:
 
 - the forward before (n layers) and after (n' layers), measured (mean us, CPU view; where
   the after window ran no micro-batch of a size the before window ran, interpolated between
-  the sizes on either side of it, and said);
+  the sizes on either side of it in log b, as the model interpolates a curve, and said);
 - the forward after as the what-if predicts it from the before window alone (x n'/n);
 - one layer's cost as the two servers imply it: (after - before) / (n' - n), and the part of
   the before forward that is not layer work: before - n x that layer (SGLang's own work per
