@@ -366,11 +366,18 @@ class TestTheFixTableRefusesWhatIsNotALabFolder:
             "name": "clean-c8", "concurrency": 8}}))
         _one_line(*_fixes_cli([tmp_path], capsys), "no fix cases", "--fixes")
 
-    def test_no_folder_or_two(self, tmp_path, capsys):
+    def test_no_folder(self, tmp_path, capsys):
         rc, err = _fixes_cli([], capsys)
         assert rc == 2 and "usage" in err
-        rc, err = _fixes_cli([tmp_path, tmp_path], capsys)
-        assert rc == 2 and "usage" in err
+        # several folders are read together; an empty one is said
+        (tmp_path / "a").mkdir()
+        _one_line(*_fixes_cli([tmp_path / "a", tmp_path / "a"], capsys), "no fix cases")
+
+    def test_a_split_error_record_needs_its_machine(self, tmp_path, capsys):
+        _one_line(*_fixes_cli([tmp_path, "--split-error", tmp_path / "e.json"], capsys),
+                  "--machine")
+        _one_line(*_fixes_cli([tmp_path, "--split-error"], capsys), "--split-error needs a file")
+        assert not (tmp_path / "e.json").exists()
 
     def test_an_unknown_option_or_a_json_without_its_file(self, tmp_path, capsys):
         _one_line(*_fixes_cli([tmp_path, "--csv"], capsys), "--csv")
@@ -420,3 +427,31 @@ class TestTheLabRefusesAFixPlanMixedWithAnother:
                      "--model-path", str(tmp_path)]) == 0
         out = capsys.readouterr().out
         assert f"{PARTITION_ENV}=4,2" in out and f"{PARTITION_ENV}=2,4" in out
+
+
+def test_the_splits_error_is_measured_and_each_round_judged_by_the_others(lab_out, tmp_path,
+                                                                          capsys):
+    # round 2's split gains inside the report's interval, round 10's far less: the split error
+    # is the two differences; leave one round out, each split is judged by the other's
+    from reports.model.observed.split_error import read
+    out, known = lab_out
+    rows = fixes.fix_rows(out)
+    diffs = fixes.split_diffs(rows)
+    assert len(diffs) == 2          # the report's own split of both rounds (slow0's is not)
+    by = {r.after: r for r in rows if r.after}
+    assert by["fx-slow1-split-c8.10"].measured_pct - by["fx-slow1-split-c8.10"].predicted_pct \
+        in diffs
+    cv = {r.after: r for r in fixes.cross_validated(rows) if r.after}
+    r2, r10 = cv["fx-slow1-split-c8.2"], cv["fx-slow1-split-c8.10"]
+    for r in (r2, r10):
+        lo, hi = r.predicted_ci
+        w = r.predicted_window_ci
+        assert lo <= w[0] and hi >= w[1] and r.within == (lo <= r.measured_pct <= hi)
+    # the hop's row is not a split: as it was
+    assert cv["fx-hop-depth1-c8.2"] == by["fx-hop-depth1-c8.2"]
+    dest = tmp_path / "split-error.json"
+    assert fixes.main([str(out), "--split-error", str(dest), "--machine", "the lab"]) == 0
+    err = read(dest)
+    assert err.cases == 2 and err.points_lo <= err.points_median <= err.points_hi
+    assert "split error" in capsys.readouterr().out
+

@@ -44,7 +44,8 @@ from reports.render.answer_table import FIXES, NO_SETTING
 PREFIX = "fx-"           # cases.fixes_plan's case names
 WITHIN_POINTS = 25.0     # "within" where the report gives no interval: +-25 points of its gain
 REPORT_MAX_BYTES = 64 << 20
-USAGE = "usage: python -m reports.lab.fixes OUT [--md] [--json FILE]"
+USAGE = ("usage: python -m reports.lab.fixes OUT [OUT ...] [--md] [--json FILE] "
+         "[--split-error FILE --machine TEXT] [--cross-validate]")
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,9 @@ class ReportFix:
     gain_ci: tuple[float, float] | None = None
     offered: bool = False        # the report's answer recommends it (else: tried only)
     note: str = ""
+    # the split's interval of the traced window alone, where `gain_ci` adds the lab's split
+    # error (reports/model/observed/split_error.py); a report written before: `gain_ci`
+    window_ci: tuple[float, float] | None = None
 
     def text(self) -> str:
         if self.knob is None or self.value is None or self.gain_pct is None:
@@ -90,6 +94,8 @@ class FixRow:
     measured_ci: tuple[float, float] | None
     right_sign: bool | None
     within: bool | None
+    folder: str = ""
+    predicted_window_ci: tuple[float, float] | None = None   # the window's noise alone
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -125,8 +131,10 @@ def report_fix(rep: Report | None, cause: str, why_none: str = "") -> ReportFix:
         f = rep.diagnosed.layer_split
         if f is None:
             return ReportFix(LAYER_PARTITION, note=f"{LAYER_PARTITION}: not estimated")
+        win = f.gain_window_ci or f.gain_ci
         return ReportFix(LAYER_PARTITION, f.value, f.gain_pct,
-                         tuple(f.gain_ci) if f.gain_ci else None, offered=True)
+                         tuple(f.gain_ci) if f.gain_ci else None, offered=True,
+                         window_ci=tuple(win) if win else None)
     knobs = FIXES.get(cause, ())
     if not knobs:
         return ReportFix(None, note=f"no server setting (what would: "
@@ -221,7 +229,9 @@ def _row(b: Path, a: Path | None, cb: LabCase, ca: LabCase | None, cause: str, f
         predicted_pct=pred, predicted_ci=pci,
         before_tok_per_s=mean(tb) if tb else None, after_tok_per_s=mean(ta) if ta else None,
         before_runs=len(tb), after_runs=len(ta), measured_pct=meas,
-        measured_ci=tuple(mci) if mci else None, right_sign=sign, within=within)
+        measured_ci=tuple(mci) if mci else None, right_sign=sign, within=within,
+        folder=b.parent.name,
+        predicted_window_ci=fix.window_ci if (fix.knob, fix.value) == (knob, value) else None)
 
 
 def _applied_cell(r: FixRow) -> str:
@@ -276,28 +286,87 @@ def render(rows: list[FixRow], fmt: str = "simple") -> str:
     return body + "\n\n" + summary_line(rows)
 
 
+def split_diffs(rows: list[FixRow]) -> list[float]:
+    """Measured - predicted gain (points) of each applied split the report gave (the lab's
+    split error, reports/model/observed/split_error.py)."""
+    return [r.measured_pct - r.predicted_pct for r in rows
+            if r.applied_knob == LAYER_PARTITION and r.applied_is_reports
+            and r.measured_pct is not None and r.predicted_pct is not None]
+
+
+def cross_validated(rows: list[FixRow]) -> list[FixRow]:
+    """Each applied split judged by the split error of the other rounds' splits (leave one
+    round out): "within" where its measured gain lies in the window's interval widened by that
+    band. Other rows as they are."""
+    from dataclasses import replace
+    from reports.model.observed.split_error import band_of, widened
+    out = []
+    for r in rows:
+        ci = r.predicted_window_ci
+        if r.applied_knob != LAYER_PARTITION or ci is None or r.measured_pct is None:
+            out.append(r)
+            continue
+        rest = split_diffs([x for x in rows if (x.folder, x.round) != (r.folder, r.round)])
+        if not rest:
+            out.append(replace(r, within=None))
+            continue
+        lo, hi = widened(ci, band_of(rest, "", ""))
+        out.append(replace(r, predicted_ci=(lo, hi), within=lo <= r.measured_pct <= hi))
+    return out
+
+
+def _option(argv: list[str], name: str, what: str = "a file") -> str | None:
+    if name not in argv:
+        return None
+    i = argv.index(name)
+    if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+        raise CliError(f"fixes: {name} needs {what} ({USAGE})")
+    value = argv.pop(i + 1)
+    argv.pop(i)
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    dest = None
-    if "--json" in argv:
-        i = argv.index("--json")
-        if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
-            raise CliError("fixes: --json needs a file")
-        dest = Path(argv.pop(i + 1))
-        argv.pop(i)
+    dest = _option(argv, "--json")
+    split_out = _option(argv, "--split-error")
+    machine = _option(argv, "--machine", "a text")
+    if (split_out is None) != (machine is None):
+        raise CliError(f"fixes: --split-error FILE needs --machine TEXT, and the other way "
+                       f"round ({USAGE})")
     md = "--md" in argv
-    rest = [a for a in argv if a != "--md"]
+    cv = "--cross-validate" in argv
+    rest = [a for a in argv if a not in ("--md", "--cross-validate")]
     unknown = [a for a in rest if a.startswith("--")]
     if unknown:
         raise CliError(f"fixes: unknown option {unknown[0]} ({USAGE})")
-    if len(rest) != 1:
+    if not rest:
         print(USAGE, file=sys.stderr)
         return 2
-    rows = fix_rows(Path(rest[0]))
+    rows = [r for out in rest for r in fix_rows(Path(out))]
+    if cv:
+        rows = cross_validated(rows)
     print(render(rows, "github" if md else "simple"))
+    if cv:
+        print("(each applied split judged by the split error of the other rounds: its "
+              "predicted interval is the traced window's, widened by that band)")
     if dest is not None:
         from reports.base.records import write_json_atomic
         write_json_atomic(dest, [r.to_json() for r in rows])
+    if split_out is not None:
+        from reports.base.records import write_json_atomic
+        from reports.model.observed.split_error import band_of
+        diffs = split_diffs(rows)
+        if not diffs:
+            raise CliError("fixes: no applied split with a predicted and a measured gain "
+                           "to measure the split's error from")
+        cmd = ("python -m reports.lab.fixes " + " ".join(rest)
+               + f" --split-error {Path(split_out).name} --machine '...'")
+        err = band_of(diffs, machine, cmd)
+        write_json_atomic(Path(split_out), err.to_dict())
+        print(f"split error: measured - predicted gain {err.points_lo:+.1f} to "
+              f"{err.points_hi:+.1f} points (median {err.points_median:+.1f}, {err.cases} "
+              f"splits)")
     return 0
 
 

@@ -516,7 +516,10 @@ def layer_split_line(dg: ServerDiagnosis) -> str | None:
     return (f"Layer split for the slow stage: SGLANG_PP_LAYER_PARTITION={f.value} instead of "
             f"{f.now}, decode step {dg.modelled_step_ms:.2f} -> {f.step_ms:.2f} ms in the model "
             f"of the loop, {f.gain_pct:+.0f}%{span(f.gain_ci)} tok/s; the layers each rank runs: "
-            f"{f.layers_from}; a layer's cost: {f.cost_from}.")
+            f"{f.layers_from}; a layer's cost: {f.cost_from}."
+            + (f" Its interval adds the split's own error as the lab measured it ({f.error_from}; "
+               f"the traced window's alone: {span(f.gain_window_ci).strip(' ()')})."
+               if f.error_from else ""))
 
 
 def diagnosis_lines(rep: Report) -> list[str]:

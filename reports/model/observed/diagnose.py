@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from statistics import median_low
 
 from reports.base.shapley import shapley
-from reports.model.observed import layer_split, resample
+from reports.model.observed import layer_split, resample, split_error
 from reports.model.observed.bursts import BURST_SOURCE
 from reports.model.observed.deployment import (OBSERVED_CAUSES, LABELS, REFERENCE, Deployment,
                                                at_size, run, window_differs)
@@ -320,7 +320,8 @@ def diagnose(dep: Deployment, shape=None, runs: tuple[float, ...] = ()) -> Diagn
             caveats.append(f"with the traced CPU costs (host work, relay waits) scaled by "
                            f"{k:.2f} the model meets the observed step (estimated, as if the "
                            f"whole difference were profiler overhead): {c_answer}")
-    split = (layer_split.split_fix(dep, full, shape, resample.replicates(dep))
+    split = (layer_split.split_fix(dep, full, shape, resample.replicates(dep),
+                                   split_error.shipped())
              if "slow_stage" in named else None)
     off = window_differs(dep.window_concurrency, dep.concurrency, dep.forward[0])
     if off is not None:     # said first: every size below describes another load

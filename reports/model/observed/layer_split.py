@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 
 from reports.base.partition import layer_counts
 from reports.model.observed.deployment import OBSERVED_CAUSES, Deployment, at_size, run
+from reports.model.observed.split_error import widened
 
 
 def split_of(dep: Deployment) -> tuple[int, ...] | None:
@@ -158,12 +159,18 @@ class SplitFix:
     gain_ci: tuple[float, ...] | None
     layers_from: str
     cost_from: str
+    # the window's interval alone, where `gain_ci` adds the lab's split error
+    # (reports/model/observed/split_error.py), and where that error was measured
+    gain_window_ci: tuple[float, ...] | None = None
+    error_from: str = ""
 
 
-def split_fix(dep: Deployment, full_ms: float, shape=None, replicates=()) -> SplitFix | None:
+def split_fix(dep: Deployment, full_ms: float, shape=None, replicates=(), error=None
+              ) -> SplitFix | None:
     """The best split (best_split) and its predicted gain over the modelled step `full_ms`;
     `replicates`: the window's bootstrap deployments (reports/model/observed/resample.py),
-    each tried at the same split. None where the split cannot be tried."""
+    each tried at the same split; `error`: the lab's split error (split_error.SplitError),
+    added to that interval. None where the split cannot be tried."""
     best = best_split(dep, shape=shape)
     if best is None:
         return None
@@ -178,6 +185,8 @@ def split_fix(dep: Deployment, full_ms: float, shape=None, replicates=()) -> Spl
         from reports.model.observed.resample import percentile_interval
         lo, hi = percentile_interval([gain(d, run(d, on, shape).tpot_ms) for d in replicates])
         ci = (round(lo, 1), round(hi, 1))
+    wide = widened(ci, error)
     return SplitFix(value, text(split_of(dep)), round(after, 3),
-                    round(100 * (full_ms / after - 1), 1), ci, dep.layers_from or "-",
-                    cost_from(dep))
+                    round(100 * (full_ms / after - 1), 1), wide, dep.layers_from or "-",
+                    cost_from(dep), gain_window_ci=ci,
+                    error_from=error.where() if error is not None and ci is not None else "")
