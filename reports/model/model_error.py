@@ -19,13 +19,12 @@ a GPU server's own mechanisms) — the report says where the band was measured.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from reports.base.errors import CliError
+from reports.base.lab_record import central, read_checked
 from reports.base.paths import CONFIGS
 
 RECORD = "model-error.json"
@@ -78,21 +77,13 @@ class ModelError:
 
 
 def band_of(cause: str, ratios: list[float], level: float) -> CauseError:
-    """The central `level` of the ratios (linear between order statistics, as numpy's
-    percentile), with their median."""
-    import numpy as np
-    a = 100 * (1 - level) / 2
-    lo, med, hi = np.percentile(ratios, [a, 50, 100 - a])
-    return CauseError(cause, len(ratios), round(float(lo), 3), round(float(hi), 3),
-                      round(float(med), 3))
+    """The central `level` of the ratios, with their median (reports/base/lab_record.py)."""
+    lo, med, hi = central(ratios, level)
+    return CauseError(cause, len(ratios), round(lo, 3), round(hi, 3), round(med, 3))
 
 
 def read(path: Path) -> ModelError:
-    try:
-        return ModelError.from_dict(json.loads(path.read_text()))
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CliError(f"{path.name}: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
-                       ) from None
+    return read_checked(path, ModelError.from_dict)
 
 
 @lru_cache(maxsize=1)

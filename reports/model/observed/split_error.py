@@ -17,13 +17,12 @@ mechanisms; the report says where the band was measured.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from reports.base.errors import CliError
+from reports.base.lab_record import central, read_checked
 from reports.base.paths import CONFIGS
 
 RECORD = "split-error.json"
@@ -66,23 +65,16 @@ class SplitError:
 
 def band_of(diffs: list[float], measured_on: str, command: str, level: float = LEVEL
             ) -> SplitError:
-    """The central `level` of the differences (linear between order statistics, as numpy's
-    percentile), with their median."""
-    import numpy as np
+    """The central `level` of the differences, with their median (reports/base/lab_record.py)."""
     if not diffs:
         raise ValueError("no applied split with a predicted and a measured gain")
-    a = 100 * (1 - level) / 2
-    lo, med, hi = np.percentile(diffs, [a, 50, 100 - a])
-    return SplitError(level, len(diffs), round(float(lo), 2), round(float(hi), 2),
-                      round(float(med), 2), measured_on, command)
+    lo, med, hi = central(diffs, level)
+    return SplitError(level, len(diffs), round(lo, 2), round(hi, 2), round(med, 2),
+                      measured_on, command)
 
 
 def read(path: Path) -> SplitError:
-    try:
-        return SplitError.from_dict(json.loads(path.read_text()))
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CliError(f"{path.name}: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
-                       ) from None
+    return read_checked(path, SplitError.from_dict)
 
 
 @lru_cache(maxsize=1)
