@@ -19,6 +19,7 @@ from microbench.sglang_lab.cases import Case, Group
 from microbench.sglang_lab.server import LabServer, ServerSpec
 from microbench.sglang_lab.venv import (LabError, check_sglang_python, claim_lab_dir,
                                         ensure_model, ensure_venv, inject_path, sharegpt_file)
+from reports.base.errors import CliError
 from reports.base.server_flags import RECIPE_ARGS
 from reports.lab.summary import read_case
 
@@ -215,7 +216,6 @@ def _default_mmb(server: LabServer) -> int | None:
 
 def analyse_case(case_dir: Path) -> dict:
     """`ppscope sglang` then `ppscope report` on one case's artefacts; their verdict."""
-    from reports.base.errors import CliError
     try:
         c = read_case(case_dir).case
     except CliError as e:

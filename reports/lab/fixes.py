@@ -28,7 +28,7 @@ writes, is a one-line error (exit 2).
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from statistics import mean
 
@@ -36,7 +36,9 @@ from reports.base.errors import CliError
 from reports.lab.summary import analysis_error, bench_tok_per_s, read_case
 from reports.lab.whatifs import change_of
 from reports.base.payloads.lab_case import LabCase
+from reports.base.records import write_json_atomic
 from reports.model.compare import change_interval
+from reports.model.observed.split_error import band_of, widened
 from reports.model.report_type import REPORT_SCHEMA, Report
 from reports.model.settings_change import LAYER_PARTITION
 from reports.render.answer_table import FIXES, NO_SETTING
@@ -298,8 +300,6 @@ def cross_validated(rows: list[FixRow]) -> list[FixRow]:
     """Each applied split judged by the split error of the other rounds' splits (leave one
     round out): "within" where its measured gain lies in the window's interval widened by that
     band. Other rows as they are."""
-    from dataclasses import replace
-    from reports.model.observed.split_error import band_of, widened
     out = []
     for r in rows:
         ci = r.predicted_window_ci
@@ -351,11 +351,8 @@ def main(argv: list[str] | None = None) -> int:
         print("(each applied split judged by the split error of the other rounds: its "
               "predicted interval is the traced window's, widened by that band)")
     if dest is not None:
-        from reports.base.records import write_json_atomic
         write_json_atomic(dest, [r.to_json() for r in rows])
     if split_out is not None:
-        from reports.base.records import write_json_atomic
-        from reports.model.observed.split_error import band_of
         diffs = split_diffs(rows)
         if not diffs:
             raise CliError("fixes: no applied split with a predicted and a measured gain "
